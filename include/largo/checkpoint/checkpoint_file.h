@@ -1,0 +1,31 @@
+// Reading and writing checkpoint files. A checkpoint is a dict of named values (tensors,
+// numbers, strings, nested dicts and lists) written with torch::pickle_save, so Python's
+// `torch.load(path)` reads it as a plain dict. Writes are atomic (core/atomic_file.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+
+namespace largo::checkpoint {
+
+// A string-keyed dict of IValues: what Python sees as {str: object}.
+using StateDict = c10::impl::GenericDict;
+
+StateDict make_state_dict();
+
+// Serialize and write atomically: a crash mid-write never damages an older file at `path`.
+void save_checkpoint(const std::filesystem::path& path, const StateDict& state);
+
+// Read a checkpoint back. Throws CheckpointError that names the file and says what is
+// wrong: missing, empty, truncated or corrupt, not a dict, or (when `required_keys` is
+// given) a dict without those keys, i.e. not a Largo checkpoint.
+StateDict load_checkpoint(const std::filesystem::path& path,
+                          const std::vector<std::string>& required_keys = {});
+
+// Typed access with errors that name the key.
+const c10::IValue& state_at(const StateDict& state, const std::string& key,
+                            const std::string& context = "checkpoint");
+
+} // namespace largo::checkpoint

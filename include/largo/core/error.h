@@ -1,0 +1,41 @@
+// Error types Largo throws for user-facing failures. Library code throws; only the
+// `largo` program's main() turns an error into a message and an exit code.
+// Each message says what is wrong and what to do about it.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace largo {
+
+// Base of every error Largo raises on purpose (bad input, bad files, bad state).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A configuration key is unknown, has the wrong type or an out-of-range value.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A dataset file is missing, truncated or not in the expected format.
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A checkpoint file is missing, truncated, foreign or does not match the model.
+class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Training cannot go on (e.g. a non-finite loss).
+class TrainingError : public Error {
+ public:
+  using Error::Error;
+};
+
+} // namespace largo

@@ -1,0 +1,98 @@
+// Typed options of the Trainer. The `largo` program fills them from the YAML config
+// (train/trainer_config.h); library users can fill them directly.
+#pragma once
+
+#include <largo/data/transforms.h>
+#include <largo/models/model_factory.h>
+#include <largo/optim/lr_schedule.h>
+#include <largo/optim/param_groups.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace largo::train {
+
+// One data split (DATA.TRAIN or DATA.TEST).
+struct DataSplitOptions {
+  // "torchvision_dataset" (files of `dataset_name` under `path`) or "synthetic".
+  std::string source = "torchvision_dataset";
+  // MNIST | FashionMNIST | CIFAR10 (for torchvision_dataset).
+  std::string dataset_name = "FashionMNIST";
+  std::filesystem::path path = "/usr/share/datasets/fashion-mnist";
+  int64_t batch_size = 256;
+  bool drop_last = false;
+  // VISSL's StatefulDistributedSampler order instead of PyTorch's DistributedSampler.
+  bool use_stateful_sampler = false;
+  // Use only this many samples (a subset drawn with data_limit_seed); -1 = all.
+  int64_t data_limit = -1;
+  uint64_t data_limit_seed = 0;
+  std::vector<data::TransformSpec> transforms;
+  // For source "synthetic".
+  int64_t synthetic_num_samples = 2048;
+  std::vector<int64_t> synthetic_image_shape{3, 32, 32};
+  int64_t synthetic_num_classes = 10;
+};
+
+struct OptimizerOptions {
+  std::string name = "sgd"; // sgd | adamw
+  double momentum = 0.9;
+  double dampening = 0.0;
+  bool nesterov = false;
+  double weight_decay = 1e-4;
+  std::vector<double> betas{0.9, 0.999};
+  double eps = 1e-8;
+  bool amsgrad = false;
+  int64_t num_epochs = 90;
+  optim::ParamGroupOptions param_groups;
+  optim::ScheduleOptions lr;
+  optim::AutoLrScaling lr_scaling;
+  // The head follows lr_head when use_different_lr, else the same schedule as the trunk.
+  bool head_use_different_lr = false;
+  optim::ScheduleOptions lr_head;
+  optim::AutoLrScaling lr_head_scaling;
+};
+
+struct CheckpointOptions {
+  std::filesystem::path dir = ".";
+  bool auto_resume = true;
+  int64_t frequency_epochs = 1; // save every N epochs (and always at the end)
+  int64_t frequency_iterations = -1; // also every N iterations; -1 = off
+  bool overwrite_existing = false; // train again even if a final checkpoint exists
+};
+
+struct TrainerOptions {
+  DataSplitOptions train;
+  DataSplitOptions test;
+  int64_t num_dataloader_workers = 2;
+
+  // in_channels, image_size and num_classes are taken from the training data when 0.
+  models::ModelOptions model;
+  OptimizerOptions optimizer;
+
+  int64_t loss_ignore_index = -1; // targets with this value do not count
+  bool use_grad_clip = false;
+  double grad_clip_max_norm = 1.0;
+  double grad_clip_norm_type = 2.0;
+
+  int64_t log_frequency = 10; // iterations between console/metrics lines
+  bool test_model = true;
+  bool test_only = false;
+  int64_t test_every_num_epoch = 1;
+  std::vector<int64_t> topk_values{1, 5};
+  bool check_nan = true; // stop on a non-finite loss, writing no checkpoint
+
+  uint64_t seed = 0;
+  std::string device = "cpu"; // cpu | gpu
+  int64_t num_threads = 0; // intra-op threads; 0 = every core
+
+  CheckpointOptions checkpoint;
+  bool use_tensorboard = false;
+
+  // Testing aid: return as if the process were killed after this many iterations
+  // of this run (no checkpoint is written at that point); -1 = never.
+  int64_t stop_after_iterations = -1;
+};
+
+} // namespace largo::train

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# README command 1: install, build, and train the default job (a small CNN on
+# Fashion-MNIST, >= 91 % test top-1 in about 5 minutes on 2 CPU cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+bash scripts/build.sh -DLARGO_BUILD_TESTS=OFF -DLARGO_BUILD_BENCH=OFF
+exec ./build/largo train "$@"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# README command 2: install, build, and run the whole test suite (CTest), then the unit
+# tests again under AddressSanitizer + UndefinedBehaviorSanitizer (skip that second part
+# with LARGO_SKIP_SANITIZERS=1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+bash scripts/build.sh -DLARGO_BUILD_TESTS=ON -DLARGO_BUILD_BENCH=ON
+ctest --test-dir build --output-on-failure -j 2
+
+if [ "${LARGO_SKIP_SANITIZERS:-0}" != "1" ]; then
+  LARGO_BUILD_DIR=build-sanitize bash scripts/build.sh -DLARGO_SANITIZE=ON -DLARGO_BUILD_BENCH=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  # libtorch itself is not instrumented; container-overflow checks need every library to be.
+  ASAN_OPTIONS=detect_container_overflow=0:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-sanitize --output-on-failure -j 2 -L unit
+fi

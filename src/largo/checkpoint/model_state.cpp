@@ -1,0 +1,74 @@
+#include <largo/checkpoint/model_state.h>
+
+#include <largo/core/error.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::checkpoint {
+namespace {
+
+std::vector<std::pair<std::string, at::Tensor>> named_tensors(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    tensors.emplace_back(item.key(), item.value());
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    tensors.emplace_back(item.key(), item.value());
+  }
+  return tensors;
+}
+
+} // namespace
+
+StateDict model_state_dict(const torch::nn::Module& module) {
+  StateDict state(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, tensor] : named_tensors(module)) {
+    state.insert(name, tensor.detach());
+  }
+  return state;
+}
+
+void load_model_state_dict(torch::nn::Module& module, const StateDict& state) {
+  auto tensors = named_tensors(module);
+  std::vector<std::string> missing;
+  std::vector<std::string> mismatched;
+  for (const auto& [name, tensor] : tensors) {
+    auto it = state.find(name);
+    if (it == state.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    if (!it->value().isTensor()) {
+      mismatched.push_back(fmt::format("{} (not a tensor)", name));
+      continue;
+    }
+    const at::Tensor& saved = it->value().toTensor();
+    if (saved.sizes() != tensor.sizes() || saved.scalar_type() != tensor.scalar_type()) {
+      mismatched.push_back(fmt::format("{} (checkpoint {} {}, model {} {})", name,
+                                       c10::str(saved.sizes()), c10::toString(saved.scalar_type()),
+                                       c10::str(tensor.sizes()), c10::toString(tensor.scalar_type())));
+    }
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& entry : state) {
+    const std::string name = entry.key().toStringRef();
+    bool known = std::any_of(tensors.begin(), tensors.end(),
+                             [&](const auto& item) { return item.first == name; });
+    if (!known) {
+      unexpected.push_back(name);
+    }
+  }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    throw CheckpointError(fmt::format(
+        "the checkpoint's model does not match this model (was it written with another "
+        "MODEL config?): missing [{}]; unexpected [{}]; mismatched [{}]",
+        fmt::join(missing, ", "), fmt::join(unexpected, ", "), fmt::join(mismatched, ", ")));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : tensors) {
+    tensor.copy_(state.at(name).toTensor());
+  }
+}
+
+} // namespace largo::checkpoint

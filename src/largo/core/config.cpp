@@ -1,0 +1,519 @@
+#include <largo/core/config.h>
+
+#include <largo/core/embedded_configs.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace largo {
+namespace {
+
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  std::stringstream stream(key);
+  std::string part;
+  while (std::getline(stream, part, '.')) {
+    parts.push_back(part);
+  }
+  return parts;
+}
+
+std::string join_key(const std::string& path, const std::string& name) {
+  return path.empty() ? name : path + "." + name;
+}
+
+std::string describe(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) {
+    return "null";
+  }
+  if (node.IsScalar()) {
+    return node.Scalar();
+  }
+  YAML::Emitter out;
+  out << YAML::Flow << node;
+  return out.c_str();
+}
+
+std::string to_lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// The value kinds a default can have; a user value must have the same kind.
+enum class Kind { Null, Bool, Int, Float, String, List, Map, OpenMap };
+
+// Maps of keyword arguments passed on to another component: any key is accepted.
+// (Empty maps in the defaults, e.g. base_optimizer, REGNET, are open too.)
+bool is_open_map(const std::string& key) {
+  static const std::vector<std::string> open_maps = {"MODEL.AMP_PARAMS.AMP_ARGS"};
+  return std::find(open_maps.begin(), open_maps.end(), key) != open_maps.end();
+}
+
+Kind kind_of_default(const YAML::Node& node, const std::string& key) {
+  if (!node.IsDefined() || node.IsNull()) {
+    return Kind::Null;
+  }
+  if (node.IsMap()) {
+    return node.size() == 0 || is_open_map(key) ? Kind::OpenMap : Kind::Map;
+  }
+  if (node.IsSequence()) {
+    return Kind::List;
+  }
+  // Quoted scalars ("01", "float32") are strings whatever they look like.
+  if (node.Tag() == "!") {
+    return Kind::String;
+  }
+  if (yaml_scalar_is_bool(node)) {
+    return Kind::Bool;
+  }
+  if (yaml_scalar_is_int(node)) {
+    return Kind::Int;
+  }
+  if (yaml_scalar_is_number(node)) {
+    return Kind::Float;
+  }
+  return Kind::String;
+}
+
+const char* kind_name(Kind kind) {
+  switch (kind) {
+    case Kind::Null:
+      return "any value";
+    case Kind::Bool:
+      return "a boolean (True/False)";
+    case Kind::Int:
+      return "an integer";
+    case Kind::Float:
+      return "a number";
+    case Kind::String:
+      return "a string";
+    case Kind::List:
+      return "a list";
+    case Kind::Map:
+    case Kind::OpenMap:
+      return "a map";
+  }
+  return "?";
+}
+
+bool matches_kind(const YAML::Node& value, Kind kind) {
+  switch (kind) {
+    case Kind::Null:
+      return true;
+    case Kind::Bool:
+      return value.IsScalar() && yaml_scalar_is_bool(value);
+    case Kind::Int:
+      return value.IsScalar() && yaml_scalar_is_int(value);
+    case Kind::Float:
+      return value.IsScalar() && yaml_scalar_is_number(value);
+    case Kind::String:
+      return value.IsScalar() || value.IsNull();
+    case Kind::List:
+      return value.IsSequence();
+    case Kind::Map:
+    case Kind::OpenMap:
+      return value.IsMap() || value.IsNull();
+  }
+  return false;
+}
+
+// A list of numbers by default must stay a list of numbers (e.g. milestones, betas).
+void check_list_elements(const YAML::Node& value, const YAML::Node& schema, const std::string& key) {
+  if (schema.size() == 0) {
+    return;
+  }
+  bool numeric_default = true;
+  for (const auto& element : schema) {
+    numeric_default = numeric_default && element.IsScalar() && yaml_scalar_is_number(element);
+  }
+  if (!numeric_default) {
+    return;
+  }
+  for (const auto& element : value) {
+    if (!element.IsScalar() || !yaml_scalar_is_number(element)) {
+      throw config_error(key, describe(value), "a list of numbers");
+    }
+  }
+}
+
+void collect_paths(const YAML::Node& node, const std::string& path, std::vector<std::string>& out) {
+  if (!node.IsMap()) {
+    return;
+  }
+  for (const auto& entry : node) {
+    std::string child = join_key(path, entry.first.as<std::string>());
+    out.push_back(child);
+    collect_paths(entry.second, child, out);
+  }
+}
+
+std::string last_part(const std::string& key) {
+  auto pos = key.rfind('.');
+  return pos == std::string::npos ? key : key.substr(pos + 1);
+}
+
+// "did you mean ..." for an unknown key: the same name elsewhere in the tree (a key
+// put under the wrong parent), else the closest sibling by edit distance.
+std::string suggest_key(const YAML::Node& schema_root, const YAML::Node& schema_parent,
+                        const std::string& parent_path, const std::string& name) {
+  std::vector<std::string> all_paths;
+  collect_paths(schema_root, "", all_paths);
+  for (const auto& path : all_paths) {
+    if (to_lower(last_part(path)) == to_lower(name)) {
+      return path;
+    }
+  }
+  std::string best;
+  size_t best_distance = std::string::npos;
+  if (schema_parent.IsMap()) {
+    for (const auto& entry : schema_parent) {
+      auto candidate = entry.first.as<std::string>();
+      size_t distance = edit_distance(to_lower(candidate), to_lower(name));
+      if (distance < best_distance) {
+        best_distance = distance;
+        best = join_key(parent_path, candidate);
+      }
+    }
+  }
+  if (!best.empty() && best_distance <= std::max<size_t>(3, name.size() / 2)) {
+    return best;
+  }
+  // Nothing close among the siblings: the closest full path anywhere.
+  std::string full = join_key(parent_path, name);
+  best.clear();
+  best_distance = std::string::npos;
+  for (const auto& path : all_paths) {
+    size_t distance = edit_distance(to_lower(path), to_lower(full));
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = path;
+    }
+  }
+  return best;
+}
+
+YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
+  try {
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: not valid YAML: {} (line {}, column {})", origin, e.msg,
+                                  e.mark.line + 1, e.mark.column + 1));
+  }
+}
+
+} // namespace
+
+bool yaml_scalar_is_bool(const YAML::Node& node) {
+  if (!node.IsScalar()) {
+    return false;
+  }
+  static const std::vector<std::string> spellings = {"true", "True", "TRUE", "false", "False", "FALSE"};
+  return std::find(spellings.begin(), spellings.end(), node.Scalar()) != spellings.end();
+}
+
+bool yaml_scalar_is_int(const YAML::Node& node) {
+  static const std::regex integer(R"([-+]?[0-9]+)");
+  return node.IsScalar() && std::regex_match(node.Scalar(), integer);
+}
+
+bool yaml_scalar_is_number(const YAML::Node& node) {
+  if (!node.IsScalar() || node.Scalar().empty()) {
+    return false;
+  }
+  const std::string& text = node.Scalar();
+  char* end = nullptr;
+  errno = 0;
+  std::strtod(text.c_str(), &end);
+  // strtod also reads "nan"/"inf" and hex; VISSL configs never mean those as numbers.
+  bool plain = text.find_first_of("nNiIxX") == std::string::npos;
+  return plain && errno == 0 && end == text.c_str() + text.size();
+}
+
+double yaml_to_double(const YAML::Node& node, const std::string& key) {
+  if (!yaml_scalar_is_number(node)) {
+    throw config_error(key, describe(node), "a number");
+  }
+  return std::strtod(node.Scalar().c_str(), nullptr);
+}
+
+int64_t yaml_to_int(const YAML::Node& node, const std::string& key) {
+  if (!yaml_scalar_is_int(node)) {
+    throw config_error(key, describe(node), "an integer");
+  }
+  return std::strtoll(node.Scalar().c_str(), nullptr, 10);
+}
+
+bool yaml_to_bool(const YAML::Node& node, const std::string& key) {
+  if (!yaml_scalar_is_bool(node)) {
+    throw config_error(key, describe(node), "a boolean (True/False)");
+  }
+  return to_lower(node.Scalar()) == "true";
+}
+
+ConfigError config_error(const std::string& key, const std::string& value,
+                         const std::string& expected) {
+  return ConfigError(fmt::format("config key {} = {}: expected {}", key, value, expected));
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) {
+    row[j] = j;
+  }
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+Config Config::defaults() {
+  Config config;
+  YAML::Node document = parse_yaml(embedded::defaults_yaml(), "configs/defaults.yaml");
+  config.root_ = YAML::Clone(document["config"]);
+  config.schema_ = YAML::Clone(document["config"]);
+  return config;
+}
+
+Config Config::load(const std::vector<std::filesystem::path>& yaml_files,
+                    const std::vector<std::string>& overrides) {
+  Config config = defaults();
+  for (const auto& file : yaml_files) {
+    config.merge_file(file);
+  }
+  for (const auto& assignment : overrides) {
+    config.apply_override(assignment);
+  }
+  return config;
+}
+
+void Config::merge_file(const std::filesystem::path& yaml_file) {
+  std::ifstream in(yaml_file);
+  if (!in) {
+    throw ConfigError(fmt::format("cannot read config file {}: {}", yaml_file.string(),
+                                  std::filesystem::exists(yaml_file) ? "permission denied"
+                                                                     : "no such file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  merge_yaml(text.str(), yaml_file.string());
+}
+
+void Config::merge_yaml(const std::string& yaml_text, const std::string& origin) {
+  YAML::Node document = parse_yaml(yaml_text, origin);
+  if (!document.IsDefined() || document.IsNull()) {
+    return; // an empty file changes nothing
+  }
+  if (!document.IsMap()) {
+    throw ConfigError(fmt::format("{}: the top level must be a map of config keys, got {}",
+                                  origin, describe(document)));
+  }
+  YAML::Node tree = document;
+  if (document["config"]) {
+    // VISSL's layout; its other top-level keys are Hydra's and carry no settings here.
+    for (const auto& entry : document) {
+      auto name = entry.first.as<std::string>();
+      if (name != "config" && name != "VERSION" && name != "node_id" && name != "engine_name") {
+        throw ConfigError(fmt::format(
+            "{}: unknown top-level key '{}'; config keys go under 'config:'", origin, name));
+      }
+    }
+    tree = document["config"];
+  }
+  merge_node(tree, root_, schema_, "", origin);
+}
+
+void Config::merge_node(const YAML::Node& user, YAML::Node& target, const YAML::Node& schema,
+                        const std::string& path, const std::string& origin) {
+  if (user.IsNull()) {
+    return;
+  }
+  if (!user.IsMap()) {
+    throw ConfigError(fmt::format("{}: config key {} = {}: expected a map", origin,
+                                  path.empty() ? "config" : path, describe(user)));
+  }
+  for (const auto& entry : user) {
+    const auto name = entry.first.as<std::string>();
+    const std::string key = join_key(path, name);
+    const YAML::Node& value = entry.second;
+    YAML::Node schema_child = schema.IsMap() ? schema[name] : YAML::Node();
+    if (!schema_child.IsDefined()) {
+      throw ConfigError(fmt::format("{}: unknown config key {}; did you mean {}?", origin, key,
+                                    suggest_key(schema_, schema, path, name)));
+    }
+    Kind kind = kind_of_default(schema_child, key);
+    if (!matches_kind(value, kind)) {
+      throw ConfigError(fmt::format("{}: {}", origin,
+                                    config_error(key, describe(value), kind_name(kind)).what()));
+    }
+    if (kind == Kind::Map) {
+      YAML::Node target_child = target[name];
+      merge_node(value, target_child, schema_child, key, origin);
+      continue;
+    }
+    if (kind == Kind::List) {
+      check_list_elements(value, schema_child, key);
+    }
+    if (kind == Kind::OpenMap && value.IsMap() && target[name].IsMap()) {
+      // Keyword maps merge entry by entry, like VISSL's OmegaConf merge.
+      YAML::Node target_child = target[name];
+      for (const auto& kwarg : value) {
+        target_child[kwarg.first.as<std::string>()] = YAML::Clone(kwarg.second);
+      }
+      continue;
+    }
+    target[name] = YAML::Clone(value);
+  }
+}
+
+void Config::apply_override(const std::string& assignment) {
+  std::string text = assignment;
+  bool adds_key = !text.empty() && text[0] == '+';
+  if (adds_key) {
+    text.erase(0, 1);
+  }
+  auto equals = text.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    throw ConfigError(fmt::format(
+        "command-line override '{}': expected KEY=VALUE, e.g. OPTIMIZER.momentum=0.9", assignment));
+  }
+  std::string key = text.substr(0, equals);
+  const std::string value_text = text.substr(equals + 1);
+  if (key.rfind("config.", 0) == 0) {
+    key.erase(0, 7);
+  }
+  const std::string origin = fmt::format("command-line override '{}'", assignment);
+  YAML::Node value = parse_yaml(value_text, origin);
+  auto parts = split_key(key);
+
+  if (adds_key) {
+    // Hydra's "+key=value": the key may be new; the parents are created as maps.
+    YAML::Node node = root_;
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      const YAML::Node& parent = node;
+      YAML::Node existing = parent[parts[i]];
+      if (!existing.IsDefined() || existing.IsNull()) {
+        node[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      } else if (!existing.IsMap()) {
+        throw ConfigError(fmt::format("{}: {} is not a map", origin, parts[i]));
+      }
+      YAML::Node child = node[parts[i]];
+      node.reset(child);
+    }
+    node[parts.back()] = value;
+    return;
+  }
+  // Build {A: {B: value}} and merge it like a file, so the same validation applies.
+  YAML::Node wrapped = value;
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    YAML::Node parent(YAML::NodeType::Map);
+    parent[*it] = wrapped;
+    wrapped = parent;
+  }
+  merge_node(wrapped, root_, schema_, "", origin);
+}
+
+bool Config::has(const std::string& key) const {
+  YAML::Node node = root_;
+  for (const auto& part : split_key(key)) {
+    const YAML::Node& parent = node;
+    if (!parent.IsMap() || !parent[part].IsDefined()) {
+      return false;
+    }
+    node.reset(parent[part]);
+  }
+  return true;
+}
+
+YAML::Node Config::node(const std::string& key) const {
+  YAML::Node node = root_;
+  for (const auto& part : split_key(key)) {
+    const YAML::Node& parent = node;
+    if (!parent.IsMap() || !parent[part].IsDefined()) {
+      throw ConfigError(fmt::format("config key {} is not set", key));
+    }
+    node.reset(parent[part]);
+  }
+  return node;
+}
+
+bool Config::get_bool(const std::string& key) const {
+  return yaml_to_bool(node(key), key);
+}
+
+int64_t Config::get_int(const std::string& key) const {
+  return yaml_to_int(node(key), key);
+}
+
+double Config::get_double(const std::string& key) const {
+  return yaml_to_double(node(key), key);
+}
+
+std::string Config::get_string(const std::string& key) const {
+  YAML::Node value = node(key);
+  if (value.IsNull()) {
+    return "";
+  }
+  if (!value.IsScalar()) {
+    throw config_error(key, describe(value), "a string");
+  }
+  return value.Scalar();
+}
+
+std::vector<int64_t> Config::get_int_list(const std::string& key) const {
+  YAML::Node value = node(key);
+  if (!value.IsSequence()) {
+    throw config_error(key, describe(value), "a list of integers");
+  }
+  std::vector<int64_t> out;
+  for (const auto& element : value) {
+    out.push_back(yaml_to_int(element, key));
+  }
+  return out;
+}
+
+std::vector<double> Config::get_double_list(const std::string& key) const {
+  YAML::Node value = node(key);
+  if (!value.IsSequence()) {
+    throw config_error(key, describe(value), "a list of numbers");
+  }
+  std::vector<double> out;
+  for (const auto& element : value) {
+    out.push_back(yaml_to_double(element, key));
+  }
+  return out;
+}
+
+std::vector<std::string> Config::get_string_list(const std::string& key) const {
+  YAML::Node value = node(key);
+  if (!value.IsSequence()) {
+    throw config_error(key, describe(value), "a list of strings");
+  }
+  std::vector<std::string> out;
+  for (const auto& element : value) {
+    if (!element.IsScalar()) {
+      throw config_error(key, describe(value), "a list of strings");
+    }
+    out.push_back(element.Scalar());
+  }
+  return out;
+}
+
+std::string Config::to_yaml() const {
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "config" << YAML::Value << root_ << YAML::EndMap;
+  return std::string("# @package _global_\n# The effective config of this run, written by Largo.\n") +
+      out.c_str() + "\n";
+}
+
+} // namespace largo

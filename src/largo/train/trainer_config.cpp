@@ -1,0 +1,331 @@
+#include <largo/train/trainer_config.h>
+
+#include <fmt/format.h>
+
+namespace largo::train {
+namespace {
+
+void require(bool ok, const std::string& key, const std::string& value, const std::string& expected) {
+  if (!ok) {
+    throw config_error(key, value, expected);
+  }
+}
+
+int64_t positive_int(const Config& config, const std::string& key) {
+  int64_t value = config.get_int(key);
+  require(value > 0, key, std::to_string(value), "an integer > 0");
+  return value;
+}
+
+double non_negative(const Config& config, const std::string& key) {
+  double value = config.get_double(key);
+  require(value >= 0.0, key, fmt::format("{}", value), "a number >= 0");
+  return value;
+}
+
+// Switches for capabilities that have their own issues and are not built yet: a user
+// who turns one on must hear that it is not there rather than train without it.
+void reject_unimplemented(const Config& config) {
+  struct Switch {
+    const char* key;
+    const char* feature;
+  };
+  const Switch switches[] = {
+      {"MODEL.AMP_PARAMS.USE_AMP", "mixed precision"},
+      {"OPTIMIZER.use_larc", "LARC"},
+      {"OPTIMIZER.use_zero", "ZeRO sharded optimizer state"},
+      {"MODEL.SHARDED_DDP_SETUP.USE_SDP", "sharded data parallel (ZeRO-2)"},
+      {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP", "fully sharded data parallel (ZeRO-3)"},
+      {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", "activation checkpointing"},
+      {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "synchronized BatchNorm"},
+      {"TEST_ONLY", "evaluation-only runs"},
+  };
+  for (const auto& entry : switches) {
+    if (config.get_bool(entry.key)) {
+      throw ConfigError(fmt::format(
+          "config key {} = True: {} is not available in this version of Largo yet; set it to "
+          "False",
+          entry.key, entry.feature));
+    }
+  }
+  const std::string optimizer = config.get_string("OPTIMIZER.name");
+  if (optimizer == "zero") {
+    throw ConfigError(
+        "config key OPTIMIZER.name = zero: ZeRO sharded optimizer state is not available in "
+        "this version of Largo yet; use sgd or adamw");
+  }
+  int64_t world_size =
+      config.get_int("DISTRIBUTED.NUM_NODES") * config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
+  if (world_size != 1) {
+    throw ConfigError(fmt::format(
+        "config keys DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = {}: multi-process training is "
+        "not available in this version of Largo yet; set both to 1",
+        world_size));
+  }
+}
+
+std::vector<data::TransformSpec> transforms_from(const Config& config, const std::string& key) {
+  std::vector<data::TransformSpec> specs;
+  YAML::Node list = config.node(key);
+  if (!list.IsSequence()) {
+    throw config_error(key, "(not a list)", "a list of {name: ..., ...} maps");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node entry = list[i];
+    const std::string entry_key = fmt::format("{}[{}]", key, i);
+    if (!entry.IsMap() || !entry["name"] || !entry["name"].IsScalar()) {
+      throw config_error(entry_key, "(entry)", "a map with a 'name' key, e.g. {name: ToTensor}");
+    }
+    data::TransformSpec spec;
+    spec.name = entry["name"].Scalar();
+    for (const auto& argument : entry) {
+      const std::string arg_name = argument.first.as<std::string>();
+      if (arg_name == "name") {
+        continue;
+      }
+      const std::string arg_key = fmt::format("{}.{}", entry_key, arg_name);
+      std::vector<double> values;
+      if (argument.second.IsSequence()) {
+        for (const auto& element : argument.second) {
+          values.push_back(yaml_to_double(element, arg_key));
+        }
+      } else {
+        values.push_back(yaml_to_double(argument.second, arg_key));
+      }
+      spec.args[arg_name] = values;
+    }
+    specs.push_back(spec);
+  }
+  return specs;
+}
+
+DataSplitOptions data_split_from(const Config& config, const std::string& prefix) {
+  DataSplitOptions split;
+  auto sources = config.get_string_list(prefix + ".DATA_SOURCES");
+  require(sources.size() == 1, prefix + ".DATA_SOURCES", fmt::format("{} entries", sources.size()),
+          "exactly one source: [torchvision_dataset] or [synthetic]");
+  split.source = sources[0];
+  require(split.source == "torchvision_dataset" || split.source == "synthetic",
+          prefix + ".DATA_SOURCES", split.source, "torchvision_dataset or synthetic");
+  if (split.source == "torchvision_dataset") {
+    auto names = config.get_string_list(prefix + ".DATASET_NAMES");
+    require(names.size() == 1, prefix + ".DATASET_NAMES", fmt::format("{} entries", names.size()),
+            "one name: MNIST, FashionMNIST or CIFAR10");
+    split.dataset_name = names[0];
+    require(split.dataset_name == "MNIST" || split.dataset_name == "FashionMNIST" ||
+                split.dataset_name == "CIFAR10",
+            prefix + ".DATASET_NAMES", split.dataset_name, "MNIST, FashionMNIST or CIFAR10");
+    auto paths = config.get_string_list(prefix + ".DATA_PATHS");
+    require(paths.size() == 1, prefix + ".DATA_PATHS", fmt::format("{} entries", paths.size()),
+            "one directory holding the dataset's files");
+    split.path = paths[0];
+  }
+  split.batch_size = positive_int(config, prefix + ".BATCHSIZE_PER_REPLICA");
+  split.drop_last = config.get_bool(prefix + ".DROP_LAST");
+  split.use_stateful_sampler = config.get_bool(prefix + ".USE_STATEFUL_DISTRIBUTED_SAMPLER");
+  split.data_limit = config.get_int(prefix + ".DATA_LIMIT");
+  require(split.data_limit == -1 || split.data_limit > 0, prefix + ".DATA_LIMIT",
+          std::to_string(split.data_limit), "-1 (all samples) or a count > 0");
+  split.data_limit_seed = static_cast<uint64_t>(config.get_int(prefix + ".DATA_LIMIT_SAMPLING.SEED"));
+  split.transforms = transforms_from(config, prefix + ".TRANSFORMS");
+  split.synthetic_num_samples = positive_int(config, prefix + ".SYNTHETIC.NUM_SAMPLES");
+  split.synthetic_image_shape = config.get_int_list(prefix + ".SYNTHETIC.IMAGE_SHAPE");
+  require(split.synthetic_image_shape.size() == 3, prefix + ".SYNTHETIC.IMAGE_SHAPE",
+          fmt::format("{} dims", split.synthetic_image_shape.size()), "[channels, height, width]");
+  split.synthetic_num_classes = positive_int(config, prefix + ".SYNTHETIC.NUM_CLASSES");
+  return split;
+}
+
+optim::AutoLrScaling auto_scaling_from(const Config& config, const std::string& prefix) {
+  optim::AutoLrScaling scaling;
+  scaling.auto_scale = config.get_bool(prefix + ".auto_scale");
+  scaling.base_value = non_negative(config, prefix + ".base_value");
+  scaling.base_lr_batch_size = positive_int(config, prefix + ".base_lr_batch_size");
+  scaling.scaling_type = config.get_string(prefix + ".scaling_type");
+  require(scaling.scaling_type == "linear" || scaling.scaling_type == "sqrt",
+          prefix + ".scaling_type", scaling.scaling_type, "linear or sqrt");
+  return scaling;
+}
+
+// A schedule node (param_schedulers.lr or one entry of its `schedulers` list). Missing
+// keys keep the ScheduleOptions defaults, so composite entries can be short.
+optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& key,
+                                     int64_t num_epochs) {
+  optim::ScheduleOptions schedule;
+  schedule.num_epochs = num_epochs;
+  if (!node.IsMap()) {
+    throw config_error(key, "(not a map)", "a schedule map with a 'name'");
+  }
+  auto child_key = [&](const char* name) { return key + "." + name; };
+  auto number_list = [&](const char* name) {
+    std::vector<double> values;
+    for (const auto& element : node[name]) {
+      values.push_back(yaml_to_double(element, child_key(name)));
+    }
+    return values;
+  };
+  if (node["name"]) {
+    schedule.name = node["name"].Scalar();
+  }
+  if (node["update_interval"]) {
+    schedule.update_interval = node["update_interval"].Scalar();
+    require(schedule.update_interval == "epoch" || schedule.update_interval == "step",
+            child_key("update_interval"), schedule.update_interval, "epoch or step");
+  }
+  if (node["value"]) {
+    schedule.value = yaml_to_double(node["value"], child_key("value"));
+  }
+  if (node["start_value"]) {
+    schedule.start_value = yaml_to_double(node["start_value"], child_key("start_value"));
+  }
+  if (node["end_value"]) {
+    schedule.end_value = yaml_to_double(node["end_value"], child_key("end_value"));
+  }
+  if (node["values"]) {
+    schedule.values = number_list("values");
+  }
+  if (node["milestones"]) {
+    schedule.milestones.clear();
+    for (const auto& element : node["milestones"]) {
+      schedule.milestones.push_back(yaml_to_int(element, child_key("milestones")));
+    }
+  }
+  if (node["lengths"]) {
+    schedule.lengths = number_list("lengths");
+  }
+  if (node["interval_scaling"]) {
+    schedule.interval_scaling.clear();
+    for (const auto& element : node["interval_scaling"]) {
+      schedule.interval_scaling.push_back(element.Scalar());
+    }
+  }
+  if (node["schedulers"]) {
+    const YAML::Node list = node["schedulers"];
+    for (size_t i = 0; i < list.size(); ++i) {
+      schedule.schedulers.push_back(
+          schedule_from(list[i], fmt::format("{}.schedulers[{}]", key, i), num_epochs));
+    }
+  }
+  return schedule;
+}
+
+} // namespace
+
+TrainerOptions trainer_options_from_config(const Config& config) {
+  reject_unimplemented(config);
+  TrainerOptions options;
+
+  options.train = data_split_from(config, "DATA.TRAIN");
+  options.test = data_split_from(config, "DATA.TEST");
+  options.num_dataloader_workers = config.get_int("DATA.NUM_DATALOADER_WORKERS");
+  require(options.num_dataloader_workers >= 0, "DATA.NUM_DATALOADER_WORKERS",
+          std::to_string(options.num_dataloader_workers), "an integer >= 0");
+
+  // Model. in_channels / image_size / num_classes come from the data (0 = infer).
+  auto& model = options.model;
+  model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
+  model.resnet.depth = config.get_int("MODEL.TRUNK.RESNETS.DEPTH");
+  model.resnet.stem = config.get_string("MODEL.TRUNK.RESNETS.STEM");
+  model.resnet.zero_init_residual = config.get_bool("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
+  model.resnet.width_multiplier = positive_int(config, "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
+  const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
+  model.vit.image_size = positive_int(config, vit + "IMAGE_SIZE");
+  model.vit.patch_size = positive_int(config, vit + "PATCH_SIZE");
+  model.vit.num_layers = positive_int(config, vit + "NUM_LAYERS");
+  model.vit.num_heads = positive_int(config, vit + "NUM_HEADS");
+  model.vit.hidden_dim = positive_int(config, vit + "HIDDEN_DIM");
+  model.vit.mlp_dim = positive_int(config, vit + "MLP_DIM");
+  model.vit.dropout = non_negative(config, vit + "DROPOUT_RATE");
+  model.vit.attention_dropout = non_negative(config, vit + "ATTENTION_DROPOUT_RATE");
+  model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
+  model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
+  YAML::Node heads = config.node("MODEL.HEAD.PARAMS");
+  if (heads.IsSequence() && heads.size() > 0) {
+    // VISSL's [["mlp", {"dims": [in, ..., out]}]]: one head of kind mlp.
+    const YAML::Node head = heads[0];
+    bool well_formed = heads.size() == 1 && head.IsSequence() && head.size() == 2 &&
+        head[0].IsScalar() && head[0].Scalar() == "mlp" && head[1].IsMap() && head[1]["dims"];
+    require(well_formed, "MODEL.HEAD.PARAMS", "(given)",
+            "one head written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]]");
+    for (const auto& dim : head[1]["dims"]) {
+      model.head_dims.push_back(yaml_to_int(dim, "MODEL.HEAD.PARAMS.dims"));
+    }
+  }
+
+  // Loss.
+  const std::string loss = config.get_string("LOSS.name");
+  require(loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target",
+          "LOSS.name", loss, "CrossEntropyLoss or cross_entropy_multiple_output_single_target");
+  options.loss_ignore_index = config.get_int(fmt::format("LOSS.{}.ignore_index", loss));
+
+  // Optimizer.
+  auto& optimizer = options.optimizer;
+  optimizer.name = config.get_string("OPTIMIZER.name");
+  require(optimizer.name == "sgd" || optimizer.name == "adamw", "OPTIMIZER.name", optimizer.name,
+          "sgd or adamw");
+  optimizer.momentum = non_negative(config, "OPTIMIZER.momentum");
+  optimizer.dampening = non_negative(config, "OPTIMIZER.dampening");
+  optimizer.nesterov = config.get_bool("OPTIMIZER.nesterov");
+  optimizer.weight_decay = non_negative(config, "OPTIMIZER.weight_decay");
+  optimizer.betas = config.get_double_list("OPTIMIZER.betas");
+  require(optimizer.betas.size() == 2 && optimizer.betas[0] >= 0 && optimizer.betas[0] < 1 &&
+              optimizer.betas[1] >= 0 && optimizer.betas[1] < 1,
+          "OPTIMIZER.betas", "(given)", "two numbers in [0, 1)");
+  optimizer.eps = non_negative(config, "OPTIMIZER.eps");
+  optimizer.amsgrad = config.get_bool("OPTIMIZER.amsgrad");
+  optimizer.num_epochs = positive_int(config, "OPTIMIZER.num_epochs");
+  auto& groups = optimizer.param_groups;
+  groups.weight_decay = optimizer.weight_decay;
+  groups.regularize_bn = config.get_bool("OPTIMIZER.regularize_bn");
+  groups.regularize_bias = config.get_bool("OPTIMIZER.regularize_bias");
+  groups.non_regularized_parameters = config.get_string_list("OPTIMIZER.non_regularized_parameters");
+  groups.use_different_wd = config.get_bool("OPTIMIZER.head_optimizer_params.use_different_wd");
+  groups.head_weight_decay = non_negative(config, "OPTIMIZER.head_optimizer_params.weight_decay");
+  const std::string schedulers = "OPTIMIZER.param_schedulers.";
+  optimizer.lr = schedule_from(config.node(schedulers + "lr"), schedulers + "lr", optimizer.num_epochs);
+  optimizer.lr_scaling = auto_scaling_from(config, schedulers + "lr.auto_lr_scaling");
+  optimizer.head_use_different_lr =
+      config.get_bool("OPTIMIZER.head_optimizer_params.use_different_lr");
+  optimizer.lr_head =
+      schedule_from(config.node(schedulers + "lr_head"), schedulers + "lr_head", optimizer.num_epochs);
+  optimizer.lr_head_scaling = auto_scaling_from(config, schedulers + "lr_head.auto_lr_scaling");
+
+  options.use_grad_clip = config.get_bool("MODEL.GRAD_CLIP.USE_GRAD_CLIP");
+  options.grad_clip_max_norm = config.get_double("MODEL.GRAD_CLIP.MAX_NORM");
+  options.grad_clip_norm_type = config.get_double("MODEL.GRAD_CLIP.NORM_TYPE");
+  require(options.grad_clip_max_norm > 0, "MODEL.GRAD_CLIP.MAX_NORM",
+          fmt::format("{}", options.grad_clip_max_norm), "a number > 0");
+
+  // Trainer loop, logging and evaluation.
+  options.log_frequency = positive_int(config, "LOG_FREQUENCY");
+  options.test_model = config.get_bool("TEST_MODEL");
+  options.test_only = config.get_bool("TEST_ONLY");
+  options.test_every_num_epoch = positive_int(config, "TEST_EVERY_NUM_EPOCH");
+  options.topk_values = config.get_int_list("METERS.accuracy_list_meter.topk_values");
+  require(!options.topk_values.empty(), "METERS.accuracy_list_meter.topk_values", "[]",
+          "at least one k, e.g. [1, 5]");
+  options.check_nan = config.get_bool("HOOKS.CHECK_NAN");
+  options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
+
+  options.device = config.get_string("MACHINE.DEVICE");
+  require(options.device == "cpu" || options.device == "gpu", "MACHINE.DEVICE", options.device,
+          "cpu or gpu");
+  options.num_threads = config.get_int("MACHINE.NUM_THREADS");
+  require(options.num_threads >= 0, "MACHINE.NUM_THREADS", std::to_string(options.num_threads),
+          "an integer >= 0 (0 = every core)");
+
+  auto& checkpoint = options.checkpoint;
+  checkpoint.dir = config.get_string("CHECKPOINT.DIR");
+  require(!checkpoint.dir.empty(), "CHECKPOINT.DIR", "\"\"", "a directory path");
+  checkpoint.auto_resume = config.get_bool("CHECKPOINT.AUTO_RESUME");
+  checkpoint.frequency_epochs = positive_int(config, "CHECKPOINT.CHECKPOINT_FREQUENCY");
+  checkpoint.frequency_iterations = config.get_int("CHECKPOINT.CHECKPOINT_ITER_FREQUENCY");
+  require(checkpoint.frequency_iterations == -1 || checkpoint.frequency_iterations > 0,
+          "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY", std::to_string(checkpoint.frequency_iterations),
+          "-1 (off) or an integer > 0");
+  checkpoint.overwrite_existing = config.get_bool("CHECKPOINT.OVERWRITE_EXISTING");
+  options.use_tensorboard = config.get_bool("HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD");
+  return options;
+}
+
+} // namespace largo::train

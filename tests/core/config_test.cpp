@@ -1,0 +1,205 @@
+// Config parsing, merging, overrides and every error path of the config layer.
+#include <largo/core/config.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace largo {
+namespace {
+
+// Runs `fn` and returns the ConfigError's message; fails the test if nothing is thrown.
+template <typename Fn>
+std::string config_error_message(Fn&& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+TEST(ConfigTest, DefaultsAreVisslDefaults) {
+  Config config = Config::defaults();
+  EXPECT_EQ(config.get_int("LOG_FREQUENCY"), 10);
+  EXPECT_EQ(config.get_string("OPTIMIZER.name"), "sgd");
+  EXPECT_DOUBLE_EQ(config.get_double("OPTIMIZER.momentum"), 0.9);
+  EXPECT_DOUBLE_EQ(config.get_double("OPTIMIZER.larc_config.eps"), 1e-8);
+  EXPECT_EQ(config.get_int_list("OPTIMIZER.param_schedulers.lr.milestones"),
+            (std::vector<int64_t>{30, 60}));
+  EXPECT_FALSE(config.get_bool("MODEL.AMP_PARAMS.USE_AMP"));
+  EXPECT_EQ(config.get_string("MODEL.FSDP_CONFIG.AMP_TYPE"), "01"); // quoted digits stay a string
+}
+
+TEST(ConfigTest, MergesVisslLayoutAndBareFragments) {
+  Config config = Config::defaults();
+  config.merge_yaml(R"(# @package _global_
+config:
+  OPTIMIZER:
+    momentum: .5
+    weight_decay: 1e-5
+VERSION: 1
+engine_name: train
+)",
+                    "vissl.yaml");
+  EXPECT_DOUBLE_EQ(config.get_double("OPTIMIZER.momentum"), 0.5);
+  EXPECT_DOUBLE_EQ(config.get_double("OPTIMIZER.weight_decay"), 1e-5);
+  config.merge_yaml("OPTIMIZER:\n  nesterov: True\n", "fragment.yaml");
+  EXPECT_TRUE(config.get_bool("OPTIMIZER.nesterov"));
+  // Untouched keys keep their defaults.
+  EXPECT_EQ(config.get_int("OPTIMIZER.num_epochs"), 90);
+}
+
+TEST(ConfigTest, SeedSnippetsParseVerbatim) {
+  Config config = Config::defaults();
+  config.merge_yaml(R"(
+OPTIMIZER:
+  name: "sgd"
+  use_larc: False  # supported for SGD only for now
+  larc_config:
+    clip: False
+    eps: 1e-08
+    trust_coefficient: 0.001
+)",
+                    "larc snippet");
+  config.merge_yaml(R"(
+MODEL:
+  AMP_PARAMS:
+    USE_AMP: True
+    AMP_ARGS: {"opt_level": "O3", "keep_batchnorm_fp32": True, "master_weights": True, "loss_scale": "dynamic"}
+)",
+                    "amp snippet");
+  config.merge_yaml(R"(
+OPTIMIZER:
+  name: zero
+  base_optimizer:
+    name: sgd
+    use_larc: False
+    larc_config:
+      clip: False
+      trust_coefficient: 0.001
+      eps: 0.00000001
+    weight_decay: 0.000001
+    momentum: 0.9
+    nesterov: False
+)",
+                    "zero snippet");
+  config.merge_yaml(R"(
+DATA:
+  TRAIN:
+    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
+  TEST:
+    USE_STATEFUL_DISTRIBUTED_SAMPLER: True
+MODEL:
+  ACTIVATION_CHECKPOINTING:
+    USE_ACTIVATION_CHECKPOINTING: True
+    NUM_ACTIVATION_CHECKPOINTING_SPLITS: 8
+  SHARDED_DDP_SETUP:
+    USE_SDP: True
+    reduce_buffer_size: -1
+  FSDP_CONFIG:
+    AUTO_SETUP_FSDP: True
+    AUTO_WRAP_THRESHOLD: 0
+    AMP_TYPE: "01"
+    flatten_parameters: True
+    mixed_precision: True
+    fp32_reduce_scatter: False
+    compute_dtype: float32
+    bucket_cap_mb: 0
+    clear_autocast_cache: True
+    verbose: True
+DISTRIBUTED:
+  MANUAL_GRADIENT_REDUCTION: True
+)",
+                    "large-scale snippets");
+  EXPECT_EQ(config.get_string("OPTIMIZER.base_optimizer.name"), "sgd");
+  EXPECT_EQ(config.get_int("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS"), 8);
+  EXPECT_EQ(config.node("MODEL.AMP_PARAMS.AMP_ARGS")["opt_level"].Scalar(), "O3");
+}
+
+TEST(ConfigTest, OverridesInBothForms) {
+  Config config = Config::load({}, {"config.OPTIMIZER.momentum=0.8", "OPTIMIZER.nesterov=true",
+                                    "OPTIMIZER.param_schedulers.lr.milestones=[10,20]",
+                                    "+MY.NEW_KEY=42"});
+  EXPECT_DOUBLE_EQ(config.get_double("OPTIMIZER.momentum"), 0.8);
+  EXPECT_TRUE(config.get_bool("OPTIMIZER.nesterov"));
+  EXPECT_EQ(config.get_int_list("OPTIMIZER.param_schedulers.lr.milestones"),
+            (std::vector<int64_t>{10, 20}));
+  EXPECT_EQ(config.get_int("MY.NEW_KEY"), 42);
+}
+
+TEST(ConfigTest, UnknownKeyNamesClosestValidKey) {
+  auto message = config_error_message(
+      [] { Config::load({}, {"OPTIMIZER.momentun=0.9"}); });
+  EXPECT_NE(message.find("OPTIMIZER.momentun"), std::string::npos) << message;
+  EXPECT_NE(message.find("did you mean OPTIMIZER.momentum"), std::string::npos) << message;
+
+  // A key under the wrong parent: the suggestion is where the key really lives.
+  Config config = Config::defaults();
+  message = config_error_message(
+      [&] { config.merge_yaml("DATA:\n  BATCHSIZE_PER_REPLICA: 32\n", "user.yaml"); });
+  EXPECT_NE(message.find("user.yaml"), std::string::npos) << message;
+  EXPECT_NE(message.find("DATA.TRAIN.BATCHSIZE_PER_REPLICA"), std::string::npos) << message;
+}
+
+TEST(ConfigTest, WrongTypeNamesKeyValueAndExpectation) {
+  auto message =
+      config_error_message([] { Config::load({}, {"DATA.TRAIN.BATCHSIZE_PER_REPLICA=abc"}); });
+  EXPECT_NE(message.find("DATA.TRAIN.BATCHSIZE_PER_REPLICA = abc"), std::string::npos) << message;
+  EXPECT_NE(message.find("an integer"), std::string::npos) << message;
+
+  message = config_error_message([] { Config::load({}, {"OPTIMIZER.nesterov=3"}); });
+  EXPECT_NE(message.find("a boolean"), std::string::npos) << message;
+
+  message = config_error_message([] { Config::load({}, {"OPTIMIZER.betas=[0.9,x]"}); });
+  EXPECT_NE(message.find("a list of numbers"), std::string::npos) << message;
+
+  message = config_error_message([] { Config::load({}, {"OPTIMIZER=3"}); });
+  EXPECT_NE(message.find("a map"), std::string::npos) << message;
+}
+
+TEST(ConfigTest, MalformedInputsAreClearErrors) {
+  Config config = Config::defaults();
+  auto message = config_error_message([&] { config.merge_yaml("OPTIMIZER: [\n", "broken.yaml"); });
+  EXPECT_NE(message.find("broken.yaml: not valid YAML"), std::string::npos) << message;
+
+  message = config_error_message([] { Config::load({"/nonexistent/largo.yaml"}); });
+  EXPECT_NE(message.find("/nonexistent/largo.yaml"), std::string::npos) << message;
+
+  message = config_error_message([] { Config::load({}, {"OPTIMIZER.momentum"}); });
+  EXPECT_NE(message.find("expected KEY=VALUE"), std::string::npos) << message;
+
+  message = config_error_message(
+      [&] { config.merge_yaml("config:\n  SEED_VALUE: 1\nextra: 2\n", "top.yaml"); });
+  EXPECT_NE(message.find("unknown top-level key 'extra'"), std::string::npos) << message;
+}
+
+TEST(ConfigTest, EffectiveConfigRoundTrips) {
+  Config config = Config::load({}, {"SEED_VALUE=7", "OPTIMIZER.momentum=0.25"});
+  Config again = Config::defaults();
+  again.merge_yaml(config.to_yaml(), "effective.yaml");
+  EXPECT_EQ(again.get_int("SEED_VALUE"), 7);
+  EXPECT_DOUBLE_EQ(again.get_double("OPTIMIZER.momentum"), 0.25);
+}
+
+TEST(ConfigTest, FilesMergeInOrder) {
+  auto dir = std::filesystem::temp_directory_path() / "largo_config_test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "a.yaml") << "config:\n  SEED_VALUE: 1\n  LOG_FREQUENCY: 5\n";
+  std::ofstream(dir / "b.yaml") << "SEED_VALUE: 2\n";
+  Config config = Config::load({dir / "a.yaml", dir / "b.yaml"}, {"LOG_FREQUENCY=3"});
+  EXPECT_EQ(config.get_int("SEED_VALUE"), 2);
+  EXPECT_EQ(config.get_int("LOG_FREQUENCY"), 3);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigTest, EditDistance) {
+  EXPECT_EQ(edit_distance("momentum", "momentun"), 1u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+}
+
+} // namespace
+} // namespace largo
