@@ -10,7 +10,7 @@ packages=(
   libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist               # the default job's data
-  python3-torch python3-torchvision   # reference numerics and benchmarks
+  python3-torch python3-torchvision python3-yaml  # reference numerics, benchmarks, docs
   clang-format
 )
 

@@ -11,6 +11,8 @@
 #include <largo/data/idx_dataset.h>
 #include <largo/data/sampler.h>
 #include <largo/data/synthetic_dataset.h>
+#include <largo/models/model_factory.h>
+#include <largo/models/parameter_count.h>
 #include <largo/optim/adamw.h>
 #include <largo/optim/sgd.h>
 #include <largo/train/accuracy_meter.h>
@@ -56,9 +58,9 @@ std::shared_ptr<const data::Dataset> load_dataset(const DataSplitOptions& split,
                                                     split.synthetic_num_classes, seed);
   }
   if (split.dataset_name == "CIFAR10") {
-    return data::Cifar10Dataset::load(split.path, which);
+    return std::make_shared<data::Cifar10Dataset>(data::Cifar10Dataset::load(split.path, which));
   }
-  return data::IdxDataset::load(split.path, which);
+  return std::make_shared<data::IdxDataset>(data::IdxDataset::load(split.path, which));
 }
 
 // The sample indices of a split with DATA_LIMIT applied: the first `limit` entries of a
@@ -165,7 +167,7 @@ void Trainer::State::setup() {
     loader_options.batch_size = split.batch_size;
     loader_options.num_workers = options.num_dataloader_workers;
     loader_options.drop_last = split.drop_last;
-    loader_options.transforms = data::TransformPipeline::from_specs(split.transforms);
+    loader_options.transforms = data::make_pipeline(split.transforms);
     loader_options.seed = options.seed;
     return std::make_unique<data::DataLoader>(dataset, loader_options);
   };
@@ -208,8 +210,7 @@ void Trainer::State::setup() {
     optimizer = std::make_unique<optim::SGD>(std::move(groups), sgd);
   } else {
     optim::AdamWOptions adamw;
-    adamw.beta1 = opt.betas[0];
-    adamw.beta2 = opt.betas[1];
+    adamw.betas = {opt.betas[0], opt.betas[1]};
     adamw.eps = opt.eps;
     adamw.amsgrad = opt.amsgrad;
     optimizer = std::make_unique<optim::AdamW>(std::move(groups), adamw);
@@ -244,7 +245,8 @@ std::vector<int64_t> Trainer::State::epoch_order(const DataSplitOptions& split,
   const auto size = static_cast<int64_t>(subset.size());
   std::vector<int64_t> positions;
   if (split.use_stateful_sampler) {
-    data::StatefulDistributedSampler sampler(size, /*num_replicas=*/1, /*rank=*/0, options.seed);
+    data::StatefulDistributedSampler sampler(size, /*num_replicas=*/1, /*rank=*/0,
+                                             split.batch_size, options.seed);
     sampler.set_epoch(epoch);
     positions = sampler.indices();
   } else {
@@ -268,29 +270,33 @@ void Trainer::State::set_learning_rates(int64_t epoch_index, int64_t batch_index
   double trunk_lr = lr_schedule->value_at(std::min(trunk_where, 1.0));
   double head_lr = lr_head_schedule->value_at(std::min(head_where, 1.0));
   for (auto& group : optimizer->param_groups()) {
-    group.lr = group.name == "head" ? head_lr : trunk_lr;
+    group.lr = group.name.rfind("head", 0) == 0 ? head_lr : trunk_lr; // "head", "head_no_wd"
   }
 }
 
 bool Trainer::State::resume() {
   const fs::path latest = run_dir() / kLatestCheckpointName;
-  if (!options.checkpoint.auto_resume || !fs::exists(latest)) {
+  // symlink_status: a dangling checkpoint.torch is an error to report, not "no checkpoint".
+  if (!options.checkpoint.auto_resume || !fs::exists(fs::symlink_status(latest))) {
     return false;
   }
   auto state = checkpoint::load_checkpoint(latest, {"model", "optimizer", "epoch", "iteration"});
-  if (state.at("complete").toBool() && options.checkpoint.overwrite_existing) {
+  auto entry = [&](const char* key) -> const c10::IValue& {
+    return checkpoint::state_at(state, key, latest.string());
+  };
+  if (entry("complete").toBool() && options.checkpoint.overwrite_existing) {
     spdlog::info("{} is a final checkpoint; CHECKPOINT.OVERWRITE_EXISTING is set, so training "
                  "starts again from scratch",
                  fs::canonical(latest).string());
     return false;
   }
-  checkpoint::load_model_state_dict(*model, state.at("model").toGenericDict());
-  optimizer->load_state_dict(state.at("optimizer"));
-  epoch = state.at("epoch").toInt();
-  iteration_in_epoch = state.at("iteration_in_epoch").toInt();
-  iteration = state.at("iteration").toInt();
-  complete = state.at("complete").toBool();
-  int64_t saved_iterations_per_epoch = state.at("iterations_per_epoch").toInt();
+  checkpoint::load_model_state_dict(*model, entry("model").toGenericDict());
+  optimizer->load_state_dict(entry("optimizer"));
+  epoch = entry("epoch").toInt();
+  iteration_in_epoch = entry("iteration_in_epoch").toInt();
+  iteration = entry("iteration").toInt();
+  complete = entry("complete").toBool();
+  int64_t saved_iterations_per_epoch = entry("iterations_per_epoch").toInt();
   if (iteration_in_epoch > 0 && saved_iterations_per_epoch != iterations_per_epoch) {
     throw CheckpointError(fmt::format(
         "{} was written mid-epoch with {} iterations per epoch, but this config has {} (batch "
@@ -298,7 +304,7 @@ bool Trainer::State::resume() {
         "CHECKPOINT.DIR",
         latest.string(), saved_iterations_per_epoch, iterations_per_epoch));
   }
-  set_cpu_rng_state(state.at("rng_state").toTensor());
+  set_cpu_rng_state(entry("rng_state").toTensor());
   auto optional_double = [&](const char* key) -> std::optional<double> {
     auto it = state.find(key);
     if (it == state.end() || it->value().isNone()) {

@@ -223,13 +223,16 @@ TrainerOptions trainer_options_from_config(const Config& config) {
 
   // Model. in_channels / image_size / num_classes come from the data (0 = infer).
   auto& model = options.model;
+  model.in_channels = 0;
+  model.image_size = 0;
+  model.num_classes = 0;
   model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
   model.resnet.depth = config.get_int("MODEL.TRUNK.RESNETS.DEPTH");
   model.resnet.stem = config.get_string("MODEL.TRUNK.RESNETS.STEM");
   model.resnet.zero_init_residual = config.get_bool("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
   model.resnet.width_multiplier = positive_int(config, "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
   const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
-  model.vit.image_size = positive_int(config, vit + "IMAGE_SIZE");
+  // The ViT's image size is the data's (IMAGE_SIZE is VISSL's ImageNet default, 224).
   model.vit.patch_size = positive_int(config, vit + "PATCH_SIZE");
   model.vit.num_layers = positive_int(config, vit + "NUM_LAYERS");
   model.vit.num_heads = positive_int(config, vit + "NUM_HEADS");
@@ -237,6 +240,8 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   model.vit.mlp_dim = positive_int(config, vit + "MLP_DIM");
   model.vit.dropout = non_negative(config, vit + "DROPOUT_RATE");
   model.vit.attention_dropout = non_negative(config, vit + "ATTENTION_DROPOUT_RATE");
+  model.vit.qkv_bias = config.get_bool(vit + "QKV_BIAS");
+  model.vit.classifier = config.get_string(vit + "CLASSIFIER");
   model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
   model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
   YAML::Node heads = config.node("MODEL.HEAD.PARAMS");
@@ -247,10 +252,23 @@ TrainerOptions trainer_options_from_config(const Config& config) {
         head[0].IsScalar() && head[0].Scalar() == "mlp" && head[1].IsMap() && head[1]["dims"];
     require(well_formed, "MODEL.HEAD.PARAMS", "(given)",
             "one head written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]]");
-    for (const auto& dim : head[1]["dims"]) {
+    const YAML::Node kwargs = head[1];
+    for (const auto& dim : kwargs["dims"]) {
       model.head_dims.push_back(yaml_to_int(dim, "MODEL.HEAD.PARAMS.dims"));
     }
+    auto flag = [&](const char* name, bool& target) {
+      if (kwargs[name]) {
+        target = yaml_to_bool(kwargs[name], fmt::format("MODEL.HEAD.PARAMS.{}", name));
+      }
+    };
+    flag("use_bn", model.head.use_bn);
+    flag("use_relu", model.head.use_relu);
+    flag("use_dropout", model.head.use_dropout);
+    flag("use_bias", model.head.use_bias);
+    flag("skip_last_layer_relu_bn", model.head.skip_last_layer_relu_bn);
   }
+  model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
+  model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
 
   // Loss.
   const std::string loss = config.get_string("LOSS.name");

@@ -1,0 +1,106 @@
+// Batch-level image transforms (the torchvision/VISSL ones a classification recipe needs)
+// and a pipeline that chains them. Random transforms draw from a caller-supplied
+// generator, never the global one, so a batch's result depends only on that generator's
+// seed: the loader seeds it per batch, which makes output independent of thread count and
+// reproducible after a mid-epoch resume.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+namespace largo::data {
+
+// One transform over a whole batch: [batch, channels, h, w] in, [batch, channels, h', w'] out.
+class Transform {
+ public:
+  virtual ~Transform();
+  virtual at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const = 0;
+  // The torchvision/VISSL name, for logs and error messages.
+  virtual std::string name() const = 0;
+};
+
+// uint8 [0, 255] -> float32 [0, 1] (torchvision's ToTensor, minus the HWC -> CHW move:
+// datasets already store CHW). Floating-point batches pass through unchanged.
+class ToFloat : public Transform {
+ public:
+  at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
+  std::string name() const override;
+};
+
+// (x - mean[c]) / std[c] per channel, on a float batch. mean and std have one value per
+// channel (or a single value for all channels). Throws ConfigError for empty or
+// different-length lists or a std of 0, and at apply time for a channel-count mismatch or
+// a uint8 batch (ToTensor must come first).
+class Normalize : public Transform {
+ public:
+  Normalize(std::vector<double> mean, std::vector<double> std);
+  at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
+  std::string name() const override;
+
+ private:
+  std::vector<double> mean_;
+  std::vector<double> std_;
+};
+
+// Pads every image by `padding` zero pixels on each side, then cuts a size_h x size_w
+// window at a random position, drawn independently per sample.
+class RandomCrop : public Transform {
+ public:
+  RandomCrop(int64_t size_h, int64_t size_w, int64_t padding = 0);
+  at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
+  std::string name() const override;
+
+ private:
+  int64_t size_h_;
+  int64_t size_w_;
+  int64_t padding_;
+};
+
+// Mirrors each image left-right with probability p, drawn independently per sample.
+class RandomHorizontalFlip : public Transform {
+ public:
+  explicit RandomHorizontalFlip(double p = 0.5);
+  at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
+  std::string name() const override;
+
+ private:
+  double p_;
+};
+
+// Transforms applied in order. An empty pipeline returns the batch unchanged.
+class TransformPipeline {
+ public:
+  TransformPipeline() = default;
+  explicit TransformPipeline(std::vector<std::shared_ptr<const Transform>> transforms);
+
+  TransformPipeline& add(std::shared_ptr<const Transform> transform);
+  at::Tensor apply(at::Tensor batch, at::Generator& gen) const; // [batch, channels, h, w]
+  const std::vector<std::shared_ptr<const Transform>>& transforms() const;
+  bool empty() const;
+
+ private:
+  std::vector<std::shared_ptr<const Transform>> transforms_;
+};
+
+// A transform as a config names it, e.g. {name: RandomCrop, size: [32], padding: [4]}.
+// Scalars are one-element lists.
+struct TransformSpec {
+  std::string name;
+  std::map<std::string, std::vector<double>> args;
+};
+
+// Builds a transform from its spec. Supported names and args (torchvision's):
+//   RandomCrop            size: [s] or [h, w] (required), padding: [p] (default 0)
+//   RandomHorizontalFlip  p: [prob] (default 0.5)
+//   ToTensor              (none) -> ToFloat
+//   Normalize             mean: [..] and std: [..] (required, one per channel)
+// Throws ConfigError for an unknown name (listing the supported ones), an unknown or
+// missing arg, or a value out of range.
+std::shared_ptr<const Transform> make_transform(const TransformSpec& spec);
+TransformPipeline make_pipeline(const std::vector<TransformSpec>& specs);
+
+} // namespace largo::data

@@ -1,0 +1,50 @@
+// Builds a model (trunk + head) from typed options: the one place that maps a trunk name
+// (MODEL.TRUNK.NAME) to a builder. The trainer fills ModelOptions from the YAML config;
+// library users fill it directly.
+#pragma once
+
+#include <largo/models/heads.h>
+#include <largo/models/mlp.h>
+#include <largo/models/parameter_count.h>
+#include <largo/models/resnet.h>
+#include <largo/models/small_cnn.h>
+#include <largo/models/trunk_head_model.h>
+#include <largo/models/vit.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace largo::models {
+
+struct ModelOptions {
+  // MODEL.TRUNK.NAME: "mlp" | "small_cnn" | "resnet" | "vision_transformer"
+  std::string trunk_name = "small_cnn";
+  int64_t in_channels = 3; // channels of the input images
+  int64_t image_size = 32; // side of the (square) input images
+  int64_t num_classes = 10; // width of the linear head (and the last head dim)
+  ResNetOptions resnet; // MODEL.TRUNK.RESNETS.*
+  VitOptions vit; // MODEL.TRUNK.VISION_TRANSFORMERS.*
+  MlpOptions mlp; // MODEL.TRUNK.MLP.*
+  SmallCnnOptions small_cnn; // MODEL.TRUNK.SMALL_CNN.*
+  // MODEL.HEAD.PARAMS [["mlp", {"dims": [...]}]]: VISSL's mlp head dims [in, ..., out],
+  // with dims[0] == the trunk's output width and dims.back() == num_classes.
+  // Empty: Linear(trunk output -> num_classes).
+  std::vector<int64_t> head_dims;
+  MlpHeadOptions head; // the mlp head's other switches (used when head_dims is set)
+};
+
+// The trunk names build_model accepts, in the order error messages list them.
+const std::vector<std::string>& supported_trunk_names();
+
+// Builds the trunk named by options.trunk_name and its head. Throws ConfigError naming the
+// key, the value and what was expected: MODEL.TRUNK.NAME for an unknown trunk (listing the
+// supported ones), MODEL.TRUNK.<TRUNK>.* for bad trunk options, MODEL.HEAD.PARAMS for head
+// dims that do not fit the trunk or the classes.
+// Initialization draws from the global torch generator: seed it first for reproducibility.
+TrunkHeadModel build_model(const ModelOptions& options);
+
+// Just the trunk (used by build_model; also for heads the caller builds).
+Trunk build_trunk(const ModelOptions& options);
+
+} // namespace largo::models

@@ -1,0 +1,119 @@
+// A Vision Transformer trunk (ViT, Dosovitskiy et al.), pre-LayerNorm, as VISSL's
+// vision_transformer builds it from MODEL.TRUNK.VISION_TRANSFORMERS.
+//
+// Trunk blocks:
+//   block 0        patch embedding: conv (kernel = stride = patch) -> tokens [b, n, d],
+//                  prepend the class token ("token" classifier), add positional
+//                  embedding, dropout                                  -> [b, n(+1), d]
+//   blocks 1..L    encoder layers: x += drop_path(attn(norm1(x))); x += drop_path(mlp(norm2(x)))
+//                  attn: qkv Linear, scaled dot product per head, proj Linear
+//                  mlp: Linear(d -> mlp_dim), GELU, dropout, Linear(mlp_dim -> d), dropout
+//   block L+1      final LayerNorm, then the class token (or the mean of all tokens) -> [b, d]
+// Parameters: patch conv C*p*p*d + d; class token d; positions (n+1)*d; per layer
+// 4d (two LayerNorms) + 3d*d (+3d with qkv_bias) + d*d + d + 2*d*mlp_dim + mlp_dim + d;
+// final LayerNorm 2d.
+// Init like VISSL/timm: Linear weights truncated normal (std 0.02), biases 0, LayerNorm 1/0,
+// class token and positions truncated normal (std 0.02), the patch conv as torch.nn.Conv2d.
+#pragma once
+
+#include <largo/models/trunk_head_model.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cstdint>
+#include <string>
+
+namespace largo::models {
+
+// Keys are MODEL.TRUNK.VISION_TRANSFORMERS.<NAME>; the defaults are ViT-B/16's (VISSL's).
+struct VitOptions {
+  // IMAGE_SIZE: side of the square input; 0 = take it from the data. When set, it must
+  // equal the input images' size (the positional embedding is sized from it).
+  int64_t image_size = 0;
+  int64_t patch_size = 16; // PATCH_SIZE: must divide image_size
+  int64_t num_layers = 12; // NUM_LAYERS
+  int64_t num_heads = 12; // NUM_HEADS: must divide hidden_dim
+  int64_t hidden_dim = 768; // HIDDEN_DIM
+  int64_t mlp_dim = 3072; // MLP_DIM
+  double dropout = 0.0; // DROPOUT_RATE: embeddings, attention output and MLP
+  double attention_dropout = 0.0; // ATTENTION_DROPOUT_RATE: on the attention weights
+  // DROP_PATH_RATE: stochastic depth, rising linearly from 0 (first layer) to this (last).
+  double drop_path_rate = 0.0;
+  bool qkv_bias = false; // QKV_BIAS
+  std::string classifier = "token"; // CLASSIFIER: "token" (class token) or "gap" (mean)
+};
+
+// Validates (ConfigError naming the key, value and what is expected) and builds the trunk.
+// image_size: side of the input images (used when options.image_size is 0).
+Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t image_size);
+
+// Fills `tensor` with a normal(0, std) truncated to [-2 std, 2 std] (inverse-CDF method).
+void trunc_normal_(at::Tensor tensor, double std);
+
+// [b, c, h, w] -> [b, n(+1), d]
+class VitPatchEmbeddingImpl : public torch::nn::Module {
+ public:
+  VitPatchEmbeddingImpl(
+      int64_t in_channels,
+      int64_t image_size,
+      int64_t patch_size,
+      int64_t hidden_dim,
+      double dropout,
+      bool class_token);
+  at::Tensor forward(at::Tensor x);
+
+ private:
+  int64_t image_size_;
+  double dropout_;
+  torch::nn::Conv2d conv_proj_{nullptr};
+  at::Tensor class_token_; // [1, 1, d]; undefined for the "gap" classifier
+  at::Tensor pos_embedding_; // [1, n(+1), d]
+};
+TORCH_MODULE(VitPatchEmbedding);
+
+struct VitEncoderLayerOptions {
+  int64_t hidden_dim = 768;
+  int64_t num_heads = 12;
+  int64_t mlp_dim = 3072;
+  double dropout = 0.0;
+  double attention_dropout = 0.0;
+  double drop_path = 0.0;
+  bool qkv_bias = false;
+};
+
+// [b, t, d] -> [b, t, d]
+class VitEncoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit VitEncoderLayerImpl(const VitEncoderLayerOptions& options);
+  at::Tensor forward(at::Tensor x);
+
+ private:
+  at::Tensor attention(const at::Tensor& x); // [b, t, d] -> [b, t, d]
+  at::Tensor drop_path(at::Tensor branch); // per-sample stochastic depth in training
+
+  VitEncoderLayerOptions options_;
+  torch::nn::LayerNorm norm1_{nullptr};
+  torch::nn::Linear qkv_{nullptr}; // d -> 3d: queries, keys, values of every head
+  torch::nn::Linear proj_{nullptr};
+  torch::nn::LayerNorm norm2_{nullptr};
+  torch::nn::Linear fc1_{nullptr};
+  torch::nn::Linear fc2_{nullptr};
+};
+TORCH_MODULE(VitEncoderLayer);
+
+// [b, t, d] -> LayerNorm -> class token (t index 0) or mean over t -> [b, d]
+class VitFinalNormImpl : public torch::nn::Module {
+ public:
+  VitFinalNormImpl(int64_t hidden_dim, bool class_token);
+  at::Tensor forward(at::Tensor x);
+
+ private:
+  torch::nn::LayerNorm norm_{nullptr};
+  bool class_token_;
+};
+TORCH_MODULE(VitFinalNorm);
+
+} // namespace largo::models

@@ -1,0 +1,109 @@
+// The optimizer base class: parameter groups, per-parameter state keyed by parameter
+// name, zero_grad, and a state_dict that PyTorch's torch.load can read.
+//
+// Concrete optimizers (SGD, AdamW; later LAMB, and wrappers such as LARC or a sharded
+// optimizer) implement step() and describe their hyperparameters; the base owns the
+// groups, the state and its (de)serialization, so every optimizer saves and resumes the
+// same way.
+//
+// state_dict() layout (a plain dict, written with torch::pickle_save):
+//   {"state":        {param_name: {"momentum_buffer": Tensor, ...}, ...},
+//    "param_groups": [{"name": str, "lr": float, "weight_decay": float,
+//                      <optimizer hyperparameters>..., "params": [param_name, ...]}, ...],
+//    "type":         "sgd" | "adamw" | ...}
+// Parameters are named (e.g. "trunk.0.conv.weight") rather than numbered as in PyTorch,
+// so a checkpoint says which parameter each state belongs to and a mismatch can be named.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace largo::optim {
+
+// Parameters that share a learning rate and weight decay ("trunk", "trunk_no_wd", "head").
+struct ParamGroup {
+  std::vector<at::Tensor> params;
+  // One name per parameter, unique across all groups of an optimizer: the key of the
+  // parameter's state in state_dict(). Left empty, names "<group>.<index>" are made up.
+  std::vector<std::string> names;
+  double lr = 0.1;
+  double weight_decay = 0.0;
+  std::string name;
+};
+
+// The state of one parameter, e.g. {"momentum_buffer": Tensor} or
+// {"step": Tensor, "exp_avg": Tensor, "exp_avg_sq": Tensor}.
+using ParamState = std::map<std::string, at::Tensor>;
+
+class Optimizer {
+ public:
+  // Throws ConfigError for a negative lr or weight_decay, a group whose names do not match
+  // its params, duplicate parameter names or undefined tensors.
+  explicit Optimizer(std::vector<ParamGroup> param_groups);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient; parameters without one are skipped
+  // (their state is untouched), as in PyTorch.
+  virtual void step() = 0;
+
+  // The name stored under "type" in state_dict(), e.g. "sgd".
+  virtual std::string type() const = 0;
+
+  // set_to_none frees the gradients (PyTorch's default since 2.0); otherwise zeroes them.
+  void zero_grad(bool set_to_none = true);
+
+  std::vector<ParamGroup>& param_groups() {
+    return param_groups_;
+  }
+  const std::vector<ParamGroup>& param_groups() const {
+    return param_groups_;
+  }
+
+  // Sets the learning rate of every group (the schedule calls this each update).
+  void set_lr(double lr);
+
+  // The state of a parameter by name; empty until its first step.
+  const ParamState* find_state(const std::string& param_name) const;
+  ParamState& state(const std::string& param_name) {
+    return state_[param_name];
+  }
+
+  // Bytes held by the optimizer state (for memory accounting and the estimator).
+  int64_t state_bytes() const;
+
+  virtual c10::IValue state_dict() const;
+
+  // Restores state_dict() output bit-exactly (tensors are copied, step counters kept) and
+  // the groups' lr and weight_decay. Throws CheckpointError, before changing anything, when
+  // the type, the groups, the parameter names or a state tensor's shape do not match.
+  virtual void load_state_dict(const c10::IValue& state_dict);
+
+ protected:
+  // Optimizer-wide hyperparameters, written into every group of state_dict() as PyTorch
+  // does (e.g. {"momentum", 0.9}); on load, a different saved value is reported as a warning
+  // and the configured value is kept (the config is the source of truth on resume).
+  virtual std::vector<std::pair<std::string, c10::IValue>> hyperparameters() const {
+    return {};
+  }
+
+  // True for state entries that are scalars (e.g. AdamW's "step") rather than tensors
+  // shaped like their parameter; load_state_dict checks the shape of the others.
+  virtual bool is_scalar_state(const std::string& key) const {
+    return key == "step";
+  }
+
+ private:
+  std::vector<ParamGroup> param_groups_;
+  std::unordered_map<std::string, ParamState> state_;
+};
+
+} // namespace largo::optim

@@ -1,0 +1,45 @@
+// Splits a model's parameters into optimizer groups with VISSL's weight-decay rules:
+// norm layers and biases can be left unregularized, name substrings can opt out, and the
+// head ("head.*") gets its own groups so it can have its own decay and learning rate.
+//
+// Groups, in this order, each dropped when empty:
+//   "trunk"        trunk parameters that are decayed          (weight_decay)
+//   "trunk_no_wd"  trunk parameters that are not decayed      (0)
+//   "head"         head parameters that are decayed           (head_weight_decay or weight_decay)
+//   "head_no_wd"   head parameters that are not decayed       (0)
+// Parameter names are the module's named_parameters() names ("trunk.0.bn.weight").
+#pragma once
+
+#include <largo/optim/optimizer.h>
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace largo::optim {
+
+struct ParamGroupOptions {
+  double lr = 0.1;             // initial lr of every group; the schedule sets it later
+  double weight_decay = 1e-4;  // OPTIMIZER.weight_decay
+  bool regularize_bn = false;  // OPTIMIZER.regularize_bn: decay norm-layer parameters
+  bool regularize_bias = true; // OPTIMIZER.regularize_bias: decay "*bias" parameters
+  std::vector<std::string> non_regularized_parameters; // name substrings that get no decay
+  bool use_different_wd = false;     // OPTIMIZER.head_optimizer_params.use_different_wd
+  double head_weight_decay = 1e-4;   // OPTIMIZER.head_optimizer_params.weight_decay
+  std::string head_prefix = "head."; // parameters whose name starts with this are the head
+  // Which modules count as norm layers; empty means is_norm_layer() below. Set it when the
+  // model uses norm modules of its own (e.g. a synchronized BatchNorm).
+  std::function<bool(const torch::nn::Module&)> is_norm_layer;
+};
+
+// BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm and GroupNorm.
+bool is_norm_layer(const torch::nn::Module& module);
+
+// Parameters with requires_grad = false are left out; each parameter appears once even
+// when modules share it.
+std::vector<ParamGroup>
+build_param_groups(const torch::nn::Module& model, const ParamGroupOptions& options);
+
+} // namespace largo::optim

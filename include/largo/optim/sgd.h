@@ -1,0 +1,41 @@
+// Stochastic gradient descent with momentum, the update of torch.optim.SGD:
+//   g = grad + weight_decay * p                      (L2 penalty added to the gradient)
+//   buf = g (first step), else buf = momentum * buf + (1 - dampening) * g
+//   g = nesterov ? g + momentum * buf : buf          (when momentum != 0)
+//   p -= lr * g
+// State per parameter: "momentum_buffer" (only when momentum != 0).
+#pragma once
+
+#include <largo/optim/optimizer.h>
+
+namespace largo::optim {
+
+// Optimizer-wide SGD settings; lr and weight_decay live in each ParamGroup.
+struct SGDOptions {
+  double momentum = 0.0; // OPTIMIZER.momentum
+  double dampening = 0.0;
+  bool nesterov = false; // OPTIMIZER.nesterov
+};
+
+class SGD : public Optimizer {
+ public:
+  // Throws ConfigError naming the key and value for momentum < 0, or nesterov without
+  // momentum or with dampening.
+  explicit SGD(std::vector<ParamGroup> param_groups, SGDOptions options = {});
+
+  void step() override;
+  std::string type() const override {
+    return "sgd";
+  }
+  const SGDOptions& options() const {
+    return options_;
+  }
+
+ protected:
+  std::vector<std::pair<std::string, c10::IValue>> hyperparameters() const override;
+
+ private:
+  SGDOptions options_;
+};
+
+} // namespace largo::optim

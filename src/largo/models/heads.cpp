@@ -1,0 +1,58 @@
+#include <largo/models/heads.h>
+
+#include <largo/core/config.h>
+#include <largo/core/error.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/linear.h>
+
+namespace largo::models {
+
+torch::nn::Sequential build_linear_head(int64_t in_features, int64_t num_classes) {
+  if (num_classes <= 0) {
+    throw ConfigError(
+        fmt::format("the linear head needs a number of classes > 0, got {}", num_classes));
+  }
+  torch::nn::Sequential head;
+  head->push_back(torch::nn::Linear(in_features, num_classes));
+  return head;
+}
+
+torch::nn::Sequential build_mlp_head(
+    const std::vector<int64_t>& dims, const MlpHeadOptions& options) {
+  const bool dims_positive =
+      std::all_of(dims.begin(), dims.end(), [](int64_t dim) { return dim > 0; });
+  if (dims.size() < 2 || !dims_positive) {
+    throw config_error(
+        "MODEL.HEAD.PARAMS dims",
+        fmt::format("[{}]", fmt::join(dims, ", ")),
+        "at least two dims [in, ..., out], all > 0");
+  }
+  torch::nn::Sequential head;
+  const size_t num_layers = dims.size() - 1;
+  for (size_t i = 0; i < num_layers; ++i) {
+    head->push_back(torch::nn::Linear(
+        torch::nn::LinearOptions(dims[i], dims[i + 1]).bias(options.use_bias)));
+    if (i + 1 == num_layers && options.skip_last_layer_relu_bn) {
+      break;
+    }
+    if (options.use_bn) {
+      head->push_back(torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(dims[i + 1])
+                                                 .eps(options.batchnorm_eps)
+                                                 .momentum(options.batchnorm_momentum)));
+    }
+    if (options.use_relu) {
+      head->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+    }
+    if (options.use_dropout) {
+      head->push_back(torch::nn::Dropout(0.5));
+    }
+  }
+  return head;
+}
+
+} // namespace largo::models

@@ -1,0 +1,71 @@
+#include <largo/models/model_factory.h>
+
+#include <largo/core/config.h>
+#include <largo/core/error.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::models {
+
+const std::vector<std::string>& supported_trunk_names() {
+  static const std::vector<std::string> names{"mlp", "small_cnn", "resnet", "vision_transformer"};
+  return names;
+}
+
+Trunk build_trunk(const ModelOptions& options) {
+  if (options.in_channels <= 0 || options.image_size <= 0) {
+    throw ConfigError(fmt::format(
+        "the model needs a positive input shape; got {} channels of {}x{} pixels",
+        options.in_channels,
+        options.image_size,
+        options.image_size));
+  }
+  const std::string& name = options.trunk_name;
+  if (name == "mlp") {
+    return build_mlp_trunk(options.mlp, options.in_channels, options.image_size);
+  }
+  if (name == "small_cnn") {
+    return build_small_cnn_trunk(options.small_cnn, options.in_channels, options.image_size);
+  }
+  if (name == "resnet") {
+    return build_resnet_trunk(options.resnet, options.in_channels);
+  }
+  if (name == "vision_transformer") {
+    return build_vit_trunk(options.vit, options.in_channels, options.image_size);
+  }
+  throw config_error(
+      "MODEL.TRUNK.NAME",
+      name,
+      fmt::format("one of: {}", fmt::join(supported_trunk_names(), ", ")));
+}
+
+TrunkHeadModel build_model(const ModelOptions& options) {
+  Trunk trunk = build_trunk(options);
+  torch::nn::Sequential head;
+  if (options.head_dims.empty()) {
+    head = build_linear_head(trunk.output_dim, options.num_classes);
+  } else {
+    const auto& dims = options.head_dims;
+    const std::string dims_text = fmt::format("[{}]", fmt::join(dims, ", "));
+    if (dims.front() != trunk.output_dim) {
+      throw config_error(
+          "MODEL.HEAD.PARAMS dims",
+          dims_text,
+          fmt::format(
+              "the first dim to equal the {} trunk's output width {}",
+              options.trunk_name,
+              trunk.output_dim));
+    }
+    if (options.num_classes > 0 && dims.back() != options.num_classes) {
+      throw config_error(
+          "MODEL.HEAD.PARAMS dims",
+          dims_text,
+          fmt::format("the last dim to equal the number of classes {}", options.num_classes));
+    }
+    head = build_mlp_head(dims, options.head);
+  }
+  return TrunkHeadModel(std::move(trunk), std::move(head));
+}
+
+} // namespace largo::models

@@ -1,0 +1,225 @@
+#include <largo/models/vit.h>
+
+#include <largo/core/config.h>
+#include <largo/core/error.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+
+namespace largo::models {
+namespace {
+
+const std::string kKey = "MODEL.TRUNK.VISION_TRANSFORMERS.";
+constexpr double kLayerNormEps = 1e-6; // VISSL's and torchvision's ViT
+
+torch::nn::LayerNorm layer_norm(int64_t dim) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
+}
+
+void require_positive(int64_t value, const std::string& name) {
+  if (value <= 0) {
+    throw config_error(kKey + name, std::to_string(value), "an integer > 0");
+  }
+}
+
+void require_rate(double value, const std::string& name) {
+  if (!(value >= 0.0 && value < 1.0)) {
+    throw config_error(kKey + name, fmt::format("{}", value), "a rate in [0, 1)");
+  }
+}
+
+int64_t validate(const VitOptions& options, int64_t in_channels, int64_t input_size) {
+  if (in_channels <= 0 || input_size <= 0) {
+    throw ConfigError(fmt::format(
+        "vision_transformer needs a positive input shape, got {} channels of {}x{} pixels",
+        in_channels,
+        input_size,
+        input_size));
+  }
+  if (options.image_size < 0) {
+    throw config_error(
+        kKey + "IMAGE_SIZE", std::to_string(options.image_size), "an integer > 0 (or 0 = the data's)");
+  }
+  if (options.image_size > 0 && options.image_size != input_size) {
+    throw config_error(
+        kKey + "IMAGE_SIZE",
+        std::to_string(options.image_size),
+        fmt::format("the size of the input images, {}", input_size));
+  }
+  require_positive(options.patch_size, "PATCH_SIZE");
+  if (input_size % options.patch_size != 0) {
+    throw config_error(
+        kKey + "PATCH_SIZE",
+        std::to_string(options.patch_size),
+        fmt::format("a divisor of the image size {}", input_size));
+  }
+  require_positive(options.num_layers, "NUM_LAYERS");
+  require_positive(options.num_heads, "NUM_HEADS");
+  require_positive(options.hidden_dim, "HIDDEN_DIM");
+  require_positive(options.mlp_dim, "MLP_DIM");
+  if (options.hidden_dim % options.num_heads != 0) {
+    throw config_error(
+        kKey + "NUM_HEADS",
+        std::to_string(options.num_heads),
+        fmt::format("a divisor of HIDDEN_DIM {}", options.hidden_dim));
+  }
+  require_rate(options.dropout, "DROPOUT_RATE");
+  require_rate(options.attention_dropout, "ATTENTION_DROPOUT_RATE");
+  require_rate(options.drop_path_rate, "DROP_PATH_RATE");
+  if (options.classifier != "token" && options.classifier != "gap") {
+    throw config_error(kKey + "CLASSIFIER", options.classifier, "\"token\" or \"gap\"");
+  }
+  return input_size;
+}
+
+void init_linear(torch::nn::Linear& linear) {
+  trunc_normal_(linear->weight, 0.02);
+  if (linear->bias.defined()) {
+    torch::NoGradGuard no_grad;
+    linear->bias.zero_();
+  }
+}
+
+} // namespace
+
+void trunc_normal_(at::Tensor tensor, double std) {
+  torch::NoGradGuard no_grad;
+  // Uniform on [cdf(-2), cdf(2)] mapped through the inverse normal CDF.
+  const double cdf_low = 0.5 * (1.0 + std::erf(-2.0 / std::sqrt(2.0)));
+  const double cdf_high = 0.5 * (1.0 + std::erf(2.0 / std::sqrt(2.0)));
+  tensor.uniform_(2.0 * cdf_low - 1.0, 2.0 * cdf_high - 1.0);
+  tensor.erfinv_();
+  tensor.mul_(std * std::sqrt(2.0));
+  tensor.clamp_(-2.0 * std, 2.0 * std);
+}
+
+VitPatchEmbeddingImpl::VitPatchEmbeddingImpl(
+    int64_t in_channels,
+    int64_t image_size,
+    int64_t patch_size,
+    int64_t hidden_dim,
+    double dropout,
+    bool class_token)
+    : image_size_(image_size), dropout_(dropout) {
+  conv_proj_ = register_module(
+      "conv_proj",
+      torch::nn::Conv2d(
+          torch::nn::Conv2dOptions(in_channels, hidden_dim, patch_size).stride(patch_size)));
+  const int64_t patches_per_side = image_size / patch_size;
+  int64_t num_tokens = patches_per_side * patches_per_side;
+  if (class_token) {
+    class_token_ = register_parameter("class_token", torch::empty({1, 1, hidden_dim}));
+    trunc_normal_(class_token_, 0.02);
+    num_tokens += 1;
+  }
+  pos_embedding_ = register_parameter("pos_embedding", torch::empty({1, num_tokens, hidden_dim}));
+  trunc_normal_(pos_embedding_, 0.02);
+}
+
+at::Tensor VitPatchEmbeddingImpl::forward(at::Tensor x) {
+  if (x.dim() != 4 || x.size(2) != image_size_ || x.size(3) != image_size_) {
+    throw Error(fmt::format(
+        "vision_transformer was built for {}x{} images (MODEL.TRUNK.VISION_TRANSFORMERS."
+        "IMAGE_SIZE) but got input of shape [{}]",
+        image_size_,
+        image_size_,
+        fmt::join(x.sizes(), "x")));
+  }
+  x = conv_proj_(x); // [b, d, h/p, w/p]
+  x = x.flatten(2).transpose(1, 2); // [b, n, d]
+  if (class_token_.defined()) {
+    x = at::cat({class_token_.expand({x.size(0), -1, -1}), x}, 1); // [b, n+1, d]
+  }
+  x = x + pos_embedding_;
+  return at::dropout(x, dropout_, is_training());
+}
+
+VitEncoderLayerImpl::VitEncoderLayerImpl(const VitEncoderLayerOptions& options)
+    : options_(options) {
+  const int64_t d = options.hidden_dim;
+  norm1_ = register_module("norm1", layer_norm(d));
+  qkv_ = register_module(
+      "qkv", torch::nn::Linear(torch::nn::LinearOptions(d, 3 * d).bias(options.qkv_bias)));
+  proj_ = register_module("proj", torch::nn::Linear(d, d));
+  norm2_ = register_module("norm2", layer_norm(d));
+  fc1_ = register_module("fc1", torch::nn::Linear(d, options.mlp_dim));
+  fc2_ = register_module("fc2", torch::nn::Linear(options.mlp_dim, d));
+  for (auto* linear : {&qkv_, &proj_, &fc1_, &fc2_}) {
+    init_linear(*linear);
+  }
+}
+
+at::Tensor VitEncoderLayerImpl::attention(const at::Tensor& x) {
+  const int64_t batch = x.size(0);
+  const int64_t tokens = x.size(1);
+  const int64_t heads = options_.num_heads;
+  const int64_t head_dim = options_.hidden_dim / heads;
+  // [b, t, 3d] -> [3, b, heads, t, head_dim]
+  at::Tensor qkv = qkv_(x).reshape({batch, tokens, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
+  at::Tensor q = qkv[0] * (1.0 / std::sqrt(static_cast<double>(head_dim)));
+  at::Tensor k = qkv[1];
+  at::Tensor v = qkv[2];
+  at::Tensor weights = at::matmul(q, k.transpose(-2, -1)).softmax(-1); // [b, heads, t, t]
+  weights = at::dropout(weights, options_.attention_dropout, is_training());
+  at::Tensor out = at::matmul(weights, v); // [b, heads, t, head_dim]
+  out = out.transpose(1, 2).reshape({batch, tokens, options_.hidden_dim}); // [b, t, d]
+  return at::dropout(proj_(out), options_.dropout, is_training());
+}
+
+at::Tensor VitEncoderLayerImpl::drop_path(at::Tensor branch) {
+  if (!is_training() || options_.drop_path == 0.0) {
+    return branch;
+  }
+  // Drop the whole residual branch per sample; scale the kept ones to keep the mean.
+  const double keep = 1.0 - options_.drop_path;
+  at::Tensor mask = at::empty({branch.size(0), 1, 1}, branch.options()).bernoulli_(keep);
+  return branch * mask.div_(keep);
+}
+
+at::Tensor VitEncoderLayerImpl::forward(at::Tensor x) {
+  x = x + drop_path(attention(norm1_(x)));
+  at::Tensor hidden = at::gelu(fc1_(norm2_(x))); // [b, t, mlp_dim]
+  hidden = at::dropout(hidden, options_.dropout, is_training());
+  hidden = at::dropout(fc2_(hidden), options_.dropout, is_training()); // [b, t, d]
+  return x + drop_path(hidden);
+}
+
+VitFinalNormImpl::VitFinalNormImpl(int64_t hidden_dim, bool class_token)
+    : class_token_(class_token) {
+  norm_ = register_module("norm", layer_norm(hidden_dim));
+}
+
+at::Tensor VitFinalNormImpl::forward(at::Tensor x) {
+  x = norm_(x); // [b, t, d]
+  return class_token_ ? x.select(1, 0) : x.mean(1); // [b, d]
+}
+
+Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t image_size) {
+  const int64_t size = validate(options, in_channels, image_size);
+  const bool class_token = options.classifier == "token";
+  torch::nn::Sequential blocks;
+  blocks->push_back(VitPatchEmbedding(
+      in_channels, size, options.patch_size, options.hidden_dim, options.dropout, class_token));
+  for (int64_t layer = 0; layer < options.num_layers; ++layer) {
+    VitEncoderLayerOptions layer_options;
+    layer_options.hidden_dim = options.hidden_dim;
+    layer_options.num_heads = options.num_heads;
+    layer_options.mlp_dim = options.mlp_dim;
+    layer_options.dropout = options.dropout;
+    layer_options.attention_dropout = options.attention_dropout;
+    layer_options.qkv_bias = options.qkv_bias;
+    // Linear in depth, like VISSL: 0 for the first layer, drop_path_rate for the last.
+    layer_options.drop_path = options.num_layers == 1
+        ? options.drop_path_rate
+        : options.drop_path_rate * static_cast<double>(layer) /
+            static_cast<double>(options.num_layers - 1);
+    blocks->push_back(VitEncoderLayer(layer_options));
+  }
+  blocks->push_back(VitFinalNorm(options.hidden_dim, class_token));
+  return Trunk{blocks, options.hidden_dim};
+}
+
+} // namespace largo::models

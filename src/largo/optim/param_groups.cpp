@@ -1,0 +1,96 @@
+#include <largo/optim/param_groups.h>
+
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/instancenorm.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <unordered_set>
+
+namespace largo::optim {
+namespace {
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.compare(0, prefix.size(), prefix) == 0;
+}
+
+} // namespace
+
+bool is_norm_layer(const torch::nn::Module& module) {
+  namespace nn = torch::nn;
+  return dynamic_cast<const nn::BatchNorm1dImpl*>(&module) != nullptr ||
+         dynamic_cast<const nn::BatchNorm2dImpl*>(&module) != nullptr ||
+         dynamic_cast<const nn::BatchNorm3dImpl*>(&module) != nullptr ||
+         dynamic_cast<const nn::InstanceNorm1dImpl*>(&module) != nullptr ||
+         dynamic_cast<const nn::InstanceNorm2dImpl*>(&module) != nullptr ||
+         dynamic_cast<const nn::InstanceNorm3dImpl*>(&module) != nullptr ||
+         dynamic_cast<const nn::LayerNormImpl*>(&module) != nullptr ||
+         dynamic_cast<const nn::GroupNormImpl*>(&module) != nullptr;
+}
+
+std::vector<ParamGroup>
+build_param_groups(const torch::nn::Module& model, const ParamGroupOptions& options) {
+  const double head_weight_decay =
+      options.use_different_wd ? options.head_weight_decay : options.weight_decay;
+  // Indexed as listed in the header: trunk, trunk_no_wd, head, head_no_wd.
+  std::vector<ParamGroup> groups(4);
+  groups[0].name = "trunk";
+  groups[0].weight_decay = options.weight_decay;
+  groups[1].name = "trunk_no_wd";
+  groups[2].name = "head";
+  groups[2].weight_decay = head_weight_decay;
+  groups[3].name = "head_no_wd";
+  for (ParamGroup& group : groups) {
+    group.lr = options.lr;
+  }
+
+  std::unordered_set<const void*> seen; // TensorImpl of parameters already placed
+  auto place = [&](const torch::nn::Module& module, const std::string& module_name) {
+    const bool in_norm_layer =
+        options.is_norm_layer ? options.is_norm_layer(module) : is_norm_layer(module);
+    for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+      const at::Tensor& param = item.value();
+      if (!param.requires_grad() || !seen.insert(param.unsafeGetTensorImpl()).second) {
+        continue;
+      }
+      const std::string name = module_name.empty() ? item.key() : module_name + "." + item.key();
+      bool decayed = true;
+      if (in_norm_layer && !options.regularize_bn) {
+        decayed = false;
+      }
+      if (ends_with(name, "bias") && !options.regularize_bias) {
+        decayed = false;
+      }
+      for (const std::string& pattern : options.non_regularized_parameters) {
+        if (name.find(pattern) != std::string::npos) {
+          decayed = false;
+        }
+      }
+      const bool in_head = starts_with(name, options.head_prefix);
+      ParamGroup& group = groups[(in_head ? 2 : 0) + (decayed ? 0 : 1)];
+      group.params.push_back(param);
+      group.names.push_back(name);
+    }
+  };
+
+  // The root's own parameters first, then every submodule in named_parameters() order.
+  // (include_self = false: the root need not be held by a shared_ptr.)
+  place(model, "");
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    place(*item.value(), item.key());
+  }
+
+  std::vector<ParamGroup> non_empty;
+  for (ParamGroup& group : groups) {
+    if (!group.params.empty()) {
+      non_empty.push_back(std::move(group));
+    }
+  }
+  return non_empty;
+}
+
+} // namespace largo::optim

@@ -1,0 +1,171 @@
+// Samplers: DistributedSampler against indices recorded from PyTorch
+// (tests/reference/gen_sampler_baselines.py), StatefulDistributedSampler in closed form.
+#include "largo/data/sampler.h"
+
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "largo/core/error.h"
+
+namespace largo::data {
+namespace {
+
+const nlohmann::json& baselines() {
+  static const nlohmann::json data = [] {
+    const std::string path =
+        std::string(LARGO_TEST_DATA_DIR) + "/data/baselines/sampler_baselines.json";
+    std::ifstream in(path);
+    if (!in) {
+      throw std::runtime_error(
+          "cannot open " + path + "; run tests/reference/gen_sampler_baselines.py");
+    }
+    return nlohmann::json::parse(in);
+  }();
+  return data;
+}
+
+// Compares `actual` with a baseline entry: the full list, or head, tail and checksum.
+void expect_matches(
+    const std::vector<int64_t>& actual, const nlohmann::json& expected, const std::string& what) {
+  const auto length = expected.at("length").get<size_t>();
+  ASSERT_EQ(actual.size(), length) << what;
+  if (expected.contains("values")) {
+    EXPECT_EQ(actual, expected.at("values").get<std::vector<int64_t>>()) << what;
+    return;
+  }
+  const auto head = expected.at("head").get<std::vector<int64_t>>();
+  const auto tail = expected.at("tail").get<std::vector<int64_t>>();
+  EXPECT_EQ(std::vector<int64_t>(actual.begin(), actual.begin() + head.size()), head) << what;
+  EXPECT_EQ(std::vector<int64_t>(actual.end() - tail.size(), actual.end()), tail) << what;
+  int64_t checksum = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    checksum += static_cast<int64_t>(i + 1) * actual[i];
+  }
+  EXPECT_EQ(checksum, expected.at("checksum").get<int64_t>()) << what;
+}
+
+TEST(SeededRandperm, MatchesPythonTorchRandperm) {
+  const auto& cases = baselines().at("randperm");
+  ASSERT_GE(cases.size(), 5U);
+  for (const auto& entry : cases) {
+    const auto n = entry.at("n").get<int64_t>();
+    const auto seed = entry.at("seed").get<uint64_t>();
+    expect_matches(
+        seeded_randperm(n, seed),
+        entry,
+        "randperm(" + std::to_string(n) + ", seed " + std::to_string(seed) + ")");
+  }
+}
+
+TEST(DistributedSampler, MatchesPyTorchForEveryRecordedCase) {
+  const auto& cases = baselines().at("distributed_sampler");
+  ASSERT_GE(cases.size(), 40U);
+  for (const auto& entry : cases) {
+    const std::string what = entry.dump().substr(0, 160);
+    DistributedSampler sampler(
+        entry.at("dataset_size").get<int64_t>(),
+        entry.at("num_replicas").get<int64_t>(),
+        entry.at("rank").get<int64_t>(),
+        entry.at("shuffle").get<bool>(),
+        entry.at("seed").get<uint64_t>(),
+        entry.at("drop_last").get<bool>());
+    sampler.set_epoch(entry.at("epoch").get<int64_t>());
+    EXPECT_EQ(sampler.num_samples(), entry.at("num_samples").get<int64_t>()) << what;
+    expect_matches(sampler.indices(), entry, what);
+  }
+}
+
+TEST(DistributedSampler, RanksPartitionTheDatasetAndEpochsReshuffle) {
+  constexpr int64_t kSize = 103;
+  constexpr int64_t kReplicas = 4;
+  std::multiset<int64_t> seen;
+  for (int64_t rank = 0; rank < kReplicas; ++rank) {
+    DistributedSampler sampler(kSize, kReplicas, rank, true, 3, false);
+    sampler.set_epoch(2);
+    const auto indices = sampler.indices();
+    EXPECT_EQ(static_cast<int64_t>(indices.size()), 26);
+    seen.insert(indices.begin(), indices.end());
+  }
+  // 104 slots for 103 samples: every sample once, one repeated as padding.
+  EXPECT_EQ(seen.size(), 104U);
+  for (int64_t i = 0; i < kSize; ++i) {
+    EXPECT_GE(seen.count(i), 1U) << i;
+  }
+  DistributedSampler sampler(kSize, kReplicas, 0, true, 3, false);
+  sampler.set_epoch(2);
+  const auto epoch2 = sampler.indices();
+  sampler.set_epoch(3);
+  EXPECT_NE(sampler.indices(), epoch2);
+}
+
+TEST(DistributedSampler, RejectsBadArguments) {
+  EXPECT_THROW(DistributedSampler(10, 0, 0), ConfigError);
+  EXPECT_THROW(DistributedSampler(10, 2, 2), ConfigError);
+  EXPECT_THROW(DistributedSampler(10, 2, -1), ConfigError);
+  EXPECT_THROW(DistributedSampler(-1, 1, 0), ConfigError);
+}
+
+TEST(StatefulDistributedSampler, ContiguousBlockPerRankReorderedBySharedPermutation) {
+  // N = 52, R = 3: total 51 (sample 51 dropped), n = 17 per rank.
+  constexpr int64_t kReplicas = 3;
+  constexpr uint64_t kSeed = 0;
+  constexpr int64_t kEpoch = 1;
+  // The permutation is torch.randperm(17, seed 0 + 1), recorded from Python.
+  std::vector<int64_t> python_perm;
+  for (const auto& entry : baselines().at("randperm")) {
+    if (entry.at("n") == 17 && entry.at("seed") == kSeed + kEpoch) {
+      python_perm = entry.at("values").get<std::vector<int64_t>>();
+    }
+  }
+  ASSERT_EQ(python_perm.size(), 17U);
+  std::set<int64_t> all;
+  for (int64_t rank = 0; rank < kReplicas; ++rank) {
+    StatefulDistributedSampler sampler(52, kReplicas, rank, /*batch_size=*/4, kSeed);
+    sampler.set_epoch(kEpoch);
+    EXPECT_EQ(sampler.num_samples(), 17);
+    const auto indices = sampler.epoch_indices();
+    ASSERT_EQ(indices.size(), 17U);
+    for (size_t i = 0; i < indices.size(); ++i) {
+      EXPECT_EQ(indices[i], rank * 17 + python_perm[i]) << "rank " << rank << " position " << i;
+    }
+    EXPECT_EQ(sampler.indices(), indices); // start_iter 0: the whole epoch
+    all.insert(indices.begin(), indices.end());
+  }
+  EXPECT_EQ(all.size(), 51U);
+  EXPECT_EQ(*all.rbegin(), 50);
+}
+
+TEST(StatefulDistributedSampler, StartIterSkipsWholeBatchesAndStateRoundTrips) {
+  StatefulDistributedSampler sampler(100, 2, 1, /*batch_size=*/8, /*seed=*/5);
+  sampler.set_epoch(3);
+  const auto full = sampler.epoch_indices();
+  ASSERT_EQ(full.size(), 50U);
+  sampler.set_start_iter(2);
+  EXPECT_EQ(sampler.indices(), std::vector<int64_t>(full.begin() + 16, full.end()));
+  sampler.set_start_iter(6, /*batch_size=*/7); // the tail batch: positions 42..49
+  EXPECT_EQ(sampler.indices(), std::vector<int64_t>(full.begin() + 42, full.end()));
+  sampler.set_start_iter(9, 7);
+  EXPECT_TRUE(sampler.indices().empty());
+
+  sampler.set_start_iter(4, 8);
+  const StatefulDistributedSampler::State state = sampler.state_dict();
+  EXPECT_EQ(state.epoch, 3);
+  EXPECT_EQ(state.start_iter, 4);
+  StatefulDistributedSampler resumed(100, 2, 1, 8, 5);
+  resumed.load_state_dict(state);
+  EXPECT_EQ(resumed.indices(), sampler.indices());
+  EXPECT_EQ(resumed.epoch_indices(), full);
+
+  sampler.set_epoch(4); // a new epoch reshuffles; set_epoch leaves start_iter alone
+  EXPECT_NE(sampler.epoch_indices(), full);
+  EXPECT_EQ(sampler.start_iter(), 4);
+  EXPECT_THROW(sampler.set_start_iter(-1), ConfigError);
+  EXPECT_THROW(StatefulDistributedSampler(10, 2, 0, 0), ConfigError);
+}
+
+} // namespace
+} // namespace largo::data

@@ -1,0 +1,342 @@
+// Optimizer state: save → load → continue equals an uninterrupted run bit for bit; the
+// saved dict is readable by Python's torch.load; mismatches are refused by name; options
+// are validated with the config key and value in the message.
+#include "optim_test_util.h"
+
+#include <largo/core/error.h>
+#include <largo/optim/adamw.h>
+#include <largo/optim/sgd.h>
+
+#include <fmt/format.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+
+namespace largo::optim {
+namespace {
+
+using testing::make_params;
+using testing::set_grads;
+
+const std::vector<std::vector<int64_t>> kShapes = {{3, 4}, {5}};
+
+std::vector<ParamGroup> two_groups(const std::vector<at::Tensor>& params) {
+  ParamGroup decayed;
+  decayed.name = "trunk";
+  decayed.params = {params[0]};
+  decayed.names = {"trunk.weight"};
+  decayed.lr = 0.05;
+  decayed.weight_decay = 0.01;
+  ParamGroup plain;
+  plain.name = "trunk_no_wd";
+  plain.params = {params[1]};
+  plain.names = {"trunk.bias"};
+  plain.lr = 0.05;
+  return {decayed, plain};
+}
+
+using OptimizerFactory = std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>)>;
+
+std::unique_ptr<Optimizer> make_sgd(std::vector<ParamGroup> groups) {
+  return std::make_unique<SGD>(std::move(groups), SGDOptions{0.9, 0.0, true});
+}
+
+std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> groups) {
+  AdamWOptions options;
+  options.amsgrad = true;
+  return std::make_unique<AdamW>(std::move(groups), options);
+}
+
+void run_steps(
+    Optimizer& optimizer, std::vector<at::Tensor>& params, int64_t first_step, int64_t num_steps) {
+  for (int64_t step = first_step; step < first_step + num_steps; ++step) {
+    optimizer.set_lr(0.05 * (1.0 - 0.01 * static_cast<double>(step)));
+    set_grads(params, step);
+    optimizer.step();
+  }
+}
+
+std::vector<at::Tensor> clone_params(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> copies;
+  for (const at::Tensor& p : params) {
+    copies.push_back(p.detach().clone().requires_grad_());
+  }
+  return copies;
+}
+
+void expect_resume_is_bit_exact(const OptimizerFactory& factory) {
+  // Uninterrupted: 20 steps.
+  std::vector<at::Tensor> reference = make_params(kShapes);
+  auto reference_optimizer = factory(two_groups(reference));
+  run_steps(*reference_optimizer, reference, 1, 20);
+
+  // 10 steps, save to bytes, load into a fresh optimizer over copied params, 10 more.
+  std::vector<at::Tensor> first = make_params(kShapes);
+  auto first_optimizer = factory(two_groups(first));
+  run_steps(*first_optimizer, first, 1, 10);
+  const std::vector<char> bytes = torch::pickle_save(first_optimizer->state_dict());
+  std::vector<at::Tensor> resumed = clone_params(first);
+  auto resumed_optimizer = factory(two_groups(resumed));
+  resumed_optimizer->load_state_dict(torch::pickle_load(bytes));
+  // Keep training the first optimizer: the loaded state must not alias its tensors.
+  run_steps(*first_optimizer, first, 11, 3);
+  run_steps(*resumed_optimizer, resumed, 11, 10);
+
+  for (size_t k = 0; k < reference.size(); ++k) {
+    EXPECT_TRUE(torch::equal(resumed[k], reference[k])) << "param " << k << " differs";
+  }
+  for (const std::string name : {"trunk.weight", "trunk.bias"}) {
+    const ParamState* expected = reference_optimizer->find_state(name);
+    const ParamState* actual = resumed_optimizer->find_state(name);
+    ASSERT_NE(expected, nullptr);
+    ASSERT_NE(actual, nullptr);
+    ASSERT_EQ(actual->size(), expected->size());
+    for (const auto& [key, tensor] : *expected) {
+      ASSERT_EQ(actual->count(key), 1U) << key;
+      EXPECT_TRUE(torch::equal(actual->at(key), tensor)) << name << "." << key;
+      EXPECT_EQ(actual->at(key).scalar_type(), tensor.scalar_type()) << name << "." << key;
+    }
+  }
+}
+
+TEST(OptimizerState, SgdResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_sgd);
+}
+
+TEST(OptimizerState, AdamWResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_adamw);
+}
+
+TEST(OptimizerState, LayoutAndLoadedGroupSettings) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  AdamW optimizer(two_groups(params));
+  run_steps(optimizer, params, 1, 3);
+  const c10::IValue saved = torch::pickle_load(torch::pickle_save(optimizer.state_dict()));
+  ASSERT_TRUE(saved.isGenericDict());
+  const auto root = saved.toGenericDict();
+  EXPECT_EQ(root.at("type").toStringRef(), "adamw");
+  const auto state = root.at("state").toGenericDict();
+  const auto weight_state = state.at("trunk.weight").toGenericDict();
+  EXPECT_EQ(weight_state.at("step").toTensor().item<float>(), 3.0F);
+  EXPECT_EQ(weight_state.at("exp_avg").toTensor().sizes(), params[0].sizes());
+  EXPECT_EQ(weight_state.find("max_exp_avg_sq"), weight_state.end()); // amsgrad off
+  const auto groups = root.at("param_groups").toList();
+  ASSERT_EQ(groups.size(), 2U);
+  const auto group0 = groups.get(0).toGenericDict();
+  EXPECT_EQ(group0.at("name").toStringRef(), "trunk");
+  EXPECT_DOUBLE_EQ(group0.at("weight_decay").toDouble(), 0.01);
+  EXPECT_DOUBLE_EQ(group0.at("eps").toDouble(), 1e-8);
+  EXPECT_EQ(group0.at("params").toListRef().at(0).toStringRef(), "trunk.weight");
+
+  // Loading restores each group's lr and weight_decay, as torch.optim does.
+  std::vector<at::Tensor> fresh = clone_params(params);
+  auto groups_changed = two_groups(fresh);
+  groups_changed[0].lr = 1.0;
+  groups_changed[0].weight_decay = 0.5;
+  AdamW loaded(groups_changed);
+  loaded.load_state_dict(saved);
+  EXPECT_DOUBLE_EQ(loaded.param_groups()[0].lr, optimizer.param_groups()[0].lr);
+  EXPECT_DOUBLE_EQ(loaded.param_groups()[0].weight_decay, 0.01);
+}
+
+// The dict must be a plain one that PyTorch reads with torch.load.
+TEST(OptimizerState, PythonTorchLoadReadsStateDict) {
+  if (!std::filesystem::exists("/usr/bin/python3")) {
+    GTEST_SKIP() << "/usr/bin/python3 (with torch) is not installed";
+  }
+  std::vector<at::Tensor> params = make_params(kShapes);
+  SGD optimizer(two_groups(params), SGDOptions{0.9});
+  run_steps(optimizer, params, 1, 2);
+  const auto dir = std::filesystem::path(LARGO_BINARY_DIR) / "optim_test_output";
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "sgd_state.pt";
+  {
+    const std::vector<char> bytes = torch::pickle_save(optimizer.state_dict());
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  const double expected_first =
+      optimizer.find_state("trunk.weight")->at("momentum_buffer").reshape(-1)[0].item<double>();
+  const std::string script = fmt::format(
+      "import sys\n"
+      "try:\n import torch\nexcept ImportError:\n sys.exit(77)\n"
+      "d = torch.load('{}')\n"
+      "assert d['type'] == 'sgd', d['type']\n"
+      "assert [g['name'] for g in d['param_groups']] == ['trunk', 'trunk_no_wd']\n"
+      "assert d['param_groups'][0]['params'] == ['trunk.weight']\n"
+      "assert d['param_groups'][0]['momentum'] == 0.9\n"
+      "assert d['param_groups'][0]['nesterov'] is False\n"
+      "buf = d['state']['trunk.weight']['momentum_buffer']\n"
+      "assert buf.shape == (3, 4) and buf.dtype == torch.float64\n"
+      "assert buf.reshape(-1)[0].item() == float('{:.17g}'), buf.reshape(-1)[0].item()\n",
+      path.string(),
+      expected_first);
+  const auto script_path = dir / "read_sgd_state.py";
+  std::ofstream(script_path) << script;
+  const int status = std::system(("/usr/bin/python3 " + script_path.string()).c_str());
+  ASSERT_NE(status, -1);
+  if (WEXITSTATUS(status) == 77) {
+    GTEST_SKIP() << "python3 has no torch";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "torch.load could not read the state dict; see " << script_path;
+}
+
+// Runs fn, expects a CheckpointError whose message contains every one of `parts`.
+template <typename Fn>
+void expect_checkpoint_error(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a CheckpointError";
+  } catch (const CheckpointError& error) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
+          << "'" << part << "' not in: " << error.what();
+    }
+  }
+}
+
+c10::IValue trained_sgd_state() {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  SGD optimizer(two_groups(params), SGDOptions{0.9});
+  run_steps(optimizer, params, 1, 2);
+  return torch::pickle_load(torch::pickle_save(optimizer.state_dict()));
+}
+
+TEST(OptimizerState, LoadRejectsWrongType) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  AdamW adamw(two_groups(params));
+  expect_checkpoint_error(
+      [&] { adamw.load_state_dict(trained_sgd_state()); }, {"'sgd'", "'adamw'"});
+  expect_checkpoint_error([&] { adamw.load_state_dict(c10::IValue(3.0)); }, {"dict"});
+}
+
+TEST(OptimizerState, LoadRejectsMissingAndUnexpectedParameters) {
+  std::vector<at::Tensor> params = make_params({{3, 4}, {5}, {2}});
+  auto groups = two_groups(params);
+  groups[1].params.push_back(params[2]);
+  groups[1].names.push_back("trunk.extra");
+  SGD with_extra(groups, SGDOptions{0.9});
+  expect_checkpoint_error(
+      [&] { with_extra.load_state_dict(trained_sgd_state()); }, {"trunk.extra", "missing"});
+
+  groups = two_groups(params);
+  groups[1].names = {"trunk.renamed"};
+  SGD renamed(groups, SGDOptions{0.9});
+  expect_checkpoint_error([&] { renamed.load_state_dict(trained_sgd_state()); }, {"trunk.renamed"});
+
+  groups = two_groups(params);
+  groups.pop_back();
+  SGD one_group(groups, SGDOptions{0.9});
+  expect_checkpoint_error(
+      [&] { one_group.load_state_dict(trained_sgd_state()); }, {"2 parameter groups", "has 1"});
+}
+
+TEST(OptimizerState, LoadRejectsShapeMismatchAndChangesNothing) {
+  std::vector<at::Tensor> params = make_params({{3, 4}, {6}});
+  SGD optimizer(two_groups(params), SGDOptions{0.9});
+  run_steps(optimizer, params, 1, 1);
+  const at::Tensor before = optimizer.find_state("trunk.bias")->at("momentum_buffer").clone();
+  const double lr_before = optimizer.param_groups()[0].lr;
+  expect_checkpoint_error(
+      [&] { optimizer.load_state_dict(trained_sgd_state()); },
+      {"trunk.bias", "momentum_buffer", "[5]", "[6]"});
+  EXPECT_TRUE(torch::equal(optimizer.find_state("trunk.bias")->at("momentum_buffer"), before));
+  EXPECT_EQ(optimizer.param_groups()[0].lr, lr_before);
+}
+
+template <typename Fn>
+void expect_config_error(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
+          << "'" << part << "' not in: " << error.what();
+    }
+  }
+}
+
+TEST(OptimizerValidation, SgdOptions) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  expect_config_error(
+      [&] { (void)SGD(two_groups(params), SGDOptions{-0.5}); }, {"OPTIMIZER.momentum", "-0.5"});
+  expect_config_error(
+      [&] {
+        (void)SGD(two_groups(params), SGDOptions{0.0, 0.0, true});
+      },
+      {"OPTIMIZER.nesterov", "momentum = 0"});
+  expect_config_error(
+      [&] {
+        (void)SGD(two_groups(params), SGDOptions{0.9, 0.1, true});
+      },
+      {"OPTIMIZER.nesterov", "dampening = 0.1"});
+  auto groups = two_groups(params);
+  groups[1].lr = -1.0;
+  expect_config_error(
+      [&] { (void)SGD(groups, SGDOptions{}); },
+      {"OPTIMIZER.param_schedulers.lr", "-1", "trunk_no_wd"});
+  groups = two_groups(params);
+  groups[0].weight_decay = -0.25;
+  expect_config_error(
+      [&] { (void)SGD(groups, SGDOptions{}); }, {"OPTIMIZER.weight_decay", "-0.25"});
+  SGD valid(two_groups(params), SGDOptions{0.9, 0.0, true});
+  expect_config_error([&] { valid.set_lr(-0.5); }, {"OPTIMIZER.param_schedulers.lr", "-0.5"});
+}
+
+TEST(OptimizerValidation, AdamWOptions) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  AdamWOptions bad_beta;
+  bad_beta.betas = {0.9, 1.0};
+  expect_config_error(
+      [&] { (void)AdamW(two_groups(params), bad_beta); }, {"OPTIMIZER.betas[1]", "1"});
+  AdamWOptions bad_eps;
+  bad_eps.eps = -1e-8;
+  expect_config_error(
+      [&] { (void)AdamW(two_groups(params), bad_eps); }, {"OPTIMIZER.eps", "-1e-08"});
+}
+
+TEST(OptimizerValidation, ParameterNames) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  auto groups = two_groups(params);
+  groups[1].names = {"trunk.weight"};
+  expect_config_error([&] { (void)SGD(groups, SGDOptions{}); }, {"trunk.weight", "twice"});
+  groups = two_groups(params);
+  groups[0].names.push_back("extra");
+  expect_config_error([&] { (void)SGD(groups, SGDOptions{}); }, {"1 parameters but 2 names"});
+  // Without names, names are made up from the group name.
+  groups = two_groups(params);
+  groups[0].names.clear();
+  SGD named(groups, SGDOptions{});
+  EXPECT_EQ(named.param_groups()[0].names, std::vector<std::string>{"trunk.0"});
+}
+
+TEST(Optimizer, ZeroGradSetLrAndSkippedParameters) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  SGD optimizer(two_groups(params), SGDOptions{0.9});
+  set_grads(params, 1);
+  params[1].mutable_grad().reset(); // no gradient: no update, no state
+  const at::Tensor bias_before = params[1].detach().clone();
+  optimizer.set_lr(0.2);
+  EXPECT_EQ(optimizer.param_groups()[0].lr, 0.2);
+  EXPECT_EQ(optimizer.param_groups()[1].lr, 0.2);
+  optimizer.step();
+  EXPECT_TRUE(torch::equal(params[1], bias_before));
+  EXPECT_EQ(optimizer.find_state("trunk.bias"), nullptr);
+  ASSERT_NE(optimizer.find_state("trunk.weight"), nullptr);
+  EXPECT_EQ(optimizer.state_bytes(), 12 * 8);
+
+  optimizer.zero_grad(/*set_to_none=*/false);
+  ASSERT_TRUE(params[0].grad().defined());
+  EXPECT_EQ(params[0].grad().abs().sum().item<double>(), 0.0);
+  optimizer.zero_grad();
+  EXPECT_FALSE(params[0].grad().defined());
+}
+
+} // namespace
+} // namespace largo::optim

@@ -1,0 +1,207 @@
+// VISSL's weight-decay grouping: norm layers, biases, name substrings, and the head.
+#include <largo/core/error.h>
+#include <largo/optim/param_groups.h>
+#include <largo/optim/sgd.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace largo::optim {
+namespace {
+
+namespace nn = torch::nn;
+
+// trunk: conv (+bias), BatchNorm, LayerNorm, GroupNorm, a linear with a "pos_embed"-like
+// extra parameter and a frozen one; head: linear (+bias) and a BatchNorm.
+struct TrunkBlockImpl : nn::Module {
+  TrunkBlockImpl() {
+    linear = register_module("linear", nn::Linear(4, 4));
+    pos_embed = register_parameter("pos_embed", torch::zeros({4}));
+    frozen = register_parameter("frozen", torch::zeros({4}), /*requires_grad=*/false);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return linear(x) + pos_embed + frozen;
+  }
+  nn::Linear linear{nullptr};
+  at::Tensor pos_embed, frozen;
+};
+TORCH_MODULE(TrunkBlock);
+
+struct NetImpl : nn::Module {
+  NetImpl() {
+    trunk = register_module(
+        "trunk",
+        nn::Sequential(
+            nn::Conv2d(nn::Conv2dOptions(3, 4, 3)),
+            nn::BatchNorm2d(4),
+            nn::LayerNorm(nn::LayerNormOptions({4})),
+            nn::GroupNorm(nn::GroupNormOptions(2, 4)),
+            TrunkBlock()));
+    head = register_module("head", nn::Sequential(nn::BatchNorm1d(4), nn::Linear(4, 10)));
+  }
+  nn::Sequential trunk{nullptr}, head{nullptr};
+};
+TORCH_MODULE(Net);
+
+const ParamGroup* find_group(const std::vector<ParamGroup>& groups, const std::string& name) {
+  for (const ParamGroup& group : groups) {
+    if (group.name == name) {
+      return &group;
+    }
+  }
+  return nullptr;
+}
+
+std::vector<std::string> group_names(const std::vector<ParamGroup>& groups) {
+  std::vector<std::string> names;
+  for (const ParamGroup& group : groups) {
+    names.push_back(group.name);
+  }
+  return names;
+}
+
+using Names = std::vector<std::string>;
+
+TEST(ParamGroups, VisslDefaultsLeaveNormLayersUndecayed) {
+  Net net;
+  ParamGroupOptions options; // regularize_bn false, regularize_bias true, wd 1e-4
+  options.lr = 0.3;
+  const auto groups = build_param_groups(*net, options);
+  ASSERT_EQ(group_names(groups), (Names{"trunk", "trunk_no_wd", "head", "head_no_wd"}));
+  EXPECT_EQ(
+      groups[0].names,
+      (Names{
+          "trunk.0.weight",
+          "trunk.0.bias",
+          "trunk.4.pos_embed",
+          "trunk.4.linear.weight",
+          "trunk.4.linear.bias"}));
+  EXPECT_EQ(groups[0].weight_decay, 1e-4);
+  EXPECT_EQ(
+      groups[1].names,
+      (Names{
+          "trunk.1.weight",
+          "trunk.1.bias",
+          "trunk.2.weight",
+          "trunk.2.bias",
+          "trunk.3.weight",
+          "trunk.3.bias"}));
+  EXPECT_EQ(groups[1].weight_decay, 0.0);
+  EXPECT_EQ(groups[2].names, (Names{"head.1.weight", "head.1.bias"}));
+  EXPECT_EQ(groups[2].weight_decay, 1e-4); // use_different_wd is off: the trunk's decay
+  EXPECT_EQ(groups[3].names, (Names{"head.0.weight", "head.0.bias"}));
+  EXPECT_EQ(groups[3].weight_decay, 0.0);
+  for (const ParamGroup& group : groups) {
+    EXPECT_EQ(group.lr, 0.3);
+    ASSERT_EQ(group.params.size(), group.names.size());
+  }
+  // The tensors are the module's own (same storage), and the frozen one is left out.
+  const auto named = net->named_parameters();
+  EXPECT_TRUE(groups[0].params[2].is_same(named["trunk.4.pos_embed"]));
+  size_t total = 0;
+  for (const ParamGroup& group : groups) {
+    total += group.params.size();
+  }
+  EXPECT_EQ(total, named.size() - 1);
+}
+
+TEST(ParamGroups, RegularizeFlagsAndNameSubstrings) {
+  Net net;
+  ParamGroupOptions options;
+  options.regularize_bn = true;
+  options.regularize_bias = false;
+  options.non_regularized_parameters = {"pos_embed"};
+  options.weight_decay = 5e-4;
+  const auto groups = build_param_groups(*net, options);
+  const ParamGroup* trunk = find_group(groups, "trunk");
+  const ParamGroup* trunk_no_wd = find_group(groups, "trunk_no_wd");
+  const ParamGroup* head = find_group(groups, "head");
+  const ParamGroup* head_no_wd = find_group(groups, "head_no_wd");
+  ASSERT_TRUE(trunk && trunk_no_wd && head && head_no_wd);
+  EXPECT_EQ(
+      trunk->names,
+      (Names{
+          "trunk.0.weight",
+          "trunk.1.weight",
+          "trunk.2.weight",
+          "trunk.3.weight",
+          "trunk.4.linear.weight"}));
+  EXPECT_EQ(trunk->weight_decay, 5e-4);
+  EXPECT_EQ(
+      trunk_no_wd->names,
+      (Names{
+          "trunk.0.bias",
+          "trunk.1.bias",
+          "trunk.2.bias",
+          "trunk.3.bias",
+          "trunk.4.pos_embed",
+          "trunk.4.linear.bias"}));
+  EXPECT_EQ(head->names, (Names{"head.0.weight", "head.1.weight"}));
+  EXPECT_EQ(head_no_wd->names, (Names{"head.0.bias", "head.1.bias"}));
+}
+
+TEST(ParamGroups, HeadWeightDecayAndEmptyGroupsDropped) {
+  nn::Sequential trunk_only(nn::Linear(3, 3), nn::Linear(3, 2));
+  ParamGroupOptions options;
+  auto groups = build_param_groups(*trunk_only, options);
+  ASSERT_EQ(group_names(groups), Names{"trunk"});
+  EXPECT_EQ(groups[0].names, (Names{"0.weight", "0.bias", "1.weight", "1.bias"}));
+
+  Net net;
+  options.use_different_wd = true;
+  options.head_weight_decay = 0.05;
+  options.regularize_bn = true;
+  groups = build_param_groups(*net, options);
+  EXPECT_EQ(group_names(groups), (Names{"trunk", "head"}));
+  EXPECT_EQ(find_group(groups, "head")->weight_decay, 0.05);
+  EXPECT_EQ(find_group(groups, "trunk")->weight_decay, 1e-4);
+}
+
+TEST(ParamGroups, CustomNormPredicateAndSharedParameters) {
+  // A module of the caller's own that is a norm layer (e.g. a synchronized BatchNorm).
+  struct MyNormImpl : nn::Module {
+    MyNormImpl() {
+      scale = register_parameter("scale", torch::ones({2}));
+    }
+    at::Tensor scale;
+  };
+  auto root = std::make_shared<nn::Module>();
+  auto norm = std::make_shared<MyNormImpl>();
+  root->register_module("norm", norm);
+  auto linear = nn::Linear(2, 2);
+  root->register_module("a", linear);
+  root->register_module("b", linear); // the same module twice: its params appear once
+
+  ParamGroupOptions options;
+  auto groups = build_param_groups(*root, options);
+  ASSERT_EQ(group_names(groups), Names{"trunk"});
+  EXPECT_EQ(groups[0].names, (Names{"norm.scale", "a.weight", "a.bias"}));
+
+  options.is_norm_layer = [](const nn::Module& module) {
+    return dynamic_cast<const MyNormImpl*>(&module) != nullptr;
+  };
+  groups = build_param_groups(*root, options);
+  ASSERT_EQ(group_names(groups), (Names{"trunk", "trunk_no_wd"}));
+  EXPECT_EQ(groups[1].names, Names{"norm.scale"});
+  EXPECT_TRUE(is_norm_layer(*nn::BatchNorm2d(3)));
+  EXPECT_TRUE(is_norm_layer(*nn::InstanceNorm2d(nn::InstanceNorm2dOptions(3).affine(true))));
+  EXPECT_FALSE(is_norm_layer(*linear));
+}
+
+TEST(ParamGroups, FeedAnOptimizer) {
+  Net net;
+  SGD optimizer(build_param_groups(*net, ParamGroupOptions{}), SGDOptions{0.9});
+  auto x = torch::randn({2, 3, 5, 6});
+  auto features = net->trunk->forward(x); // [2, 4, 3, 4] after LayerNorm over the last dim
+  auto loss = net->head->forward(features.mean({1, 2})).sum();
+  loss.backward();
+  const at::Tensor before = net->named_parameters()["trunk.1.weight"].detach().clone();
+  optimizer.step();
+  // BatchNorm weights get momentum SGD without decay: p -= lr * grad on the first step.
+  const at::Tensor& bn_weight = net->named_parameters()["trunk.1.weight"];
+  EXPECT_TRUE(torch::allclose(bn_weight, before - 0.1 * bn_weight.grad()));
+  EXPECT_NE(optimizer.find_state("head.1.weight"), nullptr);
+}
+
+} // namespace
+} // namespace largo::optim
