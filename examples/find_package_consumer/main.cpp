@@ -4,6 +4,8 @@
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
 
+#include <torch/torch.h>
+
 #include <iostream>
 
 int main() {

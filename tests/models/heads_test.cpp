@@ -19,8 +19,9 @@ std::vector<std::string> module_names(const torch::nn::Sequential& head) {
 
 TEST(Heads, MlpHeadDefaultsAreLinearLayersOnly) {
   torch::nn::Sequential head = build_mlp_head({64, 32, 10});
-  EXPECT_EQ(module_names(head),
-            (std::vector<std::string>{"torch::nn::LinearImpl", "torch::nn::LinearImpl"}));
+  EXPECT_EQ(
+      module_names(head),
+      (std::vector<std::string>{"torch::nn::LinearImpl", "torch::nn::LinearImpl"}));
   EXPECT_EQ(head->forward(torch::randn({4, 64})).sizes().vec(), (std::vector<int64_t>{4, 10}));
 }
 
@@ -48,7 +49,8 @@ TEST(Heads, MlpHeadWithBnReluSkipsThemAfterTheLastLayer) {
   head = build_mlp_head({64, 10}, options);
   EXPECT_EQ(
       module_names(head),
-      (std::vector<std::string>{"torch::nn::LinearImpl", "torch::nn::BatchNorm1dImpl", "torch::nn::ReLUImpl"}));
+      (std::vector<std::string>{
+          "torch::nn::LinearImpl", "torch::nn::BatchNorm1dImpl", "torch::nn::ReLUImpl"}));
   EXPECT_EQ(count_parameters(*head), 64 * 10 + 2 * 10); // no Linear bias, BN weight + bias
 }
 
@@ -64,8 +66,8 @@ TEST(Heads, ModelWithMlpHead) {
   EXPECT_EQ(model->head()->size(), 3u); // Linear, ReLU, Linear
   EXPECT_TRUE(model->named_parameters().contains("head.2.weight"));
   torch::NoGradGuard no_grad;
-  EXPECT_EQ(model->forward(torch::randn({2, 1, 28, 28})).sizes().vec(),
-            (std::vector<int64_t>{2, 10}));
+  EXPECT_EQ(
+      model->forward(torch::randn({2, 1, 28, 28})).sizes().vec(), (std::vector<int64_t>{2, 10}));
 }
 
 TEST(Heads, HeadDimsMustFitTrunkAndClasses) {

@@ -23,8 +23,7 @@ TEST(Mlp, ShapesBlocksAndParameterCount) {
   TrunkHeadModel model = build_model(mlp_options({512, 256}));
   EXPECT_EQ(model->num_trunk_blocks(), 2);
   EXPECT_EQ(model->trunk_output_dim(), 256);
-  EXPECT_EQ(
-      count_parameters(*model), (784 * 512 + 512) + (512 * 256 + 256) + (256 * 10 + 10));
+  EXPECT_EQ(count_parameters(*model), (784 * 512 + 512) + (512 * 256 + 256) + (256 * 10 + 10));
   at::Tensor images = torch::randn({3, 1, 28, 28});
   torch::NoGradGuard no_grad;
   EXPECT_EQ(model->forward_trunk_range(images, 0, 1).sizes().vec(), (std::vector<int64_t>{3, 512}));
@@ -48,8 +47,8 @@ TEST(Mlp, RejectsNonPositiveWidths) {
     build_model(mlp_options({128, 0}));
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("MODEL.TRUNK.MLP.HIDDEN_DIMS = [128, 0]"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(error.what()).find("MODEL.TRUNK.MLP.HIDDEN_DIMS = [128, 0]"), std::string::npos)
         << error.what();
   }
 }

@@ -36,8 +36,8 @@ TEST(ModelFactory, BuildsEverySupportedTrunk) {
     TrunkHeadModel model = build_model(options);
     torch::NoGradGuard no_grad;
     model->eval();
-    EXPECT_EQ(model->forward(torch::randn({2, 3, 32, 32})).sizes().vec(),
-              (std::vector<int64_t>{2, 7}))
+    EXPECT_EQ(
+        model->forward(torch::randn({2, 3, 32, 32})).sizes().vec(), (std::vector<int64_t>{2, 7}))
         << name;
   }
 }

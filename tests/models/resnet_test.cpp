@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(
     ResNetShapes,
     ::testing::Values(
         ShapeCase{18, "imagenet", 64, 2}, // 64 /2 (conv) /2 (pool) /2 /2 /2 = 2
-        ShapeCase{18, "cifar", 16, 2}, // 16 /2 /2 /2 = 2
+        ShapeCase{18, "cifar", 16, 2},    // 16 /2 /2 /2 = 2
         ShapeCase{50, "imagenet", 64, 2},
         ShapeCase{50, "cifar", 16, 2}));
 
@@ -126,11 +126,12 @@ TEST(ResNet, WidthMultiplierWidensStemAndStages) {
   options.resnet.width_multiplier = 2;
   TrunkHeadModel model = build_model(options);
   EXPECT_EQ(model->trunk_output_dim(), 1024);
-  EXPECT_EQ(model->named_parameters()["trunk.0.conv1.weight"].sizes().vec(),
-            (std::vector<int64_t>{128, 3, 3, 3}));
+  EXPECT_EQ(
+      model->named_parameters()["trunk.0.conv1.weight"].sizes().vec(),
+      (std::vector<int64_t>{128, 3, 3, 3}));
   torch::NoGradGuard no_grad;
-  EXPECT_EQ(model->forward(torch::randn({2, 3, 8, 8})).sizes().vec(),
-            (std::vector<int64_t>{2, 10}));
+  EXPECT_EQ(
+      model->forward(torch::randn({2, 3, 8, 8})).sizes().vec(), (std::vector<int64_t>{2, 10}));
 }
 
 TEST(ResNet, InputChannels) {
@@ -139,8 +140,8 @@ TEST(ResNet, InputChannels) {
   TrunkHeadModel model = build_model(options);
   EXPECT_EQ(model->named_parameters()["trunk.0.conv1.weight"].size(1), 1);
   torch::NoGradGuard no_grad;
-  EXPECT_EQ(model->forward(torch::randn({2, 1, 12, 12})).sizes().vec(),
-            (std::vector<int64_t>{2, 10}));
+  EXPECT_EQ(
+      model->forward(torch::randn({2, 1, 12, 12})).sizes().vec(), (std::vector<int64_t>{2, 10}));
 }
 
 TEST(ResNet, InitializationLikeTorchvision) {

@@ -41,8 +41,8 @@ TEST(SmallCnn, ShapesFor28And32PixelInputs) {
 
 TEST(SmallCnn, ParameterCount) {
   // conv (no bias) + BN (weight, bias) per stage, then Linear(576 -> 10).
-  const int64_t expected = (1 * 16 * 9 + 2 * 16) + (16 * 32 * 9 + 2 * 32) + (32 * 64 * 9 + 2 * 64) +
-      (576 * 10 + 10);
+  const int64_t expected =
+      (1 * 16 * 9 + 2 * 16) + (16 * 32 * 9 + 2 * 32) + (32 * 64 * 9 + 2 * 64) + (576 * 10 + 10);
   EXPECT_EQ(count_parameters(*build_model(cnn_options(1, 28))), expected);
 }
 

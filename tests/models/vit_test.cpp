@@ -32,15 +32,15 @@ int64_t vit_parameter_count(const ModelOptions& o) {
   const int64_t m = o.vit.mlp_dim, layers = o.vit.num_layers, k = o.num_classes;
   const int64_t patches = (o.image_size / p) * (o.image_size / p);
   const bool token = o.vit.classifier == "token";
-  const int64_t embedding = c * p * p * d + d // patch conv weight + bias
-      + (token ? d : 0) // class token
-      + (patches + (token ? 1 : 0)) * d; // positional embedding
-  const int64_t layer = 2 * d // norm1
-      + 3 * d * d + (o.vit.qkv_bias ? 3 * d : 0) // qkv
-      + d * d + d // proj
-      + 2 * d // norm2
-      + d * m + m // fc1
-      + m * d + d; // fc2
+  const int64_t embedding = c * p * p * d + d                      // patch conv weight + bias
+                            + (token ? d : 0)                      // class token
+                            + (patches + (token ? 1 : 0)) * d;     // positional embedding
+  const int64_t layer = 2 * d                                      // norm1
+                        + 3 * d * d + (o.vit.qkv_bias ? 3 * d : 0) // qkv
+                        + d * d + d                                // proj
+                        + 2 * d                                    // norm2
+                        + d * m + m                                // fc1
+                        + m * d + d;                               // fc2
   const int64_t final_norm = 2 * d;
   const int64_t head = d * k + k;
   return embedding + layers * layer + final_norm + head;
@@ -103,8 +103,8 @@ TEST(Vit, GapClassifierHasNoClassToken) {
   torch::NoGradGuard no_grad;
   at::Tensor tokens = model->forward_trunk_range(torch::randn({2, 3, 32, 32}), 0, 1);
   EXPECT_EQ(tokens.sizes().vec(), (std::vector<int64_t>{2, 16, 48}));
-  EXPECT_EQ(model->forward(torch::randn({2, 3, 32, 32})).sizes().vec(),
-            (std::vector<int64_t>{2, 10}));
+  EXPECT_EQ(
+      model->forward(torch::randn({2, 3, 32, 32})).sizes().vec(), (std::vector<int64_t>{2, 10}));
 }
 
 TEST(Vit, InitializationIsTruncatedNormal) {

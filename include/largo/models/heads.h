@@ -16,20 +16,20 @@ torch::nn::Sequential build_linear_head(int64_t in_features, int64_t num_classes
 
 // VISSL's mlp head switches (all but `dims`, which build_mlp_head takes separately).
 struct MlpHeadOptions {
-  bool use_bn = false; // BatchNorm1d after each Linear
-  bool use_relu = false; // ReLU after each Linear (after the BatchNorm)
+  bool use_bn = false;      // BatchNorm1d after each Linear
+  bool use_relu = false;    // ReLU after each Linear (after the BatchNorm)
   bool use_dropout = false; // Dropout(0.5) after each Linear (after the ReLU)
-  bool use_bias = true; // bias in the Linear layers
+  bool use_bias = true;     // bias in the Linear layers
   // Like VISSL: the last Linear is followed by nothing, so the head ends in raw scores.
   bool skip_last_layer_relu_bn = true;
-  double batchnorm_eps = 1e-5; // MODEL.HEAD.BATCHNORM_EPS
+  double batchnorm_eps = 1e-5;     // MODEL.HEAD.BATCHNORM_EPS
   double batchnorm_momentum = 0.1; // MODEL.HEAD.BATCHNORM_MOMENTUM
 };
 
 // Linear(dims[0] -> dims[1]) [-> BN -> ReLU -> Dropout] ... -> Linear(-> dims.back()).
 // Module names follow VISSL's flat layout ("0", "1", ... in order of creation). Throws
 // ConfigError naming MODEL.HEAD.PARAMS unless there are >= 2 dims, all > 0.
-torch::nn::Sequential build_mlp_head(
-    const std::vector<int64_t>& dims, const MlpHeadOptions& options = {});
+torch::nn::Sequential
+build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options = {});
 
 } // namespace largo::models

@@ -19,7 +19,7 @@ namespace largo::models {
 
 struct MlpOptions {
   std::vector<int64_t> hidden_dims{512, 256}; // MODEL.TRUNK.MLP.HIDDEN_DIMS
-  double dropout = 0.0; // after each ReLU
+  double dropout = 0.0;                       // after each ReLU
 };
 
 // Throws ConfigError for a non-positive hidden dim, a dropout outside [0, 1), or a

@@ -20,12 +20,12 @@ namespace largo::models {
 struct ModelOptions {
   // MODEL.TRUNK.NAME: "mlp" | "small_cnn" | "resnet" | "vision_transformer"
   std::string trunk_name = "small_cnn";
-  int64_t in_channels = 3; // channels of the input images
-  int64_t image_size = 32; // side of the (square) input images
-  int64_t num_classes = 10; // width of the linear head (and the last head dim)
-  ResNetOptions resnet; // MODEL.TRUNK.RESNETS.*
-  VitOptions vit; // MODEL.TRUNK.VISION_TRANSFORMERS.*
-  MlpOptions mlp; // MODEL.TRUNK.MLP.*
+  int64_t in_channels = 3;   // channels of the input images
+  int64_t image_size = 32;   // side of the (square) input images
+  int64_t num_classes = 10;  // width of the linear head (and the last head dim)
+  ResNetOptions resnet;      // MODEL.TRUNK.RESNETS.*
+  VitOptions vit;            // MODEL.TRUNK.VISION_TRANSFORMERS.*
+  MlpOptions mlp;            // MODEL.TRUNK.MLP.*
   SmallCnnOptions small_cnn; // MODEL.TRUNK.SMALL_CNN.*
   // MODEL.HEAD.PARAMS [["mlp", {"dims": [...]}]]: VISSL's mlp head dims [in, ..., out],
   // with dims[0] == the trunk's output width and dims.back() == num_classes.

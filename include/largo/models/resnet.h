@@ -90,11 +90,7 @@ class BottleneckImpl : public torch::nn::Module {
  public:
   static constexpr int64_t kExpansion = 4;
   BottleneckImpl(
-      int64_t in_channels,
-      int64_t planes,
-      int64_t stride,
-      int64_t groups,
-      int64_t width_per_group);
+      int64_t in_channels, int64_t planes, int64_t stride, int64_t groups, int64_t width_per_group);
   at::Tensor forward(at::Tensor x);
   torch::nn::BatchNorm2d& last_bn() {
     return bn3_;

@@ -29,13 +29,14 @@ struct SmallCnnOptions {
   // The last stage's maps are average-pooled to this size (skipped when they already are:
   // 28x28 inputs give 3x3 maps), so the feature width does not depend on the image size.
   int64_t pooled_size = 3;
-  double dropout = 0.0; // MODEL.TRUNK.SMALL_CNN.DROPOUT: on the flattened features
+  double dropout = 0.0;      // MODEL.TRUNK.SMALL_CNN.DROPOUT: on the flattened features
   bool channels_last = true; // compute in channels-last layout (faster on CPU)
 };
 
 // Throws ConfigError for empty/non-positive channels, pooled_size < 1, dropout outside
 // [0, 1), or an image_size below 2^stages (each stage halves it).
-Trunk build_small_cnn_trunk(const SmallCnnOptions& options, int64_t in_channels, int64_t image_size);
+Trunk build_small_cnn_trunk(
+    const SmallCnnOptions& options, int64_t in_channels, int64_t image_size);
 
 struct SmallCnnStageOptions {
   int64_t in_channels = 0;

@@ -33,16 +33,16 @@ struct VitOptions {
   // IMAGE_SIZE: side of the square input; 0 = take it from the data. When set, it must
   // equal the input images' size (the positional embedding is sized from it).
   int64_t image_size = 0;
-  int64_t patch_size = 16; // PATCH_SIZE: must divide image_size
-  int64_t num_layers = 12; // NUM_LAYERS
-  int64_t num_heads = 12; // NUM_HEADS: must divide hidden_dim
-  int64_t hidden_dim = 768; // HIDDEN_DIM
-  int64_t mlp_dim = 3072; // MLP_DIM
-  double dropout = 0.0; // DROPOUT_RATE: embeddings, attention output and MLP
+  int64_t patch_size = 16;        // PATCH_SIZE: must divide image_size
+  int64_t num_layers = 12;        // NUM_LAYERS
+  int64_t num_heads = 12;         // NUM_HEADS: must divide hidden_dim
+  int64_t hidden_dim = 768;       // HIDDEN_DIM
+  int64_t mlp_dim = 3072;         // MLP_DIM
+  double dropout = 0.0;           // DROPOUT_RATE: embeddings, attention output and MLP
   double attention_dropout = 0.0; // ATTENTION_DROPOUT_RATE: on the attention weights
   // DROP_PATH_RATE: stochastic depth, rising linearly from 0 (first layer) to this (last).
   double drop_path_rate = 0.0;
-  bool qkv_bias = false; // QKV_BIAS
+  bool qkv_bias = false;            // QKV_BIAS
   std::string classifier = "token"; // CLASSIFIER: "token" (class token) or "gap" (mean)
 };
 
@@ -69,7 +69,7 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
   int64_t image_size_;
   double dropout_;
   torch::nn::Conv2d conv_proj_{nullptr};
-  at::Tensor class_token_; // [1, 1, d]; undefined for the "gap" classifier
+  at::Tensor class_token_;   // [1, 1, d]; undefined for the "gap" classifier
   at::Tensor pos_embedding_; // [1, n(+1), d]
 };
 TORCH_MODULE(VitPatchEmbedding);
@@ -92,7 +92,7 @@ class VitEncoderLayerImpl : public torch::nn::Module {
 
  private:
   at::Tensor attention(const at::Tensor& x); // [b, t, d] -> [b, t, d]
-  at::Tensor drop_path(at::Tensor branch); // per-sample stochastic depth in training
+  at::Tensor drop_path(at::Tensor branch);   // per-sample stochastic depth in training
 
   VitEncoderLayerOptions options_;
   torch::nn::LayerNorm norm1_{nullptr};

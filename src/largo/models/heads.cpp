@@ -5,9 +5,9 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/dropout.h>
-#include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/linear.h>
 
 namespace largo::models {
@@ -22,8 +22,8 @@ torch::nn::Sequential build_linear_head(int64_t in_features, int64_t num_classes
   return head;
 }
 
-torch::nn::Sequential build_mlp_head(
-    const std::vector<int64_t>& dims, const MlpHeadOptions& options) {
+torch::nn::Sequential
+build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options) {
   const bool dims_positive =
       std::all_of(dims.begin(), dims.end(), [](int64_t dim) { return dim > 0; });
   if (dims.size() < 2 || !dims_positive) {
@@ -35,8 +35,8 @@ torch::nn::Sequential build_mlp_head(
   torch::nn::Sequential head;
   const size_t num_layers = dims.size() - 1;
   for (size_t i = 0; i < num_layers; ++i) {
-    head->push_back(torch::nn::Linear(
-        torch::nn::LinearOptions(dims[i], dims[i + 1]).bias(options.use_bias)));
+    head->push_back(
+        torch::nn::Linear(torch::nn::LinearOptions(dims[i], dims[i + 1]).bias(options.use_bias)));
     if (i + 1 == num_layers && options.skip_last_layer_relu_bn) {
       break;
     }

@@ -8,7 +8,8 @@
 
 namespace largo::models {
 
-MlpBlockImpl::MlpBlockImpl(int64_t in_features, int64_t out_features, bool flatten_input, double dropout)
+MlpBlockImpl::MlpBlockImpl(
+    int64_t in_features, int64_t out_features, bool flatten_input, double dropout)
     : flatten_input_(flatten_input), dropout_(dropout) {
   if (out_features > 0) {
     linear_ = register_module("linear", torch::nn::Linear(in_features, out_features));
@@ -38,7 +39,8 @@ Trunk build_mlp_trunk(const MlpOptions& options, int64_t in_channels, int64_t im
         "layer widths > 0 (an empty list means no hidden layer)");
   }
   if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
-    throw config_error("MODEL.TRUNK.MLP.DROPOUT", fmt::format("{}", options.dropout), "a rate in [0, 1)");
+    throw config_error(
+        "MODEL.TRUNK.MLP.DROPOUT", fmt::format("{}", options.dropout), "a rate in [0, 1)");
   }
   if (in_channels <= 0 || image_size <= 0) {
     throw ConfigError(fmt::format(

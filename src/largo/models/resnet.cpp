@@ -14,7 +14,8 @@ namespace {
 
 const std::string kKey = "MODEL.TRUNK.RESNETS.";
 
-torch::nn::Conv2d conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups = 1) {
+torch::nn::Conv2d
+conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups = 1) {
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, kernel)
                                .stride(stride)
                                .padding(kernel / 2)
@@ -60,7 +61,8 @@ void validate(const ResNetOptions& options, int64_t in_channels) {
     throw config_error(
         kKey + "WIDTH_PER_GROUP", std::to_string(options.width_per_group), "an integer >= 1");
   }
-  if (resnet_expansion(options.depth) == 1 && (options.groups != 1 || options.width_per_group != 64)) {
+  if (resnet_expansion(options.depth) == 1 &&
+      (options.groups != 1 || options.width_per_group != 64)) {
     throw config_error(
         kKey + "GROUPS",
         fmt::format("{} (WIDTH_PER_GROUP {})", options.groups, options.width_per_group),
@@ -81,20 +83,19 @@ void validate(const ResNetOptions& options, int64_t in_channels) {
 
 std::vector<int64_t> resnet_stage_sizes(int64_t depth) {
   switch (depth) {
-    case 18:
-      return {2, 2, 2, 2};
-    case 34:
-    case 50:
-      return {3, 4, 6, 3};
-    case 101:
-      return {3, 4, 23, 3};
-    case 152:
-      return {3, 8, 36, 3};
-    case 200:
-      return {3, 24, 36, 3};
-    default:
-      throw config_error(
-          kKey + "DEPTH", std::to_string(depth), "one of 18, 34, 50, 101, 152, 200");
+  case 18:
+    return {2, 2, 2, 2};
+  case 34:
+  case 50:
+    return {3, 4, 6, 3};
+  case 101:
+    return {3, 4, 23, 3};
+  case 152:
+    return {3, 8, 36, 3};
+  case 200:
+    return {3, 24, 36, 3};
+  default:
+    throw config_error(kKey + "DEPTH", std::to_string(depth), "one of 18, 34, 50, 101, 152, 200");
   }
 }
 
@@ -107,7 +108,8 @@ ResNetStemImpl::ResNetStemImpl(int64_t in_channels, int64_t out_channels, bool i
     : use_max_pool_(imagenet_stem) {
   conv1_ = register_module(
       "conv1",
-      imagenet_stem ? conv(in_channels, out_channels, 7, 2) : conv(in_channels, out_channels, 3, 1));
+      imagenet_stem ? conv(in_channels, out_channels, 7, 2)
+                    : conv(in_channels, out_channels, 3, 1));
   bn1_ = register_module("bn1", torch::nn::BatchNorm2d(out_channels));
 }
 
@@ -140,11 +142,7 @@ at::Tensor BasicBlockImpl::forward(at::Tensor x) {
 }
 
 BottleneckImpl::BottleneckImpl(
-    int64_t in_channels,
-    int64_t planes,
-    int64_t stride,
-    int64_t groups,
-    int64_t width_per_group) {
+    int64_t in_channels, int64_t planes, int64_t stride, int64_t groups, int64_t width_per_group) {
   // torchvision: width = int(planes * (base_width / 64.)) * groups
   const int64_t width = planes * width_per_group / 64 * groups;
   const int64_t out_channels = planes * kExpansion;

@@ -28,7 +28,7 @@ at::Tensor SmallCnnStageImpl::forward(at::Tensor x) {
     weight = weight.contiguous(at::MemoryFormat::ChannelsLast);
   }
   x = at::conv2d(x, weight, /*bias=*/{}, /*stride=*/1, /*padding=*/1); // [b, out, h, w]
-  x = at::max_pool2d(x, /*kernel_size=*/2); // [b, out, h/2, w/2]
+  x = at::max_pool2d(x, /*kernel_size=*/2);                            // [b, out, h/2, w/2]
   x = bn_(x).relu_();
   if (options_.pooled_size > 0) {
     const int64_t pooled = options_.pooled_size;
@@ -44,7 +44,8 @@ at::Tensor SmallCnnStageImpl::forward(at::Tensor x) {
   return x;
 }
 
-Trunk build_small_cnn_trunk(const SmallCnnOptions& options, int64_t in_channels, int64_t image_size) {
+Trunk build_small_cnn_trunk(
+    const SmallCnnOptions& options, int64_t in_channels, int64_t image_size) {
   const bool channels_positive = std::all_of(
       options.channels.begin(), options.channels.end(), [](int64_t c) { return c > 0; });
   if (options.channels.empty() || !channels_positive) {
@@ -55,7 +56,9 @@ Trunk build_small_cnn_trunk(const SmallCnnOptions& options, int64_t in_channels,
   }
   if (options.pooled_size < 1) {
     throw config_error(
-        "MODEL.TRUNK.SMALL_CNN.POOLED_SIZE", std::to_string(options.pooled_size), "an integer >= 1");
+        "MODEL.TRUNK.SMALL_CNN.POOLED_SIZE",
+        std::to_string(options.pooled_size),
+        "an integer >= 1");
   }
   if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
     throw config_error(

@@ -41,7 +41,9 @@ int64_t validate(const VitOptions& options, int64_t in_channels, int64_t input_s
   }
   if (options.image_size < 0) {
     throw config_error(
-        kKey + "IMAGE_SIZE", std::to_string(options.image_size), "an integer > 0 (or 0 = the data's)");
+        kKey + "IMAGE_SIZE",
+        std::to_string(options.image_size),
+        "an integer > 0 (or 0 = the data's)");
   }
   if (options.image_size > 0 && options.image_size != input_size) {
     throw config_error(
@@ -128,7 +130,7 @@ at::Tensor VitPatchEmbeddingImpl::forward(at::Tensor x) {
         image_size_,
         fmt::join(x.sizes(), "x")));
   }
-  x = conv_proj_(x); // [b, d, h/p, w/p]
+  x = conv_proj_(x);                // [b, d, h/p, w/p]
   x = x.flatten(2).transpose(1, 2); // [b, n, d]
   if (class_token_.defined()) {
     x = at::cat({class_token_.expand({x.size(0), -1, -1}), x}, 1); // [b, n+1, d]
@@ -193,7 +195,7 @@ VitFinalNormImpl::VitFinalNormImpl(int64_t hidden_dim, bool class_token)
 }
 
 at::Tensor VitFinalNormImpl::forward(at::Tensor x) {
-  x = norm_(x); // [b, t, d]
+  x = norm_(x);                                     // [b, t, d]
   return class_token_ ? x.select(1, 0) : x.mean(1); // [b, d]
 }
 
@@ -213,9 +215,9 @@ Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t im
     layer_options.qkv_bias = options.qkv_bias;
     // Linear in depth, like VISSL: 0 for the first layer, drop_path_rate for the last.
     layer_options.drop_path = options.num_layers == 1
-        ? options.drop_path_rate
-        : options.drop_path_rate * static_cast<double>(layer) /
-            static_cast<double>(options.num_layers - 1);
+                                  ? options.drop_path_rate
+                                  : options.drop_path_rate * static_cast<double>(layer) /
+                                        static_cast<double>(options.num_layers - 1);
     blocks->push_back(VitEncoderLayer(layer_options));
   }
   blocks->push_back(VitFinalNorm(options.hidden_dim, class_token));
