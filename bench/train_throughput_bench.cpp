@@ -22,9 +22,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -42,7 +42,7 @@ struct BenchOptions {
   int64_t batch = 0; // 0: the model's default below
   int threads = 2;
   int warmup_steps = 0; // 0: the model's default below
-  int steps = 0; // 0: the model's default below
+  int steps = 0;        // 0: the model's default below
   bool phases = false;
 };
 
@@ -78,13 +78,13 @@ BenchOptions parse(int argc, char** argv) {
   // Defaults chosen so one run takes a few seconds on the 2-core dev machine.
   const bool small = options.model == "small_cnn";
   if (options.batch == 0) {
-    options.batch = small ? 128 : 32;
+    options.batch = small ? 128 : 16;
   }
   if (options.warmup_steps == 0) {
-    options.warmup_steps = small ? 20 : 2;
+    options.warmup_steps = small ? 10 : 2;
   }
   if (options.steps == 0) {
-    options.steps = small ? 150 : 6;
+    options.steps = small ? 100 : 3;
   }
   return options;
 }
@@ -113,8 +113,8 @@ int main(int argc, char** argv) try {
     throw std::invalid_argument("unknown model " + options.model + "; use small_cnn or resnet18");
   }
   model_options.num_classes = 10;
-  image_shape = {options.batch, model_options.in_channels, model_options.image_size,
-                 model_options.image_size};
+  image_shape = {
+      options.batch, model_options.in_channels, model_options.image_size, model_options.image_size};
 
   // The same tensors as the reference script draws (same generator, seed and order).
   at::Tensor images = torch::randn(image_shape); // [batch, channels, h, w]
