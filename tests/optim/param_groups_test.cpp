@@ -198,7 +198,8 @@ TEST(ParamGroups, FeedAnOptimizer) {
   const at::Tensor before = net->named_parameters()["trunk.1.weight"].detach().clone();
   optimizer.step();
   // BatchNorm weights get momentum SGD without decay: p -= lr * grad on the first step.
-  const at::Tensor& bn_weight = net->named_parameters()["trunk.1.weight"];
+  // A copy (shares storage): named_parameters() returns a temporary dict.
+  const at::Tensor bn_weight = net->named_parameters()["trunk.1.weight"];
   EXPECT_TRUE(torch::allclose(bn_weight, before - 0.1 * bn_weight.grad()));
   EXPECT_NE(optimizer.find_state("head.1.weight"), nullptr);
 }
