@@ -11,6 +11,8 @@
 namespace largo::optim {
 namespace {
 
+using testing::expect_config_error;
+
 ScheduleOptions schedule_from_json(const nlohmann::json& j) {
   ScheduleOptions options;
   options.name = j.at("name");
@@ -159,19 +161,6 @@ TEST(LrSchedule, WhereFor) {
   EXPECT_EQ(where_for(0, 0, 10, 10, "step"), 0.0);
   EXPECT_THROW(where_for(0, 0, 10, 10, "iteration"), ConfigError);
   EXPECT_THROW(where_for(0, 0, 10, 0, "epoch"), ConfigError);
-}
-
-template <typename Fn>
-void expect_config_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a ConfigError";
-  } catch (const ConfigError& error) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
-          << "'" << part << "' not in: " << error.what();
-    }
-  }
 }
 
 TEST(LrSchedule, Validation) {

@@ -2,6 +2,8 @@
 // tests/reference/gen_optim_baselines.py also uses, and a loader for its JSON output.
 #pragma once
 
+#include <largo/core/error.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -68,6 +70,20 @@ inline nlohmann::json load_baselines() {
 // |actual - expected| <= rel * max(1, |expected|): relative for large values, absolute near 0.
 inline bool close(double actual, double expected, double rel) {
   return std::abs(actual - expected) <= rel * std::max(1.0, std::abs(expected));
+}
+
+// Runs `fn`, which must throw ConfigError, and checks its message contains every part.
+template <typename Fn>
+void expect_config_error(Fn&& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
+          << "'" << part << "' not in: " << error.what();
+    }
+  }
 }
 
 } // namespace largo::optim::testing

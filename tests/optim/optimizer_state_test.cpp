@@ -21,6 +21,7 @@ namespace {
 
 using testing::make_params;
 using testing::set_grads;
+using testing::expect_config_error;
 
 const std::vector<std::vector<int64_t>> kShapes = {{3, 4}, {5}};
 
@@ -247,19 +248,6 @@ TEST(OptimizerState, LoadRejectsShapeMismatchAndChangesNothing) {
       {"trunk.bias", "momentum_buffer", "[5]", "[6]"});
   EXPECT_TRUE(torch::equal(optimizer.find_state("trunk.bias")->at("momentum_buffer"), before));
   EXPECT_EQ(optimizer.param_groups()[0].lr, lr_before);
-}
-
-template <typename Fn>
-void expect_config_error(Fn&& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected a ConfigError";
-  } catch (const ConfigError& error) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
-          << "'" << part << "' not in: " << error.what();
-    }
-  }
 }
 
 TEST(OptimizerValidation, SgdOptions) {
