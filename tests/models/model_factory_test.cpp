@@ -1,4 +1,6 @@
 // build_model: trunk-name dispatch and the errors users see for bad model options.
+#include "model_test_util.h"
+
 #include <largo/models/model_factory.h>
 
 #include <largo/core/error.h>
@@ -11,14 +13,7 @@
 namespace largo::models {
 namespace {
 
-std::string error_of(const ModelOptions& options) {
-  try {
-    build_model(options);
-  } catch (const ConfigError& error) {
-    return error.what();
-  }
-  return "(no ConfigError)";
-}
+using testing::error_of;
 
 TEST(ModelFactory, BuildsEverySupportedTrunk) {
   ModelOptions options;

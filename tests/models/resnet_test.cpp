@@ -1,5 +1,7 @@
 // ResNet trunks: shapes for both stems, block layout, parameter counts of every depth
 // (torchvision's), initialization and option validation.
+#include "model_test_util.h"
+
 #include <largo/models/model_factory.h>
 
 #include <largo/core/error.h>
@@ -24,14 +26,7 @@ ModelOptions resnet_options(int64_t depth, const std::string& stem, int64_t num_
   return options;
 }
 
-std::string error_of(const ModelOptions& options) {
-  try {
-    build_model(options);
-  } catch (const ConfigError& error) {
-    return error.what();
-  }
-  return "(no ConfigError)";
-}
+using testing::error_of;
 
 struct ShapeCase {
   int64_t depth;

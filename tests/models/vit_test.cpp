@@ -1,5 +1,7 @@
 // Vision Transformer trunk: shapes, the closed-form parameter count, the block layout,
 // classifier variants, dropout/drop-path behaviour and option validation.
+#include "model_test_util.h"
+
 #include <largo/models/model_factory.h>
 
 #include <largo/core/error.h>
@@ -46,14 +48,7 @@ int64_t vit_parameter_count(const ModelOptions& o) {
   return embedding + layers * layer + final_norm + head;
 }
 
-std::string error_of(const ModelOptions& options) {
-  try {
-    build_model(options);
-  } catch (const ConfigError& error) {
-    return error.what();
-  }
-  return "(no ConfigError)";
-}
+using testing::error_of;
 
 TEST(Vit, OutputShapesPerBlock) {
   TrunkHeadModel model = build_model(vit_options());
