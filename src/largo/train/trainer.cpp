@@ -96,6 +96,7 @@ struct Trainer::State {
 
   models::TrunkHeadModel model{nullptr};
   std::unique_ptr<optim::Optimizer> optimizer;
+  std::vector<at::Tensor> trained_parameters; // every group's parameters, for clipping
   std::unique_ptr<optim::LrSchedule> lr_schedule;
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
   optim::ScheduleOptions lr_options;
@@ -214,6 +215,9 @@ void Trainer::State::setup() {
     adamw.eps = opt.eps;
     adamw.amsgrad = opt.amsgrad;
     optimizer = std::make_unique<optim::AdamW>(std::move(groups), adamw);
+  }
+  for (const auto& group : optimizer->param_groups()) {
+    trained_parameters.insert(trained_parameters.end(), group.params.begin(), group.params.end());
   }
   const int64_t global_batch = options.train.batch_size;
   lr_options = opt.lr;
@@ -380,11 +384,7 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     }
     loss.backward();
     if (options.use_grad_clip) {
-      std::vector<at::Tensor> parameters;
-      for (const auto& group : optimizer->param_groups()) {
-        parameters.insert(parameters.end(), group.params.begin(), group.params.end());
-      }
-      torch::nn::utils::clip_grad_norm_(parameters, options.grad_clip_max_norm,
+      torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
                                         options.grad_clip_norm_type);
     }
     optimizer->step();
