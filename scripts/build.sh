@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir="${LARGO_BUILD_DIR:-build}"
+# ccache: paths under the checkout are hashed relative to it, so every clone (CI's, a
+# worktree) shares one cache; the sloppiness lets it cache compiles that use the
+# precompiled header, which it otherwise refuses.
+export CCACHE_BASEDIR="$PWD"
+export CCACHE_NOHASHDIR=1
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 start=$(date +%s)
 cmake --build "$build_dir" -j "$(nproc)"

@@ -13,5 +13,5 @@ if [ "${LARGO_SKIP_SANITIZERS:-0}" != "1" ]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo
   # libtorch itself is not instrumented; container-overflow checks need every library to be.
   ASAN_OPTIONS=detect_container_overflow=0:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
-    ctest --test-dir build-sanitize --output-on-failure -j 2 -L '^(core|data|models|optim|checkpoint)$'
+    ctest --test-dir build-sanitize --output-on-failure -j 2 -L '^(core|comm|data|models|precision|optim|parallel|checkpoint)$'
 fi
