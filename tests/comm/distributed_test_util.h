@@ -7,6 +7,11 @@
 // rank (killing all of them after the timeout) and fails the test with each failed rank's
 // output. Each rank's own gtest assertions decide its exit status.
 //
+// A test may call run_processes() several times (e.g. save with 2 ranks, resume with 3):
+// the children of call k run only the body of call k and then exit, so the code between
+// and after the calls runs in the parent alone. Code *before* the first call runs in the
+// children too: guard setup that must happen once with `if (is_parent())`.
+//
 //   TEST(AllReduceTest, SumOfRanks) {
 //     largo::testing::run_on_ranks(3, [](largo::comm::ProcessGroup& group) {
 //       at::Tensor t = at::full({4}, static_cast<float>(group.rank()));
@@ -30,6 +35,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -58,6 +64,16 @@ inline int child_rank() {
   return rank == nullptr ? -1 : std::atoi(rank);
 }
 
+inline bool is_parent() {
+  return child_rank() < 0;
+}
+
+// Which run_processes() call of the test this child belongs to.
+inline int child_phase() {
+  const char* phase = std::getenv("LARGO_TEST_PHASE");
+  return phase == nullptr ? 0 : std::atoi(phase);
+}
+
 inline std::string current_test_filter() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   return fmt::format("{}.{}", info->test_suite_name(), info->name());
@@ -67,10 +83,19 @@ inline std::string current_test_filter() {
 // test failure (with the output) for each rank that failed, crashed or timed out.
 inline void run_processes(int world_size, const std::function<void(int rank)>& body,
                           const RankRunOptions& options = {}) {
+  static int calls = 0; // run_processes() calls so far in this process (one test per process)
+  const int phase = calls++;
   if (int rank = child_rank(); rank >= 0) {
+    if (phase != child_phase()) {
+      return; // another call's children run that body
+    }
     torch::set_num_threads(1); // the ranks share this machine's cores
     body(rank);
-    return;
+    // Done: the rest of the test body belongs to the parent. Exit without unwinding (no
+    // static destructors racing the process group's threads); the status is the verdict.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(::testing::Test::HasFailure() ? 1 : 0);
   }
   const int port = comm::find_free_port();
   const auto log_dir = std::filesystem::temp_directory_path() /
@@ -88,6 +113,7 @@ inline void run_processes(int world_size, const std::function<void(int rank)>& b
     }
     env_map["LARGO_TEST_RANK"] = std::to_string(rank);
     env_map["LARGO_TEST_WORLD_SIZE"] = std::to_string(world_size);
+    env_map["LARGO_TEST_PHASE"] = std::to_string(phase);
     env_map["RANK"] = std::to_string(rank);
     env_map["WORLD_SIZE"] = std::to_string(world_size);
     env_map["LOCAL_RANK"] = std::to_string(rank);

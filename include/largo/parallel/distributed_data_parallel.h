@@ -105,8 +105,7 @@ class DistributedDataParallel {
 
  private:
   struct Reducer;
-  // Shared because the gradient hooks hold weak references to it.
-  std::shared_ptr<Reducer> reducer_;
+  std::unique_ptr<Reducer> reducer_;
 };
 
 // Broadcasts `tensors` from `root` (a collective), coalesced into one flat tensor per dtype

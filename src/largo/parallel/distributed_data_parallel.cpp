@@ -1,12 +1,10 @@
 #include <largo/parallel/distributed_data_parallel.h>
 
 #include <largo/core/error.h>
+#include <largo/parallel/grad_ready_hooks.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <map>
@@ -56,17 +54,15 @@ void broadcast_coalesced(comm::ProcessGroup& group, const std::vector<at::Tensor
   }
 }
 
-// ---- the reducer: buckets, hooks, and the end-of-backward callback ------------------
+// ---- the reducer: buckets, and what happens as gradients become ready ---------------
 
-struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> {
+struct DistributedDataParallel::Reducer {
   struct ParamSlot {
     at::Tensor param;
     std::string name;
     size_t bucket = 0;
     at::Tensor grad_view; // this parameter's part of its bucket, shaped like the parameter
     bool ready = false;   // its gradient arrived in the current synchronized backward
-    std::shared_ptr<torch::autograd::Node> accumulator; // held: a dropped one never fires
-    uintptr_t hook_key = 0;
   };
   struct Bucket {
     at::Tensor buffer; // flat gradients of its parameters, [numel]
@@ -82,11 +78,11 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   std::vector<ParamSlot> params;
   std::vector<Bucket> buckets;
   std::vector<at::Tensor> buffers;
+  std::unique_ptr<GradReadyHooks> hooks; // absent with manual_reduction
 
   std::mutex mutex; // hooks run on the autograd engine's threads
   bool require_sync = true;
-  bool callback_queued = false; // finish_backward() is queued for the running backward
-  size_t next_bucket = 0;       // buckets launch in index order on every rank
+  size_t next_bucket = 0; // buckets launch in index order on every rank
 
   void build_buckets();
   void register_hooks();
@@ -96,20 +92,6 @@ struct DistributedDataParallel::Reducer : std::enable_shared_from_this<Reducer> 
   void launch(Bucket& bucket);
   void finish_backward();
   void reset_for_next_backward();
-};
-
-// A post-hook on a parameter's AccumulateGrad node: runs once the gradient is in .grad.
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  explicit GradReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    on_ready_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> on_ready_;
 };
 
 void DistributedDataParallel::Reducer::build_buckets() {
@@ -164,16 +146,13 @@ void DistributedDataParallel::Reducer::build_buckets() {
 }
 
 void DistributedDataParallel::Reducer::register_hooks() {
-  std::weak_ptr<Reducer> self = shared_from_this();
-  for (size_t i = 0; i < params.size(); ++i) {
-    ParamSlot& slot = params[i];
-    slot.accumulator = torch::autograd::impl::grad_accumulator(slot.param);
-    slot.hook_key = slot.accumulator->add_post_hook(std::make_unique<GradReadyHook>([self, i] {
-      if (auto reducer = self.lock()) {
-        reducer->on_grad_ready(i);
-      }
-    }));
+  std::vector<at::Tensor> tensors;
+  for (const ParamSlot& slot : params) {
+    tensors.push_back(slot.param);
   }
+  // The hooks die with the reducer, so they may point at it.
+  hooks = std::make_unique<GradReadyHooks>(
+      tensors, [this](size_t index) { on_grad_ready(index); }, [this] { finish_backward(); });
 }
 
 // Keeps .grad a view of the bucket: after zero_grad(set_to_none) the accumulator stores a
@@ -198,15 +177,6 @@ void DistributedDataParallel::Reducer::on_grad_ready(size_t index) {
   ensure_grad_is_view(slot);
   if (!require_sync) {
     return; // no_sync(): accumulate locally only
-  }
-  if (!callback_queued) {
-    callback_queued = true;
-    std::weak_ptr<Reducer> self = shared_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([self] {
-      if (auto reducer = self.lock()) {
-        reducer->finish_backward();
-      }
-    });
   }
   if (slot.ready) {
     reset_for_next_backward();
@@ -243,7 +213,9 @@ void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
 
 void DistributedDataParallel::Reducer::finish_backward() {
   std::lock_guard<std::mutex> lock(mutex);
-  callback_queued = false;
+  if (!require_sync) {
+    return; // a no_sync() backward: nothing was launched
+  }
   std::vector<std::string> missing;
   for (ParamSlot& slot : params) {
     if (slot.ready) {
@@ -295,7 +267,6 @@ void DistributedDataParallel::Reducer::reset_for_next_backward() {
     bucket.work = comm::Work();
   }
   next_bucket = 0;
-  callback_queued = false;
 }
 
 // ---- DistributedDataParallel --------------------------------------------------------
@@ -303,7 +274,7 @@ void DistributedDataParallel::Reducer::reset_for_next_backward() {
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Module> module,
                                                  std::shared_ptr<comm::ProcessGroup> group,
                                                  DistributedDataParallelOptions options)
-    : reducer_(std::make_shared<Reducer>()) {
+    : reducer_(std::make_unique<Reducer>()) {
   TORCH_CHECK(module != nullptr && group != nullptr,
               "DistributedDataParallel needs a module and a process group");
   if (options.bucket_cap_bytes <= 0 || options.first_bucket_cap_bytes <= 0) {
@@ -332,16 +303,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
 }
 
-DistributedDataParallel::~DistributedDataParallel() {
-  if (!reducer_) {
-    return;
-  }
-  for (auto& slot : reducer_->params) {
-    if (slot.accumulator) {
-      slot.accumulator->del_post_hook(slot.hook_key);
-    }
-  }
-}
+DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::before_forward() {
   Reducer& r = *reducer_;
