@@ -28,7 +28,6 @@ template <typename scalar_t>
 struct LambScalars {
   scalar_t beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
   scalar_t bias_correction1, bias_correction2;
-  bool decay;
   LambScalars(const LambItem& item, const LAMBOptions& options)
       : beta1(static_cast<scalar_t>(options.betas[0])),
         beta2(static_cast<scalar_t>(options.betas[1])),
@@ -37,53 +36,93 @@ struct LambScalars {
         eps(static_cast<scalar_t>(options.eps)),
         weight_decay(static_cast<scalar_t>(item.weight_decay)),
         bias_correction1(static_cast<scalar_t>(item.bias_correction1)),
-        bias_correction2(static_cast<scalar_t>(item.bias_correction2)),
-        decay(item.weight_decay != 0.0) {}
+        bias_correction2(static_cast<scalar_t>(item.bias_correction2)) {}
 
   // u from the updated moments; both passes call this, so they agree bit for bit.
+  template <bool kDecay>
   scalar_t update(scalar_t m, scalar_t v, scalar_t p) const {
     const scalar_t u = (m / bias_correction1) / (std::sqrt(v / bias_correction2) + eps);
-    return decay ? u + weight_decay * p : u;
+    if constexpr (kDecay) {
+      return u + weight_decay * p;
+    }
+    return u;
   }
 };
 
-// Pass 1: the moments, and this chunk's sums of p^2 and u^2.
-template <typename scalar_t>
-std::pair<double, double>
-lamb_moments_kernel(const LambItem& item, const LAMBOptions& options, int64_t begin, int64_t end) {
-  const LambScalars<scalar_t> s(item, options);
-  const scalar_t* __restrict__ p = item.param.data_ptr<scalar_t>();
-  const scalar_t* __restrict__ g = item.grad.data_ptr<scalar_t>();
-  scalar_t* __restrict__ m = item.exp_avg.data_ptr<scalar_t>();
-  scalar_t* __restrict__ v = item.exp_avg_sq.data_ptr<scalar_t>();
-  double p_squares[4] = {0, 0, 0, 0};
-  double u_squares[4] = {0, 0, 0, 0};
-  for (int64_t i = begin; i < end; ++i) {
+// Pass 1 over [0, n) of a chunk: the moments, and the chunk's sums of p^2 and u^2 in
+// float64 (eight accumulators, in blocks of eight, so the loop vectorizes).
+template <typename scalar_t, bool kDecay>
+std::pair<double, double> lamb_moments_loop(
+    const scalar_t* __restrict__ p,
+    const scalar_t* __restrict__ g,
+    scalar_t* __restrict__ m,
+    scalar_t* __restrict__ v,
+    int64_t n,
+    const LambScalars<scalar_t>& s) {
+  double p_squares[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  double u_squares[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  auto element = [&](int64_t i, int k) {
     const scalar_t m_new = m[i] * s.beta1 + s.one_minus_beta1 * g[i];
     const scalar_t v_new = v[i] * s.beta2 + s.one_minus_beta2 * g[i] * g[i];
     m[i] = m_new;
     v[i] = v_new;
-    const auto u = static_cast<double>(s.update(m_new, v_new, p[i]));
+    const auto u = static_cast<double>(s.template update<kDecay>(m_new, v_new, p[i]));
     const auto pd = static_cast<double>(p[i]);
-    p_squares[i & 3] += pd * pd;
-    u_squares[i & 3] += u * u;
+    p_squares[k] += pd * pd;
+    u_squares[k] += u * u;
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) {
+      element(i + k, k);
+    }
   }
-  return {
-      (p_squares[0] + p_squares[1]) + (p_squares[2] + p_squares[3]),
-      (u_squares[0] + u_squares[1]) + (u_squares[2] + u_squares[3])};
+  for (; i < n; ++i) {
+    element(i, 0);
+  }
+  auto total = [](const double* a) {
+    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  };
+  return {total(p_squares), total(u_squares)};
 }
 
-// Pass 2: p -= lr * r * u.
+template <typename scalar_t>
+std::pair<double, double>
+lamb_moments_kernel(const LambItem& item, const LAMBOptions& options, int64_t begin, int64_t end) {
+  const LambScalars<scalar_t> s(item, options);
+  std::pair<double, double> sums;
+  detail::with_flag(item.weight_decay != 0.0, [&](auto decay) {
+    sums = lamb_moments_loop<scalar_t, decltype(decay)::value>(
+        item.param.data_ptr<scalar_t>() + begin, item.grad.data_ptr<scalar_t>() + begin,
+        item.exp_avg.data_ptr<scalar_t>() + begin, item.exp_avg_sq.data_ptr<scalar_t>() + begin,
+        end - begin, s);
+  });
+  return sums;
+}
+
+// Pass 2 over [0, n) of a chunk: p -= lr * r * u.
+template <typename scalar_t, bool kDecay>
+void lamb_apply_loop(
+    scalar_t* __restrict__ p,
+    const scalar_t* __restrict__ m,
+    const scalar_t* __restrict__ v,
+    int64_t n,
+    scalar_t neg_step,
+    const LambScalars<scalar_t>& s) {
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = p[i] + neg_step * s.template update<kDecay>(m[i], v[i], p[i]);
+  }
+}
+
 template <typename scalar_t>
 void lamb_apply_kernel(const LambItem& item, const LAMBOptions& options, int64_t begin, int64_t end) {
   const LambScalars<scalar_t> s(item, options);
-  const auto neg_step = static_cast<scalar_t>(-item.lr * item.trust_ratio);
-  scalar_t* __restrict__ p = item.param.data_ptr<scalar_t>();
-  const scalar_t* __restrict__ m = item.exp_avg.data_ptr<scalar_t>();
-  const scalar_t* __restrict__ v = item.exp_avg_sq.data_ptr<scalar_t>();
-  for (int64_t i = begin; i < end; ++i) {
-    p[i] = p[i] + neg_step * s.update(m[i], v[i], p[i]);
-  }
+  detail::with_flag(item.weight_decay != 0.0, [&](auto decay) {
+    lamb_apply_loop<scalar_t, decltype(decay)::value>(
+        item.param.data_ptr<scalar_t>() + begin, item.exp_avg.data_ptr<scalar_t>() + begin,
+        item.exp_avg_sq.data_ptr<scalar_t>() + begin, end - begin,
+        static_cast<scalar_t>(-item.lr * item.trust_ratio), s);
+  });
 }
 
 } // namespace

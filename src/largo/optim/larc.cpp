@@ -22,17 +22,25 @@ struct Adaptation {
   double scale = 1.0;
 };
 
+// Apex's two statements, each rounded: g += wd * p; g *= adaptive_lr.
 template <typename scalar_t>
-void adapt_kernel(const Adaptation& a, int64_t begin, int64_t end) {
-  const auto weight_decay = static_cast<scalar_t>(a.weight_decay);
-  const auto scale = static_cast<scalar_t>(a.scale);
-  const scalar_t* __restrict__ p = a.param.data_ptr<scalar_t>();
-  scalar_t* __restrict__ g = a.grad.data_ptr<scalar_t>();
-  // Apex's two statements, each rounded: g += wd * p; g *= adaptive_lr.
-  for (int64_t i = begin; i < end; ++i) {
+void adapt_loop(
+    const scalar_t* __restrict__ p,
+    scalar_t* __restrict__ g,
+    int64_t n,
+    scalar_t weight_decay,
+    scalar_t scale) {
+  for (int64_t i = 0; i < n; ++i) {
     const scalar_t decayed = g[i] + weight_decay * p[i];
     g[i] = decayed * scale;
   }
+}
+
+template <typename scalar_t>
+void adapt_kernel(const Adaptation& a, int64_t begin, int64_t end) {
+  adapt_loop<scalar_t>(
+      a.param.data_ptr<scalar_t>() + begin, a.grad.data_ptr<scalar_t>() + begin, end - begin,
+      static_cast<scalar_t>(a.weight_decay), static_cast<scalar_t>(a.scale));
 }
 
 // Restores the groups' weight decay when the inner step returns or throws.

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 #include <vector>
 
 namespace largo::optim::detail {
@@ -85,6 +86,18 @@ inline std::vector<double> sum_per_tensor(
     totals[static_cast<size_t>(chunks[i].tensor)] += partials[i];
   }
   return totals;
+}
+
+// Calls fn(std::true_type{}) or fn(std::false_type{}): turns a run-time switch into a
+// compile-time one, so that each kernel loop is straight-line code the compiler vectorizes
+// (nest calls for several switches).
+template <typename Fn>
+void with_flag(bool flag, Fn&& fn) {
+  if (flag) {
+    fn(std::true_type{});
+  } else {
+    fn(std::false_type{});
+  }
 }
 
 // Sum of x * x over [begin, end) in float64, with eight independent accumulators so the

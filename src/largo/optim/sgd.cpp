@@ -18,29 +18,61 @@ struct FusedSgdItem {
   bool first_step = false; // the buffer starts as the gradient
 };
 
-template <typename scalar_t>
-void sgd_kernel(
-    const FusedSgdItem& item, const SGDOptions& options, int64_t begin, int64_t end) {
-  // Scalars are cast to the tensor dtype as ATen does for a Scalar operand.
-  const auto weight_decay = static_cast<scalar_t>(item.weight_decay);
-  const auto momentum = static_cast<scalar_t>(options.momentum);
-  const auto one_minus_dampening = static_cast<scalar_t>(1.0 - options.dampening);
-  const auto neg_lr = static_cast<scalar_t>(-item.lr);
-  const bool decay = item.weight_decay != 0.0;
-  const bool use_momentum = options.momentum != 0.0;
-  scalar_t* __restrict__ p = item.param.data_ptr<scalar_t>();
-  const scalar_t* __restrict__ g = item.grad.data_ptr<scalar_t>();
-  scalar_t* __restrict__ buf = use_momentum ? item.buffer.data_ptr<scalar_t>() : nullptr;
-  for (int64_t i = begin; i < end; ++i) {
-    // The expressions of torch.optim.SGD, in its order.
-    scalar_t d = decay ? g[i] + weight_decay * p[i] : g[i];
-    if (use_momentum) {
-      const scalar_t b = item.first_step ? d : buf[i] * momentum + one_minus_dampening * d;
+// The expressions of torch.optim.SGD, in its order, over [0, n) of one chunk. The switches
+// are template parameters so that each variant is a straight loop the compiler vectorizes.
+template <typename scalar_t, bool kDecay, bool kMomentum, bool kFirstStep, bool kNesterov>
+void sgd_loop(
+    scalar_t* __restrict__ p,
+    const scalar_t* __restrict__ g,
+    scalar_t* __restrict__ buf,
+    int64_t n,
+    scalar_t weight_decay,
+    scalar_t momentum,
+    scalar_t one_minus_dampening,
+    scalar_t neg_lr) {
+  for (int64_t i = 0; i < n; ++i) {
+    scalar_t d = g[i];
+    if constexpr (kDecay) {
+      d = g[i] + weight_decay * p[i];
+    }
+    if constexpr (kMomentum) {
+      scalar_t b = d;
+      if constexpr (!kFirstStep) {
+        b = buf[i] * momentum + one_minus_dampening * d;
+      }
       buf[i] = b;
-      d = options.nesterov ? d + momentum * b : b;
+      if constexpr (kNesterov) {
+        d = d + momentum * b;
+      } else {
+        d = b;
+      }
     }
     p[i] = p[i] + neg_lr * d;
   }
+}
+
+template <typename scalar_t>
+void sgd_kernel(
+    const FusedSgdItem& item, const SGDOptions& options, int64_t begin, int64_t end) {
+  const bool use_momentum = options.momentum != 0.0;
+  scalar_t* p = item.param.data_ptr<scalar_t>() + begin;
+  const scalar_t* g = item.grad.data_ptr<scalar_t>() + begin;
+  scalar_t* buf = use_momentum ? item.buffer.data_ptr<scalar_t>() + begin : nullptr;
+  using detail::with_flag;
+  with_flag(item.weight_decay != 0.0, [&](auto decay) {
+    with_flag(use_momentum, [&](auto momentum) {
+      with_flag(item.first_step, [&](auto first_step) {
+        with_flag(options.nesterov, [&](auto nesterov) {
+          // Scalars are cast to the tensor dtype as ATen does for a Scalar operand.
+          sgd_loop<scalar_t, decltype(decay)::value, decltype(momentum)::value,
+                   decltype(first_step)::value, decltype(nesterov)::value>(
+              p, g, buf, end - begin, static_cast<scalar_t>(item.weight_decay),
+              static_cast<scalar_t>(options.momentum),
+              static_cast<scalar_t>(1.0 - options.dampening), static_cast<scalar_t>(-item.lr));
+        });
+      });
+    });
+  });
 }
 
 } // namespace
