@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace largo::optim {
@@ -50,7 +51,8 @@ struct LambScalars {
 };
 
 // Pass 1 over [0, n) of a chunk: the moments, and the chunk's sums of p^2 and u^2 in
-// float64 (eight accumulators, in blocks of eight, so the loop vectorizes).
+// float64. Written as two simple loops per block of 256 elements (the update into a small
+// buffer, then sums of squares) because each of them vectorizes and one fused loop does not.
 template <typename scalar_t, bool kDecay>
 std::pair<double, double> lamb_moments_loop(
     const scalar_t* __restrict__ p,
@@ -59,31 +61,23 @@ std::pair<double, double> lamb_moments_loop(
     scalar_t* __restrict__ v,
     int64_t n,
     const LambScalars<scalar_t>& s) {
-  double p_squares[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double u_squares[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  auto element = [&](int64_t i, int k) {
-    const scalar_t m_new = m[i] * s.beta1 + s.one_minus_beta1 * g[i];
-    const scalar_t v_new = v[i] * s.beta2 + s.one_minus_beta2 * g[i] * g[i];
-    m[i] = m_new;
-    v[i] = v_new;
-    const auto u = static_cast<double>(s.template update<kDecay>(m_new, v_new, p[i]));
-    const auto pd = static_cast<double>(p[i]);
-    p_squares[k] += pd * pd;
-    u_squares[k] += u * u;
-  };
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) {
-      element(i + k, k);
+  constexpr int64_t kBlock = 256;
+  scalar_t u[kBlock];
+  double p_squares = 0.0, u_squares = 0.0;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t count = std::min(kBlock, n - begin);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t e = begin + i;
+      const scalar_t m_new = m[e] * s.beta1 + s.one_minus_beta1 * g[e];
+      const scalar_t v_new = v[e] * s.beta2 + s.one_minus_beta2 * g[e] * g[e];
+      m[e] = m_new;
+      v[e] = v_new;
+      u[i] = s.template update<kDecay>(m_new, v_new, p[e]);
     }
+    p_squares += detail::sum_of_squares(p + begin, 0, count);
+    u_squares += detail::sum_of_squares(u, 0, count);
   }
-  for (; i < n; ++i) {
-    element(i, 0);
-  }
-  auto total = [](const double* a) {
-    return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  };
-  return {total(p_squares), total(u_squares)};
+  return {p_squares, u_squares};
 }
 
 template <typename scalar_t>
