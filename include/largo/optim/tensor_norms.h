@@ -32,9 +32,10 @@ using PartialNormReducer =
 at::Tensor reduce_partials(
     const PartialNormReducer& reducer, const at::Tensor& partials, NormReduceOp op);
 
-// [tensors.size()] float64 on the tensors' device: sum of x^2 over each tensor, accumulated
-// in float64. CPU float32/float64 tensors go through one multi-threaded pass whose result
-// does not depend on the thread count; other tensors use ATen's norm. All tensors must be on
+// [tensors.size()] float64 on the tensors' device: sum of x^2 over each tensor. CPU
+// float32/float64 tensors go through one multi-threaded pass (blocks of 64 summed in the
+// tensor's type, block sums in float64) whose result does not depend on the thread count;
+// other tensors use ATen's norm in float64. All tensors must be on
 // one device. An empty list gives an empty CPU tensor.
 at::Tensor squared_norms(const std::vector<at::Tensor>& tensors);
 
