@@ -5,6 +5,8 @@
 
 #include <largo/core/error.h>
 #include <largo/optim/adamw.h>
+#include <largo/optim/lamb.h>
+#include <largo/optim/larc.h>
 #include <largo/optim/sgd.h>
 
 #include <fmt/format.h>
@@ -50,6 +52,21 @@ std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> groups) {
   AdamWOptions options;
   options.amsgrad = true;
   return std::make_unique<AdamW>(std::move(groups), options);
+}
+
+std::unique_ptr<Optimizer> make_lamb(std::vector<ParamGroup> groups) {
+  return std::make_unique<LAMB>(std::move(groups));
+}
+
+std::unique_ptr<Optimizer> make_larc_sgd(std::vector<ParamGroup> groups) {
+  LARCOptions larc;
+  larc.trust_coefficient = 0.02;
+  larc.clip = true;
+  return std::make_unique<LARC>(make_sgd(std::move(groups)), larc);
+}
+
+std::unique_ptr<Optimizer> make_larc_lamb(std::vector<ParamGroup> groups) {
+  return std::make_unique<LARC>(make_lamb(std::move(groups)));
 }
 
 void run_steps(
@@ -110,6 +127,54 @@ TEST(OptimizerState, SgdResumeIsBitExact) {
 
 TEST(OptimizerState, AdamWResumeIsBitExact) {
   expect_resume_is_bit_exact(make_adamw);
+}
+
+TEST(OptimizerState, LambResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_lamb);
+}
+
+TEST(OptimizerState, LarcSgdResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_larc_sgd);
+}
+
+TEST(OptimizerState, LarcLambResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_larc_lamb);
+}
+
+// LARC keeps no state of its own: its state_dict is the inner optimizer's plus its
+// settings, so checkpoints move between runs with and without LARC (as with Apex).
+TEST(OptimizerState, LarcStateDictIsTheInnerOnesPlusSettings) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  auto larc = make_larc_sgd(two_groups(params));
+  run_steps(*larc, params, 1, 3);
+  const c10::IValue saved = torch::pickle_load(torch::pickle_save(larc->state_dict()));
+  const auto root = saved.toGenericDict();
+  EXPECT_EQ(root.at("type").toStringRef(), "sgd");
+  const auto settings = root.at("larc").toGenericDict();
+  EXPECT_EQ(settings.at("trust_coefficient").toDouble(), 0.02);
+  EXPECT_TRUE(settings.at("clip").toBool());
+  EXPECT_EQ(settings.at("eps").toDouble(), 1e-8);
+  EXPECT_TRUE(torch::equal(
+      root.at("state").toGenericDict().at("trunk.weight").toGenericDict().at("momentum_buffer").toTensor(),
+      larc->find_state("trunk.weight")->at("momentum_buffer")));
+  // Weight decay is zeroed for the inner step only.
+  EXPECT_EQ(larc->param_groups()[0].weight_decay, 0.01);
+
+  // A LARC checkpoint loads into plain SGD, and a plain SGD checkpoint into LARC.
+  std::vector<at::Tensor> copy = clone_params(params);
+  auto plain = make_sgd(two_groups(copy));
+  plain->load_state_dict(saved);
+  EXPECT_TRUE(torch::equal(
+      plain->find_state("trunk.weight")->at("momentum_buffer"),
+      larc->find_state("trunk.weight")->at("momentum_buffer")));
+  auto larc_again = make_larc_sgd(two_groups(clone_params(params)));
+  larc_again->load_state_dict(plain->state_dict());
+  EXPECT_NE(larc_again->find_state("trunk.bias"), nullptr);
+  EXPECT_GT(larc_again->state_bytes(), 0);
+  EXPECT_EQ(larc_again->state_bytes(), larc->state_bytes());
+  // But not into another optimizer type.
+  auto lamb = make_larc_lamb(two_groups(clone_params(params)));
+  EXPECT_THROW(lamb->load_state_dict(saved), CheckpointError);
 }
 
 TEST(OptimizerState, LayoutAndLoadedGroupSettings) {
@@ -287,6 +352,25 @@ TEST(OptimizerValidation, AdamWOptions) {
   bad_eps.eps = -1e-8;
   expect_config_error(
       [&] { (void)AdamW(two_groups(params), bad_eps); }, {"OPTIMIZER.eps", "-1e-08"});
+}
+
+TEST(OptimizerValidation, LambAndLarcOptions) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  LAMBOptions bad_beta;
+  bad_beta.betas = {1.5, 0.9};
+  expect_config_error(
+      [&] { (void)LAMB(two_groups(params), bad_beta); }, {"OPTIMIZER.betas[0]", "1.5"});
+  LARCOptions bad_trust;
+  bad_trust.trust_coefficient = 0.0;
+  expect_config_error(
+      [&] { (void)LARC(make_sgd(two_groups(params)), bad_trust); },
+      {"OPTIMIZER.larc_config.trust_coefficient", "0"});
+  LARCOptions bad_eps;
+  bad_eps.eps = -1.0;
+  expect_config_error(
+      [&] { (void)LARC(make_sgd(two_groups(params)), bad_eps); },
+      {"OPTIMIZER.larc_config.eps", "-1"});
+  EXPECT_THROW((void)LARC(nullptr), Error);
 }
 
 TEST(OptimizerValidation, ParameterNames) {

@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <map>
+
 namespace largo::optim {
 namespace {
 
@@ -202,6 +205,72 @@ TEST(ParamGroups, FeedAnOptimizer) {
   const at::Tensor bn_weight = net->named_parameters()["trunk.1.weight"];
   EXPECT_TRUE(torch::allclose(bn_weight, before - 0.1 * bn_weight.grad()));
   EXPECT_NE(optimizer.find_state("head.1.weight"), nullptr);
+}
+
+// One SGD step with zero gradients leaves only the weight decay: p *= 1 - lr * wd for the
+// decayed parameters, nothing for the others.
+std::map<std::string, bool> decayed_by_a_step(const ParamGroupOptions& options) {
+  Net net;
+  for (const auto& item : net->named_parameters()) {
+    torch::NoGradGuard no_grad;
+    item.value().fill_(0.5); // non-zero everywhere, so decay is visible
+    item.value().mutable_grad() = torch::zeros_like(item.value());
+  }
+  SGD optimizer(build_param_groups(*net, options), SGDOptions{});
+  optimizer.set_lr(0.1);
+  optimizer.step();
+  std::map<std::string, bool> decayed;
+  for (const auto& item : net->named_parameters()) {
+    if (!item.value().requires_grad()) {
+      continue;
+    }
+    const double value = item.value().reshape(-1)[0].item<double>();
+    EXPECT_TRUE(value == 0.5 || std::abs(value - 0.5 * (1 - 0.1 * options.weight_decay)) < 1e-7)
+        << item.key() << " = " << value;
+    decayed[item.key()] = value != 0.5;
+  }
+  return decayed;
+}
+
+TEST(ParamGroups, BiasAndNormGetNoWeightDecayUnlessRegularized) {
+  ParamGroupOptions options;
+  options.weight_decay = 0.5;
+  options.regularize_bn = false;
+  options.regularize_bias = false;
+  const auto decayed = decayed_by_a_step(options);
+  EXPECT_TRUE(decayed.at("trunk.0.weight"));    // conv weight
+  EXPECT_FALSE(decayed.at("trunk.0.bias"));     // conv bias
+  EXPECT_FALSE(decayed.at("trunk.1.weight"));   // BatchNorm
+  EXPECT_FALSE(decayed.at("trunk.1.bias"));
+  EXPECT_FALSE(decayed.at("trunk.2.weight"));   // LayerNorm
+  EXPECT_FALSE(decayed.at("trunk.3.weight"));   // GroupNorm
+  EXPECT_TRUE(decayed.at("trunk.4.linear.weight"));
+  EXPECT_FALSE(decayed.at("trunk.4.linear.bias"));
+  EXPECT_FALSE(decayed.at("head.0.weight"));    // BatchNorm1d in the head
+  EXPECT_TRUE(decayed.at("head.1.weight"));
+  EXPECT_FALSE(decayed.at("head.1.bias"));
+
+  options.regularize_bn = true;
+  options.regularize_bias = true;
+  for (const auto& [name, was_decayed] : decayed_by_a_step(options)) {
+    EXPECT_TRUE(was_decayed) << name;
+  }
+  options.regularize_bn = true;
+  options.regularize_bias = false;
+  const auto bn_only = decayed_by_a_step(options);
+  EXPECT_TRUE(bn_only.at("trunk.1.weight"));
+  EXPECT_FALSE(bn_only.at("trunk.1.bias")); // a bias, even in a norm layer
+  EXPECT_FALSE(bn_only.at("trunk.0.bias"));
+}
+
+TEST(ParamGroups, BiasAndNormNamesForLarc) {
+  Net net;
+  const Names names = bias_and_norm_parameter_names(*net);
+  const Names expected = {
+      "trunk.0.bias", "trunk.1.weight", "trunk.1.bias", "trunk.2.weight", "trunk.2.bias",
+      "trunk.3.weight", "trunk.3.bias", "trunk.4.linear.bias", "head.0.weight", "head.0.bias",
+      "head.1.bias"};
+  EXPECT_EQ(names, expected);
 }
 
 } // namespace

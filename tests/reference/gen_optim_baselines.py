@@ -6,13 +6,20 @@ tests/optim/lr_schedule_test.cpp).
 Run with Debian's Python and torch 1.13 from the repository root:
     /usr/bin/python3 tests/reference/gen_optim_baselines.py
 
-Optimizers: float64 parameters, replayed for NUM_STEPS steps with torch.optim.SGD / AdamW.
+Optimizers: float64 parameters, replayed for NUM_STEPS steps with torch.optim.SGD / AdamW,
+and with LAMB and LARC as written from their published algorithms in
+tests/reference/reference_optimizers.py (PyTorch 1.13 has neither).
 Everything the C++ test needs to replay the same run is a closed-form formula, evaluated
 the same way on both sides (scalar libm calls, then the same tensor ops):
   initial parameter k, flat element i:  0.5 * cos(0.37 * i + k)
   gradient at step t (1-based):         p * 0.05 + sin(0.1 * t + 0.01 * i + 0.5 * k)
   learning rate of a group at step t:   group_lr * (1 - lr_decay_per_step * (t - 1))
-The parameters are recorded every RECORD_EVERY steps.
+The parameters are recorded every RECORD_EVERY steps. A case may start some parameters at
+zero ("zero_init_params") or give some a zero gradient at every step ("zero_grad_params"),
+to reach LARC's and LAMB's zero-norm branches.
+
+Gradient clipping: torch.nn.utils.clip_grad_norm_ on the closed-form gradients of a few
+steps, scaled up so that most cases clip, for several norm types.
 
 Schedules: the lr that torch.optim.lr_scheduler gives before each of 100 optimizer steps
 (10 epochs x 10 iterations), for the schedules that match Largo's cosine, multistep, linear
@@ -25,6 +32,8 @@ import os
 import warnings
 
 import torch
+
+from reference_optimizers import LAMB, LARC
 
 NUM_STEPS = 200
 RECORD_EVERY = 50
@@ -67,32 +76,120 @@ OPTIMIZER_CASES = [
          options=dict(betas=[0.8, 0.99], eps=1e-6, amsgrad=True),
          groups=[dict(lr=1e-2, weight_decay=0.05, params=[0]),
                  dict(lr=5e-3, weight_decay=0.0, params=[1])]),
+    dict(name="lamb_default", type="lamb", options=dict(betas=[0.9, 0.999], eps=1e-6),
+         groups=[dict(lr=1e-2, weight_decay=0.0, params=[0, 1])]),
+    dict(name="lamb_weight_decay", type="lamb", options=dict(betas=[0.8, 0.99], eps=1e-8),
+         groups=[dict(lr=2e-2, weight_decay=0.1, params=[0]),
+                 dict(lr=1e-2, weight_decay=0.0, params=[1])]),
+    # LAMB's zero-norm branch: parameter 2 starts at zero (||p|| = 0 at the first step).
+    dict(name="lamb_zero_norm", type="lamb", options=dict(betas=[0.9, 0.999], eps=1e-6),
+         param_shapes=[[3, 4], [5], [4]], zero_init_params=[2],
+         groups=[dict(lr=1e-2, weight_decay=0.01, params=[0, 1, 2])]),
+    # LARC (Apex's defaults trust 0.02 and clip, VISSL's 0.001 and no clip; larger trust
+    # coefficients here so that the adapted learning rates move the parameters visibly).
+    dict(name="larc_sgd_clip", type="larc", inner="sgd",
+         options=dict(momentum=0.9, dampening=0.0, nesterov=False),
+         larc=dict(trust_coefficient=0.02, clip=True, eps=1e-8),
+         groups=[dict(lr=0.1, weight_decay=1e-3, params=[0]),
+                 dict(lr=0.05, weight_decay=0.0, params=[1])]),
+    dict(name="larc_sgd_scale", type="larc", inner="sgd",
+         options=dict(momentum=0.9, dampening=0.0, nesterov=True),
+         larc=dict(trust_coefficient=0.5, clip=False, eps=1e-8),
+         groups=[dict(lr=0.1, weight_decay=5e-3, params=[0, 1])]),
+    # Parameter 2 starts at zero (||p|| = 0 at step 1: left unscaled), parameter 3 never
+    # gets a gradient signal (||g|| = 0 at every step: no decay, no scaling, as in Apex).
+    dict(name="larc_sgd_zero_norms", type="larc", inner="sgd",
+         options=dict(momentum=0.9, dampening=0.0, nesterov=False),
+         larc=dict(trust_coefficient=0.02, clip=True, eps=1e-8),
+         param_shapes=[[3, 4], [5], [4], [2, 3]], zero_init_params=[2], zero_grad_params=[3],
+         groups=[dict(lr=0.1, weight_decay=1e-2, params=[0, 1, 2, 3])]),
+    # Parameter 1 excluded from adaptation (exclude_bias_and_norm): decayed, never scaled.
+    dict(name="larc_sgd_excluded", type="larc", inner="sgd",
+         options=dict(momentum=0.9, dampening=0.0, nesterov=False),
+         larc=dict(trust_coefficient=0.02, clip=True, eps=1e-8), excluded_params=[1],
+         groups=[dict(lr=0.1, weight_decay=1e-2, params=[0, 1])]),
+    dict(name="larc_adamw_scale", type="larc", inner="adamw",
+         options=dict(betas=[0.9, 0.999], eps=1e-8, amsgrad=False),
+         larc=dict(trust_coefficient=0.1, clip=False, eps=1e-8),
+         groups=[dict(lr=1e-2, weight_decay=1e-2, params=[0, 1])]),
+    dict(name="larc_lamb_clip", type="larc", inner="lamb",
+         options=dict(betas=[0.9, 0.999], eps=1e-6),
+         larc=dict(trust_coefficient=0.02, clip=True, eps=1e-8),
+         groups=[dict(lr=1e-2, weight_decay=1e-2, params=[0, 1])]),
 ]
 
 
+def make_torch_optimizer(kind, opts, groups):
+    if kind == "sgd":
+        return torch.optim.SGD(groups, lr=0.1, momentum=opts["momentum"],
+                               dampening=opts["dampening"], nesterov=opts["nesterov"])
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=0.1, betas=tuple(opts["betas"]), eps=opts["eps"],
+                                 amsgrad=opts["amsgrad"])
+    if kind == "lamb":
+        return LAMB(groups, lr=0.1, betas=tuple(opts["betas"]), eps=opts["eps"])
+    raise ValueError(kind)
+
+
 def run_optimizer_case(case):
-    params = [initial_param(k, shape).requires_grad_() for k, shape in enumerate(PARAM_SHAPES)]
+    shapes = case.get("param_shapes", PARAM_SHAPES)
+    zero_init = case.get("zero_init_params", [])
+    zero_grad = case.get("zero_grad_params", [])
+    params = [(torch.zeros(shape, dtype=torch.float64) if k in zero_init
+               else initial_param(k, shape)).requires_grad_()
+              for k, shape in enumerate(shapes)]
     groups = [dict(params=[params[k] for k in g["params"]], lr=g["lr"],
                    weight_decay=g["weight_decay"]) for g in case["groups"]]
-    opts = case["options"]
-    if case["type"] == "sgd":
-        optimizer = torch.optim.SGD(groups, lr=0.1, momentum=opts["momentum"],
-                                    dampening=opts["dampening"], nesterov=opts["nesterov"])
+    if case["type"] == "larc":
+        inner = make_torch_optimizer(case["inner"], case["options"], groups)
+        optimizer = LARC(inner, excluded=[params[k] for k in case.get("excluded_params", [])],
+                         **case["larc"])
     else:
-        optimizer = torch.optim.AdamW(groups, lr=0.1, betas=tuple(opts["betas"]), eps=opts["eps"],
-                                      amsgrad=opts["amsgrad"])
+        optimizer = make_torch_optimizer(case["type"], case["options"], groups)
     records = []
     for step in range(1, NUM_STEPS + 1):
         for group, spec in zip(optimizer.param_groups, case["groups"]):
             group["lr"] = spec["lr"] * (1.0 - LR_DECAY_PER_STEP * (step - 1))
         for k, p in enumerate(params):
-            p.grad = p.detach() * 0.05 + sin_term(step, k, PARAM_SHAPES[k])
+            p.grad = (torch.zeros_like(p) if k in zero_grad
+                      else p.detach() * 0.05 + sin_term(step, k, shapes[k]))
         optimizer.step()
         if step % RECORD_EVERY == 0:
             records.append(dict(step=step,
                                 params=[p.detach().reshape(-1).tolist() for p in params]))
-    return dict(case, param_shapes=PARAM_SHAPES, num_steps=NUM_STEPS,
+    initial = [0.0 if k in zero_init else initial_param(k, shape) for k, shape in enumerate(shapes)]
+    moved = max(float((p.detach() - i).abs().max()) for p, i in zip(params, initial))
+    print(f"{case['name']:28} largest change of a parameter over the run: {moved:.3g}")
+    return dict(case, param_shapes=shapes, num_steps=NUM_STEPS,
                 lr_decay_per_step=LR_DECAY_PER_STEP, records=records)
+
+
+CLIP_SHAPES = [[3, 4], [5], [2, 2, 2]]
+CLIP_CASES = [
+    dict(name="l2", norm_type=2.0, max_norm=1.0, grad_scale=3.0),
+    dict(name="l1", norm_type=1.0, max_norm=2.0, grad_scale=1.0),
+    dict(name="inf", norm_type=float("inf"), max_norm=0.5, grad_scale=1.0),
+    dict(name="l3", norm_type=3.0, max_norm=1.5, grad_scale=2.0),
+    dict(name="l2_no_clip", norm_type=2.0, max_norm=100.0, grad_scale=1.0),
+]
+
+
+def clip_cases():
+    cases = []
+    for case in CLIP_CASES:
+        step = 7
+        grads = [(initial_param(k, shape) * 0.05 + sin_term(step, k, shape)) * case["grad_scale"]
+                 for k, shape in enumerate(CLIP_SHAPES)]
+        params = [torch.zeros(shape, dtype=torch.float64, requires_grad=True)
+                  for shape in CLIP_SHAPES]
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        total = torch.nn.utils.clip_grad_norm_(params, case["max_norm"], case["norm_type"])
+        cases.append(dict(case, norm_type="inf" if case["norm_type"] == float("inf")
+                          else case["norm_type"], step=step, param_shapes=CLIP_SHAPES,
+                          total_norm=float(total),
+                          clipped=[p.grad.reshape(-1).tolist() for p in params]))
+    return cases
 
 
 NUM_EPOCHS = 10
@@ -172,6 +269,7 @@ def main():
         "torch_version": torch.__version__,
         "optimizers": [run_optimizer_case(case) for case in OPTIMIZER_CASES],
         "schedules": schedule_cases(),
+        "clipping": clip_cases(),
     }
     os.makedirs(os.path.dirname(OUTPUT), exist_ok=True)
     with open(OUTPUT, "w") as f:

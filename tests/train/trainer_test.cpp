@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 const fs::path kFashionMnist = "/usr/share/datasets/fashion-mnist";
 
 class TrainerTest : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
         fmt::format("largo_trainer_{}", ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -68,16 +68,38 @@ TEST_F(TrainerTest, ShortFashionMnistRunLearns) {
   EXPECT_TRUE(fs::exists(dir_ / "checkpoint.torch"));
 }
 
+// Uninterrupted vs interrupted + resumed, with `extra` config overrides on both.
+void expect_resume_is_bit_exact(TrainerTest& test, const fs::path& dir,
+                                const std::vector<std::string>& extra);
+
 TEST_F(TrainerTest, ResumeIsBitExact) {
+  expect_resume_is_bit_exact(*this, dir_, {});
+}
+
+// LAMB inside LARC (clip mode, BatchNorm/bias excluded) with gradient clipping, from the
+// config keys: the whole optimizer state resumes bit-exactly through the trainer.
+TEST_F(TrainerTest, LarcLambWithClippingResumeIsBitExact) {
+  expect_resume_is_bit_exact(
+      *this, dir_,
+      {"OPTIMIZER.name=lamb", "OPTIMIZER.use_larc=True", "OPTIMIZER.larc_config.clip=True",
+       "OPTIMIZER.larc_config.trust_coefficient=0.02",
+       "OPTIMIZER.larc_config.exclude_bias_and_norm=True", "MODEL.GRAD_CLIP.USE_GRAD_CLIP=True",
+       "MODEL.GRAD_CLIP.MAX_NORM=0.5", "OPTIMIZER.param_schedulers.lr.start_value=0.01"});
+}
+
+void expect_resume_is_bit_exact(TrainerTest& test, const fs::path& dir,
+                                const std::vector<std::string>& extra) {
   // Uninterrupted: 3 epochs x 6 iterations.
-  Config full = synthetic_config(dir_ / "full");
+  Config full = test.synthetic_config(dir / "full", extra);
   Trainer uninterrupted(trainer_options_from_config(full));
   TrainSummary reference = uninterrupted.run();
   ASSERT_EQ(reference.iteration_losses.size(), 18u);
 
   // Interrupted after 10 iterations (mid-epoch 2), with a checkpoint every 4 iterations:
   // the resumed run restarts from iteration 8 and must replay 8..17 exactly.
-  Config partial = synthetic_config(dir_ / "resumed", {"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"});
+  std::vector<std::string> partial_overrides = extra;
+  partial_overrides.push_back("CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4");
+  Config partial = test.synthetic_config(dir / "resumed", partial_overrides);
   auto first_options = trainer_options_from_config(partial);
   first_options.stop_after_iterations = 10;
   TrainSummary first = Trainer(first_options).run();
@@ -182,8 +204,7 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 }
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
-  for (const auto& assignment : {"MODEL.AMP_PARAMS.USE_AMP=True", "OPTIMIZER.use_larc=True",
-                                 "OPTIMIZER.name=zero"}) {
+  for (const auto& assignment : {"MODEL.AMP_PARAMS.USE_AMP=True", "OPTIMIZER.name=zero"}) {
     Config config = Config::load({}, {assignment});
     try {
       trainer_options_from_config(config);

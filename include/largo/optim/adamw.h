@@ -7,6 +7,10 @@
 // "exp_avg_sq", and "max_exp_avg_sq" with amsgrad.
 // Note: torch.optim.AdamW defaults to weight_decay 0.01; here the decay is the group's
 // weight_decay (ParamGroup defaults to 0).
+//
+// Update paths as in sgd.h: one fused CPU pass over p, g and the moments for CPU
+// float32/float64 parameters, ATen's _foreach ops (torch.optim.AdamW(foreach=True), bit for
+// bit) for everything else or with fused = false.
 #pragma once
 
 #include <largo/optim/optimizer.h>
@@ -19,6 +23,8 @@ struct AdamWOptions {
   std::array<double, 2> betas = {0.9, 0.999}; // OPTIMIZER.betas
   double eps = 1e-8;                          // OPTIMIZER.eps
   bool amsgrad = false;                       // OPTIMIZER.amsgrad
+  // The fused CPU pass where the tensors allow it; false forces the _foreach path.
+  bool fused = true;
 };
 
 class AdamW : public Optimizer {

@@ -1,10 +1,11 @@
 // The optimizer base class: parameter groups, per-parameter state keyed by parameter
 // name, zero_grad, and a state_dict that PyTorch's torch.load can read.
 //
-// Concrete optimizers (SGD, AdamW; later LAMB, and wrappers such as LARC or a sharded
-// optimizer) implement step() and describe their hyperparameters; the base owns the
-// groups, the state and its (de)serialization, so every optimizer saves and resumes the
-// same way.
+// Concrete optimizers (SGD, AdamW, LAMB) implement step() and describe their
+// hyperparameters; the base owns the groups, the state and its (de)serialization, so every
+// optimizer saves and resumes the same way. A wrapper (LARC; later a sharded optimizer)
+// constructs the base with no groups and overrides the virtual accessors below to forward
+// them to the optimizer it wraps, so callers see one optimizer either way.
 //
 // state_dict() layout (a plain dict, written with torch::pickle_save):
 //   {"state":        {param_name: {"momentum_buffer": Tensor, ...}, ...},
@@ -14,6 +15,8 @@
 // Parameters are named (e.g. "trunk.0.conv.weight") rather than numbered as in PyTorch,
 // so a checkpoint says which parameter each state belongs to and a mismatch can be named.
 #pragma once
+
+#include <largo/optim/tensor_norms.h>
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
@@ -61,10 +64,10 @@ class Optimizer {
   // set_to_none frees the gradients (PyTorch's default since 2.0); otherwise zeroes them.
   virtual void zero_grad(bool set_to_none = true);
 
-  std::vector<ParamGroup>& param_groups() {
+  virtual std::vector<ParamGroup>& param_groups() {
     return param_groups_;
   }
-  const std::vector<ParamGroup>& param_groups() const {
+  virtual const std::vector<ParamGroup>& param_groups() const {
     return param_groups_;
   }
 
@@ -72,13 +75,23 @@ class Optimizer {
   void set_lr(double lr);
 
   // The state of a parameter by name; empty until its first step.
-  const ParamState* find_state(const std::string& param_name) const;
-  ParamState& state(const std::string& param_name) {
+  virtual const ParamState* find_state(const std::string& param_name) const;
+  virtual ParamState& state(const std::string& param_name) {
     return state_[param_name];
   }
 
   // Bytes held by the optimizer state (for memory accounting and the estimator).
   virtual int64_t state_bytes() const;
+
+  // Installs the hook that completes per-parameter partial norms across ranks (see
+  // tensor_norms.h); a sharded wrapper calls it on the optimizer it builds over its shard.
+  // Optimizers with per-parameter norms (LAMB, LARC) pass one tensor through it per step:
+  // [2 * P] float64 for the P parameters of all groups in order, the first P entries the
+  // squared norms of the parameters, the last P those of the gradients (LARC) or of the
+  // updates (LAMB); a parameter without a gradient contributes zeros. Others ignore it.
+  virtual void set_norm_reducer(PartialNormReducer reducer) {
+    norm_reducer_ = std::move(reducer);
+  }
 
   virtual c10::IValue state_dict() const;
 
@@ -101,9 +114,14 @@ class Optimizer {
     return key == "step";
   }
 
+  const PartialNormReducer& norm_reducer() const {
+    return norm_reducer_;
+  }
+
  private:
   std::vector<ParamGroup> param_groups_;
   std::unordered_map<std::string, ParamState> state_;
+  PartialNormReducer norm_reducer_;
 };
 
 } // namespace largo::optim

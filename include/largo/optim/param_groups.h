@@ -42,4 +42,12 @@ bool is_norm_layer(const torch::nn::Module& module);
 std::vector<ParamGroup>
 build_param_groups(const torch::nn::Module& model, const ParamGroupOptions& options);
 
+// The names (as in build_param_groups) of the parameters of norm layers and of parameters
+// named "*bias": what LARS practice leaves out of layer-wise adaptation
+// (OPTIMIZER.larc_config.exclude_bias_and_norm fills LARCOptions::excluded_from_adaptation
+// with them). is_norm_layer as in ParamGroupOptions; empty means is_norm_layer() above.
+std::vector<std::string> bias_and_norm_parameter_names(
+    const torch::nn::Module& model,
+    const std::function<bool(const torch::nn::Module&)>& is_norm_layer = {});
+
 } // namespace largo::optim

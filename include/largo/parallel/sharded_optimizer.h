@@ -24,6 +24,7 @@
 
 #include <largo/comm/process_group.h>
 #include <largo/optim/optimizer.h>
+#include <largo/optim/tensor_norms.h>
 #include <largo/parallel/flat_layout.h>
 
 #include <functional>
@@ -126,6 +127,8 @@ class ShardedOptimizer : public optim::Optimizer {
 
  private:
   void attach_piece_gradients();
+  optim::PartialNormReducer make_norm_reducer(std::vector<int64_t> piece_to_param,
+                                              int64_t num_params) const;
 
   std::shared_ptr<comm::ProcessGroup> group_;
   std::vector<FlatBuffer> buffers_;

@@ -5,6 +5,7 @@
 #include <largo/data/transforms.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/lr_schedule.h>
+#include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
 
 #include <cstdint>
@@ -36,14 +37,12 @@ struct DataSplitOptions {
 };
 
 struct OptimizerOptions {
-  std::string name = "sgd"; // sgd | adamw
-  double momentum = 0.9;
-  double dampening = 0.0;
-  bool nesterov = false;
+  // OPTIMIZER.name (sgd | adamw | lamb), its hyperparameters, use_larc and larc_config.
+  optim::OptimizerSpec spec{"sgd", optim::SGDOptions{0.9}};
+  // OPTIMIZER.larc_config.exclude_bias_and_norm: the trainer fills
+  // spec.larc.excluded_from_adaptation with the model's norm-layer and bias parameters.
+  bool larc_exclude_bias_and_norm = false;
   double weight_decay = 1e-4;
-  std::vector<double> betas{0.9, 0.999};
-  double eps = 1e-8;
-  bool amsgrad = false;
   int64_t num_epochs = 90;
   optim::ParamGroupOptions param_groups;
   optim::ScheduleOptions lr;

@@ -131,7 +131,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> param_groups)
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  for (ParamGroup& group : param_groups_) {
+  for (ParamGroup& group : param_groups()) {
     for (at::Tensor& param : group.params) {
       at::Tensor& grad = param.mutable_grad();
       if (!grad.defined()) {
@@ -149,7 +149,7 @@ void Optimizer::zero_grad(bool set_to_none) {
 
 void Optimizer::set_lr(double lr) {
   check_lr(lr, "(all groups)");
-  for (ParamGroup& group : param_groups_) {
+  for (ParamGroup& group : param_groups()) {
     group.lr = lr;
   }
 }

@@ -93,4 +93,29 @@ build_param_groups(const torch::nn::Module& model, const ParamGroupOptions& opti
   return non_empty;
 }
 
+std::vector<std::string> bias_and_norm_parameter_names(
+    const torch::nn::Module& model,
+    const std::function<bool(const torch::nn::Module&)>& is_norm) {
+  std::vector<std::string> names;
+  std::unordered_set<const void*> seen;
+  auto visit = [&](const torch::nn::Module& module, const std::string& module_name) {
+    const bool in_norm_layer = is_norm ? is_norm(module) : is_norm_layer(module);
+    for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+      if (!item.value().requires_grad() ||
+          !seen.insert(item.value().unsafeGetTensorImpl()).second) {
+        continue;
+      }
+      const std::string name = module_name.empty() ? item.key() : module_name + "." + item.key();
+      if (in_norm_layer || ends_with(name, "bias")) {
+        names.push_back(name);
+      }
+    }
+  };
+  visit(model, "");
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    visit(*item.value(), item.key());
+  }
+  return names;
+}
+
 } // namespace largo::optim

@@ -1,11 +1,81 @@
 #include <largo/optim/sgd.h>
 
+#include "multi_tensor_cpu.h"
+
 #include <largo/core/error.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 namespace largo::optim {
+namespace {
+
+// One parameter's update in the fused CPU pass.
+struct FusedSgdItem {
+  at::Tensor param, grad, buffer; // buffer undefined without momentum
+  double lr = 0.0;
+  double weight_decay = 0.0;
+  bool first_step = false; // the buffer starts as the gradient
+};
+
+// The expressions of torch.optim.SGD, in its order, over [0, n) of one chunk. The switches
+// are template parameters so that each variant is a straight loop the compiler vectorizes.
+template <typename scalar_t, bool kDecay, bool kMomentum, bool kFirstStep, bool kNesterov>
+void sgd_loop(
+    scalar_t* __restrict__ p,
+    const scalar_t* __restrict__ g,
+    scalar_t* __restrict__ buf,
+    int64_t n,
+    scalar_t weight_decay,
+    scalar_t momentum,
+    scalar_t one_minus_dampening,
+    scalar_t neg_lr) {
+  for (int64_t i = 0; i < n; ++i) {
+    scalar_t d = g[i];
+    if constexpr (kDecay) {
+      d = g[i] + weight_decay * p[i];
+    }
+    if constexpr (kMomentum) {
+      scalar_t b = d;
+      if constexpr (!kFirstStep) {
+        b = buf[i] * momentum + one_minus_dampening * d;
+      }
+      buf[i] = b;
+      if constexpr (kNesterov) {
+        d = d + momentum * b;
+      } else {
+        d = b;
+      }
+    }
+    p[i] = p[i] + neg_lr * d;
+  }
+}
+
+template <typename scalar_t>
+void sgd_kernel(
+    const FusedSgdItem& item, const SGDOptions& options, int64_t begin, int64_t end) {
+  const bool use_momentum = options.momentum != 0.0;
+  scalar_t* p = item.param.data_ptr<scalar_t>() + begin;
+  const scalar_t* g = item.grad.data_ptr<scalar_t>() + begin;
+  scalar_t* buf = use_momentum ? item.buffer.data_ptr<scalar_t>() + begin : nullptr;
+  using detail::with_flag;
+  with_flag(item.weight_decay != 0.0, [&](auto decay) {
+    with_flag(use_momentum, [&](auto momentum) {
+      with_flag(item.first_step, [&](auto first_step) {
+        with_flag(options.nesterov, [&](auto nesterov) {
+          // Scalars are cast to the tensor dtype as ATen does for a Scalar operand.
+          sgd_loop<scalar_t, decltype(decay)::value, decltype(momentum)::value,
+                   decltype(first_step)::value, decltype(nesterov)::value>(
+              p, g, buf, end - begin, static_cast<scalar_t>(item.weight_decay),
+              static_cast<scalar_t>(options.momentum),
+              static_cast<scalar_t>(1.0 - options.dampening), static_cast<scalar_t>(-item.lr));
+        });
+      });
+    });
+  });
+}
+
+} // namespace
 
 SGD::SGD(std::vector<ParamGroup> param_groups, SGDOptions options)
     : Optimizer(std::move(param_groups)), options_(options) {
@@ -33,7 +103,11 @@ std::vector<std::pair<std::string, c10::IValue>> SGD::hyperparameters() const {
 void SGD::step() {
   torch::NoGradGuard no_grad;
   const double momentum = options_.momentum;
+  std::vector<FusedSgdItem> fused;
   for (ParamGroup& group : param_groups()) {
+    // The _foreach path, per group (lr and weight decay are per group).
+    std::vector<at::Tensor> params, grads, buffers;
+    std::vector<std::string> names;
     for (size_t i = 0; i < group.params.size(); ++i) {
       at::Tensor& param = group.params[i];
       const at::Tensor& grad = param.grad();
@@ -44,27 +118,71 @@ void SGD::step() {
         throw TrainingError(
             fmt::format("SGD does not support sparse gradients (parameter '{}')", group.names[i]));
       }
-      // Same operations in the same order as torch.optim.SGD, so results match bit for bit.
-      at::Tensor update = grad;
-      if (group.weight_decay != 0.0) {
-        update = update.add(param, group.weight_decay);
-      }
+      at::Tensor buffer;
+      bool first_step = false;
       if (momentum != 0.0) {
         ParamState& param_state = state(group.names[i]);
         auto it = param_state.find("momentum_buffer");
-        at::Tensor buffer;
-        if (it == param_state.end()) {
-          buffer = update.clone().detach();
-          param_state["momentum_buffer"] = buffer;
-        } else {
+        first_step = it == param_state.end();
+        if (!first_step) {
           buffer = it->second;
-          buffer.mul_(momentum).add_(update, 1.0 - options_.dampening);
         }
-        update = options_.nesterov ? update.add(buffer, momentum) : buffer;
       }
-      param.add_(update, -group.lr);
+      const bool can_fuse = options_.fused &&
+          (momentum == 0.0 ? detail::can_use_cpu_kernels({&param, &grad})
+                           : detail::can_use_cpu_kernels(
+                                 {&param, &grad, first_step ? &grad : &buffer}));
+      if (can_fuse) {
+        if (first_step) { // torch.clone keeps the gradient's layout
+          buffer = at::empty_like(grad, at::MemoryFormat::Preserve);
+          state(group.names[i])["momentum_buffer"] = buffer;
+        }
+        fused.push_back({param, grad, buffer, group.lr, group.weight_decay, first_step});
+      } else {
+        params.push_back(param);
+        grads.push_back(grad);
+        buffers.push_back(buffer);
+        names.push_back(group.names[i]);
+      }
     }
+    if (params.empty()) {
+      continue;
+    }
+    // The ops of torch.optim.SGD(foreach=True) (PyTorch 1.13), in its order, except that
+    // nesterov does not write into the gradients as PyTorch's foreach path does.
+    std::vector<at::Tensor> updates =
+        group.weight_decay != 0.0 ? at::_foreach_add(grads, params, group.weight_decay) : grads;
+    if (momentum != 0.0) {
+      std::vector<at::Tensor> existing, existing_updates;
+      for (size_t k = 0; k < params.size(); ++k) {
+        if (buffers[k].defined()) {
+          existing.push_back(buffers[k]);
+          existing_updates.push_back(updates[k]);
+        } else {
+          buffers[k] = updates[k].clone().detach();
+          state(names[k])["momentum_buffer"] = buffers[k];
+        }
+      }
+      if (!existing.empty()) {
+        at::_foreach_mul_(existing, momentum);
+        at::_foreach_add_(existing, existing_updates, 1.0 - options_.dampening);
+      }
+      updates = options_.nesterov ? at::_foreach_add(updates, buffers, momentum) : buffers;
+    }
+    at::_foreach_add_(params, updates, -group.lr);
   }
+
+  std::vector<int64_t> numels;
+  for (const FusedSgdItem& item : fused) {
+    numels.push_back(item.param.numel());
+  }
+  const std::vector<detail::Chunk> chunks = detail::make_chunks(numels);
+  detail::for_each_chunk(chunks, [&](int64_t, const detail::Chunk& chunk) {
+    const FusedSgdItem& item = fused[static_cast<size_t>(chunk.tensor)];
+    AT_DISPATCH_FLOATING_TYPES(item.param.scalar_type(), "sgd_step", [&] {
+      sgd_kernel<scalar_t>(item, options_, chunk.begin, chunk.end);
+    });
+  });
 }
 
 } // namespace largo::optim

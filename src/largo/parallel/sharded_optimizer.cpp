@@ -1,6 +1,7 @@
 #include <largo/parallel/sharded_optimizer.h>
 
 #include <largo/core/error.h>
+#include <largo/optim/grad_clipping.h>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
@@ -116,7 +117,49 @@ ShardedOptimizer::ShardedOptimizer(std::vector<optim::ParamGroup> param_groups,
     }
     base_groups.push_back(std::move(base_group));
   }
+  // Per-parameter norms (LARC, LAMB) from partial sums: each rank's pieces contribute to
+  // their parameters' entries of one global vector, which one all-reduce completes.
+  std::unordered_map<std::string, int64_t> global_index;
+  for (const optim::ParamGroup& param_group : optim::Optimizer::param_groups()) {
+    for (const std::string& name : param_group.names) {
+      global_index.emplace(name, static_cast<int64_t>(global_index.size()));
+    }
+  }
+  std::vector<int64_t> piece_to_param;
+  for (const optim::ParamGroup& base_group : base_groups) {
+    for (const std::string& name : base_group.names) {
+      piece_to_param.push_back(global_index.at(name));
+    }
+  }
   base_ = options.make_base_optimizer(std::move(base_groups));
+  base_->set_norm_reducer(make_norm_reducer(std::move(piece_to_param),
+                                            static_cast<int64_t>(global_index.size())));
+}
+
+// The base optimizer passes its per-piece partials as [2 * P] (optimizer.h: P parameter
+// entries, then P gradient or update entries, for its P pieces in group order). Each block
+// is scattered into a [N] vector over all N parameters, one all-reduce completes both, and
+// every piece reads its parameter's total back. Ranks holding no piece take part too.
+optim::PartialNormReducer ShardedOptimizer::make_norm_reducer(std::vector<int64_t> piece_to_param,
+                                                              int64_t num_params) const {
+  constexpr int64_t kBlocks = 2;
+  auto group = group_;
+  auto index = at::tensor(piece_to_param, at::kLong);
+  return [group, index, num_params](const at::Tensor& partials, optim::NormReduceOp op) {
+    const int64_t num_pieces = index.numel();
+    TORCH_CHECK(partials.numel() == kBlocks * num_pieces,
+                "ZeRO norm reducer: expected 2 partials per piece, got ", partials.numel(),
+                " for ", num_pieces, " pieces");
+    at::Tensor positions = index.to(partials.device());
+    at::Tensor global = at::zeros({kBlocks, num_params}, partials.options());
+    at::Tensor local = partials.view({kBlocks, num_pieces});
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      global[b].index_put_({positions}, local[b]);
+    }
+    group->all_reduce(global, op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum
+                                                             : comm::ReduceOp::kMax);
+    return global.index({torch::indexing::Slice(), positions}).reshape({-1});
+  };
 }
 
 void ShardedOptimizer::use_gradient_shards() {
@@ -186,30 +229,21 @@ void ShardedOptimizer::zero_grad(bool set_to_none) {
 }
 
 double ShardedOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  if (!(max_norm > 0.0) || !(norm_type > 0.0)) {
-    throw ConfigError(fmt::format(
-        "MODEL.GRAD_CLIP: MAX_NORM = {} and NORM_TYPE = {} must both be > 0", max_norm, norm_type));
+  attach_piece_gradients();
+  std::vector<at::Tensor> pieces;
+  for (const FlatBuffer& buffer : buffers_) {
+    pieces.insert(pieces.end(), buffer.piece_params.begin(), buffer.piece_params.end());
   }
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads = shard_gradients();
-  const bool infinity = std::isinf(norm_type);
-  // This rank's partial: the sum of |g|^p (or the largest |g|), completed over the ranks.
-  at::Tensor partial = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
-  for (const at::Tensor& grad : grads) {
-    at::Tensor magnitudes = grad.to(at::kDouble).abs().cpu();
-    partial = infinity ? at::maximum(partial, magnitudes.max().reshape({1}))
-                       : partial + magnitudes.pow(norm_type).sum().reshape({1});
-  }
-  group_->all_reduce(partial, infinity ? comm::ReduceOp::kMax : comm::ReduceOp::kSum);
-  const double total =
-      infinity ? partial.item<double>() : std::pow(partial.item<double>(), 1.0 / norm_type);
-  const double coefficient = max_norm / (total + 1e-6);
-  if (coefficient < 1.0) {
-    for (const at::Tensor& grad : grads) {
-      const_cast<at::Tensor&>(grad).mul_(coefficient);
-    }
-  }
-  return total;
+  // The pieces tile the parameters, so the partial sums (or maxima) of all ranks complete
+  // to the global norm.
+  auto group = group_;
+  return optim::clip_grad_norm(
+      pieces, max_norm, norm_type, [group](const at::Tensor& partial, optim::NormReduceOp op) {
+        at::Tensor total = partial.clone();
+        group->all_reduce(total, op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum
+                                                                : comm::ReduceOp::kMax);
+        return total;
+      });
 }
 
 std::map<std::string, std::pair<int64_t, int64_t>> ShardedOptimizer::piece_ranges() const {

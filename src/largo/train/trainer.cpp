@@ -14,8 +14,8 @@
 #include <largo/data/synthetic_dataset.h>
 #include <largo/models/model_factory.h>
 #include <largo/models/parameter_count.h>
-#include <largo/optim/adamw.h>
-#include <largo/optim/sgd.h>
+#include <largo/optim/grad_clipping.h>
+#include <largo/optim/optimizer_factory.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
@@ -267,20 +267,13 @@ void Trainer::State::setup() {
 
   // Optimizer and schedules. Auto-scaling uses the global batch of one optimizer step.
   const auto& opt = options.optimizer;
-  auto groups = optim::build_param_groups(*model, opt.param_groups);
-  if (opt.name == "sgd") {
-    optim::SGDOptions sgd;
-    sgd.momentum = opt.momentum;
-    sgd.dampening = opt.dampening;
-    sgd.nesterov = opt.nesterov;
-    optimizer = std::make_unique<optim::SGD>(std::move(groups), sgd);
-  } else {
-    optim::AdamWOptions adamw;
-    adamw.betas = {opt.betas[0], opt.betas[1]};
-    adamw.eps = opt.eps;
-    adamw.amsgrad = opt.amsgrad;
-    optimizer = std::make_unique<optim::AdamW>(std::move(groups), adamw);
+  optim::OptimizerSpec spec = opt.spec;
+  if (spec.use_larc && opt.larc_exclude_bias_and_norm) {
+    for (auto& name : optim::bias_and_norm_parameter_names(*model, opt.param_groups.is_norm_layer)) {
+      spec.larc.excluded_from_adaptation.insert(std::move(name));
+    }
   }
+  optimizer = optim::make_optimizer(optim::build_param_groups(*model, opt.param_groups), spec);
   for (const auto& group : optimizer->param_groups()) {
     trained_parameters.insert(trained_parameters.end(), group.params.begin(), group.params.end());
   }
@@ -507,9 +500,9 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
   if (ddp && options.distributed.manual_gradient_reduction) {
     ddp->reduce_gradients();
   }
-  if (options.use_grad_clip) {
-    torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
-                                      options.grad_clip_norm_type);
+  if (options.use_grad_clip) { // after the loss scaler's unscale, before LARC
+    optim::clip_grad_norm(trained_parameters, options.grad_clip_max_norm,
+                          options.grad_clip_norm_type);
   }
   optimizer->step();
   return loss_sum / static_cast<float>(num_micro_batches);

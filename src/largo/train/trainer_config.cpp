@@ -32,7 +32,6 @@ void reject_unimplemented(const Config& config) {
   };
   const Switch switches[] = {
       {"MODEL.AMP_PARAMS.USE_AMP", "mixed precision"},
-      {"OPTIMIZER.use_larc", "LARC"},
       {"OPTIMIZER.use_zero", "ZeRO sharded optimizer state"},
       {"MODEL.SHARDED_DDP_SETUP.USE_SDP", "sharded data parallel (ZeRO-2)"},
       {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP", "fully sharded data parallel (ZeRO-3)"},
@@ -52,7 +51,7 @@ void reject_unimplemented(const Config& config) {
   if (optimizer == "zero") {
     throw ConfigError(
         "config key OPTIMIZER.name = zero: ZeRO sharded optimizer state is not available in "
-        "this version of Largo yet; use sgd or adamw");
+        "this version of Largo yet; use sgd, adamw or lamb");
   }
 }
 
@@ -270,19 +269,28 @@ TrainerOptions trainer_options_from_config(const Config& config) {
 
   // Optimizer.
   auto& optimizer = options.optimizer;
-  optimizer.name = config.get_string("OPTIMIZER.name");
-  require(optimizer.name == "sgd" || optimizer.name == "adamw", "OPTIMIZER.name", optimizer.name,
-          "sgd or adamw");
-  optimizer.momentum = non_negative(config, "OPTIMIZER.momentum");
-  optimizer.dampening = non_negative(config, "OPTIMIZER.dampening");
-  optimizer.nesterov = config.get_bool("OPTIMIZER.nesterov");
+  auto& spec = optimizer.spec;
+  spec.name = config.get_string("OPTIMIZER.name");
+  require(spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb", "OPTIMIZER.name",
+          spec.name, "sgd, adamw or lamb");
+  spec.sgd.momentum = non_negative(config, "OPTIMIZER.momentum");
+  spec.sgd.dampening = non_negative(config, "OPTIMIZER.dampening");
+  spec.sgd.nesterov = config.get_bool("OPTIMIZER.nesterov");
   optimizer.weight_decay = non_negative(config, "OPTIMIZER.weight_decay");
-  optimizer.betas = config.get_double_list("OPTIMIZER.betas");
-  require(optimizer.betas.size() == 2 && optimizer.betas[0] >= 0 && optimizer.betas[0] < 1 &&
-              optimizer.betas[1] >= 0 && optimizer.betas[1] < 1,
+  const std::vector<double> betas = config.get_double_list("OPTIMIZER.betas");
+  require(betas.size() == 2 && betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1,
           "OPTIMIZER.betas", "(given)", "two numbers in [0, 1)");
-  optimizer.eps = non_negative(config, "OPTIMIZER.eps");
-  optimizer.amsgrad = config.get_bool("OPTIMIZER.amsgrad");
+  spec.adamw.betas = spec.lamb.betas = {betas[0], betas[1]};
+  spec.adamw.eps = spec.lamb.eps = non_negative(config, "OPTIMIZER.eps");
+  spec.adamw.amsgrad = config.get_bool("OPTIMIZER.amsgrad");
+  spec.use_larc = config.get_bool("OPTIMIZER.use_larc");
+  spec.larc.clip = config.get_bool("OPTIMIZER.larc_config.clip");
+  spec.larc.eps = non_negative(config, "OPTIMIZER.larc_config.eps");
+  spec.larc.trust_coefficient = config.get_double("OPTIMIZER.larc_config.trust_coefficient");
+  require(spec.larc.trust_coefficient > 0, "OPTIMIZER.larc_config.trust_coefficient",
+          fmt::format("{}", spec.larc.trust_coefficient), "a number > 0");
+  optimizer.larc_exclude_bias_and_norm =
+      config.get_bool("OPTIMIZER.larc_config.exclude_bias_and_norm");
   optimizer.num_epochs = positive_int(config, "OPTIMIZER.num_epochs");
   auto& groups = optimizer.param_groups;
   groups.weight_decay = optimizer.weight_decay;

@@ -1,0 +1,51 @@
+// make_optimizer: every name, LARC wrapping, and the error for an unknown name.
+#include "optim_test_util.h"
+
+#include <largo/optim/optimizer_factory.h>
+
+namespace largo::optim {
+namespace {
+
+std::vector<ParamGroup> one_group() {
+  ParamGroup group;
+  group.params = testing::make_params({{3, 4}, {5}});
+  group.names = {"w", "b"};
+  group.weight_decay = 0.1;
+  return {group};
+}
+
+TEST(OptimizerFactory, BuildsEveryOptimizerAndWrapsLarc) {
+  for (const std::string name : {"sgd", "adamw", "lamb"}) {
+    OptimizerSpec spec;
+    spec.name = name;
+    auto plain = make_optimizer(one_group(), spec);
+    EXPECT_EQ(plain->type(), name);
+    EXPECT_EQ(dynamic_cast<LARC*>(plain.get()), nullptr);
+    spec.use_larc = true;
+    spec.larc.clip = true;
+    auto wrapped = make_optimizer(one_group(), spec);
+    auto* larc = dynamic_cast<LARC*>(wrapped.get());
+    ASSERT_NE(larc, nullptr) << name;
+    EXPECT_EQ(larc->type(), name);
+    EXPECT_TRUE(larc->options().clip);
+    EXPECT_EQ(larc->inner().type(), name);
+    // Groups are the inner optimizer's: set_lr reaches it.
+    wrapped->set_lr(0.25);
+    EXPECT_EQ(larc->inner().param_groups()[0].lr, 0.25);
+  }
+  OptimizerSpec spec;
+  spec.sgd.momentum = 0.5;
+  spec.sgd.nesterov = true;
+  auto sgd = make_optimizer(one_group(), spec);
+  EXPECT_TRUE(dynamic_cast<SGD&>(*sgd).options().nesterov);
+}
+
+TEST(OptimizerFactory, UnknownNameIsAConfigError) {
+  OptimizerSpec spec;
+  spec.name = "adagrad";
+  testing::expect_config_error(
+      [&] { (void)make_optimizer(one_group(), spec); }, {"OPTIMIZER.name", "adagrad", "lamb"});
+}
+
+} // namespace
+} // namespace largo::optim
