@@ -7,6 +7,7 @@
 #include <largo/core/error.h>
 #include <largo/core/logging.h>
 #include <largo/core/malloc_tuning.h>
+#include <largo/train/sharded_checkpoint.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
@@ -78,6 +79,14 @@ int run_config(const std::vector<std::string>& arguments) {
   return 0;
 }
 
+// `largo checkpoint consolidate PATH [--output FILE]`: a ZeRO checkpoint's optimizer shards
+// merged into one plain checkpoint (train/sharded_checkpoint.h).
+int run_consolidate(const std::string& checkpoint_path, const std::string& output) {
+  auto written = largo::train::consolidate_checkpoint(checkpoint_path, output);
+  std::printf("consolidated checkpoint written: %s\n", written.string().c_str());
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -95,10 +104,25 @@ int main(int argc, char** argv) {
   auto* config = app.add_subcommand("config", "Validate a config and print the effective tree");
   config->add_option("args", config_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
 
+  auto* checkpoint = app.add_subcommand("checkpoint", "Work on checkpoint files");
+  checkpoint->require_subcommand(1);
+  auto* consolidate = checkpoint->add_subcommand(
+      "consolidate", "Merge a ZeRO checkpoint's optimizer shards into one plain checkpoint");
+  std::string consolidate_path;
+  std::string consolidate_output;
+  consolidate->add_option("checkpoint", consolidate_path,
+                          "a checkpoint file, or a run directory (its checkpoint.torch)")
+      ->required();
+  consolidate->add_option("--output", consolidate_output,
+                          "where to write (default: <checkpoint>_consolidated.torch beside it)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (train->parsed()) {
       return run_train(train_arguments);
+    }
+    if (consolidate->parsed()) {
+      return run_consolidate(consolidate_path, consolidate_output);
     }
     return run_config(config_arguments);
   } catch (const largo::ConfigError& e) {

@@ -13,6 +13,10 @@
 // averaged by DistributedDataParallel, and evaluation runs on every rank over a split of
 // the test set with the counts summed. Rank 0 alone logs, writes metrics, TensorBoard and
 // checkpoints (with every rank's RNG state). run() is collective.
+//
+// ZeRO (docs/zero.md): with TrainerOptions::zero the optimizer is a ShardedOptimizer
+// (stage 1) and, for stage 2, ShardedDataParallel replaces DistributedDataParallel; every
+// rank then writes its own optimizer shard beside each checkpoint (sharded_checkpoint.h).
 #pragma once
 
 #include <largo/comm/process_group.h>

@@ -38,7 +38,11 @@ struct DataSplitOptions {
 
 struct OptimizerOptions {
   // OPTIMIZER.name (sgd | adamw | lamb), its hyperparameters, use_larc and larc_config.
-  optim::OptimizerSpec spec{"sgd", optim::SGDOptions{0.9}};
+  optim::OptimizerSpec spec = [] {
+    optim::OptimizerSpec sgd_with_momentum; // VISSL's default, momentum 0.9
+    sgd_with_momentum.sgd.momentum = 0.9;
+    return sgd_with_momentum;
+  }();
   // OPTIMIZER.larc_config.exclude_bias_and_norm: the trainer fills
   // spec.larc.excluded_from_adaptation with the model's norm-layer and bias parameters.
   bool larc_exclude_bias_and_norm = false;
@@ -74,6 +78,16 @@ struct DistributedOptions {
   int64_t collective_timeout_seconds = 1800;
 };
 
+// ZeRO (docs/zero.md): stage 1 shards the optimizer state (OPTIMIZER.name: zero with
+// OPTIMIZER.base_optimizer, or OPTIMIZER.use_zero); stage 2 also shards the gradients
+// (MODEL.SHARDED_DDP_SETUP.USE_SDP, which implies stage 1).
+struct ZeroOptions {
+  bool shard_optimizer_state = false;
+  bool shard_gradients = false;
+  // MODEL.SHARDED_DDP_SETUP.reduce_buffer_size, in elements (-1 there: FairScale's 2^23).
+  int64_t reduce_buffer_elements = int64_t{1} << 23;
+};
+
 struct TrainerOptions {
   DataSplitOptions train;
   DataSplitOptions test;
@@ -100,6 +114,7 @@ struct TrainerOptions {
   int64_t num_threads = 0; // intra-op threads; 0 = every core
 
   DistributedOptions distributed;
+  ZeroOptions zero;
   // Micro-batches of BATCHSIZE_PER_REPLICA whose gradients are summed into one optimizer
   // step (TRAINER.GRADIENT_ACCUMULATION_STEPS); the loss of each is divided by their count.
   int64_t gradient_accumulation_steps = 1;

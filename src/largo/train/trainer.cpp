@@ -17,9 +17,12 @@
 #include <largo/optim/grad_clipping.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/sharded_data_parallel.h>
+#include <largo/parallel/sharded_optimizer.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
+#include <largo/train/sharded_checkpoint.h>
 #include <largo/train/tensorboard_writer.h>
 
 #include <fmt/format.h>
@@ -135,6 +138,11 @@ struct Trainer::State {
   models::TrunkHeadModel model{nullptr};
   std::unique_ptr<parallel::DistributedDataParallel> ddp; // when the world has > 1 rank
   std::unique_ptr<optim::Optimizer> optimizer;
+  // ZeRO: `optimizer` is a ShardedOptimizer (stage 1), and with stage 2 (and > 1 rank) a
+  // ShardedDataParallel reduces the gradients instead of `ddp`.
+  parallel::ShardedOptimizer* sharded_optimizer = nullptr;
+  std::unique_ptr<parallel::ShardedDataParallel> sdp;
+  bool model_state_logged = false;
   std::vector<at::Tensor> trained_parameters; // every group's parameters, for clipping
   std::unique_ptr<optim::LrSchedule> lr_schedule;
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
@@ -165,6 +173,8 @@ struct Trainer::State {
   float train_step(int64_t num_micro_batches, int64_t& num_images);
   void evaluate();
   void save(const std::string& file_name);
+  void log_model_state_bytes();
+  std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
   fs::path run_dir() const {
     return options.checkpoint.dir;
   }
@@ -253,7 +263,39 @@ void Trainer::State::setup() {
   seed_everything(options.seed);
   model = models::build_model(model_options);
   model->to(device);
-  if (world_size > 1) {
+  // Optimizer and schedules. Auto-scaling uses the global batch of one optimizer step.
+  const auto& opt = options.optimizer;
+  optim::OptimizerSpec spec = opt.spec;
+  if (spec.use_larc && opt.larc_exclude_bias_and_norm) {
+    for (auto& name : optim::bias_and_norm_parameter_names(*model, opt.param_groups.is_norm_layer)) {
+      spec.larc.excluded_from_adaptation.insert(std::move(name));
+    }
+  }
+  auto param_groups = optim::build_param_groups(*model, opt.param_groups);
+  if (options.zero.shard_optimizer_state) {
+    parallel::ShardedOptimizerOptions zero_options;
+    zero_options.make_base_optimizer = [spec](std::vector<optim::ParamGroup> pieces) {
+      return optim::make_optimizer(std::move(pieces), spec);
+    };
+    auto zero = std::make_unique<parallel::ShardedOptimizer>(std::move(param_groups), group,
+                                                             zero_options);
+    sharded_optimizer = zero.get();
+    optimizer = std::move(zero);
+  } else {
+    optimizer = optim::make_optimizer(std::move(param_groups), spec);
+  }
+  for (const auto& group : optimizer->param_groups()) {
+    trained_parameters.insert(trained_parameters.end(), group.params.begin(), group.params.end());
+  }
+  if (world_size > 1 && options.zero.shard_gradients) {
+    parallel::ShardedDataParallelOptions sdp_options;
+    sdp_options.reduce_buffer_bytes =
+        options.zero.reduce_buffer_elements * static_cast<int64_t>(sizeof(float));
+    sdp_options.broadcast_buffers = options.distributed.broadcast_buffers;
+    sdp_options.find_unused_parameters = options.distributed.find_unused_parameters;
+    sdp = std::make_unique<parallel::ShardedDataParallel>(model.ptr(), *sharded_optimizer, group,
+                                                          sdp_options);
+  } else if (world_size > 1) {
     parallel::DistributedDataParallelOptions ddp_options;
     ddp_options.bucket_cap_bytes = options.distributed.bucket_cap_mb * 1024 * 1024;
     ddp_options.broadcast_buffers = options.distributed.broadcast_buffers;
@@ -265,18 +307,6 @@ void Trainer::State::setup() {
   // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
   seed_everything(options.seed + static_cast<uint64_t>(rank));
 
-  // Optimizer and schedules. Auto-scaling uses the global batch of one optimizer step.
-  const auto& opt = options.optimizer;
-  optim::OptimizerSpec spec = opt.spec;
-  if (spec.use_larc && opt.larc_exclude_bias_and_norm) {
-    for (auto& name : optim::bias_and_norm_parameter_names(*model, opt.param_groups.is_norm_layer)) {
-      spec.larc.excluded_from_adaptation.insert(std::move(name));
-    }
-  }
-  optimizer = optim::make_optimizer(optim::build_param_groups(*model, opt.param_groups), spec);
-  for (const auto& group : optimizer->param_groups()) {
-    trained_parameters.insert(trained_parameters.end(), group.params.begin(), group.params.end());
-  }
   const int64_t global_batch = options.train.batch_size * world_size * accumulation;
   lr_options = opt.lr;
   optim::apply_auto_lr_scaling(lr_options, opt.lr_scaling, global_batch, global_batch);
@@ -305,7 +335,12 @@ void Trainer::State::setup() {
     spdlog::info("data parallel: {} ranks ({}), global batch {} = {} per rank x {} ranks x {} "
                  "accumulation steps; {} gradient buckets",
                  world_size, group->backend(), global_batch, options.train.batch_size, world_size,
-                 accumulation, ddp->num_buckets());
+                 accumulation, ddp ? ddp->num_buckets() : sdp->num_buckets());
+  }
+  if (sharded_optimizer) {
+    spdlog::info("ZeRO stage {}: optimizer state{} sharded over {} rank(s) (base optimizer {}{})",
+                 sdp ? 2 : 1, sdp ? " and gradients" : "", world_size, spec.name,
+                 spec.use_larc ? " with LARC" : "");
   }
 }
 
@@ -371,7 +406,8 @@ bool Trainer::State::resume() {
     return false;
   }
   checkpoint::load_model_state_dict(*model, entry("model").toGenericDict());
-  optimizer->load_state_dict(entry("optimizer"));
+  load_optimizer_state(fs::canonical(latest).parent_path(), entry("optimizer"), *optimizer,
+                       trained_parameter_shapes());
   epoch = entry("epoch").toInt();
   iteration_in_epoch = entry("iteration_in_epoch").toInt();
   iteration = entry("iteration").toInt();
@@ -419,12 +455,16 @@ void Trainer::State::save(const std::string& file_name) {
   at::Tensor own_rng = cpu_rng_state();
   at::Tensor rng_states = at::empty({group->world_size(), own_rng.numel()}, own_rng.options());
   group->all_gather(rng_states, own_rng);
+  // ZeRO: each rank writes its own optimizer shard (collective), the main file refers to them.
+  c10::IValue optimizer_state = sharded_optimizer
+      ? save_optimizer_shards(run_dir(), file_name, *sharded_optimizer, *group)
+      : c10::IValue();
   if (!is_rank0()) {
     return;
   }
   auto state = checkpoint::make_state_dict();
   state.insert("model", checkpoint::model_state_dict(*model));
-  state.insert("optimizer", optimizer->state_dict());
+  state.insert("optimizer", sharded_optimizer ? optimizer_state : optimizer->state_dict());
   state.insert("epoch", epoch);
   state.insert("iteration_in_epoch", iteration_in_epoch);
   state.insert("iteration", iteration);
@@ -462,6 +502,41 @@ void Trainer::State::save(const std::string& file_name) {
   spdlog::info("checkpoint written: {}", path.string());
 }
 
+std::map<std::string, std::vector<int64_t>> Trainer::State::trained_parameter_shapes() const {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& param_group : optimizer->param_groups()) {
+    for (size_t i = 0; i < param_group.params.size(); ++i) {
+      shapes[param_group.names.at(i)] = param_group.params[i].sizes().vec();
+    }
+  }
+  return shapes;
+}
+
+// What this rank holds of the model state (parameters, gradients, optimizer state), logged
+// once so a user sees what ZeRO saves (docs/zero.md compares it with `largo estimate`).
+void Trainer::State::log_model_state_bytes() {
+  model_state_logged = true;
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;
+  for (const at::Tensor& parameter : trained_parameters) {
+    parameter_bytes += parameter.numel() * static_cast<int64_t>(parameter.element_size());
+    if (parameter.grad().defined()) {
+      gradient_bytes += parameter.grad().numel() * static_cast<int64_t>(parameter.grad().element_size());
+    }
+  }
+  if (sharded_optimizer) {
+    parameter_bytes = sharded_optimizer->parameter_bytes();
+    if (sharded_optimizer->uses_gradient_shards()) {
+      gradient_bytes = sharded_optimizer->gradient_shard_bytes();
+    }
+  }
+  constexpr double kMiB = 1024.0 * 1024.0;
+  spdlog::info("model state on rank {}: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
+               "state {:.2f} MiB",
+               group->rank(), parameter_bytes / kMiB, gradient_bytes / kMiB,
+               optimizer->state_bytes() / kMiB);
+}
+
 // One optimizer step over `num_micro_batches` batches from the loader: their gradients are
 // summed (each loss divided by the count, so the step equals one batch of them all), and
 // under DDP only the last backward communicates. Returns the mean loss.
@@ -478,7 +553,9 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
     if (ddp && !last_micro) {
       no_sync.emplace(*ddp);
     }
-    at::Tensor logits = ddp ? ddp->forward(model, images) : model->forward(images);
+    at::Tensor logits = ddp ? ddp->forward(model, images)
+        : sdp               ? sdp->forward(model, images)
+                            : model->forward(images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits, labels,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.loss_ignore_index));
@@ -501,10 +578,17 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
     ddp->reduce_gradients();
   }
   if (options.use_grad_clip) { // after the loss scaler's unscale, before LARC
-    optim::clip_grad_norm(trained_parameters, options.grad_clip_max_norm,
-                          options.grad_clip_norm_type);
+    if (sharded_optimizer) { // the norm over every rank's shard (a collective)
+      sharded_optimizer->clip_grad_norm(options.grad_clip_max_norm, options.grad_clip_norm_type);
+    } else {
+      optim::clip_grad_norm(trained_parameters, options.grad_clip_max_norm,
+                            options.grad_clip_norm_type);
+    }
   }
   optimizer->step();
+  if (!model_state_logged) {
+    log_model_state_bytes(); // after the first step, when the optimizer state exists
+  }
   return loss_sum / static_cast<float>(num_micro_batches);
 }
 

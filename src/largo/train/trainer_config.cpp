@@ -32,8 +32,6 @@ void reject_unimplemented(const Config& config) {
   };
   const Switch switches[] = {
       {"MODEL.AMP_PARAMS.USE_AMP", "mixed precision"},
-      {"OPTIMIZER.use_zero", "ZeRO sharded optimizer state"},
-      {"MODEL.SHARDED_DDP_SETUP.USE_SDP", "sharded data parallel (ZeRO-2)"},
       {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP", "fully sharded data parallel (ZeRO-3)"},
       {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", "activation checkpointing"},
       {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "synchronized BatchNorm"},
@@ -47,11 +45,32 @@ void reject_unimplemented(const Config& config) {
           entry.key, entry.feature));
     }
   }
-  const std::string optimizer = config.get_string("OPTIMIZER.name");
-  if (optimizer == "zero") {
-    throw ConfigError(
-        "config key OPTIMIZER.name = zero: ZeRO sharded optimizer state is not available in "
-        "this version of Largo yet; use sgd, adamw or lamb");
+}
+
+// OPTIMIZER.base_optimizer (ZeRO) holds a copy of OPTIMIZER's own keys, as VISSL writes it:
+// anything else is a typo to report rather than a setting to drop silently.
+void check_base_optimizer_keys(const Config& config) {
+  const YAML::Node base = config.node("OPTIMIZER.base_optimizer");
+  if (!base.IsMap()) {
+    throw config_error("OPTIMIZER.base_optimizer", "(not a map)",
+                       "a map of optimizer settings, e.g. {name: sgd, momentum: 0.9}");
+  }
+  for (const auto& item : base) {
+    const std::string key = item.first.as<std::string>();
+    if (key == "base_optimizer" || !config.has("OPTIMIZER." + key)) {
+      throw config_error("OPTIMIZER.base_optimizer." + key, "(given)",
+                         "a key of OPTIMIZER: name, momentum, nesterov, dampening, weight_decay, "
+                         "betas, eps, amsgrad, use_larc or larc_config");
+    }
+    if (item.second.IsMap()) {
+      for (const auto& nested : item.second) {
+        const std::string nested_key = key + "." + nested.first.as<std::string>();
+        if (!config.has("OPTIMIZER." + nested_key)) {
+          throw config_error("OPTIMIZER.base_optimizer." + nested_key, "(given)",
+                             "a key of OPTIMIZER." + key);
+        }
+      }
+    }
   }
 }
 
@@ -267,30 +286,58 @@ TrainerOptions trainer_options_from_config(const Config& config) {
           "LOSS.name", loss, "CrossEntropyLoss or cross_entropy_multiple_output_single_target");
   options.loss_ignore_index = config.get_int(fmt::format("LOSS.{}.ignore_index", loss));
 
-  // Optimizer.
+  // Optimizer. ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True)
+  // shards the state of the optimizer that OPTIMIZER.base_optimizer describes; the settings
+  // it leaves out come from OPTIMIZER itself.
   auto& optimizer = options.optimizer;
   auto& spec = optimizer.spec;
-  spec.name = config.get_string("OPTIMIZER.name");
-  require(spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb", "OPTIMIZER.name",
-          spec.name, "sgd, adamw or lamb");
-  spec.sgd.momentum = non_negative(config, "OPTIMIZER.momentum");
-  spec.sgd.dampening = non_negative(config, "OPTIMIZER.dampening");
-  spec.sgd.nesterov = config.get_bool("OPTIMIZER.nesterov");
-  optimizer.weight_decay = non_negative(config, "OPTIMIZER.weight_decay");
-  const std::vector<double> betas = config.get_double_list("OPTIMIZER.betas");
+  const bool zero_by_name = config.get_string("OPTIMIZER.name") == "zero";
+  auto& zero = options.zero;
+  zero.shard_gradients = config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP");
+  zero.shard_optimizer_state =
+      zero_by_name || config.get_bool("OPTIMIZER.use_zero") || zero.shard_gradients;
+  const int64_t reduce_buffer_size = config.get_int("MODEL.SHARDED_DDP_SETUP.reduce_buffer_size");
+  require(reduce_buffer_size == -1 || reduce_buffer_size > 0,
+          "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size", std::to_string(reduce_buffer_size),
+          "-1 (FairScale's default, 2^23 elements) or a number of elements > 0");
+  if (reduce_buffer_size > 0) {
+    zero.reduce_buffer_elements = reduce_buffer_size;
+  }
+  if (zero.shard_optimizer_state) {
+    check_base_optimizer_keys(config);
+  }
+  auto optimizer_key = [&](const std::string& key) {
+    const std::string nested = "OPTIMIZER.base_optimizer." + key;
+    return zero.shard_optimizer_state && config.has(nested) ? nested : "OPTIMIZER." + key;
+  };
+  const std::string name_key = optimizer_key("name");
+  spec.name = config.get_string(name_key);
+  if (zero_by_name && name_key == "OPTIMIZER.name") {
+    throw config_error("OPTIMIZER.base_optimizer.name", "(missing)",
+                       "the optimizer ZeRO shards: sgd, adamw or lamb (OPTIMIZER.name is zero)");
+  }
+  require(spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb", name_key, spec.name,
+          zero.shard_optimizer_state ? "sgd, adamw or lamb" : "sgd, adamw, lamb or zero");
+  spec.sgd.momentum = non_negative(config, optimizer_key("momentum"));
+  spec.sgd.dampening = non_negative(config, optimizer_key("dampening"));
+  spec.sgd.nesterov = config.get_bool(optimizer_key("nesterov"));
+  optimizer.weight_decay = non_negative(config, optimizer_key("weight_decay"));
+  const std::string betas_key = optimizer_key("betas");
+  const std::vector<double> betas = config.get_double_list(betas_key);
   require(betas.size() == 2 && betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1,
-          "OPTIMIZER.betas", "(given)", "two numbers in [0, 1)");
+          betas_key, "(given)", "two numbers in [0, 1)");
   spec.adamw.betas = spec.lamb.betas = {betas[0], betas[1]};
-  spec.adamw.eps = spec.lamb.eps = non_negative(config, "OPTIMIZER.eps");
-  spec.adamw.amsgrad = config.get_bool("OPTIMIZER.amsgrad");
-  spec.use_larc = config.get_bool("OPTIMIZER.use_larc");
-  spec.larc.clip = config.get_bool("OPTIMIZER.larc_config.clip");
-  spec.larc.eps = non_negative(config, "OPTIMIZER.larc_config.eps");
-  spec.larc.trust_coefficient = config.get_double("OPTIMIZER.larc_config.trust_coefficient");
-  require(spec.larc.trust_coefficient > 0, "OPTIMIZER.larc_config.trust_coefficient",
+  spec.adamw.eps = spec.lamb.eps = non_negative(config, optimizer_key("eps"));
+  spec.adamw.amsgrad = config.get_bool(optimizer_key("amsgrad"));
+  spec.use_larc = config.get_bool(optimizer_key("use_larc"));
+  spec.larc.clip = config.get_bool(optimizer_key("larc_config.clip"));
+  spec.larc.eps = non_negative(config, optimizer_key("larc_config.eps"));
+  const std::string trust_key = optimizer_key("larc_config.trust_coefficient");
+  spec.larc.trust_coefficient = config.get_double(trust_key);
+  require(spec.larc.trust_coefficient > 0, trust_key,
           fmt::format("{}", spec.larc.trust_coefficient), "a number > 0");
   optimizer.larc_exclude_bias_and_norm =
-      config.get_bool("OPTIMIZER.larc_config.exclude_bias_and_norm");
+      config.get_bool(optimizer_key("larc_config.exclude_bias_and_norm"));
   optimizer.num_epochs = positive_int(config, "OPTIMIZER.num_epochs");
   auto& groups = optimizer.param_groups;
   groups.weight_decay = optimizer.weight_decay;

@@ -1,0 +1,268 @@
+// ZeRO in the trainer (Gloo over 127.0.0.1): stages 1 and 2 train like plain DDP; sharded
+// checkpoints resume bit-exactly, at other world sizes and into unsharded runs, and
+// consolidate offline into a plain checkpoint; the seed's YAML configures it verbatim.
+#include <largo/checkpoint/checkpoint_file.h>
+#include <largo/core/error.h>
+#include <largo/train/sharded_checkpoint.h>
+#include <largo/train/trainer.h>
+#include <largo/train/trainer_config.h>
+
+#include "comm/distributed_test_util.h"
+#include "train/trainer_test_util.h"
+
+namespace largo::train {
+namespace {
+
+namespace fs = std::filesystem;
+using largo::testing::run_on_ranks;
+using Overrides = std::vector<std::string>;
+
+// fp32: ZeRO applies the same element-wise updates as the unsharded optimizer; only the
+// order of the gradient sums (all-reduce vs reduce to the owner) and of the LARC / clipping
+// norms (per-piece partials) differ, which moves the last bits.
+constexpr double kTolerance = 1e-5;
+
+const Overrides kStage1 = {"OPTIMIZER.use_zero=True"};
+// A small reduce buffer, so buckets straddle the two ranks' shards.
+const Overrides kStage2 = {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
+                           "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=3000"};
+
+fs::path test_dir() {
+  return fs::temp_directory_path() /
+      fmt::format("largo_trainer_zero_{}",
+                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+}
+
+std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
+  return std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+}
+
+Overrides operator+(Overrides a, const Overrides& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+struct RunResult {
+  TrainSummary summary;
+  std::map<std::string, at::Tensor> parameters;
+};
+
+RunResult train(const fs::path& dir, const Overrides& overrides,
+                std::shared_ptr<comm::ProcessGroup> group, int64_t stop_after = -1) {
+  auto options = trainer_options_from_config(synthetic_job_config(dir, overrides));
+  options.stop_after_iterations = stop_after;
+  Trainer trainer(options, "", std::move(group));
+  RunResult result{trainer.run(), {}};
+  for (const auto& item : trainer.model()->named_parameters()) {
+    result.parameters[item.key()] = item.value().detach().clone();
+  }
+  return result;
+}
+
+void expect_same_training(const RunResult& actual, const RunResult& expected,
+                          const std::string& what) {
+  ASSERT_EQ(actual.summary.iteration_losses.size(), expected.summary.iteration_losses.size());
+  for (size_t i = 0; i < actual.summary.iteration_losses.size(); ++i) {
+    EXPECT_NEAR(actual.summary.iteration_losses[i], expected.summary.iteration_losses[i], kTolerance)
+        << what << ": iteration " << i;
+  }
+  for (const auto& [name, value] : expected.parameters) {
+    EXPECT_TRUE(torch::allclose(actual.parameters.at(name), value, kTolerance, kTolerance))
+        << what << ": parameter " << name << " differs by "
+        << (actual.parameters.at(name) - value).abs().max().item<double>();
+  }
+}
+
+void copy_run(const fs::path& from, const fs::path& to) {
+  fs::remove_all(to);
+  fs::copy(from, to, fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+}
+
+TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh
+    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False",
+                           "MODEL.GRAD_CLIP.USE_GRAD_CLIP=True", "MODEL.GRAD_CLIP.MAX_NORM=0.5"};
+    const std::vector<std::pair<std::string, Overrides>> variants = {
+        {"sgd momentum, clipping", {}},
+        {"sgd momentum, accumulation 2", {"TRAINER.GRADIENT_ACCUMULATION_STEPS=2"}},
+        {"adamw", {"OPTIMIZER.name=adamw", "OPTIMIZER.param_schedulers.lr.start_value=0.002"}},
+        {"larc", {"OPTIMIZER.use_larc=True"}},
+    };
+    for (const auto& [what, variant] : variants) {
+      const RunResult ddp = train(dir / "ddp", job + variant, borrow(group));
+      expect_same_training(train(dir / "zero1", job + variant + kStage1, borrow(group)), ddp,
+                           "stage 1, " + what);
+      expect_same_training(train(dir / "zero2", job + variant + kStage2, borrow(group)), ddp,
+                           "stage 2, " + what);
+    }
+  });
+}
+
+TEST(TrainerZeroTest, ShardedCheckpointResumeIsBitExact) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    if (group.rank() == 0) {
+      fs::remove_all(dir);
+    }
+    group.barrier();
+    // As the DDP resume test: 6 iterations per epoch, interrupted at 10, resumed from 8.
+    const Overrides job = Overrides{"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
+                                    "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"} +
+        kStage2;
+    const RunResult reference = train(dir / "full", job, borrow(group));
+    const Overrides interrupted = job + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"};
+    ASSERT_TRUE(train(dir / "resumed", interrupted, borrow(group), 10).summary.interrupted);
+    group.barrier();
+    // Each rank wrote its own optimizer shard; rank 0 the manifest naming both.
+    const fs::path run = dir / "resumed";
+    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard0.torch"));
+    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
+    auto manifest = nlohmann::json::parse(std::ifstream(run / "model_iteration8.manifest.json"));
+    EXPECT_EQ(manifest["world_size"], 2);
+    EXPECT_EQ(manifest["shards"][1]["file"], "model_iteration8_shard1.torch");
+    EXPECT_EQ(manifest["shards"][1]["bytes"],
+              static_cast<int64_t>(fs::file_size(run / "model_iteration8_shard1.torch")));
+
+    const RunResult resumed = train(run, interrupted, borrow(group));
+    ASSERT_TRUE(resumed.summary.resumed);
+    ASSERT_EQ(resumed.summary.iteration_losses.size(), 10u);
+    for (size_t i = 0; i < resumed.summary.iteration_losses.size(); ++i) {
+      EXPECT_EQ(resumed.summary.iteration_losses[i], reference.summary.iteration_losses[8 + i])
+          << "iteration " << 8 + i << " on rank " << group.rank();
+    }
+    for (const auto& [name, value] : reference.parameters) {
+      EXPECT_TRUE(torch::equal(resumed.parameters.at(name), value)) << name;
+    }
+  });
+}
+
+TEST(TrainerZeroTest, ShardedCheckpointsResumeAtOtherWorldSizesAndConsolidate) {
+  const fs::path root = test_dir();
+  // 2 epochs; checkpoint.torch is model_phase0 (the end of epoch 0), written by 2 ranks
+  // with a plain optimizer state ("plain") and with ZeRO shards ("zero").
+  const Overrides job = {"OPTIMIZER.num_epochs=2"};
+  if (largo::testing::is_parent()) {
+    fs::remove_all(root);
+  }
+  run_on_ranks(2, [&](comm::ProcessGroup& group) {
+    train(root / "plain", job, borrow(group), /*stop_after=*/4); // 3 iterations per epoch
+    train(root / "zero", job + kStage2, borrow(group), 4);
+  });
+  ASSERT_TRUE(fs::exists(root / "zero" / "model_phase0_shard1.torch"));
+
+  if (largo::testing::is_parent()) {
+    // One process: the shards consolidated on load, or resharded into a one-rank ZeRO run,
+    // continue exactly like the plain checkpoint does.
+    for (const char* copy : {"plain_at1", "zero_at1_plain", "zero_at1_zero"}) {
+      copy_run(root / (std::string(copy).rfind("plain", 0) == 0 ? "plain" : "zero"), root / copy);
+    }
+    auto single = comm::ProcessGroup::single_process();
+    const RunResult expected = train(root / "plain_at1", job, single);
+    ASSERT_TRUE(expected.summary.resumed);
+    expect_same_training(train(root / "zero_at1_plain", job, single), expected,
+                         "ZeRO shards of 2 ranks into an unsharded run");
+    expect_same_training(train(root / "zero_at1_zero", job + kStage1, single), expected,
+                         "ZeRO shards of 2 ranks into a 1-rank ZeRO run");
+
+    // Offline consolidation gives the plain run's optimizer state.
+    const fs::path consolidated = consolidate_checkpoint(root / "zero");
+    EXPECT_EQ(consolidated, root / "zero" / "model_phase0_consolidated.torch");
+    auto merged = checkpoint::load_checkpoint(consolidated).at("optimizer").toGenericDict();
+    auto plain = checkpoint::load_checkpoint(root / "plain" / "model_phase0.torch")
+                     .at("optimizer")
+                     .toGenericDict();
+    EXPECT_EQ(merged.at("type").toStringRef(), plain.at("type").toStringRef());
+    const auto plain_state = plain.at("state").toGenericDict();
+    ASSERT_EQ(merged.at("state").toGenericDict().size(), plain_state.size());
+    for (const auto& item : merged.at("state").toGenericDict()) {
+      const at::Tensor momentum = item.value().toGenericDict().at("momentum_buffer").toTensor();
+      const at::Tensor expected_momentum =
+          plain_state.at(item.key()).toGenericDict().at("momentum_buffer").toTensor();
+      EXPECT_TRUE(torch::allclose(momentum, expected_momentum, kTolerance, kTolerance))
+          << item.key().toStringRef();
+    }
+    // A missing shard is named.
+    copy_run(root / "zero", root / "zero_missing");
+    fs::remove(root / "zero_missing" / "model_phase0_shard1.torch");
+    try {
+      train(root / "zero_missing", job, single);
+      ADD_FAILURE() << "expected a CheckpointError";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("model_phase0_shard1.torch"), std::string::npos)
+          << e.what();
+    }
+    copy_run(root / "plain", root / "plain_at3");
+    copy_run(root / "zero", root / "zero_at3");
+  }
+  // Three ranks: the two shards resharded over three equal the plain checkpoint's run.
+  run_on_ranks(3, [&](comm::ProcessGroup& group) {
+    const RunResult expected = train(root / "plain_at3", job, borrow(group));
+    ASSERT_TRUE(expected.summary.resumed);
+    expect_same_training(train(root / "zero_at3", job + kStage2, borrow(group)), expected,
+                         "ZeRO shards of 2 ranks into 3");
+  });
+}
+
+TEST(TrainerZeroConfigTest, TheSeedsYamlRunsVerbatim) {
+  // OPTIMIZER as the VISSL ZeRO documentation writes it.
+  const std::string seed = R"(
+OPTIMIZER:
+  name: "zero"
+  use_zero: True
+  base_optimizer:
+    name: sgd
+    use_larc: False
+    larc_config:
+      clip: False
+      trust_coefficient: 0.001
+      eps: 0.00000001
+    weight_decay: 0.000001
+    momentum: 0.9
+    nesterov: False
+)";
+  Config config = synthetic_job_config(test_dir());
+  config.merge_yaml(seed, "the seed");
+  const TrainerOptions options = trainer_options_from_config(config);
+  EXPECT_TRUE(options.zero.shard_optimizer_state);
+  EXPECT_FALSE(options.zero.shard_gradients);
+  EXPECT_EQ(options.optimizer.spec.name, "sgd");
+  EXPECT_DOUBLE_EQ(options.optimizer.weight_decay, 1e-6);
+  EXPECT_DOUBLE_EQ(options.optimizer.spec.sgd.momentum, 0.9);
+  EXPECT_FALSE(options.optimizer.spec.sgd.nesterov);
+  EXPECT_FALSE(options.optimizer.spec.use_larc);
+  EXPECT_DOUBLE_EQ(options.optimizer.spec.larc.eps, 1e-8);
+
+  // SDP alone implies the sharded optimizer, over OPTIMIZER's own settings.
+  Config sdp = synthetic_job_config(test_dir(), {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"});
+  const TrainerOptions sdp_options = trainer_options_from_config(sdp);
+  EXPECT_TRUE(sdp_options.zero.shard_optimizer_state);
+  EXPECT_TRUE(sdp_options.zero.shard_gradients);
+  EXPECT_EQ(sdp_options.zero.reduce_buffer_elements, int64_t{1} << 23);
+}
+
+TEST(TrainerZeroConfigTest, IncompleteOrMistypedBaseOptimizersAreClearErrors) {
+  auto error_of = [](const Overrides& overrides) -> std::string {
+    try {
+      trainer_options_from_config(synthetic_job_config(test_dir(), overrides));
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(error_of({"OPTIMIZER.name=zero"}).find("OPTIMIZER.base_optimizer.name"),
+            std::string::npos);
+  EXPECT_NE(error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: sgd, momentun: 0.9}"})
+                .find("OPTIMIZER.base_optimizer.momentun"),
+            std::string::npos);
+  EXPECT_NE(error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: rmsprop}"})
+                .find("rmsprop"),
+            std::string::npos);
+  EXPECT_NE(error_of({"MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
+                      "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=0"})
+                .find("reduce_buffer_size"),
+            std::string::npos);
+}
+
+} // namespace
+} // namespace largo::train
