@@ -373,6 +373,15 @@ TEST(GradScaler, AtTheMinimumScaleAnOverflowIsAClearError) {
   }
 }
 
+TEST(GradScaler, AMinimumThatFloat32RoundsUpStillStops) {
+  // float32(3e38) > 3e38: the scale clamped to the minimum must still count as at it.
+  GradScalerOptions options;
+  options.init_scale = 3e38;
+  options.min_loss_scale = 3e38;
+  GradScaler scaler(options);
+  EXPECT_THROW(update_once(scaler, 'X'), TrainingError);
+}
+
 TEST(GradScaler, StateRoundTripContinuesBitExactly) {
   GradScalerOptions options;
   options.growth_interval = 3;

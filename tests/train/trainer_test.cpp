@@ -205,7 +205,7 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 }
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
-  for (const auto& assignment : {"MODEL.AMP_PARAMS.USE_AMP=True", "OPTIMIZER.use_larc=True",
+  for (const auto& assignment : {"OPTIMIZER.use_larc=True",
                                  "DISTRIBUTED.NUM_PROC_PER_NODE=2", "OPTIMIZER.name=zero"}) {
     Config config = Config::load({}, {assignment});
     try {

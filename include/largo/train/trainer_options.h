@@ -6,6 +6,9 @@
 #include <largo/models/model_factory.h>
 #include <largo/optim/lr_schedule.h>
 #include <largo/optim/param_groups.h>
+#include <largo/precision/grad_scaler.h>
+#include <largo/precision/precision_policy.h>
+#include <largo/precision/tf32.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -81,7 +84,13 @@ struct TrainerOptions {
   bool test_only = false;
   int64_t test_every_num_epoch = 1;
   std::vector<int64_t> topk_values{1, 5};
-  bool check_nan = true; // stop on a non-finite loss, writing no checkpoint
+  bool check_nan = true; // stop on a non-finite loss (or, without loss scaling, gradient)
+
+  // Mixed precision (MODEL.AMP_PARAMS), its loss scaler (MODEL.AMP_PARAMS.GRAD_SCALER) and
+  // TF32 (MACHINE.ALLOW_TF32_*); see docs/mixed_precision.md.
+  precision::PrecisionPolicyOptions amp;
+  precision::GradScalerOptions grad_scaler;
+  precision::Tf32Options tf32;
 
   uint64_t seed = 0;
   std::string device = "cpu"; // cpu | gpu

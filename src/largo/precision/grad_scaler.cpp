@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace largo::precision {
@@ -195,7 +196,10 @@ void GradScaler::update() {
       --hysteresis_left_;
       return;
     }
-    if (options_.min_loss_scale > 0.0 && scale_ <= options_.min_loss_scale) {
+    // Compared in float32, where the scale lives: float(3e38) > 3e38 as doubles, and a
+    // clamped scale must count as being at the minimum.
+    const float min_scale = static_cast<float>(options_.min_loss_scale);
+    if (min_scale > 0.0f && scale_ <= min_scale) {
       throw TrainingError(fmt::format(
           "the loss scale is already at its minimum {} (MODEL.AMP_PARAMS.GRAD_SCALER."
           "MIN_LOSS_SCALE) and the gradients still contain inf/NaN, so every step would be "
@@ -204,11 +208,8 @@ void GradScaler::update() {
           "earlier checkpoint",
           options_.min_loss_scale));
     }
-    double backed_off = static_cast<double>(scale_) * options_.backoff_factor;
-    if (backed_off < options_.min_loss_scale) {
-      backed_off = options_.min_loss_scale;
-    }
-    scale_ = static_cast<float>(backed_off);
+    scale_ = std::max(static_cast<float>(static_cast<double>(scale_) * options_.backoff_factor),
+                      min_scale);
     if (scale_ == 0.0f) {
       throw TrainingError(
           "the loss scale underflowed to 0 after repeated inf/NaN gradients: the model "

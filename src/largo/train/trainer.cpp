@@ -15,6 +15,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/adamw.h>
 #include <largo/optim/sgd.h>
+#include <largo/precision/mixed_precision.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
@@ -95,6 +96,7 @@ struct Trainer::State {
   int64_t iterations_per_epoch = 0;
 
   models::TrunkHeadModel model{nullptr};
+  std::unique_ptr<precision::MixedPrecision> mixed_precision; // MODEL.AMP_PARAMS
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<at::Tensor> trained_parameters; // every group's parameters, for clipping
   std::unique_ptr<optim::LrSchedule> lr_schedule;
@@ -199,10 +201,19 @@ void Trainer::State::setup() {
   seed_everything(options.seed);
   model = models::build_model(model_options);
   model->to(device);
+  precision::apply_tf32(options.tf32);
+  mixed_precision = std::make_unique<precision::MixedPrecision>(
+      precision::resolve_precision_policy(options.amp), *model, device, options.grad_scaler,
+      options.check_nan);
 
   // Optimizer and schedules. Auto-scaling uses the global batch (one process for now).
   const auto& opt = options.optimizer;
   auto groups = optim::build_param_groups(*model, opt.param_groups);
+  for (auto& group : groups) { // O2: the optimizer updates the float32 master weights
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      group.params[i] = mixed_precision->optimizer_param(group.names[i], group.params[i]);
+    }
+  }
   if (opt.name == "sgd") {
     optim::SGDOptions sgd;
     sgd.momentum = opt.momentum;
@@ -238,9 +249,10 @@ void Trainer::State::setup() {
     tensorboard = std::make_unique<TensorBoardWriter>(run_dir() / "tb_logs");
   }
   spdlog::info("model {}: {} parameters; {} training samples, {} test samples; {} iterations/epoch; "
-               "{} threads on {}",
+               "{} threads on {}; precision {}",
                model_options.trunk_name, models::count_parameters(*model), train_subset.size(),
-               test_subset.size(), iterations_per_epoch, threads, device.str());
+               test_subset.size(), iterations_per_epoch, threads, device.str(),
+               mixed_precision->policy().describe());
 }
 
 std::vector<int64_t> Trainer::State::epoch_order(const DataSplitOptions& split,
@@ -295,6 +307,9 @@ bool Trainer::State::resume() {
     return false;
   }
   checkpoint::load_model_state_dict(*model, entry("model").toGenericDict());
+  auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
+  mixed_precision->load_state_dict(precision_state == state.end() ? c10::IValue()
+                                                                  : precision_state->value());
   optimizer->load_state_dict(entry("optimizer"));
   epoch = entry("epoch").toInt();
   iteration_in_epoch = entry("iteration_in_epoch").toInt();
@@ -328,6 +343,7 @@ void Trainer::State::save(const std::string& file_name) {
   auto state = checkpoint::make_state_dict();
   state.insert("model", checkpoint::model_state_dict(*model));
   state.insert("optimizer", optimizer->state_dict());
+  state.insert("precision", mixed_precision->state_dict()); // loss scale, fp32 master weights
   state.insert("epoch", epoch);
   state.insert("iteration_in_epoch", iteration_in_epoch);
   state.insert("iteration", iteration);
@@ -368,7 +384,8 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     at::Tensor labels = batch->labels.to(device, /*non_blocking=*/true);
 
     optimizer->zero_grad();
-    at::Tensor logits = model->forward(images);
+    at::Tensor logits = mixed_precision->forward( // autocast / input cast per MODEL.AMP_PARAMS
+        [&](const at::Tensor& x) { return model->forward(x); }, images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits, labels,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.loss_ignore_index));
@@ -382,12 +399,32 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
           loss_value, epoch + 1, iteration_in_epoch + 1, iteration + 1,
           (run_dir() / kLatestCheckpointName).string()));
     }
-    loss.backward();
-    if (options.use_grad_clip) {
+    // Loss scaling: backward on the scaled loss; unscale_ (O2: into the float32 masters)
+    // before clipping; the step is skipped when a gradient is inf/NaN.
+    mixed_precision->backward(loss);
+    const bool gradients_finite = mixed_precision->unscale_(trained_parameters);
+    if (!gradients_finite && !mixed_precision->has_loss_scaling()) {
+      progress.clear();
+      throw TrainingError(fmt::format(
+          "a gradient is inf or NaN at epoch {} iteration {} (global iteration {}) although the "
+          "loss ({}) is finite; training stopped without writing a checkpoint, so {} still "
+          "holds the last good state. Lower the learning rate or enable gradient clipping, "
+          "then resume.",
+          epoch + 1, iteration_in_epoch + 1, iteration + 1, loss_value,
+          (run_dir() / kLatestCheckpointName).string()));
+    }
+    if (gradients_finite && options.use_grad_clip) {
       torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
                                         options.grad_clip_norm_type);
     }
-    optimizer->step();
+    try {
+      mixed_precision->step([&] { optimizer->step(); });
+    } catch (const TrainingError& error) { // the loss scale cannot back off any further
+      progress.clear();
+      throw TrainingError(fmt::format("at epoch {} iteration {} (global iteration {}): {}",
+                                      epoch + 1, iteration_in_epoch + 1, iteration + 1,
+                                      error.what()));
+    }
 
     ++iteration;
     ++iteration_in_epoch;
@@ -404,12 +441,23 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       int64_t remaining = num_epochs * iterations_per_epoch - iteration;
       double mean_loss = window_loss / std::max<int64_t>(window_steps, 1);
       progress.clear();
-      spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g} {:.0f} img/s eta {}",
+      nlohmann::json event = {{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
+                              {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
+                              {"wall_time", wall_time()}};
+      std::string scaling;
+      if (mixed_precision->has_loss_scaling()) {
+        event["loss_scale"] = mixed_precision->loss_scale();
+        event["skipped_steps"] = mixed_precision->skipped_steps(); // since the run started
+        scaling = fmt::format(" loss scale {:g} skipped steps {}", mixed_precision->loss_scale(),
+                              mixed_precision->skipped_steps());
+      }
+      spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {}",
                    epoch + 1, num_epochs, iteration_in_epoch, iterations_per_epoch, mean_loss, lr,
-                   images_per_sec, format_duration(remaining * seconds_per_iteration));
-      metrics->write({{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
-                      {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
-                      {"wall_time", wall_time()}});
+                   scaling, images_per_sec, format_duration(remaining * seconds_per_iteration));
+      metrics->write(event);
+      if (tensorboard && mixed_precision->has_loss_scaling()) {
+        tensorboard->add_scalar("train/loss_scale", mixed_precision->loss_scale(), iteration);
+      }
       if (tensorboard) {
         tensorboard->add_scalar("train/loss", mean_loss, iteration);
         tensorboard->add_scalar("train/lr", lr, iteration);
@@ -450,7 +498,8 @@ void Trainer::State::evaluate() {
   while (auto batch = test_loader->next()) {
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
-    at::Tensor logits = model->forward(images);
+    at::Tensor logits = mixed_precision->forward(
+        [&](const at::Tensor& x) { return model->forward(x); }, images);
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, labels,
                     torch::nn::functional::CrossEntropyFuncOptions()

@@ -1,0 +1,257 @@
+// Mixed precision in the trainer (MODEL.AMP_PARAMS): bfloat16 learns as well as float32 on
+// Fashion-MNIST; skipped steps reach the logs and metrics.jsonl; resume with loss-scaler
+// state and float32 master weights is bit-exact; divergence and a collapsed loss scale stop
+// the run with a clear error and no poisoned checkpoint; bad settings are config errors.
+#include <largo/checkpoint/checkpoint_file.h>
+#include <largo/core/config.h>
+#include <largo/core/embedded_configs.h>
+#include <largo/core/error.h>
+#include <largo/train/trainer.h>
+#include <largo/train/trainer_config.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace largo::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kFashionMnist = "/usr/share/datasets/fashion-mnist";
+
+class MixedPrecisionTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+        fmt::format("largo_amp_{}", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    fs::remove_all(dir_);
+  }
+
+  // A small synthetic job (as in trainer_test.cpp) with mixed-precision overrides.
+  Config synthetic_config(const fs::path& run_dir, std::vector<std::string> extra = {}) {
+    std::vector<std::string> overrides = {
+        "DATA.TRAIN.DATA_SOURCES=[synthetic]", "DATA.TEST.DATA_SOURCES=[synthetic]",
+        "DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=96", "DATA.TEST.SYNTHETIC.NUM_SAMPLES=32",
+        "DATA.TRAIN.SYNTHETIC.IMAGE_SHAPE=[1,24,24]", "DATA.TEST.SYNTHETIC.IMAGE_SHAPE=[1,24,24]",
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA=16", "DATA.TEST.BATCHSIZE_PER_REPLICA=16",
+        "DATA.TRAIN.TRANSFORMS=[{name: RandomHorizontalFlip}, {name: ToTensor}]",
+        "DATA.TEST.TRANSFORMS=[{name: ToTensor}]", "DATA.NUM_DATALOADER_WORKERS=2",
+        "MODEL.TRUNK.NAME=small_cnn", "MODEL.TRUNK.SMALL_CNN.DROPOUT=0.5",
+        "OPTIMIZER.num_epochs=3", "OPTIMIZER.param_schedulers.lr.name=cosine",
+        "OPTIMIZER.param_schedulers.lr.start_value=0.1",
+        "OPTIMIZER.param_schedulers.lr.update_interval=step", "MACHINE.DEVICE=cpu",
+        "MACHINE.NUM_THREADS=1", "LOG_FREQUENCY=2", "CHECKPOINT.DIR=" + run_dir.string(),
+        "MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    return Config::load({}, overrides);
+  }
+
+  fs::path dir_;
+};
+
+std::vector<nlohmann::json> read_metrics(const fs::path& path) {
+  std::vector<nlohmann::json> events;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    events.push_back(nlohmann::json::parse(line));
+  }
+  return events;
+}
+
+std::string training_error_of(const TrainerOptions& options) {
+  try {
+    Trainer(options).run();
+  } catch (const TrainingError& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+TEST_F(MixedPrecisionTrainingTest, SkippedStepsReachTheLogsAndMetrics) {
+  // A loss scale of 3e38 overflows the scaled loss: the first steps are skipped while the
+  // dynamic scaler halves its way down to a scale that fits, then training proceeds.
+  Config config = synthetic_config(
+      dir_, {"MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1, loss_scale: dynamic}",
+             "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3e38",
+             "MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_INTERVAL=4"});
+  Trainer trainer(trainer_options_from_config(config));
+  TrainSummary summary = trainer.run();
+  ASSERT_EQ(summary.iteration_losses.size(), 18u);
+  auto events = read_metrics(dir_ / "metrics.jsonl");
+  int64_t last_skipped = -1;
+  double last_scale = 0.0;
+  for (const auto& event : events) {
+    if (event["phase"] != "train") {
+      continue;
+    }
+    ASSERT_TRUE(event.contains("loss_scale") && event.contains("skipped_steps")) << event.dump();
+    EXPECT_GE(event["skipped_steps"].get<int64_t>(), last_skipped); // cumulative
+    last_skipped = event["skipped_steps"];
+    last_scale = event["loss_scale"];
+  }
+  EXPECT_GT(last_skipped, 0);
+  EXPECT_LT(last_skipped, 18); // it recovered and trained
+  EXPECT_LT(last_scale, 3e38);
+  // The loss scale is in the checkpoint.
+  auto latest = checkpoint::load_checkpoint(dir_ / "checkpoint.torch");
+  auto precision_state = latest.at("precision").toGenericDict();
+  EXPECT_EQ(precision_state.at("skipped_steps").toInt(), last_skipped);
+  EXPECT_EQ(precision_state.at("grad_scaler").toGenericDict().at("scale").toDouble(), last_scale);
+}
+
+TEST_F(MixedPrecisionTrainingTest, Float32RunsLogNoLossScale) {
+  Config config = synthetic_config(dir_, {"MODEL.AMP_PARAMS.USE_AMP=False",
+                                          "OPTIMIZER.num_epochs=1"});
+  Trainer(trainer_options_from_config(config)).run();
+  for (const auto& event : read_metrics(dir_ / "metrics.jsonl")) {
+    EXPECT_FALSE(event.contains("loss_scale")) << event.dump();
+  }
+}
+
+TEST_F(MixedPrecisionTrainingTest, ResumeWithScalerStateAndMastersIsBitExact) {
+  // O2 with float32 masters and a dynamic scale that starts too high (skips) and grows every
+  // 3 clean steps, so the scale, the growth tracker and the masters all matter on resume.
+  const std::vector<std::string> amp = {
+      "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2, loss_scale: dynamic}",
+      "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3e38",
+      "MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_INTERVAL=3"};
+  Config full = synthetic_config(dir_ / "full", amp);
+  Trainer uninterrupted(trainer_options_from_config(full));
+  TrainSummary reference = uninterrupted.run();
+  ASSERT_EQ(reference.iteration_losses.size(), 18u);
+
+  auto with_frequency = amp;
+  with_frequency.push_back("CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4");
+  Config partial = synthetic_config(dir_ / "resumed", with_frequency);
+  auto first_options = trainer_options_from_config(partial);
+  first_options.stop_after_iterations = 10;
+  ASSERT_TRUE(Trainer(first_options).run().interrupted);
+  Trainer second(trainer_options_from_config(partial));
+  TrainSummary resumed = second.run();
+  ASSERT_TRUE(resumed.resumed);
+  ASSERT_EQ(resumed.iteration_losses.size(), 10u);
+  for (size_t i = 0; i < resumed.iteration_losses.size(); ++i) {
+    EXPECT_EQ(resumed.iteration_losses[i], reference.iteration_losses[8 + i]) << "iteration " << 8 + i;
+  }
+  auto reference_params = uninterrupted.model()->named_parameters();
+  for (const auto& item : second.model()->named_parameters()) {
+    EXPECT_TRUE(torch::equal(item.value(), reference_params[item.key()])) << item.key();
+  }
+  // Same final checkpoint contents: loss scale, skipped steps and masters.
+  auto a = checkpoint::load_checkpoint(dir_ / "full" / "checkpoint.torch").at("precision").toGenericDict();
+  auto b = checkpoint::load_checkpoint(dir_ / "resumed" / "checkpoint.torch").at("precision").toGenericDict();
+  EXPECT_GT(a.at("skipped_steps").toInt(), 0);
+  EXPECT_EQ(a.at("skipped_steps").toInt(), b.at("skipped_steps").toInt());
+  EXPECT_EQ(a.at("grad_scaler").toGenericDict().at("scale").toDouble(),
+            b.at("grad_scaler").toGenericDict().at("scale").toDouble());
+  EXPECT_EQ(a.at("grad_scaler").toGenericDict().at("_growth_tracker").toInt(),
+            b.at("grad_scaler").toGenericDict().at("_growth_tracker").toInt());
+  auto masters_a = a.at("master_weights").toGenericDict();
+  auto masters_b = b.at("master_weights").toGenericDict();
+  ASSERT_GT(masters_a.size(), 0u);
+  for (const auto& entry : masters_a) {
+    const at::Tensor& master = entry.value().toTensor();
+    EXPECT_EQ(master.scalar_type(), at::kFloat);
+    EXPECT_TRUE(torch::equal(master, masters_b.at(entry.key()).toTensor()))
+        << entry.key().toStringRef();
+    // The model's bfloat16 weight is the master cast down.
+    EXPECT_TRUE(torch::equal(reference_params[entry.key().toStringRef()],
+                             master.to(at::kBFloat16)))
+        << entry.key().toStringRef();
+  }
+}
+
+TEST_F(MixedPrecisionTrainingTest, DivergingBfloat16RunStopsWithoutAPoisonedCheckpoint) {
+  Config config = synthetic_config(
+      dir_, {"MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}", "OPTIMIZER.param_schedulers.lr.name=constant",
+             "OPTIMIZER.param_schedulers.lr.value=1e6", "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"});
+  const std::string message = training_error_of(trainer_options_from_config(config));
+  EXPECT_NE(message.find("global iteration"), std::string::npos) << message;
+  EXPECT_NE(message.find("without writing a checkpoint"), std::string::npos) << message;
+  // Whatever checkpoint.torch holds is from before the failure: every weight is finite.
+  if (fs::exists(dir_ / "checkpoint.torch")) {
+    auto latest = checkpoint::load_checkpoint(dir_ / "checkpoint.torch");
+    for (const auto& entry : latest.at("model").toGenericDict()) {
+      EXPECT_TRUE(at::isfinite(entry.value().toTensor()).all().item<bool>())
+          << entry.key().toStringRef();
+    }
+    for (const auto& entry : latest.at("precision").toGenericDict().at("master_weights").toGenericDict()) {
+      EXPECT_TRUE(at::isfinite(entry.value().toTensor()).all().item<bool>());
+    }
+  }
+}
+
+TEST_F(MixedPrecisionTrainingTest, LossScaleAtItsMinimumStopsTheRun) {
+  Config config = synthetic_config(
+      dir_, {"MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1, loss_scale: dynamic}",
+             "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3e38",
+             "MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE=3e38"});
+  const std::string message = training_error_of(trainer_options_from_config(config));
+  EXPECT_NE(message.find("global iteration 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("MIN_LOSS_SCALE"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(dir_ / "checkpoint.torch"));
+}
+
+TEST_F(MixedPrecisionTrainingTest, Float16OnTheCpuIsAConfigErrorThatSaysWhatToDo) {
+  bool cpu_has_float16_conv = true;
+  try {
+    at::conv2d(at::ones({1, 1, 3, 3}, at::kHalf), at::ones({1, 1, 3, 3}, at::kHalf));
+  } catch (const c10::Error&) {
+    cpu_has_float16_conv = false;
+  }
+  if (cpu_has_float16_conv) {
+    GTEST_SKIP() << "this libtorch has float16 CPU kernels";
+  }
+  Config config = synthetic_config(dir_, {"MODEL.AMP_PARAMS.DTYPE=float16"});
+  try {
+    Trainer trainer(trainer_options_from_config(config));
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("MODEL.AMP_PARAMS.DTYPE=bfloat16"), std::string::npos)
+        << error.what();
+  }
+}
+
+TEST_F(MixedPrecisionTrainingTest, AmpSettingsAreReadAndCheckedFromTheConfig) {
+  Config config = synthetic_config(
+      dir_, {"MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O3, keep_batchnorm_fp32: True, "
+             "master_weights: True, loss_scale: dynamic, min_loss_scale: 4.0}",
+             "MACHINE.ALLOW_TF32_MATMUL=True"});
+  auto options = trainer_options_from_config(config);
+  EXPECT_TRUE(options.amp.use_amp);
+  EXPECT_EQ(options.amp.opt_level, "O3");
+  EXPECT_EQ(options.amp.keep_batchnorm_fp32, true);
+  EXPECT_EQ(options.amp.master_weights, true);
+  EXPECT_EQ(options.amp.loss_scale, "dynamic");
+  EXPECT_EQ(options.amp.dtype, "bfloat16");
+  EXPECT_EQ(options.grad_scaler.min_loss_scale, 4.0);
+  EXPECT_EQ(options.grad_scaler.max_loss_scale, 16777216.0); // Apex's cap
+  EXPECT_TRUE(options.tf32.matmul);
+  EXPECT_TRUE(options.tf32.cudnn);
+
+  auto error_of = [&](const std::string& override) {
+    try {
+      trainer_options_from_config(synthetic_config(dir_, {override}));
+    } catch (const ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_of("MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1, cast_model_type: half}")
+                .find("AMP_ARGS.cast_model_type"),
+            std::string::npos);
+  EXPECT_NE(error_of("MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O5}").find("opt_level = O5"),
+            std::string::npos);
+  EXPECT_NE(error_of("MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_FACTOR=0.5").find("GROWTH_FACTOR"),
+            std::string::npos);
+}
+
+} // namespace
+} // namespace largo::train
