@@ -78,5 +78,23 @@ TEST(AutocastGuard, ModulesRunUnderIt) {
   EXPECT_EQ(linear->weight.grad().scalar_type(), at::kFloat);
 }
 
+TEST(AutocastGuard, CudaFloat16AndBfloat16) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  at::Tensor x = at::randn({2, 4}, at::kCUDA);
+  at::Tensor w = at::randn({3, 4}, at::kCUDA);
+  for (auto dtype : {at::kHalf, at::kBFloat16}) {
+    {
+      AutocastGuard autocast(c10::kCUDA, dtype);
+      EXPECT_EQ(at::linear(x, w).scalar_type(), dtype);
+      EXPECT_EQ(at::log_softmax(at::linear(x, w), 1).scalar_type(), at::kFloat);
+      // The CPU switch is separate: CPU ops are not affected.
+      EXPECT_EQ(at::linear(x.cpu(), w.cpu()).scalar_type(), at::kFloat);
+    }
+    EXPECT_EQ(at::linear(x, w).scalar_type(), at::kFloat);
+  }
+}
+
 } // namespace
 } // namespace largo::precision

@@ -312,6 +312,31 @@ TEST(GradScaler, LowPrecisionGradientsAreUnscaledInFloat32) {
   }
 }
 
+TEST(GradScaler, CudaFusedUnscaleMatchesTheCpuPath) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  GradScalerOptions options;
+  options.init_scale = 1000.0;
+  for (bool poison : {false, true}) {
+    std::vector<at::Tensor> cpu_grads = {at::randn({5, 7}), at::randn({9}).to(at::kHalf)};
+    if (poison) {
+      cpu_grads[1][3] = std::numeric_limits<float>::infinity();
+    }
+    std::vector<at::Tensor> cuda_grads = {cpu_grads[0].cuda(), cpu_grads[1].cuda()};
+    GradScaler on_cpu(options);
+    GradScaler on_cuda(options);
+    on_cpu.unscale_(cpu_grads);
+    on_cuda.unscale_(cuda_grads);
+    EXPECT_EQ(on_cuda.found_inf(), poison);
+    EXPECT_EQ(on_cpu.found_inf(), poison);
+    if (!poison) {
+      EXPECT_TRUE(torch::equal(cuda_grads[0].cpu(), cpu_grads[0]));
+      EXPECT_TRUE(torch::equal(cuda_grads[1].cpu(), cpu_grads[1]));
+    }
+  }
+}
+
 TEST(GradScaler, CallsOutOfOrderAreErrors) {
   GradScaler scaler;
   at::Tensor grad = at::ones({2});

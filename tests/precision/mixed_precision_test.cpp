@@ -268,6 +268,47 @@ TEST(MixedPrecision, Float16OnThisCpuIsRejectedWithAClearError) {
   EXPECT_EQ(model->parameters()[0].scalar_type(), at::kFloat);
 }
 
+TEST(MixedPrecision, CudaFloat16O1AndO2Train) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const char* level : {"O1", "O2"}) {
+    SCOPED_TRACE(level);
+    auto model = small_model();
+    model->to(cuda);
+    MixedPrecision precision(policy_for(level, "float16"), *model, cuda);
+    ASSERT_TRUE(precision.has_loss_scaling());
+    std::vector<at::Tensor> params = optimizer_params(precision, *model);
+    torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.05));
+    at::Tensor images = batch_images().to(cuda);
+    at::Tensor labels = batch_labels().to(cuda);
+    float first_loss = 0;
+    float last_loss = 0;
+    for (int i = 0; i < 20; ++i) {
+      optimizer.zero_grad();
+      at::Tensor logits =
+          precision.forward([&](const at::Tensor& x) { return model->forward(x); }, images);
+      ASSERT_EQ(logits.scalar_type(), at::kFloat);
+      at::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
+      (i == 0 ? first_loss : last_loss) = loss.item<float>();
+      precision.backward(loss);
+      precision.unscale_(params);
+      precision.step([&] { optimizer.step(); });
+    }
+    EXPECT_LT(last_loss, first_loss);
+    EXPECT_EQ(precision.skipped_steps(), 0);
+    if (const auto* masters = precision.master_weights()) {
+      for (const auto& item : model->named_parameters()) {
+        EXPECT_TRUE(torch::equal(item.value(),
+                                 masters->master(item.key()).to(item.value().scalar_type())));
+      }
+      EXPECT_EQ(model->named_parameters()["0.weight"].scalar_type(), at::kHalf);
+      EXPECT_EQ(model->named_parameters()["1.weight"].scalar_type(), at::kFloat);
+    }
+  }
+}
+
 TEST(Tf32, SwitchesAreStoredAndHarmlessOnTheCpu) {
   apply_tf32({/*matmul=*/true, /*cudnn=*/false});
   EXPECT_TRUE(compat::allow_tf32_matmul());

@@ -12,6 +12,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -72,6 +75,50 @@ std::string training_error_of(const TrainerOptions& options) {
     return error.what();
   }
   return "(no error)";
+}
+
+int64_t env_or(const char* name, int64_t fallback) { // TEMPORARY exploration knob
+  const char* value = std::getenv(name);
+  return value ? std::stoll(value) : fallback;
+}
+
+TEST_F(MixedPrecisionTrainingTest, Bfloat16EndsWithinHalfAPointOfFloat32OnFashionMnist) {
+  if (!fs::exists(kFashionMnist)) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  auto options_for = [&](const std::string& name, std::vector<std::string> amp) {
+    Config config = Config::defaults();
+    config.merge_yaml(embedded::default_job_yaml(), "default job");
+    std::vector<std::string> overrides = {
+        fmt::format("OPTIMIZER.num_epochs={}", env_or("AMP_EPOCHS", 1)),
+        fmt::format("DATA.TRAIN.DATA_LIMIT={}", env_or("AMP_TRAIN", 20000)),
+        fmt::format("DATA.TEST.DATA_LIMIT={}", env_or("AMP_TEST", -1)),
+        fmt::format("SEED_VALUE={}", env_or("AMP_SEED", 0)),
+        "LOG_FREQUENCY=1000", "CHECKPOINT.DIR=" + (dir_ / name).string(),
+        "DATA.NUM_DATALOADER_WORKERS=2", "MODEL.TRUNK.NAME=mlp",
+        "MODEL.HEAD.PARAMS=[[mlp, {dims: [256, 128, 10], use_bn: True}]]"};
+    overrides.insert(overrides.end(), amp.begin(), amp.end());
+    for (const auto& assignment : overrides) {
+      config.apply_override(assignment);
+    }
+    auto options = trainer_options_from_config(config);
+    options.model.small_cnn.channels_last = env_or("AMP_CL", 0) != 0;
+    return options;
+  };
+  auto start = std::chrono::steady_clock::now();
+  TrainSummary fp32 = Trainer(options_for("fp32", {})).run();
+  auto mid = std::chrono::steady_clock::now();
+  const std::string level = env_or("AMP_O2", 1) ? "O2" : "O1";
+  TrainSummary bf16 = Trainer(options_for("bf16", {"MODEL.AMP_PARAMS.USE_AMP=True",
+                                                   "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+                                                   "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: " + level + "}"}))
+                          .run();
+  auto end = std::chrono::steady_clock::now();
+  ASSERT_TRUE(fp32.final_top1 && bf16.final_top1);
+  std::printf("EXPLORE fp32 %.2f (%.1f s) bf16 %s %.2f (%.1f s)\n", *fp32.final_top1,
+              std::chrono::duration<double>(mid - start).count(), level.c_str(), *bf16.final_top1,
+              std::chrono::duration<double>(end - mid).count());
+  EXPECT_NEAR(*bf16.final_top1, *fp32.final_top1, 0.5);
 }
 
 TEST_F(MixedPrecisionTrainingTest, SkippedStepsReachTheLogsAndMetrics) {
