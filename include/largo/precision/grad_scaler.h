@@ -65,7 +65,8 @@ struct GradScalerOptions {
 
 // found_inf over `grads` (undefined tensors are skipped): a float32 tensor [1] on the first
 // defined gradient's device (CPU when there is none), 1 when any element is inf or NaN.
-// Not collective; reduce it yourself when ranks hold different gradients.
+// On CUDA one fused kernel checks every gradient. Not collective; reduce it yourself when
+// ranks hold different gradients.
 at::Tensor non_finite_flag(const std::vector<at::Tensor>& grads);
 
 class GradScaler {

@@ -54,6 +54,20 @@ std::optional<double> optional_number_in(const GenericDict& dict, const char* ke
 } // namespace
 
 at::Tensor non_finite_flag(const std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> defined;
+  for (const at::Tensor& grad : grads) {
+    if (grad.defined()) {
+      defined.push_back(grad);
+    }
+  }
+  if (!defined.empty() && defined.front().is_cuda()) {
+    // One fused kernel instead of two small ones per gradient (a ResNet-50 has 161): the
+    // unscale kernel with a factor of 1, which leaves every value as it is.
+    at::Tensor found_inf = at::zeros({1}, defined.front().options().dtype(at::kFloat));
+    at::_amp_foreach_non_finite_check_and_unscale_(defined, found_inf,
+                                                   at::ones({1}, found_inf.options()));
+    return found_inf;
+  }
   std::vector<at::Tensor> all_finite; // one bool per gradient
   all_finite.reserve(grads.size());
   c10::Device device(c10::kCPU);
