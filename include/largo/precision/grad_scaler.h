@@ -29,12 +29,15 @@
 // reaches 0 (possible only without a minimum) also throws TrainingError.
 #pragma once
 
+#include <largo/comm/process_group.h>
+
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace largo::precision {
@@ -42,6 +45,9 @@ namespace largo::precision {
 // Reduces `found_inf` (a float32 tensor of one element, 0 or 1, on the gradients' device)
 // with max over all ranks, in place. Unset: a single process.
 using FoundInfReducer = std::function<void(at::Tensor& found_inf)>;
+
+// The reducer for a process group: an all-reduce with max over its ranks (a collective).
+FoundInfReducer found_inf_all_reduce(std::shared_ptr<comm::ProcessGroup> group);
 
 struct GradScalerOptions {
   bool enabled = true;     // false: every call is a pass-through (scale 1, never skips)

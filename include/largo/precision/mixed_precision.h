@@ -95,6 +95,11 @@ class MixedPrecision {
     return scaler_.get();
   }
 
+  // Sets the float32 masters from the model's weights (O2; nothing otherwise). For weights
+  // that changed outside training: DDP's initial broadcast of rank 0's weights, weights
+  // loaded by hand.
+  void copy_model_to_masters();
+
   // {"policy": str, "skipped_steps": int, "grad_scaler": dict (empty without scaling),
   //  "master_weights": {name: float32 tensor} (empty without masters)}.
   c10::IValue state_dict() const;

@@ -53,6 +53,12 @@ std::optional<double> optional_number_in(const GenericDict& dict, const char* ke
 
 } // namespace
 
+FoundInfReducer found_inf_all_reduce(std::shared_ptr<comm::ProcessGroup> group) {
+  return [group = std::move(group)](at::Tensor& found_inf) {
+    group->all_reduce(found_inf, comm::ReduceOp::kMax);
+  };
+}
+
 at::Tensor non_finite_flag(const std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> defined;
   for (const at::Tensor& grad : grads) {

@@ -140,6 +140,12 @@ bool MixedPrecision::step(const std::function<void()>& optimizer_step) {
   return stepped;
 }
 
+void MixedPrecision::copy_model_to_masters() {
+  if (masters_) {
+    masters_->reset_from_model();
+  }
+}
+
 double MixedPrecision::loss_scale() const {
   return scaler_ ? scaler_->get_scale() : 1.0;
 }

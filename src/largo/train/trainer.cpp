@@ -1,6 +1,7 @@
 #include <largo/train/trainer.h>
 
 #include <largo/checkpoint/checkpoint_file.h>
+#include <largo/comm/world_info.h>
 #include <largo/checkpoint/model_state.h>
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
@@ -15,6 +16,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/adamw.h>
 #include <largo/optim/sgd.h>
+#include <largo/parallel/distributed_data_parallel.h>
 #include <largo/precision/mixed_precision.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
@@ -80,12 +82,48 @@ std::vector<int64_t> subset_indices(int64_t dataset_size, const DataSplitOptions
   return subset;
 }
 
+// The process group of this run: the one given, or one from the launcher's environment.
+std::shared_ptr<comm::ProcessGroup> join_world(const DistributedOptions& options,
+                                               const std::string& device) {
+  auto world = comm::world_from_environment();
+  if (!world || world->world_size == 1) {
+    return comm::ProcessGroup::single_process();
+  }
+  comm::ProcessGroupOptions group_options;
+  group_options.backend = options.backend;
+  // NCCL moves CUDA tensors only: a run on the CPU (asked for, or the GPU fallback) uses
+  // Gloo whatever DISTRIBUTED.BACKEND says (its default is VISSL's nccl).
+  if (options.backend == "nccl" && (device != "gpu" || !torch::cuda::is_available())) {
+    group_options.backend = "gloo";
+    if (world->rank == 0) {
+      spdlog::info("training on the CPU: using the gloo backend (DISTRIBUTED.BACKEND is nccl)");
+    }
+  }
+  group_options.rank = world->rank;
+  group_options.world_size = world->world_size;
+  group_options.master_addr = world->master_addr;
+  group_options.master_port = world->master_port;
+  group_options.rendezvous_timeout = std::chrono::seconds(options.rendezvous_timeout_seconds);
+  group_options.collective_timeout = std::chrono::seconds(options.collective_timeout_seconds);
+  return comm::ProcessGroup::create(group_options);
+}
+
+// Rank r's loader seed: rank 0 keeps the configured seed (a one-process run is unchanged);
+// the others get distinct streams, so ranks do not augment their samples identically.
+uint64_t loader_seed(uint64_t seed, int rank) {
+  return seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
+}
+
 } // namespace
 
 struct Trainer::State {
   TrainerOptions options;
   std::string config_yaml;
   torch::Device device{torch::kCPU};
+  std::shared_ptr<comm::ProcessGroup> group;
+  bool is_rank0() const {
+    return group->rank() == 0;
+  }
 
   std::shared_ptr<const data::Dataset> train_data;
   std::shared_ptr<const data::Dataset> test_data;
@@ -97,6 +135,7 @@ struct Trainer::State {
 
   models::TrunkHeadModel model{nullptr};
   std::unique_ptr<precision::MixedPrecision> mixed_precision; // MODEL.AMP_PARAMS
+  std::unique_ptr<parallel::DistributedDataParallel> ddp; // when the world has > 1 rank
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<at::Tensor> trained_parameters; // every group's parameters, for clipping
   std::unique_ptr<optim::LrSchedule> lr_schedule;
@@ -109,7 +148,8 @@ struct Trainer::State {
   ProgressBar progress;
 
   // Where training stands: `epoch` is the epoch in progress (or the next to start) and
-  // `iteration_in_epoch` the batches of it already done; `iteration` counts all steps.
+  // `iteration_in_epoch` the optimizer steps of it already done (each takes
+  // gradient_accumulation_steps batches); `iteration` counts all steps.
   int64_t epoch = 0;
   int64_t iteration_in_epoch = 0;
   int64_t iteration = 0;
@@ -120,10 +160,11 @@ struct Trainer::State {
 
   void setup();
   bool resume();
-  std::vector<int64_t> epoch_order(const DataSplitOptions& split, const std::vector<int64_t>& subset,
-                                   int64_t epoch, bool shuffle) const;
+  std::vector<int64_t> train_epoch_order(int64_t epoch) const;
+  std::vector<int64_t> test_order() const;
   void set_learning_rates(int64_t epoch, int64_t iteration_in_epoch);
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
+  float train_step(int64_t num_micro_batches, int64_t& num_images);
   void evaluate();
   void save(const std::string& file_name);
   fs::path run_dir() const {
@@ -131,10 +172,12 @@ struct Trainer::State {
   }
 };
 
-Trainer::Trainer(TrainerOptions options, std::string effective_config_yaml)
+Trainer::Trainer(TrainerOptions options, std::string effective_config_yaml,
+                 std::shared_ptr<comm::ProcessGroup> group)
     : state_(std::make_unique<State>()) {
   state_->options = std::move(options);
   state_->config_yaml = std::move(effective_config_yaml);
+  state_->group = group ? std::move(group) : join_world(state_->options.distributed, state_->options.device);
   state_->setup();
 }
 
@@ -151,9 +194,15 @@ void Trainer::State::setup() {
       : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(static_cast<int>(threads));
 
+  const int rank = group->rank();
+  const int world_size = group->world_size();
   if (options.device == "gpu") {
     if (torch::cuda::is_available()) {
-      device = torch::Device(torch::kCUDA, 0);
+      // One GPU per process: the launcher's LOCAL_RANK picks it.
+      auto world = comm::world_from_environment();
+      const int local_rank = world ? world->local_rank : 0;
+      device = torch::Device(torch::kCUDA,
+                             static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
     } else {
       spdlog::warn("MACHINE.DEVICE is gpu but no CUDA device is visible; training on the CPU");
     }
@@ -171,19 +220,24 @@ void Trainer::State::setup() {
     loader_options.num_workers = options.num_dataloader_workers;
     loader_options.drop_last = split.drop_last;
     loader_options.transforms = data::make_pipeline(split.transforms);
-    loader_options.seed = options.seed;
+    loader_options.seed = loader_seed(options.seed, rank);
     return std::make_unique<data::DataLoader>(dataset, loader_options);
   };
   train_loader = make_loader(options.train, train_data);
   test_loader = make_loader(options.test, test_data);
-  int64_t num_train = static_cast<int64_t>(train_subset.size());
-  iterations_per_epoch = options.train.drop_last
-      ? num_train / options.train.batch_size
-      : (num_train + options.train.batch_size - 1) / options.train.batch_size;
+  // Every rank reads the same number of samples per epoch (the samplers pad or drop to
+  // make it so), hence takes the same number of steps: the collectives stay paired.
+  const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
+  const int64_t batches_per_epoch = options.train.drop_last
+      ? samples_per_rank / options.train.batch_size
+      : (samples_per_rank + options.train.batch_size - 1) / options.train.batch_size;
+  const int64_t accumulation = options.gradient_accumulation_steps;
+  iterations_per_epoch = (batches_per_epoch + accumulation - 1) / accumulation;
   if (iterations_per_epoch == 0) {
     throw ConfigError(fmt::format(
-        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} with DROP_LAST leaves no batch from {} samples",
-        options.train.batch_size, num_train));
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} with DROP_LAST leaves no batch from the {} "
+        "samples each of the {} ranks reads",
+        options.train.batch_size, samples_per_rank, world_size));
   }
 
   // Model: initialized from SEED_VALUE so every run (and every rank) starts the same.
@@ -201,17 +255,36 @@ void Trainer::State::setup() {
   seed_everything(options.seed);
   model = models::build_model(model_options);
   model->to(device);
+  // Mixed precision casts the model (O2/O3) before DDP sizes its gradient buckets by dtype;
+  // found_inf is all-reduced so every rank skips (or stops) together.
   precision::apply_tf32(options.tf32);
+  precision::GradScalerOptions scaler_options = options.grad_scaler;
+  if (world_size > 1) {
+    scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
+  }
   mixed_precision = std::make_unique<precision::MixedPrecision>(
-      precision::resolve_precision_policy(options.amp), *model, device, options.grad_scaler,
+      precision::resolve_precision_policy(options.amp), *model, device, scaler_options,
       options.check_nan);
+  if (world_size > 1) {
+    parallel::DistributedDataParallelOptions ddp_options;
+    ddp_options.bucket_cap_bytes = options.distributed.bucket_cap_mb * 1024 * 1024;
+    ddp_options.broadcast_buffers = options.distributed.broadcast_buffers;
+    ddp_options.delay_allreduce = options.distributed.delay_allreduce;
+    ddp_options.manual_reduction = options.distributed.manual_gradient_reduction;
+    ddp_options.find_unused_parameters = options.distributed.find_unused_parameters;
+    ddp = std::make_unique<parallel::DistributedDataParallel>(model.ptr(), group, ddp_options);
+  }
+  // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
+  seed_everything(options.seed + static_cast<uint64_t>(rank));
+  mixed_precision->copy_model_to_masters(); // DDP broadcast rank 0's weights (O2)
 
-  // Optimizer and schedules. Auto-scaling uses the global batch (one process for now).
+  // Optimizer and schedules. Auto-scaling uses the global batch of one optimizer step.
   const auto& opt = options.optimizer;
   auto groups = optim::build_param_groups(*model, opt.param_groups);
-  for (auto& group : groups) { // O2: the optimizer updates the float32 master weights
-    for (size_t i = 0; i < group.params.size(); ++i) {
-      group.params[i] = mixed_precision->optimizer_param(group.names[i], group.params[i]);
+  for (auto& param_group : groups) { // O2: the optimizer updates the float32 master weights
+    for (size_t i = 0; i < param_group.params.size(); ++i) {
+      param_group.params[i] =
+          mixed_precision->optimizer_param(param_group.names[i], param_group.params[i]);
     }
   }
   if (opt.name == "sgd") {
@@ -230,7 +303,7 @@ void Trainer::State::setup() {
   for (const auto& group : optimizer->param_groups()) {
     trained_parameters.insert(trained_parameters.end(), group.params.begin(), group.params.end());
   }
-  const int64_t global_batch = options.train.batch_size;
+  const int64_t global_batch = options.train.batch_size * world_size * accumulation;
   lr_options = opt.lr;
   optim::apply_auto_lr_scaling(lr_options, opt.lr_scaling, global_batch, global_batch);
   lr_schedule = optim::make_schedule(lr_options);
@@ -240,41 +313,59 @@ void Trainer::State::setup() {
   }
   lr_head_schedule = optim::make_schedule(lr_head_options);
 
-  fs::create_directories(run_dir());
-  if (!config_yaml.empty()) {
-    write_file_atomically(run_dir() / "train_config.yaml", config_yaml);
-  }
-  metrics = std::make_unique<MetricsWriter>(run_dir() / "metrics.jsonl");
-  if (options.use_tensorboard) {
-    tensorboard = std::make_unique<TensorBoardWriter>(run_dir() / "tb_logs");
+  if (is_rank0()) {
+    fs::create_directories(run_dir());
+    if (!config_yaml.empty()) {
+      write_file_atomically(run_dir() / "train_config.yaml", config_yaml);
+    }
+    metrics = std::make_unique<MetricsWriter>(run_dir() / "metrics.jsonl");
+    if (options.use_tensorboard) {
+      tensorboard = std::make_unique<TensorBoardWriter>(run_dir() / "tb_logs");
+    }
   }
   spdlog::info("model {}: {} parameters; {} training samples, {} test samples; {} iterations/epoch; "
                "{} threads on {}; precision {}",
                model_options.trunk_name, models::count_parameters(*model), train_subset.size(),
                test_subset.size(), iterations_per_epoch, threads, device.str(),
                mixed_precision->policy().describe());
+  if (world_size > 1) {
+    spdlog::info("data parallel: {} ranks ({}), global batch {} = {} per rank x {} ranks x {} "
+                 "accumulation steps; {} gradient buckets",
+                 world_size, group->backend(), global_batch, options.train.batch_size, world_size,
+                 accumulation, ddp->num_buckets());
+  }
 }
 
-std::vector<int64_t> Trainer::State::epoch_order(const DataSplitOptions& split,
-                                                 const std::vector<int64_t>& subset, int64_t epoch,
-                                                 bool shuffle) const {
-  const auto size = static_cast<int64_t>(subset.size());
+// This rank's positions into train_subset for `epoch`, mapped to dataset indices.
+std::vector<int64_t> Trainer::State::train_epoch_order(int64_t epoch_index) const {
+  const auto size = static_cast<int64_t>(train_subset.size());
   std::vector<int64_t> positions;
-  if (split.use_stateful_sampler) {
-    data::StatefulDistributedSampler sampler(size, /*num_replicas=*/1, /*rank=*/0,
-                                             split.batch_size, options.seed);
-    sampler.set_epoch(epoch);
-    positions = sampler.indices();
+  if (options.train.use_stateful_sampler) {
+    data::StatefulDistributedSampler sampler(size, group->world_size(), group->rank(),
+                                             options.train.batch_size, options.seed);
+    sampler.set_epoch(epoch_index);
+    positions = sampler.epoch_indices();
   } else {
-    data::DistributedSampler sampler(size, /*num_replicas=*/1, /*rank=*/0, shuffle, options.seed,
-                                     split.drop_last);
-    sampler.set_epoch(epoch);
+    data::DistributedSampler sampler(size, group->world_size(), group->rank(), /*shuffle=*/true,
+                                     options.seed, options.train.drop_last);
+    sampler.set_epoch(epoch_index);
     positions = sampler.indices();
   }
   for (auto& position : positions) {
-    position = subset[position];
+    position = train_subset[position];
   }
   return positions;
+}
+
+// This rank's share of the test set: every world_size-th sample from its rank on, with no
+// padding, so each sample is evaluated exactly once and the summed counts are exact.
+std::vector<int64_t> Trainer::State::test_order() const {
+  std::vector<int64_t> order;
+  for (size_t i = static_cast<size_t>(group->rank()); i < test_subset.size();
+       i += static_cast<size_t>(group->world_size())) {
+    order.push_back(test_subset[i]);
+  }
+  return order;
 }
 
 void Trainer::State::set_learning_rates(int64_t epoch_index, int64_t batch_index) {
@@ -316,14 +407,27 @@ bool Trainer::State::resume() {
   iteration = entry("iteration").toInt();
   complete = entry("complete").toBool();
   int64_t saved_iterations_per_epoch = entry("iterations_per_epoch").toInt();
-  if (iteration_in_epoch > 0 && saved_iterations_per_epoch != iterations_per_epoch) {
+  const int64_t saved_world_size = state.contains("world_size") ? entry("world_size").toInt() : 1;
+  if (iteration_in_epoch > 0 && (saved_iterations_per_epoch != iterations_per_epoch ||
+                                 saved_world_size != group->world_size())) {
     throw CheckpointError(fmt::format(
-        "{} was written mid-epoch with {} iterations per epoch, but this config has {} (batch "
-        "size or data changed); resume with the original DATA settings or start a new "
-        "CHECKPOINT.DIR",
-        latest.string(), saved_iterations_per_epoch, iterations_per_epoch));
+        "{} was written mid-epoch by {} rank(s) with {} iterations per epoch, but this run has {} "
+        "rank(s) and {} iterations per epoch (world size, batch size, accumulation or data "
+        "changed), so the rest of that epoch cannot be served exactly; resume with the original "
+        "settings, or from an end-of-epoch checkpoint (model_phase*.torch)",
+        latest.string(), saved_world_size, saved_iterations_per_epoch, group->world_size(),
+        iterations_per_epoch));
   }
-  set_cpu_rng_state(entry("rng_state").toTensor());
+  // Each rank continues its own random stream; with another world size there is none to
+  // continue, so ranks re-seed from the seed, their rank and the iteration.
+  if (state.contains("rng_states") && saved_world_size == group->world_size()) {
+    set_cpu_rng_state(entry("rng_states").toTensor()[group->rank()].contiguous());
+  } else if (group->world_size() == 1) {
+    set_cpu_rng_state(entry("rng_state").toTensor());
+  } else {
+    seed_everything(options.seed + static_cast<uint64_t>(group->rank()) +
+                    static_cast<uint64_t>(iteration) * 1000003u);
+  }
   auto optional_double = [&](const char* key) -> std::optional<double> {
     auto it = state.find(key);
     if (it == state.end() || it->value().isNone()) {
@@ -340,6 +444,14 @@ bool Trainer::State::resume() {
 }
 
 void Trainer::State::save(const std::string& file_name) {
+  // Collective: every rank contributes its RNG state, so a resumed run continues each
+  // rank's dropout stream (rank 0 alone writes the file).
+  at::Tensor own_rng = cpu_rng_state();
+  at::Tensor rng_states = at::empty({group->world_size(), own_rng.numel()}, own_rng.options());
+  group->all_gather(rng_states, own_rng);
+  if (!is_rank0()) {
+    return;
+  }
   auto state = checkpoint::make_state_dict();
   state.insert("model", checkpoint::model_state_dict(*model));
   state.insert("optimizer", optimizer->state_dict());
@@ -350,7 +462,20 @@ void Trainer::State::save(const std::string& file_name) {
   state.insert("iterations_per_epoch", iterations_per_epoch);
   state.insert("num_epochs", options.optimizer.num_epochs);
   state.insert("complete", complete);
-  state.insert("rng_state", cpu_rng_state());
+  state.insert("rng_state", own_rng);
+  state.insert("rng_states", rng_states);
+  state.insert("world_size", static_cast<int64_t>(group->world_size()));
+  // Where the training sampler stands, in VISSL's terms (informational: the position is
+  // epoch and iteration_in_epoch, from which every rank recomputes its order).
+  auto sampler = checkpoint::make_state_dict();
+  sampler.insert("type", std::string(options.train.use_stateful_sampler
+                                         ? "StatefulDistributedSampler"
+                                         : "DistributedSampler"));
+  sampler.insert("epoch", epoch);
+  sampler.insert("start_iter", iteration_in_epoch * options.gradient_accumulation_steps);
+  sampler.insert("batch_size", options.train.batch_size);
+  sampler.insert("num_replicas", static_cast<int64_t>(group->world_size()));
+  state.insert("train_sampler", sampler);
   state.insert("top1", last_top1 ? c10::IValue(*last_top1) : c10::IValue());
   state.insert("top5", last_top5 ? c10::IValue(*last_top5) : c10::IValue());
   state.insert("best_top1", best_top1 ? c10::IValue(*best_top1) : c10::IValue());
@@ -368,24 +493,25 @@ void Trainer::State::save(const std::string& file_name) {
   spdlog::info("checkpoint written: {}", path.string());
 }
 
-bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
-  const int64_t num_epochs = options.optimizer.num_epochs;
-  model->train();
-  auto order = epoch_order(options.train, train_subset, epoch, /*shuffle=*/true);
-  train_loader->start_epoch(order, epoch, iteration_in_epoch);
-
-  auto window_start = std::chrono::steady_clock::now();
-  int64_t window_images = 0;
-  double window_loss = 0.0;
-  int64_t window_steps = 0;
-  while (auto batch = train_loader->next()) {
-    set_learning_rates(epoch, iteration_in_epoch);
+// One optimizer step over `num_micro_batches` batches from the loader: their gradients are
+// summed (each loss divided by the count, so the step equals one batch of them all), and
+// under DDP only the last backward communicates. Returns the mean loss.
+float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images) {
+  optimizer->zero_grad();
+  float loss_sum = 0.0f;
+  for (int64_t micro = 0; micro < num_micro_batches; ++micro) {
+    auto batch = train_loader->next();
+    TORCH_INTERNAL_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step");
     at::Tensor images = batch->images.to(device, /*non_blocking=*/true);
     at::Tensor labels = batch->labels.to(device, /*non_blocking=*/true);
-
-    optimizer->zero_grad();
+    const bool last_micro = micro + 1 == num_micro_batches;
+    std::optional<parallel::DistributedDataParallel::NoSyncGuard> no_sync;
+    if (ddp && !last_micro) {
+      no_sync.emplace(*ddp);
+    }
     at::Tensor logits = mixed_precision->forward( // autocast / input cast per MODEL.AMP_PARAMS
-        [&](const at::Tensor& x) { return model->forward(x); }, images);
+        [&](const at::Tensor& x) { return ddp ? ddp->forward(model, x) : model->forward(x); },
+        images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits, labels,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.loss_ignore_index));
@@ -393,53 +519,84 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     if (options.check_nan && !std::isfinite(loss_value)) {
       progress.clear();
       throw TrainingError(fmt::format(
-          "the training loss is {} at epoch {} iteration {} (global iteration {}); training "
+          "the training loss is {} at epoch {} iteration {} (global iteration {}{}); training "
           "stopped without writing a checkpoint, so {} still holds the last good state. Lower "
           "the learning rate or check the data, then resume.",
           loss_value, epoch + 1, iteration_in_epoch + 1, iteration + 1,
+          group->world_size() > 1 ? fmt::format(", rank {}", group->rank()) : "",
           (run_dir() / kLatestCheckpointName).string()));
     }
-    // Loss scaling: backward on the scaled loss; unscale_ (O2: into the float32 masters)
-    // before clipping; the step is skipped when a gradient is inf/NaN.
-    mixed_precision->backward(loss);
-    const bool gradients_finite = mixed_precision->unscale_(trained_parameters);
-    if (!gradients_finite && !mixed_precision->has_loss_scaling()) {
-      progress.clear();
-      throw TrainingError(fmt::format(
-          "a gradient is inf or NaN at epoch {} iteration {} (global iteration {}) although the "
-          "loss ({}) is finite; training stopped without writing a checkpoint, so {} still "
-          "holds the last good state. Lower the learning rate or enable gradient clipping, "
-          "then resume.",
-          epoch + 1, iteration_in_epoch + 1, iteration + 1, loss_value,
-          (run_dir() / kLatestCheckpointName).string()));
-    }
-    if (gradients_finite && options.use_grad_clip) {
-      torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
-                                        options.grad_clip_norm_type);
-    }
-    try {
-      mixed_precision->step([&] { optimizer->step(); });
-    } catch (const TrainingError& error) { // the loss scale cannot back off any further
-      progress.clear();
-      throw TrainingError(fmt::format("at epoch {} iteration {} (global iteration {}): {}",
-                                      epoch + 1, iteration_in_epoch + 1, iteration + 1,
-                                      error.what()));
-    }
+    // Loss scaling: backward on the scaled loss (MixedPrecision::backward).
+    mixed_precision->backward(num_micro_batches > 1 ? loss / static_cast<double>(num_micro_batches)
+                                                    : loss);
+    loss_sum += loss_value;
+    num_images += images.size(0);
+  }
+  if (ddp && options.distributed.manual_gradient_reduction) {
+    ddp->reduce_gradients();
+  }
+  // unscale_ (O2: into the float32 masters) before clipping, found_inf agreed on by every
+  // rank; the step is skipped (loss scaling) or the run stops (no scaling) on inf/NaN.
+  const bool gradients_finite = mixed_precision->unscale_(trained_parameters);
+  if (!gradients_finite && !mixed_precision->has_loss_scaling()) {
+    progress.clear();
+    throw TrainingError(fmt::format(
+        "a gradient is inf or NaN at epoch {} iteration {} (global iteration {}{}) although the "
+        "loss is finite; training stopped without writing a checkpoint, so {} still holds the "
+        "last good state. Lower the learning rate or enable gradient clipping, then resume.",
+        epoch + 1, iteration_in_epoch + 1, iteration + 1,
+        group->world_size() > 1 ? fmt::format(", on some rank of {}", group->world_size()) : "",
+        (run_dir() / kLatestCheckpointName).string()));
+  }
+  if (gradients_finite && options.use_grad_clip) {
+    torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
+                                      options.grad_clip_norm_type);
+  }
+  try {
+    mixed_precision->step([&] { optimizer->step(); });
+  } catch (const TrainingError& error) { // the loss scale cannot back off any further
+    progress.clear();
+    throw TrainingError(fmt::format("at epoch {} iteration {} (global iteration {}): {}",
+                                    epoch + 1, iteration_in_epoch + 1, iteration + 1,
+                                    error.what()));
+  }
+  return loss_sum / static_cast<float>(num_micro_batches);
+}
+
+bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
+  const int64_t num_epochs = options.optimizer.num_epochs;
+  const int64_t accumulation = options.gradient_accumulation_steps;
+  model->train();
+  train_loader->start_epoch(train_epoch_order(epoch), epoch, iteration_in_epoch * accumulation);
+
+  auto window_start = std::chrono::steady_clock::now();
+  int64_t window_images = 0;
+  double window_loss = 0.0;
+  int64_t window_steps = 0;
+  while (iteration_in_epoch < iterations_per_epoch) {
+    set_learning_rates(epoch, iteration_in_epoch);
+    // The last step of an epoch takes what is left when the batches do not divide evenly.
+    const int64_t batches_left = train_loader->num_batches() - train_loader->next_batch_index();
+    const float loss_value = train_step(std::min(accumulation, batches_left), window_images);
 
     ++iteration;
     ++iteration_in_epoch;
     summary.iteration_losses.push_back(loss_value);
     window_loss += loss_value;
-    window_images += images.size(0);
     ++window_steps;
 
     const double lr = optimizer->param_groups().front().lr;
     if (iteration % options.log_frequency == 0 || iteration_in_epoch == iterations_per_epoch) {
-      double seconds = seconds_since(window_start);
-      double images_per_sec = seconds > 0 ? window_images / seconds : 0.0;
-      double seconds_per_iteration = seconds / std::max<int64_t>(window_steps, 1);
-      int64_t remaining = num_epochs * iterations_per_epoch - iteration;
-      double mean_loss = window_loss / std::max<int64_t>(window_steps, 1);
+      // The mean loss and the images of all ranks (a collective, at the same iterations on
+      // every rank).
+      at::Tensor totals = at::tensor({window_loss, static_cast<double>(window_images)}, at::kDouble);
+      group->all_reduce(totals);
+      const double seconds = seconds_since(window_start);
+      const double images_per_sec = seconds > 0 ? totals[1].item<double>() / seconds : 0.0;
+      const double seconds_per_iteration = seconds / std::max<int64_t>(window_steps, 1);
+      const int64_t remaining = num_epochs * iterations_per_epoch - iteration;
+      const double mean_loss =
+          totals[0].item<double>() / std::max<int64_t>(window_steps, 1) / group->world_size();
       progress.clear();
       nlohmann::json event = {{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
                               {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
@@ -454,7 +611,9 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {}",
                    epoch + 1, num_epochs, iteration_in_epoch, iterations_per_epoch, mean_loss, lr,
                    scaling, images_per_sec, format_duration(remaining * seconds_per_iteration));
-      metrics->write(event);
+      if (metrics) {
+        metrics->write(event);
+      }
       if (tensorboard && mixed_precision->has_loss_scaling()) {
         tensorboard->add_scalar("train/loss_scale", mixed_precision->loss_scale(), iteration);
       }
@@ -468,8 +627,10 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       window_loss = 0.0;
       window_steps = 0;
     }
-    progress.update(iteration_in_epoch, iterations_per_epoch,
-                    fmt::format("epoch {}/{} loss {:.4f}", epoch + 1, num_epochs, loss_value));
+    if (is_rank0()) {
+      progress.update(iteration_in_epoch, iterations_per_epoch,
+                      fmt::format("epoch {}/{} loss {:.4f}", epoch + 1, num_epochs, loss_value));
+    }
 
     if (options.checkpoint.frequency_iterations > 0 &&
         iteration % options.checkpoint.frequency_iterations == 0 &&
@@ -492,9 +653,7 @@ void Trainer::State::evaluate() {
   torch::NoGradGuard no_grad;
   AccuracyMeter meter(options.topk_values);
   double loss_sum = 0.0;
-  int64_t num_samples = 0;
-  auto order = epoch_order(options.test, test_subset, /*epoch=*/0, /*shuffle=*/false);
-  test_loader->start_epoch(order, /*epoch=*/0, /*start_batch=*/0);
+  test_loader->start_epoch(test_order(), /*epoch=*/0, /*start_batch=*/0);
   while (auto batch = test_loader->next()) {
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
@@ -506,13 +665,17 @@ void Trainer::State::evaluate() {
                         .ignore_index(options.loss_ignore_index)
                         .reduction(torch::kSum))
                     .item<double>();
-    num_samples += labels.size(0);
     meter.update(logits, labels);
   }
+  // Every rank evaluated its own share: sum the counts (a collective).
+  at::Tensor local_loss = at::tensor({loss_sum}, at::kDouble);
+  group->all_reduce(local_loss);
+  meter.reduce_over(*group);
+  const int64_t num_samples = meter.num_samples();
   auto values = meter.values();
   const auto& ks = meter.topk_values();
   nlohmann::json event = {{"phase", "test"}, {"epoch", epoch}, {"iteration", iteration},
-                          {"loss", num_samples > 0 ? loss_sum / num_samples : 0.0},
+                          {"loss", num_samples > 0 ? local_loss.item<double>() / num_samples : 0.0},
                           {"wall_time", wall_time()}};
   std::string line = fmt::format("test epoch {}/{} loss {:.4f}", epoch + 1,
                                  options.optimizer.num_epochs, event["loss"].get<double>());
@@ -536,7 +699,9 @@ void Trainer::State::evaluate() {
     best_top1 = last_top1;
   }
   spdlog::info("{}", line);
-  metrics->write(event);
+  if (metrics) {
+    metrics->write(event);
+  }
   if (tensorboard) {
     tensorboard->add_scalar("test/loss", event["loss"].get<double>(), iteration);
     tensorboard->flush();
