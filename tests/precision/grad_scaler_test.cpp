@@ -4,6 +4,8 @@
 #include <largo/core/error.h>
 #include <largo/precision/grad_scaler.h>
 
+#include "comm/distributed_test_util.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -285,6 +287,46 @@ TEST(GradScaler, ReducerMakesAnInfOnAnotherRankSkipHere) {
   EXPECT_FALSE(ran);
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 32768.0);
+}
+
+TEST(GradScalerDistributed, AnInfOnOneRankMakesBothRanksSkip) {
+  // Sharded gradients: each rank unscales only its own shard, and only rank 1's holds an
+  // inf. With found_inf all-reduced, both skip and both back off; without it rank 0 would
+  // step alone and the ranks' scales (and models) would part ways.
+  largo::testing::run_on_ranks(2, [](comm::ProcessGroup& group) {
+    auto shared = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+    GradScalerOptions options;
+    options.found_inf_reducer = found_inf_all_reduce(shared);
+    GradScaler scaler(options);
+    GradScaler local_only; // the same shard, no reducer: what a rank sees alone
+    for (int step = 0; step < 3; ++step) {
+      at::Tensor shard = at::full({4}, 65536.0f * static_cast<float>(group.rank() + 1));
+      const bool poisoned = group.rank() == 1 && step == 1;
+      if (poisoned) {
+        shard[2] = std::numeric_limits<float>::infinity();
+      }
+      at::Tensor local_copy = shard.clone();
+      local_only.unscale_({local_copy});
+      EXPECT_EQ(local_only.found_inf(), poisoned);
+      local_only.step([] {});
+      local_only.update();
+
+      scaler.unscale_({shard});
+      bool ran = false;
+      const bool stepped = scaler.step([&] { ran = true; });
+      scaler.update();
+      EXPECT_EQ(stepped, step != 1) << "rank " << group.rank() << " step " << step;
+      EXPECT_EQ(ran, stepped);
+    }
+    EXPECT_EQ(scaler.get_scale(), 32768.0) << "rank " << group.rank();
+    // The scale is the same on every rank: the max over ranks equals the min.
+    at::Tensor scale = at::full({1}, scaler.get_scale(), at::kDouble);
+    at::Tensor max_scale = scale.clone();
+    at::Tensor min_scale = scale.clone();
+    group.all_reduce(max_scale, comm::ReduceOp::kMax);
+    group.all_reduce(min_scale, comm::ReduceOp::kMin);
+    EXPECT_EQ(max_scale.item<double>(), min_scale.item<double>());
+  });
 }
 
 TEST(GradScaler, ScaledLossIsFloat32EvenForALowPrecisionLoss) {

@@ -157,7 +157,7 @@ TEST(MasterWeights, StateRoundTripIsBitExactAndChecksNames) {
     EXPECT_TRUE(torch::equal(item.value(), restored.master(item.key()).to(item.value().scalar_type())));
   }
   auto wrong = masters.state_dict().copy();
-  wrong.erase("0.weight");
+  ASSERT_EQ(wrong.erase("0.weight"), 1u);
   wrong.insert("0.weigth", at::zeros({4, 1, 3, 3}));
   try {
     restored.load_state_dict(wrong);

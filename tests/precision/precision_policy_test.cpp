@@ -1,6 +1,7 @@
 // The precision policy: Apex's opt-level table, the AMP_ARGS overrides, PyTorch AMP, and
 // errors that name the key.
 #include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
 #include <largo/precision/precision_policy.h>
 
 #include <gtest/gtest.h>
@@ -170,6 +171,23 @@ TEST(PrecisionPolicy, Float16OnACpuWithoutFloat16KernelsIsAClearError) {
     const std::string message = error.what();
     EXPECT_NE(message.find("DTYPE=bfloat16"), std::string::npos) << message;
     EXPECT_NE(message.find("conv2d"), std::string::npos) << message;
+  }
+}
+
+TEST(PrecisionPolicy, DataParallelBackendMustReduceTheGradientDtype) {
+  auto o2 = resolve_precision_policy(apex("O2", "bfloat16"));
+  auto o1 = resolve_precision_policy(apex("O1", "bfloat16"));
+  EXPECT_NO_THROW(check_policy_supported_by_backend(o1, "gloo")); // float32 gradients
+  EXPECT_NO_THROW(check_policy_supported_by_backend(o2, "nccl"));
+  if (compat::kGlooReducesBFloat16) {
+    EXPECT_NO_THROW(check_policy_supported_by_backend(o2, "gloo"));
+  } else {
+    try {
+      check_policy_supported_by_backend(o2, "gloo");
+      FAIL() << "expected a ConfigError";
+    } catch (const ConfigError& error) {
+      EXPECT_NE(std::string(error.what()).find("opt_level O1"), std::string::npos) << error.what();
+    }
   }
 }
 

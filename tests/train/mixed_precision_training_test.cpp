@@ -6,8 +6,12 @@
 #include <largo/core/config.h>
 #include <largo/core/embedded_configs.h>
 #include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
+
+#include "comm/distributed_test_util.h"
+#include "train/trainer_test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -36,37 +40,16 @@ class MixedPrecisionTrainingTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // A small synthetic job (as in trainer_test.cpp) with mixed-precision overrides.
+  // The shared synthetic job (trainer_test_util.h) in bfloat16 mixed precision.
   Config synthetic_config(const fs::path& run_dir, std::vector<std::string> extra = {}) {
-    std::vector<std::string> overrides = {
-        "DATA.TRAIN.DATA_SOURCES=[synthetic]", "DATA.TEST.DATA_SOURCES=[synthetic]",
-        "DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=96", "DATA.TEST.SYNTHETIC.NUM_SAMPLES=32",
-        "DATA.TRAIN.SYNTHETIC.IMAGE_SHAPE=[1,24,24]", "DATA.TEST.SYNTHETIC.IMAGE_SHAPE=[1,24,24]",
-        "DATA.TRAIN.BATCHSIZE_PER_REPLICA=16", "DATA.TEST.BATCHSIZE_PER_REPLICA=16",
-        "DATA.TRAIN.TRANSFORMS=[{name: RandomHorizontalFlip}, {name: ToTensor}]",
-        "DATA.TEST.TRANSFORMS=[{name: ToTensor}]", "DATA.NUM_DATALOADER_WORKERS=2",
-        "MODEL.TRUNK.NAME=small_cnn", "MODEL.TRUNK.SMALL_CNN.DROPOUT=0.5",
-        "OPTIMIZER.num_epochs=3", "OPTIMIZER.param_schedulers.lr.name=cosine",
-        "OPTIMIZER.param_schedulers.lr.start_value=0.1",
-        "OPTIMIZER.param_schedulers.lr.update_interval=step", "MACHINE.DEVICE=cpu",
-        "MACHINE.NUM_THREADS=1", "LOG_FREQUENCY=2", "CHECKPOINT.DIR=" + run_dir.string(),
-        "MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+    std::vector<std::string> overrides = {"LOG_FREQUENCY=2", "MODEL.AMP_PARAMS.USE_AMP=True",
+                                          "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
     overrides.insert(overrides.end(), extra.begin(), extra.end());
-    return Config::load({}, overrides);
+    return synthetic_job_config(run_dir, overrides);
   }
 
   fs::path dir_;
 };
-
-std::vector<nlohmann::json> read_metrics(const fs::path& path) {
-  std::vector<nlohmann::json> events;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    events.push_back(nlohmann::json::parse(line));
-  }
-  return events;
-}
 
 std::string training_error_of(const TrainerOptions& options) {
   try {
@@ -122,18 +105,19 @@ TEST_F(MixedPrecisionTrainingTest, Bfloat16EndsWithinHalfAPointOfFloat32OnFashio
 }
 
 TEST_F(MixedPrecisionTrainingTest, SkippedStepsReachTheLogsAndMetrics) {
-  // A loss scale of 3e38 overflows the scaled loss: the first steps are skipped while the
+  // A loss scale of 3.4e38 (float32's largest is 3.40282e38) makes the scaled loss (~2.3 x
+  // scale) infinite: the first steps are skipped while the
   // dynamic scaler halves its way down to a scale that fits, then training proceeds.
   Config config = synthetic_config(
       dir_, {"MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1, loss_scale: dynamic}",
-             "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3e38",
+             "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3.4e38",
              "MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_INTERVAL=4"});
   Trainer trainer(trainer_options_from_config(config));
   TrainSummary summary = trainer.run();
   ASSERT_EQ(summary.iteration_losses.size(), 18u);
   auto events = read_metrics(dir_ / "metrics.jsonl");
   int64_t last_skipped = -1;
-  double last_scale = 0.0;
+  double smallest_scale = 3.4e38;
   for (const auto& event : events) {
     if (event["phase"] != "train") {
       continue;
@@ -141,16 +125,20 @@ TEST_F(MixedPrecisionTrainingTest, SkippedStepsReachTheLogsAndMetrics) {
     ASSERT_TRUE(event.contains("loss_scale") && event.contains("skipped_steps")) << event.dump();
     EXPECT_GE(event["skipped_steps"].get<int64_t>(), last_skipped); // cumulative
     last_skipped = event["skipped_steps"];
-    last_scale = event["loss_scale"];
+    smallest_scale = std::min(smallest_scale, event["loss_scale"].get<double>());
   }
   EXPECT_GT(last_skipped, 0);
   EXPECT_LT(last_skipped, 18); // it recovered and trained
-  EXPECT_LT(last_scale, 3e38);
+  EXPECT_LT(smallest_scale, 3.4e38 / 1.5); // it backed off
   // The loss scale is in the checkpoint.
   auto latest = checkpoint::load_checkpoint(dir_ / "checkpoint.torch");
   auto precision_state = latest.at("precision").toGenericDict();
   EXPECT_EQ(precision_state.at("skipped_steps").toInt(), last_skipped);
-  EXPECT_EQ(precision_state.at("grad_scaler").toGenericDict().at("scale").toDouble(), last_scale);
+  auto last_train = std::find_if(events.rbegin(), events.rend(),
+                                 [](const nlohmann::json& e) { return e["phase"] == "train"; });
+  ASSERT_NE(last_train, events.rend());
+  EXPECT_EQ(precision_state.at("grad_scaler").toGenericDict().at("scale").toDouble(),
+            (*last_train)["loss_scale"].get<double>());
 }
 
 TEST_F(MixedPrecisionTrainingTest, Float32RunsLogNoLossScale) {
@@ -167,7 +155,7 @@ TEST_F(MixedPrecisionTrainingTest, ResumeWithScalerStateAndMastersIsBitExact) {
   // 3 clean steps, so the scale, the growth tracker and the masters all matter on resume.
   const std::vector<std::string> amp = {
       "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2, loss_scale: dynamic}",
-      "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3e38",
+      "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3.4e38",
       "MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_INTERVAL=3"};
   Config full = synthetic_config(dir_ / "full", amp);
   Trainer uninterrupted(trainer_options_from_config(full));
@@ -238,8 +226,8 @@ TEST_F(MixedPrecisionTrainingTest, DivergingBfloat16RunStopsWithoutAPoisonedChec
 TEST_F(MixedPrecisionTrainingTest, LossScaleAtItsMinimumStopsTheRun) {
   Config config = synthetic_config(
       dir_, {"MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1, loss_scale: dynamic}",
-             "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3e38",
-             "MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE=3e38"});
+             "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3.4e38",
+             "MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE=3.4e38"});
   const std::string message = training_error_of(trainer_options_from_config(config));
   EXPECT_NE(message.find("global iteration 1"), std::string::npos) << message;
   EXPECT_NE(message.find("MIN_LOSS_SCALE"), std::string::npos) << message;
@@ -298,6 +286,72 @@ TEST_F(MixedPrecisionTrainingTest, AmpSettingsAreReadAndCheckedFromTheConfig) {
             std::string::npos);
   EXPECT_NE(error_of("MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_FACTOR=0.5").find("GROWTH_FACTOR"),
             std::string::npos);
+}
+
+std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
+  return std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+}
+
+TEST(MixedPrecisionDistributedTest, RanksSkipTheSameStepsAndStayIdentical) {
+  // 2 ranks, O1 bfloat16 with a dynamic loss scale that starts too high: the skipped steps,
+  // the loss scale and the weights must agree on both ranks (found_inf is all-reduced).
+  largo::testing::run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fs::temp_directory_path() / "largo_amp_ddp_skips";
+    if (group.rank() == 0) {
+      fs::remove_all(dir);
+    }
+    group.barrier();
+    Config config = synthetic_job_config(
+        dir, {"LOG_FREQUENCY=1", "MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+              "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1, loss_scale: dynamic}",
+              "MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE=3.4e38",
+              "MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_INTERVAL=2"});
+    Trainer trainer(trainer_options_from_config(config), "", borrow(group));
+    trainer.run();
+    group.barrier(); // rank 0 may still be writing
+    auto precision_state =
+        checkpoint::load_checkpoint(dir / "checkpoint.torch").at("precision").toGenericDict();
+    const int64_t skipped = precision_state.at("skipped_steps").toInt();
+    EXPECT_GT(skipped, 0);
+    std::vector<at::Tensor> flat;
+    for (const auto& param : trainer.model()->parameters()) {
+      flat.push_back(param.detach().reshape({-1}));
+    }
+    at::Tensor mine = at::cat(flat);
+    at::Tensor rank0 = mine.clone();
+    group.broadcast(rank0, 0);
+    EXPECT_TRUE(torch::equal(mine, rank0)) << "rank " << group.rank() << " differs from rank 0";
+    // Every train line of metrics.jsonl (rank 0's) reports the cumulative skipped steps.
+    int64_t last = 0;
+    for (const auto& event : read_metrics(dir / "metrics.jsonl")) {
+      if (event["phase"] == "train") {
+        last = event["skipped_steps"];
+      }
+    }
+    EXPECT_EQ(last, skipped);
+    group.barrier();
+    if (group.rank() == 0) {
+      fs::remove_all(dir);
+    }
+  });
+}
+
+TEST(MixedPrecisionDistributedTest, Bfloat16ModelUnderGlooNeedsAGlooThatReducesIt) {
+  if (compat::kGlooReducesBFloat16) {
+    GTEST_SKIP() << "this libtorch's Gloo reduces bfloat16";
+  }
+  largo::testing::run_on_ranks(2, [](comm::ProcessGroup& group) {
+    Config config = synthetic_job_config(
+        fs::temp_directory_path() / "largo_amp_ddp_o2",
+        {"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+         "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"});
+    try {
+      Trainer trainer(trainer_options_from_config(config), "", borrow(group));
+      FAIL() << "expected a ConfigError";
+    } catch (const ConfigError& error) {
+      EXPECT_NE(std::string(error.what()).find("opt_level O1"), std::string::npos) << error.what();
+    }
+  });
 }
 
 } // namespace

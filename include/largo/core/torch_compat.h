@@ -99,4 +99,10 @@ inline bool allow_tf32_cudnn() {
   return at::globalContext().allowTF32CuDNN();
 }
 
+// ---- collectives -------------------------------------------------------------------------
+// libtorch 1.13's ProcessGroupGloo rejects bfloat16 tensors ("Invalid scalar type"); the 2.x
+// sources (checked: 2.11) reduce them. The first 2.x release with it was not pinned down, so
+// the 2.x side of this switch is only known for 2.11.
+constexpr bool kGlooReducesBFloat16 = LARGO_TORCH_AT_LEAST(2, 0);
+
 } // namespace largo::compat

@@ -82,4 +82,9 @@ PrecisionPolicy resolve_precision_policy(const PrecisionPolicyOptions& options);
 // has them (2.x) is accepted without a version table.
 void check_policy_supported_on(const PrecisionPolicy& policy, const c10::Device& device);
 
+// Throws ConfigError when a data-parallel run on `backend` ("gloo", "nccl") cannot
+// communicate the gradients `policy` produces: O2/O3 bfloat16 models have bfloat16
+// gradients, which libtorch 1.13's Gloo cannot all-reduce.
+void check_policy_supported_by_backend(const PrecisionPolicy& policy, const std::string& backend);
+
 } // namespace largo::precision

@@ -2,6 +2,7 @@
 
 #include <largo/core/config.h>
 #include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -217,6 +218,18 @@ void check_policy_supported_on(const PrecisionPolicy& policy, const c10::Device&
         "kernels for {}; use MODEL.AMP_PARAMS.DTYPE=bfloat16 on the CPU (float16 runs on CUDA "
         "devices)",
         TORCH_VERSION, fmt::join(missing, ", ")));
+  }
+}
+
+void check_policy_supported_by_backend(const PrecisionPolicy& policy, const std::string& backend) {
+  if (backend == "gloo" && policy.cast_model && policy.low_precision == at::kBFloat16 &&
+      !compat::kGlooReducesBFloat16) {
+    throw ConfigError(fmt::format(
+        "MODEL.AMP_PARAMS.AMP_ARGS.opt_level = {} with bfloat16 casts the model, so its "
+        "gradients are bfloat16, which the Gloo backend of this libtorch ({}) cannot "
+        "all-reduce across ranks. Use opt_level O1 (autocast: float32 weights and gradients), "
+        "or the NCCL backend on GPUs",
+        to_string(policy.opt_level), TORCH_VERSION));
   }
 }
 

@@ -262,9 +262,12 @@ void Trainer::State::setup() {
   if (world_size > 1) {
     scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
   }
+  const precision::PrecisionPolicy precision_policy = precision::resolve_precision_policy(options.amp);
+  if (world_size > 1) {
+    precision::check_policy_supported_by_backend(precision_policy, group->backend());
+  }
   mixed_precision = std::make_unique<precision::MixedPrecision>(
-      precision::resolve_precision_policy(options.amp), *model, device, scaler_options,
-      options.check_nan);
+      precision_policy, *model, device, scaler_options, options.check_nan);
   if (world_size > 1) {
     parallel::DistributedDataParallelOptions ddp_options;
     ddp_options.bucket_cap_bytes = options.distributed.bucket_cap_mb * 1024 * 1024;
