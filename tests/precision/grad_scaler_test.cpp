@@ -289,6 +289,24 @@ TEST(GradScaler, ReducerMakesAnInfOnAnotherRankSkipHere) {
   EXPECT_EQ(scaler.get_scale(), 32768.0);
 }
 
+TEST(GradScaler, AnOverflowSeenElsewhereSkipsLikeAnInfGradient) {
+  // found_inf_elsewhere (the trainer passes a non-finite loss of this rank) is set before the
+  // reducer runs, so the other ranks learn of it too; the gradients themselves are finite.
+  float reduced = -1.0f;
+  GradScalerOptions options;
+  options.found_inf_reducer = [&](at::Tensor& found_inf) { reduced = found_inf.item<float>(); };
+  GradScaler scaler(options);
+  at::Tensor grad = at::full({4}, 65536.0f);
+  scaler.unscale_({grad}, /*found_inf_elsewhere=*/true);
+  EXPECT_EQ(reduced, 1.0f);
+  EXPECT_TRUE(scaler.found_inf());
+  bool ran = false;
+  EXPECT_FALSE(scaler.step([&] { ran = true; }));
+  EXPECT_FALSE(ran);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0);
+}
+
 TEST(GradScalerDistributed, AnInfOnOneRankMakesBothRanksSkip) {
   // Sharded gradients: each rank unscales only its own shard, and only rank 1's holds an
   // inf. With found_inf all-reduced, both skip and both back off; without it rank 0 would

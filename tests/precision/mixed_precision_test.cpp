@@ -192,6 +192,31 @@ TEST(MixedPrecision, ReducerSeesTheNoScalerCheckToo) {
   EXPECT_EQ(calls, 1);
 }
 
+TEST(MixedPrecision, ANonFiniteLossHereReachesTheReducerWithOrWithoutAScaler) {
+  // The trainer passes loss_is_finite = false instead of stopping on its own, so that the
+  // other ranks (waiting in the all-reduce) stop or skip at the same step.
+  for (const bool with_scaler : {false, true}) {
+    float reduced = -1.0f;
+    GradScalerOptions options;
+    options.found_inf_reducer = [&](at::Tensor& found_inf) { reduced = found_inf.item<float>(); };
+    auto model = small_model();
+    MixedPrecision precision(policy_for("O1", "bfloat16",
+                                        with_scaler ? std::optional<std::string>("dynamic")
+                                                    : std::nullopt),
+                             *model, c10::Device(c10::kCPU), options);
+    ASSERT_EQ(precision.has_loss_scaling(), with_scaler);
+    precision.backward(
+        torch::nn::functional::cross_entropy(model->forward(batch_images()), batch_labels()));
+    EXPECT_FALSE(precision.unscale_(model->parameters(), /*loss_is_finite=*/false))
+        << "with_scaler " << with_scaler;
+    EXPECT_EQ(reduced, 1.0f) << "with_scaler " << with_scaler;
+    auto before = model->parameters()[0].clone();
+    EXPECT_FALSE(precision.step([] { FAIL() << "the optimizer must not step"; }));
+    EXPECT_TRUE(torch::equal(model->parameters()[0], before));
+    EXPECT_EQ(precision.skipped_steps(), 1);
+  }
+}
+
 TEST(MixedPrecision, StateRoundTripContinuesBitExactly) {
   GradScalerOptions scaler;
   scaler.growth_interval = 2;

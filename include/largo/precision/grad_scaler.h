@@ -87,8 +87,9 @@ class GradScaler {
 
   // Divides every gradient in place by the scale and records whether any is inf/NaN
   // (checked before dividing, as PyTorch does). Once per step, before clipping. Collective
-  // when a found_inf_reducer is set.
-  void unscale_(const std::vector<at::Tensor>& grads);
+  // when a found_inf_reducer is set. found_inf_elsewhere counts as an inf gradient (e.g. a
+  // non-finite loss seen on this rank), so that it, too, is agreed on by every rank.
+  void unscale_(const std::vector<at::Tensor>& grads, bool found_inf_elsewhere = false);
 
   // Runs optimizer_step unless unscale_ found an inf/NaN; returns whether it ran.
   // Requires unscale_ this step. Reads found_inf to the host (one device sync).

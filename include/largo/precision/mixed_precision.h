@@ -17,7 +17,9 @@
 // the run has diverged and the caller should stop (the trainer does, naming the iteration).
 //
 // Collective: unscale_ all-reduces found_inf (max) through scaler_options.found_inf_reducer
-// when one is set, so every rank skips (or stops) together; call it on every rank every step.
+// when one is set, so every rank skips (or stops) together; call it on every rank every step
+// (also when this rank's loss was inf/NaN: pass loss_is_finite = false rather than stopping
+// alone, which would leave the other ranks waiting in a collective).
 #pragma once
 
 #include <largo/precision/grad_scaler.h>
@@ -70,8 +72,9 @@ class MixedPrecision {
 
   // After backward, with the optimizer's parameters (the masters under O2): copies the
   // gradients up to the masters (O2), unscales them and checks them for inf/NaN (collective
-  // when a reducer is set). Returns whether every gradient is finite on every rank.
-  bool unscale_(const std::vector<at::Tensor>& optimizer_params);
+  // when a reducer is set). loss_is_finite = false (this rank's loss was inf/NaN) counts as
+  // an inf gradient. Returns whether everything was finite on every rank.
+  bool unscale_(const std::vector<at::Tensor>& optimizer_params, bool loss_is_finite = true);
 
   // Runs optimizer_step unless unscale_ found inf/NaN, updates the loss scale and copies the
   // masters into the model (O2). Returns whether the optimizer stepped. Throws TrainingError

@@ -97,7 +97,9 @@ struct TrainerOptions {
   bool test_only = false;
   int64_t test_every_num_epoch = 1;
   std::vector<int64_t> topk_values{1, 5};
-  bool check_nan = true; // stop on a non-finite loss (or, without loss scaling, gradient)
+  // HOOKS.CHECK_NAN: an inf/NaN loss or gradient stops training, writing no checkpoint (with
+  // loss scaling the step is skipped instead; every rank decides alike).
+  bool check_nan = true;
 
   // Mixed precision (MODEL.AMP_PARAMS), its loss scaler (MODEL.AMP_PARAMS.GRAD_SCALER) and
   // TF32 (MACHINE.ALLOW_TF32_*); see docs/mixed_precision.md.

@@ -125,7 +125,7 @@ at::Tensor GradScaler::scale(const at::Tensor& loss) const {
   return loss * at::scalar_tensor(scale_, loss.options().dtype(at::kFloat));
 }
 
-void GradScaler::unscale_(const std::vector<at::Tensor>& grads) {
+void GradScaler::unscale_(const std::vector<at::Tensor>& grads, bool found_inf_elsewhere) {
   if (!options_.enabled) {
     return;
   }
@@ -163,6 +163,9 @@ void GradScaler::unscale_(const std::vector<at::Tensor>& grads) {
         grad.copy_(grad.to(at::kFloat).mul_(inv));
       }
     }
+  }
+  if (found_inf_elsewhere) {
+    found_inf_.fill_(1.0f);
   }
   if (options_.found_inf_reducer) {
     options_.found_inf_reducer(found_inf_);

@@ -95,7 +95,8 @@ void MixedPrecision::backward(const at::Tensor& loss) {
   (scaler_ ? scaler_->scale(loss) : loss).backward();
 }
 
-bool MixedPrecision::unscale_(const std::vector<at::Tensor>& optimizer_params) {
+bool MixedPrecision::unscale_(const std::vector<at::Tensor>& optimizer_params,
+                              bool loss_is_finite) {
   if (masters_) {
     masters_->copy_grads_to_masters();
   }
@@ -105,10 +106,13 @@ bool MixedPrecision::unscale_(const std::vector<at::Tensor>& optimizer_params) {
     grads.push_back(param.grad());
   }
   if (scaler_) {
-    scaler_->unscale_(grads);
+    scaler_->unscale_(grads, /*found_inf_elsewhere=*/!loss_is_finite);
     found_non_finite_ = scaler_->found_inf();
   } else if (check_finite_without_scaler_) {
     at::Tensor flag = non_finite_flag(grads);
+    if (!loss_is_finite) {
+      flag.fill_(1.0f);
+    }
     if (reducer_) {
       reducer_(flag);
     }

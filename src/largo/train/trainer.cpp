@@ -502,6 +502,7 @@ void Trainer::State::save(const std::string& file_name) {
 float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images) {
   optimizer->zero_grad();
   float loss_sum = 0.0f;
+  float non_finite_loss = 0.0f; // the first inf/NaN loss of this step on this rank, if any
   for (int64_t micro = 0; micro < num_micro_batches; ++micro) {
     auto batch = train_loader->next();
     TORCH_INTERNAL_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step");
@@ -519,15 +520,10 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
         logits, labels,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.loss_ignore_index));
     const float loss_value = loss.item<float>();
-    if (options.check_nan && !std::isfinite(loss_value)) {
-      progress.clear();
-      throw TrainingError(fmt::format(
-          "the training loss is {} at epoch {} iteration {} (global iteration {}{}); training "
-          "stopped without writing a checkpoint, so {} still holds the last good state. Lower "
-          "the learning rate or check the data, then resume.",
-          loss_value, epoch + 1, iteration_in_epoch + 1, iteration + 1,
-          group->world_size() > 1 ? fmt::format(", rank {}", group->rank()) : "",
-          (run_dir() / kLatestCheckpointName).string()));
+    // Not thrown here: the ranks decide together after backward (unscale_ below), so that
+    // a NaN on one rank stops (or, with loss scaling, skips) every rank at the same step.
+    if (!std::isfinite(loss_value) && std::isfinite(non_finite_loss)) {
+      non_finite_loss = loss_value;
     }
     // Loss scaling: backward on the scaled loss (MixedPrecision::backward).
     mixed_precision->backward(num_micro_batches > 1 ? loss / static_cast<double>(num_micro_batches)
@@ -540,16 +536,22 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
   }
   // unscale_ (O2: into the float32 masters) before clipping, found_inf agreed on by every
   // rank; the step is skipped (loss scaling) or the run stops (no scaling) on inf/NaN.
-  const bool gradients_finite = mixed_precision->unscale_(trained_parameters);
+  const bool loss_finite = std::isfinite(non_finite_loss) || !options.check_nan;
+  const bool gradients_finite = mixed_precision->unscale_(trained_parameters, loss_finite);
   if (!gradients_finite && !mixed_precision->has_loss_scaling()) {
     progress.clear();
+    const std::string where = fmt::format(
+        "at epoch {} iteration {} (global iteration {}{})", epoch + 1, iteration_in_epoch + 1,
+        iteration + 1,
+        group->world_size() > 1 ? fmt::format(", rank {} of {}", group->rank(), group->world_size())
+                                : "");
+    const std::string what = !loss_finite
+        ? fmt::format("the training loss is {} {}", non_finite_loss, where)
+        : fmt::format("a gradient is inf or NaN {} (on this rank or another)", where);
     throw TrainingError(fmt::format(
-        "a gradient is inf or NaN at epoch {} iteration {} (global iteration {}{}) although the "
-        "loss is finite; training stopped without writing a checkpoint, so {} still holds the "
-        "last good state. Lower the learning rate or enable gradient clipping, then resume.",
-        epoch + 1, iteration_in_epoch + 1, iteration + 1,
-        group->world_size() > 1 ? fmt::format(", on some rank of {}", group->world_size()) : "",
-        (run_dir() / kLatestCheckpointName).string()));
+        "{}; training stopped without writing a checkpoint, so {} still holds the last good "
+        "state. Lower the learning rate or check the data, then resume.",
+        what, (run_dir() / kLatestCheckpointName).string()));
   }
   if (gradients_finite && options.use_grad_clip) {
     torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
