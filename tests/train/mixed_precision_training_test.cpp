@@ -16,9 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -60,11 +58,15 @@ std::string training_error_of(const TrainerOptions& options) {
   return "(no error)";
 }
 
-int64_t env_or(const char* name, int64_t fallback) { // TEMPORARY exploration knob
-  const char* value = std::getenv(name);
-  return value ? std::stoll(value) : fallback;
-}
-
+// bfloat16 (O2: bfloat16 model, float32 masters and BatchNorm) against float32, same config
+// and seed, evaluated on the whole Fashion-MNIST test set (10000 images, so 0.5 points are
+// 50 images). The model is the MLP trunk with a BatchNorm head rather than the default
+// job's small CNN: on this AVX2 CPU, without native bfloat16, oneDNN's bfloat16
+// convolutions run about 10x slower than float32 ones, while bfloat16 matmuls run at about
+// float32 speed, so the MLP can train on 20000 images (one epoch, 157 steps of the default
+// job's SGD + cosine schedule) in well under a minute per run on an idle machine (the whole
+// test: about 55 s of CPU time on 2 threads). Measured top-1, float32 vs bfloat16: seed 0
+// 82.89 vs 82.68 (this test), seed 1 82.98 vs 82.95, seed 2 83.27 vs 83.32.
 TEST_F(MixedPrecisionTrainingTest, Bfloat16EndsWithinHalfAPointOfFloat32OnFashionMnist) {
   if (!fs::exists(kFashionMnist)) {
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
@@ -73,10 +75,7 @@ TEST_F(MixedPrecisionTrainingTest, Bfloat16EndsWithinHalfAPointOfFloat32OnFashio
     Config config = Config::defaults();
     config.merge_yaml(embedded::default_job_yaml(), "default job");
     std::vector<std::string> overrides = {
-        fmt::format("OPTIMIZER.num_epochs={}", env_or("AMP_EPOCHS", 1)),
-        fmt::format("DATA.TRAIN.DATA_LIMIT={}", env_or("AMP_TRAIN", 20000)),
-        fmt::format("DATA.TEST.DATA_LIMIT={}", env_or("AMP_TEST", -1)),
-        fmt::format("SEED_VALUE={}", env_or("AMP_SEED", 0)),
+        "OPTIMIZER.num_epochs=1", "DATA.TRAIN.DATA_LIMIT=20000", "SEED_VALUE=0",
         "LOG_FREQUENCY=1000", "CHECKPOINT.DIR=" + (dir_ / name).string(),
         "DATA.NUM_DATALOADER_WORKERS=2", "MODEL.TRUNK.NAME=mlp",
         "MODEL.HEAD.PARAMS=[[mlp, {dims: [256, 128, 10], use_bn: True}]]"};
@@ -84,24 +83,17 @@ TEST_F(MixedPrecisionTrainingTest, Bfloat16EndsWithinHalfAPointOfFloat32OnFashio
     for (const auto& assignment : overrides) {
       config.apply_override(assignment);
     }
-    auto options = trainer_options_from_config(config);
-    options.model.small_cnn.channels_last = env_or("AMP_CL", 0) != 0;
-    return options;
+    return trainer_options_from_config(config);
   };
-  auto start = std::chrono::steady_clock::now();
   TrainSummary fp32 = Trainer(options_for("fp32", {})).run();
-  auto mid = std::chrono::steady_clock::now();
-  const std::string level = env_or("AMP_O2", 1) ? "O2" : "O1";
   TrainSummary bf16 = Trainer(options_for("bf16", {"MODEL.AMP_PARAMS.USE_AMP=True",
                                                    "MODEL.AMP_PARAMS.DTYPE=bfloat16",
-                                                   "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: " + level + "}"}))
+                                                   "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"}))
                           .run();
-  auto end = std::chrono::steady_clock::now();
   ASSERT_TRUE(fp32.final_top1 && bf16.final_top1);
-  std::printf("EXPLORE fp32 %.2f (%.1f s) bf16 %s %.2f (%.1f s)\n", *fp32.final_top1,
-              std::chrono::duration<double>(mid - start).count(), level.c_str(), *bf16.final_top1,
-              std::chrono::duration<double>(end - mid).count());
-  EXPECT_NEAR(*bf16.final_top1, *fp32.final_top1, 0.5);
+  EXPECT_GT(*fp32.final_top1, 80.0) << "the float32 run itself must have learned";
+  EXPECT_NEAR(*bf16.final_top1, *fp32.final_top1, 0.5)
+      << "float32 " << *fp32.final_top1 << "%, bfloat16 O2 " << *bf16.final_top1 << "%";
 }
 
 TEST_F(MixedPrecisionTrainingTest, SkippedStepsReachTheLogsAndMetrics) {
