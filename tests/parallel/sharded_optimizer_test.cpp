@@ -1,6 +1,7 @@
 // ZeRO stages 1 and 2 against plain DDP on the same seed and data (2 and 3 ranks, Gloo on
-// 127.0.0.1), and the sharded optimizer state: consolidation into an unsharded state and
-// resharding to another world size.
+// 127.0.0.1); loss scaling over shards (one found_inf decision for all ranks); and the
+// sharded optimizer state: consolidation into an unsharded state and resharding to another
+// world size.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/optim/adamw.h>
 #include <largo/optim/param_groups.h>
@@ -8,6 +9,7 @@
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
+#include <largo/precision/grad_scaler.h>
 
 #include "comm/distributed_test_util.h"
 
@@ -254,6 +256,55 @@ TEST(ShardedOptimizerStateTest, ConsolidatesToTheUnshardedStateAndReshards) {
     }
   });
   fs::remove_all(dir);
+}
+
+
+// Stage 2 with dynamic loss scaling: an inf that lands in one rank's gradient shard only
+// (rank 1's) must make every rank skip the step and back off, or the replicas diverge.
+TEST(ShardedMixedPrecisionTest, AnInfInOneRanksShardSkipsTheStepOnEveryRank) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    auto net = make_net(3);
+    ShardedOptimizerOptions options;
+    options.make_base_optimizer = [](std::vector<optim::ParamGroup> groups) {
+      return make_base(std::move(groups), Base::kSgd);
+    };
+    ShardedOptimizer optimizer(groups_of(*net), borrow(group), options);
+    ShardedDataParallel sdp(net.ptr(), optimizer, borrow(group));
+    precision::GradScalerOptions scaler_options;
+    scaler_options.init_scale = 1024.0;
+    scaler_options.found_inf_reducer = precision::found_inf_all_reduce(borrow(group));
+    precision::GradScaler scaler(scaler_options);
+
+    for (int step = 0; step < 2; ++step) {
+      const at::Tensor before = flat_parameters(*net);
+      optimizer.zero_grad();
+      auto [images, labels] = local_batch(step, group);
+      scaler.scale(torch::nn::functional::cross_entropy(sdp.forward(net, images), labels))
+          .backward();
+      std::vector<at::Tensor> grads = optimizer.shard_gradients();
+      ASSERT_FALSE(grads.empty());
+      const bool poison = step == 0 && group.rank() == 1;
+      if (poison) {
+        grads.back().view({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<float>::infinity());
+      }
+      scaler.unscale_(grads);
+      const bool stepped = scaler.step([&] { optimizer.step(); });
+      scaler.update();
+      const at::Tensor after = flat_parameters(*net);
+      if (step == 0) {
+        EXPECT_FALSE(stepped) << "rank " << group.rank() << " stepped over rank 1's inf";
+        EXPECT_TRUE(torch::equal(after, before)) << "rank " << group.rank();
+        EXPECT_EQ(scaler.get_scale(), 512.0) << "rank " << group.rank();
+      } else {
+        EXPECT_TRUE(stepped) << "rank " << group.rank();
+        EXPECT_FALSE(torch::equal(after, before)) << "rank " << group.rank();
+      }
+      // The replicas stay identical.
+      at::Tensor rank0 = after.clone();
+      group.broadcast(rank0, 0);
+      EXPECT_TRUE(torch::equal(after, rank0)) << "step " << step << " rank " << group.rank();
+    }
+  });
 }
 
 } // namespace

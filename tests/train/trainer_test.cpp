@@ -204,7 +204,7 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 }
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
-  for (const auto& assignment : {"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}) {
+  for (const auto& assignment : {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "TEST_ONLY=True"}) {
     Config config = Config::load({}, {assignment});
     try {
       trainer_options_from_config(config);

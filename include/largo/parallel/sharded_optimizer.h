@@ -82,6 +82,9 @@ class ShardedOptimizer : public optim::Optimizer {
   // The gradients this rank's step reads (its pieces' gradients): what the loss scaler
   // unscales and checks and what clipping measures. Valid after backward.
   std::vector<at::Tensor> shard_gradients();
+  // The same as the 1-D pieces they belong to (each piece's .grad is its gradient): for
+  // calls that take parameters, such as the loss scaler's unscale_.
+  std::vector<at::Tensor> shard_parameters();
 
   // Global-norm clipping over the shards: local partial + one all-reduce (collective).
   // Returns the total norm before clipping.

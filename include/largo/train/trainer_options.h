@@ -7,6 +7,9 @@
 #include <largo/optim/lr_schedule.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
+#include <largo/precision/grad_scaler.h>
+#include <largo/precision/precision_policy.h>
+#include <largo/precision/tf32.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -107,7 +110,15 @@ struct TrainerOptions {
   bool test_only = false;
   int64_t test_every_num_epoch = 1;
   std::vector<int64_t> topk_values{1, 5};
-  bool check_nan = true; // stop on a non-finite loss, writing no checkpoint
+  // HOOKS.CHECK_NAN: an inf/NaN loss or gradient stops training, writing no checkpoint (with
+  // loss scaling the step is skipped instead; every rank decides alike).
+  bool check_nan = true;
+
+  // Mixed precision (MODEL.AMP_PARAMS), its loss scaler (MODEL.AMP_PARAMS.GRAD_SCALER) and
+  // TF32 (MACHINE.ALLOW_TF32_*); see docs/mixed_precision.md.
+  precision::PrecisionPolicyOptions amp;
+  precision::GradScalerOptions grad_scaler;
+  precision::Tf32Options tf32;
 
   uint64_t seed = 0;
   std::string device = "cpu"; // cpu | gpu

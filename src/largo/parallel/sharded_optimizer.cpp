@@ -200,6 +200,15 @@ std::vector<at::Tensor> ShardedOptimizer::shard_gradients() {
   return grads;
 }
 
+std::vector<at::Tensor> ShardedOptimizer::shard_parameters() {
+  attach_piece_gradients();
+  std::vector<at::Tensor> pieces;
+  for (const FlatBuffer& buffer : buffers_) {
+    pieces.insert(pieces.end(), buffer.piece_params.begin(), buffer.piece_params.end());
+  }
+  return pieces;
+}
+
 void ShardedOptimizer::step() {
   // The schedule sets lr on this optimizer's groups; the base optimizer's groups follow.
   auto& groups = param_groups();
@@ -229,11 +238,7 @@ void ShardedOptimizer::zero_grad(bool set_to_none) {
 }
 
 double ShardedOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  attach_piece_gradients();
-  std::vector<at::Tensor> pieces;
-  for (const FlatBuffer& buffer : buffers_) {
-    pieces.insert(pieces.end(), buffer.piece_params.begin(), buffer.piece_params.end());
-  }
+  std::vector<at::Tensor> pieces = shard_parameters();
   // The pieces tile the parameters, so the partial sums (or maxima) of all ranks complete
   // to the global norm.
   auto group = group_;

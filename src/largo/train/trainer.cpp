@@ -19,6 +19,7 @@
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
+#include <largo/precision/mixed_precision.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
@@ -136,6 +137,7 @@ struct Trainer::State {
   int64_t iterations_per_epoch = 0;
 
   models::TrunkHeadModel model{nullptr};
+  std::unique_ptr<precision::MixedPrecision> mixed_precision; // MODEL.AMP_PARAMS
   std::unique_ptr<parallel::DistributedDataParallel> ddp; // when the world has > 1 rank
   std::unique_ptr<optim::Optimizer> optimizer;
   // ZeRO: `optimizer` is a ShardedOptimizer (stage 1), and with stage 2 (and > 1 rank) a
@@ -263,7 +265,29 @@ void Trainer::State::setup() {
   seed_everything(options.seed);
   model = models::build_model(model_options);
   model->to(device);
-  // Optimizer and schedules. Auto-scaling uses the global batch of one optimizer step.
+  // Mixed precision casts the model (O2/O3) before DDP sizes its gradient buckets by dtype;
+  // found_inf is all-reduced so every rank skips (or stops) together.
+  precision::apply_tf32(options.tf32);
+  precision::GradScalerOptions scaler_options = options.grad_scaler;
+  if (world_size > 1) {
+    scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
+  }
+  const precision::PrecisionPolicy precision_policy = precision::resolve_precision_policy(options.amp);
+  if (world_size > 1) {
+    precision::check_policy_supported_by_backend(precision_policy, group->backend());
+  }
+  if (options.zero.shard_optimizer_state && precision_policy.master_weights) {
+    throw ConfigError(fmt::format(
+        "ZeRO (OPTIMIZER.name zero / use_zero / SHARDED_DDP_SETUP.USE_SDP) with {} is not "
+        "supported yet: sharding float32 master weights is not built. Use opt_level O1 "
+        "(autocast, float32 weights) or O3 with ZeRO, or turn ZeRO off",
+        precision_policy.describe()));
+  }
+  mixed_precision = std::make_unique<precision::MixedPrecision>(
+      precision_policy, *model, device, scaler_options, options.check_nan);
+
+  // Optimizer (ZeRO: sharded, see docs/zero.md). Built before DDP/SDP: the sharded optimizer
+  // moves the parameters into flat buffers, and SDP reduces into its gradient shards.
   const auto& opt = options.optimizer;
   optim::OptimizerSpec spec = opt.spec;
   if (spec.use_larc && opt.larc_exclude_bias_and_norm) {
@@ -272,6 +296,12 @@ void Trainer::State::setup() {
     }
   }
   auto param_groups = optim::build_param_groups(*model, opt.param_groups);
+  for (auto& param_group : param_groups) { // O2: the optimizer updates the float32 master weights
+    for (size_t i = 0; i < param_group.params.size(); ++i) {
+      param_group.params[i] =
+          mixed_precision->optimizer_param(param_group.names[i], param_group.params[i]);
+    }
+  }
   if (options.zero.shard_optimizer_state) {
     parallel::ShardedOptimizerOptions zero_options;
     zero_options.make_base_optimizer = [spec](std::vector<optim::ParamGroup> pieces) {
@@ -306,6 +336,7 @@ void Trainer::State::setup() {
   }
   // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
   seed_everything(options.seed + static_cast<uint64_t>(rank));
+  mixed_precision->copy_model_to_masters(); // DDP broadcast rank 0's weights (O2)
 
   const int64_t global_batch = options.train.batch_size * world_size * accumulation;
   lr_options = opt.lr;
@@ -328,9 +359,10 @@ void Trainer::State::setup() {
     }
   }
   spdlog::info("model {}: {} parameters; {} training samples, {} test samples; {} iterations/epoch; "
-               "{} threads on {}",
+               "{} threads on {}; precision {}",
                model_options.trunk_name, models::count_parameters(*model), train_subset.size(),
-               test_subset.size(), iterations_per_epoch, threads, device.str());
+               test_subset.size(), iterations_per_epoch, threads, device.str(),
+               mixed_precision->policy().describe());
   if (world_size > 1) {
     spdlog::info("data parallel: {} ranks ({}), global batch {} = {} per rank x {} ranks x {} "
                  "accumulation steps; {} gradient buckets",
@@ -406,6 +438,9 @@ bool Trainer::State::resume() {
     return false;
   }
   checkpoint::load_model_state_dict(*model, entry("model").toGenericDict());
+  auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
+  mixed_precision->load_state_dict(precision_state == state.end() ? c10::IValue()
+                                                                  : precision_state->value());
   load_optimizer_state(fs::canonical(latest).parent_path(), entry("optimizer"), *optimizer,
                        trained_parameter_shapes());
   epoch = entry("epoch").toInt();
@@ -465,6 +500,7 @@ void Trainer::State::save(const std::string& file_name) {
   auto state = checkpoint::make_state_dict();
   state.insert("model", checkpoint::model_state_dict(*model));
   state.insert("optimizer", sharded_optimizer ? optimizer_state : optimizer->state_dict());
+  state.insert("precision", mixed_precision->state_dict()); // loss scale, fp32 master weights
   state.insert("epoch", epoch);
   state.insert("iteration_in_epoch", iteration_in_epoch);
   state.insert("iteration", iteration);
@@ -543,6 +579,7 @@ void Trainer::State::log_model_state_bytes() {
 float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images) {
   optimizer->zero_grad();
   float loss_sum = 0.0f;
+  float non_finite_loss = 0.0f; // the first inf/NaN loss of this step on this rank, if any
   for (int64_t micro = 0; micro < num_micro_batches; ++micro) {
     auto batch = train_loader->next();
     TORCH_INTERNAL_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step");
@@ -553,31 +590,51 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
     if (ddp && !last_micro) {
       no_sync.emplace(*ddp);
     }
-    at::Tensor logits = ddp ? ddp->forward(model, images)
-        : sdp               ? sdp->forward(model, images)
-                            : model->forward(images);
+    at::Tensor logits = mixed_precision->forward( // autocast / input cast per MODEL.AMP_PARAMS
+        [&](const at::Tensor& x) {
+          return ddp ? ddp->forward(model, x) : sdp ? sdp->forward(model, x) : model->forward(x);
+        },
+        images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits, labels,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.loss_ignore_index));
     const float loss_value = loss.item<float>();
-    if (options.check_nan && !std::isfinite(loss_value)) {
-      progress.clear();
-      throw TrainingError(fmt::format(
-          "the training loss is {} at epoch {} iteration {} (global iteration {}{}); training "
-          "stopped without writing a checkpoint, so {} still holds the last good state. Lower "
-          "the learning rate or check the data, then resume.",
-          loss_value, epoch + 1, iteration_in_epoch + 1, iteration + 1,
-          group->world_size() > 1 ? fmt::format(", rank {}", group->rank()) : "",
-          (run_dir() / kLatestCheckpointName).string()));
+    // Not thrown here: the ranks decide together after backward (unscale_ below), so that
+    // a NaN on one rank stops (or, with loss scaling, skips) every rank at the same step.
+    if (!std::isfinite(loss_value) && std::isfinite(non_finite_loss)) {
+      non_finite_loss = loss_value;
     }
-    (num_micro_batches > 1 ? loss / static_cast<double>(num_micro_batches) : loss).backward();
+    // Loss scaling: backward on the scaled loss (MixedPrecision::backward).
+    mixed_precision->backward(num_micro_batches > 1 ? loss / static_cast<double>(num_micro_batches)
+                                                    : loss);
     loss_sum += loss_value;
     num_images += images.size(0);
   }
   if (ddp && options.distributed.manual_gradient_reduction) {
     ddp->reduce_gradients();
   }
-  if (options.use_grad_clip) { // after the loss scaler's unscale, before LARC
+  // unscale_ (O2: into the float32 masters) before clipping, found_inf agreed on by every
+  // rank; the step is skipped (loss scaling) or the run stops (no scaling) on inf/NaN.
+  const bool loss_finite = std::isfinite(non_finite_loss) || !options.check_nan;
+  // ZeRO: each rank unscales and checks only the gradients its shard steps with.
+  const bool gradients_finite = mixed_precision->unscale_(
+      sharded_optimizer ? sharded_optimizer->shard_parameters() : trained_parameters, loss_finite);
+  if (!gradients_finite && !mixed_precision->has_loss_scaling()) {
+    progress.clear();
+    const std::string where = fmt::format(
+        "at epoch {} iteration {} (global iteration {}{})", epoch + 1, iteration_in_epoch + 1,
+        iteration + 1,
+        group->world_size() > 1 ? fmt::format(", rank {} of {}", group->rank(), group->world_size())
+                                : "");
+    const std::string what = !loss_finite
+        ? fmt::format("the training loss is {} {}", non_finite_loss, where)
+        : fmt::format("a gradient is inf or NaN {} (on this rank or another)", where);
+    throw TrainingError(fmt::format(
+        "{}; training stopped without writing a checkpoint, so {} still holds the last good "
+        "state. Lower the learning rate or check the data, then resume.",
+        what, (run_dir() / kLatestCheckpointName).string()));
+  }
+  if (gradients_finite && options.use_grad_clip) { // after unscale_, before LARC
     if (sharded_optimizer) { // the norm over every rank's shard (a collective)
       sharded_optimizer->clip_grad_norm(options.grad_clip_max_norm, options.grad_clip_norm_type);
     } else {
@@ -585,7 +642,14 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
                             options.grad_clip_norm_type);
     }
   }
-  optimizer->step();
+  try {
+    mixed_precision->step([&] { optimizer->step(); });
+  } catch (const TrainingError& error) { // the loss scale cannot back off any further
+    progress.clear();
+    throw TrainingError(fmt::format("at epoch {} iteration {} (global iteration {}): {}",
+                                    epoch + 1, iteration_in_epoch + 1, iteration + 1,
+                                    error.what()));
+  }
   if (!model_state_logged) {
     log_model_state_bytes(); // after the first step, when the optimizer state exists
   }
@@ -627,13 +691,24 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       const double mean_loss =
           totals[0].item<double>() / std::max<int64_t>(window_steps, 1) / group->world_size();
       progress.clear();
-      spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g} {:.0f} img/s eta {}",
+      nlohmann::json event = {{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
+                              {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
+                              {"wall_time", wall_time()}};
+      std::string scaling;
+      if (mixed_precision->has_loss_scaling()) {
+        event["loss_scale"] = mixed_precision->loss_scale();
+        event["skipped_steps"] = mixed_precision->skipped_steps(); // since the run started
+        scaling = fmt::format(" loss scale {:g} skipped steps {}", mixed_precision->loss_scale(),
+                              mixed_precision->skipped_steps());
+      }
+      spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {}",
                    epoch + 1, num_epochs, iteration_in_epoch, iterations_per_epoch, mean_loss, lr,
-                   images_per_sec, format_duration(remaining * seconds_per_iteration));
+                   scaling, images_per_sec, format_duration(remaining * seconds_per_iteration));
       if (metrics) {
-        metrics->write({{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
-                        {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
-                        {"wall_time", wall_time()}});
+        metrics->write(event);
+      }
+      if (tensorboard && mixed_precision->has_loss_scaling()) {
+        tensorboard->add_scalar("train/loss_scale", mixed_precision->loss_scale(), iteration);
       }
       if (tensorboard) {
         tensorboard->add_scalar("train/loss", mean_loss, iteration);
@@ -675,7 +750,8 @@ void Trainer::State::evaluate() {
   while (auto batch = test_loader->next()) {
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
-    at::Tensor logits = model->forward(images);
+    at::Tensor logits = mixed_precision->forward(
+        [&](const at::Tensor& x) { return model->forward(x); }, images);
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, labels,
                     torch::nn::functional::CrossEntropyFuncOptions()

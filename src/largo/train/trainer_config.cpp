@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <limits>
+
 namespace largo::train {
 namespace {
 
@@ -31,7 +34,6 @@ void reject_unimplemented(const Config& config) {
     const char* feature;
   };
   const Switch switches[] = {
-      {"MODEL.AMP_PARAMS.USE_AMP", "mixed precision"},
       {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP", "fully sharded data parallel (ZeRO-3)"},
       {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", "activation checkpointing"},
       {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "synchronized BatchNorm"},
@@ -219,6 +221,60 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
   return schedule;
 }
 
+// MODEL.AMP_PARAMS: the policy, its loss scaler, and Apex's AMP_ARGS (an open map).
+void amp_options_from(const Config& config, TrainerOptions& options) {
+  auto& amp = options.amp;
+  amp.use_amp = config.get_bool("MODEL.AMP_PARAMS.USE_AMP");
+  amp.amp_type = config.get_string("MODEL.AMP_PARAMS.AMP_TYPE");
+  amp.dtype = config.get_string("MODEL.AMP_PARAMS.DTYPE");
+  const std::string scaler = "MODEL.AMP_PARAMS.GRAD_SCALER.";
+  auto& grad_scaler = options.grad_scaler;
+  grad_scaler.init_scale = config.get_double(scaler + "INIT_SCALE");
+  grad_scaler.growth_factor = config.get_double(scaler + "GROWTH_FACTOR");
+  grad_scaler.backoff_factor = config.get_double(scaler + "BACKOFF_FACTOR");
+  grad_scaler.growth_interval = config.get_int(scaler + "GROWTH_INTERVAL");
+  grad_scaler.hysteresis = config.get_int(scaler + "HYSTERESIS");
+  grad_scaler.min_loss_scale = config.get_double(scaler + "MIN_LOSS_SCALE");
+  // Apex caps its dynamic scale at 2^24 (a larger INIT_SCALE raises the cap to it);
+  // PyTorch's GradScaler has no cap.
+  grad_scaler.max_loss_scale = amp.amp_type == "apex"
+      ? std::max(16777216.0, grad_scaler.init_scale)
+      : std::numeric_limits<double>::infinity();
+
+  const std::string args_key = "MODEL.AMP_PARAMS.AMP_ARGS";
+  const YAML::Node args = config.node(args_key);
+  if (!args.IsMap()) {
+    throw config_error(args_key, "(not a map)", "a map such as {\"opt_level\": \"O1\"}");
+  }
+  for (const auto& entry : args) {
+    const std::string name = entry.first.as<std::string>();
+    const std::string key = args_key + "." + name;
+    const YAML::Node& value = entry.second;
+    if (name == "opt_level") {
+      require(value.IsScalar(), key, "(not a string)", "O0, O1, O2 or O3");
+      amp.opt_level = value.Scalar();
+    } else if (name == "keep_batchnorm_fp32") {
+      amp.keep_batchnorm_fp32 = yaml_to_bool(value, key);
+    } else if (name == "master_weights") {
+      amp.master_weights = yaml_to_bool(value, key);
+    } else if (name == "loss_scale") {
+      require(value.IsScalar(), key, "(not a scalar)", "\"dynamic\" or a number > 0");
+      amp.loss_scale = value.Scalar();
+    } else if (name == "min_loss_scale") {
+      grad_scaler.min_loss_scale = yaml_to_double(value, key);
+    } else if (name == "max_loss_scale") {
+      grad_scaler.max_loss_scale = yaml_to_double(value, key);
+    } else {
+      throw config_error(key, "(given)",
+                         "one of the Apex options Largo implements: opt_level, "
+                         "keep_batchnorm_fp32, master_weights, loss_scale, min_loss_scale, "
+                         "max_loss_scale");
+    }
+  }
+  options.tf32.matmul = config.get_bool("MACHINE.ALLOW_TF32_MATMUL");
+  options.tf32.cudnn = config.get_bool("MACHINE.ALLOW_TF32_CUDNN");
+}
+
 } // namespace
 
 TrainerOptions trainer_options_from_config(const Config& config) {
@@ -370,6 +426,10 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   require(!options.topk_values.empty(), "METERS.accuracy_list_meter.topk_values", "[]",
           "at least one k, e.g. [1, 5]");
   options.check_nan = config.get_bool("HOOKS.CHECK_NAN");
+  amp_options_from(config, options);
+  // Built here too, so that a bad AMP setting fails while the config is validated.
+  precision::resolve_precision_policy(options.amp);
+  precision::GradScaler validated_scaler(options.grad_scaler);
   options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
 
   options.device = config.get_string("MACHINE.DEVICE");
