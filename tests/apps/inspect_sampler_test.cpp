@@ -1,9 +1,10 @@
 // `largo inspect sampler` prints the indices PyTorch's DistributedSampler and VISSL's
 // StatefulDistributedSampler yield, checked against the baselines that
-// tests/reference/gen_sampler_baselines.py recorded in Python. To keep the number of program
-// runs small, only the recorded cases that pad, drop or run past the end are run, for their
-// last rank (which sees the padding or the dropped tail), and the Fashion-MNIST-sized ones;
-// tests/data/sampler_test.cpp checks every case and rank through the library.
+// tests/reference/gen_sampler_baselines.py recorded in Python. Each program run costs about a
+// second (loading libtorch), so only one recorded case per dataset size and world size is run,
+// among those that pad, drop or run past the end, for its last rank (which sees the padding or
+// the dropped tail); tests/data/sampler_test.cpp checks every case and rank through the
+// library.
 #include "apps/program_runner.h"
 
 #include <fmt/format.h>
@@ -11,7 +12,9 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <utility>
 
 namespace largo::testing {
 namespace {
@@ -66,15 +69,16 @@ void expect_matches(const std::vector<int64_t>& actual, const nlohmann::json& ex
   EXPECT_EQ(checksum, expected.at("checksum").get<int64_t>()) << what;
 }
 
-// Whether a recorded case is one the program is run for (see the top).
-bool worth_a_run(const nlohmann::json& entry) {
+// Whether a recorded case is one the program is run for (see the top); `seen` holds the
+// (dataset size, world size) pairs already run.
+bool worth_a_run(const nlohmann::json& entry, std::set<std::pair<int64_t, int64_t>>& seen) {
   const auto size = entry.at("dataset_size").get<int64_t>();
   const auto replicas = entry.at("num_replicas").get<int64_t>();
   const bool past_the_end = entry.contains("start_iter") &&
       entry.at("start_iter").get<int64_t>() * entry.at("batch_size").get<int64_t>() >=
           entry.at("num_samples").get<int64_t>() && entry.at("num_samples").get<int64_t>() > 0;
   return entry.at("rank").get<int64_t>() == replicas - 1 &&
-      (size % replicas != 0 || size >= 60000 || past_the_end);
+      (size % replicas != 0 || past_the_end) && seen.insert({size, replicas}).second;
 }
 
 std::string text(const nlohmann::json& value) {
@@ -83,8 +87,9 @@ std::string text(const nlohmann::json& value) {
 
 TEST(InspectSamplerTest, PrintsPyTorchsDistributedSamplerOrder) {
   int checked = 0;
+  std::set<std::pair<int64_t, int64_t>> seen;
   for (const auto& entry : baselines().at("distributed_sampler")) {
-    if (!worth_a_run(entry)) {
+    if (!worth_a_run(entry, seen)) {
       continue;
     }
     std::vector<std::string> flags = {
@@ -97,13 +102,14 @@ TEST(InspectSamplerTest, PrintsPyTorchsDistributedSamplerOrder) {
     expect_matches(printed_indices(flags), entry, fmt::format("{}", fmt::join(flags, " ")));
     ++checked;
   }
-  EXPECT_GE(checked, 6);
+  EXPECT_GE(checked, 4); // sizes 10, 11, 3 and 60001, not divisible by the world size
 }
 
 TEST(InspectSamplerTest, PrintsVisslsStatefulSamplerOrderWithStartIter) {
   int checked = 0;
+  std::set<std::pair<int64_t, int64_t>> seen;
   for (const auto& entry : baselines().at("stateful_distributed_sampler")) {
-    if (!worth_a_run(entry)) {
+    if (!worth_a_run(entry, seen)) {
       continue;
     }
     std::vector<std::string> flags = {
@@ -114,7 +120,7 @@ TEST(InspectSamplerTest, PrintsVisslsStatefulSamplerOrderWithStartIter) {
     expect_matches(printed_indices(flags), entry, fmt::format("{}", fmt::join(flags, " ")));
     ++checked;
   }
-  EXPECT_GE(checked, 6);
+  EXPECT_GE(checked, 6); // sizes 10, 11, 3, 1003, 60001; 10 on 2 ranks resumed past the end
 }
 
 TEST(InspectSamplerTest, BadArgumentsGiveClearErrors) {
@@ -125,12 +131,9 @@ TEST(InspectSamplerTest, BadArgumentsGiveClearErrors) {
   const std::vector<Case> cases = {
       {{"--world_size", "2"}, "--size is required"},
       {{"--size", "10", "--world_size", "2", "--rank", "2"}, "--rank = 2 with --world_size = 2"},
-      {{"--size", "-1"}, "--size = -1"},
-      {{"--size", "10", "--shuffle", "2"}, "--shuffle = 2: expected 0 or 1"},
       {{"--size", "10", "--stateful", "--shuffle", "0"}, "always shuffles"},
       {{"--size", "10", "--start_iter", "1"}, "--batch_size and --start_iter belong to --stateful"},
       {{"--size", "10", "--stateful", "--start_iter", "1"}, "give --batch_size too"},
-      {{"--size", "10", "--stateful", "--batch_size", "0"}, "--batch_size = 0"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> argv = {largo_program(), "inspect", "sampler"};
