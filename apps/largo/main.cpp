@@ -1,7 +1,15 @@
 // The `largo` program: the VISSL-style trainer built on the library's public API.
-//   largo train [CONFIG.yaml] [KEY=VALUE ...]   train (no config: the Fashion-MNIST default job)
+//   largo train [CONFIG.yaml] [KEY=VALUE ...]   train (no config: the Fashion-MNIST default job);
+//                                               starts its own workers when
+//                                               DISTRIBUTED.NUM_PROC_PER_NODE > 1
 //   largo config [CONFIG.yaml] [KEY=VALUE ...]  validate and print the effective config
+//   largo launch --nproc_per_node N ... [--] COMMAND ...
+//                                               start a node's workers (torchrun's contract)
+//   largo inspect sampler --size N ...          print one rank's sample indices
 // Only this file turns errors into messages and exit codes.
+#include "commands.h"
+
+#include <largo/comm/world_info.h>
 #include <largo/core/config.h>
 #include <largo/core/embedded_configs.h>
 #include <largo/core/error.h>
@@ -10,17 +18,21 @@
 #include <largo/train/sharded_checkpoint.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
+#include <largo/train/worker_launch.h>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <iostream>
 
 namespace {
 
-// Exit codes: 0 success, 1 training or data failure, 2 bad usage or config.
+// Exit codes: 0 success, 1 training, data or worker failure, 2 bad usage or config,
+// 128 + N when `largo launch` / a self-spawning `largo train` forwarded signal N.
 constexpr int kExitFailure = 1;
 constexpr int kExitBadConfig = 2;
 
@@ -54,11 +66,31 @@ largo::Config config_from_arguments(const std::vector<std::string>& arguments) {
 }
 
 int run_train(const std::vector<std::string>& arguments) {
+  using Kind = largo::train::TrainLaunchPlan::Kind;
   largo::Config config = config_from_arguments(arguments);
-  largo::init_logging(/*rank=*/0, config.get_bool("VERBOSE"));
-  auto options = largo::train::trainer_options_from_config(config);
+  const auto plan = largo::train::plan_train_launch(config);
+  const int rank = plan.world ? plan.world->rank : 0;
+  largo::init_logging(rank, config.get_bool("VERBOSE"));
+  auto options = largo::train::trainer_options_from_config(config); // range checks too
+  if (plan.kind == Kind::kSpawnWorkers) {
+    return largo::app::spawn_training_workers(plan, arguments);
+  }
+  if (plan.kind == Kind::kExternalWorker) {
+    const int64_t configured = config.get_int("DISTRIBUTED.NUM_NODES") *
+        config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
+    spdlog::info("rank {} of {} (from the launcher's {} variables){}", plan.world->rank,
+                 plan.world->world_size, plan.world->source,
+                 configured > 1 && configured != plan.world->world_size
+                     ? fmt::format("; DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = {} is not used: "
+                                   "the launcher defines the world",
+                                   configured)
+                     : "");
+  }
   largo::train::Trainer trainer(options, config.to_yaml());
   auto summary = trainer.run();
+  if (rank != 0) {
+    return 0; // rank 0 reports for the job
+  }
   if (summary.final_top1) {
     std::string top5 = summary.final_top5 ? fmt::format(", top-5 {:.2f} %", *summary.final_top5) : "";
     std::printf("final test accuracy: top-1 %.2f %%%s (after %lld epochs); run directory %s\n",
@@ -75,6 +107,7 @@ int run_train(const std::vector<std::string>& arguments) {
 int run_config(const std::vector<std::string>& arguments) {
   largo::Config config = config_from_arguments(arguments);
   largo::train::trainer_options_from_config(config); // range checks too
+  largo::train::validate_launch_config(config);      // DISTRIBUTED.INIT_METHOD / RUN_ID too
   std::cout << config.to_yaml();
   return 0;
 }
@@ -87,10 +120,44 @@ int run_consolidate(const std::string& checkpoint_path, const std::string& outpu
   return 0;
 }
 
+// "largo" or, in a worker of a distributed job, "largo (rank 1 of 2)": whose error it is.
+std::string who_am_i(const char* program) {
+  try {
+    if (auto world = largo::comm::world_from_environment()) {
+      return fmt::format("{} (rank {} of {})", program, world->rank, world->world_size);
+    }
+  } catch (const largo::Error&) {
+  }
+  return program;
+}
+
+int report_errors(const char* program, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const largo::ConfigError& e) {
+    std::fprintf(stderr, "%s: config error: %s\n", who_am_i(program).c_str(), e.what());
+    return kExitBadConfig;
+  } catch (const largo::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", who_am_i(program).c_str(), e.what());
+    return kExitFailure;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: internal error: %s\n", who_am_i(program).c_str(), e.what());
+    return kExitFailure;
+  }
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   largo::tune_malloc_for_tensors();
+  // `largo launch` takes an arbitrary command after its options, which a CLI11 subcommand
+  // would try to parse; it splits its own command line.
+  if (argc >= 2 && std::strcmp(argv[1], "launch") == 0) {
+    largo::init_logging(/*rank=*/0, /*verbose=*/false);
+    std::vector<std::string> arguments(argv + 2, argv + argc);
+    return report_errors("largo launch", [&] { return largo::app::run_launch(arguments); });
+  }
+
   CLI::App app{"Largo: large-scale neural network training on libtorch"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "largo 0.1.0");
@@ -103,6 +170,31 @@ int main(int argc, char** argv) {
   std::vector<std::string> config_arguments;
   auto* config = app.add_subcommand("config", "Validate a config and print the effective tree");
   config->add_option("args", config_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
+  // Listed for --help; run above.
+  app.add_subcommand("launch", "Start the workers of a distributed job: largo launch "
+                               "--nproc_per_node N [...] -- COMMAND (see largo launch --help)");
+
+  auto* inspect = app.add_subcommand("inspect", "Look inside Largo's components");
+  inspect->require_subcommand(1);
+  largo::app::InspectSamplerArguments sampler_arguments;
+  auto* sampler = inspect->add_subcommand(
+      "sampler", "Print one rank's sample indices for an epoch, space-separated on one line");
+  sampler->add_option("--size", sampler_arguments.size, "dataset size")->required();
+  sampler->add_option("--world_size", sampler_arguments.world_size, "number of ranks")
+      ->capture_default_str();
+  sampler->add_option("--rank", sampler_arguments.rank, "the rank to print")->capture_default_str();
+  sampler->add_option("--epoch", sampler_arguments.epoch)->capture_default_str();
+  sampler->add_option("--seed", sampler_arguments.seed)->capture_default_str();
+  sampler->add_flag("--stateful", sampler_arguments.stateful,
+                    "VISSL's StatefulDistributedSampler (default: PyTorch's DistributedSampler)");
+  sampler->add_option("--shuffle", sampler_arguments.shuffle, "1 or 0 (DistributedSampler)")
+      ->capture_default_str();
+  sampler->add_flag("--drop_last", sampler_arguments.drop_last,
+                    "drop the tail instead of padding (DistributedSampler; implied by --stateful)");
+  sampler->add_option("--batch_size", sampler_arguments.batch_size,
+                      "batch size that --start_iter counts in (--stateful)");
+  sampler->add_option("--start_iter", sampler_arguments.start_iter,
+                      "first batch to serve (--stateful: a resumed epoch)");
 
   auto* checkpoint = app.add_subcommand("checkpoint", "Work on checkpoint files");
   checkpoint->require_subcommand(1);
@@ -116,23 +208,23 @@ int main(int argc, char** argv) {
   consolidate->add_option("--output", consolidate_output,
                           "where to write (default: <checkpoint>_consolidated.torch beside it)");
 
-  CLI11_PARSE(app, argc, argv);
   try {
-    if (train->parsed()) {
-      return run_train(train_arguments);
-    }
-    if (consolidate->parsed()) {
-      return run_consolidate(consolidate_path, consolidate_output);
-    }
-    return run_config(config_arguments);
-  } catch (const largo::ConfigError& e) {
-    std::fprintf(stderr, "largo: config error: %s\n", e.what());
-    return kExitBadConfig;
-  } catch (const largo::Error& e) {
-    std::fprintf(stderr, "largo: error: %s\n", e.what());
-    return kExitFailure;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "largo: internal error: %s\n", e.what());
-    return kExitFailure;
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e); // prints help/version, or the error
+    return code == 0 ? 0 : kExitBadConfig;
   }
+  if (train->parsed()) {
+    return report_errors("largo", [&] { return run_train(train_arguments); });
+  }
+  if (consolidate->parsed()) {
+    return report_errors("largo", [&] { return run_consolidate(consolidate_path, consolidate_output); });
+  }
+  if (sampler->parsed()) {
+    return report_errors("largo", [&] {
+      std::cout << largo::app::inspect_sampler(sampler_arguments) << "\n";
+      return 0;
+    });
+  }
+  return report_errors("largo", [&] { return run_config(config_arguments); });
 }

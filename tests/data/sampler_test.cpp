@@ -1,5 +1,6 @@
-// Samplers: DistributedSampler against indices recorded from PyTorch
-// (tests/reference/gen_sampler_baselines.py), StatefulDistributedSampler in closed form.
+// Samplers: DistributedSampler against indices recorded from PyTorch and
+// StatefulDistributedSampler against VISSL's formula run in Python
+// (tests/reference/gen_sampler_baselines.py), and both in closed form.
 #include "largo/data/sampler.h"
 
 #include <fstream>
@@ -137,6 +138,24 @@ TEST(StatefulDistributedSampler, ContiguousBlockPerRankReorderedBySharedPermutat
   }
   EXPECT_EQ(all.size(), 51U);
   EXPECT_EQ(*all.rbegin(), 50);
+}
+
+TEST(StatefulDistributedSampler, MatchesVisslForEveryRecordedCase) {
+  const auto& cases = baselines().at("stateful_distributed_sampler");
+  ASSERT_GE(cases.size(), 40U);
+  for (const auto& entry : cases) {
+    const std::string what = entry.dump().substr(0, 160);
+    StatefulDistributedSampler sampler(
+        entry.at("dataset_size").get<int64_t>(),
+        entry.at("num_replicas").get<int64_t>(),
+        entry.at("rank").get<int64_t>(),
+        entry.at("batch_size").get<int64_t>(),
+        entry.at("seed").get<uint64_t>());
+    sampler.set_epoch(entry.at("epoch").get<int64_t>());
+    sampler.set_start_iter(entry.at("start_iter").get<int64_t>());
+    EXPECT_EQ(sampler.num_samples(), entry.at("num_samples").get<int64_t>()) << what;
+    expect_matches(sampler.indices(), entry, what);
+  }
 }
 
 TEST(StatefulDistributedSampler, StartIterSkipsWholeBatchesAndStateRoundTrips) {

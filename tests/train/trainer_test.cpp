@@ -46,9 +46,11 @@ TEST_F(TrainerTest, ShortFashionMnistRunLearns) {
   }
   Config config = Config::defaults();
   config.merge_yaml(embedded::default_job_yaml(), "default job");
+  // In one process (no launcher variables here: the Trainer does not spawn), with the default
+  // job's global batch (2 workers x 64) as one batch of 128.
   for (const auto& assignment :
        {"OPTIMIZER.num_epochs=1", "DATA.TRAIN.DATA_LIMIT=6000", "DATA.TEST.DATA_LIMIT=2000",
-        "LOG_FREQUENCY=10"}) {
+        "LOG_FREQUENCY=10", "DATA.TRAIN.BATCHSIZE_PER_REPLICA=128"}) {
     config.apply_override(assignment);
   }
   config.apply_override("CHECKPOINT.DIR=" + dir_.string());

@@ -39,6 +39,13 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// A worker process started by the launcher (largo launch, a self-spawning largo train)
+// exited non-zero or was killed; the message names its rank and how it ended.
+class WorkerError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Training cannot go on (e.g. a non-finite loss).
 class TrainingError : public Error {
  public:

@@ -199,9 +199,14 @@ models::TrunkHeadModel& Trainer::model() {
 
 void Trainer::State::setup() {
   tune_malloc_for_tensors();
-  int64_t threads = options.num_threads > 0
-      ? options.num_threads
-      : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+  // 0 = every core, shared among the ranks on this machine (LOCAL_WORLD_SIZE), so that
+  // N workers on one node do not oversubscribe it N times.
+  int64_t threads = options.num_threads;
+  if (threads == 0) {
+    auto world = group->world_size() > 1 ? comm::world_from_environment() : std::nullopt;
+    const int64_t local_ranks = world ? std::max(1, world->local_world_size) : 1;
+    threads = std::max<int64_t>(1, std::max(1u, std::thread::hardware_concurrency()) / local_ranks);
+  }
   torch::set_num_threads(static_cast<int>(threads));
 
   const int rank = group->rank();

@@ -451,8 +451,8 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   checkpoint.overwrite_existing = config.get_bool("CHECKPOINT.OVERWRITE_EXISTING");
   options.use_tensorboard = config.get_bool("HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD");
 
-  // Data parallelism. NUM_NODES / NUM_PROC_PER_NODE / INIT_METHOD / RUN_ID are read by the
-  // program, which starts the workers (apps/largo); a worker learns its rank from them.
+  // Data parallelism. NUM_NODES / NUM_PROC_PER_NODE / INIT_METHOD / RUN_ID decide how the
+  // workers start (train/worker_launch.h); a worker learns its rank from the environment.
   auto& distributed = options.distributed;
   distributed.backend = config.get_string("DISTRIBUTED.BACKEND");
   require(distributed.backend == "gloo" || distributed.backend == "nccl", "DISTRIBUTED.BACKEND",
