@@ -5,6 +5,7 @@
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
 #include <largo/core/malloc_tuning.h>
+#include <largo/core/memory_tracker.h>
 #include <largo/core/rng_state.h>
 #include <largo/data/cifar10_dataset.h>
 #include <largo/data/data_loader.h>
@@ -15,6 +16,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/adamw.h>
 #include <largo/optim/sgd.h>
+#include <largo/parallel/checkpointed_trunk.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
@@ -95,6 +97,10 @@ struct Trainer::State {
   int64_t iterations_per_epoch = 0;
 
   models::TrunkHeadModel model{nullptr};
+  // Set when MODEL.ACTIVATION_CHECKPOINTING is on: the model's forward with checkpointed
+  // trunk segments, and the tracker that measures each step's peak memory.
+  std::optional<parallel::CheckpointedTrunk> checkpointed_trunk;
+  std::optional<MemoryTracker> step_memory;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<at::Tensor> trained_parameters; // every group's parameters, for clipping
   std::unique_ptr<optim::LrSchedule> lr_schedule;
@@ -199,6 +205,17 @@ void Trainer::State::setup() {
   seed_everything(options.seed);
   model = models::build_model(model_options);
   model->to(device);
+  if (options.activation_checkpointing.enabled) {
+    checkpointed_trunk = parallel::CheckpointedTrunk::plan(
+        model, parallel::TrunkCheckpointingOptions(options.activation_checkpointing.num_splits),
+        sample_shape);
+    spdlog::info("activation checkpointing: {}", checkpointed_trunk->describe());
+    if (auto report = parallel::measure_activation_memory(*checkpointed_trunk, sample_shape,
+                                                          options.train.batch_size)) {
+      spdlog::info("activation checkpointing: {}", report->describe());
+      step_memory.emplace(device);
+    }
+  }
 
   // Optimizer and schedules. Auto-scaling uses the global batch (one process for now).
   const auto& opt = options.optimizer;
@@ -362,13 +379,17 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
   int64_t window_images = 0;
   double window_loss = 0.0;
   int64_t window_steps = 0;
+  int64_t window_step_peak_bytes = 0;
   while (auto batch = train_loader->next()) {
     set_learning_rates(epoch, iteration_in_epoch);
     at::Tensor images = batch->images.to(device, /*non_blocking=*/true);
     at::Tensor labels = batch->labels.to(device, /*non_blocking=*/true);
 
     optimizer->zero_grad();
-    at::Tensor logits = model->forward(images);
+    if (step_memory) {
+      step_memory->start_window();
+    }
+    at::Tensor logits = checkpointed_trunk ? checkpointed_trunk->forward(images) : model->forward(images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits, labels,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.loss_ignore_index));
@@ -383,6 +404,15 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
           (run_dir() / kLatestCheckpointName).string()));
     }
     loss.backward();
+    if (step_memory) {
+      const int64_t peak = step_memory->window_peak_bytes();
+      window_step_peak_bytes = std::max(window_step_peak_bytes, peak);
+      if (summary.iteration_losses.empty()) {
+        spdlog::info("activation checkpointing: peak memory of the first step of this run, "
+                     "gradients included: {} (measured)",
+                     format_bytes(peak));
+      }
+    }
     if (options.use_grad_clip) {
       torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
                                         options.grad_clip_norm_type);
@@ -407,9 +437,14 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g} {:.0f} img/s eta {}",
                    epoch + 1, num_epochs, iteration_in_epoch, iterations_per_epoch, mean_loss, lr,
                    images_per_sec, format_duration(remaining * seconds_per_iteration));
-      metrics->write({{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
-                      {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
-                      {"wall_time", wall_time()}});
+      nlohmann::json event = {{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
+                              {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
+                              {"wall_time", wall_time()}};
+      if (step_memory) {
+        event["step_peak_bytes"] = window_step_peak_bytes;
+        window_step_peak_bytes = 0;
+      }
+      metrics->write(event);
       if (tensorboard) {
         tensorboard->add_scalar("train/loss", mean_loss, iteration);
         tensorboard->add_scalar("train/lr", lr, iteration);

@@ -36,7 +36,6 @@ void reject_unimplemented(const Config& config) {
       {"OPTIMIZER.use_zero", "ZeRO sharded optimizer state"},
       {"MODEL.SHARDED_DDP_SETUP.USE_SDP", "sharded data parallel (ZeRO-2)"},
       {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP", "fully sharded data parallel (ZeRO-3)"},
-      {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", "activation checkpointing"},
       {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "synchronized BatchNorm"},
       {"TEST_ONLY", "evaluation-only runs"},
   };
@@ -269,6 +268,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   }
   model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
   model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
+  const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
+  options.activation_checkpointing.enabled =
+      config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING");
+  options.activation_checkpointing.num_splits =
+      positive_int(config, checkpointing + "NUM_ACTIVATION_CHECKPOINTING_SPLITS");
 
   // Loss.
   const std::string loss = config.get_string("LOSS.name");
