@@ -34,7 +34,7 @@ import torch.utils.checkpoint
 import torchvision
 
 # Keep in sync with the defaults in activation_checkpoint_bench.cpp.
-DEFAULTS = {"resnet50": {"batch": 8, "image": 64}, "vit": {"batch": 8, "image": 48}}
+DEFAULTS = {"resnet50": {"batch": 8, "image": 112}, "vit": {"batch": 8, "image": 48}}
 
 
 class Flatten(nn.Module):

@@ -57,6 +57,47 @@ void restore_rng(const RngStates& states) {
   }
 }
 
+// Runs the recompute with the forward's RNG state and puts the caller's back on exit, so
+// the caller's generators continue as if the recompute had drawn nothing.
+class RngFork {
+ public:
+  RngFork(const std::vector<c10::Device>& cuda_devices, const RngStates& forward)
+      : caller_(capture_rng(cuda_devices)) {
+    restore_rng(forward);
+  }
+  ~RngFork() {
+    restore_rng(caller_);
+  }
+  RngFork(const RngFork&) = delete;
+  RngFork& operator=(const RngFork&) = delete;
+
+ private:
+  RngStates caller_;
+};
+
+// Copies buffers now and copies the values back on destruction.
+class BufferRestorer {
+ public:
+  explicit BufferRestorer(const std::vector<at::Tensor>& buffers) : buffers_(buffers) {
+    torch::NoGradGuard no_grad;
+    for (const auto& buffer : buffers_) {
+      values_.push_back(buffer.clone());
+    }
+  }
+  ~BufferRestorer() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      buffers_[i].copy_(values_[i]);
+    }
+  }
+  BufferRestorer(const BufferRestorer&) = delete;
+  BufferRestorer& operator=(const BufferRestorer&) = delete;
+
+ private:
+  const std::vector<at::Tensor>& buffers_;
+  std::vector<at::Tensor> values_;
+};
+
 // ---- autocast state -------------------------------------------------------------------
 
 struct AutocastState {
@@ -216,49 +257,21 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       inputs.push_back(saved_inputs[i].detach().requires_grad_(state->input_requires_grad[i]));
     }
 
-    // The buffers as they are now (after the forward's own update), put back once the
-    // recompute's graph has been used: restoring them earlier would trip the version check
-    // on the running statistics BatchNorm saves for its backward.
-    std::vector<at::Tensor> buffer_values;
-    {
-      torch::NoGradGuard no_grad;
-      for (const auto& buffer : state->buffers) {
-        buffer_values.push_back(buffer.clone());
-      }
-    }
-    auto restore_buffers = [&] {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < state->buffers.size(); ++i) {
-        state->buffers[i].copy_(buffer_values[i]);
-      }
-    };
-
+    // The buffers as they are now (after the forward's own update) are put back when this
+    // function returns, after the recompute's graph has been used: restoring them earlier
+    // would trip the version check on the running statistics BatchNorm saves for backward.
+    BufferRestorer restore_buffers(state->buffers);
     std::vector<at::Tensor> outputs;
-    try {
-      std::optional<RngStates> caller_rng;
+    {
+      std::optional<RngFork> rng;
       if (state->preserve_rng_state) {
-        caller_rng = capture_rng(state->cuda_devices);
-        restore_rng(state->forward_rng);
+        rng.emplace(state->cuda_devices, state->forward_rng);
       }
-      try {
-        torch::AutoGradMode grad_mode(true);
-        SegmentAutocastGuard autocast(state->forward_autocast);
-        outputs = state->function(inputs);
-      } catch (...) {
-        if (caller_rng) {
-          restore_rng(*caller_rng);
-        }
-        throw;
-      }
-      if (caller_rng) {
-        restore_rng(*caller_rng);
-      }
-    } catch (...) {
-      restore_buffers();
-      throw;
+      torch::AutoGradMode grad_mode(true);
+      SegmentAutocastGuard autocast(state->forward_autocast);
+      outputs = state->function(inputs);
     }
     if (outputs.size() != state->num_outputs) {
-      restore_buffers();
       throw Error(fmt::format(
           "a checkpointed segment returned {} outputs when recomputed but {} in the forward; "
           "the segment must compute the same thing each time it is called",
@@ -290,23 +303,17 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       wrt.push_back(parameter);
       declared.insert(parameter.unsafeGetTensorImpl());
     }
+    check_leaves_declared(roots, declared);
     variable_list grads;
-    try {
-      check_leaves_declared(roots, declared);
-      if (!roots.empty() && !wrt.empty()) {
-        grads = torch::autograd::grad(
-            roots,
-            wrt,
-            root_grads,
-            /*retain_graph=*/false,
-            /*create_graph=*/false,
-            /*allow_unused=*/true);
-      }
-    } catch (...) {
-      restore_buffers();
-      throw;
+    if (!roots.empty() && !wrt.empty()) {
+      grads = torch::autograd::grad(
+          roots,
+          wrt,
+          root_grads,
+          /*retain_graph=*/false,
+          /*create_graph=*/false,
+          /*allow_unused=*/true);
     }
-    restore_buffers();
 
     // One gradient per forward argument: none for the state, then the inputs, then the
     // parameters (undefined where there is none).

@@ -389,7 +389,8 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     if (step_memory) {
       step_memory->start_window();
     }
-    at::Tensor logits = checkpointed_trunk ? checkpointed_trunk->forward(images) : model->forward(images);
+    at::Tensor logits =
+        checkpointed_trunk ? checkpointed_trunk->forward(images) : model->forward(images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
         logits, labels,
         torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options.loss_ignore_index));
