@@ -32,6 +32,13 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// A collective or the rendezvous failed: a peer process died or stalled, the master
+// could not be reached, a port is taken, or the ranks disagree about the job.
+class CommError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Training cannot go on (e.g. a non-finite loss).
 class TrainingError : public Error {
  public:

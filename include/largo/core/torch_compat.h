@@ -26,7 +26,20 @@
 // which needs no CUDA headers or c10_cuda at build time.
 #define LARGO_HAS_ACCELERATOR_MEMORY_STATS LARGO_TORCH_AT_LEAST(2, 9)
 
+namespace c10d {
+class ProcessGroup;
+class Backend;
+} // namespace c10d
+
 namespace largo::compat {
+
+// The c10d class that ProcessGroupGloo / ProcessGroupNCCL derive from and that carries the
+// collectives: ProcessGroup in 1.13, Backend from 2.0 on (ProcessGroup became a dispatcher).
+#if LARGO_TORCH_AT_LEAST(2, 0)
+using C10dBackend = c10d::Backend;
+#else
+using C10dBackend = c10d::ProcessGroup;
+#endif
 
 // True when this libtorch was built with CUDA and a device is visible.
 inline bool cuda_available() {

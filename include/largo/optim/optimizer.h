@@ -59,7 +59,7 @@ class Optimizer {
   virtual std::string type() const = 0;
 
   // set_to_none frees the gradients (PyTorch's default since 2.0); otherwise zeroes them.
-  void zero_grad(bool set_to_none = true);
+  virtual void zero_grad(bool set_to_none = true);
 
   std::vector<ParamGroup>& param_groups() {
     return param_groups_;
@@ -78,7 +78,7 @@ class Optimizer {
   }
 
   // Bytes held by the optimizer state (for memory accounting and the estimator).
-  int64_t state_bytes() const;
+  virtual int64_t state_bytes() const;
 
   virtual c10::IValue state_dict() const;
 

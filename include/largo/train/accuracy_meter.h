@@ -1,6 +1,8 @@
 // Top-k accuracy over an evaluation pass (VISSL's accuracy_list_meter), in percent.
 #pragma once
 
+#include <largo/comm/process_group.h>
+
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -15,6 +17,9 @@ class AccuracyMeter {
   // logits: [batch, num_classes]; labels: [batch] int64.
   void update(const at::Tensor& logits, const at::Tensor& labels);
   void reset();
+  // Sums the counts of every rank into every rank's meter (a collective), after each rank
+  // evaluated its own share of the data.
+  void reduce_over(comm::ProcessGroup& group);
 
   // Percent of samples whose label is among the k highest logits, for each k given.
   std::vector<double> values() const;

@@ -7,8 +7,15 @@
 // complete checkpoint. With auto_resume the run continues from checkpoint.torch; on CPU a
 // resumed run is bit-identical to an uninterrupted one (data order, augmentation and
 // dropout are functions of the seed, the epoch and the position, all restored).
+//
+// Data parallel: every rank of the process group runs a Trainer; each reads its own shard of
+// every epoch (DistributedSampler, or VISSL's StatefulDistributedSampler), gradients are
+// averaged by DistributedDataParallel, and evaluation runs on every rank over a split of
+// the test set with the counts summed. Rank 0 alone logs, writes metrics, TensorBoard and
+// checkpoints (with every rank's RNG state). run() is collective.
 #pragma once
 
+#include <largo/comm/process_group.h>
 #include <largo/models/trunk_head_model.h>
 #include <largo/train/trainer_options.h>
 
@@ -34,7 +41,11 @@ class Trainer {
  public:
   // `effective_config_yaml` is written to the run directory as train_config.yaml
   // (empty: not written). Builds data, model and optimizer; throws on any problem.
-  explicit Trainer(TrainerOptions options, std::string effective_config_yaml = "");
+  // Without a `group`, the launcher's environment decides (comm/world_info.h): a process
+  // group over RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (or SLURM / Open MPI's variables), or
+  // a single process when none are set.
+  explicit Trainer(TrainerOptions options, std::string effective_config_yaml = "",
+                   std::shared_ptr<comm::ProcessGroup> group = nullptr);
   ~Trainer();
 
   TrainSummary run();

@@ -70,6 +70,19 @@ struct ActivationCheckpointingOptions {
   int64_t num_splits = 2; // NUM_ACTIVATION_CHECKPOINTING_SPLITS
 };
 
+// Data parallelism (DISTRIBUTED.*, DATA.DDP_BUCKET_CAP_MB). The world itself (rank, world
+// size, master) comes from the launcher's environment (comm/world_info.h).
+struct DistributedOptions {
+  std::string backend = "gloo"; // gloo | nccl
+  bool broadcast_buffers = true;
+  bool manual_gradient_reduction = false;
+  bool find_unused_parameters = false;
+  bool delay_allreduce = false;
+  int64_t bucket_cap_mb = 25;
+  int64_t rendezvous_timeout_seconds = 300;
+  int64_t collective_timeout_seconds = 1800;
+};
+
 struct TrainerOptions {
   DataSplitOptions train;
   DataSplitOptions test;
@@ -95,6 +108,11 @@ struct TrainerOptions {
   uint64_t seed = 0;
   std::string device = "cpu"; // cpu | gpu
   int64_t num_threads = 0; // intra-op threads; 0 = every core
+
+  DistributedOptions distributed;
+  // Micro-batches of BATCHSIZE_PER_REPLICA whose gradients are summed into one optimizer
+  // step (TRAINER.GRADIENT_ACCUMULATION_STEPS); the loss of each is divided by their count.
+  int64_t gradient_accumulation_steps = 1;
 
   CheckpointOptions checkpoint;
   bool use_tensorboard = false;

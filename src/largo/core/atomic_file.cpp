@@ -27,48 +27,65 @@ void fsync_directory(const std::filesystem::path& directory) {
 
 } // namespace
 
-void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
-  std::filesystem::path directory = path.has_parent_path() ? path.parent_path() : ".";
+AtomicFileWriter::AtomicFileWriter(std::filesystem::path path) : path_(std::move(path)) {
+  std::filesystem::path directory = path_.has_parent_path() ? path_.parent_path() : ".";
   std::error_code ec;
   std::filesystem::create_directories(directory, ec);
   if (ec) {
     throw Error(fmt::format("cannot create directory {}: {}", directory.string(), ec.message()));
   }
-  std::filesystem::path temporary = path;
-  temporary += fmt::format(".tmp.{}", ::getpid());
-
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    fail("cannot create", temporary);
+  temporary_ = path_;
+  temporary_ += fmt::format(".tmp.{}", ::getpid());
+  fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    fail("cannot create", temporary_);
   }
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(temporary_.c_str());
+  }
+}
+
+void AtomicFileWriter::write(const void* data, size_t size) {
+  const char* bytes = static_cast<const char*>(data);
   size_t written = 0;
-  while (written < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+  while (written < size) {
+    ssize_t n = ::write(fd_, bytes + written, size - written);
     if (n < 0) {
       if (errno == EINTR) {
         continue;
       }
-      int saved = errno;
-      ::close(fd);
-      ::unlink(temporary.c_str());
-      errno = saved;
-      fail("cannot write", temporary);
+      fail("cannot write", temporary_);
     }
     written += static_cast<size_t>(n);
   }
+}
+
+void AtomicFileWriter::commit() {
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int saved = errno;
-    ::unlink(temporary.c_str());
+    ::unlink(temporary_.c_str());
     errno = saved;
-    fail("cannot flush", temporary);
+    fail("cannot flush", temporary_);
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+  if (::rename(temporary_.c_str(), path_.c_str()) != 0) {
     int saved = errno;
-    ::unlink(temporary.c_str());
+    ::unlink(temporary_.c_str());
     errno = saved;
-    fail("cannot rename the new file onto", path);
+    fail("cannot rename the new file onto", path_);
   }
-  fsync_directory(directory);
+  fsync_directory(path_.has_parent_path() ? path_.parent_path() : ".");
+}
+
+void write_file_atomically(const std::filesystem::path& path, std::string_view bytes) {
+  AtomicFileWriter writer(path);
+  writer.write(bytes.data(), bytes.size());
+  writer.commit();
 }
 
 } // namespace largo

@@ -35,6 +35,17 @@ void AccuracyMeter::reset() {
   num_samples_ = 0;
 }
 
+void AccuracyMeter::reduce_over(comm::ProcessGroup& group) {
+  std::vector<int64_t> counts(num_correct_);
+  counts.push_back(num_samples_);
+  at::Tensor totals = at::tensor(counts, at::kLong);
+  group.all_reduce(totals);
+  for (size_t i = 0; i < num_correct_.size(); ++i) {
+    num_correct_[i] = totals[static_cast<int64_t>(i)].item<int64_t>();
+  }
+  num_samples_ = totals[static_cast<int64_t>(num_correct_.size())].item<int64_t>();
+}
+
 std::vector<double> AccuracyMeter::values() const {
   std::vector<double> out;
   for (int64_t correct : num_correct_) {

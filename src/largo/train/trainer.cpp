@@ -1,6 +1,7 @@
 #include <largo/train/trainer.h>
 
 #include <largo/checkpoint/checkpoint_file.h>
+#include <largo/comm/world_info.h>
 #include <largo/checkpoint/model_state.h>
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
@@ -17,6 +18,7 @@
 #include <largo/optim/adamw.h>
 #include <largo/optim/sgd.h>
 #include <largo/parallel/checkpointed_trunk.h>
+#include <largo/parallel/distributed_data_parallel.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
@@ -81,12 +83,48 @@ std::vector<int64_t> subset_indices(int64_t dataset_size, const DataSplitOptions
   return subset;
 }
 
+// The process group of this run: the one given, or one from the launcher's environment.
+std::shared_ptr<comm::ProcessGroup> join_world(const DistributedOptions& options,
+                                               const std::string& device) {
+  auto world = comm::world_from_environment();
+  if (!world || world->world_size == 1) {
+    return comm::ProcessGroup::single_process();
+  }
+  comm::ProcessGroupOptions group_options;
+  group_options.backend = options.backend;
+  // NCCL moves CUDA tensors only: a run on the CPU (asked for, or the GPU fallback) uses
+  // Gloo whatever DISTRIBUTED.BACKEND says (its default is VISSL's nccl).
+  if (options.backend == "nccl" && (device != "gpu" || !torch::cuda::is_available())) {
+    group_options.backend = "gloo";
+    if (world->rank == 0) {
+      spdlog::info("training on the CPU: using the gloo backend (DISTRIBUTED.BACKEND is nccl)");
+    }
+  }
+  group_options.rank = world->rank;
+  group_options.world_size = world->world_size;
+  group_options.master_addr = world->master_addr;
+  group_options.master_port = world->master_port;
+  group_options.rendezvous_timeout = std::chrono::seconds(options.rendezvous_timeout_seconds);
+  group_options.collective_timeout = std::chrono::seconds(options.collective_timeout_seconds);
+  return comm::ProcessGroup::create(group_options);
+}
+
+// Rank r's loader seed: rank 0 keeps the configured seed (a one-process run is unchanged);
+// the others get distinct streams, so ranks do not augment their samples identically.
+uint64_t loader_seed(uint64_t seed, int rank) {
+  return seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
+}
+
 } // namespace
 
 struct Trainer::State {
   TrainerOptions options;
   std::string config_yaml;
   torch::Device device{torch::kCPU};
+  std::shared_ptr<comm::ProcessGroup> group;
+  bool is_rank0() const {
+    return group->rank() == 0;
+  }
 
   std::shared_ptr<const data::Dataset> train_data;
   std::shared_ptr<const data::Dataset> test_data;
@@ -97,10 +135,14 @@ struct Trainer::State {
   int64_t iterations_per_epoch = 0;
 
   models::TrunkHeadModel model{nullptr};
+  std::unique_ptr<parallel::DistributedDataParallel> ddp; // when the world has > 1 rank
   // Set when MODEL.ACTIVATION_CHECKPOINTING is on: the model's forward with checkpointed
-  // trunk segments, and the tracker that measures each step's peak memory.
+  // trunk segments, and the tracker that measures each step's peak memory (the largest
+  // since the last train line is in window_step_peak_bytes).
   std::optional<parallel::CheckpointedTrunk> checkpointed_trunk;
   std::optional<MemoryTracker> step_memory;
+  int64_t window_step_peak_bytes = 0;
+  bool logged_first_step_memory = false;
   std::unique_ptr<optim::Optimizer> optimizer;
   std::vector<at::Tensor> trained_parameters; // every group's parameters, for clipping
   std::unique_ptr<optim::LrSchedule> lr_schedule;
@@ -113,7 +155,8 @@ struct Trainer::State {
   ProgressBar progress;
 
   // Where training stands: `epoch` is the epoch in progress (or the next to start) and
-  // `iteration_in_epoch` the batches of it already done; `iteration` counts all steps.
+  // `iteration_in_epoch` the optimizer steps of it already done (each takes
+  // gradient_accumulation_steps batches); `iteration` counts all steps.
   int64_t epoch = 0;
   int64_t iteration_in_epoch = 0;
   int64_t iteration = 0;
@@ -124,10 +167,11 @@ struct Trainer::State {
 
   void setup();
   bool resume();
-  std::vector<int64_t> epoch_order(const DataSplitOptions& split, const std::vector<int64_t>& subset,
-                                   int64_t epoch, bool shuffle) const;
+  std::vector<int64_t> train_epoch_order(int64_t epoch) const;
+  std::vector<int64_t> test_order() const;
   void set_learning_rates(int64_t epoch, int64_t iteration_in_epoch);
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
+  float train_step(int64_t num_micro_batches, int64_t& num_images);
   void evaluate();
   void save(const std::string& file_name);
   fs::path run_dir() const {
@@ -135,10 +179,12 @@ struct Trainer::State {
   }
 };
 
-Trainer::Trainer(TrainerOptions options, std::string effective_config_yaml)
+Trainer::Trainer(TrainerOptions options, std::string effective_config_yaml,
+                 std::shared_ptr<comm::ProcessGroup> group)
     : state_(std::make_unique<State>()) {
   state_->options = std::move(options);
   state_->config_yaml = std::move(effective_config_yaml);
+  state_->group = group ? std::move(group) : join_world(state_->options.distributed, state_->options.device);
   state_->setup();
 }
 
@@ -155,9 +201,15 @@ void Trainer::State::setup() {
       : static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(static_cast<int>(threads));
 
+  const int rank = group->rank();
+  const int world_size = group->world_size();
   if (options.device == "gpu") {
     if (torch::cuda::is_available()) {
-      device = torch::Device(torch::kCUDA, 0);
+      // One GPU per process: the launcher's LOCAL_RANK picks it.
+      auto world = comm::world_from_environment();
+      const int local_rank = world ? world->local_rank : 0;
+      device = torch::Device(torch::kCUDA,
+                             static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
     } else {
       spdlog::warn("MACHINE.DEVICE is gpu but no CUDA device is visible; training on the CPU");
     }
@@ -175,19 +227,24 @@ void Trainer::State::setup() {
     loader_options.num_workers = options.num_dataloader_workers;
     loader_options.drop_last = split.drop_last;
     loader_options.transforms = data::make_pipeline(split.transforms);
-    loader_options.seed = options.seed;
+    loader_options.seed = loader_seed(options.seed, rank);
     return std::make_unique<data::DataLoader>(dataset, loader_options);
   };
   train_loader = make_loader(options.train, train_data);
   test_loader = make_loader(options.test, test_data);
-  int64_t num_train = static_cast<int64_t>(train_subset.size());
-  iterations_per_epoch = options.train.drop_last
-      ? num_train / options.train.batch_size
-      : (num_train + options.train.batch_size - 1) / options.train.batch_size;
+  // Every rank reads the same number of samples per epoch (the samplers pad or drop to
+  // make it so), hence takes the same number of steps: the collectives stay paired.
+  const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
+  const int64_t batches_per_epoch = options.train.drop_last
+      ? samples_per_rank / options.train.batch_size
+      : (samples_per_rank + options.train.batch_size - 1) / options.train.batch_size;
+  const int64_t accumulation = options.gradient_accumulation_steps;
+  iterations_per_epoch = (batches_per_epoch + accumulation - 1) / accumulation;
   if (iterations_per_epoch == 0) {
     throw ConfigError(fmt::format(
-        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} with DROP_LAST leaves no batch from {} samples",
-        options.train.batch_size, num_train));
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} with DROP_LAST leaves no batch from the {} "
+        "samples each of the {} ranks reads",
+        options.train.batch_size, samples_per_rank, world_size));
   }
 
   // Model: initialized from SEED_VALUE so every run (and every rank) starts the same.
@@ -206,6 +263,7 @@ void Trainer::State::setup() {
   model = models::build_model(model_options);
   model->to(device);
   if (options.activation_checkpointing.enabled) {
+    // Before DDP exists: the probe steps must not fire its gradient hooks.
     checkpointed_trunk = parallel::CheckpointedTrunk::plan(
         model, parallel::TrunkCheckpointingOptions(options.activation_checkpointing.num_splits),
         sample_shape);
@@ -216,8 +274,19 @@ void Trainer::State::setup() {
       step_memory.emplace(device);
     }
   }
+  if (world_size > 1) {
+    parallel::DistributedDataParallelOptions ddp_options;
+    ddp_options.bucket_cap_bytes = options.distributed.bucket_cap_mb * 1024 * 1024;
+    ddp_options.broadcast_buffers = options.distributed.broadcast_buffers;
+    ddp_options.delay_allreduce = options.distributed.delay_allreduce;
+    ddp_options.manual_reduction = options.distributed.manual_gradient_reduction;
+    ddp_options.find_unused_parameters = options.distributed.find_unused_parameters;
+    ddp = std::make_unique<parallel::DistributedDataParallel>(model.ptr(), group, ddp_options);
+  }
+  // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
+  seed_everything(options.seed + static_cast<uint64_t>(rank));
 
-  // Optimizer and schedules. Auto-scaling uses the global batch (one process for now).
+  // Optimizer and schedules. Auto-scaling uses the global batch of one optimizer step.
   const auto& opt = options.optimizer;
   auto groups = optim::build_param_groups(*model, opt.param_groups);
   if (opt.name == "sgd") {
@@ -236,7 +305,7 @@ void Trainer::State::setup() {
   for (const auto& group : optimizer->param_groups()) {
     trained_parameters.insert(trained_parameters.end(), group.params.begin(), group.params.end());
   }
-  const int64_t global_batch = options.train.batch_size;
+  const int64_t global_batch = options.train.batch_size * world_size * accumulation;
   lr_options = opt.lr;
   optim::apply_auto_lr_scaling(lr_options, opt.lr_scaling, global_batch, global_batch);
   lr_schedule = optim::make_schedule(lr_options);
@@ -246,40 +315,58 @@ void Trainer::State::setup() {
   }
   lr_head_schedule = optim::make_schedule(lr_head_options);
 
-  fs::create_directories(run_dir());
-  if (!config_yaml.empty()) {
-    write_file_atomically(run_dir() / "train_config.yaml", config_yaml);
-  }
-  metrics = std::make_unique<MetricsWriter>(run_dir() / "metrics.jsonl");
-  if (options.use_tensorboard) {
-    tensorboard = std::make_unique<TensorBoardWriter>(run_dir() / "tb_logs");
+  if (is_rank0()) {
+    fs::create_directories(run_dir());
+    if (!config_yaml.empty()) {
+      write_file_atomically(run_dir() / "train_config.yaml", config_yaml);
+    }
+    metrics = std::make_unique<MetricsWriter>(run_dir() / "metrics.jsonl");
+    if (options.use_tensorboard) {
+      tensorboard = std::make_unique<TensorBoardWriter>(run_dir() / "tb_logs");
+    }
   }
   spdlog::info("model {}: {} parameters; {} training samples, {} test samples; {} iterations/epoch; "
                "{} threads on {}",
                model_options.trunk_name, models::count_parameters(*model), train_subset.size(),
                test_subset.size(), iterations_per_epoch, threads, device.str());
+  if (world_size > 1) {
+    spdlog::info("data parallel: {} ranks ({}), global batch {} = {} per rank x {} ranks x {} "
+                 "accumulation steps; {} gradient buckets",
+                 world_size, group->backend(), global_batch, options.train.batch_size, world_size,
+                 accumulation, ddp->num_buckets());
+  }
 }
 
-std::vector<int64_t> Trainer::State::epoch_order(const DataSplitOptions& split,
-                                                 const std::vector<int64_t>& subset, int64_t epoch,
-                                                 bool shuffle) const {
-  const auto size = static_cast<int64_t>(subset.size());
+// This rank's positions into train_subset for `epoch`, mapped to dataset indices.
+std::vector<int64_t> Trainer::State::train_epoch_order(int64_t epoch_index) const {
+  const auto size = static_cast<int64_t>(train_subset.size());
   std::vector<int64_t> positions;
-  if (split.use_stateful_sampler) {
-    data::StatefulDistributedSampler sampler(size, /*num_replicas=*/1, /*rank=*/0,
-                                             split.batch_size, options.seed);
-    sampler.set_epoch(epoch);
-    positions = sampler.indices();
+  if (options.train.use_stateful_sampler) {
+    data::StatefulDistributedSampler sampler(size, group->world_size(), group->rank(),
+                                             options.train.batch_size, options.seed);
+    sampler.set_epoch(epoch_index);
+    positions = sampler.epoch_indices();
   } else {
-    data::DistributedSampler sampler(size, /*num_replicas=*/1, /*rank=*/0, shuffle, options.seed,
-                                     split.drop_last);
-    sampler.set_epoch(epoch);
+    data::DistributedSampler sampler(size, group->world_size(), group->rank(), /*shuffle=*/true,
+                                     options.seed, options.train.drop_last);
+    sampler.set_epoch(epoch_index);
     positions = sampler.indices();
   }
   for (auto& position : positions) {
-    position = subset[position];
+    position = train_subset[position];
   }
   return positions;
+}
+
+// This rank's share of the test set: every world_size-th sample from its rank on, with no
+// padding, so each sample is evaluated exactly once and the summed counts are exact.
+std::vector<int64_t> Trainer::State::test_order() const {
+  std::vector<int64_t> order;
+  for (size_t i = static_cast<size_t>(group->rank()); i < test_subset.size();
+       i += static_cast<size_t>(group->world_size())) {
+    order.push_back(test_subset[i]);
+  }
+  return order;
 }
 
 void Trainer::State::set_learning_rates(int64_t epoch_index, int64_t batch_index) {
@@ -318,14 +405,27 @@ bool Trainer::State::resume() {
   iteration = entry("iteration").toInt();
   complete = entry("complete").toBool();
   int64_t saved_iterations_per_epoch = entry("iterations_per_epoch").toInt();
-  if (iteration_in_epoch > 0 && saved_iterations_per_epoch != iterations_per_epoch) {
+  const int64_t saved_world_size = state.contains("world_size") ? entry("world_size").toInt() : 1;
+  if (iteration_in_epoch > 0 && (saved_iterations_per_epoch != iterations_per_epoch ||
+                                 saved_world_size != group->world_size())) {
     throw CheckpointError(fmt::format(
-        "{} was written mid-epoch with {} iterations per epoch, but this config has {} (batch "
-        "size or data changed); resume with the original DATA settings or start a new "
-        "CHECKPOINT.DIR",
-        latest.string(), saved_iterations_per_epoch, iterations_per_epoch));
+        "{} was written mid-epoch by {} rank(s) with {} iterations per epoch, but this run has {} "
+        "rank(s) and {} iterations per epoch (world size, batch size, accumulation or data "
+        "changed), so the rest of that epoch cannot be served exactly; resume with the original "
+        "settings, or from an end-of-epoch checkpoint (model_phase*.torch)",
+        latest.string(), saved_world_size, saved_iterations_per_epoch, group->world_size(),
+        iterations_per_epoch));
   }
-  set_cpu_rng_state(entry("rng_state").toTensor());
+  // Each rank continues its own random stream; with another world size there is none to
+  // continue, so ranks re-seed from the seed, their rank and the iteration.
+  if (state.contains("rng_states") && saved_world_size == group->world_size()) {
+    set_cpu_rng_state(entry("rng_states").toTensor()[group->rank()].contiguous());
+  } else if (group->world_size() == 1) {
+    set_cpu_rng_state(entry("rng_state").toTensor());
+  } else {
+    seed_everything(options.seed + static_cast<uint64_t>(group->rank()) +
+                    static_cast<uint64_t>(iteration) * 1000003u);
+  }
   auto optional_double = [&](const char* key) -> std::optional<double> {
     auto it = state.find(key);
     if (it == state.end() || it->value().isNone()) {
@@ -342,6 +442,14 @@ bool Trainer::State::resume() {
 }
 
 void Trainer::State::save(const std::string& file_name) {
+  // Collective: every rank contributes its RNG state, so a resumed run continues each
+  // rank's dropout stream (rank 0 alone writes the file).
+  at::Tensor own_rng = cpu_rng_state();
+  at::Tensor rng_states = at::empty({group->world_size(), own_rng.numel()}, own_rng.options());
+  group->all_gather(rng_states, own_rng);
+  if (!is_rank0()) {
+    return;
+  }
   auto state = checkpoint::make_state_dict();
   state.insert("model", checkpoint::model_state_dict(*model));
   state.insert("optimizer", optimizer->state_dict());
@@ -351,7 +459,20 @@ void Trainer::State::save(const std::string& file_name) {
   state.insert("iterations_per_epoch", iterations_per_epoch);
   state.insert("num_epochs", options.optimizer.num_epochs);
   state.insert("complete", complete);
-  state.insert("rng_state", cpu_rng_state());
+  state.insert("rng_state", own_rng);
+  state.insert("rng_states", rng_states);
+  state.insert("world_size", static_cast<int64_t>(group->world_size()));
+  // Where the training sampler stands, in VISSL's terms (informational: the position is
+  // epoch and iteration_in_epoch, from which every rank recomputes its order).
+  auto sampler = checkpoint::make_state_dict();
+  sampler.insert("type", std::string(options.train.use_stateful_sampler
+                                         ? "StatefulDistributedSampler"
+                                         : "DistributedSampler"));
+  sampler.insert("epoch", epoch);
+  sampler.insert("start_iter", iteration_in_epoch * options.gradient_accumulation_steps);
+  sampler.insert("batch_size", options.train.batch_size);
+  sampler.insert("num_replicas", static_cast<int64_t>(group->world_size()));
+  state.insert("train_sampler", sampler);
   state.insert("top1", last_top1 ? c10::IValue(*last_top1) : c10::IValue());
   state.insert("top5", last_top5 ? c10::IValue(*last_top5) : c10::IValue());
   state.insert("best_top1", best_top1 ? c10::IValue(*best_top1) : c10::IValue());
@@ -369,25 +490,27 @@ void Trainer::State::save(const std::string& file_name) {
   spdlog::info("checkpoint written: {}", path.string());
 }
 
-bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
-  const int64_t num_epochs = options.optimizer.num_epochs;
-  model->train();
-  auto order = epoch_order(options.train, train_subset, epoch, /*shuffle=*/true);
-  train_loader->start_epoch(order, epoch, iteration_in_epoch);
-
-  auto window_start = std::chrono::steady_clock::now();
-  int64_t window_images = 0;
-  double window_loss = 0.0;
-  int64_t window_steps = 0;
-  int64_t window_step_peak_bytes = 0;
-  while (auto batch = train_loader->next()) {
-    set_learning_rates(epoch, iteration_in_epoch);
+// One optimizer step over `num_micro_batches` batches from the loader: their gradients are
+// summed (each loss divided by the count, so the step equals one batch of them all), and
+// under DDP only the last backward communicates. Returns the mean loss.
+float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images) {
+  optimizer->zero_grad();
+  if (step_memory) {
+    step_memory->start_window();
+  }
+  float loss_sum = 0.0f;
+  for (int64_t micro = 0; micro < num_micro_batches; ++micro) {
+    auto batch = train_loader->next();
+    TORCH_INTERNAL_ASSERT(batch.has_value(), "the loader ran out inside an optimizer step");
     at::Tensor images = batch->images.to(device, /*non_blocking=*/true);
     at::Tensor labels = batch->labels.to(device, /*non_blocking=*/true);
-
-    optimizer->zero_grad();
-    if (step_memory) {
-      step_memory->start_window();
+    const bool last_micro = micro + 1 == num_micro_batches;
+    std::optional<parallel::DistributedDataParallel::NoSyncGuard> no_sync;
+    if (ddp && !last_micro) {
+      no_sync.emplace(*ddp);
+    }
+    if (ddp) {
+      ddp->before_forward();
     }
     at::Tensor logits =
         checkpointed_trunk ? checkpointed_trunk->forward(images) : model->forward(images);
@@ -398,54 +521,86 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     if (options.check_nan && !std::isfinite(loss_value)) {
       progress.clear();
       throw TrainingError(fmt::format(
-          "the training loss is {} at epoch {} iteration {} (global iteration {}); training "
+          "the training loss is {} at epoch {} iteration {} (global iteration {}{}); training "
           "stopped without writing a checkpoint, so {} still holds the last good state. Lower "
           "the learning rate or check the data, then resume.",
           loss_value, epoch + 1, iteration_in_epoch + 1, iteration + 1,
+          group->world_size() > 1 ? fmt::format(", rank {}", group->rank()) : "",
           (run_dir() / kLatestCheckpointName).string()));
     }
-    loss.backward();
-    if (step_memory) {
-      const int64_t peak = step_memory->window_peak_bytes();
-      window_step_peak_bytes = std::max(window_step_peak_bytes, peak);
-      if (summary.iteration_losses.empty()) {
-        spdlog::info("activation checkpointing: peak memory of the first step of this run, "
-                     "gradients included: {} (measured)",
-                     format_bytes(peak));
-      }
+    (num_micro_batches > 1 ? loss / static_cast<double>(num_micro_batches) : loss).backward();
+    loss_sum += loss_value;
+    num_images += images.size(0);
+  }
+  if (step_memory) {
+    const int64_t peak = step_memory->window_peak_bytes();
+    if (!logged_first_step_memory) {
+      spdlog::info("activation checkpointing: peak memory of the first step of this run, "
+                   "gradients included: {} (measured)",
+                   format_bytes(peak));
+      logged_first_step_memory = true;
     }
-    if (options.use_grad_clip) {
-      torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
-                                        options.grad_clip_norm_type);
-    }
-    optimizer->step();
+    window_step_peak_bytes = std::max(window_step_peak_bytes, peak);
+  }
+  if (ddp && options.distributed.manual_gradient_reduction) {
+    ddp->reduce_gradients();
+  }
+  if (options.use_grad_clip) {
+    torch::nn::utils::clip_grad_norm_(trained_parameters, options.grad_clip_max_norm,
+                                      options.grad_clip_norm_type);
+  }
+  optimizer->step();
+  return loss_sum / static_cast<float>(num_micro_batches);
+}
+
+bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
+  const int64_t num_epochs = options.optimizer.num_epochs;
+  const int64_t accumulation = options.gradient_accumulation_steps;
+  model->train();
+  train_loader->start_epoch(train_epoch_order(epoch), epoch, iteration_in_epoch * accumulation);
+
+  auto window_start = std::chrono::steady_clock::now();
+  int64_t window_images = 0;
+  double window_loss = 0.0;
+  int64_t window_steps = 0;
+  while (iteration_in_epoch < iterations_per_epoch) {
+    set_learning_rates(epoch, iteration_in_epoch);
+    // The last step of an epoch takes what is left when the batches do not divide evenly.
+    const int64_t batches_left = train_loader->num_batches() - train_loader->next_batch_index();
+    const float loss_value = train_step(std::min(accumulation, batches_left), window_images);
 
     ++iteration;
     ++iteration_in_epoch;
     summary.iteration_losses.push_back(loss_value);
     window_loss += loss_value;
-    window_images += images.size(0);
     ++window_steps;
 
     const double lr = optimizer->param_groups().front().lr;
     if (iteration % options.log_frequency == 0 || iteration_in_epoch == iterations_per_epoch) {
-      double seconds = seconds_since(window_start);
-      double images_per_sec = seconds > 0 ? window_images / seconds : 0.0;
-      double seconds_per_iteration = seconds / std::max<int64_t>(window_steps, 1);
-      int64_t remaining = num_epochs * iterations_per_epoch - iteration;
-      double mean_loss = window_loss / std::max<int64_t>(window_steps, 1);
+      // The mean loss and the images of all ranks (a collective, at the same iterations on
+      // every rank).
+      at::Tensor totals = at::tensor({window_loss, static_cast<double>(window_images)}, at::kDouble);
+      group->all_reduce(totals);
+      const double seconds = seconds_since(window_start);
+      const double images_per_sec = seconds > 0 ? totals[1].item<double>() / seconds : 0.0;
+      const double seconds_per_iteration = seconds / std::max<int64_t>(window_steps, 1);
+      const int64_t remaining = num_epochs * iterations_per_epoch - iteration;
+      const double mean_loss =
+          totals[0].item<double>() / std::max<int64_t>(window_steps, 1) / group->world_size();
       progress.clear();
       spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g} {:.0f} img/s eta {}",
                    epoch + 1, num_epochs, iteration_in_epoch, iterations_per_epoch, mean_loss, lr,
                    images_per_sec, format_duration(remaining * seconds_per_iteration));
-      nlohmann::json event = {{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
-                              {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
-                              {"wall_time", wall_time()}};
-      if (step_memory) {
-        event["step_peak_bytes"] = window_step_peak_bytes;
-        window_step_peak_bytes = 0;
+      if (metrics) {
+        nlohmann::json event = {{"phase", "train"}, {"epoch", epoch}, {"iteration", iteration},
+                                {"loss", mean_loss}, {"lr", lr}, {"images_per_sec", images_per_sec},
+                                {"wall_time", wall_time()}};
+        if (step_memory) {
+          event["step_peak_bytes"] = window_step_peak_bytes; // this rank's (rank 0's)
+        }
+        metrics->write(event);
       }
-      metrics->write(event);
+      window_step_peak_bytes = 0;
       if (tensorboard) {
         tensorboard->add_scalar("train/loss", mean_loss, iteration);
         tensorboard->add_scalar("train/lr", lr, iteration);
@@ -456,8 +611,10 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       window_loss = 0.0;
       window_steps = 0;
     }
-    progress.update(iteration_in_epoch, iterations_per_epoch,
-                    fmt::format("epoch {}/{} loss {:.4f}", epoch + 1, num_epochs, loss_value));
+    if (is_rank0()) {
+      progress.update(iteration_in_epoch, iterations_per_epoch,
+                      fmt::format("epoch {}/{} loss {:.4f}", epoch + 1, num_epochs, loss_value));
+    }
 
     if (options.checkpoint.frequency_iterations > 0 &&
         iteration % options.checkpoint.frequency_iterations == 0 &&
@@ -480,9 +637,7 @@ void Trainer::State::evaluate() {
   torch::NoGradGuard no_grad;
   AccuracyMeter meter(options.topk_values);
   double loss_sum = 0.0;
-  int64_t num_samples = 0;
-  auto order = epoch_order(options.test, test_subset, /*epoch=*/0, /*shuffle=*/false);
-  test_loader->start_epoch(order, /*epoch=*/0, /*start_batch=*/0);
+  test_loader->start_epoch(test_order(), /*epoch=*/0, /*start_batch=*/0);
   while (auto batch = test_loader->next()) {
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
@@ -493,13 +648,17 @@ void Trainer::State::evaluate() {
                         .ignore_index(options.loss_ignore_index)
                         .reduction(torch::kSum))
                     .item<double>();
-    num_samples += labels.size(0);
     meter.update(logits, labels);
   }
+  // Every rank evaluated its own share: sum the counts (a collective).
+  at::Tensor local_loss = at::tensor({loss_sum}, at::kDouble);
+  group->all_reduce(local_loss);
+  meter.reduce_over(*group);
+  const int64_t num_samples = meter.num_samples();
   auto values = meter.values();
   const auto& ks = meter.topk_values();
   nlohmann::json event = {{"phase", "test"}, {"epoch", epoch}, {"iteration", iteration},
-                          {"loss", num_samples > 0 ? loss_sum / num_samples : 0.0},
+                          {"loss", num_samples > 0 ? local_loss.item<double>() / num_samples : 0.0},
                           {"wall_time", wall_time()}};
   std::string line = fmt::format("test epoch {}/{} loss {:.4f}", epoch + 1,
                                  options.optimizer.num_epochs, event["loss"].get<double>());
@@ -523,7 +682,9 @@ void Trainer::State::evaluate() {
     best_top1 = last_top1;
   }
   spdlog::info("{}", line);
-  metrics->write(event);
+  if (metrics) {
+    metrics->write(event);
+  }
   if (tensorboard) {
     tensorboard->add_scalar("test/loss", event["loss"].get<double>(), iteration);
     tensorboard->flush();

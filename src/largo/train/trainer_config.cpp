@@ -53,14 +53,6 @@ void reject_unimplemented(const Config& config) {
         "config key OPTIMIZER.name = zero: ZeRO sharded optimizer state is not available in "
         "this version of Largo yet; use sgd or adamw");
   }
-  int64_t world_size =
-      config.get_int("DISTRIBUTED.NUM_NODES") * config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
-  if (world_size != 1) {
-    throw ConfigError(fmt::format(
-        "config keys DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = {}: multi-process training is "
-        "not available in this version of Largo yet; set both to 1",
-        world_size));
-  }
 }
 
 std::vector<data::TransformSpec> transforms_from(const Config& config, const std::string& key) {
@@ -347,6 +339,25 @@ TrainerOptions trainer_options_from_config(const Config& config) {
           "-1 (off) or an integer > 0");
   checkpoint.overwrite_existing = config.get_bool("CHECKPOINT.OVERWRITE_EXISTING");
   options.use_tensorboard = config.get_bool("HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD");
+
+  // Data parallelism. NUM_NODES / NUM_PROC_PER_NODE / INIT_METHOD / RUN_ID are read by the
+  // program, which starts the workers (apps/largo); a worker learns its rank from them.
+  auto& distributed = options.distributed;
+  distributed.backend = config.get_string("DISTRIBUTED.BACKEND");
+  require(distributed.backend == "gloo" || distributed.backend == "nccl", "DISTRIBUTED.BACKEND",
+          distributed.backend, "gloo (CPU) or nccl (CUDA)");
+  distributed.broadcast_buffers = config.get_bool("DISTRIBUTED.BROADCAST_BUFFERS");
+  distributed.manual_gradient_reduction = config.get_bool("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION");
+  distributed.find_unused_parameters = config.get_bool("DISTRIBUTED.FIND_UNUSED_PARAMETERS");
+  distributed.delay_allreduce = config.get_bool("DISTRIBUTED.DELAY_ALLREDUCE");
+  distributed.bucket_cap_mb = positive_int(config, "DATA.DDP_BUCKET_CAP_MB");
+  distributed.rendezvous_timeout_seconds =
+      positive_int(config, "DISTRIBUTED.RENDEZVOUS_TIMEOUT_SECONDS");
+  distributed.collective_timeout_seconds =
+      positive_int(config, "DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS");
+  positive_int(config, "DISTRIBUTED.NUM_NODES");
+  positive_int(config, "DISTRIBUTED.NUM_PROC_PER_NODE");
+  options.gradient_accumulation_steps = positive_int(config, "TRAINER.GRADIENT_ACCUMULATION_STEPS");
   return options;
 }
 

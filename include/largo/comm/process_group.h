@@ -1,0 +1,112 @@
+// A process group: the ranks of one job and the collectives Largo needs between them, on
+// c10d's ProcessGroupGloo (CPU tensors) or ProcessGroupNCCL (CUDA builds, one GPU per
+// process), after a rendezvous through c10d's TCPStore.
+//
+// Collective contract (as c10d's): every method below except rank()/world_size()/backend()
+// is a collective. Every rank must call the same collectives, with tensors of the same
+// shape and dtype, in the same order; a rank that skips one makes the others wait until the
+// timeout. A collective that fails (a peer died, the timeout passed) throws CommError naming
+// the collective, instead of hanging.
+//
+// Tensors are modified in place (all_reduce, broadcast, reduce) or written into the output
+// given (all_gather, reduce_scatter); async variants return a Work that must be waited on
+// before the tensors are read or freed.
+//
+// A world of one process (single_process()) needs no rendezvous: its collectives are
+// identities, so code written for N ranks runs unchanged on one.
+#pragma once
+
+#include <ATen/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace largo::comm {
+
+enum class ReduceOp { kSum, kMax, kMin };
+
+struct ProcessGroupOptions {
+  std::string backend = "gloo"; // gloo | nccl (DISTRIBUTED.BACKEND)
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // How long ranks wait for each other to join, and for each collective to finish.
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
+  int gloo_threads = 2; // Gloo's worker threads per process
+};
+
+// A collective in flight. wait() blocks until it is done (or throws CommError); a
+// default-constructed Work is already done.
+class Work {
+ public:
+  Work() = default;
+  void wait();
+
+ private:
+  friend class ProcessGroup;
+  struct State;
+  explicit Work(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+class ProcessGroup {
+ public:
+  // Joins the job described by `options` (a collective over all ranks: rank 0 serves the
+  // TCPStore at master_addr:master_port). Throws CommError when the port is taken, the master
+  // cannot be reached, not every rank joined within the rendezvous timeout, two processes
+  // claim the same rank, or the ranks disagree about the world size; ConfigError for a bad
+  // backend or rank.
+  static std::shared_ptr<ProcessGroup> create(const ProcessGroupOptions& options);
+
+  // A world of one: rank 0 of 1, every collective an identity.
+  static std::shared_ptr<ProcessGroup> single_process();
+
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int world_size() const;
+  const std::string& backend() const; // "gloo", "nccl" or "single"
+
+  // Every rank's `tensor` becomes the reduction of all ranks' tensors.
+  Work all_reduce_async(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  void all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+
+  // Every rank's `tensor` becomes root's.
+  Work broadcast_async(const at::Tensor& tensor, int root);
+  void broadcast(const at::Tensor& tensor, int root);
+
+  // root's `tensor` becomes the reduction; the others' tensors are left unspecified.
+  Work reduce_async(const at::Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum);
+  void reduce(const at::Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum);
+
+  // `output` (contiguous, world_size * input.numel() elements) receives every rank's `input`,
+  // rank r's at [r * n, (r + 1) * n).
+  Work all_gather_async(const at::Tensor& output, const at::Tensor& input);
+  void all_gather(const at::Tensor& output, const at::Tensor& input);
+
+  // `input` (contiguous, world_size * n elements) is reduced over ranks and rank r's `output`
+  // (n elements) receives part [r * n, (r + 1) * n) of the result. `input` is scratch: its
+  // contents are unspecified afterwards (Gloo has no reduce-scatter, so it is all-reduced in
+  // place and this rank's part copied out).
+  Work reduce_scatter_async(const at::Tensor& output, const at::Tensor& input,
+                            ReduceOp op = ReduceOp::kSum);
+  void reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                      ReduceOp op = ReduceOp::kSum);
+
+  void barrier();
+
+ private:
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  Work launch(const std::string& what, const std::function<Work()>& start);
+  std::unique_ptr<Impl> impl_;
+};
+
+} // namespace largo::comm

@@ -1,0 +1,452 @@
+#include <largo/comm/process_group.h>
+
+#include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
+
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if defined(LARGO_WITH_NCCL)
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <thread>
+
+namespace largo::comm {
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::string describe_bytes(const at::Tensor& tensor) {
+  const double bytes = static_cast<double>(tensor.numel() * tensor.element_size());
+  if (bytes >= 1024.0 * 1024.0) {
+    return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
+  }
+  return fmt::format("{:.1f} KiB", bytes / 1024.0);
+}
+
+bool is_loopback(const std::string& address) {
+  return address == "127.0.0.1" || address == "localhost" || address == "::1";
+}
+
+// The Gloo transport device: the interface named by GLOO_SOCKET_IFNAME (as PyTorch does),
+// loopback for a job on 127.0.0.1, otherwise the address this host's name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+  }
+  if (is_loopback(master_addr)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+} // namespace
+
+// ---- Work ---------------------------------------------------------------------------
+
+struct Work::State {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::function<void()> then; // runs once after a successful wait (e.g. a fallback's copy)
+  std::string what;           // "all_reduce of 1.2 MiB on rank 0 of 2 (gloo)"
+  std::chrono::milliseconds timeout{0};
+  bool done = false;
+};
+
+Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+void Work::wait() {
+  if (!state_ || state_->done) {
+    return;
+  }
+  state_->done = true;
+  try {
+    if (state_->work) {
+      state_->work->wait(state_->timeout);
+    }
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format(
+        "{} failed: {}. A peer process has probably died, stalled or is running a different "
+        "collective; check the other ranks' logs (the timeout is {} s: "
+        "DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS)",
+        state_->what, e.what(), state_->timeout.count() / 1000));
+  }
+  if (state_->then) {
+    state_->then();
+  }
+}
+
+// ---- ProcessGroup -------------------------------------------------------------------
+
+struct ProcessGroup::Impl {
+  int rank = 0;
+  int world_size = 1;
+  std::string backend_name = "single";
+  std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<compat::C10dBackend> backend; // null for a world of one
+};
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+std::shared_ptr<ProcessGroup> ProcessGroup::single_process() {
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::make_unique<Impl>()));
+}
+
+namespace {
+
+// Rank 0 serves the store; the others connect to it. c10d's errors are turned into ones
+// that say which of the usual causes it is.
+c10::intrusive_ptr<c10d::Store> connect_store(const ProcessGroupOptions& options) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(options.master_port);
+  store_options.isServer = options.rank == 0;
+  store_options.numWorkers = static_cast<std::size_t>(options.world_size);
+  store_options.waitWorkers = true;
+  store_options.timeout = options.rendezvous_timeout;
+  const std::string where = fmt::format("{}:{}", options.master_addr, options.master_port);
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+  } catch (const std::exception& e) {
+    const std::string message = e.what();
+    const long seconds = static_cast<long>(options.rendezvous_timeout.count() / 1000);
+    if (options.rank == 0 && (message.find("in use") != std::string::npos ||
+                              message.find("failed to listen") != std::string::npos ||
+                              message.find("bind") != std::string::npos)) {
+      throw CommError(fmt::format(
+          "rank 0 could not serve the rendezvous at {}: the port is already in use (another "
+          "job, or a previous run still exiting); choose another port (largo launch "
+          "--master_port, MASTER_PORT, or DISTRIBUTED.RUN_ID=host:port). c10d said: {}",
+          where, message));
+    }
+    if (options.rank == 0) {
+      throw CommError(fmt::format(
+          "rank 0 served the rendezvous at {} but not all {} ranks joined within {} s; start "
+          "every rank (world size {}) or check the other ranks' errors. c10d said: {}",
+          where, options.world_size, seconds, options.world_size, message));
+    }
+    throw CommError(fmt::format(
+        "rank {} could not reach the rendezvous master at {} within {} s: is rank 0 running, "
+        "and are MASTER_ADDR and MASTER_PORT right? c10d said: {}",
+        options.rank, where, seconds, message));
+  }
+}
+
+// Catches two processes started with the same rank, and ranks started with different world
+// sizes, before Gloo would hang or pair the wrong peers. Rank 0 compares every rank's world
+// size with its own and publishes a verdict; it waits until the others have read it before
+// it stops, so every rank can report the mismatch rather than a lost connection.
+void check_world(c10d::Store& store, const ProcessGroupOptions& options) {
+  auto text_of = [&](const std::string& key) {
+    store.wait({key}, options.rendezvous_timeout);
+    auto bytes = store.get(key);
+    return std::string(bytes.begin(), bytes.end());
+  };
+  auto set_text = [&](const std::string& key, const std::string& text) {
+    store.set(key, std::vector<uint8_t>(text.begin(), text.end()));
+  };
+  const std::string own_size = std::to_string(options.world_size);
+  auto mismatch = [&](int other_rank, const std::string& other_size) {
+    return fmt::format(
+        "world size mismatch: rank {} was started with world size {} but rank {} with {}; start "
+        "every process of the job with the same WORLD_SIZE (nnodes x nproc_per_node)",
+        options.rank, own_size, other_rank, other_size);
+  };
+  try {
+    if (store.add(fmt::format("largo/rank_claimed/{}", options.rank), 1) > 1) {
+      throw CommError(fmt::format(
+          "two processes claim rank {} of this job; every process needs a distinct RANK in "
+          "[0, {})",
+          options.rank, options.world_size));
+    }
+    set_text(fmt::format("largo/world_size/{}", options.rank), own_size);
+    if (options.rank == 0) {
+      std::string verdict;
+      for (int other = 1; other < options.world_size && verdict.empty(); ++other) {
+        const std::string other_size = text_of(fmt::format("largo/world_size/{}", other));
+        if (other_size != own_size) {
+          verdict = mismatch(other, other_size);
+        }
+      }
+      set_text("largo/world_verdict", verdict);
+      const auto deadline = std::chrono::steady_clock::now() + options.rendezvous_timeout;
+      while (store.add("largo/world_verdict_read", 0) < options.world_size - 1 &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (!verdict.empty()) {
+        throw CommError(verdict);
+      }
+      return;
+    }
+    const std::string verdict = text_of("largo/world_verdict");
+    const std::string rank0_size = text_of("largo/world_size/0");
+    store.add("largo/world_verdict_read", 1);
+    if (rank0_size != own_size) {
+      throw CommError(mismatch(0, rank0_size));
+    }
+    if (!verdict.empty()) {
+      throw CommError(verdict);
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format(
+        "rank {} lost the rendezvous master at {}:{} while checking the job ({}): rank 0 has "
+        "probably stopped with an error; see its output",
+        options.rank, options.master_addr, options.master_port, e.what()));
+  }
+}
+
+} // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& options) {
+  if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
+    throw ConfigError(fmt::format("rank {} of world size {}: expected 0 <= rank < world size >= 1",
+                                  options.rank, options.world_size));
+  }
+  if (options.backend != "gloo" && options.backend != "nccl") {
+    throw ConfigError(fmt::format(
+        "DISTRIBUTED.BACKEND = {}: expected gloo (CPU tensors) or nccl (CUDA tensors)",
+        options.backend));
+  }
+  if (options.world_size == 1) {
+    auto group = single_process();
+    group->impl_->collective_timeout = options.collective_timeout;
+    return group;
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->rank = options.rank;
+  impl->world_size = options.world_size;
+  impl->backend_name = options.backend;
+  impl->collective_timeout = options.collective_timeout;
+  auto tcp_store = connect_store(options);
+  check_world(*tcp_store, options);
+  impl->store = c10::make_intrusive<c10d::PrefixStore>("largo/" + options.backend, tcp_store);
+  try {
+    if (options.backend == "gloo") {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.collective_timeout);
+      gloo_options->devices.push_back(gloo_device(options.master_addr));
+      gloo_options->threads = options.gloo_threads;
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
+                                                                   options.world_size, gloo_options);
+    } else {
+#if defined(LARGO_WITH_NCCL)
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = options.collective_timeout;
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, options.rank,
+                                                                   options.world_size, nccl_options);
+#else
+      throw ConfigError(
+          "DISTRIBUTED.BACKEND = nccl: this build of Largo has no NCCL (a CPU libtorch); use "
+          "DISTRIBUTED.BACKEND=gloo");
+#endif
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {} of {} could not connect its {} process group to its "
+                                "peers: {}",
+                                options.rank, options.world_size, options.backend, e.what()));
+  }
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+int ProcessGroup::rank() const {
+  return impl_->rank;
+}
+
+int ProcessGroup::world_size() const {
+  return impl_->world_size;
+}
+
+const std::string& ProcessGroup::backend() const {
+  return impl_->backend_name;
+}
+
+// Starts a collective, turning c10d's synchronous errors (a dead peer is often noticed at
+// launch) into CommError with the same wording as Work::wait's.
+Work ProcessGroup::launch(const std::string& what, const std::function<Work()>& start) {
+  try {
+    return start();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format(
+        "{} failed: {}. A peer process has probably died or stalled; check the other ranks' "
+        "logs",
+        what, e.what()));
+  }
+}
+
+namespace {
+
+std::string label(const char* collective, const at::Tensor& tensor, int rank, int world_size,
+                  const std::string& backend) {
+  return fmt::format("{} of {} on rank {} of {} ({})", collective, describe_bytes(tensor), rank,
+                     world_size, backend);
+}
+
+} // namespace
+
+#define LARGO_WORK_STATE(collective, tensor)                                                 \
+  auto state = std::make_shared<Work::State>();                                              \
+  state->what = label(collective, tensor, impl_->rank, impl_->world_size, impl_->backend_name); \
+  state->timeout = impl_->collective_timeout
+
+Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
+  if (!impl_->backend) {
+    return Work();
+  }
+  LARGO_WORK_STATE("all_reduce", tensor);
+  return launch(state->what, [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    state->work = impl_->backend->allreduce(tensors, options);
+    return Work(state);
+  });
+}
+
+void ProcessGroup::all_reduce(const at::Tensor& tensor, ReduceOp op) {
+  all_reduce_async(tensor, op).wait();
+}
+
+Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) {
+  if (!impl_->backend) {
+    return Work();
+  }
+  LARGO_WORK_STATE("broadcast", tensor);
+  return launch(state->what, [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    state->work = impl_->backend->broadcast(tensors, options);
+    return Work(state);
+  });
+}
+
+void ProcessGroup::broadcast(const at::Tensor& tensor, int root) {
+  broadcast_async(tensor, root).wait();
+}
+
+Work ProcessGroup::reduce_async(const at::Tensor& tensor, int root, ReduceOp op) {
+  if (!impl_->backend) {
+    return Work();
+  }
+  LARGO_WORK_STATE("reduce", tensor);
+  return launch(state->what, [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::ReduceOptions options;
+    options.rootRank = root;
+    options.reduceOp = to_c10d(op);
+    state->work = impl_->backend->reduce(tensors, options);
+    return Work(state);
+  });
+}
+
+void ProcessGroup::reduce(const at::Tensor& tensor, int root, ReduceOp op) {
+  reduce_async(tensor, root, op).wait();
+}
+
+Work ProcessGroup::all_gather_async(const at::Tensor& output, const at::Tensor& input) {
+  TORCH_CHECK(output.is_contiguous() && output.numel() == input.numel() * impl_->world_size,
+              "all_gather: output must be contiguous with world_size * input.numel() elements");
+  if (!impl_->backend) {
+    output.view_as(input).copy_(input);
+    return Work();
+  }
+  LARGO_WORK_STATE("all_gather", output);
+  return launch(state->what, [&] {
+    if (impl_->backend_name == "nccl") {
+      at::Tensor output_tensor = output;
+      at::Tensor input_tensor = input;
+      state->work = impl_->backend->_allgather_base(output_tensor, input_tensor);
+      return Work(state);
+    }
+    // Gloo gathers into one tensor per rank: views of the flat output.
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    const int64_t n = input.numel();
+    at::Tensor flat_output = output.view({-1});
+    for (int r = 0; r < impl_->world_size; ++r) {
+      outputs[0].push_back(flat_output.narrow(0, r * n, n).view(input.sizes()));
+    }
+    std::vector<at::Tensor> inputs{input.contiguous()};
+    state->work = impl_->backend->allgather(outputs, inputs);
+    return Work(state);
+  });
+}
+
+void ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input) {
+  all_gather_async(output, input).wait();
+}
+
+Work ProcessGroup::reduce_scatter_async(const at::Tensor& output, const at::Tensor& input,
+                                        ReduceOp op) {
+  TORCH_CHECK(input.is_contiguous() && input.numel() == output.numel() * impl_->world_size,
+              "reduce_scatter: input must be contiguous with world_size * output.numel() "
+              "elements");
+  const int64_t n = output.numel();
+  if (!impl_->backend) {
+    output.copy_(input.view({-1}).narrow(0, 0, n).view_as(output));
+    return Work();
+  }
+  LARGO_WORK_STATE("reduce_scatter", input);
+  return launch(state->what, [&] {
+    if (impl_->backend_name == "nccl") {
+      at::Tensor output_tensor = output;
+      at::Tensor input_tensor = input;
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = to_c10d(op);
+      state->work = impl_->backend->_reduce_scatter_base(output_tensor, input_tensor, options);
+      return Work(state);
+    }
+    // Gloo has no reduce-scatter here: all-reduce the whole input in place (it is the
+    // caller's scratch, see the header) and keep this rank's part.
+    std::vector<at::Tensor> tensors{input};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op);
+    state->work = impl_->backend->allreduce(tensors, options);
+    const int rank = impl_->rank;
+    state->then = [output, input, rank, n] {
+      output.copy_(input.view({-1}).narrow(0, rank * n, n).view_as(output));
+    };
+    return Work(state);
+  });
+}
+
+void ProcessGroup::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  reduce_scatter_async(output, input, op).wait();
+}
+
+void ProcessGroup::barrier() {
+  if (!impl_->backend) {
+    return;
+  }
+  if (impl_->backend_name == "nccl") {
+    at::Tensor token = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(at::kCUDA));
+    all_reduce(token);
+    return;
+  }
+  // On Gloo, a one-element all-reduce: it gets the same timeout and error reporting as every
+  // other collective.
+  all_reduce(at::zeros({1}, at::kFloat));
+}
+
+} // namespace largo::comm
