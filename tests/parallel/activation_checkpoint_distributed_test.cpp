@@ -116,8 +116,8 @@ std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
 struct TrainResult {
   at::Tensor gradients; // every step's reduced gradients (what the optimizer reads), flattened
   at::Tensor state;     // every parameter and buffer after the last step, flattened
-  // How often each parameter's grad-accumulator post-hook fired in each backward, with the
-  // backward's label: all must be 1.
+  // One message per parameter and backward in which its grad-accumulator post-hook did not
+  // fire exactly once (none expected).
   std::vector<std::string> hook_count_errors;
   int num_backwards = 0;
 };
@@ -159,7 +159,8 @@ TrainResult train(comm::ProcessGroup& group, Model which, Mode mode, Checkpointi
     options.manual_reduction = mode == Mode::kDdpManual;
     ddp = std::make_unique<DistributedDataParallel>(model.ptr(), borrow(group), options);
   }
-  // Counts each parameter's gradient arrivals, next to (after) the reducer's own hooks.
+  // Counts each parameter's gradient arrivals with hooks of our own, registered after the
+  // reducer's on the same grad accumulators.
   const std::vector<at::Tensor> parameters = model->parameters();
   std::vector<int> arrivals(parameters.size(), 0);
   GradReadyHooks counting_hooks(
