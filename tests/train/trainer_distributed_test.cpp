@@ -99,6 +99,35 @@ TEST(TrainerDistributedTest, MidEpochResumeWithStatefulSamplerIsBitExact) {
   });
 }
 
+// Activation checkpointing under DDP, with the overlapped bucket reduction and with
+// DISTRIBUTED.MANUAL_GRADIENT_REDUCTION: every rank's losses and final weights equal those
+// of the same run without checkpointing, bit for bit.
+TEST(TrainerDistributedTest, ActivationCheckpointingLeavesDdpRunsUnchanged) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh_dir(group);
+    for (const char* manual : {"False", "True"}) {
+      std::vector<std::string> job = {"OPTIMIZER.num_epochs=1",
+                                      std::string("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=") + manual};
+      Config plain_config = synthetic_job_config(dir / fmt::format("plain_{}", manual), job);
+      Trainer plain(trainer_options_from_config(plain_config), "", borrow(group));
+      TrainSummary expected = plain.run();
+      job.push_back("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True");
+      job.push_back("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=3");
+      Config config = synthetic_job_config(dir / fmt::format("checkpointed_{}", manual), job);
+      Trainer checkpointed(trainer_options_from_config(config), "", borrow(group));
+      TrainSummary actual = checkpointed.run();
+      ASSERT_EQ(expected.iteration_losses.size(), 3u);
+      EXPECT_EQ(actual.iteration_losses, expected.iteration_losses)
+          << "MANUAL_GRADIENT_REDUCTION=" << manual << ", rank " << group.rank();
+      auto expected_params = plain.model()->named_parameters();
+      for (const auto& item : checkpointed.model()->named_parameters()) {
+        EXPECT_TRUE(torch::equal(item.value(), expected_params[item.key()]))
+            << item.key() << ", MANUAL_GRADIENT_REDUCTION=" << manual;
+      }
+    }
+  });
+}
+
 TEST(TrainerDistributedTest, ResumingMidEpochWithAnotherWorldSizeIsAClearError) {
   const fs::path dir = test_dir();
   Config config = synthetic_job_config(dir, {"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2"});

@@ -217,6 +217,51 @@ TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
   }
 }
 
+// Activation checkpointing changes no number: with the small CNN's three trunk blocks cut
+// into three segments (dropout in the last block, drawn from the global generator), every
+// loss equals the plain run's bit for bit; metrics.jsonl reports each window's measured peak.
+TEST_F(TrainerTest, ActivationCheckpointingLeavesTheLossesUnchanged) {
+  TrainSummary plain = Trainer(trainer_options_from_config(
+                                   synthetic_config(dir_ / "plain", {"OPTIMIZER.num_epochs=1"})))
+                           .run();
+  Config config = synthetic_config(
+      dir_ / "checkpointed",
+      {"OPTIMIZER.num_epochs=1", "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+       "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=3"});
+  TrainSummary checkpointed = Trainer(trainer_options_from_config(config)).run();
+  ASSERT_EQ(plain.iteration_losses.size(), 6u);
+  ASSERT_EQ(checkpointed.iteration_losses.size(), plain.iteration_losses.size());
+  for (size_t i = 0; i < plain.iteration_losses.size(); ++i) {
+    EXPECT_EQ(checkpointed.iteration_losses[i], plain.iteration_losses[i]) << "iteration " << i;
+  }
+  EXPECT_EQ(checkpointed.final_top1, plain.final_top1);
+  int train_events = 0;
+  for (const auto& event : read_metrics(dir_ / "checkpointed" / "metrics.jsonl")) {
+    if (event["phase"] == "train") {
+      ++train_events;
+      ASSERT_TRUE(event.contains("step_peak_bytes"));
+      EXPECT_GT(event["step_peak_bytes"].get<int64_t>(), 0);
+    }
+  }
+  EXPECT_GT(train_events, 0);
+  for (const auto& event : read_metrics(dir_ / "plain" / "metrics.jsonl")) {
+    EXPECT_FALSE(event.contains("step_peak_bytes"));
+  }
+}
+
+TEST_F(TrainerTest, MoreCheckpointingSplitsThanTrunkBlocksIsAConfigError) {
+  Config config = synthetic_config(
+      dir_, {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+             "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=4"});
+  try {
+    Trainer trainer(trainer_options_from_config(config));
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("NUM_ACTIVATION_CHECKPOINTING_SPLITS = 4"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(TrainerTest, CorruptLatestCheckpointIsAClearError) {
   Config config = synthetic_config(dir_);
   fs::create_directories(dir_);

@@ -4,12 +4,28 @@
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/Allocator.h>
 #include <torch/torch.h>
 #include <torch/version.h>
 
 #define LARGO_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) ||        \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// c10::Allocator::allocate() is const up to libtorch 2.2 and non-const from 2.3, which also
+// added the pure virtual copy_data(). Allocator subclasses declare
+//   c10::DataPtr allocate(size_t n) LARGO_ALLOCATOR_ALLOCATE_CONST override;
+#if LARGO_TORCH_AT_LEAST(2, 3)
+#define LARGO_ALLOCATOR_ALLOCATE_CONST
+#define LARGO_ALLOCATOR_HAS_COPY_DATA 1
+#else
+#define LARGO_ALLOCATOR_ALLOCATE_CONST const
+#define LARGO_ALLOCATOR_HAS_COPY_DATA 0
+#endif
+
+// CUDA memory statistics through the device-generic at::accelerator API (libtorch >= 2.9),
+// which needs no CUDA headers or c10_cuda at build time.
+#define LARGO_HAS_ACCELERATOR_MEMORY_STATS LARGO_TORCH_AT_LEAST(2, 9)
 
 namespace c10d {
 class ProcessGroup;

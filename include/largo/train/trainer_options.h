@@ -68,6 +68,14 @@ struct CheckpointOptions {
   bool overwrite_existing = false; // train again even if a final checkpoint exists
 };
 
+// MODEL.ACTIVATION_CHECKPOINTING: the trunk's blocks are cut into num_splits segments of
+// balanced measured activation bytes and every segment but the last is checkpointed
+// (parallel/checkpointed_trunk.h).
+struct ActivationCheckpointingOptions {
+  bool enabled = false;   // USE_ACTIVATION_CHECKPOINTING
+  int64_t num_splits = 2; // NUM_ACTIVATION_CHECKPOINTING_SPLITS
+};
+
 // Data parallelism (DISTRIBUTED.*, DATA.DDP_BUCKET_CAP_MB). The world itself (rank, world
 // size, master) comes from the launcher's environment (comm/world_info.h).
 struct DistributedOptions {
@@ -98,6 +106,7 @@ struct TrainerOptions {
 
   // in_channels, image_size and num_classes are taken from the training data when 0.
   models::ModelOptions model;
+  ActivationCheckpointingOptions activation_checkpointing;
   OptimizerOptions optimizer;
 
   int64_t loss_ignore_index = -1; // targets with this value do not count

@@ -6,6 +6,7 @@
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
 #include <largo/core/malloc_tuning.h>
+#include <largo/core/memory_tracker.h>
 #include <largo/core/rng_state.h>
 #include <largo/data/cifar10_dataset.h>
 #include <largo/data/data_loader.h>
@@ -16,6 +17,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/grad_clipping.h>
 #include <largo/optim/optimizer_factory.h>
+#include <largo/parallel/checkpointed_trunk.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
@@ -139,6 +141,13 @@ struct Trainer::State {
   models::TrunkHeadModel model{nullptr};
   std::unique_ptr<precision::MixedPrecision> mixed_precision; // MODEL.AMP_PARAMS
   std::unique_ptr<parallel::DistributedDataParallel> ddp; // when the world has > 1 rank
+  // Set when MODEL.ACTIVATION_CHECKPOINTING is on: the model's forward with checkpointed
+  // trunk segments, and the tracker that measures each step's peak memory (the largest
+  // since the last train line is in window_step_peak_bytes).
+  std::optional<parallel::CheckpointedTrunk> checkpointed_trunk;
+  std::optional<MemoryTracker> step_memory;
+  int64_t window_step_peak_bytes = 0;
+  bool logged_first_step_memory = false;
   std::unique_ptr<optim::Optimizer> optimizer;
   // ZeRO: `optimizer` is a ShardedOptimizer (stage 1), and with stage 2 (and > 1 rank) a
   // ShardedDataParallel reduces the gradients instead of `ddp`.
@@ -270,6 +279,18 @@ void Trainer::State::setup() {
   seed_everything(options.seed);
   model = models::build_model(model_options);
   model->to(device);
+  if (options.activation_checkpointing.enabled) {
+    // Before DDP exists: the probe steps must not fire its gradient hooks.
+    checkpointed_trunk = parallel::CheckpointedTrunk::plan(
+        model, parallel::TrunkCheckpointingOptions(options.activation_checkpointing.num_splits),
+        sample_shape);
+    spdlog::info("activation checkpointing: {}", checkpointed_trunk->describe());
+    if (auto report = parallel::measure_activation_memory(*checkpointed_trunk, sample_shape,
+                                                          options.train.batch_size)) {
+      spdlog::info("activation checkpointing: {}", report->describe());
+      step_memory.emplace(device);
+    }
+  }
   // Mixed precision casts the model (O2/O3) before DDP sizes its gradient buckets by dtype;
   // found_inf is all-reduced so every rank skips (or stops) together.
   precision::apply_tf32(options.tf32);
@@ -583,6 +604,9 @@ void Trainer::State::log_model_state_bytes() {
 // under DDP only the last backward communicates. Returns the mean loss.
 float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images) {
   optimizer->zero_grad();
+  if (step_memory) {
+    step_memory->start_window();
+  }
   float loss_sum = 0.0f;
   float non_finite_loss = 0.0f; // the first inf/NaN loss of this step on this rank, if any
   for (int64_t micro = 0; micro < num_micro_batches; ++micro) {
@@ -597,7 +621,12 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
     }
     at::Tensor logits = mixed_precision->forward( // autocast / input cast per MODEL.AMP_PARAMS
         [&](const at::Tensor& x) {
-          return ddp ? ddp->forward(model, x) : sdp ? sdp->forward(model, x) : model->forward(x);
+          if (ddp) {
+            ddp->before_forward();
+          } else if (sdp) {
+            sdp->before_forward();
+          }
+          return checkpointed_trunk ? checkpointed_trunk->forward(x) : model->forward(x);
         },
         images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
@@ -614,6 +643,16 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
                                                     : loss);
     loss_sum += loss_value;
     num_images += images.size(0);
+  }
+  if (step_memory) {
+    const int64_t peak = step_memory->window_peak_bytes();
+    if (!logged_first_step_memory) {
+      spdlog::info("activation checkpointing: peak memory of the first step of this run, "
+                   "gradients included: {} (measured)",
+                   format_bytes(peak));
+      logged_first_step_memory = true;
+    }
+    window_step_peak_bytes = std::max(window_step_peak_bytes, peak);
   }
   if (ddp && options.distributed.manual_gradient_reduction) {
     ddp->reduce_gradients();
@@ -710,11 +749,15 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
                    epoch + 1, num_epochs, iteration_in_epoch, iterations_per_epoch, mean_loss, lr,
                    scaling, images_per_sec, format_duration(remaining * seconds_per_iteration));
       if (metrics) {
+        if (step_memory) {
+          event["step_peak_bytes"] = window_step_peak_bytes; // this rank's (rank 0's)
+        }
         metrics->write(event);
       }
       if (tensorboard && mixed_precision->has_loss_scaling()) {
         tensorboard->add_scalar("train/loss_scale", mixed_precision->loss_scale(), iteration);
       }
+      window_step_peak_bytes = 0;
       if (tensorboard) {
         tensorboard->add_scalar("train/loss", mean_loss, iteration);
         tensorboard->add_scalar("train/lr", lr, iteration);

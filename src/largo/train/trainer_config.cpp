@@ -35,7 +35,6 @@ void reject_unimplemented(const Config& config) {
   };
   const Switch switches[] = {
       {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP", "fully sharded data parallel (ZeRO-3)"},
-      {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", "activation checkpointing"},
       {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "synchronized BatchNorm"},
       {"TEST_ONLY", "evaluation-only runs"},
   };
@@ -335,6 +334,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   }
   model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
   model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
+  const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
+  options.activation_checkpointing.enabled =
+      config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING");
+  options.activation_checkpointing.num_splits =
+      positive_int(config, checkpointing + "NUM_ACTIVATION_CHECKPOINTING_SPLITS");
 
   // Loss.
   const std::string loss = config.get_string("LOSS.name");

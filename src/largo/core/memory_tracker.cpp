@@ -1,0 +1,222 @@
+#include <largo/core/memory_tracker.h>
+
+#include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
+
+#include <c10/core/CPUAllocator.h>
+#include <fmt/format.h>
+
+#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
+#include <ATen/DeviceAccelerator.h>
+#endif
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace largo {
+namespace {
+
+// Serves every CPU allocation from the allocator it wraps and counts the bytes. The
+// DataPtr it returns has the data pointer as its context (so the raw allocate/deallocate
+// interface keeps working) and a deleter that looks the allocation up, uncounts it and
+// lets the wrapped allocator's own DataPtr free it.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
+
+  c10::DataPtr allocate(size_t num_bytes) LARGO_ALLOCATOR_ALLOCATE_CONST override {
+    c10::DataPtr inner = wrapped_->allocate(num_bytes);
+    void* data = inner.get();
+    if (data == nullptr) {
+      return inner; // zero bytes: nothing to count, nothing to free
+    }
+    const c10::Device device = inner.device();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_.emplace(data, Allocation{static_cast<int64_t>(num_bytes), std::move(inner)});
+      const int64_t now =
+          current_.fetch_add(static_cast<int64_t>(num_bytes)) + static_cast<int64_t>(num_bytes);
+      if (now > peak_.load()) {
+        peak_.store(now); // writers hold the mutex, so no update is lost
+      }
+    }
+    return {data, data, &delete_counted, device};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &delete_counted;
+  }
+
+#if LARGO_ALLOCATOR_HAS_COPY_DATA
+  void copy_data(void* destination, const void* source, std::size_t count) const override {
+    default_copy_data(destination, source, count);
+  }
+#endif
+
+  int64_t current() const {
+    return current_.load();
+  }
+  int64_t peak() const {
+    return peak_.load();
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_.store(current_.load());
+  }
+
+  static CountingCpuAllocator* instance; // set once by install_cpu_memory_counter()
+
+ private:
+  struct Allocation {
+    int64_t num_bytes;
+    c10::DataPtr inner; // frees the memory through the wrapped allocator when destroyed
+  };
+
+  static void delete_counted(void* data) {
+    CountingCpuAllocator* self = instance;
+    c10::DataPtr inner;
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      auto it = self->live_.find(data);
+      if (it == self->live_.end()) {
+        // Memory the wrapped allocator served before the counter was installed, given back
+        // through the raw interface of whichever allocator is current now (oneDNN does
+        // this with its scratch buffers): the wrapped allocator frees it, uncounted.
+        c10::DeleterFnPtr wrapped_delete = self->wrapped_->raw_deleter();
+        TORCH_INTERNAL_ASSERT(wrapped_delete != nullptr, "freeing memory no CPU allocator served");
+        wrapped_delete(data);
+        return;
+      }
+      self->current_.fetch_sub(it->second.num_bytes);
+      inner = std::move(it->second.inner);
+      self->live_.erase(it);
+    }
+    // `inner` frees the memory here, outside the lock.
+  }
+
+  c10::Allocator* wrapped_;
+  mutable std::mutex mutex_;
+  mutable std::unordered_map<void*, Allocation> live_;
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+};
+
+CountingCpuAllocator* CountingCpuAllocator::instance = nullptr;
+
+std::once_flag install_once;
+
+bool is_cpu(const torch::Device& device) {
+  return device.type() == c10::DeviceType::CPU;
+}
+
+#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
+constexpr size_t kAggregate = 0; // StatType::AGGREGATE: every pool together
+c10::DeviceIndex cuda_index(const torch::Device& device) {
+  return device.has_index() ? device.index() : at::accelerator::getDeviceIndex();
+}
+#endif
+
+} // namespace
+
+void install_cpu_memory_counter() {
+  std::call_once(install_once, [] {
+    // Never deleted: memory it served may be freed at any time until the process ends.
+    auto* counter = new CountingCpuAllocator(c10::GetCPUAllocator());
+    CountingCpuAllocator::instance = counter;
+    // The highest priority, so that a later SetCPUAllocator of default priority does not
+    // silently bypass the counter.
+    c10::SetCPUAllocator(counter, /*priority=*/UINT8_MAX);
+  });
+}
+
+bool cpu_memory_counter_installed() {
+  return CountingCpuAllocator::instance != nullptr;
+}
+
+bool MemoryTracker::supported(const torch::Device& device) {
+  if (is_cpu(device)) {
+    return true;
+  }
+#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
+  return device.is_cuda() && compat::cuda_available();
+#else
+  return false;
+#endif
+}
+
+MemoryTracker::MemoryTracker(torch::Device device) : device_(device) {
+  if (!supported(device_)) {
+    throw Error(fmt::format(
+        "cannot measure the memory of device {}: this libtorch ({}) offers no allocator "
+        "statistics for it (CUDA needs libtorch >= 2.9 and a visible GPU)",
+        device_.str(),
+        TORCH_VERSION));
+  }
+  if (is_cpu(device_)) {
+    install_cpu_memory_counter();
+  } else {
+    // The caching allocator starts lazily, at the first allocation on the device, and
+    // refuses queries for a device it has not started; one tiny allocation starts it.
+    at::empty({1}, at::TensorOptions().device(device_));
+  }
+  window_start_bytes_ = current_bytes();
+}
+
+int64_t MemoryTracker::current_bytes() const {
+  if (is_cpu(device_)) {
+    return CountingCpuAllocator::instance->current();
+  }
+#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
+  return at::accelerator::getDeviceStats(cuda_index(device_)).allocated_bytes[kAggregate].current;
+#else
+  return 0; // unreachable: the constructor refused the device
+#endif
+}
+
+int64_t MemoryTracker::peak_bytes() const {
+  if (is_cpu(device_)) {
+    return CountingCpuAllocator::instance->peak();
+  }
+#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
+  return at::accelerator::getDeviceStats(cuda_index(device_)).allocated_bytes[kAggregate].peak;
+#else
+  return 0;
+#endif
+}
+
+void MemoryTracker::start_window() {
+  if (is_cpu(device_)) {
+    CountingCpuAllocator::instance->reset_peak();
+  } else {
+#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
+    at::accelerator::resetPeakStats(cuda_index(device_));
+#endif
+  }
+  window_start_bytes_ = current_bytes();
+}
+
+int64_t MemoryTracker::window_peak_bytes() const {
+  return std::max<int64_t>(0, peak_bytes() - window_start_bytes_);
+}
+
+int64_t MemoryTracker::window_current_bytes() const {
+  return current_bytes() - window_start_bytes_;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const double value = static_cast<double>(bytes);
+  const double magnitude = std::abs(value);
+  if (magnitude >= 1024.0 * 1024.0 * 1024.0) {
+    return fmt::format("{:.2f} GiB", value / (1024.0 * 1024.0 * 1024.0));
+  }
+  if (magnitude >= 1024.0 * 1024.0) {
+    return fmt::format("{:.1f} MiB", value / (1024.0 * 1024.0));
+  }
+  if (magnitude >= 1024.0) {
+    return fmt::format("{:.1f} KiB", value / 1024.0);
+  }
+  return fmt::format("{} B", bytes);
+}
+
+} // namespace largo
