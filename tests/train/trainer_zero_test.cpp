@@ -1,4 +1,5 @@
-// ZeRO in the trainer (Gloo over 127.0.0.1): stages 1 and 2 train like plain DDP; sharded
+// ZeRO in the trainer (Gloo over 127.0.0.1): stages 1 and 2 train like plain DDP (also
+// with LARC, AdamW, accumulation, clipping and activation checkpointing); sharded
 // checkpoints resume bit-exactly, at other world sizes and into unsharded runs, and
 // consolidate offline into a plain checkpoint; the seed's YAML configures it verbatim.
 #include <largo/checkpoint/checkpoint_file.h>
@@ -88,6 +89,8 @@ TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
         {"sgd momentum, accumulation 2", {"TRAINER.GRADIENT_ACCUMULATION_STEPS=2"}},
         {"adamw", {"OPTIMIZER.name=adamw", "OPTIMIZER.param_schedulers.lr.start_value=0.002"}},
         {"larc", {"OPTIMIZER.use_larc=True"}},
+        {"activation checkpointing",
+         {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"}},
     };
     for (const auto& [what, variant] : variants) {
       const RunResult ddp = train(dir / "ddp", job + variant, borrow(group));
