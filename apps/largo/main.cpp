@@ -1,7 +1,10 @@
 // The `largo` program: the VISSL-style trainer built on the library's public API.
 //   largo train [CONFIG.yaml] [KEY=VALUE ...]   train (no config: the Fashion-MNIST default job)
 //   largo config [CONFIG.yaml] [KEY=VALUE ...]  validate and print the effective config
+//   largo estimate [CONFIG.yaml] [KEY=VALUE ...]  per-rank model-state bytes, ZeRO stages 0-3
 // Only this file turns errors into messages and exit codes.
+#include "estimate_command.h"
+
 #include <largo/core/config.h>
 #include <largo/core/embedded_configs.h>
 #include <largo/core/error.h>
@@ -95,10 +98,17 @@ int main(int argc, char** argv) {
   auto* config = app.add_subcommand("config", "Validate a config and print the effective tree");
   config->add_option("args", config_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
 
+  std::vector<std::string> estimate_arguments;
+  auto* estimate = app.add_subcommand("estimate", "Per-rank memory of ZeRO stages 0-3 for a config");
+  estimate->add_option("args", estimate_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (train->parsed()) {
       return run_train(train_arguments);
+    }
+    if (estimate->parsed()) {
+      return largo::app::run_estimate_command(config_from_arguments(estimate_arguments));
     }
     return run_config(config_arguments);
   } catch (const largo::ConfigError& e) {
