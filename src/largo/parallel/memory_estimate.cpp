@@ -100,13 +100,13 @@ std::vector<ParameterSize> parameter_sizes(const torch::nn::Module& module,
 
 void MemoryEstimateOptions::validate() const {
   if (world_size < 1) {
-    throw config_error("world size", std::to_string(world_size), "an integer >= 1");
+    throw config_error("MemoryEstimateOptions.world_size", std::to_string(world_size), "an integer >= 1");
   }
   if (stage < 0 || stage > 3) {
-    throw config_error("ZeRO stage", std::to_string(stage), "0 (DDP), 1, 2 or 3");
+    throw config_error("MemoryEstimateOptions.stage", std::to_string(stage), "0 (DDP), 1, 2 or 3");
   }
   if (rank < 0 || rank >= world_size) {
-    throw config_error("rank", std::to_string(rank),
+    throw config_error("MemoryEstimateOptions.rank", std::to_string(rank),
                        fmt::format("a rank in [0, {}) (the world size)", world_size));
   }
   if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb") {
@@ -147,7 +147,7 @@ ModelStateBytes estimate_model_state_bytes(const std::vector<ParameterSize>& par
       bytes.parameters += param.numel * size;
       bytes.gradients += param.numel * size;
       bytes.optimizer_state += param.numel * state_bytes_per_element(param.dtype, options) +
-          (step_scalar && param.numel > 0 ? kStepScalarBytes : 0);
+          (step_scalar ? kStepScalarBytes : 0);
     }
     return bytes;
   }
