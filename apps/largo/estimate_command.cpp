@@ -101,10 +101,15 @@ Precision precision_of(const Config& config) {
   }
   const YAML::Node args = config.node("MODEL.AMP_PARAMS.AMP_ARGS");
   const std::string level = args.IsMap() && args["opt_level"] ? args["opt_level"].as<std::string>() : "O1";
+  // MODEL.AMP_PARAMS.DTYPE (a Largo extension, float16 or bfloat16) where the config has it.
+  const bool bf16 = config.has("MODEL.AMP_PARAMS.DTYPE") &&
+      config.get_string("MODEL.AMP_PARAMS.DTYPE") == "bfloat16";
+  const at::ScalarType low = bf16 ? at::kBFloat16 : at::kHalf;
+  const std::string name = bf16 ? "bfloat16" : "float16";
   if (level == "O2") {
-    precision = {at::kHalf, at::kFloat, "float16 parameters, float32 master weights (Apex O2)"};
+    precision = {low, at::kFloat, name + " parameters, float32 master weights (Apex O2)"};
   } else if (level == "O3") {
-    precision = {at::kHalf, std::nullopt, "float16 parameters (Apex O3)"};
+    precision = {low, std::nullopt, name + " parameters (Apex O3)"};
   }
   return precision;
 }
