@@ -6,8 +6,11 @@
 //   largo launch --nproc_per_node N ... [--] COMMAND ...
 //                                               start a node's workers (torchrun's contract)
 //   largo inspect sampler --size N ...          print one rank's sample indices
+//   largo estimate [CONFIG.yaml] [KEY=VALUE ...]  per-rank model-state bytes, ZeRO stages 0-3
+//   largo checkpoint consolidate PATH            merge a ZeRO checkpoint's optimizer shards
 // Only this file turns errors into messages and exit codes.
 #include "commands.h"
+#include "estimate_command.h"
 
 #include <largo/comm/world_info.h>
 #include <largo/core/config.h>
@@ -208,6 +211,10 @@ int main(int argc, char** argv) {
   consolidate->add_option("--output", consolidate_output,
                           "where to write (default: <checkpoint>_consolidated.torch beside it)");
 
+  std::vector<std::string> estimate_arguments;
+  auto* estimate = app.add_subcommand("estimate", "Per-rank memory of ZeRO stages 0-3 for a config");
+  estimate->add_option("args", estimate_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -216,6 +223,11 @@ int main(int argc, char** argv) {
   }
   if (train->parsed()) {
     return report_errors("largo", [&] { return run_train(train_arguments); });
+  }
+  if (estimate->parsed()) {
+    return report_errors("largo", [&] {
+      return largo::app::run_estimate_command(config_from_arguments(estimate_arguments));
+    });
   }
   if (consolidate->parsed()) {
     return report_errors("largo", [&] { return run_consolidate(consolidate_path, consolidate_output); });

@@ -19,6 +19,7 @@
 #include <largo/optim/optimizer_factory.h>
 #include <largo/parallel/checkpointed_trunk.h>
 #include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/memory_estimate.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
 #include <largo/precision/mixed_precision.h>
@@ -574,29 +575,33 @@ std::map<std::string, std::vector<int64_t>> Trainer::State::trained_parameter_sh
   return shapes;
 }
 
-// What this rank holds of the model state (parameters, gradients, optimizer state), logged
-// once so a user sees what ZeRO saves (docs/zero.md compares it with `largo estimate`).
+// What this rank holds of the model state (parameters, gradients, optimizer state), next to
+// the estimate `largo estimate` prints for the same run (docs/zero_memory.md), logged once
+// so a user sees what ZeRO saves and that the estimate holds.
 void Trainer::State::log_model_state_bytes() {
   model_state_logged = true;
-  int64_t parameter_bytes = 0;
-  int64_t gradient_bytes = 0;
-  for (const at::Tensor& parameter : trained_parameters) {
-    parameter_bytes += parameter.numel() * static_cast<int64_t>(parameter.element_size());
-    if (parameter.grad().defined()) {
-      gradient_bytes += parameter.grad().numel() * static_cast<int64_t>(parameter.grad().element_size());
-    }
+  const parallel::ModelStateBytes measured = parallel::measure_model_state_bytes(*model, *optimizer);
+  parallel::MemoryEstimateOptions estimate_options;
+  estimate_options.optimizer = options.optimizer.spec;
+  estimate_options.world_size = group->world_size();
+  estimate_options.rank = group->rank();
+  estimate_options.stage = sdp ? 2 : sharded_optimizer ? 1 : 0;
+  // O2: the optimizer's groups hold the float32 masters, which are not the model's tensors.
+  const bool masters = mixed_precision->master_weights() != nullptr;
+  if (masters) {
+    estimate_options.master_weights_dtype = at::kFloat;
   }
-  if (sharded_optimizer) {
-    parameter_bytes = sharded_optimizer->parameter_bytes();
-    if (sharded_optimizer->uses_gradient_shards()) {
-      gradient_bytes = sharded_optimizer->gradient_shard_bytes();
-    }
-  }
+  const parallel::ModelStateBytes estimated = parallel::estimate_model_state_bytes(
+      masters ? parallel::parameter_sizes(*model)
+              : parallel::parameter_sizes(*model, optimizer->param_groups()),
+      estimate_options);
   constexpr double kMiB = 1024.0 * 1024.0;
-  spdlog::info("model state on rank {}: parameters {:.2f} MiB, gradients {:.2f} MiB, optimizer "
-               "state {:.2f} MiB",
-               group->rank(), parameter_bytes / kMiB, gradient_bytes / kMiB,
-               optimizer->state_bytes() / kMiB);
+  spdlog::info("model state on rank {} (ZeRO stage {}), measured / estimated: parameters "
+               "{:.2f} / {:.2f} MiB, gradients {:.2f} / {:.2f} MiB, optimizer state {:.2f} / "
+               "{:.2f} MiB",
+               group->rank(), estimate_options.stage, measured.parameters / kMiB,
+               estimated.parameters / kMiB, measured.gradients / kMiB, estimated.gradients / kMiB,
+               measured.optimizer_state / kMiB, estimated.optimizer_state / kMiB);
 }
 
 // One optimizer step over `num_micro_batches` batches from the loader: their gradients are

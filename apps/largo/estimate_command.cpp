@@ -1,0 +1,218 @@
+#include "estimate_command.h"
+
+#include <largo/data/idx_dataset.h>
+#include <largo/models/model_factory.h>
+#include <largo/optim/param_groups.h>
+#include <largo/parallel/memory_estimate.h>
+#include <largo/train/trainer_config.h>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace largo::app {
+namespace {
+
+// The ZeRO stage the config asks for: MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP (3),
+// MODEL.SHARDED_DDP_SETUP.USE_SDP (2), OPTIMIZER.name: zero / use_zero (1), else DDP (0).
+int configured_stage(const Config& config) {
+  if (config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP")) {
+    return 3;
+  }
+  if (config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP")) {
+    return 2;
+  }
+  if (config.get_string("OPTIMIZER.name") == "zero" || config.get_bool("OPTIMIZER.use_zero")) {
+    return 1;
+  }
+  return 0;
+}
+
+// The config as `largo train` reads it at stage 0: a zero optimizer replaced by its
+// OPTIMIZER.base_optimizer (VISSL nests the real optimizer's settings there), and the
+// sharding and mixed-precision switches off, since they change where the bytes live (which
+// the estimate computes for every stage) but not the model or the optimizer.
+Config unsharded_config(const Config& config) {
+  Config copy = Config::defaults();
+  copy.merge_yaml(config.to_yaml(), "the config"); // a deep copy: YAML nodes are shared
+  YAML::Node fragment;
+  if (config.get_string("OPTIMIZER.name") == "zero") {
+    const YAML::Node base = YAML::Clone(config.node("OPTIMIZER.base_optimizer"));
+    if (!base.IsMap() || !base["name"]) {
+      throw config_error("OPTIMIZER.base_optimizer", YAML::Dump(base),
+                         "the optimizer ZeRO shards, e.g. {name: sgd, momentum: 0.9} (with "
+                         "OPTIMIZER.name: zero)");
+    }
+    fragment["OPTIMIZER"] = base;
+  }
+  fragment["OPTIMIZER"]["use_zero"] = false;
+  fragment["MODEL"]["SHARDED_DDP_SETUP"]["USE_SDP"] = false;
+  fragment["MODEL"]["FSDP_CONFIG"]["AUTO_SETUP_FSDP"] = false;
+  fragment["MODEL"]["AMP_PARAMS"]["USE_AMP"] = false;
+  copy.merge_yaml(YAML::Dump(fragment), "largo estimate (OPTIMIZER.base_optimizer)");
+  return copy;
+}
+
+// The model's input and output sizes, as the trainer infers them from the training data
+// (Dataset::sample_shape, num_classes), without loading the data: the three supported
+// datasets have fixed shapes, and a synthetic one says its own.
+void fill_data_shape(const train::DataSplitOptions& split, models::ModelOptions& model) {
+  std::vector<int64_t> shape; // [C, H, W]
+  int64_t num_classes = 0;
+  if (split.source == "synthetic") {
+    shape = split.synthetic_image_shape;
+    num_classes = split.synthetic_num_classes;
+  } else if (split.dataset_name == "CIFAR10") {
+    shape = {3, 32, 32};
+    num_classes = 10;
+  } else { // MNIST, FashionMNIST (the config layer admits nothing else)
+    shape = {1, 28, 28};
+    num_classes = data::IdxDataset::kNumClasses;
+  }
+  if (model.in_channels == 0) {
+    model.in_channels = shape[0];
+  }
+  if (model.image_size == 0) {
+    model.image_size = shape[1];
+  }
+  if (model.num_classes == 0) {
+    model.num_classes = num_classes;
+  }
+}
+
+// Mixed precision as VISSL configures it: Apex O2 keeps fp16 parameters with fp32 master
+// weights in the optimizer, O3 fp16 parameters only; O1 and PyTorch AMP keep fp32
+// parameters (they cast per op, which is activation memory).
+struct Precision {
+  at::ScalarType parameter_dtype = at::kFloat;
+  std::optional<at::ScalarType> master_weights_dtype;
+  std::string description = "float32 parameters";
+};
+
+Precision precision_of(const Config& config) {
+  Precision precision;
+  if (!config.get_bool("MODEL.AMP_PARAMS.USE_AMP") ||
+      config.get_string("MODEL.AMP_PARAMS.AMP_TYPE") != "apex") {
+    return precision;
+  }
+  const YAML::Node args = config.node("MODEL.AMP_PARAMS.AMP_ARGS");
+  const std::string level = args.IsMap() && args["opt_level"] ? args["opt_level"].as<std::string>() : "O1";
+  // MODEL.AMP_PARAMS.DTYPE (a Largo extension, float16 or bfloat16) where the config has it.
+  const bool bf16 = config.has("MODEL.AMP_PARAMS.DTYPE") &&
+      config.get_string("MODEL.AMP_PARAMS.DTYPE") == "bfloat16";
+  const at::ScalarType low = bf16 ? at::kBFloat16 : at::kHalf;
+  const std::string name = bf16 ? "bfloat16" : "float16";
+  if (level == "O2") {
+    precision = {low, at::kFloat, name + " parameters, float32 master weights (Apex O2)"};
+  } else if (level == "O3") {
+    precision = {low, std::nullopt, name + " parameters (Apex O3)"};
+  }
+  return precision;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const auto value = static_cast<double>(bytes);
+  if (value >= 1024.0 * 1024 * 1024) {
+    return fmt::format("{:.2f} GiB", value / (1024.0 * 1024 * 1024));
+  }
+  if (value >= 1024.0 * 1024) {
+    return fmt::format("{:.2f} MiB", value / (1024.0 * 1024));
+  }
+  if (value >= 1024.0) {
+    return fmt::format("{:.2f} KiB", value / 1024.0);
+  }
+  return fmt::format("{} B", bytes);
+}
+
+// 25557032 -> "25,557,032"
+std::string with_commas(int64_t value) {
+  const std::string digits = std::to_string(value);
+  std::string text;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    const size_t left = digits.size() - i; // digits from here to the end
+    if (i > 0 && digits[i - 1] != '-' && left % 3 == 0) {
+      text.push_back(',');
+    }
+    text.push_back(digits[i]);
+  }
+  return text;
+}
+
+std::string describe_optimizer(const optim::OptimizerSpec& spec) {
+  std::string text = spec.name;
+  if (spec.name == "sgd") {
+    text += spec.sgd.momentum != 0.0 ? fmt::format(" (momentum {})", spec.sgd.momentum) : " (no momentum)";
+  } else if (spec.name == "adamw" && spec.adamw.amsgrad) {
+    text += " (amsgrad)";
+  }
+  return spec.use_larc ? text + " with LARC" : text;
+}
+
+} // namespace
+
+int run_estimate_command(const Config& config) {
+  const int stage = configured_stage(config);
+  const Precision precision = precision_of(config);
+  const int64_t world_size =
+      config.get_int("DISTRIBUTED.NUM_NODES") * config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
+  if (world_size < 1) {
+    throw config_error("DISTRIBUTED.NUM_NODES x DISTRIBUTED.NUM_PROC_PER_NODE",
+                       std::to_string(world_size), "a world size >= 1");
+  }
+  const train::TrainerOptions options = train::trainer_options_from_config(unsharded_config(config));
+
+  models::ModelOptions model_options = options.model;
+  fill_data_shape(options.train, model_options);
+  models::TrunkHeadModel model = models::build_model(model_options);
+  if (precision.parameter_dtype != at::kFloat) {
+    model->to(precision.parameter_dtype);
+  }
+  const auto groups = optim::build_param_groups(*model, options.optimizer.param_groups);
+  const std::vector<parallel::ParameterSize> sizes = parallel::parameter_sizes(*model, groups);
+  int64_t trained = 0, frozen = 0;
+  for (const auto& size : sizes) {
+    (size.trained ? trained : frozen) += size.numel;
+  }
+
+  parallel::MemoryEstimateOptions estimate;
+  estimate.optimizer = options.optimizer.spec;
+  estimate.master_weights_dtype = precision.master_weights_dtype;
+  estimate.world_size = static_cast<int>(world_size);
+  estimate.rank = 0; // the padding sits in the last shard: rank 0 holds the most
+
+  std::printf("model %s: %s parameters (%s trained, %s frozen), %s\n", model_options.trunk_name.c_str(),
+              with_commas(trained + frozen).c_str(), with_commas(trained).c_str(),
+              with_commas(frozen).c_str(), precision.description.c_str());
+  std::printf("optimizer %s; world size %lld (DISTRIBUTED.NUM_NODES %lld x NUM_PROC_PER_NODE %lld)\n",
+              describe_optimizer(estimate.optimizer).c_str(), static_cast<long long>(world_size),
+              static_cast<long long>(config.get_int("DISTRIBUTED.NUM_NODES")),
+              static_cast<long long>(config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE")));
+  std::printf("per-rank model state of rank 0 (the largest); activations and communication "
+              "buffers not included\n\n");
+  const std::array<const char*, 4> stage_names{
+      "0 DDP", "1 ZeRO-1 (optimizer state)", "2 ZeRO-2 (+ gradients)",
+      "3 ZeRO-3 (+ parameters; FSDP, not built yet)"};
+  std::printf("  %-46s %12s %12s %16s %12s %14s\n", "stage", "parameters", "gradients",
+              "optimizer state", "total", "ZeRO formula");
+  for (int s = 0; s <= 3; ++s) {
+    estimate.stage = s;
+    const auto bytes = parallel::estimate_model_state_bytes(sizes, estimate);
+    const auto formula = parallel::zero_formula_bytes(sizes, estimate);
+    std::printf("%c %-46s %12s %12s %16s %12s %14s\n", s == stage ? '*' : ' ', stage_names[s],
+                format_bytes(bytes.parameters).c_str(), format_bytes(bytes.gradients).c_str(),
+                format_bytes(bytes.optimizer_state).c_str(), format_bytes(bytes.total()).c_str(),
+                format_bytes(formula.total()).c_str());
+  }
+  std::printf("\n* the configured stage (OPTIMIZER.name: %s, MODEL.SHARDED_DDP_SETUP.USE_SDP: %s, "
+              "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP: %s)\n",
+              config.get_string("OPTIMIZER.name").c_str(),
+              config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP") ? "True" : "False",
+              config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP") ? "True" : "False");
+  return 0;
+}
+
+} // namespace largo::app

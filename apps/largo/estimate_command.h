@@ -1,0 +1,14 @@
+// `largo estimate CONFIG [KEY=VALUE ...]`: per-rank bytes of parameters, gradients and
+// optimizer state for ZeRO stages 0-3 at the configured world size, from the config's model,
+// optimizer and dataset, without training (parallel/memory_estimate.h; docs/zero_memory.md).
+#pragma once
+
+#include <largo/core/config.h>
+
+namespace largo::app {
+
+// Prints the table to stdout; returns the exit code (0). Throws ConfigError for a config
+// `largo train` would reject.
+int run_estimate_command(const Config& config);
+
+} // namespace largo::app
