@@ -53,12 +53,13 @@ std::pair<at::Tensor, at::Tensor> local_batch(int step, const comm::ProcessGroup
   at::Tensor images = at::randn({kGlobalBatch, 3, kImageSize, kImageSize}, generator);
   at::Tensor labels = at::randint(0, 10, {kGlobalBatch}, generator);
   const int64_t per_rank = kGlobalBatch / group.world_size();
-  return {images.narrow(0, group.rank() * per_rank, per_rank),
-          labels.narrow(0, group.rank() * per_rank, per_rank)};
+  return {
+      images.narrow(0, group.rank() * per_rank, per_rank),
+      labels.narrow(0, group.rank() * per_rank, per_rank)};
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(OptimizerKind kind,
-                                                 std::vector<optim::ParamGroup> groups) {
+std::unique_ptr<optim::Optimizer>
+make_optimizer(OptimizerKind kind, std::vector<optim::ParamGroup> groups) {
   switch (kind) {
   case OptimizerKind::kSgdMomentum: {
     optim::SGDOptions sgd;
@@ -73,8 +74,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(OptimizerKind kind,
     optim::LARCOptions larc;
     larc.trust_coefficient = 0.02;
     larc.clip = true;
-    return std::make_unique<optim::LARC>(std::make_unique<optim::SGD>(std::move(groups), sgd),
-                                         larc);
+    return std::make_unique<optim::LARC>(
+        std::make_unique<optim::SGD>(std::move(groups), sgd), larc);
   }
   }
   return nullptr;
@@ -101,8 +102,8 @@ void train_step(int step, comm::ProcessGroup& group, int accumulation, const For
 }
 
 // The reference: DDP (no_sync for all but the last micro-batch).
-NamedTensors train_ddp(comm::ProcessGroup& group, const std::string& trunk, OptimizerKind kind,
-                       int accumulation = 1) {
+NamedTensors train_ddp(
+    comm::ProcessGroup& group, const std::string& trunk, OptimizerKind kind, int accumulation = 1) {
   models::TrunkHeadModel model = make_model(trunk, group.rank());
   DistributedDataParallel ddp(model.ptr(), borrow(group));
   auto optimizer = make_optimizer(kind, param_groups(*model, kind));
@@ -132,20 +133,24 @@ struct FsdpRun {
   int64_t root_full_bytes = 0;
 };
 
-FsdpRun train_fsdp(comm::ProcessGroup& group, const std::string& trunk,
-                   FullyShardedDataParallelOptions options, OptimizerKind kind,
-                   int accumulation = 1) {
+FsdpRun train_fsdp(
+    comm::ProcessGroup& group,
+    const std::string& trunk,
+    FullyShardedDataParallelOptions options,
+    OptimizerKind kind,
+    int accumulation = 1) {
   models::TrunkHeadModel model = make_model(trunk, group.rank());
   FullyShardedDataParallel fsdp(model, borrow(group), options);
-  auto optimizer = fsdp.make_optimizer(param_groups(*model, kind),
-                                       [kind](std::vector<optim::ParamGroup> groups) {
-                                         return make_optimizer(kind, std::move(groups));
-                                       });
+  auto optimizer = fsdp.make_optimizer(
+      param_groups(*model, kind), [kind](std::vector<optim::ParamGroup> groups) {
+        return make_optimizer(kind, std::move(groups));
+      });
   FsdpRun run;
   for (int step = 0; step < kSteps; ++step) {
     optimizer->zero_grad();
-    train_step(step, group, accumulation,
-               [&](const at::Tensor& images, bool) { return fsdp.forward(images); });
+    train_step(step, group, accumulation, [&](const at::Tensor& images, bool) {
+      return fsdp.forward(images);
+    });
     optimizer->step();
     run.gathered_after_step = std::max(run.gathered_after_step, fsdp.gathered_bytes());
   }
@@ -184,8 +189,8 @@ TEST(FullyShardedDataParallelTest, EveryBlockWrappedEqualsDdpWithSgdMomentum) {
     expect_equal_parameters(run.parameters, reference);
     // The model really moved (20 steps from rank 0's initialization).
     models::TrunkHeadModel initial = make_model("small_cnn", 0);
-    EXPECT_GT((reference.front().second - initial->parameters().front()).abs().max().item<float>(),
-              1e-3);
+    EXPECT_GT(
+        (reference.front().second - initial->parameters().front()).abs().max().item<float>(), 1e-3);
   });
 }
 
@@ -324,25 +329,29 @@ TEST(FullyShardedDataParallelTest, RejectsANegativeAutoWrapThreshold) {
 }
 
 TEST(FullyShardedDataParallelTest, OneProcessTrainsLikeThePlainModel) {
-  // A world of one: every collective an identity, so FSDP must train exactly like the
-  // unwrapped model (same ops on the same values, gradients divided by 1).
+  // A world of one: every collective an identity, so FSDP must train like the unwrapped
+  // model (same ops on the same values, gradients divided by 1). Within 1e-5 rather than bit
+  // for bit: the small CNN keeps its conv weights channels-last, FSDP's views of the flat
+  // buffer are contiguous, and oneDNN may round the two layouts differently.
   torch::set_num_threads(1);
   auto group = comm::ProcessGroup::single_process();
   models::TrunkHeadModel plain = make_model("small_cnn", 0);
   models::TrunkHeadModel wrapped = make_model("small_cnn", 0);
   FullyShardedDataParallel fsdp(wrapped, group);
-  auto plain_optimizer =
-      make_optimizer(OptimizerKind::kSgdMomentum, param_groups(*plain, OptimizerKind::kSgdMomentum));
-  auto fsdp_optimizer =
-      fsdp.make_optimizer(param_groups(*wrapped, OptimizerKind::kSgdMomentum),
-                          [](std::vector<optim::ParamGroup> groups) {
-                            return make_optimizer(OptimizerKind::kSgdMomentum, std::move(groups));
-                          });
+  auto plain_optimizer = make_optimizer(
+      OptimizerKind::kSgdMomentum, param_groups(*plain, OptimizerKind::kSgdMomentum));
+  auto fsdp_optimizer = fsdp.make_optimizer(
+      param_groups(*wrapped, OptimizerKind::kSgdMomentum),
+      [](std::vector<optim::ParamGroup> groups) {
+        return make_optimizer(OptimizerKind::kSgdMomentum, std::move(groups));
+      });
   for (int step = 0; step < 5; ++step) {
     plain_optimizer->zero_grad();
     fsdp_optimizer->zero_grad();
-    train_step(step, *group, 1, [&](const at::Tensor& images, bool) { return plain->forward(images); });
-    train_step(step, *group, 1, [&](const at::Tensor& images, bool) { return fsdp.forward(images); });
+    train_step(
+        step, *group, 1, [&](const at::Tensor& images, bool) { return plain->forward(images); });
+    train_step(
+        step, *group, 1, [&](const at::Tensor& images, bool) { return fsdp.forward(images); });
     plain_optimizer->step();
     fsdp_optimizer->step();
   }

@@ -79,7 +79,7 @@ class FullyShardedDataParallel {
  public:
   // One unit: its parameters, their place in the flat buffer and this rank's shard.
   struct Unit {
-    std::string name;  // "trunk.3" or "root"
+    std::string name;   // "trunk.3" or "root"
     int64_t block = -1; // the trunk block it wraps; -1 for the root unit
     std::vector<std::string> param_names;
     std::vector<at::Tensor> params; // the module's parameters (views of `full`)
@@ -87,7 +87,7 @@ class FullyShardedDataParallel {
     at::Tensor full;       // [layout.padded_numel()]; storage of 0 bytes while freed
     at::Tensor shard;      // [layout.shard_numel()]: this rank's slice, what the optimizer steps
     at::Tensor grad_shard; // [layout.shard_numel()]: reduced, averaged, accumulated gradients
-    std::vector<ShardPiece> pieces;    // this rank's pieces of the parameters
+    std::vector<ShardPiece> pieces;       // this rank's pieces of the parameters
     std::vector<at::Tensor> piece_params; // views of `shard` for `pieces` (.grad: of grad_shard)
     bool gathered = false;
     // Per backward: how many parameters have their gradient, and whether it was reduced.
@@ -100,8 +100,10 @@ class FullyShardedDataParallel {
   // keeps this rank's shard of each (the full buffers start freed). Throws ConfigError for
   // a negative auto_wrap_threshold, and largo::Error for trainable parameters that are not
   // floating point or not all on one device and dtype within a unit.
-  FullyShardedDataParallel(models::TrunkHeadModel model, std::shared_ptr<comm::ProcessGroup> group,
-                           FullyShardedDataParallelOptions options = {});
+  FullyShardedDataParallel(
+      models::TrunkHeadModel model,
+      std::shared_ptr<comm::ProcessGroup> group,
+      FullyShardedDataParallelOptions options = {});
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
@@ -165,7 +167,7 @@ class FullyShardedDataParallel {
   models::TrunkHeadModel model_;
   std::shared_ptr<comm::ProcessGroup> group_;
   FullyShardedDataParallelOptions options_;
-  std::vector<Unit> units_;          // the wrapped blocks in trunk order, then the root
+  std::vector<Unit> units_;            // the wrapped blocks in trunk order, then the root
   std::vector<int64_t> unit_of_block_; // trunk block -> index into units_, -1: in the root
   // Hook index -> (unit, parameter within the unit).
   std::vector<std::pair<size_t, size_t>> hooked_params_;

@@ -30,7 +30,8 @@ void resize_storage(const at::Tensor& tensor, size_t nbytes) {
   if (nbytes == 0) {
     storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
   } else {
-    TORCH_CHECK(storage->allocator() != nullptr, "FSDP: the flat parameter's storage has no allocator");
+    TORCH_CHECK(
+        storage->allocator() != nullptr, "FSDP: the flat parameter's storage has no allocator");
     storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
   }
   storage->set_nbytes(nbytes);
@@ -46,10 +47,13 @@ struct FullyShardedDataParallel::Hooks {
   std::unique_ptr<GradReadyHooks> grad_ready;
 };
 
-FullyShardedDataParallel::FullyShardedDataParallel(models::TrunkHeadModel model,
-                                                   std::shared_ptr<comm::ProcessGroup> group,
-                                                   FullyShardedDataParallelOptions options)
-    : model_(std::move(model)), group_(std::move(group)), options_(options),
+FullyShardedDataParallel::FullyShardedDataParallel(
+    models::TrunkHeadModel model,
+    std::shared_ptr<comm::ProcessGroup> group,
+    FullyShardedDataParallelOptions options)
+    : model_(std::move(model)),
+      group_(std::move(group)),
+      options_(options),
       hooks_(std::make_unique<Hooks>()) {
   if (!group_) {
     throw ConfigError("FullyShardedDataParallel needs a process group (got none)");
@@ -127,8 +131,12 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::TrunkHeadModel model,
         throw Error(fmt::format(
             "FullyShardedDataParallel: the parameters of unit {} must be floating point and "
             "share one dtype and device; {} is {} on {} but {} is {} on {}",
-            unit.name, unit.param_names[i], c10::toString(param.scalar_type()),
-            param.device().str(), unit.param_names.front(), c10::toString(first.scalar_type()),
+            unit.name,
+            unit.param_names[i],
+            c10::toString(param.scalar_type()),
+            param.device().str(),
+            unit.param_names.front(),
+            c10::toString(first.scalar_type()),
             first.device().str()));
       }
       numels.push_back(param.numel());
@@ -157,8 +165,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(models::TrunkHeadModel model,
   }
 
   hooks_->grad_ready = std::make_unique<GradReadyHooks>(
-      hooked, [this](size_t index) { on_gradient_ready(index); },
-      [this] { on_backward_end(); });
+      hooked, [this](size_t index) { on_gradient_ready(index); }, [this] { on_backward_end(); });
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -319,7 +326,8 @@ std::unique_ptr<optim::Optimizer> FullyShardedDataParallel::make_optimizer(
             "FullyShardedDataParallel::make_optimizer: {} (group {}) is not a sharded "
             "parameter of the model (only trainable parameters are sharded; build the groups "
             "from the wrapped model)",
-            name, param_group.name));
+            name,
+            param_group.name));
       }
       const int64_t index = static_cast<int64_t>(global_index.size());
       global_index.emplace(name, index);
@@ -335,8 +343,8 @@ std::unique_ptr<optim::Optimizer> FullyShardedDataParallel::make_optimizer(
     shard_groups.push_back(std::move(shard_group));
   }
   std::unique_ptr<optim::Optimizer> optimizer = make_base(std::move(shard_groups));
-  optimizer->set_norm_reducer(make_piece_norm_reducer(group_, std::move(piece_to_param),
-                                                      static_cast<int64_t>(global_index.size())));
+  optimizer->set_norm_reducer(make_piece_norm_reducer(
+      group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size())));
   return optimizer;
 }
 

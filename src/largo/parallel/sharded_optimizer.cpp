@@ -132,8 +132,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<optim::ParamGroup> param_groups,
     }
   }
   base_ = options.make_base_optimizer(std::move(base_groups));
-  base_->set_norm_reducer(make_piece_norm_reducer(group_, std::move(piece_to_param),
-                                            static_cast<int64_t>(global_index.size())));
+  base_->set_norm_reducer(make_piece_norm_reducer(
+      group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size())));
 }
 
 // The base optimizer passes its per-piece partials as [2 * P] (optimizer.h: P parameter
