@@ -47,8 +47,9 @@
 //
 // Collectives: the constructor (broadcast of rank 0's parameters and buffers), forward()
 // (buffer broadcast, one all-gather per unit), every backward (one all-gather per resharded
-// unit, one reduce-scatter per unit), full_parameters() (one all-gather per unit), and the
-// norm reducer in the optimizer's step. Every rank must make the same calls in the same order.
+// unit, one reduce-scatter per unit), full_parameters() (one all-gather per unit),
+// clip_grad_norm() (one all-reduce), and the norm reducer in the optimizer's step. Every rank must
+// make the same calls in the same order.
 #pragma once
 
 #include <largo/comm/process_group.h>
@@ -123,6 +124,15 @@ class FullyShardedDataParallel {
 
   // Zeroes every gradient shard (and re-attaches the pieces' gradients).
   void zero_grad();
+
+  // This rank's 1-D pieces of every parameter (their .grad: views of the gradient shards),
+  // in unit order: what the loss scaler unscales and checks and what clipping measures.
+  std::vector<at::Tensor> shard_parameters() const;
+
+  // Global-norm clipping (MODEL.GRAD_CLIP) over the gradient shards: this rank's partial
+  // norm, one all-reduce, then every shard scaled (optim/grad_clipping.h's semantics).
+  // Returns the total norm before clipping. Collective. Call after backward, before step.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
 
   // Every trainable parameter's full value, by name in the model's order (a copy), gathered
   // one unit at a time. Collective. For tests and small models: it holds the whole model.

@@ -1,6 +1,7 @@
 #include <largo/parallel/fully_sharded_data_parallel.h>
 
 #include <largo/core/error.h>
+#include <largo/optim/grad_clipping.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/grad_ready_hooks.h>
 #include <largo/parallel/sharded_optimizer.h>
@@ -354,6 +355,30 @@ void FullyShardedDataParallel::zero_grad() {
     unit.grad_shard.zero_();
     attach_piece_gradients(unit);
   }
+}
+
+std::vector<at::Tensor> FullyShardedDataParallel::shard_parameters() const {
+  std::vector<at::Tensor> pieces;
+  for (const Unit& unit : units_) {
+    pieces.insert(pieces.end(), unit.piece_params.begin(), unit.piece_params.end());
+  }
+  return pieces;
+}
+
+double FullyShardedDataParallel::clip_grad_norm(double max_norm, double norm_type) {
+  // The pieces of all ranks tile every parameter once (the padding is left out), so the
+  // partial sums (or maxima) complete to the norm of the whole gradient.
+  auto group = group_;
+  return optim::clip_grad_norm(
+      shard_parameters(),
+      max_norm,
+      norm_type,
+      [group](const at::Tensor& partial, optim::NormReduceOp op) {
+        at::Tensor total = partial.clone();
+        group->all_reduce(
+            total, op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum : comm::ReduceOp::kMax);
+        return total;
+      });
 }
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
