@@ -295,25 +295,46 @@ TEST(FullyShardedDataParallelTest, VisionTransformerEqualsDdp) {
   });
 }
 
+TEST(FullyShardedDataParallelTest, WithoutPrefetchEqualsDdp) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    const NamedTensors reference = train_ddp(group, "small_cnn", OptimizerKind::kSgdMomentum);
+    FullyShardedDataParallelOptions options;
+    options.prefetch = false; // every all-gather synchronous
+    FsdpRun run = train_fsdp(group, "small_cnn", options, OptimizerKind::kSgdMomentum);
+    expect_equal_parameters(run.parameters, reference);
+  });
+}
+
 TEST(FullyShardedDataParallelTest, AtMostTheRootAndTwoUnitsAreGatheredAtOnce) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
-    FsdpRun run = train_fsdp(group, "small_cnn", {}, OptimizerKind::kSgdMomentum);
-    int64_t all_units = 0;
-    int64_t largest_block_unit = 0;
-    for (size_t u = 0; u + 1 < run.unit_full_bytes.size(); ++u) {
-      largest_block_unit = std::max(largest_block_unit, run.unit_full_bytes[u]);
+    FullyShardedDataParallelOptions no_prefetch;
+    no_prefetch.prefetch = false;
+    for (const FullyShardedDataParallelOptions& options :
+         {FullyShardedDataParallelOptions{}, no_prefetch}) {
+      FsdpRun run = train_fsdp(group, "small_cnn", options, OptimizerKind::kSgdMomentum);
+      ASSERT_EQ(run.unit_full_bytes.size(), 4u);
+      int64_t all_units = 0;
+      int64_t largest_block_unit = 0;
+      for (size_t u = 0; u + 1 < run.unit_full_bytes.size(); ++u) {
+        largest_block_unit = std::max(largest_block_unit, run.unit_full_bytes[u]);
+      }
+      for (int64_t bytes : run.unit_full_bytes) {
+        all_units += bytes;
+      }
+      SCOPED_TRACE(options.prefetch ? "with prefetch" : "without prefetch");
+      // The root stays gathered from forward to the end of backward. Of the block units:
+      // with prefetch, the one running and the next one; without, only the one running (a
+      // unit's gradients are all reduced, and it is freed, before the gradient of its input
+      // reaches the unit before it).
+      EXPECT_GT(run.peak_gathered_bytes, 0);
+      const int64_t units_at_once = options.prefetch ? 2 : 1;
+      EXPECT_LE(run.peak_gathered_bytes, run.root_full_bytes + units_at_once * largest_block_unit);
+      EXPECT_LT(run.peak_gathered_bytes, all_units);
+      // Between steps nothing is gathered: only the shards are held.
+      EXPECT_EQ(run.gathered_after_step, 0);
     }
-    for (int64_t bytes : run.unit_full_bytes) {
-      all_units += bytes;
-    }
-    // The root stays gathered from forward to the end of backward; of the block units at
-    // most the one running and the one whose backward comes next.
-    EXPECT_GT(run.peak_gathered_bytes, 0);
-    EXPECT_LE(run.peak_gathered_bytes, run.root_full_bytes + 2 * largest_block_unit);
-    EXPECT_LT(run.peak_gathered_bytes, all_units);
-    // Between steps nothing is gathered: only the shards are held.
-    EXPECT_EQ(run.gathered_after_step, 0);
   });
 }
 

@@ -40,9 +40,11 @@
 // adds to the gradient shard. The shards count as zeroed when the optimizer freed the pieces'
 // gradients (zero_grad(set_to_none)) or zeroed them, or after zero_grad() here.
 //
-// Not done yet (docs/fsdp.md): prefetching the next unit's all-gather (every gather is
-// synchronous), mixed precision (compute copies in fp16/bf16), activation checkpointing
-// through forward_trunk_range, sharded checkpoints, config keys and the trainer.
+// Prefetch (on by default): the next unit's all-gather is started asynchronously before the
+// current unit runs (forward: the next block; backward: the previous block).
+//
+// Not done yet (docs/fsdp.md): mixed precision (compute copies in fp16/bf16), activation
+// checkpointing through forward_trunk_range, sharded checkpoints, config keys and the trainer.
 // Frozen parameters (requires_grad false) are not sharded: every rank keeps them whole.
 //
 // Collectives: the constructor (broadcast of rank 0's parameters and buffers), forward()
@@ -73,6 +75,10 @@ struct FullyShardedDataParallelOptions {
   // MODEL.FSDP_CONFIG.reshard_after_forward: free a unit's full parameters after its forward
   // (gathered again for its backward); false keeps them until its gradients are reduced.
   bool reshard_after_forward = true;
+  // Start the all-gather of the next unit (in the forward: the next block's; in the backward:
+  // the previous block's) before running this one, so that communication overlaps compute.
+  // Costs one more unit gathered at a time.
+  bool prefetch = true;
   bool broadcast_buffers = true; // DISTRIBUTED.BROADCAST_BUFFERS: rank 0's buffers each forward
 };
 
@@ -90,7 +96,9 @@ class FullyShardedDataParallel {
     at::Tensor grad_shard; // [layout.shard_numel()]: reduced, averaged, accumulated gradients
     std::vector<ShardPiece> pieces;       // this rank's pieces of the parameters
     std::vector<at::Tensor> piece_params; // views of `shard` for `pieces` (.grad: of grad_shard)
-    bool gathered = false;
+    bool gathered = false;  // `full` holds memory (its all-gather may still be in flight)
+    comm::Work pending;     // the in-flight all-gather of a prefetch
+    bool in_flight = false; // `pending` not waited for yet
     // Per backward: how many parameters have their gradient, and whether it was reduced.
     size_t num_ready = 0;
     bool reduced = false;
@@ -167,6 +175,8 @@ class FullyShardedDataParallel {
   }
 
  private:
+  // Starts the unit's all-gather (asynchronous); gather() also waits for it.
+  void start_gather(Unit& unit);
   void gather(Unit& unit);
   void free(Unit& unit);
   void reduce_gradients(Unit& unit);
@@ -179,6 +189,7 @@ class FullyShardedDataParallel {
   FullyShardedDataParallelOptions options_;
   std::vector<Unit> units_;            // the wrapped blocks in trunk order, then the root
   std::vector<int64_t> unit_of_block_; // trunk block -> index into units_, -1: in the root
+  std::vector<size_t> block_units_;    // the units of wrapped blocks, in forward order
   // Hook index -> (unit, parameter within the unit).
   std::vector<std::pair<size_t, size_t>> hooked_params_;
   std::vector<at::Tensor> buffers_;

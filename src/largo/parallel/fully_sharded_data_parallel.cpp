@@ -90,6 +90,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     }
     if (trainable && numel >= options_.auto_wrap_threshold) {
       unit_of_block_[static_cast<size_t>(b)] = static_cast<int64_t>(units_.size());
+      block_units_.push_back(units_.size());
       units_.emplace_back();
       units_.back().name = fmt::format("trunk.{}", b);
       units_.back().block = b;
@@ -171,23 +172,45 @@ FullyShardedDataParallel::FullyShardedDataParallel(
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
   hooks_->grad_ready.reset();
+  for (Unit& unit : units_) {
+    if (unit.in_flight) {
+      try {
+        unit.pending.wait(); // the collective must not write into freed memory
+      } catch (const std::exception&) {
+        // A failed collective was reported by whoever waited first; nothing to do here.
+      }
+    }
+  }
 }
 
-void FullyShardedDataParallel::gather(Unit& unit) {
+void FullyShardedDataParallel::start_gather(Unit& unit) {
   if (unit.gathered) {
     return;
   }
   torch::NoGradGuard no_grad;
   resize_storage(unit.full, static_cast<size_t>(full_bytes(unit)));
-  group_->all_gather(unit.full, unit.shard);
+  unit.pending = group_->all_gather_async(unit.full, unit.shard);
+  unit.in_flight = true;
   unit.gathered = true;
   gathered_bytes_ += full_bytes(unit);
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
 
+void FullyShardedDataParallel::gather(Unit& unit) {
+  start_gather(unit);
+  if (unit.in_flight) {
+    unit.in_flight = false;
+    unit.pending.wait();
+  }
+}
+
 void FullyShardedDataParallel::free(Unit& unit) {
   if (!unit.gathered) {
     return;
+  }
+  if (unit.in_flight) { // the collective writes into the storage until it is done
+    unit.in_flight = false;
+    unit.pending.wait();
   }
   resize_storage(unit.full, 0);
   unit.gathered = false;
@@ -210,6 +233,7 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images) {
     gather(units_.back());
   }
   at::Tensor x = images;
+  size_t position = 0; // of the next wrapped block in block_units_
   for (int64_t b = 0; b < model_->num_trunk_blocks(); ++b) {
     const int64_t u = unit_of_block_[static_cast<size_t>(b)];
     if (u < 0) {
@@ -218,15 +242,23 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images) {
     }
     Unit& unit = units_[static_cast<size_t>(u)];
     gather(unit);
+    if (options_.prefetch && position + 1 < block_units_.size()) {
+      start_gather(units_[block_units_[position + 1]]);
+    }
     x = model_->forward_trunk_range(x, b, b + 1);
     if (x.requires_grad()) {
-      // The gradient of the unit's output arrives before the unit's own backward runs.
-      x.register_hook([this, u](const at::Tensor&) {
+      // The gradient of the unit's output arrives before the unit's own backward runs; the
+      // block before it runs next in the backward.
+      x.register_hook([this, u, position](const at::Tensor&) {
         Unit& hooked = units_[static_cast<size_t>(u)];
         hooked.used_in_backward = true;
         gather(hooked);
+        if (options_.prefetch && position > 0) {
+          start_gather(units_[block_units_[position - 1]]);
+        }
       });
     }
+    ++position;
     if (options_.reshard_after_forward) {
       free(unit);
     }
