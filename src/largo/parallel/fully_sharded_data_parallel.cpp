@@ -249,7 +249,8 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images) {
     if (x.requires_grad()) {
       // The gradient of the unit's output arrives before the unit's own backward runs; the
       // block before it runs next in the backward.
-      x.register_hook([this, u, position](const at::Tensor&) {
+      // (The hook takes a TensorBase: libtorch 2.x hands it one, 1.13 a Tensor.)
+      x.register_hook([this, u, position](const at::TensorBase&) {
         Unit& hooked = units_[static_cast<size_t>(u)];
         hooked.used_in_backward = true;
         gather(hooked);
