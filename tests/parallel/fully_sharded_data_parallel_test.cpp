@@ -136,6 +136,13 @@ NamedTensors train_ddp(
   return named;
 }
 
+// How train_fsdp clears the gradients before each step.
+enum class GradZeroing {
+  kOptimizerSetToNone, // optimizer->zero_grad(): the pieces' gradients freed
+  kOptimizerInPlace,   // optimizer->zero_grad(false): zeroed in place (views of the shards)
+  kFsdp,               // fsdp.zero_grad()
+};
+
 struct FsdpRun {
   NamedTensors parameters;
   int64_t peak_gathered_bytes = 0;
@@ -151,7 +158,8 @@ FsdpRun train_fsdp(
     OptimizerKind kind,
     int accumulation = 1,
     double max_norm = 0.0,
-    std::vector<double>* norms = nullptr) {
+    std::vector<double>* norms = nullptr,
+    GradZeroing zeroing = GradZeroing::kOptimizerSetToNone) {
   models::TrunkHeadModel model = make_model(trunk, group.rank());
   FullyShardedDataParallel fsdp(model, borrow(group), options);
   auto optimizer = fsdp.make_optimizer(
@@ -160,7 +168,17 @@ FsdpRun train_fsdp(
       });
   FsdpRun run;
   for (int step = 0; step < kSteps; ++step) {
-    optimizer->zero_grad();
+    switch (zeroing) {
+    case GradZeroing::kOptimizerSetToNone:
+      optimizer->zero_grad();
+      break;
+    case GradZeroing::kOptimizerInPlace:
+      optimizer->zero_grad(/*set_to_none=*/false);
+      break;
+    case GradZeroing::kFsdp:
+      fsdp.zero_grad();
+      break;
+    }
     train_step(step, group, accumulation, [&](const at::Tensor& images, bool) {
       return fsdp.forward(images);
     });
@@ -243,6 +261,38 @@ TEST(FullyShardedDataParallelTest, GradientAccumulationEqualsDdp) {
     FsdpRun run = train_fsdp(group, "small_cnn", {}, OptimizerKind::kSgdMomentum, 2);
     expect_equal_parameters(run.parameters, reference);
   });
+}
+
+TEST(FullyShardedDataParallelTest, EveryWayOfZeroingGradientsStartsTheNextStepFromZero) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    // With accumulation, a gradient shard that was not cleared would carry the previous
+    // step's gradients into this one.
+    const NamedTensors reference =
+        train_ddp(group, "small_cnn", OptimizerKind::kSgdMomentum, /*accumulation=*/2);
+    for (GradZeroing zeroing : {GradZeroing::kOptimizerInPlace, GradZeroing::kFsdp}) {
+      SCOPED_TRACE(zeroing == GradZeroing::kFsdp ? "fsdp.zero_grad()" : "zero_grad(false)");
+      FsdpRun run =
+          train_fsdp(group, "small_cnn", {}, OptimizerKind::kSgdMomentum, 2, 0.0, nullptr, zeroing);
+      expect_equal_parameters(run.parameters, reference);
+    }
+  });
+}
+
+TEST(FullyShardedDataParallelTest, OptimizerGroupsMustNameShardedParameters) {
+  models::TrunkHeadModel model = make_model("small_cnn", 0);
+  FullyShardedDataParallel fsdp(model, comm::ProcessGroup::single_process());
+  std::vector<optim::ParamGroup> groups = param_groups(*model, OptimizerKind::kSgdMomentum);
+  groups.front().params.push_back(at::zeros({3}));
+  groups.front().names.push_back("not.a.parameter");
+  try {
+    fsdp.make_optimizer(groups, [](std::vector<optim::ParamGroup> shard_groups) {
+      return make_optimizer(OptimizerKind::kSgdMomentum, std::move(shard_groups));
+    });
+    FAIL() << "expected largo::Error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("not.a.parameter"), std::string::npos);
+  }
 }
 
 TEST(FullyShardedDataParallelTest, AdamWEqualsDdp) {
