@@ -7,9 +7,9 @@
 // (0: every block that has parameters) is a unit of its own; the remaining trainable
 // parameters (small blocks, the head) form the root unit.
 //
-// Storage: a unit's trainable parameters are laid out in one flat fp32 buffer (flat_layout.h,
-// padded to a multiple of the world size); rank r keeps only its even slice of it, the
-// *shard*, plus a gradient shard of the same size. The module's parameters stay the same
+// Storage: a unit's trainable parameters are laid out in one flat buffer of their dtype
+// (fp32 for now; flat_layout.h, padded to a multiple of the world size); rank r keeps only
+// its even slice of it, the *shard*, plus a gradient shard of the same size. The module's parameters stay the same
 // tensors (same names, shapes, autograd identity) but their data are views of the unit's
 // *full* flat buffer, whose storage is resized to 0 bytes while the unit is not needed and
 // re-allocated and all-gathered when it is. Freeing the storage in place, rather than
@@ -46,12 +46,14 @@
 // Not done yet (docs/fsdp.md): mixed precision (compute copies in fp16/bf16), activation
 // checkpointing through forward_trunk_range, sharded checkpoints, config keys and the trainer.
 // Frozen parameters (requires_grad false) are not sharded: every rank keeps them whole.
+// Between steps the module's trainable parameters have no memory behind them: do not read
+// them (full_parameters() gathers a copy).
 //
 // Collectives: the constructor (broadcast of rank 0's parameters and buffers), forward()
 // (buffer broadcast, one all-gather per unit), every backward (one all-gather per resharded
 // unit, one reduce-scatter per unit), full_parameters() (one all-gather per unit),
-// clip_grad_norm() (one all-reduce), and the norm reducer in the optimizer's step. Every rank must
-// make the same calls in the same order.
+// clip_grad_norm() (one all-reduce), and the norm reducer in the optimizer's step. Every
+// rank must make the same calls in the same order.
 #pragma once
 
 #include <largo/comm/process_group.h>
