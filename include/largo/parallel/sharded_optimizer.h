@@ -130,14 +130,21 @@ class ShardedOptimizer : public optim::Optimizer {
 
  private:
   void attach_piece_gradients();
-  optim::PartialNormReducer make_norm_reducer(std::vector<int64_t> piece_to_param,
-                                              int64_t num_params) const;
 
   std::shared_ptr<comm::ProcessGroup> group_;
   std::vector<FlatBuffer> buffers_;
   std::unique_ptr<optim::Optimizer> base_;
   bool gradient_shards_ = false;
 };
+
+// The norm reducer of an optimizer over 1-D pieces of parameters (ZeRO 1-3): the base
+// optimizer's [2 * P] partials for its P pieces (optimizer.h) are scattered into a [2, N]
+// tensor over all N parameters (piece p belongs to parameter piece_to_param[p], an index
+// every rank numbers alike), one all-reduce completes it and every piece reads its
+// parameter's total back. Collective when called; ranks holding no piece take part too.
+optim::PartialNormReducer make_piece_norm_reducer(std::shared_ptr<comm::ProcessGroup> group,
+                                                  std::vector<int64_t> piece_to_param,
+                                                  int64_t num_params);
 
 // Merges the state_dict()s of every rank of a sharded optimizer (yielded in rank order) into
 // the state_dict of an unsharded base optimizer over the whole parameters, with the shapes

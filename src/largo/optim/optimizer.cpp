@@ -140,7 +140,13 @@ void Optimizer::zero_grad(bool set_to_none) {
       if (set_to_none) {
         grad.reset();
       } else {
-        grad.detach_();
+        // As torch.optim: a gradient that is a view (DDP's bucket views, ZeRO's and FSDP's
+        // shard views) cannot be detached in place; one without a grad_fn needs no detaching.
+        if (grad.grad_fn()) {
+          grad.detach_();
+        } else {
+          grad.requires_grad_(false);
+        }
         grad.zero_();
       }
     }

@@ -132,18 +132,18 @@ ShardedOptimizer::ShardedOptimizer(std::vector<optim::ParamGroup> param_groups,
     }
   }
   base_ = options.make_base_optimizer(std::move(base_groups));
-  base_->set_norm_reducer(make_norm_reducer(std::move(piece_to_param),
-                                            static_cast<int64_t>(global_index.size())));
+  base_->set_norm_reducer(make_piece_norm_reducer(
+      group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size())));
 }
 
 // The base optimizer passes its per-piece partials as [2 * P] (optimizer.h: P parameter
 // entries, then P gradient or update entries, for its P pieces in group order). Each block
 // is scattered into a [N] vector over all N parameters, one all-reduce completes both, and
 // every piece reads its parameter's total back. Ranks holding no piece take part too.
-optim::PartialNormReducer ShardedOptimizer::make_norm_reducer(std::vector<int64_t> piece_to_param,
-                                                              int64_t num_params) const {
+optim::PartialNormReducer make_piece_norm_reducer(std::shared_ptr<comm::ProcessGroup> group,
+                                                  std::vector<int64_t> piece_to_param,
+                                                  int64_t num_params) {
   constexpr int64_t kBlocks = 2;
-  auto group = group_;
   auto index = at::tensor(piece_to_param, at::kLong);
   return [group, index, num_params](const at::Tensor& partials, optim::NormReduceOp op) {
     const int64_t num_pieces = index.numel();

@@ -1,0 +1,204 @@
+// ZeRO stage 3 (FairScale's FullyShardedDataParallel, VISSL's MODEL.FSDP_CONFIG): the
+// parameters are sharded too, not only the optimizer state and the gradients, so every rank
+// holds 1/N of the model between uses and the whole of at most one or two units at a time.
+//
+// Units: the model (a trunk of blocks + a head, models/trunk_head_model.h) is cut into
+// units. Every trunk block with at least auto_wrap_threshold trainable parameter elements
+// (0: every block that has parameters) is a unit of its own; the remaining trainable
+// parameters (small blocks, the head) form the root unit.
+//
+// Storage: a unit's trainable parameters are laid out in one flat buffer of their dtype
+// (fp32 for now; flat_layout.h, padded to a multiple of the world size); rank r keeps only
+// its even slice of it, the *shard*, plus a gradient shard of the same size. The module's parameters stay the same
+// tensors (same names, shapes, autograd identity) but their data are views of the unit's
+// *full* flat buffer, whose storage is resized to 0 bytes while the unit is not needed and
+// re-allocated and all-gathered when it is. Freeing the storage in place, rather than
+// re-pointing the parameters, is what frees the memory: autograd keeps views of parameters
+// (a linear layer saves weight.t()), and those views share the storage and see the
+// re-gathered values in the backward (PyTorch's FSDP frees its flat parameter the same way).
+//
+// One training step:
+//   forward():  buffers broadcast from rank 0 (BatchNorm statistics, as DDP's
+//               broadcast_buffers); the root unit gathered and kept until the end of the
+//               backward; then per trunk block: gather its unit, run the block, free the
+//               unit again when reshard_after_forward (and hook its output, see below).
+//   backward(): when the gradient of a unit's output arrives (a hook on that tensor, i.e.
+//               before the unit's own backward runs), the unit is gathered again; once every
+//               parameter of a unit has its gradient (post-hooks on the gradient
+//               accumulators), the full gradients are flattened, reduce-scattered, divided by
+//               the world size and *added* to the unit's gradient shard, and the full
+//               gradients and the full parameters are freed. At the end of the backward, any
+//               unit whose parameters got no gradient is reduced with zeros (so every rank
+//               issues the same collectives) and the root unit is freed.
+//   step():     any optim::Optimizer over this rank's pieces (make_optimizer()): every
+//               parameter is replaced by its 1-D piece in this rank's shard (a view; its
+//               .grad a view of the gradient shard), named like the parameter, so SGD,
+//               AdamW, LARC... step the shards in place and key their state by parameter
+//               name. Per-parameter norms (LARC, LAMB) are completed across ranks by a norm
+//               reducer (sharded_optimizer.h's make_piece_norm_reducer).
+// Gradient accumulation needs no no_sync(): each micro-step's backward reduce-scatters and
+// adds to the gradient shard. The shards count as zeroed when the optimizer freed the pieces'
+// gradients (zero_grad(set_to_none)) or zeroed them, or after zero_grad() here.
+//
+// Prefetch (on by default): the next unit's all-gather is started asynchronously before the
+// current unit runs (forward: the next block; backward: the previous block).
+//
+// Not done yet (docs/fsdp.md): mixed precision (compute copies in fp16/bf16), activation
+// checkpointing through forward_trunk_range, sharded checkpoints, config keys and the trainer.
+// Frozen parameters (requires_grad false) are not sharded: every rank keeps them whole.
+// Between steps the module's trainable parameters have no memory behind them: do not read
+// them (full_parameters() gathers a copy).
+//
+// Collectives: the constructor (broadcast of rank 0's parameters and buffers), forward()
+// (buffer broadcast, one all-gather per unit), every backward (one all-gather per resharded
+// unit, one reduce-scatter per unit), full_parameters() (one all-gather per unit),
+// clip_grad_norm() (one all-reduce), and the norm reducer in the optimizer's step. Every
+// rank must make the same calls in the same order.
+#pragma once
+
+#include <largo/comm/process_group.h>
+#include <largo/models/trunk_head_model.h>
+#include <largo/optim/optimizer.h>
+#include <largo/parallel/flat_layout.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace largo::parallel {
+
+struct FullyShardedDataParallelOptions {
+  // MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD: a trunk block with at least this many trainable
+  // parameter elements is a unit of its own; 0 wraps every block that has parameters.
+  int64_t auto_wrap_threshold = 0;
+  // MODEL.FSDP_CONFIG.reshard_after_forward: free a unit's full parameters after its forward
+  // (gathered again for its backward); false keeps them until its gradients are reduced.
+  bool reshard_after_forward = true;
+  // Start the all-gather of the next unit (in the forward: the next block's; in the backward:
+  // the previous block's) before running this one, so that communication overlaps compute.
+  // Costs one more unit gathered at a time.
+  bool prefetch = true;
+  bool broadcast_buffers = true; // DISTRIBUTED.BROADCAST_BUFFERS: rank 0's buffers each forward
+};
+
+class FullyShardedDataParallel {
+ public:
+  // One unit: its parameters, their place in the flat buffer and this rank's shard.
+  struct Unit {
+    std::string name;   // "trunk.3" or "root"
+    int64_t block = -1; // the trunk block it wraps; -1 for the root unit
+    std::vector<std::string> param_names;
+    std::vector<at::Tensor> params; // the module's parameters (views of `full`)
+    FlatLayout layout{{}, 1};
+    at::Tensor full;       // [layout.padded_numel()]; storage of 0 bytes while freed
+    at::Tensor shard;      // [layout.shard_numel()]: this rank's slice, what the optimizer steps
+    at::Tensor grad_shard; // [layout.shard_numel()]: reduced, averaged, accumulated gradients
+    std::vector<ShardPiece> pieces;       // this rank's pieces of the parameters
+    std::vector<at::Tensor> piece_params; // views of `shard` for `pieces` (.grad: of grad_shard)
+    bool gathered = false;  // `full` holds memory (its all-gather may still be in flight)
+    comm::Work pending;     // the in-flight all-gather of a prefetch
+    bool in_flight = false; // `pending` not waited for yet
+    // Per backward: how many parameters have their gradient, and whether it was reduced.
+    size_t num_ready = 0;
+    bool reduced = false;
+    bool used_in_backward = false;
+  };
+
+  // Broadcasts rank 0's parameters and buffers (a collective), cuts `model` into units and
+  // keeps this rank's shard of each (the full buffers start freed). Throws ConfigError for
+  // a negative auto_wrap_threshold, and largo::Error for trainable parameters that are not
+  // floating point or not all on one device and dtype within a unit.
+  FullyShardedDataParallel(
+      models::TrunkHeadModel model,
+      std::shared_ptr<comm::ProcessGroup> group,
+      FullyShardedDataParallelOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // The model's forward (images -> head output), gathering unit by unit as described
+  // above. Collective. Under torch::NoGradGuard every unit is freed before it returns.
+  at::Tensor forward(const at::Tensor& images);
+
+  // Builds `make_base` over this rank's pieces of `groups` (groups of the model's
+  // parameters, e.g. optim::build_param_groups(*model, ...), matched by name; a group may
+  // end up empty on some ranks) and installs the cross-rank norm reducer. Throws
+  // largo::Error for a name that is not a sharded parameter.
+  std::unique_ptr<optim::Optimizer> make_optimizer(
+      const std::vector<optim::ParamGroup>& groups,
+      const std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>&
+          make_base) const;
+
+  // Zeroes every gradient shard (and re-attaches the pieces' gradients).
+  void zero_grad();
+
+  // This rank's 1-D pieces of every parameter (their .grad: views of the gradient shards),
+  // in unit order: what the loss scaler unscales and checks and what clipping measures.
+  std::vector<at::Tensor> shard_parameters() const;
+
+  // Global-norm clipping (MODEL.GRAD_CLIP) over the gradient shards: this rank's partial
+  // norm, one all-reduce, then every shard scaled (optim/grad_clipping.h's semantics).
+  // Returns the total norm before clipping. Collective. Call after backward, before step.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  // Every trainable parameter's full value, by name in the model's order (a copy), gathered
+  // one unit at a time. Collective. For tests and small models: it holds the whole model.
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+
+  // Bytes of full flat buffers gathered right now, and the most gathered at once since
+  // construction or the last reset_peak_gathered_bytes(): the full-parameter memory FSDP
+  // adds on top of the shards.
+  int64_t gathered_bytes() const {
+    return gathered_bytes_;
+  }
+  int64_t peak_gathered_bytes() const {
+    return peak_gathered_bytes_;
+  }
+  void reset_peak_gathered_bytes() {
+    peak_gathered_bytes_ = gathered_bytes_;
+  }
+  // Bytes of this rank's parameter shards (gradient shards are the same size).
+  int64_t shard_bytes() const;
+
+  const std::vector<Unit>& units() const {
+    return units_;
+  }
+  models::TrunkHeadModel& model() {
+    return model_;
+  }
+  comm::ProcessGroup& process_group() const {
+    return *group_;
+  }
+  const FullyShardedDataParallelOptions& options() const {
+    return options_;
+  }
+
+ private:
+  // Starts the unit's all-gather (asynchronous); gather() also waits for it.
+  void start_gather(Unit& unit);
+  void gather(Unit& unit);
+  void free(Unit& unit);
+  void reduce_gradients(Unit& unit);
+  void attach_piece_gradients(Unit& unit);
+  void on_gradient_ready(size_t param_index);
+  void on_backward_end();
+
+  models::TrunkHeadModel model_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  FullyShardedDataParallelOptions options_;
+  std::vector<Unit> units_;            // the wrapped blocks in trunk order, then the root
+  std::vector<int64_t> unit_of_block_; // trunk block -> index into units_, -1: in the root
+  std::vector<size_t> block_units_;    // the units of wrapped blocks, in forward order
+  // Hook index -> (unit, parameter within the unit).
+  std::vector<std::pair<size_t, size_t>> hooked_params_;
+  std::vector<at::Tensor> buffers_;
+  struct Hooks;
+  std::unique_ptr<Hooks> hooks_;
+  int64_t gathered_bytes_ = 0;
+  int64_t peak_gathered_bytes_ = 0;
+};
+
+} // namespace largo::parallel
