@@ -195,7 +195,7 @@ int run_estimate_command(const Config& config) {
               "buffers not included\n\n");
   const std::array<const char*, 4> stage_names{
       "0 DDP", "1 ZeRO-1 (optimizer state)", "2 ZeRO-2 (+ gradients)",
-      "3 ZeRO-3 (+ parameters; FSDP, not built yet)"};
+      "3 ZeRO-3 (+ parameters; FSDP)"};
   std::printf("  %-46s %12s %12s %16s %12s %14s\n", "stage", "parameters", "gradients",
               "optimizer state", "total", "ZeRO formula");
   for (int s = 0; s <= 3; ++s) {
