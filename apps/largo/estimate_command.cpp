@@ -17,43 +17,13 @@
 namespace largo::app {
 namespace {
 
-// The ZeRO stage the config asks for: MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP (3),
-// MODEL.SHARDED_DDP_SETUP.USE_SDP (2), OPTIMIZER.name: zero / use_zero (1), else DDP (0).
-int configured_stage(const Config& config) {
-  if (config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP")) {
-    return 3;
-  }
-  if (config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP")) {
-    return 2;
-  }
-  if (config.get_string("OPTIMIZER.name") == "zero" || config.get_bool("OPTIMIZER.use_zero")) {
-    return 1;
-  }
-  return 0;
-}
-
-// The config as `largo train` reads it at stage 0: a zero optimizer replaced by its
-// OPTIMIZER.base_optimizer (VISSL nests the real optimizer's settings there), and the
-// sharding and mixed-precision switches off, since they change where the bytes live (which
-// the estimate computes for every stage) but not the model or the optimizer.
-Config unsharded_config(const Config& config) {
+// The config as `largo train` reads it, with stage 3's switch off: the trainer does not take
+// FSDP yet, and the estimate computes every stage anyway. trainer_options_from_config reads
+// OPTIMIZER.base_optimizer (ZeRO) and the other switches itself.
+Config without_fsdp(const Config& config) {
   Config copy = Config::defaults();
   copy.merge_yaml(config.to_yaml(), "the config"); // a deep copy: YAML nodes are shared
-  YAML::Node fragment;
-  if (config.get_string("OPTIMIZER.name") == "zero") {
-    const YAML::Node base = YAML::Clone(config.node("OPTIMIZER.base_optimizer"));
-    if (!base.IsMap() || !base["name"]) {
-      throw config_error("OPTIMIZER.base_optimizer", YAML::Dump(base),
-                         "the optimizer ZeRO shards, e.g. {name: sgd, momentum: 0.9} (with "
-                         "OPTIMIZER.name: zero)");
-    }
-    fragment["OPTIMIZER"] = base;
-  }
-  fragment["OPTIMIZER"]["use_zero"] = false;
-  fragment["MODEL"]["SHARDED_DDP_SETUP"]["USE_SDP"] = false;
-  fragment["MODEL"]["FSDP_CONFIG"]["AUTO_SETUP_FSDP"] = false;
-  fragment["MODEL"]["AMP_PARAMS"]["USE_AMP"] = false;
-  copy.merge_yaml(YAML::Dump(fragment), "largo estimate (OPTIMIZER.base_optimizer)");
+  copy.merge_yaml("MODEL: {FSDP_CONFIG: {AUTO_SETUP_FSDP: False}}", "largo estimate");
   return copy;
 }
 
@@ -155,7 +125,6 @@ std::string describe_optimizer(const optim::OptimizerSpec& spec) {
 } // namespace
 
 int run_estimate_command(const Config& config) {
-  const int stage = configured_stage(config);
   const Precision precision = precision_of(config);
   const int64_t world_size =
       config.get_int("DISTRIBUTED.NUM_NODES") * config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
@@ -163,7 +132,13 @@ int run_estimate_command(const Config& config) {
     throw config_error("DISTRIBUTED.NUM_NODES x DISTRIBUTED.NUM_PROC_PER_NODE",
                        std::to_string(world_size), "a world size >= 1");
   }
-  const train::TrainerOptions options = train::trainer_options_from_config(unsharded_config(config));
+  const train::TrainerOptions options = train::trainer_options_from_config(without_fsdp(config));
+  // The stage the config asks for: FSDP_CONFIG.AUTO_SETUP_FSDP (3), SHARDED_DDP_SETUP.USE_SDP
+  // (2), OPTIMIZER.name: zero / use_zero (1), else DDP (0).
+  const int stage = config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP") ? 3
+      : options.zero.shard_gradients                                    ? 2
+      : options.zero.shard_optimizer_state                              ? 1
+                                                                        : 0;
 
   models::ModelOptions model_options = options.model;
   fill_data_shape(options.train, model_options);
