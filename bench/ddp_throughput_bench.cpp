@@ -8,7 +8,9 @@
 // bench/run_ddp_bench.sh runs both side by side.
 //
 // Usage: ddp_throughput_bench MODEL [--batch GLOBAL] [--threads T] [--warmup W] [--steps S]
-//                             [--delay_allreduce] [--bucket_cap_mb M]
+//                             [--delay_allreduce] [--bucket_cap_mb M] [--foreach]
+//   --foreach: SGD's _foreach path (torch.optim's ops in its order) instead of the fused
+//              pass, which rounds differently: for a bit-exact check against PyTorch.
 //   MODEL: small_cnn ([N, 1, 28, 28], the default job's model) or resnet18 (cifar stem,
 //          [N, 3, 32, 32]).
 // Rank 0 prints one JSON line: impl, model, procs, batch (global), threads, steps,
@@ -44,6 +46,7 @@ struct BenchOptions {
   int steps = 0;
   bool delay_allreduce = false;
   int64_t bucket_cap_mb = 25;
+  bool foreach = false;
 };
 
 BenchOptions parse(int argc, char** argv) {
@@ -51,7 +54,7 @@ BenchOptions parse(int argc, char** argv) {
   if (argc < 2) {
     throw std::invalid_argument("usage: ddp_throughput_bench small_cnn|resnet18 [--batch GLOBAL] "
                                 "[--threads T] [--warmup W] [--steps S] [--delay_allreduce] "
-                                "[--bucket_cap_mb M]");
+                                "[--bucket_cap_mb M] [--foreach]");
   }
   options.model = argv[1];
   for (int i = 2; i < argc; ++i) {
@@ -74,6 +77,8 @@ BenchOptions parse(int argc, char** argv) {
       options.delay_allreduce = true;
     } else if (flag == "--bucket_cap_mb") {
       options.bucket_cap_mb = value();
+    } else if (flag == "--foreach") {
+      options.foreach = true;
     } else {
       throw std::invalid_argument("unknown flag " + flag);
     }
@@ -161,6 +166,7 @@ int main(int argc, char** argv) try {
   largo::optim::SGDOptions sgd_options;
   sgd_options.momentum = 0.9;
   sgd_options.nesterov = true;
+  sgd_options.fused = !options.foreach;
   largo::optim::SGD optimizer(largo::optim::build_param_groups(*model, group_options), sgd_options);
 
   float last_loss = 0.0f;
@@ -186,6 +192,9 @@ int main(int argc, char** argv) try {
 
   if (rank == 0) {
     std::string impl = procs == 1 ? "largo" : options.delay_allreduce ? "largo_ddp_delay" : "largo_ddp";
+    if (options.foreach) {
+      impl += "_foreach";
+    }
     nlohmann::json result = {{"impl", impl},
                              {"model", options.model},
                              {"procs", procs},

@@ -1,13 +1,15 @@
-// ZeRO stages 0-2 on a wide MLP (>= 50 M parameters), Largo's side: one process per rank
+// ZeRO stages 0-3 on a wide MLP (>= 50 M parameters), Largo's side: one process per rank
 // (bench/run_zero_bench.sh starts them with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set),
 // Gloo over 127.0.0.1. bench/zero_reference.py runs the same model, batch and optimizer
 // with PyTorch's DDP and ZeroRedundancyOptimizer.
 //
-// Usage: zero_bench [--stages 0,1,2] [--optimizer adamw|sgd] [--input N] [--width N]
+// Usage: zero_bench [--stages 0,1,2,3] [--optimizer adamw|sgd] [--input N] [--width N]
 //                   [--depth N] [--classes N] [--batch N] [--warmup W] [--steps S]
-//                   [--threads T]
+//                   [--threads T] [--stage3_prefetch on,off]
 // For each stage: a fresh model (same seed), DDP + the optimizer (0), DDP + ShardedOptimizer
-// (1), ShardedDataParallel + ShardedOptimizer (2); W untimed steps, then S timed steps
+// (1), ShardedDataParallel + ShardedOptimizer (2), FullyShardedDataParallel with every
+// (Linear, ReLU) block a unit and the last Linear the root unit (3; once with prefetch and once
+// without, as --stage3_prefetch lists); W untimed steps, then S timed steps
 // (zero_grad -> forward -> cross-entropy -> backward -> step, each a full iteration). After
 // the last step, before zero_grad, each rank measures the bytes it holds
 // (parallel::measure_model_state_bytes) next to the estimate and the ZeRO formula
@@ -18,6 +20,7 @@
 #include <largo/core/malloc_tuning.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
@@ -38,7 +41,8 @@ using Clock = std::chrono::steady_clock;
 using largo::parallel::ModelStateBytes;
 
 struct BenchOptions {
-  std::vector<int> stages{0, 1, 2};
+  std::vector<int> stages{0, 1, 2, 3};
+  std::vector<bool> stage3_prefetch{true, false};
   std::string optimizer = "adamw";
   int64_t input = 1024, width = 4096, depth = 4, classes = 9, batch = 16;
   int warmup = 2, steps = 6, threads = 1;
@@ -86,25 +90,62 @@ nlohmann::json to_json(const ModelStateBytes& bytes) {
           {"total", bytes.total()}};
 }
 
-nlohmann::json run_stage(int stage, const BenchOptions& o,
+// A trunk block of the MLP: Linear then ReLU.
+class LinearReluImpl : public torch::nn::Module {
+ public:
+  explicit LinearReluImpl(torch::nn::Linear linear)
+      : linear_(register_module("linear", std::move(linear))) {}
+  at::Tensor forward(at::Tensor x) {
+    return torch::relu(linear_->forward(x));
+  }
+
+ private:
+  torch::nn::Linear linear_;
+};
+TORCH_MODULE(LinearRelu);
+
+// The same MLP (the same Linear modules, so the same weights) as a trunk of (Linear, ReLU)
+// blocks and a Linear head: the shape FullyShardedDataParallel cuts into units.
+largo::models::TrunkHeadModel as_trunk_and_head(torch::nn::Sequential net, const BenchOptions& o) {
+  largo::models::Trunk trunk;
+  for (size_t i = 0; i + 1 < net->size(); i += 2) {
+    trunk.blocks->push_back(LinearRelu(torch::nn::Linear(net->ptr<torch::nn::LinearImpl>(i))));
+  }
+  trunk.output_dim = o.width;
+  torch::nn::Sequential head;
+  head->push_back(torch::nn::Linear(net->ptr<torch::nn::LinearImpl>(net->size() - 1)));
+  return largo::models::TrunkHeadModel(std::move(trunk), std::move(head));
+}
+
+nlohmann::json run_stage(int stage, bool prefetch, const BenchOptions& o,
                          const std::shared_ptr<largo::comm::ProcessGroup>& group) {
   auto net = make_mlp(o);
   auto groups = groups_of(*net);
   const auto sizes = largo::parallel::parameter_sizes(*net, groups);
   const auto spec = optimizer_spec(o);
+  auto make_base = [&](std::vector<largo::optim::ParamGroup> pieces) {
+    return largo::optim::make_optimizer(std::move(pieces), spec);
+  };
   std::unique_ptr<largo::optim::Optimizer> optimizer;
-  if (stage == 0) {
+  std::unique_ptr<largo::parallel::FullyShardedDataParallel> fsdp;
+  if (stage == 3) {
+    largo::parallel::FullyShardedDataParallelOptions fsdp_options;
+    fsdp_options.prefetch = prefetch;
+    fsdp = std::make_unique<largo::parallel::FullyShardedDataParallel>(as_trunk_and_head(net, o),
+                                                                       group, fsdp_options);
+    optimizer = fsdp->make_optimizer(groups_of(*fsdp->model()), make_base);
+  } else if (stage == 0) {
     optimizer = largo::optim::make_optimizer(std::move(groups), spec);
   } else {
     largo::parallel::ShardedOptimizerOptions options;
-    options.make_base_optimizer = [&](std::vector<largo::optim::ParamGroup> pieces) {
-      return largo::optim::make_optimizer(std::move(pieces), spec);
-    };
+    options.make_base_optimizer = make_base;
     optimizer = std::make_unique<largo::parallel::ShardedOptimizer>(std::move(groups), group, options);
   }
   std::unique_ptr<largo::parallel::DistributedDataParallel> ddp;
   std::unique_ptr<largo::parallel::ShardedDataParallel> sdp;
-  if (stage == 2) {
+  if (fsdp) {
+    // reduces its own gradients
+  } else if (stage == 2) {
     sdp = std::make_unique<largo::parallel::ShardedDataParallel>(
         net.ptr(), static_cast<largo::parallel::ShardedOptimizer&>(*optimizer), group);
   } else {
@@ -119,7 +160,9 @@ nlohmann::json run_stage(int stage, const BenchOptions& o,
   for (int step = 0; step < o.warmup + o.steps; ++step) {
     const auto start = Clock::now();
     optimizer->zero_grad();
-    at::Tensor logits = ddp ? ddp->forward(net, inputs) : sdp->forward(net, inputs);
+    at::Tensor logits = fsdp ? fsdp->forward(inputs)
+        : ddp                ? ddp->forward(net, inputs)
+                             : sdp->forward(net, inputs);
     torch::nn::functional::cross_entropy(logits, labels).backward();
     optimizer->step();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -127,7 +170,8 @@ nlohmann::json run_stage(int stage, const BenchOptions& o,
       step_ms.push_back(ms);
     }
     if (step + 1 == o.warmup + o.steps) { // untimed: measured before the next zero_grad
-      measured = largo::parallel::measure_model_state_bytes(*net, *optimizer);
+      measured = fsdp ? largo::parallel::measure_model_state_bytes(*fsdp, *optimizer)
+                      : largo::parallel::measure_model_state_bytes(*net, *optimizer);
     }
   }
 
@@ -176,7 +220,11 @@ nlohmann::json run_stage(int stage, const BenchOptions& o,
           {"ms_per_step", sorted[sorted.size() / 2]},
           {"mean_ms_per_step", mean},
           {"step_ms", step_ms},
-          {"ranks", ranks}};
+          {"ranks", ranks},
+          // stage 3: whether the next unit's all-gather was prefetched, and the most bytes of
+          // full units gathered at once (transient, on top of the model state)
+          {"prefetch", stage == 3 && prefetch},
+          {"peak_gathered_bytes", fsdp ? fsdp->peak_gathered_bytes() : 0}};
 }
 
 BenchOptions parse(int argc, char** argv) {
@@ -192,6 +240,15 @@ BenchOptions parse(int argc, char** argv) {
       std::stringstream list(value);
       for (std::string item; std::getline(list, item, ',');) {
         o.stages.push_back(std::stoi(item));
+      }
+    } else if (flag == "--stage3_prefetch") {
+      o.stage3_prefetch.clear();
+      std::stringstream list(value);
+      for (std::string item; std::getline(list, item, ',');) {
+        if (item != "on" && item != "off") {
+          throw std::invalid_argument("--stage3_prefetch takes on, off or on,off, not " + value);
+        }
+        o.stage3_prefetch.push_back(item == "on");
       }
     } else if (flag == "--optimizer") {
       o.optimizer = value;
@@ -243,9 +300,11 @@ int main(int argc, char** argv) {
     group_options.gloo_threads = 1;
     auto group = largo::comm::ProcessGroup::create(group_options);
     for (int stage : o.stages) {
-      nlohmann::json result = run_stage(stage, o, std::shared_ptr<largo::comm::ProcessGroup>(group));
-      if (world->rank == 0) {
-        std::cout << result.dump() << std::endl;
+      for (bool prefetch : stage == 3 ? o.stage3_prefetch : std::vector<bool>{false}) {
+        nlohmann::json result = run_stage(stage, prefetch, o, group);
+        if (world->rank == 0) {
+          std::cout << result.dump() << std::endl;
+        }
       }
     }
     return 0;

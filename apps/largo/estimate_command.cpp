@@ -17,16 +17,6 @@
 namespace largo::app {
 namespace {
 
-// The config as `largo train` reads it, with stage 3's switch off: the trainer does not take
-// FSDP yet, and the estimate computes every stage anyway. trainer_options_from_config reads
-// OPTIMIZER.base_optimizer (ZeRO) and the other switches itself.
-Config without_fsdp(const Config& config) {
-  Config copy = Config::defaults();
-  copy.merge_yaml(config.to_yaml(), "the config"); // a deep copy: YAML nodes are shared
-  copy.merge_yaml("MODEL: {FSDP_CONFIG: {AUTO_SETUP_FSDP: False}}", "largo estimate");
-  return copy;
-}
-
 // The model's input and output sizes, as the trainer infers them from the training data
 // (Dataset::sample_shape, num_classes), without loading the data: the three supported
 // datasets have fixed shapes, and a synthetic one says its own.
@@ -132,10 +122,10 @@ int run_estimate_command(const Config& config) {
     throw config_error("DISTRIBUTED.NUM_NODES x DISTRIBUTED.NUM_PROC_PER_NODE",
                        std::to_string(world_size), "a world size >= 1");
   }
-  const train::TrainerOptions options = train::trainer_options_from_config(without_fsdp(config));
+  const train::TrainerOptions options = train::trainer_options_from_config(config);
   // The stage the config asks for: FSDP_CONFIG.AUTO_SETUP_FSDP (3), SHARDED_DDP_SETUP.USE_SDP
   // (2), OPTIMIZER.name: zero / use_zero (1), else DDP (0).
-  const int stage = config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP") ? 3
+  const int stage = options.fsdp.enabled ? 3
       : options.zero.shard_gradients                                    ? 2
       : options.zero.shard_optimizer_state                              ? 1
                                                                         : 0;

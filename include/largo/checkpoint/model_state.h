@@ -11,9 +11,13 @@ namespace largo::checkpoint {
 // Every parameter and buffer, detached; the tensors share storage with the module.
 StateDict model_state_dict(const torch::nn::Module& module);
 
-// Copies each entry into the module's tensor of the same name. Throws CheckpointError
-// listing the missing and unexpected names and any shape or dtype mismatch, before
-// anything is modified.
+// Throws CheckpointError listing the names `state` lacks or has in excess of the module's
+// parameters and buffers, and any shape or dtype mismatch. Reads only the tensors' metadata
+// (so it also checks a module whose parameters are sharded, parallel/fully_sharded_data_parallel.h).
+void check_model_state_dict(const torch::nn::Module& module, const StateDict& state);
+
+// Copies each entry into the module's tensor of the same name, after check_model_state_dict
+// (so nothing is modified when it throws).
 void load_model_state_dict(torch::nn::Module& module, const StateDict& state);
 
 } // namespace largo::checkpoint

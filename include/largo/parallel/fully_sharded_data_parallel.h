@@ -43,8 +43,8 @@
 // Prefetch (on by default): the next unit's all-gather is started asynchronously before the
 // current unit runs (forward: the next block; backward: the previous block).
 //
-// Not done yet (docs/fsdp.md): mixed precision (compute copies in fp16/bf16), activation
-// checkpointing through forward_trunk_range, sharded checkpoints, config keys and the trainer.
+// Not done yet (docs/fsdp.md): mixed precision with low-precision compute copies (fp16/bf16
+// parameters; autocast over the fp32 units works) and activation checkpointing.
 // Frozen parameters (requires_grad false) are not sharded: every rank keeps them whole.
 // Between steps the module's trainable parameters have no memory behind them: do not read
 // them (full_parameters() gathers a copy).
@@ -60,11 +60,13 @@
 #include <largo/models/trunk_head_model.h>
 #include <largo/optim/optimizer.h>
 #include <largo/parallel/flat_layout.h>
+#include <largo/parallel/piece_optimizer_state.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -130,7 +132,12 @@ class FullyShardedDataParallel {
   std::unique_ptr<optim::Optimizer> make_optimizer(
       const std::vector<optim::ParamGroup>& groups,
       const std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>&
-          make_base) const;
+          make_base);
+
+  // The pieces the optimizer of make_optimizer() steps on this rank, for its checkpoint
+  // (piece_optimizer_state.h: the same format as ZeRO stages 1-2, so the shards of either
+  // reshard into the other or consolidate into an unsharded optimizer's state).
+  PieceOwnership piece_ownership() const;
 
   // Zeroes every gradient shard (and re-attaches the pieces' gradients).
   void zero_grad();
@@ -147,6 +154,18 @@ class FullyShardedDataParallel {
   // Every trainable parameter's full value, by name in the model's order (a copy), gathered
   // one unit at a time. Collective. For tests and small models: it holds the whole model.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+
+  // The whole model state for a checkpoint: every parameter (sharded ones gathered one unit
+  // at a time) and buffer by name, in the model's order (PyTorch's state_dict naming), as CPU
+  // copies on rank `root` (on the other ranks: empty). Collective. Only one unit is gathered
+  // on the device at a time.
+  std::vector<std::pair<std::string, at::Tensor>> full_state_on_rank(int root);
+
+  // The inverse, on every rank: each rank copies its shard of every sharded parameter out of
+  // the whole values, and the frozen parameters and the buffers whole. Every name of the
+  // model must be in `state` with its shape (checkpoint::check_model_state_dict checks a
+  // checkpoint first); throws largo::Error naming a missing one. No collective.
+  void load_full_state(const std::unordered_map<std::string, at::Tensor>& state);
 
   // Bytes of full flat buffers gathered right now, and the most gathered at once since
   // construction or the last reset_peak_gathered_bytes(): the full-parameter memory FSDP
@@ -167,6 +186,9 @@ class FullyShardedDataParallel {
     return units_;
   }
   models::TrunkHeadModel& model() {
+    return model_;
+  }
+  const models::TrunkHeadModel& model() const {
     return model_;
   }
   comm::ProcessGroup& process_group() const {
@@ -195,6 +217,7 @@ class FullyShardedDataParallel {
   // Hook index -> (unit, parameter within the unit).
   std::vector<std::pair<size_t, size_t>> hooked_params_;
   std::vector<at::Tensor> buffers_;
+  std::vector<std::vector<std::string>> optimizer_group_names_; // make_optimizer()'s groups
   struct Hooks;
   std::unique_ptr<Hooks> hooks_;
   int64_t gathered_bytes_ = 0;

@@ -39,6 +39,8 @@
 
 namespace largo::parallel {
 
+class FullyShardedDataParallel;
+
 // One parameter as the estimator sees it.
 struct ParameterSize {
   std::string name;
@@ -106,6 +108,13 @@ ModelStateBytes zero_formula_bytes(const std::vector<ParameterSize>& parameters,
 // Measure after backward and step but before zero_grad(set_to_none), which frees the .grad
 // tensors. Master weights are not measured (no optimizer keeps them yet).
 ModelStateBytes measure_model_state_bytes(const torch::nn::Module& model,
+                                          const optim::Optimizer& optimizer);
+
+// Stage 3: the same for a FullyShardedDataParallel model and the optimizer it made. Between
+// steps a unit's full parameters hold no memory, so what is counted is the parameter and
+// gradient shards (plus frozen parameters, kept whole) and the optimizer state; the full
+// units gathered during a step are transient (peak_gathered_bytes()).
+ModelStateBytes measure_model_state_bytes(const FullyShardedDataParallel& fsdp,
                                           const optim::Optimizer& optimizer);
 
 } // namespace largo::parallel

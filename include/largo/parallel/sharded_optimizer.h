@@ -26,6 +26,7 @@
 #include <largo/optim/optimizer.h>
 #include <largo/optim/tensor_norms.h>
 #include <largo/parallel/flat_layout.h>
+#include <largo/parallel/piece_optimizer_state.h>
 
 #include <functional>
 #include <map>
@@ -90,10 +91,7 @@ class ShardedOptimizer : public optim::Optimizer {
   // Returns the total norm before clipping.
   double clip_grad_norm(double max_norm, double norm_type = 2.0);
 
-  // This rank's shard of the optimizer state (see docs/zero.md for the layout):
-  //   {"type": "zero", "rank", "world_size", "base": <base optimizer state_dict()>,
-  //    "pieces": {param_name: [offset in the flattened parameter, numel]},
-  //    "groups": [[every parameter name of the group], ...]}
+  // This rank's shard of the optimizer state (piece_optimizer_state.h's format, type "zero").
   c10::IValue state_dict() const override;
   // Restores state_dict() output written by the same rank of the same world size; other
   // layouts go through load_resharded_state().
@@ -114,6 +112,8 @@ class ShardedOptimizer : public optim::Optimizer {
 
   // This rank's pieces: parameter name -> (offset in the flattened parameter, numel).
   std::map<std::string, std::pair<int64_t, int64_t>> piece_ranges() const;
+  // The same, with the rank, the world size and the groups' names.
+  PieceOwnership piece_ownership() const;
 
   optim::Optimizer& base() {
     return *base_;
@@ -145,12 +145,5 @@ class ShardedOptimizer : public optim::Optimizer {
 optim::PartialNormReducer make_piece_norm_reducer(std::shared_ptr<comm::ProcessGroup> group,
                                                   std::vector<int64_t> piece_to_param,
                                                   int64_t num_params);
-
-// Merges the state_dict()s of every rank of a sharded optimizer (yielded in rank order) into
-// the state_dict of an unsharded base optimizer over the whole parameters, with the shapes
-// given by `param_shapes` (name -> shape): what an unsharded run, or torch.load, reads.
-c10::IValue consolidate_sharded_optimizer_state(
-    int world_size, const std::function<c10::IValue(int rank)>& shards,
-    const std::map<std::string, std::vector<int64_t>>& param_shapes);
 
 } // namespace largo::parallel

@@ -23,6 +23,7 @@
 #include <largo/models/trunk_head_model.h>
 #include <largo/train/trainer_options.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,7 +55,13 @@ class Trainer {
 
   TrainSummary run();
 
+  // The model. Under FSDP (MODEL.FSDP_CONFIG) its trainable parameters hold no memory
+  // between steps: read them through full_parameters().
   models::TrunkHeadModel& model();
+
+  // Every parameter's value by name (copies). Collective under FSDP, which gathers the
+  // units one at a time.
+  std::map<std::string, at::Tensor> full_parameters();
 
  private:
   struct State;

@@ -99,6 +99,20 @@ struct ZeroOptions {
   int64_t reduce_buffer_elements = int64_t{1} << 23;
 };
 
+// ZeRO stage 3 (MODEL.FSDP_CONFIG, docs/fsdp.md): parameters, gradients and optimizer state
+// sharded (parallel/fully_sharded_data_parallel.h).
+struct FsdpOptions {
+  bool enabled = false;              // AUTO_SETUP_FSDP
+  int64_t auto_wrap_threshold = 0;   // AUTO_WRAP_THRESHOLD
+  bool reshard_after_forward = true; // reshard_after_forward
+  bool prefetch = true;              // Largo extension: prefetch the next unit's all-gather
+  // mixed_precision with compute_dtype float32 (what AUTO_SETUP_FSDP sets): float32 units,
+  // the forward under autocast (MODEL.AMP_PARAMS); fp32_reduce_scatter needs it.
+  bool mixed_precision = false;
+  bool fp32_reduce_scatter = false;
+  std::string compute_dtype = "float32";
+};
+
 struct TrainerOptions {
   DataSplitOptions train;
   DataSplitOptions test;
@@ -135,6 +149,7 @@ struct TrainerOptions {
 
   DistributedOptions distributed;
   ZeroOptions zero;
+  FsdpOptions fsdp;
   // Micro-batches of BATCHSIZE_PER_REPLICA whose gradients are summed into one optimizer
   // step (TRAINER.GRADIENT_ACCUMULATION_STEPS); the loss of each is divided by their count.
   int64_t gradient_accumulation_steps = 1;

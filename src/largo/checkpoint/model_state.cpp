@@ -29,8 +29,8 @@ StateDict model_state_dict(const torch::nn::Module& module) {
   return state;
 }
 
-void load_model_state_dict(torch::nn::Module& module, const StateDict& state) {
-  auto tensors = named_tensors(module);
+void check_model_state_dict(const torch::nn::Module& module, const StateDict& state) {
+  const auto tensors = named_tensors(module);
   std::vector<std::string> missing;
   std::vector<std::string> mismatched;
   for (const auto& [name, tensor] : tensors) {
@@ -65,6 +65,11 @@ void load_model_state_dict(torch::nn::Module& module, const StateDict& state) {
         "MODEL config?): missing [{}]; unexpected [{}]; mismatched [{}]",
         fmt::join(missing, ", "), fmt::join(unexpected, ", "), fmt::join(mismatched, ", ")));
   }
+}
+
+void load_model_state_dict(torch::nn::Module& module, const StateDict& state) {
+  check_model_state_dict(module, state);
+  auto tensors = named_tensors(module);
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : tensors) {
     tensor.copy_(state.at(name).toTensor());

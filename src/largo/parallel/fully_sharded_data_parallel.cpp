@@ -338,7 +338,7 @@ void FullyShardedDataParallel::on_backward_end() {
 std::unique_ptr<optim::Optimizer> FullyShardedDataParallel::make_optimizer(
     const std::vector<optim::ParamGroup>& groups,
     const std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>&
-        make_base) const {
+        make_base) {
   std::unordered_map<std::string, std::pair<size_t, size_t>> where; // name -> (unit, index)
   for (size_t u = 0; u < units_.size(); ++u) {
     for (size_t i = 0; i < units_[u].param_names.size(); ++i) {
@@ -348,7 +348,9 @@ std::unique_ptr<optim::Optimizer> FullyShardedDataParallel::make_optimizer(
   std::unordered_map<std::string, int64_t> global_index;
   std::vector<optim::ParamGroup> shard_groups;
   std::vector<int64_t> piece_to_param;
+  optimizer_group_names_.clear();
   for (const optim::ParamGroup& param_group : groups) {
+    optimizer_group_names_.push_back(param_group.names);
     optim::ParamGroup shard_group;
     shard_group.name = param_group.name;
     shard_group.lr = param_group.lr;
@@ -435,6 +437,83 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_p
     }
   }
   return ordered;
+}
+
+PieceOwnership FullyShardedDataParallel::piece_ownership() const {
+  PieceOwnership ownership;
+  ownership.rank = group_->rank();
+  ownership.world_size = group_->world_size();
+  ownership.group_names = optimizer_group_names_;
+  for (const Unit& unit : units_) {
+    for (const ShardPiece& piece : unit.pieces) {
+      ownership.ranges[unit.param_names[piece.tensor_index]] = {piece.tensor_offset, piece.numel};
+    }
+  }
+  return ownership;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_state_on_rank(
+    int root) {
+  torch::NoGradGuard no_grad;
+  const bool keep = group_->rank() == root;
+  auto to_cpu = [](const at::Tensor& tensor) {
+    return tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  };
+  std::unordered_map<std::string, at::Tensor> sharded;
+  for (Unit& unit : units_) {
+    const bool was_gathered = unit.gathered;
+    gather(unit);
+    for (size_t i = 0; keep && i < unit.params.size(); ++i) {
+      sharded.emplace(unit.param_names[i], to_cpu(unit.params[i]));
+    }
+    if (!was_gathered) {
+      free(unit);
+    }
+  }
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  if (!keep) {
+    return state;
+  }
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    auto found = sharded.find(item.key());
+    state.emplace_back(item.key(), found != sharded.end() ? found->second : to_cpu(item.value()));
+  }
+  for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+    state.emplace_back(item.key(), to_cpu(item.value()));
+  }
+  return state;
+}
+
+void FullyShardedDataParallel::load_full_state(
+    const std::unordered_map<std::string, at::Tensor>& state) {
+  auto value_of = [&](const std::string& name) -> const at::Tensor& {
+    auto found = state.find(name);
+    if (found == state.end()) {
+      throw Error(fmt::format(
+          "FullyShardedDataParallel::load_full_state: the state has no entry for {}", name));
+    }
+    return found->second;
+  };
+  torch::NoGradGuard no_grad;
+  std::unordered_set<std::string> sharded;
+  for (Unit& unit : units_) {
+    free(unit); // the shard changes: a gathered copy would be stale
+    for (size_t p = 0; p < unit.pieces.size(); ++p) {
+      const ShardPiece& piece = unit.pieces[p];
+      const std::string& name = unit.param_names[piece.tensor_index];
+      unit.piece_params[p].copy_(
+          value_of(name).reshape({-1}).narrow(0, piece.tensor_offset, piece.numel));
+    }
+    sharded.insert(unit.param_names.begin(), unit.param_names.end());
+  }
+  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+    if (sharded.count(item.key()) == 0) { // frozen: kept whole on every rank
+      item.value().copy_(value_of(item.key()));
+    }
+  }
+  for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+    item.value().copy_(value_of(item.key()));
+  }
 }
 
 int64_t FullyShardedDataParallel::shard_bytes() const {

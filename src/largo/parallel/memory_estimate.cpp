@@ -3,6 +3,7 @@
 #include <largo/core/config.h>
 #include <largo/core/error.h>
 #include <largo/parallel/flat_layout.h>
+#include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
 
 #include <fmt/format.h>
@@ -210,6 +211,15 @@ ModelStateBytes measure_model_state_bytes(const torch::nn::Module& model,
     bytes.gradients += sharded->gradient_shard_bytes();
   }
   bytes.optimizer_state = optimizer.state_bytes();
+  return bytes;
+}
+
+ModelStateBytes measure_model_state_bytes(const FullyShardedDataParallel& fsdp,
+                                          const optim::Optimizer& optimizer) {
+  // The units' freed full buffers count 0 bytes here; frozen parameters count whole.
+  ModelStateBytes bytes = measure_model_state_bytes(*fsdp.model(), optimizer);
+  bytes.parameters += fsdp.shard_bytes();
+  bytes.gradients += fsdp.shard_bytes(); // the gradient shards have the shards' sizes
   return bytes;
 }
 

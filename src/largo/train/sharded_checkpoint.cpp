@@ -3,6 +3,7 @@
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
+#include <largo/parallel/sharded_optimizer.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -88,7 +89,7 @@ std::string manifest_file_name(const std::string& checkpoint_file_name) {
 }
 
 c10::IValue save_optimizer_shards(const fs::path& dir, const std::string& checkpoint_file_name,
-                                  const parallel::ShardedOptimizer& optimizer,
+                                  const c10::IValue& shard_state,
                                   comm::ProcessGroup& group) {
   const int rank = group.rank();
   const int world_size = group.world_size();
@@ -98,7 +99,7 @@ c10::IValue save_optimizer_shards(const fs::path& dir, const std::string& checkp
   try {
     fs::create_directories(dir); // rank 0 made it at setup; another node may not see it yet
     auto shard = checkpoint::make_state_dict();
-    shard.insert("optimizer", optimizer.state_dict());
+    shard.insert("optimizer", shard_state);
     shard.insert("rank", static_cast<int64_t>(rank));
     shard.insert("world_size", static_cast<int64_t>(world_size));
     shard.insert("checkpoint", checkpoint_file_name);
@@ -154,26 +155,39 @@ bool is_sharded_optimizer_entry(const c10::IValue& entry) {
 void load_optimizer_state(const fs::path& dir, const c10::IValue& entry,
                           optim::Optimizer& optimizer,
                           const std::map<std::string, std::vector<int64_t>>& param_shapes) {
-  auto* sharded = dynamic_cast<parallel::ShardedOptimizer*>(&optimizer);
+  if (auto* sharded = dynamic_cast<parallel::ShardedOptimizer*>(&optimizer)) {
+    load_piece_optimizer_state(dir, entry, sharded->base(), sharded->piece_ownership(),
+                               param_shapes);
+  } else if (!is_sharded_optimizer_entry(entry)) {
+    optimizer.load_state_dict(entry);
+  } else {
+    const ShardedEntry parsed = parse_entry(entry);
+    optimizer.load_state_dict(parallel::consolidate_sharded_optimizer_state(
+        parsed.world_size, [&](int old_rank) { return read_shard(dir, parsed, old_rank); },
+        param_shapes));
+  }
+}
+
+void load_piece_optimizer_state(const fs::path& dir, const c10::IValue& entry,
+                                optim::Optimizer& base, const parallel::PieceOwnership& ownership,
+                                const std::map<std::string, std::vector<int64_t>>& param_shapes) {
   if (!is_sharded_optimizer_entry(entry)) {
-    if (sharded) {
-      sharded->load_resharded_state(
-          1, [&](int) { return as_single_shard(entry, param_shapes); });
-    } else {
-      optimizer.load_state_dict(entry);
-    }
+    parallel::load_resharded_piece_state(
+        base, ownership, 1, [&](int) { return as_single_shard(entry, param_shapes); });
     return;
   }
   const ShardedEntry parsed = parse_entry(entry);
   auto shard_of = [&](int old_rank) { return read_shard(dir, parsed, old_rank); };
-  if (!sharded) {
-    optimizer.load_state_dict(
-        parallel::consolidate_sharded_optimizer_state(parsed.world_size, shard_of, param_shapes));
-  } else if (parsed.world_size == sharded->process_group().world_size()) {
-    sharded->load_state_dict(shard_of(sharded->process_group().rank()));
-  } else {
-    sharded->load_resharded_state(parsed.world_size, shard_of);
+  if (parsed.world_size == ownership.world_size) {
+    // Usually this rank's own shard; another ZeRO stage's shard of the same rank covers other
+    // pieces (stages 1-2 lay out the whole model, stage 3 each unit) and is resharded.
+    const c10::IValue own = shard_of(ownership.rank);
+    if (parallel::has_same_pieces(own, ownership)) {
+      parallel::load_piece_state_dict(base, ownership, own);
+      return;
+    }
   }
+  parallel::load_resharded_piece_state(base, ownership, parsed.world_size, shard_of);
 }
 
 fs::path consolidate_checkpoint(const fs::path& checkpoint_path, fs::path output) {

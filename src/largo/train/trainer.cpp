@@ -19,6 +19,7 @@
 #include <largo/optim/optimizer_factory.h>
 #include <largo/parallel/checkpointed_trunk.h>
 #include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
@@ -30,6 +31,7 @@
 #include <largo/train/tensorboard_writer.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -120,6 +122,58 @@ uint64_t loader_seed(uint64_t seed, int rank) {
   return seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
 }
 
+// What FSDP (ZeRO stage 3) composes with in this version; the rest is a ConfigError that
+// says what to change, rather than a run that silently does something else.
+void check_fsdp_supported(const TrainerOptions& options,
+                          const precision::PrecisionPolicy& policy) {
+  const FsdpOptions& fsdp = options.fsdp;
+  if (fsdp.fp32_reduce_scatter && !fsdp.mixed_precision) {
+    throw ConfigError(
+        "MODEL.FSDP_CONFIG.fp32_reduce_scatter needs mixed_precision (AUTO_SETUP_FSDP turns "
+        "mixed_precision on with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set "
+        "fp32_reduce_scatter to False");
+  }
+  if (fsdp.compute_dtype != "float32") {
+    throw ConfigError(fmt::format(
+        "MODEL.FSDP_CONFIG.compute_dtype {}: half-precision compute copies of the FSDP units are "
+        "not built in this version of Largo; use compute_dtype float32 (what AUTO_SETUP_FSDP "
+        "sets), with MODEL.AMP_PARAMS.USE_AMP for an autocast forward",
+        fsdp.compute_dtype));
+  }
+  if (options.zero.shard_optimizer_state) {
+    throw ConfigError(
+        "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP (ZeRO stage 3) and ZeRO stage 1/2 (OPTIMIZER.use_zero, "
+        "OPTIMIZER.name zero or MODEL.SHARDED_DDP_SETUP.USE_SDP) are both on; stage 3 already "
+        "shards the optimizer state and the gradients: turn the other off");
+  }
+  if (policy.cast_model || policy.master_weights) {
+    throw ConfigError(fmt::format(
+        "FSDP with {}: FSDP keeps float32 units and runs mixed precision through autocast "
+        "(MODEL.AMP_PARAMS.AMP_TYPE pytorch, which AUTO_SETUP_FSDP selects)",
+        policy.describe()));
+  }
+  if (options.activation_checkpointing.enabled) {
+    throw ConfigError(
+        "MODEL.ACTIVATION_CHECKPOINTING with MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP is not built in "
+        "this version of Largo (the recompute must gather each unit again); turn one of them off");
+  }
+}
+
+void log_fsdp_units(const parallel::FullyShardedDataParallel& fsdp,
+                    const optim::OptimizerSpec& spec) {
+  std::vector<std::string> units;
+  for (const auto& unit : fsdp.units()) {
+    units.push_back(fmt::format("{} ({} parameters)", unit.name, unit.layout.total_numel()));
+  }
+  const auto& options = fsdp.options();
+  spdlog::info("ZeRO stage 3 (FSDP): parameters, gradients and optimizer state ({}{}) sharded "
+               "over {} rank(s), {:.2f} MiB of parameter shards per rank; units: {}; "
+               "reshard_after_forward {}, prefetch {}",
+               spec.name, spec.use_larc ? " with LARC" : "", fsdp.process_group().world_size(),
+               static_cast<double>(fsdp.shard_bytes()) / (1024.0 * 1024.0),
+               fmt::join(units, ", "), options.reshard_after_forward, options.prefetch);
+}
+
 } // namespace
 
 struct Trainer::State {
@@ -154,6 +208,9 @@ struct Trainer::State {
   // ShardedDataParallel reduces the gradients instead of `ddp`.
   parallel::ShardedOptimizer* sharded_optimizer = nullptr;
   std::unique_ptr<parallel::ShardedDataParallel> sdp;
+  // ZeRO stage 3 (MODEL.FSDP_CONFIG): the model's forward goes through `fsdp`, `optimizer`
+  // steps this rank's pieces, and neither `ddp` nor `sdp` exists.
+  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp;
   bool model_state_logged = false;
   std::vector<at::Tensor> trained_parameters; // every group's parameters, for clipping
   std::unique_ptr<optim::LrSchedule> lr_schedule;
@@ -186,6 +243,7 @@ struct Trainer::State {
   void evaluate();
   void save(const std::string& file_name);
   void log_model_state_bytes();
+  at::Tensor forward(const at::Tensor& images);
   std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
   fs::path run_dir() const {
     return options.checkpoint.dir;
@@ -205,6 +263,21 @@ Trainer::~Trainer() = default;
 
 models::TrunkHeadModel& Trainer::model() {
   return state_->model;
+}
+
+std::map<std::string, at::Tensor> Trainer::full_parameters() {
+  std::map<std::string, at::Tensor> values;
+  for (const auto& item : state_->model->named_parameters(/*recurse=*/true)) {
+    if (!state_->fsdp || !item.value().requires_grad()) { // frozen ones are kept whole
+      values[item.key()] = item.value().detach().clone();
+    }
+  }
+  if (state_->fsdp) {
+    for (auto& [name, value] : state_->fsdp->full_parameters()) {
+      values[name] = std::move(value);
+    }
+  }
+  return values;
 }
 
 void Trainer::State::setup() {
@@ -310,6 +383,9 @@ void Trainer::State::setup() {
         "(autocast, float32 weights) or O3 with ZeRO, or turn ZeRO off",
         precision_policy.describe()));
   }
+  if (options.fsdp.enabled) {
+    check_fsdp_supported(options, precision_policy);
+  }
   mixed_precision = std::make_unique<precision::MixedPrecision>(
       precision_policy, *model, device, scaler_options, options.check_nan);
 
@@ -329,22 +405,33 @@ void Trainer::State::setup() {
           mixed_precision->optimizer_param(param_group.names[i], param_group.params[i]);
     }
   }
-  if (options.zero.shard_optimizer_state) {
+  auto make_base_optimizer = [spec](std::vector<optim::ParamGroup> groups) {
+    return optim::make_optimizer(std::move(groups), spec);
+  };
+  if (options.fsdp.enabled) {
+    parallel::FullyShardedDataParallelOptions fsdp_options;
+    fsdp_options.auto_wrap_threshold = options.fsdp.auto_wrap_threshold;
+    fsdp_options.reshard_after_forward = options.fsdp.reshard_after_forward;
+    fsdp_options.prefetch = options.fsdp.prefetch;
+    fsdp_options.broadcast_buffers = options.distributed.broadcast_buffers;
+    fsdp = std::make_unique<parallel::FullyShardedDataParallel>(model, group, fsdp_options);
+    optimizer = fsdp->make_optimizer(param_groups, make_base_optimizer);
+  } else if (options.zero.shard_optimizer_state) {
     parallel::ShardedOptimizerOptions zero_options;
-    zero_options.make_base_optimizer = [spec](std::vector<optim::ParamGroup> pieces) {
-      return optim::make_optimizer(std::move(pieces), spec);
-    };
+    zero_options.make_base_optimizer = make_base_optimizer;
     auto zero = std::make_unique<parallel::ShardedOptimizer>(std::move(param_groups), group,
                                                              zero_options);
     sharded_optimizer = zero.get();
     optimizer = std::move(zero);
   } else {
-    optimizer = optim::make_optimizer(std::move(param_groups), spec);
+    optimizer = make_base_optimizer(std::move(param_groups));
   }
   for (const auto& group : optimizer->param_groups()) {
     trained_parameters.insert(trained_parameters.end(), group.params.begin(), group.params.end());
   }
-  if (world_size > 1 && options.zero.shard_gradients) {
+  if (fsdp) {
+    // Reduces its own gradients (reduce-scatter per unit).
+  } else if (world_size > 1 && options.zero.shard_gradients) {
     parallel::ShardedDataParallelOptions sdp_options;
     sdp_options.reduce_buffer_bytes =
         options.zero.reduce_buffer_elements * static_cast<int64_t>(sizeof(float));
@@ -392,9 +479,15 @@ void Trainer::State::setup() {
                mixed_precision->policy().describe());
   if (world_size > 1) {
     spdlog::info("data parallel: {} ranks ({}), global batch {} = {} per rank x {} ranks x {} "
-                 "accumulation steps; {} gradient buckets",
+                 "accumulation steps; {}",
                  world_size, group->backend(), global_batch, options.train.batch_size, world_size,
-                 accumulation, ddp ? ddp->num_buckets() : sdp->num_buckets());
+                 accumulation,
+                 fsdp ? fmt::format("{} FSDP units", fsdp->units().size())
+                      : fmt::format("{} gradient buckets",
+                                    ddp ? ddp->num_buckets() : sdp->num_buckets()));
+  }
+  if (fsdp) {
+    log_fsdp_units(*fsdp, spec);
   }
   if (sharded_optimizer) {
     spdlog::info("ZeRO stage {}: optimizer state{} sharded over {} rank(s) (base optimizer {}{})",
@@ -464,12 +557,27 @@ bool Trainer::State::resume() {
                  fs::canonical(latest).string());
     return false;
   }
-  checkpoint::load_model_state_dict(*model, entry("model").toGenericDict());
+  const auto model_state = entry("model").toGenericDict();
+  if (fsdp) { // each rank keeps its shard of the whole values
+    checkpoint::check_model_state_dict(*model, model_state);
+    std::unordered_map<std::string, at::Tensor> values;
+    for (const auto& item : model_state) {
+      values.emplace(item.key().toStringRef(), item.value().toTensor());
+    }
+    fsdp->load_full_state(values);
+  } else {
+    checkpoint::load_model_state_dict(*model, model_state);
+  }
   auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
   mixed_precision->load_state_dict(precision_state == state.end() ? c10::IValue()
                                                                   : precision_state->value());
-  load_optimizer_state(fs::canonical(latest).parent_path(), entry("optimizer"), *optimizer,
-                       trained_parameter_shapes());
+  if (fsdp) {
+    load_piece_optimizer_state(fs::canonical(latest).parent_path(), entry("optimizer"),
+                               *optimizer, fsdp->piece_ownership(), trained_parameter_shapes());
+  } else {
+    load_optimizer_state(fs::canonical(latest).parent_path(), entry("optimizer"), *optimizer,
+                         trained_parameter_shapes());
+  }
   epoch = entry("epoch").toInt();
   iteration_in_epoch = entry("iteration_in_epoch").toInt();
   iteration = entry("iteration").toInt();
@@ -518,15 +626,34 @@ void Trainer::State::save(const std::string& file_name) {
   at::Tensor rng_states = at::empty({group->world_size(), own_rng.numel()}, own_rng.options());
   group->all_gather(rng_states, own_rng);
   // ZeRO: each rank writes its own optimizer shard (collective), the main file refers to them.
-  c10::IValue optimizer_state = sharded_optimizer
-      ? save_optimizer_shards(run_dir(), file_name, *sharded_optimizer, *group)
-      : c10::IValue();
+  c10::IValue optimizer_state;
+  if (sharded_optimizer) {
+    optimizer_state =
+        save_optimizer_shards(run_dir(), file_name, sharded_optimizer->state_dict(), *group);
+  } else if (fsdp) {
+    optimizer_state = save_optimizer_shards(
+        run_dir(), file_name,
+        parallel::piece_state_dict(*optimizer, fsdp->piece_ownership(), "fsdp"), *group);
+  } else {
+    optimizer_state = optimizer->state_dict();
+  }
+  // FSDP: the whole model, gathered one unit at a time onto rank 0 (collective).
+  const auto fsdp_model_state =
+      fsdp ? fsdp->full_state_on_rank(0) : std::vector<std::pair<std::string, at::Tensor>>();
   if (!is_rank0()) {
     return;
   }
   auto state = checkpoint::make_state_dict();
-  state.insert("model", checkpoint::model_state_dict(*model));
-  state.insert("optimizer", sharded_optimizer ? optimizer_state : optimizer->state_dict());
+  if (fsdp) {
+    checkpoint::StateDict model_state(c10::StringType::get(), c10::TensorType::get());
+    for (const auto& [name, tensor] : fsdp_model_state) {
+      model_state.insert(name, tensor);
+    }
+    state.insert("model", model_state);
+  } else {
+    state.insert("model", checkpoint::model_state_dict(*model));
+  }
+  state.insert("optimizer", optimizer_state);
   state.insert("precision", mixed_precision->state_dict()); // loss scale, fp32 master weights
   state.insert("epoch", epoch);
   state.insert("iteration_in_epoch", iteration_in_epoch);
@@ -567,6 +694,14 @@ void Trainer::State::save(const std::string& file_name) {
 
 std::map<std::string, std::vector<int64_t>> Trainer::State::trained_parameter_shapes() const {
   std::map<std::string, std::vector<int64_t>> shapes;
+  if (fsdp) { // the optimizer's groups hold 1-D pieces; the model keeps the shapes
+    for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+      if (item.value().requires_grad()) {
+        shapes[item.key()] = item.value().sizes().vec();
+      }
+    }
+    return shapes;
+  }
   for (const auto& param_group : optimizer->param_groups()) {
     for (size_t i = 0; i < param_group.params.size(); ++i) {
       shapes[param_group.names.at(i)] = param_group.params[i].sizes().vec();
@@ -580,20 +715,22 @@ std::map<std::string, std::vector<int64_t>> Trainer::State::trained_parameter_sh
 // so a user sees what ZeRO saves and that the estimate holds.
 void Trainer::State::log_model_state_bytes() {
   model_state_logged = true;
-  const parallel::ModelStateBytes measured = parallel::measure_model_state_bytes(*model, *optimizer);
+  const parallel::ModelStateBytes measured = fsdp
+      ? parallel::measure_model_state_bytes(*fsdp, *optimizer)
+      : parallel::measure_model_state_bytes(*model, *optimizer);
   parallel::MemoryEstimateOptions estimate_options;
   estimate_options.optimizer = options.optimizer.spec;
   estimate_options.world_size = group->world_size();
   estimate_options.rank = group->rank();
-  estimate_options.stage = sdp ? 2 : sharded_optimizer ? 1 : 0;
+  estimate_options.stage = fsdp ? 3 : sdp ? 2 : sharded_optimizer ? 1 : 0;
   // O2: the optimizer's groups hold the float32 masters, which are not the model's tensors.
   const bool masters = mixed_precision->master_weights() != nullptr;
   if (masters) {
     estimate_options.master_weights_dtype = at::kFloat;
   }
   const parallel::ModelStateBytes estimated = parallel::estimate_model_state_bytes(
-      masters ? parallel::parameter_sizes(*model)
-              : parallel::parameter_sizes(*model, optimizer->param_groups()),
+      masters || fsdp ? parallel::parameter_sizes(*model)
+                      : parallel::parameter_sizes(*model, optimizer->param_groups()),
       estimate_options);
   constexpr double kMiB = 1024.0 * 1024.0;
   spdlog::info("model state on rank {} (ZeRO stage {}), measured / estimated: parameters "
@@ -602,6 +739,18 @@ void Trainer::State::log_model_state_bytes() {
                group->rank(), estimate_options.stage, measured.parameters / kMiB,
                estimated.parameters / kMiB, measured.gradients / kMiB, estimated.gradients / kMiB,
                measured.optimizer_state / kMiB, estimated.optimizer_state / kMiB);
+  if (fsdp) {
+    spdlog::info("FSDP on rank {}: at most {:.2f} MiB of full units gathered at once during the "
+                 "first step (transient, on top of the model state)",
+                 group->rank(), fsdp->peak_gathered_bytes() / kMiB);
+  }
+}
+
+at::Tensor Trainer::State::forward(const at::Tensor& images) {
+  if (fsdp) {
+    return fsdp->forward(images);
+  }
+  return checkpointed_trunk ? checkpointed_trunk->forward(images) : model->forward(images);
 }
 
 // One optimizer step over `num_micro_batches` batches from the loader: their gradients are
@@ -631,7 +780,7 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
           } else if (sdp) {
             sdp->before_forward();
           }
-          return checkpointed_trunk ? checkpointed_trunk->forward(x) : model->forward(x);
+          return forward(x);
         },
         images);
     at::Tensor loss = torch::nn::functional::cross_entropy(
@@ -686,6 +835,8 @@ float Trainer::State::train_step(int64_t num_micro_batches, int64_t& num_images)
   if (gradients_finite && options.use_grad_clip) { // after unscale_, before LARC
     if (sharded_optimizer) { // the norm over every rank's shard (a collective)
       sharded_optimizer->clip_grad_norm(options.grad_clip_max_norm, options.grad_clip_norm_type);
+    } else if (fsdp) {
+      fsdp->clip_grad_norm(options.grad_clip_max_norm, options.grad_clip_norm_type);
     } else {
       optim::clip_grad_norm(trained_parameters, options.grad_clip_max_norm,
                             options.grad_clip_norm_type);
@@ -804,7 +955,7 @@ void Trainer::State::evaluate() {
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
     at::Tensor logits = mixed_precision->forward(
-        [&](const at::Tensor& x) { return model->forward(x); }, images);
+        [&](const at::Tensor& x) { return fsdp ? fsdp->forward(x) : model->forward(x); }, images);
     loss_sum += torch::nn::functional::cross_entropy(
                     logits, labels,
                     torch::nn::functional::CrossEntropyFuncOptions()

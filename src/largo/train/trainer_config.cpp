@@ -34,7 +34,6 @@ void reject_unimplemented(const Config& config) {
     const char* feature;
   };
   const Switch switches[] = {
-      {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP", "fully sharded data parallel (ZeRO-3)"},
       {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "synchronized BatchNorm"},
       {"TEST_ONLY", "evaluation-only runs"},
   };
@@ -276,6 +275,49 @@ void amp_options_from(const Config& config, TrainerOptions& options) {
 
 } // namespace
 
+// MODEL.FSDP_CONFIG (ZeRO stage 3, docs/fsdp.md). AUTO_SETUP_FSDP turns it on and, as VISSL
+// does, derives the rest from MODEL.AMP_PARAMS: AMP on selects AMP_TYPE pytorch (autocast +
+// GradScaler) and mixed_precision with compute_dtype float32; AMP off turns mixed_precision
+// and fp32_reduce_scatter off. The combinations this version cannot run are ConfigErrors
+// raised when the trainer starts (trainer.cpp: check_fsdp_supported).
+void fsdp_options_from(const Config& config, TrainerOptions& options) {
+  const std::string prefix = "MODEL.FSDP_CONFIG.";
+  auto& fsdp = options.fsdp;
+  fsdp.enabled = config.get_bool(prefix + "AUTO_SETUP_FSDP");
+  if (!fsdp.enabled) {
+    return;
+  }
+  fsdp.auto_wrap_threshold = config.get_int(prefix + "AUTO_WRAP_THRESHOLD");
+  require(fsdp.auto_wrap_threshold >= 0, prefix + "AUTO_WRAP_THRESHOLD",
+          std::to_string(fsdp.auto_wrap_threshold),
+          "an integer >= 0 (0 wraps every trunk block that has parameters)");
+  const std::string amp_type = config.get_string(prefix + "AMP_TYPE");
+  require(amp_type == "01" || amp_type == "O1" || amp_type == "O2", prefix + "AMP_TYPE", amp_type,
+          "O1 (float32 compute; VISSL's default \"01\" reads the same) or O2");
+  fsdp.compute_dtype = config.get_string(prefix + "compute_dtype");
+  require(fsdp.compute_dtype == "float32" || fsdp.compute_dtype == "float16",
+          prefix + "compute_dtype", fsdp.compute_dtype, "float32 or float16");
+  if (amp_type == "O2") {
+    fsdp.compute_dtype = "float16"; // VISSL: O2 computes with float16 copies
+  }
+  fsdp.reshard_after_forward = config.get_bool(prefix + "reshard_after_forward");
+  fsdp.prefetch = config.get_bool(prefix + "prefetch");
+  fsdp.mixed_precision = options.amp.use_amp;
+  fsdp.fp32_reduce_scatter = config.get_bool(prefix + "fp32_reduce_scatter");
+  if (options.amp.use_amp) {
+    options.amp.amp_type = "pytorch"; // VISSL forces it for FSDP; apex's O2/O3 casts do not apply
+  }
+  // flatten_parameters: units are always flat here (with LARC too: its per-parameter norms
+  // are completed across ranks). bucket_cap_mb: each unit is reduce-scattered on its own.
+  // clear_autocast_cache: autocast's cache is dropped when each forward's autocast region
+  // ends. verbose: the units are always logged. Read so that a wrong type is reported.
+  config.get_bool(prefix + "flatten_parameters");
+  require(config.get_int(prefix + "bucket_cap_mb") >= 0, prefix + "bucket_cap_mb", "(given)",
+          "an integer >= 0");
+  config.get_bool(prefix + "clear_autocast_cache");
+  config.get_bool(prefix + "verbose");
+}
+
 TrainerOptions trainer_options_from_config(const Config& config) {
   reject_unimplemented(config);
   TrainerOptions options;
@@ -431,6 +473,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
           "at least one k, e.g. [1, 5]");
   options.check_nan = config.get_bool("HOOKS.CHECK_NAN");
   amp_options_from(config, options);
+  fsdp_options_from(config, options);
   // Built here too, so that a bad AMP setting fails while the config is validated.
   precision::resolve_precision_policy(options.amp);
   precision::GradScaler validated_scaler(options.grad_scaler);

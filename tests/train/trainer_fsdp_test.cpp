@@ -1,0 +1,262 @@
+// FSDP (ZeRO stage 3) in the trainer (Gloo over 127.0.0.1): MODEL.FSDP_CONFIG trains like
+// plain DDP (every unit layout, with and without reshard_after_forward and prefetch,
+// accumulation, clipping, LARC, AdamW, autocast with the sharded loss scaler); its
+// checkpoints (the model gathered unit by unit, the optimizer state in per-rank shards)
+// resume bit-exactly, at other world sizes, into unsharded and ZeRO runs, and consolidate
+// offline; the combinations not built yet are clear errors.
+#include <largo/checkpoint/checkpoint_file.h>
+#include <largo/core/error.h>
+#include <largo/train/sharded_checkpoint.h>
+
+#include "comm/distributed_test_util.h"
+#include "train/trainer_run_util.h"
+
+namespace largo::train {
+namespace {
+
+namespace fs = std::filesystem;
+using largo::testing::run_on_ranks;
+
+// fp32: FSDP applies the same element-wise updates as DDP; only the order of the gradient
+// sums (reduce-scatter vs all-reduce) and of the norms (per-piece partials) differ.
+constexpr double kTolerance = 1e-5;
+
+const Overrides kFsdp = {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"};
+
+fs::path test_dir() {
+  return fs::temp_directory_path() /
+      fmt::format("largo_trainer_fsdp_{}",
+                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+}
+
+TEST(TrainerFsdpTest, TrainsLikeDdp) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh
+    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False"};
+    // Each variant: the job's settings, and the FSDP settings on top of them. Plain SGD comes
+    // first: clipping, AdamW and LARC do not see a gradient that is off by a constant factor.
+    const std::vector<std::tuple<std::string, Overrides, Overrides>> variants = {
+        {"every block a unit, sgd momentum", {}, {}},
+        {"clipping", {"MODEL.GRAD_CLIP.USE_GRAD_CLIP=True", "MODEL.GRAD_CLIP.MAX_NORM=0.5"}, {}},
+        {"one root unit", {}, {"MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=100000000"}},
+        {"no reshard after forward, no prefetch",
+         {},
+         {"MODEL.FSDP_CONFIG.reshard_after_forward=False", "MODEL.FSDP_CONFIG.prefetch=False"}},
+        {"accumulation 2", {"TRAINER.GRADIENT_ACCUMULATION_STEPS=2"}, {}},
+        {"adamw", {"OPTIMIZER.name=adamw", "OPTIMIZER.param_schedulers.lr.start_value=0.002"}, {}},
+        {"larc", {"OPTIMIZER.use_larc=True"}, {}},
+        {"vit", {"MODEL.TRUNK.NAME=vision_transformer", "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE=6",
+                 "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=2",
+                 "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=32",
+                 "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=64",
+                 "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=2"},
+         {}},
+    };
+    for (const auto& [what, settings, fsdp_settings] : variants) {
+      const RunResult ddp = train_run(dir / "ddp", job + settings, borrow(group));
+      expect_same_training(
+          train_run(dir / "fsdp", job + settings + kFsdp + fsdp_settings, borrow(group)), ddp,
+          kTolerance, "FSDP, " + what);
+    }
+  });
+}
+
+TEST(TrainerFsdpTest, AutocastWithTheShardedLossScalerTrainsLikeDdp) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    // bfloat16 autocast (the CPU's low-precision type) with PyTorch's dynamic scaler; AMP on
+    // makes AUTO_SETUP_FSDP select mixed_precision with float32 units (VISSL's inference), and
+    // fp32_reduce_scatter is then allowed.
+    const Overrides job = {"OPTIMIZER.num_epochs=1",          "CHECKPOINT.AUTO_RESUME=False",
+                           "MODEL.AMP_PARAMS.USE_AMP=True",   "MODEL.AMP_PARAMS.AMP_TYPE=pytorch",
+                           "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+    const RunResult ddp = train_run(dir / "ddp", job, borrow(group));
+    const RunResult fsdp = train_run(
+        dir / "fsdp", job + kFsdp + Overrides{"MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"},
+        borrow(group));
+    // bfloat16 ops round to 8 bits of mantissa: a last-bit difference of a float32 input (the
+    // reduction order above) can flip one rounding, so the comparison is at bfloat16's
+    // resolution (2^-8 relative) rather than float32's.
+    expect_same_training(fsdp, ddp, 4e-3, "FSDP under bfloat16 autocast");
+  });
+}
+
+TEST(TrainerFsdpTest, CheckpointResumeIsBitExact) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    if (group.rank() == 0) {
+      fs::remove_all(dir);
+    }
+    group.barrier();
+    // 6 iterations per epoch, interrupted at 10, resumed from the checkpoint of 8.
+    const Overrides job = Overrides{"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
+                                    "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
+                                    "OPTIMIZER.name=adamw"} +
+        kFsdp;
+    const RunResult reference = train_run(dir / "full", job, borrow(group));
+    const Overrides interrupted = job + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"};
+    ASSERT_TRUE(train_run(dir / "resumed", interrupted, borrow(group), 10).summary.interrupted);
+    group.barrier();
+    const fs::path run = dir / "resumed";
+    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard0.torch"));
+    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
+    EXPECT_TRUE(fs::exists(run / "model_iteration8.manifest.json"));
+
+    const RunResult resumed = train_run(run, interrupted, borrow(group));
+    ASSERT_TRUE(resumed.summary.resumed);
+    ASSERT_EQ(resumed.summary.iteration_losses.size(), 10u);
+    for (size_t i = 0; i < resumed.summary.iteration_losses.size(); ++i) {
+      EXPECT_EQ(resumed.summary.iteration_losses[i], reference.summary.iteration_losses[8 + i])
+          << "iteration " << 8 + i << " on rank " << group.rank();
+    }
+    for (const auto& [name, value] : reference.parameters) {
+      EXPECT_TRUE(torch::equal(resumed.parameters.at(name), value)) << name;
+    }
+  });
+}
+
+TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate) {
+  const fs::path root = test_dir();
+  // 2 epochs of 3 iterations; checkpoint.torch is model_phase0 (the end of epoch 0), written
+  // by 2 ranks with a plain optimizer state ("plain") and by FSDP ("fsdp").
+  const Overrides job = {"OPTIMIZER.num_epochs=2"};
+  if (largo::testing::is_parent()) {
+    fs::remove_all(root);
+  }
+  run_on_ranks(2, [&](comm::ProcessGroup& group) {
+    train_run(root / "plain", job, borrow(group), /*stop_after=*/4);
+    train_run(root / "fsdp", job + kFsdp, borrow(group), 4);
+  });
+  ASSERT_TRUE(fs::exists(root / "fsdp" / "model_phase0_shard1.torch"));
+
+  if (largo::testing::is_parent()) {
+    // The model entry is a plain state dict of whole tensors, equal to the DDP run's.
+    const auto fsdp_model = checkpoint::load_checkpoint(root / "fsdp" / "model_phase0.torch")
+                                .at("model")
+                                .toGenericDict();
+    const auto plain_model = checkpoint::load_checkpoint(root / "plain" / "model_phase0.torch")
+                                 .at("model")
+                                 .toGenericDict();
+    ASSERT_EQ(fsdp_model.size(), plain_model.size());
+    for (const auto& item : plain_model) {
+      EXPECT_TRUE(torch::allclose(fsdp_model.at(item.key()).toTensor(), item.value().toTensor(),
+                                  kTolerance, kTolerance))
+          << item.key().toStringRef();
+    }
+    // One process: the FSDP checkpoint continues like the plain one in an unsharded run, a
+    // one-rank FSDP run and a one-rank ZeRO-1 run.
+    for (const char* copy : {"plain_at1", "fsdp_at1_plain", "fsdp_at1_fsdp", "fsdp_at1_zero"}) {
+      copy_run(root / (std::string(copy).rfind("plain", 0) == 0 ? "plain" : "fsdp"), root / copy);
+    }
+    auto single = comm::ProcessGroup::single_process();
+    const RunResult expected = train_run(root / "plain_at1", job, single);
+    ASSERT_TRUE(expected.summary.resumed);
+    expect_same_training(train_run(root / "fsdp_at1_plain", job, single), expected, kTolerance,
+                         "FSDP checkpoint of 2 ranks into an unsharded run");
+    expect_same_training(train_run(root / "fsdp_at1_fsdp", job + kFsdp, single), expected,
+                         kTolerance, "FSDP checkpoint of 2 ranks into a 1-rank FSDP run");
+    expect_same_training(
+        train_run(root / "fsdp_at1_zero", job + Overrides{"OPTIMIZER.use_zero=True"}, single),
+        expected, kTolerance, "FSDP checkpoint of 2 ranks into a 1-rank ZeRO-1 run");
+
+    // Offline consolidation gives the plain run's optimizer state.
+    const fs::path consolidated = consolidate_checkpoint(root / "fsdp");
+    auto merged = checkpoint::load_checkpoint(consolidated).at("optimizer").toGenericDict();
+    const auto plain_state = checkpoint::load_checkpoint(root / "plain" / "model_phase0.torch")
+                                 .at("optimizer")
+                                 .toGenericDict()
+                                 .at("state")
+                                 .toGenericDict();
+    ASSERT_EQ(merged.at("state").toGenericDict().size(), plain_state.size());
+    for (const auto& item : merged.at("state").toGenericDict()) {
+      const at::Tensor momentum = item.value().toGenericDict().at("momentum_buffer").toTensor();
+      const at::Tensor expected_momentum =
+          plain_state.at(item.key()).toGenericDict().at("momentum_buffer").toTensor();
+      EXPECT_TRUE(torch::allclose(momentum, expected_momentum, kTolerance, kTolerance))
+          << item.key().toStringRef();
+    }
+    copy_run(root / "plain", root / "plain_at3");
+    copy_run(root / "fsdp", root / "fsdp_at3");
+    copy_run(root / "plain", root / "plain_into_fsdp_at3");
+  }
+  // Three ranks: the FSDP shards of 2 ranks resharded over 3, and a plain DDP checkpoint
+  // taken up by a 3-rank FSDP run, equal the plain checkpoint's 3-rank DDP run.
+  run_on_ranks(3, [&](comm::ProcessGroup& group) {
+    const RunResult expected = train_run(root / "plain_at3", job, borrow(group));
+    ASSERT_TRUE(expected.summary.resumed);
+    expect_same_training(train_run(root / "fsdp_at3", job + kFsdp, borrow(group)), expected,
+                         kTolerance, "FSDP shards of 2 ranks into 3");
+    expect_same_training(train_run(root / "plain_into_fsdp_at3", job + kFsdp, borrow(group)),
+                         expected, kTolerance, "a DDP checkpoint into a 3-rank FSDP run");
+  });
+}
+
+std::string setup_error(const Overrides& overrides) {
+  try {
+    Trainer trainer(
+        trainer_options_from_config(synthetic_job_config(test_dir(), kFsdp + overrides)), "",
+        comm::ProcessGroup::single_process());
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(TrainerFsdpConfigTest, CombinationsNotBuiltAreClearErrors) {
+  // fp32_reduce_scatter needs mixed_precision, which AUTO_SETUP_FSDP takes from USE_AMP.
+  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"})
+                .find("fp32_reduce_scatter needs mixed_precision"),
+            std::string::npos);
+  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.compute_dtype=float16"}).find("compute_dtype"),
+            std::string::npos);
+  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.AMP_TYPE=O2"}).find("compute_dtype float16"),
+            std::string::npos);
+  EXPECT_NE(setup_error({"OPTIMIZER.use_zero=True"}).find("both on"), std::string::npos);
+  EXPECT_NE(setup_error({"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"})
+                .find("ACTIVATION_CHECKPOINTING"),
+            std::string::npos);
+  try {
+    trainer_options_from_config(synthetic_job_config(
+        test_dir(), kFsdp + Overrides{"MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=-1"}));
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("AUTO_WRAP_THRESHOLD"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainerFsdpConfigTest, TheSeedsKeysConfigureIt) {
+  // MODEL.FSDP_CONFIG as the seed lists it, with AMP on: VISSL's inference selects PyTorch
+  // AMP and mixed precision.
+  const std::string seed = R"(
+MODEL:
+  AMP_PARAMS:
+    USE_AMP: True
+    AMP_TYPE: apex
+  FSDP_CONFIG:
+    AUTO_SETUP_FSDP: True
+    AUTO_WRAP_THRESHOLD: 5000
+    AMP_TYPE: "01"
+    flatten_parameters: True
+    mixed_precision: True
+    fp32_reduce_scatter: True
+    compute_dtype: float32
+    bucket_cap_mb: 0
+    clear_autocast_cache: True
+    verbose: True
+)";
+  Config config = synthetic_job_config(test_dir());
+  config.merge_yaml(seed, "the seed");
+  const TrainerOptions options = trainer_options_from_config(config);
+  EXPECT_TRUE(options.fsdp.enabled);
+  EXPECT_EQ(options.fsdp.auto_wrap_threshold, 5000);
+  EXPECT_TRUE(options.fsdp.mixed_precision);
+  EXPECT_TRUE(options.fsdp.fp32_reduce_scatter);
+  EXPECT_TRUE(options.fsdp.reshard_after_forward);
+  EXPECT_EQ(options.amp.amp_type, "pytorch");
+  // AMP off: mixed_precision off whatever the key says.
+  const TrainerOptions no_amp = trainer_options_from_config(synthetic_job_config(test_dir(), kFsdp));
+  EXPECT_FALSE(no_amp.fsdp.mixed_precision);
+}
+
+} // namespace
+} // namespace largo::train
