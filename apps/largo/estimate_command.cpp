@@ -3,6 +3,7 @@
 #include <largo/data/idx_dataset.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/param_groups.h>
+#include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
 #include <largo/train/trainer_config.h>
 
@@ -172,6 +173,30 @@ int run_estimate_command(const Config& config) {
                 format_bytes(bytes.optimizer_state).c_str(), format_bytes(bytes.total()).c_str(),
                 format_bytes(formula.total()).c_str());
   }
+  // Stage 3 holds more than its shards during a step: the units it gathers (float32).
+  const auto units = parallel::plan_fsdp_units(model, options.fsdp.auto_wrap_threshold);
+  int64_t root_numel = 0, largest_numel = 0, num_block_units = 0;
+  std::string largest_name = "none";
+  for (const auto& unit : units) {
+    if (unit.block < 0) {
+      root_numel = unit.numel;
+      continue;
+    }
+    ++num_block_units;
+    if (unit.numel > largest_numel) {
+      largest_numel = unit.numel;
+      largest_name = unit.name;
+    }
+  }
+  const auto unit_bytes = [](int64_t numel) {
+    return format_bytes(numel * static_cast<int64_t>(sizeof(float)));
+  };
+  std::printf("\nstage 3 also gathers during a step (transient, per rank): the root unit (%s) "
+              "throughout, plus one block unit at a time, two with prefetch; %lld block units "
+              "with AUTO_WRAP_THRESHOLD %lld, the largest %s (%s)\n",
+              unit_bytes(root_numel).c_str(), static_cast<long long>(num_block_units),
+              static_cast<long long>(options.fsdp.auto_wrap_threshold), largest_name.c_str(),
+              unit_bytes(largest_numel).c_str());
   std::printf("\n* the configured stage (OPTIMIZER.name: %s, MODEL.SHARDED_DDP_SETUP.USE_SDP: %s, "
               "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP: %s)\n",
               config.get_string("OPTIMIZER.name").c_str(),

@@ -22,11 +22,16 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace largo::parallel {
+
+// Runs trunk blocks [begin, end) on x: by default the model's forward_trunk_range;
+// FullyShardedDataParallel's gathers each unit first.
+using TrunkBlockRunner = std::function<at::Tensor(const at::Tensor& x, int64_t begin, int64_t end)>;
 
 // What balances the segments.
 enum class SegmentCost {
@@ -76,6 +81,10 @@ class CheckpointedTrunk {
   // The model's forward with the trunk's segments checkpointed: the same values (and, on
   // the CPU, bit for bit the same gradients) as model->forward(images).
   at::Tensor forward(at::Tensor images);
+  // The trunk alone (images -> features), with every segment's blocks run by `run_blocks`,
+  // in the forward and in the recompute (FSDP: its forward_blocks, so that the recompute
+  // gathers each unit again).
+  at::Tensor forward_trunk(at::Tensor images, const TrunkBlockRunner& run_blocks);
 
   models::TrunkHeadModel& model() {
     return model_;

@@ -43,8 +43,11 @@
 // Prefetch (on by default): the next unit's all-gather is started asynchronously before the
 // current unit runs (forward: the next block; backward: the previous block).
 //
+// Activation checkpointing: forward(images, trunk) with CheckpointedTrunk::forward_trunk; the
+// recompute runs forward_blocks() again, which gathers each unit again.
+//
 // Not done yet (docs/fsdp.md): mixed precision with low-precision compute copies (fp16/bf16
-// parameters; autocast over the fp32 units works) and activation checkpointing.
+// parameters; autocast over the fp32 units works).
 // Frozen parameters (requires_grad false) are not sharded: every rank keeps them whole.
 // Between steps the module's trainable parameters have no memory behind them: do not read
 // them (full_parameters() gathers a copy).
@@ -59,6 +62,7 @@
 #include <largo/comm/process_group.h>
 #include <largo/models/trunk_head_model.h>
 #include <largo/optim/optimizer.h>
+#include <largo/parallel/checkpointed_trunk.h>
 #include <largo/parallel/flat_layout.h>
 #include <largo/parallel/piece_optimizer_state.h>
 
@@ -71,6 +75,18 @@
 #include <vector>
 
 namespace largo::parallel {
+
+// How FullyShardedDataParallel cuts a model into units (see above), without sharding anything
+// or communicating: for the trainer's log and `largo estimate`.
+struct FsdpUnitPlan {
+  std::string name;   // "trunk.3" or "root"
+  int64_t block = -1; // the trunk block it wraps; -1 for the root unit
+  std::vector<std::string> param_names;
+  std::vector<at::Tensor> params;
+  int64_t numel = 0; // trainable parameter elements
+};
+std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
+                                           int64_t auto_wrap_threshold);
 
 struct FullyShardedDataParallelOptions {
   // MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD: a trunk block with at least this many trainable
@@ -121,9 +137,21 @@ class FullyShardedDataParallel {
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
+  // The trunk's forward, given what runs a range of its blocks (e.g. CheckpointedTrunk's
+  // forward_trunk, which checkpoints segments of blocks).
+  using TrunkForward =
+      std::function<at::Tensor(const at::Tensor& images, const TrunkBlockRunner& run_blocks)>;
+
   // The model's forward (images -> head output), gathering unit by unit as described
   // above. Collective. Under torch::NoGradGuard every unit is freed before it returns.
-  at::Tensor forward(const at::Tensor& images);
+  // With `trunk`, the trunk runs through it, its blocks through forward_blocks(): activation
+  // checkpointing, whose recompute (in the backward) gathers each unit again.
+  at::Tensor forward(const at::Tensor& images, const TrunkForward& trunk = {});
+
+  // Trunk blocks [begin, end) on x, each unit gathered before its block runs (and freed
+  // after it with reshard_after_forward), its output hooked to gather it again for the
+  // backward. Only inside forward(): the root unit and the buffers are set up there.
+  at::Tensor forward_blocks(const at::Tensor& x, int64_t begin, int64_t end);
 
   // Builds `make_base` over this rank's pieces of `groups` (groups of the model's
   // parameters, e.g. optim::build_param_groups(*model, ...), matched by name; a group may
@@ -214,6 +242,7 @@ class FullyShardedDataParallel {
   std::vector<Unit> units_;            // the wrapped blocks in trunk order, then the root
   std::vector<int64_t> unit_of_block_; // trunk block -> index into units_, -1: in the root
   std::vector<size_t> block_units_;    // the units of wrapped blocks, in forward order
+  std::vector<size_t> position_of_block_; // wrapped trunk block -> its index in block_units_
   // Hook index -> (unit, parameter within the unit).
   std::vector<std::pair<size_t, size_t>> hooked_params_;
   std::vector<at::Tensor> buffers_;

@@ -62,6 +62,7 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
 
 struct Work::State {
   c10::intrusive_ptr<c10d::Work> work;
+  std::vector<c10::intrusive_ptr<c10d::Work>> more_work; // a collective made of several
   std::function<void()> then; // runs once after a successful wait (e.g. a fallback's copy)
   std::string what;           // "all_reduce of 1.2 MiB on rank 0 of 2 (gloo)"
   std::chrono::milliseconds timeout{0};
@@ -78,6 +79,9 @@ void Work::wait() {
   try {
     if (state_->work) {
       state_->work->wait(state_->timeout);
+    }
+    for (const auto& work : state_->more_work) {
+      work->wait(state_->timeout);
     }
   } catch (const std::exception& e) {
     throw CommError(fmt::format(
@@ -380,15 +384,26 @@ Work ProcessGroup::all_gather_async(const at::Tensor& output, const at::Tensor& 
       state->work = impl_->backend->_allgather_base(output_tensor, input_tensor);
       return Work(state);
     }
-    // Gloo gathers into one tensor per rank: views of the flat output.
-    std::vector<std::vector<at::Tensor>> outputs(1);
+    // Gloo: one broadcast per rank, each straight into that rank's part of the output.
+    // Gloo's own allgather gathers into a fresh flat buffer and copies it out, which for a
+    // large model-state buffer costs an allocation (page faults) and a full copy every call.
     const int64_t n = input.numel();
     at::Tensor flat_output = output.view({-1});
-    for (int r = 0; r < impl_->world_size; ++r) {
-      outputs[0].push_back(flat_output.narrow(0, r * n, n).view(input.sizes()));
+    at::Tensor own = flat_output.narrow(0, static_cast<int64_t>(impl_->rank) * n, n);
+    if (own.data_ptr() != input.data_ptr()) { // not gathering in place
+      own.copy_(input.reshape({-1}));
     }
-    std::vector<at::Tensor> inputs{input.contiguous()};
-    state->work = impl_->backend->allgather(outputs, inputs);
+    for (int r = 0; r < impl_->world_size; ++r) {
+      std::vector<at::Tensor> part{flat_output.narrow(0, r * n, n)};
+      c10d::BroadcastOptions options;
+      options.rootRank = r;
+      auto work = impl_->backend->broadcast(part, options);
+      if (r == 0) {
+        state->work = std::move(work);
+      } else {
+        state->more_work.push_back(std::move(work));
+      }
+    }
     return Work(state);
   });
 }

@@ -190,28 +190,34 @@ CheckpointedTrunk CheckpointedTrunk::plan(
 }
 
 at::Tensor CheckpointedTrunk::forward(at::Tensor images) {
-  at::Tensor x = std::move(images);
   // The segments hold the model so the recompute can run it whenever the backward comes.
   std::shared_ptr<models::TrunkHeadModelImpl> model = model_.ptr();
+  at::Tensor features = forward_trunk(
+      std::move(images), [model](const at::Tensor& x, int64_t begin, int64_t end) {
+        return model->forward_trunk_range(x, begin, end);
+      });
+  return model->forward_head(std::move(features));
+}
+
+at::Tensor CheckpointedTrunk::forward_trunk(at::Tensor images, const TrunkBlockRunner& run_blocks) {
+  at::Tensor x = std::move(images);
   for (size_t s = 0; s + 2 < boundaries_.size(); ++s) {
     const int64_t begin = boundaries_[s];
     const int64_t end = boundaries_[s + 1];
     std::vector<std::shared_ptr<torch::nn::Module>> blocks;
     for (int64_t block = begin; block < end; ++block) {
-      blocks.push_back(model->trunk_block(block));
+      blocks.push_back(model_->trunk_block(block));
     }
     x = checkpoint_modules(
             blocks,
-            [model, begin, end](const std::vector<at::Tensor>& inputs) {
-              return std::vector<at::Tensor>{model->forward_trunk_range(inputs[0], begin, end)};
+            [run_blocks, begin, end](const std::vector<at::Tensor>& inputs) {
+              return std::vector<at::Tensor>{run_blocks(inputs[0], begin, end)};
             },
             {std::move(x)},
             preserve_rng_state_)
             .front();
   }
-  x = model->forward_trunk_range(
-      std::move(x), boundaries_[boundaries_.size() - 2], model->num_trunk_blocks());
-  return model->forward_head(std::move(x));
+  return run_blocks(std::move(x), boundaries_[boundaries_.size() - 2], model_->num_trunk_blocks());
 }
 
 std::string CheckpointedTrunk::describe() const {

@@ -44,6 +44,52 @@ int64_t full_bytes(const FullyShardedDataParallel::Unit& unit) {
 
 } // namespace
 
+std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
+                                           int64_t auto_wrap_threshold) {
+  std::vector<FsdpUnitPlan> units;
+  std::vector<std::string> unit_prefixes;
+  for (int64_t b = 0; b < model->num_trunk_blocks(); ++b) {
+    int64_t numel = 0;
+    bool trainable = false;
+    for (const at::Tensor& param : model->trunk_block(b)->parameters()) {
+      if (param.requires_grad()) {
+        numel += param.numel();
+        trainable = true;
+      }
+    }
+    if (trainable && numel >= auto_wrap_threshold) {
+      units.emplace_back();
+      units.back().name = fmt::format("trunk.{}", b);
+      units.back().block = b;
+      unit_prefixes.push_back(fmt::format("trunk.{}.", b));
+    }
+  }
+  const size_t root = units.size();
+  units.emplace_back();
+  units.back().name = "root";
+  std::unordered_set<const c10::TensorImpl*> seen; // a shared parameter belongs to one unit
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+    const at::Tensor& param = item.value();
+    if (!param.requires_grad() || !seen.insert(param.unsafeGetTensorImpl()).second) {
+      continue;
+    }
+    size_t unit = root;
+    for (size_t u = 0; u < unit_prefixes.size(); ++u) {
+      if (item.key().rfind(unit_prefixes[u], 0) == 0) {
+        unit = u;
+        break;
+      }
+    }
+    units[unit].param_names.push_back(item.key());
+    units[unit].params.push_back(param);
+    units[unit].numel += param.numel();
+  }
+  if (units[root].params.empty()) {
+    units.pop_back();
+  }
+  return units;
+}
+
 struct FullyShardedDataParallel::Hooks {
   std::unique_ptr<GradReadyHooks> grad_ready;
 };
@@ -78,46 +124,18 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   // Units: trunk blocks with enough trainable parameter elements, then the root.
   const int64_t num_blocks = model_->num_trunk_blocks();
   unit_of_block_.assign(static_cast<size_t>(num_blocks), -1);
-  std::vector<std::string> unit_prefixes;
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    int64_t numel = 0;
-    bool trainable = false;
-    for (const at::Tensor& param : model_->trunk_block(b)->parameters()) {
-      if (param.requires_grad()) {
-        numel += param.numel();
-        trainable = true;
-      }
-    }
-    if (trainable && numel >= options_.auto_wrap_threshold) {
-      unit_of_block_[static_cast<size_t>(b)] = static_cast<int64_t>(units_.size());
+  position_of_block_.assign(static_cast<size_t>(num_blocks), 0);
+  for (FsdpUnitPlan& plan : plan_fsdp_units(model_, options_.auto_wrap_threshold)) {
+    if (plan.block >= 0) {
+      unit_of_block_[static_cast<size_t>(plan.block)] = static_cast<int64_t>(units_.size());
+      position_of_block_[static_cast<size_t>(plan.block)] = block_units_.size();
       block_units_.push_back(units_.size());
-      units_.emplace_back();
-      units_.back().name = fmt::format("trunk.{}", b);
-      units_.back().block = b;
-      unit_prefixes.push_back(fmt::format("trunk.{}.", b));
     }
-  }
-  const size_t root = units_.size();
-  units_.emplace_back();
-  units_.back().name = "root";
-  std::unordered_set<const c10::TensorImpl*> seen; // a shared parameter belongs to one unit
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-    const at::Tensor& param = item.value();
-    if (!param.requires_grad() || !seen.insert(param.unsafeGetTensorImpl()).second) {
-      continue;
-    }
-    size_t unit = root;
-    for (size_t u = 0; u < unit_prefixes.size(); ++u) {
-      if (item.key().rfind(unit_prefixes[u], 0) == 0) {
-        unit = u;
-        break;
-      }
-    }
-    units_[unit].param_names.push_back(item.key());
-    units_[unit].params.push_back(param);
-  }
-  if (units_[root].params.empty()) {
-    units_.pop_back();
+    units_.emplace_back();
+    units_.back().name = std::move(plan.name);
+    units_.back().block = plan.block;
+    units_.back().param_names = std::move(plan.param_names);
+    units_.back().params = std::move(plan.params);
   }
 
   // Each unit's parameters become views of its full flat buffer; this rank keeps its slice.
@@ -217,7 +235,7 @@ void FullyShardedDataParallel::free(Unit& unit) {
   gathered_bytes_ -= full_bytes(unit);
 }
 
-at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images) {
+at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images, const TrunkForward& trunk) {
   // Units still gathered from an earlier forward (reshard_after_forward off, or a forward
   // with no backward) may predate an optimizer step: free them so that this forward gathers
   // the current shards. A pending backward of that forward gathers again in its hooks.
@@ -232,39 +250,12 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images) {
     // Kept through the backward: the head's parameters are needed at its very start.
     gather(units_.back());
   }
-  at::Tensor x = images;
-  size_t position = 0; // of the next wrapped block in block_units_
-  for (int64_t b = 0; b < model_->num_trunk_blocks(); ++b) {
-    const int64_t u = unit_of_block_[static_cast<size_t>(b)];
-    if (u < 0) {
-      x = model_->forward_trunk_range(x, b, b + 1);
-      continue;
-    }
-    Unit& unit = units_[static_cast<size_t>(u)];
-    gather(unit);
-    if (options_.prefetch && position + 1 < block_units_.size()) {
-      start_gather(units_[block_units_[position + 1]]);
-    }
-    x = model_->forward_trunk_range(x, b, b + 1);
-    if (x.requires_grad()) {
-      // The gradient of the unit's output arrives before the unit's own backward runs; the
-      // block before it runs next in the backward.
-      // (The hook takes a TensorBase: libtorch 2.x hands it one, 1.13 a Tensor.)
-      x.register_hook([this, u, position](const at::TensorBase&) {
-        Unit& hooked = units_[static_cast<size_t>(u)];
-        hooked.used_in_backward = true;
-        gather(hooked);
-        if (options_.prefetch && position > 0) {
-          start_gather(units_[block_units_[position - 1]]);
-        }
-      });
-    }
-    ++position;
-    if (options_.reshard_after_forward) {
-      free(unit);
-    }
-  }
-  at::Tensor output = model_->forward_head(x);
+  TrunkBlockRunner run_blocks = [this](const at::Tensor& x, int64_t begin, int64_t end) {
+    return forward_blocks(x, begin, end);
+  };
+  at::Tensor features =
+      trunk ? trunk(images, run_blocks) : forward_blocks(images, 0, model_->num_trunk_blocks());
+  at::Tensor output = model_->forward_head(features);
   if (!output.requires_grad()) {
     // No backward will follow (inference, or nothing trainable in use).
     for (Unit& unit : units_) {
@@ -272,6 +263,47 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images) {
     }
   }
   return output;
+}
+
+at::Tensor FullyShardedDataParallel::forward_blocks(const at::Tensor& input, int64_t begin,
+                                                    int64_t end) {
+  // Prefetch stays within [begin, end): an activation-checkpointed segment calls this once in
+  // the forward and once more in its recompute, and a unit outside the segment gathered then
+  // would only wait, gathered, for its own turn.
+  at::Tensor x = input;
+  for (int64_t b = begin; b < end; ++b) {
+    const int64_t u = unit_of_block_[static_cast<size_t>(b)];
+    if (u < 0) {
+      x = model_->forward_trunk_range(x, b, b + 1);
+      continue;
+    }
+    Unit& unit = units_[static_cast<size_t>(u)];
+    const size_t position = position_of_block_[static_cast<size_t>(b)];
+    gather(unit);
+    if (options_.prefetch && position + 1 < block_units_.size() &&
+        units_[block_units_[position + 1]].block < end) {
+      start_gather(units_[block_units_[position + 1]]);
+    }
+    x = model_->forward_trunk_range(x, b, b + 1);
+    if (x.requires_grad()) {
+      // The gradient of the unit's output arrives before the unit's own backward runs; the
+      // block before it runs next in the backward.
+      // (The hook takes a TensorBase: libtorch 2.x hands it one, 1.13 a Tensor.)
+      x.register_hook([this, u, position, begin](const at::TensorBase&) {
+        Unit& hooked = units_[static_cast<size_t>(u)];
+        hooked.used_in_backward = true;
+        gather(hooked);
+        if (options_.prefetch && position > 0 &&
+            units_[block_units_[position - 1]].block >= begin) {
+          start_gather(units_[block_units_[position - 1]]);
+        }
+      });
+    }
+    if (options_.reshard_after_forward) {
+      free(unit);
+    }
+  }
+  return x;
 }
 
 void FullyShardedDataParallel::attach_piece_gradients(Unit& unit) {

@@ -184,9 +184,8 @@ void ShardedOptimizer::step() {
   torch::NoGradGuard no_grad;
   for (FlatBuffer& buffer : buffers_) {
     const int64_t shard = buffer.layout.shard_numel();
-    // A copy of this rank's part: the all-gather writes into the buffer it would read from.
-    at::Tensor own = buffer.params.narrow(0, group_->rank() * shard, shard).clone();
-    group_->all_gather(buffer.params, own);
+    // In place: this rank's part is the all-gather's input.
+    group_->all_gather(buffer.params, buffer.params.narrow(0, group_->rank() * shard, shard));
   }
 }
 

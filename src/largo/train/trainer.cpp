@@ -152,11 +152,6 @@ void check_fsdp_supported(const TrainerOptions& options,
         "(MODEL.AMP_PARAMS.AMP_TYPE pytorch, which AUTO_SETUP_FSDP selects)",
         policy.describe()));
   }
-  if (options.activation_checkpointing.enabled) {
-    throw ConfigError(
-        "MODEL.ACTIVATION_CHECKPOINTING with MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP is not built in "
-        "this version of Largo (the recompute must gather each unit again); turn one of them off");
-  }
 }
 
 void log_fsdp_units(const parallel::FullyShardedDataParallel& fsdp,
@@ -747,6 +742,12 @@ void Trainer::State::log_model_state_bytes() {
 }
 
 at::Tensor Trainer::State::forward(const at::Tensor& images) {
+  if (fsdp && checkpointed_trunk) { // the recompute gathers each unit again
+    return fsdp->forward(images, [this](const at::Tensor& x,
+                                        const parallel::TrunkBlockRunner& run_blocks) {
+      return checkpointed_trunk->forward_trunk(x, run_blocks);
+    });
+  }
   if (fsdp) {
     return fsdp->forward(images);
   }

@@ -1,0 +1,88 @@
+// `largo estimate`: per-rank model-state bytes of ZeRO stages 0-3 for a config, the
+// configured stage marked, and stage 3's gathered units. The numbers themselves are checked
+// against measurements in tests/parallel/memory_estimate_test.cpp; here the program's
+// reading of the config and its report.
+#include "apps/program_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace largo::testing {
+namespace {
+
+// A synthetic small-CNN job on 2 ranks with AdamW (Ψ parameters: stage 0 holds 16Ψ bytes per
+// rank, stage 3 16Ψ / 2).
+std::vector<std::string> estimate_command(std::vector<std::string> overrides) {
+  std::vector<std::string> argv = {largo_program(),
+                                   "estimate",
+                                   "DATA.TRAIN.DATA_SOURCES=[synthetic]",
+                                   "DATA.TEST.DATA_SOURCES=[synthetic]",
+                                   "MODEL.TRUNK.NAME=small_cnn",
+                                   "OPTIMIZER.name=adamw",
+                                   "DISTRIBUTED.NUM_PROC_PER_NODE=2"};
+  argv.insert(argv.end(), overrides.begin(), overrides.end());
+  return argv;
+}
+
+// The total column of a stage's row, in bytes ("  2 ZeRO-2 ... <total> <formula>").
+double stage_total_bytes(const std::string& output, int stage) {
+  std::istringstream lines(output);
+  const std::regex row("^[ *] " + std::to_string(stage) +
+                       " .*?([0-9.]+) (B|KiB|MiB|GiB) +([0-9.]+) (B|KiB|MiB|GiB)$");
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch match;
+    if (std::regex_match(line, match, row)) {
+      const std::string unit = match[2];
+      const double scale = unit == "GiB" ? 1024.0 * 1024 * 1024
+          : unit == "MiB"                ? 1024.0 * 1024
+          : unit == "KiB"                ? 1024.0
+                                         : 1.0;
+      return std::stod(match[1]) * scale;
+    }
+  }
+  ADD_FAILURE() << "no row for stage " << stage << " in:\n" << output;
+  return 0.0;
+}
+
+TEST(EstimateCommandTest, MarksStageThreeAndItsGatheredUnits) {
+  auto run = run_program(estimate_command({"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}));
+  ASSERT_TRUE(run.succeeded()) << run.status() << "\n" << run.output;
+  EXPECT_NE(run.output.find("\n* 3 ZeRO-3"), std::string::npos) << run.output;
+  // AdamW: stage 0 keeps parameters, gradients and two moments whole; stage 3 half of each
+  // (to the padding and the rounding of the printed figures).
+  EXPECT_NEAR(stage_total_bytes(run.output, 3) / stage_total_bytes(run.output, 0), 0.5, 0.01)
+      << run.output;
+  // The small CNN's three trunk blocks each have parameters: with threshold 0, three units.
+  EXPECT_NE(run.output.find("3 block units with AUTO_WRAP_THRESHOLD 0"), std::string::npos)
+      << run.output;
+
+  auto one_unit = run_program(estimate_command(
+      {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=100000000"}));
+  ASSERT_TRUE(one_unit.succeeded()) << one_unit.output;
+  EXPECT_NE(one_unit.output.find("0 block units with AUTO_WRAP_THRESHOLD 100000000"),
+            std::string::npos)
+      << one_unit.output;
+}
+
+TEST(EstimateCommandTest, MarksTheZeroStageOfTheConfig) {
+  auto stage2 = run_program(estimate_command({"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}));
+  ASSERT_TRUE(stage2.succeeded()) << stage2.output;
+  EXPECT_NE(stage2.output.find("\n* 2 ZeRO-2"), std::string::npos) << stage2.output;
+  auto plain = run_program(estimate_command({}));
+  ASSERT_TRUE(plain.succeeded()) << plain.output;
+  EXPECT_NE(plain.output.find("\n* 0 DDP"), std::string::npos) << plain.output;
+}
+
+TEST(EstimateCommandTest, ABadFsdpKeyIsAClearError) {
+  auto run = run_program(estimate_command(
+      {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=-1"}));
+  EXPECT_FALSE(run.succeeded()) << run.output;
+  EXPECT_NE(run.output.find("AUTO_WRAP_THRESHOLD"), std::string::npos) << run.output;
+}
+
+} // namespace
+} // namespace largo::testing
