@@ -18,7 +18,8 @@
 # Target (issue 8): at 2+ splits, peak activation memory at least 40 % lower than at 0 splits
 # with step time at most 40 % higher.
 #
-# Usage: [SPLITS="0 2 4"] bench/run_activation_checkpoint.sh [BUILD_DIR] [THREADS] [ROUNDS] [MODEL...]
+# Usage: [SPLITS="0 2 4"] [BENCH_FLAGS="--batch B --image S"] bench/run_activation_checkpoint.sh [BUILD_DIR] [THREADS] [ROUNDS] [MODEL...]
+#   BENCH_FLAGS go to both sides (e.g. a larger input that stresses memory more).
 #   defaults: build 2 1 resnet50 vit, SPLITS="0 1 2 3 4" (0 must be among them: the changes are
 #   against it; fewer points for a quick run on a loaded machine)
 set -euo pipefail
@@ -39,11 +40,14 @@ largo_malloc+=":glibc.malloc.top_pad=67108864"
 
 run_variant() { # model variant splits
   case "$2" in
-    largo) env -u LARGO_MALLOC_TUNING "$bin" "$1" --splits "$3" --cut count --threads "$threads" ;;
+    largo) env -u LARGO_MALLOC_TUNING "$bin" "$1" --splits "$3" --cut count --threads "$threads" \
+        ${BENCH_FLAGS:-} ;;
     largo_balanced)
-      env -u LARGO_MALLOC_TUNING "$bin" "$1" --splits "$3" --cut activation --threads "$threads" ;;
+      env -u LARGO_MALLOC_TUNING "$bin" "$1" --splits "$3" --cut activation --threads "$threads" \
+        ${BENCH_FLAGS:-} ;;
     pytorch)
-      GLIBC_TUNABLES="$largo_malloc" "$python" "$reference" "$1" --splits "$3" --threads "$threads" ;;
+      GLIBC_TUNABLES="$largo_malloc" "$python" "$reference" "$1" --splits "$3" --threads "$threads" \
+        ${BENCH_FLAGS:-} ;;
   esac
 }
 

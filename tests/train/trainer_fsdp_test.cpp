@@ -12,6 +12,8 @@
 #include "comm/distributed_test_util.h"
 #include "train/trainer_run_util.h"
 
+#include <cstdlib>
+
 namespace largo::train {
 namespace {
 
@@ -189,6 +191,17 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
           plain_state.at(item.key()).toGenericDict().at("momentum_buffer").toTensor();
       EXPECT_TRUE(torch::allclose(momentum, expected_momentum, kTolerance, kTolerance))
           << item.key().toStringRef();
+    }
+    // PyTorch reads the consolidated checkpoint as it reads the plain one.
+    if (fs::exists("/usr/bin/python3")) {
+      const std::string command = fmt::format(
+          "/usr/bin/python3 -c \"import torch; d = torch.load('{}'); p = torch.load('{}'); "
+          "assert d['model'].keys() == p['model'].keys(); "
+          "assert all(torch.allclose(d['model'][k].double(), p['model'][k].double(), atol=1e-5) "
+          "for k in p['model']); "
+          "assert d['optimizer']['state'].keys() == p['optimizer']['state'].keys()\"",
+          consolidated.string(), (root / "plain" / "model_phase0.torch").string());
+      EXPECT_EQ(std::system(command.c_str()), 0) << command;
     }
     copy_run(root / "plain", root / "plain_at3");
     copy_run(root / "fsdp", root / "fsdp_at3");

@@ -82,12 +82,15 @@ class ProcessGroup {
   Work broadcast_async(const at::Tensor& tensor, int root);
   void broadcast(const at::Tensor& tensor, int root);
 
-  // root's `tensor` becomes the reduction; the others' tensors are left unspecified.
+  // root's `tensor` becomes the reduction; the others' tensors are left unspecified. On Gloo
+  // a sum is the other ranks sending their tensors straight to the root, which adds them in
+  // rank order.
   Work reduce_async(const at::Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum);
   void reduce(const at::Tensor& tensor, int root, ReduceOp op = ReduceOp::kSum);
 
   // `output` (contiguous, world_size * input.numel() elements) receives every rank's `input`,
-  // rank r's at [r * n, (r + 1) * n).
+  // rank r's at [r * n, (r + 1) * n). `input` may be this rank's part of `output` itself (in
+  // place). On Gloo: one broadcast per rank, straight into `output`.
   Work all_gather_async(const at::Tensor& output, const at::Tensor& input);
   void all_gather(const at::Tensor& output, const at::Tensor& input);
 

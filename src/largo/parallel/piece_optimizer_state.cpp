@@ -89,7 +89,7 @@ void load_piece_state_dict(optim::Optimizer& base, const PieceOwnership& ownersh
   if (saved_world != ownership.world_size || saved_rank != ownership.rank) {
     throw CheckpointError(fmt::format(
         "the optimizer shard was written by rank {} of {}, but this is rank {} of {}; load "
-        "shards of another world size with load_resharded_state",
+        "shards of another world size with load_resharded_piece_state",
         saved_rank, saved_world, ownership.rank, ownership.world_size));
   }
   if (pieces_of(root, where) != ownership.ranges) {
