@@ -119,16 +119,8 @@ TEST(TrainerFsdpTest, CheckpointResumeIsBitExact) {
     EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
     EXPECT_TRUE(fs::exists(run / "model_iteration8.manifest.json"));
 
-    const RunResult resumed = train_run(run, interrupted, borrow(group));
-    ASSERT_TRUE(resumed.summary.resumed);
-    ASSERT_EQ(resumed.summary.iteration_losses.size(), 10u);
-    for (size_t i = 0; i < resumed.summary.iteration_losses.size(); ++i) {
-      EXPECT_EQ(resumed.summary.iteration_losses[i], reference.summary.iteration_losses[8 + i])
-          << "iteration " << 8 + i << " on rank " << group.rank();
-    }
-    for (const auto& [name, value] : reference.parameters) {
-      EXPECT_TRUE(torch::equal(resumed.parameters.at(name), value)) << name;
-    }
+    expect_resumed_bit_exactly(train_run(run, interrupted, borrow(group)), reference, 8,
+                               fmt::format("rank {}", group.rank()));
   });
 }
 
@@ -178,20 +170,7 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
 
     // Offline consolidation gives the plain run's optimizer state.
     const fs::path consolidated = consolidate_checkpoint(root / "fsdp");
-    auto merged = checkpoint::load_checkpoint(consolidated).at("optimizer").toGenericDict();
-    const auto plain_state = checkpoint::load_checkpoint(root / "plain" / "model_phase0.torch")
-                                 .at("optimizer")
-                                 .toGenericDict()
-                                 .at("state")
-                                 .toGenericDict();
-    ASSERT_EQ(merged.at("state").toGenericDict().size(), plain_state.size());
-    for (const auto& item : merged.at("state").toGenericDict()) {
-      const at::Tensor momentum = item.value().toGenericDict().at("momentum_buffer").toTensor();
-      const at::Tensor expected_momentum =
-          plain_state.at(item.key()).toGenericDict().at("momentum_buffer").toTensor();
-      EXPECT_TRUE(torch::allclose(momentum, expected_momentum, kTolerance, kTolerance))
-          << item.key().toStringRef();
-    }
+    expect_same_momentum(consolidated, root / "plain" / "model_phase0.torch", kTolerance);
     // PyTorch reads the consolidated checkpoint as it reads the plain one.
     if (fs::exists("/usr/bin/python3")) {
       const std::string command = fmt::format(

@@ -2,6 +2,7 @@
 // job on a given process group and compare two runs' losses and parameters.
 #pragma once
 
+#include <largo/checkpoint/checkpoint_file.h>
 #include <largo/comm/process_group.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
@@ -62,6 +63,41 @@ inline void expect_same_training(const RunResult& actual, const RunResult& expec
     EXPECT_TRUE(torch::allclose(actual.parameters.at(name), value, tolerance, tolerance))
         << what << ": parameter " << name << " differs by "
         << (actual.parameters.at(name) - value).abs().max().item<double>();
+  }
+}
+
+// `resumed` continued from the checkpoint `reference` wrote after iteration `from`: its losses
+// are `reference`'s from there on, and its final parameters `reference`'s, bit for bit.
+inline void expect_resumed_bit_exactly(const RunResult& resumed, const RunResult& reference,
+                                       size_t from, const std::string& what) {
+  ASSERT_TRUE(resumed.summary.resumed) << what;
+  ASSERT_EQ(from + resumed.summary.iteration_losses.size(),
+            reference.summary.iteration_losses.size())
+      << what;
+  for (size_t i = 0; i < resumed.summary.iteration_losses.size(); ++i) {
+    EXPECT_EQ(resumed.summary.iteration_losses[i], reference.summary.iteration_losses[from + i])
+        << what << ": iteration " << from + i;
+  }
+  for (const auto& [name, value] : reference.parameters) {
+    EXPECT_TRUE(torch::equal(resumed.parameters.at(name), value)) << what << ": " << name;
+  }
+}
+
+// The optimizer entry of `consolidated` (a consolidated sharded checkpoint) holds the same
+// type and momentum buffers as `plain`'s (an unsharded run's), within `tolerance`.
+inline void expect_same_momentum(const std::filesystem::path& consolidated,
+                                 const std::filesystem::path& plain, double tolerance) {
+  auto merged = checkpoint::load_checkpoint(consolidated).at("optimizer").toGenericDict();
+  auto expected = checkpoint::load_checkpoint(plain).at("optimizer").toGenericDict();
+  EXPECT_EQ(merged.at("type").toStringRef(), expected.at("type").toStringRef());
+  const auto expected_state = expected.at("state").toGenericDict();
+  ASSERT_EQ(merged.at("state").toGenericDict().size(), expected_state.size());
+  for (const auto& item : merged.at("state").toGenericDict()) {
+    const at::Tensor momentum = item.value().toGenericDict().at("momentum_buffer").toTensor();
+    const at::Tensor expected_momentum =
+        expected_state.at(item.key()).toGenericDict().at("momentum_buffer").toTensor();
+    EXPECT_TRUE(torch::allclose(momentum, expected_momentum, tolerance, tolerance))
+        << item.key().toStringRef();
   }
 }
 

@@ -93,16 +93,8 @@ TEST(TrainerZeroTest, ShardedCheckpointResumeIsBitExact) {
     EXPECT_EQ(manifest["shards"][1]["bytes"],
               static_cast<int64_t>(fs::file_size(run / "model_iteration8_shard1.torch")));
 
-    const RunResult resumed = train(run, interrupted, borrow(group));
-    ASSERT_TRUE(resumed.summary.resumed);
-    ASSERT_EQ(resumed.summary.iteration_losses.size(), 10u);
-    for (size_t i = 0; i < resumed.summary.iteration_losses.size(); ++i) {
-      EXPECT_EQ(resumed.summary.iteration_losses[i], reference.summary.iteration_losses[8 + i])
-          << "iteration " << 8 + i << " on rank " << group.rank();
-    }
-    for (const auto& [name, value] : reference.parameters) {
-      EXPECT_TRUE(torch::equal(resumed.parameters.at(name), value)) << name;
-    }
+    expect_resumed_bit_exactly(train(run, interrupted, borrow(group)), reference, 8,
+                               fmt::format("rank {}", group.rank()));
   });
 }
 
@@ -137,20 +129,7 @@ TEST(TrainerZeroTest, ShardedCheckpointsResumeAtOtherWorldSizesAndConsolidate) {
     // Offline consolidation gives the plain run's optimizer state.
     const fs::path consolidated = consolidate_checkpoint(root / "zero");
     EXPECT_EQ(consolidated, root / "zero" / "model_phase0_consolidated.torch");
-    auto merged = checkpoint::load_checkpoint(consolidated).at("optimizer").toGenericDict();
-    auto plain = checkpoint::load_checkpoint(root / "plain" / "model_phase0.torch")
-                     .at("optimizer")
-                     .toGenericDict();
-    EXPECT_EQ(merged.at("type").toStringRef(), plain.at("type").toStringRef());
-    const auto plain_state = plain.at("state").toGenericDict();
-    ASSERT_EQ(merged.at("state").toGenericDict().size(), plain_state.size());
-    for (const auto& item : merged.at("state").toGenericDict()) {
-      const at::Tensor momentum = item.value().toGenericDict().at("momentum_buffer").toTensor();
-      const at::Tensor expected_momentum =
-          plain_state.at(item.key()).toGenericDict().at("momentum_buffer").toTensor();
-      EXPECT_TRUE(torch::allclose(momentum, expected_momentum, kTolerance, kTolerance))
-          << item.key().toStringRef();
-    }
+    expect_same_momentum(consolidated, root / "plain" / "model_phase0.torch", kTolerance);
     // A missing shard is named.
     copy_run(root / "zero", root / "zero_missing");
     fs::remove(root / "zero_missing" / "model_phase0_shard1.torch");
