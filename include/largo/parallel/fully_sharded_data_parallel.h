@@ -235,6 +235,10 @@ class FullyShardedDataParallel {
   void attach_piece_gradients(Unit& unit);
   void on_gradient_ready(size_t param_index);
   void on_backward_end();
+  // Gathers the units one at a time (collective) and, when `keep`, returns `copy` of each of
+  // their parameters by name.
+  std::unordered_map<std::string, at::Tensor> copy_units(
+      bool keep, const std::function<at::Tensor(const at::Tensor&)>& copy);
 
   models::TrunkHeadModel model_;
   std::shared_ptr<comm::ProcessGroup> group_;

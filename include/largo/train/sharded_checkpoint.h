@@ -34,8 +34,8 @@ std::string shard_file_name(const std::string& checkpoint_file_name, int rank);
 // "model_phase3.torch" -> "model_phase3.manifest.json".
 std::string manifest_file_name(const std::string& checkpoint_file_name);
 
-// Collective. Every rank writes its optimizer shard `shard_state` (its ShardedOptimizer's
-// state_dict(), or piece_state_dict() of FSDP's optimizer) for `checkpoint_file_name` into `dir`;
+// Collective. Every rank writes its optimizer shard `shard_state` (piece_state_dict() of the
+// optimizer that steps its pieces, ZeRO 1-3) for `checkpoint_file_name` into `dir`;
 // when all succeeded, rank 0 writes the manifest. Returns (on every rank) the entry the main
 // checkpoint stores under "optimizer". If any rank fails to write, every rank throws
 // CheckpointError (naming the rank) and the previous checkpoint stays the latest.
@@ -47,15 +47,17 @@ c10::IValue save_optimizer_shards(const std::filesystem::path& dir,
 // Whether a checkpoint's "optimizer" entry refers to shard files.
 bool is_sharded_optimizer_entry(const c10::IValue& entry);
 
-// Restores `optimizer` (sharded or not) from a checkpoint's "optimizer" entry (sharded or
-// not); shard files are looked up in `dir`. `param_shapes` (trained parameter name ->
-// shape) is needed to consolidate or reshard. Throws CheckpointError naming the file when a
+// Restores an unsharded `optimizer` from a checkpoint's "optimizer" entry (sharded entries
+// are consolidated); shard files are looked up in `dir`. `param_shapes` (trained parameter
+// name -> shape) is needed to consolidate. Throws CheckpointError naming the file when a
 // shard is missing, corrupt or from another run.
 void load_optimizer_state(const std::filesystem::path& dir, const c10::IValue& entry,
                           optim::Optimizer& optimizer,
                           const std::map<std::string, std::vector<int64_t>>& param_shapes);
 
-// The same for an optimizer `base` that steps the pieces `ownership` describes (FSDP's).
+// The same for an optimizer `base` that steps the pieces `ownership` describes (ZeRO 1-3:
+// a ShardedOptimizer's base(), FSDP's optimizer): the rank's own shard when the entry's world
+// size and pieces match, otherwise resharded from every old shard (or from a plain entry).
 void load_piece_optimizer_state(const std::filesystem::path& dir, const c10::IValue& entry,
                                 optim::Optimizer& base, const parallel::PieceOwnership& ownership,
                                 const std::map<std::string, std::vector<int64_t>>& param_shapes);

@@ -11,7 +11,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -448,19 +447,26 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm, double norm_typ
       });
 }
 
-std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
+std::unordered_map<std::string, at::Tensor> FullyShardedDataParallel::copy_units(
+    bool keep, const std::function<at::Tensor(const at::Tensor&)>& copy) {
   torch::NoGradGuard no_grad;
-  std::map<std::string, at::Tensor> values;
+  std::unordered_map<std::string, at::Tensor> copies;
   for (Unit& unit : units_) {
     const bool was_gathered = unit.gathered;
     gather(unit);
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      values.emplace(unit.param_names[i], unit.params[i].detach().clone());
+    for (size_t i = 0; keep && i < unit.params.size(); ++i) {
+      copies.emplace(unit.param_names[i], copy(unit.params[i]));
     }
     if (!was_gathered) {
       free(unit);
     }
   }
+  return copies;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_parameters() {
+  const auto values =
+      copy_units(/*keep=*/true, [](const at::Tensor& param) { return param.detach().clone(); });
   std::vector<std::pair<std::string, at::Tensor>> ordered;
   for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
     auto found = values.find(item.key());
@@ -486,22 +492,12 @@ PieceOwnership FullyShardedDataParallel::piece_ownership() const {
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_state_on_rank(
     int root) {
-  torch::NoGradGuard no_grad;
   const bool keep = group_->rank() == root;
   auto to_cpu = [](const at::Tensor& tensor) {
     return tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
   };
-  std::unordered_map<std::string, at::Tensor> sharded;
-  for (Unit& unit : units_) {
-    const bool was_gathered = unit.gathered;
-    gather(unit);
-    for (size_t i = 0; keep && i < unit.params.size(); ++i) {
-      sharded.emplace(unit.param_names[i], to_cpu(unit.params[i]));
-    }
-    if (!was_gathered) {
-      free(unit);
-    }
-  }
+  const auto sharded = copy_units(keep, to_cpu);
+  torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, at::Tensor>> state;
   if (!keep) {
     return state;

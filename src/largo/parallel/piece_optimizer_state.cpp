@@ -42,6 +42,19 @@ bool is_scalar_entry(const at::Tensor& tensor) {
   return tensor.dim() == 0;
 }
 
+// The "state" entry of an optimizer state_dict: {param_name: {key: tensor}}.
+GenericDict state_entry(const std::map<std::string, std::map<std::string, at::Tensor>>& state) {
+  GenericDict entry = make_string_dict();
+  for (const auto& [name, tensors] : state) {
+    GenericDict per_param = make_string_dict();
+    for (const auto& [key, tensor] : tensors) {
+      per_param.insert(key, tensor);
+    }
+    entry.insert(name, per_param);
+  }
+  return entry;
+}
+
 } // namespace
 
 c10::IValue piece_state_dict(const optim::Optimizer& base, const PieceOwnership& ownership,
@@ -168,14 +181,7 @@ void load_resharded_piece_state(optim::Optimizer& base, const PieceOwnership& ow
     }
   }
   // The base optimizer's state_dict format, with this rank's names and the old lr/decay.
-  GenericDict state = make_string_dict();
-  for (const auto& [name, entries] : new_state) {
-    GenericDict per_param = make_string_dict();
-    for (const auto& [key, tensor] : entries) {
-      per_param.insert(key, tensor);
-    }
-    state.insert(name, per_param);
-  }
+  const GenericDict state = state_entry(new_state);
   GenericDict current = base.state_dict().toGenericDict();
   c10::impl::GenericList groups(c10::AnyType::get());
   const auto current_groups = current.at("param_groups").toList();
@@ -247,14 +253,7 @@ c10::IValue consolidate_sharded_optimizer_state(
       }
     }
   }
-  GenericDict state = make_string_dict();
-  for (const auto& [name, entries] : full_state) {
-    GenericDict per_param = make_string_dict();
-    for (const auto& [key, tensor] : entries) {
-      per_param.insert(key, tensor);
-    }
-    state.insert(name, per_param);
-  }
+  const GenericDict state = state_entry(full_state);
   c10::impl::GenericList groups(c10::AnyType::get());
   const auto saved_groups = first_groups.toList();
   for (size_t g = 0; g < saved_groups.size(); ++g) {

@@ -3,7 +3,6 @@
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
-#include <largo/parallel/sharded_optimizer.h>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -155,10 +154,7 @@ bool is_sharded_optimizer_entry(const c10::IValue& entry) {
 void load_optimizer_state(const fs::path& dir, const c10::IValue& entry,
                           optim::Optimizer& optimizer,
                           const std::map<std::string, std::vector<int64_t>>& param_shapes) {
-  if (auto* sharded = dynamic_cast<parallel::ShardedOptimizer*>(&optimizer)) {
-    load_piece_optimizer_state(dir, entry, sharded->base(), sharded->piece_ownership(),
-                               param_shapes);
-  } else if (!is_sharded_optimizer_entry(entry)) {
+  if (!is_sharded_optimizer_entry(entry)) {
     optimizer.load_state_dict(entry);
   } else {
     const ShardedEntry parsed = parse_entry(entry);

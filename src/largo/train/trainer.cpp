@@ -240,6 +240,14 @@ struct Trainer::State {
   void log_model_state_bytes();
   at::Tensor forward(const at::Tensor& images);
   std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
+  // ZeRO 1-3: the optimizer that steps this rank's pieces of the parameters and which pieces
+  // they are (their checkpoint is one shard per rank); none for an unsharded optimizer.
+  struct OptimizerPieces {
+    optim::Optimizer* base;
+    parallel::PieceOwnership ownership;
+    const char* type; // "zero" (stages 1-2) or "fsdp"
+  };
+  std::optional<OptimizerPieces> optimizer_pieces();
   fs::path run_dir() const {
     return options.checkpoint.dir;
   }
@@ -566,11 +574,12 @@ bool Trainer::State::resume() {
   auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
   mixed_precision->load_state_dict(precision_state == state.end() ? c10::IValue()
                                                                   : precision_state->value());
-  if (fsdp) {
-    load_piece_optimizer_state(fs::canonical(latest).parent_path(), entry("optimizer"),
-                               *optimizer, fsdp->piece_ownership(), trained_parameter_shapes());
+  const fs::path checkpoint_dir = fs::canonical(latest).parent_path();
+  if (auto pieces = optimizer_pieces()) {
+    load_piece_optimizer_state(checkpoint_dir, entry("optimizer"), *pieces->base,
+                               pieces->ownership, trained_parameter_shapes());
   } else {
-    load_optimizer_state(fs::canonical(latest).parent_path(), entry("optimizer"), *optimizer,
+    load_optimizer_state(checkpoint_dir, entry("optimizer"), *optimizer,
                          trained_parameter_shapes());
   }
   epoch = entry("epoch").toInt();
@@ -622,13 +631,10 @@ void Trainer::State::save(const std::string& file_name) {
   group->all_gather(rng_states, own_rng);
   // ZeRO: each rank writes its own optimizer shard (collective), the main file refers to them.
   c10::IValue optimizer_state;
-  if (sharded_optimizer) {
-    optimizer_state =
-        save_optimizer_shards(run_dir(), file_name, sharded_optimizer->state_dict(), *group);
-  } else if (fsdp) {
+  if (auto pieces = optimizer_pieces()) {
     optimizer_state = save_optimizer_shards(
         run_dir(), file_name,
-        parallel::piece_state_dict(*optimizer, fsdp->piece_ownership(), "fsdp"), *group);
+        parallel::piece_state_dict(*pieces->base, pieces->ownership, pieces->type), *group);
   } else {
     optimizer_state = optimizer->state_dict();
   }
@@ -685,6 +691,17 @@ void Trainer::State::save(const std::string& file_name) {
   fs::create_symlink(file_name, temporary);
   fs::rename(temporary, latest);
   spdlog::info("checkpoint written: {}", path.string());
+}
+
+std::optional<Trainer::State::OptimizerPieces> Trainer::State::optimizer_pieces() {
+  if (sharded_optimizer) {
+    return OptimizerPieces{&sharded_optimizer->base(), sharded_optimizer->piece_ownership(),
+                           "zero"};
+  }
+  if (fsdp) {
+    return OptimizerPieces{optimizer.get(), fsdp->piece_ownership(), "fsdp"};
+  }
+  return std::nullopt;
 }
 
 std::map<std::string, std::vector<int64_t>> Trainer::State::trained_parameter_shapes() const {
