@@ -5,6 +5,7 @@
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
+#include <largo/precision/model_cast.h>
 #include <largo/train/trainer_config.h>
 
 #include <fmt/format.h>
@@ -173,30 +174,41 @@ int run_estimate_command(const Config& config) {
                 format_bytes(bytes.optimizer_state).c_str(), format_bytes(bytes.total()).c_str(),
                 format_bytes(formula.total()).c_str());
   }
-  // Stage 3 holds more than its shards during a step: the units it gathers (float32).
-  const auto units = parallel::plan_fsdp_units(model, options.fsdp.auto_wrap_threshold);
-  int64_t root_numel = 0, largest_numel = 0, num_block_units = 0;
+  // Stage 3 holds more than its shards during a step: the units it gathers, in the
+  // parameters' dtype or as compute copies (the BatchNorm parameters then a float32 unit).
+  parallel::FullyShardedDataParallelOptions fsdp_options;
+  fsdp_options.auto_wrap_threshold = options.fsdp.auto_wrap_threshold;
+  fsdp_options.compute_dtype = options.fsdp.compute_copies();
+  fsdp_options.keeps_fp32 = [](const torch::nn::Module& module) {
+    return precision::is_batchnorm(module);
+  };
+  int64_t kept_bytes = 0, largest_bytes = 0, num_block_units = 0;
   std::string largest_name = "none";
-  for (const auto& unit : units) {
+  for (const auto& unit : parallel::plan_fsdp_units(model, fsdp_options)) {
+    const int64_t bytes = unit.numel *
+        static_cast<int64_t>(c10::elementSize(
+            unit.compute_dtype.value_or(unit.params.front().scalar_type())));
     if (unit.block < 0) {
-      root_numel = unit.numel;
+      kept_bytes += bytes;
       continue;
     }
     ++num_block_units;
-    if (unit.numel > largest_numel) {
-      largest_numel = unit.numel;
+    if (bytes > largest_bytes) {
+      largest_bytes = bytes;
       largest_name = unit.name;
     }
   }
-  const auto unit_bytes = [](int64_t numel) {
-    return format_bytes(numel * static_cast<int64_t>(sizeof(float)));
-  };
-  std::printf("\nstage 3 also gathers during a step (transient, per rank): the root unit (%s) "
-              "throughout, plus one block unit at a time, two with prefetch; %lld block units "
-              "with AUTO_WRAP_THRESHOLD %lld, the largest %s (%s)\n",
-              unit_bytes(root_numel).c_str(), static_cast<long long>(num_block_units),
+  const std::string copies = fsdp_options.compute_dtype
+      ? fmt::format(", as {} compute copies", c10::toString(*fsdp_options.compute_dtype))
+      : std::string();
+  std::printf("\nstage 3 also gathers during a step (transient, per rank): the root%s unit%s "
+              "(%s) throughout, plus one block unit at a time, two with prefetch; %lld block "
+              "units with AUTO_WRAP_THRESHOLD %lld, the largest %s (%s)%s\n",
+              fsdp_options.compute_dtype ? " and float32" : "",
+              fsdp_options.compute_dtype ? "s" : "", format_bytes(kept_bytes).c_str(),
+              static_cast<long long>(num_block_units),
               static_cast<long long>(options.fsdp.auto_wrap_threshold), largest_name.c_str(),
-              unit_bytes(largest_numel).c_str());
+              format_bytes(largest_bytes).c_str(), copies.c_str());
   std::printf("\n* the configured stage (OPTIMIZER.name: %s, MODEL.SHARDED_DDP_SETUP.USE_SDP: %s, "
               "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP: %s)\n",
               config.get_string("OPTIMIZER.name").c_str(),

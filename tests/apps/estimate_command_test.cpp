@@ -68,6 +68,23 @@ TEST(EstimateCommandTest, MarksStageThreeAndItsGatheredUnits) {
       << one_unit.output;
 }
 
+TEST(EstimateCommandTest, StageThreeGathersComputeCopiesWithFsdpO2) {
+  // FSDP's AMP_TYPE O2 with a bfloat16 AMP: the block units are gathered as bfloat16 copies,
+  // half the bytes of the float32 ones; the BatchNorm parameters are a float32 unit.
+  const std::vector<std::string> amp = {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                                        "MODEL.AMP_PARAMS.USE_AMP=True",
+                                        "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+  std::vector<std::string> o2 = amp;
+  o2.push_back("MODEL.FSDP_CONFIG.AMP_TYPE=O2");
+  auto copies = run_program(estimate_command(o2));
+  ASSERT_TRUE(copies.succeeded()) << copies.status() << "\n" << copies.output;
+  EXPECT_NE(copies.output.find("the root and float32 units"), std::string::npos) << copies.output;
+  EXPECT_NE(copies.output.find("as BFloat16 compute copies"), std::string::npos) << copies.output;
+  auto float32 = run_program(estimate_command(amp)); // O1: float32 units under autocast
+  ASSERT_TRUE(float32.succeeded()) << float32.output;
+  EXPECT_EQ(float32.output.find("compute copies"), std::string::npos) << float32.output;
+}
+
 TEST(EstimateCommandTest, MarksTheZeroStageOfTheConfig) {
   auto stage2 = run_program(estimate_command({"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}));
   ASSERT_TRUE(stage2.succeeded()) << stage2.output;

@@ -9,6 +9,9 @@
 #include <largo/optim/sgd.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
+#include <largo/core/torch_compat.h>
+#include <largo/precision/master_weights.h>
+#include <largo/precision/model_cast.h>
 
 #include "comm/distributed_test_util.h"
 
@@ -468,6 +471,163 @@ TEST(FullyShardedDataParallelTest, OneProcessTrainsLikeThePlainModel) {
     reference.emplace_back(item.key(), item.value().detach().clone());
   }
   expect_equal_parameters(fsdp.full_parameters(), reference);
+}
+
+// Compute copies without sharding, by hand: every rank computes with a bfloat16 copy of the
+// float32 masters (BatchNorm kept float32, contiguous weights as FSDP's views of its flat
+// buffers), the bfloat16 gradients are averaged over the ranks in float32, and SGD steps
+// the masters, which are then cast down into the model.
+NamedTensors train_bf16_masters_reference(comm::ProcessGroup& group, const std::string& trunk) {
+  models::TrunkHeadModel model = make_model(trunk, group.rank());
+  std::vector<at::Tensor> buffers = model->buffers();
+  std::vector<at::Tensor> state = model->parameters();
+  state.insert(state.end(), buffers.begin(), buffers.end());
+  broadcast_coalesced(group, state, 0);
+  std::unordered_map<std::string, at::Tensor> initial; // the float32 values the masters start at
+  for (const auto& item : model->named_parameters()) {
+    initial.emplace(item.key(), item.value().detach().clone());
+  }
+  precision::cast_model(*model, precision::ModelCastOptions{at::kBFloat16, true, {}});
+  for (at::Tensor& param : model->parameters()) {
+    param.set_data(param.detach().contiguous());
+  }
+  precision::MasterWeights masters(*model);
+  {
+    torch::NoGradGuard no_grad;
+    for (const std::string& name : masters.names()) {
+      masters.master(name).copy_(initial.at(name));
+    }
+    masters.copy_masters_to_model();
+  }
+  std::vector<optim::ParamGroup> groups = param_groups(*model, OptimizerKind::kSgdMomentum);
+  for (auto& param_group : groups) {
+    for (size_t i = 0; i < param_group.params.size(); ++i) {
+      param_group.params[i] = masters.master(param_group.names[i]);
+    }
+  }
+  auto optimizer = make_optimizer(OptimizerKind::kSgdMomentum, std::move(groups));
+  for (int step = 0; step < kSteps; ++step) {
+    optimizer->zero_grad();
+    broadcast_coalesced(group, buffers, 0); // as FSDP's broadcast_buffers
+    train_step(step, group, 1, [&](const at::Tensor& images, bool) {
+      return model->forward(images.to(at::kBFloat16)).to(at::kFloat);
+    });
+    masters.copy_grads_to_masters();
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& master : masters.masters()) {
+      group.all_reduce(master.grad());
+      master.grad().div_(group.world_size());
+    }
+    optimizer->step();
+    masters.copy_masters_to_model();
+  }
+  NamedTensors named;
+  for (const std::string& name : masters.names()) {
+    named.emplace_back(name, masters.master(name).detach().clone());
+  }
+  return named;
+}
+
+FullyShardedDataParallelOptions bf16_compute_copies() {
+  FullyShardedDataParallelOptions options;
+  options.compute_dtype = at::kBFloat16;
+  options.fp32_reduce_scatter = true;
+  options.keeps_fp32 = [](const torch::nn::Module& module) {
+    return precision::is_batchnorm(module);
+  };
+  return options;
+}
+
+TEST(FullyShardedDataParallelTest, BFloat16ComputeCopiesTrainFloat32MastersLikeApexO2) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    for (const std::string trunk : {"small_cnn", "vision_transformer"}) {
+      SCOPED_TRACE(trunk);
+      const NamedTensors reference = train_bf16_masters_reference(group, trunk);
+      models::TrunkHeadModel model = make_model(trunk, group.rank());
+      FullyShardedDataParallel fsdp(model, borrow(group), bf16_compute_copies());
+      // The block units and the root are gathered as bfloat16; BatchNorm's parameters (the
+      // small CNN's) form a float32 unit; every shard is float32.
+      bool has_float32_unit = false;
+      for (const auto& unit : fsdp.units()) {
+        EXPECT_EQ(unit.shard.scalar_type(), at::kFloat) << unit.name;
+        EXPECT_EQ(unit.full.scalar_type(), unit.name == "float32" ? at::kFloat : at::kBFloat16)
+            << unit.name;
+        has_float32_unit = has_float32_unit || unit.name == "float32";
+      }
+      EXPECT_EQ(has_float32_unit, trunk == "small_cnn");
+      auto optimizer = fsdp.make_optimizer(
+          param_groups(*model, OptimizerKind::kSgdMomentum),
+          [](std::vector<optim::ParamGroup> groups) {
+            return make_optimizer(OptimizerKind::kSgdMomentum, std::move(groups));
+          });
+      for (int step = 0; step < kSteps; ++step) {
+        optimizer->zero_grad();
+        train_step(step, group, 1, [&](const at::Tensor& images, bool) {
+          at::Tensor output = fsdp.forward(images);
+          EXPECT_EQ(output.scalar_type(), at::kBFloat16);
+          return output.to(at::kFloat);
+        });
+        optimizer->step();
+      }
+      const NamedTensors trained = fsdp.full_parameters();
+      // The same arithmetic as the reference: the same bfloat16 values in, the same float32
+      // sums of two gradients (a sum of two is exact in either order).
+      expect_equal_parameters(trained, reference);
+      // The masters keep float32 precision: the updates did not round them to bfloat16.
+      double below_bfloat16 = 0;
+      for (const auto& [name, value] : trained) {
+        below_bfloat16 = std::max(
+            below_bfloat16, (value - value.to(at::kBFloat16).to(at::kFloat)).abs().max().item<double>());
+      }
+      EXPECT_GT(below_bfloat16, 0.0);
+    }
+  });
+}
+
+TEST(FullyShardedDataParallelTest, BFloat16ComputeCopiesGatherHalfTheBytes) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    // The ViT has no BatchNorm: the same units in both runs, gathered in 2 bytes or in 4.
+    FullyShardedDataParallelOptions float32_options;
+    float32_options.prefetch = false;
+    FullyShardedDataParallelOptions copies = bf16_compute_copies();
+    copies.prefetch = false;
+    std::vector<int64_t> peaks;
+    for (const auto& options : {float32_options, copies}) {
+      models::TrunkHeadModel model = make_model("vision_transformer", group.rank());
+      FullyShardedDataParallel fsdp(model, borrow(group), options);
+      train_step(0, group, 1, [&](const at::Tensor& images, bool) {
+        return fsdp.forward(images).to(at::kFloat);
+      });
+      peaks.push_back(fsdp.peak_gathered_bytes());
+    }
+    EXPECT_EQ(peaks[1] * 2, peaks[0]);
+  });
+}
+
+TEST(FullyShardedDataParallelTest, BFloat16GradientsOnGlooNeedFp32ReduceScatterOnOldLibtorch) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    FullyShardedDataParallelOptions options = bf16_compute_copies();
+    options.fp32_reduce_scatter = false;
+    models::TrunkHeadModel model = make_model("small_cnn", group.rank());
+    if (compat::kGlooReducesBFloat16) {
+      // libtorch 2.x: reduced in bfloat16; one step runs.
+      FullyShardedDataParallel fsdp(model, borrow(group), options);
+      train_step(0, group, 1, [&](const at::Tensor& images, bool) {
+        return fsdp.forward(images).to(at::kFloat);
+      });
+      EXPECT_TRUE(fsdp.shard_parameters().front().grad().defined());
+      return;
+    }
+    try {
+      FullyShardedDataParallel fsdp(model, borrow(group), options);
+      ADD_FAILURE() << "expected a ConfigError";
+    } catch (const ConfigError& error) {
+      EXPECT_NE(std::string(error.what()).find("fp32_reduce_scatter"), std::string::npos)
+          << error.what();
+    }
+  });
 }
 
 } // namespace

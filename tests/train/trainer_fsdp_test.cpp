@@ -7,6 +7,7 @@
 // offline; the combinations not built yet are clear errors.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
 #include <largo/train/sharded_checkpoint.h>
 
 #include "comm/distributed_test_util.h"
@@ -95,6 +96,94 @@ TEST(TrainerFsdpTest, AutocastWithTheShardedLossScalerTrainsLikeDdp) {
     // reduction order above) can flip one rounding, so the comparison is at bfloat16's
     // resolution (2^-8 relative) rather than float32's.
     expect_same_training(fsdp, ddp, 4e-3, "FSDP under bfloat16 autocast");
+  });
+}
+
+// FSDP's AMP_TYPE O2 with a bfloat16 AMP: compute copies of float32 shards, BatchNorm in
+// float32, the gradients reduced in float32.
+const Overrides kFsdpO2 = {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "MODEL.AMP_PARAMS.USE_AMP=True",
+                           "MODEL.AMP_PARAMS.DTYPE=bfloat16", "MODEL.FSDP_CONFIG.AMP_TYPE=O2",
+                           "MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"};
+
+TEST(TrainerFsdpTest, ComputeCopiesComputeLikeApexO2) {
+  // One process: FSDP's compute copies compute what Apex O2 computes (a bfloat16 model with
+  // float32 BatchNorm, inputs cast down, the loss in float32), so the first iteration's loss
+  // is Apex's, to the rounding of the conv weights' layouts (channels-last in the Apex
+  // model, contiguous in FSDP's flat buffers). After the first step the two part ways on
+  // purpose: Apex makes its float32 masters from the already-cast model, FSDP keeps the
+  // float32 weights as its masters (as FairScale does), and bfloat16 training amplifies
+  // that difference. The library test (BFloat16ComputeCopiesTrainFloat32MastersLikeApexO2)
+  // checks every step against masters made from the float32 weights.
+  const fs::path dir = test_dir();
+  const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False"};
+  auto single = comm::ProcessGroup::single_process();
+  const RunResult apex = train_run(
+      dir / "apex",
+      job + Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_TYPE=apex",
+                      "MODEL.AMP_PARAMS.AMP_ARGS.opt_level=O2", "MODEL.AMP_PARAMS.DTYPE=bfloat16"},
+      single);
+  const RunResult fsdp = train_run(dir / "fsdp", job + kFsdpO2, single);
+  ASSERT_FALSE(fsdp.summary.iteration_losses.empty());
+  EXPECT_NEAR(fsdp.summary.iteration_losses[0], apex.summary.iteration_losses[0], 1e-3);
+  // The masters the optimizer stepped keep float32 precision (Apex's model is bfloat16).
+  for (const auto& [name, value] : fsdp.parameters) {
+    EXPECT_EQ(value.scalar_type(), at::kFloat) << name;
+  }
+}
+
+TEST(TrainerFsdpTest, ComputeCopiesDoNotDependOnTheUnitLayout) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    // Every block a unit with prefetch, against one root unit (plus the float32 unit) kept
+    // from forward to backward: the same bfloat16 values meet the same ops, and the float32
+    // sums of two ranks' gradients are exact in any order.
+    const fs::path dir = test_dir();
+    const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False"};
+    const RunResult blocks = train_run(dir / "blocks", job + kFsdpO2, borrow(group));
+    expect_same_training(
+        train_run(dir / "root",
+                  job + kFsdpO2 +
+                      Overrides{"MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=100000000",
+                                "MODEL.FSDP_CONFIG.reshard_after_forward=False",
+                                "MODEL.FSDP_CONFIG.prefetch=False"},
+                  borrow(group)),
+        blocks, kTolerance, "FSDP compute copies, one root unit");
+  });
+}
+
+TEST(TrainerFsdpTest, ComputeCopiesResumeBitExactly) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    if (group.rank() == 0) {
+      fs::remove_all(dir);
+    }
+    group.barrier();
+    // The checkpoint holds the float32 masters (gathered from the shards, not the bfloat16
+    // copies): the resumed run casts the same copies again and continues bit for bit.
+    const Overrides job = Overrides{"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
+                                    "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"} +
+        kFsdpO2;
+    const RunResult reference = train_run(dir / "full", job, borrow(group));
+    const Overrides interrupted = job + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"};
+    ASSERT_TRUE(train_run(dir / "resumed", interrupted, borrow(group), 10).summary.interrupted);
+    group.barrier();
+    expect_resumed_bit_exactly(train_run(dir / "resumed", interrupted, borrow(group)), reference,
+                               8, fmt::format("rank {}", group.rank()));
+    // The model entry holds float32 values below bfloat16's resolution: the masters.
+    if (group.rank() == 0) {
+      const auto model = checkpoint::load_checkpoint(dir / "full" / "checkpoint.torch")
+                             .at("model")
+                             .toGenericDict();
+      double below_bfloat16 = 0;
+      for (const auto& item : model) {
+        const at::Tensor value = item.value().toTensor();
+        if (value.scalar_type() == at::kFloat) {
+          below_bfloat16 = std::max(
+              below_bfloat16,
+              (value - value.to(at::kBFloat16).to(at::kFloat)).abs().max().item<double>());
+        }
+      }
+      EXPECT_GT(below_bfloat16, 0.0);
+    }
   });
 }
 
@@ -214,10 +303,20 @@ TEST(TrainerFsdpConfigTest, CombinationsNotBuiltAreClearErrors) {
   EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"})
                 .find("fp32_reduce_scatter needs mixed_precision"),
             std::string::npos);
-  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.compute_dtype=float16"}).find("compute_dtype"),
+  // Compute copies need mixed precision (USE_AMP); without it FSDP's AMP_TYPE O2 changes
+  // nothing (as in VISSL), but an explicit half compute_dtype is an error.
+  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.compute_dtype=bfloat16"})
+                .find("compute_dtype bfloat16 needs mixed_precision"),
             std::string::npos);
-  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.AMP_TYPE=O2"}).find("compute_dtype float16"),
+  EXPECT_EQ(setup_error({"MODEL.FSDP_CONFIG.AMP_TYPE=O2"}), "(no error)");
+  // float16 compute copies need float16 kernels, which libtorch 1.13's CPU lacks.
+#if !LARGO_TORCH_AT_LEAST(2, 0)
+  EXPECT_NE(setup_error({"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.FSDP_CONFIG.AMP_TYPE=O2"})
+                .find("float16 on the CPU"),
             std::string::npos);
+#endif
+  // bfloat16 gradients cannot be reduced by 1.13's Gloo: fp32_reduce_scatter is required
+  // (checked when the group has more than one rank, in the distributed tests).
   EXPECT_NE(setup_error({"OPTIMIZER.use_zero=True"}).find("both on"), std::string::npos);
   try {
     trainer_options_from_config(synthetic_job_config(

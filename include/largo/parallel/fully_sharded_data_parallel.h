@@ -5,23 +5,25 @@
 // Units: the model (a trunk of blocks + a head, models/trunk_head_model.h) is cut into
 // units. Every trunk block with at least auto_wrap_threshold trainable parameter elements
 // (0: every block that has parameters) is a unit of its own; the remaining trainable
-// parameters (small blocks, the head) form the root unit.
+// parameters (small blocks, the head) form the root unit. With compute copies (below), the
+// parameters of the modules kept in float32 (BatchNorm) form one more unit, "float32".
 //
 // Storage: a unit's trainable parameters are laid out in one flat buffer of their dtype
-// (fp32 for now; flat_layout.h, padded to a multiple of the world size); rank r keeps only
-// its even slice of it, the *shard*, plus a gradient shard of the same size. The module's parameters stay the same
-// tensors (same names, shapes, autograd identity) but their data are views of the unit's
-// *full* flat buffer, whose storage is resized to 0 bytes while the unit is not needed and
-// re-allocated and all-gathered when it is. Freeing the storage in place, rather than
-// re-pointing the parameters, is what frees the memory: autograd keeps views of parameters
+// (flat_layout.h, padded to a multiple of the world size); rank r keeps only its even slice
+// of it, the *shard*, plus a gradient shard of the same size. The module's parameters stay
+// the same tensors (same names, shapes, autograd identity) but their data are views of the
+// unit's *full* flat buffer, whose storage is resized to 0 bytes while the unit is not
+// needed and re-allocated and all-gathered when it is. Freeing the storage in place, rather
+// than re-pointing the parameters, is what frees the memory: autograd keeps views of parameters
 // (a linear layer saves weight.t()), and those views share the storage and see the
 // re-gathered values in the backward (PyTorch's FSDP frees its flat parameter the same way).
 //
 // One training step:
 //   forward():  buffers broadcast from rank 0 (BatchNorm statistics, as DDP's
-//               broadcast_buffers); the root unit gathered and kept until the end of the
-//               backward; then per trunk block: gather its unit, run the block, free the
-//               unit again when reshard_after_forward (and hook its output, see below).
+//               broadcast_buffers); the root (and float32) unit gathered and kept until
+//               the end of the backward; then per trunk block: gather its unit, run the
+//               block, free the unit again when reshard_after_forward (and hook its
+//               output, see below).
 //   backward(): when the gradient of a unit's output arrives (a hook on that tensor, i.e.
 //               before the unit's own backward runs), the unit is gathered again; once every
 //               parameter of a unit has its gradient (post-hooks on the gradient
@@ -46,9 +48,20 @@
 // Activation checkpointing: forward(images, trunk) with CheckpointedTrunk::forward_trunk; the
 // recompute runs forward_blocks() again, which gathers each unit again.
 //
-// Not done yet (docs/fsdp.md): mixed precision with low-precision compute copies (fp16/bf16
-// parameters; autocast over the fp32 units works).
-// Frozen parameters (requires_grad false) are not sharded: every rank keeps them whole.
+// Mixed precision with compute copies (compute_dtype; FairScale's mixed_precision, VISSL's
+// FSDP AMP_TYPE O2): the shards stay float32 and are the master weights the optimizer
+// updates; a unit is gathered as a compute_dtype copy (the shard is cast, then all-gathered:
+// half the traffic and half the gathered memory), forward and backward run in that dtype
+// (forward() casts floating-point inputs to it), and the low-precision gradients are
+// reduce-scattered in compute_dtype, or in float32 with fp32_reduce_scatter, and added to
+// the float32 gradient shard. The modules keeps_fp32 selects (BatchNorm: its kernels take
+// low-precision inputs with float32 weights and statistics, as Apex's keep_batchnorm_fp32)
+// compute in float32 from the "float32" unit, gathered for the whole step like the root.
+// Without compute copies, autocast over the float32 units gives mixed precision too.
+//
+// Frozen parameters (requires_grad false) are not sharded: every rank keeps them whole (with
+// compute copies only in modules keeps_fp32 selects: a frozen float32 weight elsewhere would
+// meet low-precision inputs).
 // Between steps the module's trainable parameters have no memory behind them: do not read
 // them (full_parameters() gathers a copy).
 //
@@ -69,24 +82,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace largo::parallel {
-
-// How FullyShardedDataParallel cuts a model into units (see above), without sharding anything
-// or communicating: for the trainer's log and `largo estimate`.
-struct FsdpUnitPlan {
-  std::string name;   // "trunk.3" or "root"
-  int64_t block = -1; // the trunk block it wraps; -1 for the root unit
-  std::vector<std::string> param_names;
-  std::vector<at::Tensor> params;
-  int64_t numel = 0; // trainable parameter elements
-};
-std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
-                                           int64_t auto_wrap_threshold);
 
 struct FullyShardedDataParallelOptions {
   // MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD: a trunk block with at least this many trainable
@@ -100,19 +102,48 @@ struct FullyShardedDataParallelOptions {
   // Costs one more unit gathered at a time.
   bool prefetch = true;
   bool broadcast_buffers = true; // DISTRIBUTED.BROADCAST_BUFFERS: rank 0's buffers each forward
+  // MODEL.FSDP_CONFIG.compute_dtype with mixed_precision: gather and compute in this dtype
+  // (kHalf, kBFloat16) from the float32 shards (see "compute copies" above); nullopt: in the
+  // parameters' own dtype.
+  std::optional<at::ScalarType> compute_dtype;
+  // MODEL.FSDP_CONFIG.fp32_reduce_scatter: with compute copies, reduce-scatter the gradients
+  // in the shards' dtype (float32) rather than in compute_dtype. Needed on the Gloo of
+  // libtorch 1.13 for bfloat16, which it cannot reduce.
+  bool fp32_reduce_scatter = false;
+  // With compute copies: the modules whose parameters compute in float32 (Apex's
+  // keep_batchnorm_fp32; precision::is_batchnorm). Unset: none.
+  std::function<bool(const torch::nn::Module&)> keeps_fp32;
 };
+
+// How FullyShardedDataParallel cuts a model into units (see above), without sharding anything
+// or communicating: for the trainer's log and `largo estimate`.
+struct FsdpUnitPlan {
+  std::string name;   // "trunk.3", "root" or "float32"
+  int64_t block = -1; // the trunk block it wraps; -1 for the root and float32 units
+  std::vector<std::string> param_names;
+  std::vector<at::Tensor> params;
+  int64_t numel = 0; // trainable parameter elements
+  // The dtype it is gathered in: compute_dtype for a unit of compute copies, else (and for
+  // the float32 unit) nullopt, the parameters' own.
+  std::optional<at::ScalarType> compute_dtype;
+};
+// Uses auto_wrap_threshold, compute_dtype and keeps_fp32 of `options`.
+std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
+                                           const FullyShardedDataParallelOptions& options);
 
 class FullyShardedDataParallel {
  public:
   // One unit: its parameters, their place in the flat buffer and this rank's shard.
   struct Unit {
-    std::string name;   // "trunk.3" or "root"
-    int64_t block = -1; // the trunk block it wraps; -1 for the root unit
+    std::string name;   // "trunk.3", "root" or "float32"
+    int64_t block = -1; // the trunk block it wraps; -1: gathered for the whole step
     std::vector<std::string> param_names;
     std::vector<at::Tensor> params; // the module's parameters (views of `full`)
     FlatLayout layout{{}, 1};
-    at::Tensor full;       // [layout.padded_numel()]; storage of 0 bytes while freed
+    // [layout.padded_numel()], in the compute dtype; storage of 0 bytes while freed.
+    at::Tensor full;
     at::Tensor shard;      // [layout.shard_numel()]: this rank's slice, what the optimizer steps
+    at::Tensor gather_source; // the shard cast to full's dtype while its all-gather runs
     at::Tensor grad_shard; // [layout.shard_numel()]: reduced, averaged, accumulated gradients
     std::vector<ShardPiece> pieces;       // this rank's pieces of the parameters
     std::vector<at::Tensor> piece_params; // views of `shard` for `pieces` (.grad: of grad_shard)
@@ -127,8 +158,10 @@ class FullyShardedDataParallel {
 
   // Broadcasts rank 0's parameters and buffers (a collective), cuts `model` into units and
   // keeps this rank's shard of each (the full buffers start freed). Throws ConfigError for
-  // a negative auto_wrap_threshold, and largo::Error for trainable parameters that are not
-  // floating point or not all on one device and dtype within a unit.
+  // a negative auto_wrap_threshold, and for bfloat16 gradients to reduce on a Gloo that
+  // cannot (libtorch 1.13 without fp32_reduce_scatter); largo::Error for trainable
+  // parameters that are not floating point or not all on one device and dtype within a
+  // unit, and for frozen parameters outside keeps_fp32 modules with compute copies.
   FullyShardedDataParallel(
       models::TrunkHeadModel model,
       std::shared_ptr<comm::ProcessGroup> group,
@@ -143,7 +176,8 @@ class FullyShardedDataParallel {
       std::function<at::Tensor(const at::Tensor& images, const TrunkBlockRunner& run_blocks)>;
 
   // The model's forward (images -> head output), gathering unit by unit as described
-  // above. Collective. Under torch::NoGradGuard every unit is freed before it returns.
+  // above; with compute copies, floating-point images are cast to compute_dtype and the
+  // output is in it. Collective. Under torch::NoGradGuard every unit is freed before it returns.
   // With `trunk`, the trunk runs through it, its blocks through forward_blocks(): activation
   // checkpointing, whose recompute (in the backward) gathers each unit again.
   at::Tensor forward(const at::Tensor& images, const TrunkForward& trunk = {});
@@ -179,8 +213,9 @@ class FullyShardedDataParallel {
   // Returns the total norm before clipping. Collective. Call after backward, before step.
   double clip_grad_norm(double max_norm, double norm_type = 2.0);
 
-  // Every trainable parameter's full value, by name in the model's order (a copy), gathered
-  // one unit at a time. Collective. For tests and small models: it holds the whole model.
+  // Every trainable parameter's full value, by name in the model's order (a copy of the
+  // shards' dtype: the float32 masters with compute copies), gathered one unit at a time.
+  // Collective. For tests and small models: it holds the whole model.
   std::vector<std::pair<std::string, at::Tensor>> full_parameters();
 
   // The whole model state for a checkpoint: every parameter (sharded ones gathered one unit
@@ -235,8 +270,9 @@ class FullyShardedDataParallel {
   void attach_piece_gradients(Unit& unit);
   void on_gradient_ready(size_t param_index);
   void on_backward_end();
-  // Gathers the units one at a time (collective) and, when `keep`, returns `copy` of each of
-  // their parameters by name.
+  // Gathers the units' shards one at a time into a scratch buffer of the shards' dtype (so
+  // the float32 masters, not the compute copies; collective) and, when `keep`, returns `copy`
+  // of each of their parameters by name.
   std::unordered_map<std::string, at::Tensor> copy_units(
       bool keep, const std::function<at::Tensor(const at::Tensor&)>& copy);
 

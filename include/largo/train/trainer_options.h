@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -106,11 +107,20 @@ struct FsdpOptions {
   int64_t auto_wrap_threshold = 0;   // AUTO_WRAP_THRESHOLD
   bool reshard_after_forward = true; // reshard_after_forward
   bool prefetch = true;              // Largo extension: prefetch the next unit's all-gather
-  // mixed_precision with compute_dtype float32 (what AUTO_SETUP_FSDP sets): float32 units,
-  // the forward under autocast (MODEL.AMP_PARAMS); fp32_reduce_scatter needs it.
+  // mixed_precision (MODEL.AMP_PARAMS.USE_AMP) with compute_dtype float32: float32 units, the
+  // forward under autocast; with float16 or bfloat16: compute copies of float32 shards
+  // (FullyShardedDataParallelOptions::compute_dtype). fp32_reduce_scatter needs it.
   bool mixed_precision = false;
   bool fp32_reduce_scatter = false;
-  std::string compute_dtype = "float32";
+  std::string compute_dtype = "float32"; // float32 | float16 | bfloat16
+
+  // The dtype of FSDP's compute copies, or nullopt for float32 units (autocast, if AMP is on).
+  std::optional<at::ScalarType> compute_copies() const {
+    if (!enabled || !mixed_precision || compute_dtype == "float32") {
+      return std::nullopt;
+    }
+    return compute_dtype == "bfloat16" ? at::kBFloat16 : at::kHalf;
+  }
 };
 
 struct TrainerOptions {

@@ -29,7 +29,8 @@ StateDict model_state_dict(const torch::nn::Module& module) {
   return state;
 }
 
-void check_model_state_dict(const torch::nn::Module& module, const StateDict& state) {
+void check_model_state_dict(const torch::nn::Module& module, const StateDict& state,
+                            bool exact_floating_dtypes) {
   const auto tensors = named_tensors(module);
   std::vector<std::string> missing;
   std::vector<std::string> mismatched;
@@ -44,7 +45,9 @@ void check_model_state_dict(const torch::nn::Module& module, const StateDict& st
       continue;
     }
     const at::Tensor& saved = it->value().toTensor();
-    if (saved.sizes() != tensor.sizes() || saved.scalar_type() != tensor.scalar_type()) {
+    const bool same_dtype = saved.scalar_type() == tensor.scalar_type() ||
+        (!exact_floating_dtypes && saved.is_floating_point() && tensor.is_floating_point());
+    if (saved.sizes() != tensor.sizes() || !same_dtype) {
       mismatched.push_back(fmt::format("{} (checkpoint {} {}, model {} {})", name,
                                        c10::str(saved.sizes()), c10::toString(saved.scalar_type()),
                                        c10::str(tensor.sizes()), c10::toString(tensor.scalar_type())));

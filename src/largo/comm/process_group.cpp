@@ -20,6 +20,15 @@
 namespace largo::comm {
 namespace {
 
+// What Gloo moves for a collective that only copies (broadcast, all-gather): bfloat16
+// reinterpreted, bit for bit, as float16 (2 bytes too, and a type the Gloo of libtorch 1.13
+// takes, which rejects bfloat16 and 16-bit integers: "Invalid scalar type"). Nothing is
+// computed on the values, so what they mean as float16 does not matter. FSDP's bfloat16
+// compute copies are all-gathered this way.
+at::Tensor as_gloo_payload(const at::Tensor& tensor) {
+  return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
+}
+
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -341,7 +350,8 @@ Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) {
   }
   LARGO_WORK_STATE("broadcast", tensor);
   return launch(state->what, [&] {
-    std::vector<at::Tensor> tensors{tensor};
+    std::vector<at::Tensor> tensors{
+        impl_->backend_name == "gloo" ? as_gloo_payload(tensor) : tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     state->work = impl_->backend->broadcast(tensors, options);
@@ -433,7 +443,7 @@ Work ProcessGroup::all_gather_async(const at::Tensor& output, const at::Tensor& 
       own.copy_(input.reshape({-1}));
     }
     for (int r = 0; r < impl_->world_size; ++r) {
-      std::vector<at::Tensor> part{flat_output.narrow(0, r * n, n)};
+      std::vector<at::Tensor> part{as_gloo_payload(flat_output.narrow(0, r * n, n))};
       c10d::BroadcastOptions options;
       options.rootRank = r;
       auto work = impl_->backend->broadcast(part, options);

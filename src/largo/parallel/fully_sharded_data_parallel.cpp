@@ -1,6 +1,7 @@
 #include <largo/parallel/fully_sharded_data_parallel.h>
 
 #include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
 #include <largo/optim/grad_clipping.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/grad_ready_hooks.h>
@@ -44,48 +45,66 @@ int64_t full_bytes(const FullyShardedDataParallel::Unit& unit) {
 } // namespace
 
 std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
-                                           int64_t auto_wrap_threshold) {
+                                           const FullyShardedDataParallelOptions& options) {
+  // With compute copies, the parameters of the modules kept in float32 go to a unit of
+  // their own, whatever block they are in.
+  std::unordered_set<std::string> float32_names;
+  if (options.compute_dtype && options.keeps_fp32) {
+    for (const auto& item : model->named_modules()) {
+      if (!options.keeps_fp32(*item.value())) {
+        continue;
+      }
+      for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+        float32_names.insert(item.key().empty() ? param.key() : item.key() + "." + param.key());
+      }
+    }
+  }
   std::vector<FsdpUnitPlan> units;
   std::vector<std::string> unit_prefixes;
   for (int64_t b = 0; b < model->num_trunk_blocks(); ++b) {
+    const std::string prefix = fmt::format("trunk.{}.", b);
     int64_t numel = 0;
     bool trainable = false;
-    for (const at::Tensor& param : model->trunk_block(b)->parameters()) {
-      if (param.requires_grad()) {
-        numel += param.numel();
+    for (const auto& item : model->trunk_block(b)->named_parameters()) {
+      if (item.value().requires_grad() && float32_names.count(prefix + item.key()) == 0) {
+        numel += item.value().numel();
         trainable = true;
       }
     }
-    if (trainable && numel >= auto_wrap_threshold) {
+    if (trainable && numel >= options.auto_wrap_threshold) {
       units.emplace_back();
       units.back().name = fmt::format("trunk.{}", b);
       units.back().block = b;
-      unit_prefixes.push_back(fmt::format("trunk.{}.", b));
+      units.back().compute_dtype = options.compute_dtype;
+      unit_prefixes.push_back(prefix);
     }
   }
   const size_t root = units.size();
   units.emplace_back();
   units.back().name = "root";
+  units.back().compute_dtype = options.compute_dtype;
+  const size_t float32 = units.size();
+  units.emplace_back();
+  units.back().name = "float32";
   std::unordered_set<const c10::TensorImpl*> seen; // a shared parameter belongs to one unit
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
     const at::Tensor& param = item.value();
     if (!param.requires_grad() || !seen.insert(param.unsafeGetTensorImpl()).second) {
       continue;
     }
-    size_t unit = root;
-    for (size_t u = 0; u < unit_prefixes.size(); ++u) {
+    size_t unit = float32_names.count(item.key()) > 0 ? float32 : root;
+    for (size_t u = 0; unit == root && u < unit_prefixes.size(); ++u) {
       if (item.key().rfind(unit_prefixes[u], 0) == 0) {
         unit = u;
-        break;
       }
     }
     units[unit].param_names.push_back(item.key());
     units[unit].params.push_back(param);
     units[unit].numel += param.numel();
   }
-  if (units[root].params.empty()) {
-    units.pop_back();
-  }
+  units.erase(std::remove_if(units.begin() + static_cast<std::ptrdiff_t>(root), units.end(),
+                             [](const FsdpUnitPlan& unit) { return unit.params.empty(); }),
+              units.end());
   return units;
 }
 
@@ -110,6 +129,17 @@ FullyShardedDataParallel::FullyShardedDataParallel(
         "has parameters), got {}",
         options_.auto_wrap_threshold));
   }
+  if (options_.compute_dtype && !options_.fp32_reduce_scatter &&
+      *options_.compute_dtype == at::kBFloat16 && group_->world_size() > 1 &&
+      group_->backend() == "gloo" &&
+      !compat::kGlooReducesBFloat16) {
+    throw ConfigError(fmt::format(
+        "FSDP with bfloat16 compute copies reduces bfloat16 gradients, which the Gloo backend "
+        "of this libtorch ({}) cannot; set MODEL.FSDP_CONFIG.fp32_reduce_scatter True (the "
+        "gradients are then reduced in float32)",
+        TORCH_VERSION));
+  }
+
   const int rank = group_->rank();
   const int world_size = group_->world_size();
   torch::NoGradGuard no_grad;
@@ -120,24 +150,47 @@ FullyShardedDataParallel::FullyShardedDataParallel(
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   broadcast_coalesced(*group_, state, 0);
 
-  // Units: trunk blocks with enough trainable parameter elements, then the root.
+  // Units: trunk blocks with enough trainable parameter elements, then the root (and the
+  // float32 unit).
   const int64_t num_blocks = model_->num_trunk_blocks();
   unit_of_block_.assign(static_cast<size_t>(num_blocks), -1);
   position_of_block_.assign(static_cast<size_t>(num_blocks), 0);
-  for (FsdpUnitPlan& plan : plan_fsdp_units(model_, options_.auto_wrap_threshold)) {
+  std::vector<at::ScalarType> gathered_dtypes;
+  for (FsdpUnitPlan& plan : plan_fsdp_units(model_, options_)) {
     if (plan.block >= 0) {
       unit_of_block_[static_cast<size_t>(plan.block)] = static_cast<int64_t>(units_.size());
       position_of_block_[static_cast<size_t>(plan.block)] = block_units_.size();
       block_units_.push_back(units_.size());
     }
+    gathered_dtypes.push_back(plan.compute_dtype.value_or(plan.params.front().scalar_type()));
     units_.emplace_back();
     units_.back().name = std::move(plan.name);
     units_.back().block = plan.block;
     units_.back().param_names = std::move(plan.param_names);
     units_.back().params = std::move(plan.params);
   }
+  if (options_.compute_dtype) {
+    std::unordered_set<const c10::TensorImpl*> sharded;
+    for (const Unit& unit : units_) {
+      for (const at::Tensor& param : unit.params) {
+        sharded.insert(param.unsafeGetTensorImpl());
+      }
+    }
+    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+      if (sharded.count(item.value().unsafeGetTensorImpl()) == 0 &&
+          item.value().is_floating_point() &&
+          item.value().scalar_type() != *options_.compute_dtype) {
+        throw Error(fmt::format(
+            "FullyShardedDataParallel with {} compute copies: the frozen parameter {} is not "
+            "sharded and stays {}, which would meet {} inputs; make it trainable or cast it",
+            c10::toString(*options_.compute_dtype), item.key(),
+            c10::toString(item.value().scalar_type()), c10::toString(*options_.compute_dtype)));
+      }
+    }
+  }
 
-  // Each unit's parameters become views of its full flat buffer; this rank keeps its slice.
+  // Each unit's parameters become views of its full flat buffer (of the compute dtype); this
+  // rank keeps its slice of the parameters' own values (the float32 masters).
   std::vector<at::Tensor> hooked;
   for (size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
@@ -161,18 +214,23 @@ FullyShardedDataParallel::FullyShardedDataParallel(
       numels.push_back(param.numel());
     }
     unit.layout = FlatLayout(numels, world_size);
-    unit.full = at::zeros({unit.layout.padded_numel()}, first.options().requires_grad(false));
+    at::Tensor values =
+        at::zeros({unit.layout.padded_numel()}, first.options().requires_grad(false));
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      values.narrow(0, unit.layout.offset(i), unit.params[i].numel())
+          .view(unit.params[i].sizes())
+          .copy_(unit.params[i]);
+    }
+    const int64_t shard_numel = unit.layout.shard_numel();
+    unit.shard = values.narrow(0, rank * shard_numel, shard_numel).clone();
+    unit.full = gathered_dtypes[u] == values.scalar_type() ? values : values.to(gathered_dtypes[u]);
     for (size_t i = 0; i < unit.params.size(); ++i) {
       at::Tensor& param = unit.params[i];
-      at::Tensor view =
-          unit.full.narrow(0, unit.layout.offset(i), param.numel()).view(param.sizes());
-      view.copy_(param);
-      param.set_data(view);
+      param.set_data(
+          unit.full.narrow(0, unit.layout.offset(i), param.numel()).view(param.sizes()));
       hooked_params_.emplace_back(u, i);
       hooked.push_back(param);
     }
-    const int64_t shard_numel = unit.layout.shard_numel();
-    unit.shard = unit.full.narrow(0, rank * shard_numel, shard_numel).clone();
     unit.grad_shard = at::zeros_like(unit.shard);
     unit.pieces = unit.layout.pieces_of_rank(rank);
     for (const ShardPiece& piece : unit.pieces) {
@@ -206,7 +264,11 @@ void FullyShardedDataParallel::start_gather(Unit& unit) {
   }
   torch::NoGradGuard no_grad;
   resize_storage(unit.full, static_cast<size_t>(full_bytes(unit)));
-  unit.pending = group_->all_gather_async(unit.full, unit.shard);
+  // Compute copies: the shard is cast first, so the all-gather moves the low precision.
+  unit.gather_source = unit.full.scalar_type() == unit.shard.scalar_type()
+      ? unit.shard
+      : unit.shard.to(unit.full.scalar_type());
+  unit.pending = group_->all_gather_async(unit.full, unit.gather_source);
   unit.in_flight = true;
   unit.gathered = true;
   gathered_bytes_ += full_bytes(unit);
@@ -218,6 +280,7 @@ void FullyShardedDataParallel::gather(Unit& unit) {
   if (unit.in_flight) {
     unit.in_flight = false;
     unit.pending.wait();
+    unit.gather_source = at::Tensor();
   }
 }
 
@@ -228,6 +291,7 @@ void FullyShardedDataParallel::free(Unit& unit) {
   if (unit.in_flight) { // the collective writes into the storage until it is done
     unit.in_flight = false;
     unit.pending.wait();
+    unit.gather_source = at::Tensor();
   }
   resize_storage(unit.full, 0);
   unit.gathered = false;
@@ -244,16 +308,21 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images, const Tru
   if (options_.broadcast_buffers && !buffers_.empty()) {
     broadcast_coalesced(*group_, buffers_, 0);
   }
-  const bool root_is_unit = !units_.empty() && units_.back().block < 0;
-  if (root_is_unit) {
-    // Kept through the backward: the head's parameters are needed at its very start.
-    gather(units_.back());
+  for (Unit& unit : units_) {
+    if (unit.block < 0) {
+      // Kept through the backward: the head's parameters are needed at its very start, the
+      // float32 unit's throughout.
+      gather(unit);
+    }
   }
   TrunkBlockRunner run_blocks = [this](const at::Tensor& x, int64_t begin, int64_t end) {
     return forward_blocks(x, begin, end);
   };
+  const at::Tensor input = options_.compute_dtype && images.is_floating_point()
+      ? images.to(*options_.compute_dtype)
+      : images;
   at::Tensor features =
-      trunk ? trunk(images, run_blocks) : forward_blocks(images, 0, model_->num_trunk_blocks());
+      trunk ? trunk(input, run_blocks) : forward_blocks(input, 0, model_->num_trunk_blocks());
   at::Tensor output = model_->forward_head(features);
   if (!output.requires_grad()) {
     // No backward will follow (inference, or nothing trainable in use).
@@ -324,7 +393,12 @@ void FullyShardedDataParallel::on_gradient_ready(size_t param_index) {
 
 void FullyShardedDataParallel::reduce_gradients(Unit& unit) {
   torch::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({unit.layout.padded_numel()}, unit.shard.options());
+  // Compute copies: the gradients are in the compute dtype; reduced in it, or in the
+  // shards' dtype with fp32_reduce_scatter, and added to the shard in the shards' dtype.
+  const at::ScalarType reduce_dtype =
+      options_.fp32_reduce_scatter ? unit.shard.scalar_type() : unit.full.scalar_type();
+  at::Tensor flat =
+      at::zeros({unit.layout.padded_numel()}, unit.shard.options().dtype(reduce_dtype));
   for (size_t i = 0; i < unit.params.size(); ++i) {
     at::Tensor& param = unit.params[i];
     if (param.grad().defined()) {
@@ -332,7 +406,7 @@ void FullyShardedDataParallel::reduce_gradients(Unit& unit) {
       param.mutable_grad().reset(); // the full gradient is freed
     }
   }
-  at::Tensor reduced = at::empty({unit.layout.shard_numel()}, unit.shard.options());
+  at::Tensor reduced = at::empty({unit.layout.shard_numel()}, flat.options());
   group_->reduce_scatter(reduced, flat);
   reduced.div_(group_->world_size());
   // The optimizer's zero_grad(set_to_none) dropped the pieces' gradients: the shard counts
@@ -452,13 +526,12 @@ std::unordered_map<std::string, at::Tensor> FullyShardedDataParallel::copy_units
   torch::NoGradGuard no_grad;
   std::unordered_map<std::string, at::Tensor> copies;
   for (Unit& unit : units_) {
-    const bool was_gathered = unit.gathered;
-    gather(unit);
+    at::Tensor values = at::empty({unit.layout.padded_numel()}, unit.shard.options());
+    group_->all_gather(values, unit.shard);
     for (size_t i = 0; keep && i < unit.params.size(); ++i) {
-      copies.emplace(unit.param_names[i], copy(unit.params[i]));
-    }
-    if (!was_gathered) {
-      free(unit);
+      copies.emplace(unit.param_names[i],
+                     copy(values.narrow(0, unit.layout.offset(i), unit.params[i].numel())
+                              .view(unit.params[i].sizes())));
     }
   }
   return copies;

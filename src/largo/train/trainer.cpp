@@ -24,6 +24,7 @@
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
 #include <largo/precision/mixed_precision.h>
+#include <largo/precision/model_cast.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
@@ -133,11 +134,10 @@ void check_fsdp_supported(const TrainerOptions& options,
         "mixed_precision on with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set "
         "fp32_reduce_scatter to False");
   }
-  if (fsdp.compute_dtype != "float32") {
+  if (fsdp.compute_dtype != "float32" && !fsdp.mixed_precision) {
     throw ConfigError(fmt::format(
-        "MODEL.FSDP_CONFIG.compute_dtype {}: half-precision compute copies of the FSDP units are "
-        "not built in this version of Largo; use compute_dtype float32 (what AUTO_SETUP_FSDP "
-        "sets), with MODEL.AMP_PARAMS.USE_AMP for an autocast forward",
+        "MODEL.FSDP_CONFIG.compute_dtype {} needs mixed_precision (AUTO_SETUP_FSDP turns it on "
+        "with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set compute_dtype float32",
         fsdp.compute_dtype));
   }
   if (options.zero.shard_optimizer_state) {
@@ -148,7 +148,8 @@ void check_fsdp_supported(const TrainerOptions& options,
   }
   if (policy.cast_model || policy.master_weights) {
     throw ConfigError(fmt::format(
-        "FSDP with {}: FSDP keeps float32 units and runs mixed precision through autocast "
+        "FSDP with {}: FSDP makes its own low-precision copies of float32 shards "
+        "(MODEL.FSDP_CONFIG.AMP_TYPE O2 or compute_dtype) or runs autocast over float32 units "
         "(MODEL.AMP_PARAMS.AMP_TYPE pytorch, which AUTO_SETUP_FSDP selects)",
         policy.describe()));
   }
@@ -161,12 +162,19 @@ void log_fsdp_units(const parallel::FullyShardedDataParallel& fsdp,
     units.push_back(fmt::format("{} ({} parameters)", unit.name, unit.layout.total_numel()));
   }
   const auto& options = fsdp.options();
+  const std::string compute =
+      options.compute_dtype
+      ? fmt::format("{} compute copies of float32 shards (BatchNorm in float32), gradients "
+                    "reduced in {}",
+                    c10::toString(*options.compute_dtype),
+                    options.fp32_reduce_scatter ? "float32" : c10::toString(*options.compute_dtype))
+      : std::string("compute in the parameters' dtype");
   spdlog::info("ZeRO stage 3 (FSDP): parameters, gradients and optimizer state ({}{}) sharded "
                "over {} rank(s), {:.2f} MiB of parameter shards per rank; units: {}; "
-               "reshard_after_forward {}, prefetch {}",
+               "reshard_after_forward {}, prefetch {}; {}",
                spec.name, spec.use_larc ? " with LARC" : "", fsdp.process_group().world_size(),
                static_cast<double>(fsdp.shard_bytes()) / (1024.0 * 1024.0),
-               fmt::join(units, ", "), options.reshard_after_forward, options.prefetch);
+               fmt::join(units, ", "), options.reshard_after_forward, options.prefetch, compute);
 }
 
 } // namespace
@@ -375,7 +383,15 @@ void Trainer::State::setup() {
   if (world_size > 1) {
     scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
   }
-  const precision::PrecisionPolicy precision_policy = precision::resolve_precision_policy(options.amp);
+  precision::PrecisionPolicy precision_policy = precision::resolve_precision_policy(options.amp);
+  const std::optional<at::ScalarType> compute_copies = options.fsdp.compute_copies();
+  if (compute_copies) {
+    // FSDP casts its gathered units and the inputs (as Apex O2 casts the model), and its
+    // float32 shards are the master weights: no autocast, no model cast; the loss scaling
+    // stays the dtype's (dynamic for float16).
+    precision_policy.opt_level = precision::OptLevel::kO2;
+    precision_policy.autocast = false;
+  }
   if (world_size > 1) {
     precision::check_policy_supported_by_backend(precision_policy, group->backend());
   }
@@ -417,6 +433,11 @@ void Trainer::State::setup() {
     fsdp_options.reshard_after_forward = options.fsdp.reshard_after_forward;
     fsdp_options.prefetch = options.fsdp.prefetch;
     fsdp_options.broadcast_buffers = options.distributed.broadcast_buffers;
+    fsdp_options.compute_dtype = compute_copies;
+    fsdp_options.fp32_reduce_scatter = options.fsdp.fp32_reduce_scatter;
+    fsdp_options.keeps_fp32 = [](const torch::nn::Module& module) {
+      return precision::is_batchnorm(module);
+    };
     fsdp = std::make_unique<parallel::FullyShardedDataParallel>(model, group, fsdp_options);
     optimizer = fsdp->make_optimizer(param_groups, make_base_optimizer);
   } else if (options.zero.shard_optimizer_state) {
@@ -562,7 +583,8 @@ bool Trainer::State::resume() {
   }
   const auto model_state = entry("model").toGenericDict();
   if (fsdp) { // each rank keeps its shard of the whole values
-    checkpoint::check_model_state_dict(*model, model_state);
+    checkpoint::check_model_state_dict(*model, model_state,
+                                       /*exact_floating_dtypes=*/!fsdp->options().compute_dtype);
     std::unordered_map<std::string, at::Tensor> values;
     for (const auto& item : model_state) {
       values.emplace(item.key().toStringRef(), item.value().toTensor());
@@ -740,10 +762,18 @@ void Trainer::State::log_model_state_bytes() {
   if (masters) {
     estimate_options.master_weights_dtype = at::kFloat;
   }
-  const parallel::ModelStateBytes estimated = parallel::estimate_model_state_bytes(
-      masters || fsdp ? parallel::parameter_sizes(*model)
-                      : parallel::parameter_sizes(*model, optimizer->param_groups()),
-      estimate_options);
+  std::vector<parallel::ParameterSize> sizes = masters || fsdp
+      ? parallel::parameter_sizes(*model)
+      : parallel::parameter_sizes(*model, optimizer->param_groups());
+  if (fsdp && fsdp->options().compute_dtype) {
+    for (auto& size : sizes) { // the model's parameters are views of the compute copies
+      if (size.trained) {
+        size.dtype = fsdp->units().front().shard.scalar_type();
+      }
+    }
+  }
+  const parallel::ModelStateBytes estimated =
+      parallel::estimate_model_state_bytes(sizes, estimate_options);
   constexpr double kMiB = 1024.0 * 1024.0;
   spdlog::info("model state on rank {} (ZeRO stage {}), measured / estimated: parameters "
                "{:.2f} / {:.2f} MiB, gradients {:.2f} / {:.2f} MiB, optimizer state {:.2f} / "

@@ -276,10 +276,13 @@ void amp_options_from(const Config& config, TrainerOptions& options) {
 } // namespace
 
 // MODEL.FSDP_CONFIG (ZeRO stage 3, docs/fsdp.md). AUTO_SETUP_FSDP turns it on and, as VISSL
-// does, derives the rest from MODEL.AMP_PARAMS: AMP on selects AMP_TYPE pytorch (autocast +
-// GradScaler) and mixed_precision with compute_dtype float32; AMP off turns mixed_precision
-// and fp32_reduce_scatter off. The combinations this version cannot run are ConfigErrors
-// raised when the trainer starts (trainer.cpp: check_fsdp_supported).
+// does, derives the rest from MODEL.AMP_PARAMS: AMP on selects AMP_TYPE pytorch and
+// mixed_precision, computing in float32 under autocast with FSDP's AMP_TYPE O1, or in
+// compute copies of MODEL.AMP_PARAMS.DTYPE (float16 unless set) with O2; AMP off turns
+// mixed_precision off and computes in float32 (FSDP's AMP_TYPE then changes nothing). An
+// explicit compute_dtype float16 or bfloat16 with O1 asks for compute copies too (a Largo
+// extension), and is the dtype the loss scaler then plans for; without AMP it is an error. The combinations this version cannot run
+// are ConfigErrors raised when the trainer starts (trainer.cpp: check_fsdp_supported).
 void fsdp_options_from(const Config& config, TrainerOptions& options) {
   const std::string prefix = "MODEL.FSDP_CONFIG.";
   auto& fsdp = options.fsdp;
@@ -293,19 +296,23 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
           "an integer >= 0 (0 wraps every trunk block that has parameters)");
   const std::string amp_type = config.get_string(prefix + "AMP_TYPE");
   require(amp_type == "01" || amp_type == "O1" || amp_type == "O2", prefix + "AMP_TYPE", amp_type,
-          "O1 (float32 compute; VISSL's default \"01\" reads the same) or O2");
+          "O1 (float32 compute; VISSL's default \"01\" reads the same) or O2 (compute copies in "
+          "MODEL.AMP_PARAMS.DTYPE)");
   fsdp.compute_dtype = config.get_string(prefix + "compute_dtype");
-  require(fsdp.compute_dtype == "float32" || fsdp.compute_dtype == "float16",
-          prefix + "compute_dtype", fsdp.compute_dtype, "float32 or float16");
-  if (amp_type == "O2") {
-    fsdp.compute_dtype = "float16"; // VISSL: O2 computes with float16 copies
-  }
+  require(fsdp.compute_dtype == "float32" || fsdp.compute_dtype == "float16" ||
+              fsdp.compute_dtype == "bfloat16",
+          prefix + "compute_dtype", fsdp.compute_dtype, "float32, float16 or bfloat16");
   fsdp.reshard_after_forward = config.get_bool(prefix + "reshard_after_forward");
   fsdp.prefetch = config.get_bool(prefix + "prefetch");
   fsdp.mixed_precision = options.amp.use_amp;
   fsdp.fp32_reduce_scatter = config.get_bool(prefix + "fp32_reduce_scatter");
   if (options.amp.use_amp) {
     options.amp.amp_type = "pytorch"; // VISSL forces it for FSDP; apex's O2/O3 casts do not apply
+    if (amp_type == "O2") {
+      fsdp.compute_dtype = options.amp.dtype; // VISSL: O2 computes with float16 copies
+    } else if (fsdp.compute_dtype != "float32") {
+      options.amp.dtype = fsdp.compute_dtype;
+    }
   }
   // flatten_parameters: units are always flat here (with LARC too: its per-parameter norms
   // are completed across ranks). bucket_cap_mb: each unit is reduce-scattered on its own.
