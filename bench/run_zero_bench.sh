@@ -5,7 +5,8 @@
 # optimizer. Prints, per stage: per-rank model-state memory measured, estimated
 # (parallel/memory_estimate.h) and by the ZeRO paper's formula; step time relative to
 # Largo's DDP; Largo's stage 1 against PyTorch's ZeroRedundancyOptimizer; stage 3 (FSDP) with
-# and without prefetch, and the most full-unit bytes it gathered at once. (PyTorch's FSDP is
+# and without prefetch, and with bfloat16 compute copies, and the most full-unit bytes it
+# gathered at once. (PyTorch's FSDP is
 # not run: Debian's 1.13 build cannot import torch.distributed.fsdp on Python 3.11, and 1.13's
 # FSDP needs CUDA.) Each round runs
 # the Largo stages then the PyTorch variants (alternating which side goes first); the table
@@ -77,7 +78,9 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     if r["impl"] == "largo":
         no_prefetch = r["stage"] == 3 and not r.get("prefetch", True)
-        key = ("largo", f"stage {r['stage']}" + (" no prefetch" if no_prefetch else ""))
+        copies = r.get("compute_dtype", "float32") == "bfloat16"
+        key = ("largo", f"stage {r['stage']}" + (" no prefetch" if no_prefetch else "") +
+               (" bf16 copies" if copies else ""))
     else:
         key = ("pytorch", r["variant"])
     runs[key].append(r)
@@ -130,7 +133,8 @@ if ("largo", "stage 2") in ms:
     failed |= not ok
     print(f"Largo stage 2 / Largo DDP throughput: {ratio:.2f}x (target >= 1.0x) "
           f"{'ok' if ok else 'MISSED'}")
-for key in (("largo", "stage 3"), ("largo", "stage 3 no prefetch")):
+for key in (("largo", "stage 3"), ("largo", "stage 3 no prefetch"),
+            ("largo", "stage 3 bf16 copies")):
     if key in runs:
         r = runs[key][-1]
         print(f"{key[1]}: at most {r['peak_gathered_bytes'] / MiB:.1f} MiB of full units gathered "
@@ -141,6 +145,11 @@ if ("largo", "stage 3") in ms and ("largo", "stage 3 no prefetch") in ms:
     failed |= not ok
     print(f"Largo stage 3 with prefetch / without: {ratio:.2f}x throughput (target > 1.0x) "
           f"{'ok' if ok else 'MISSED'}")
+if ("largo", "stage 3") in ms and ("largo", "stage 3 bf16 copies") in ms:
+    print(f"Largo stage 3 bfloat16 compute copies / float32 units: "
+          f"{ms[('largo', 'stage 3')] / ms[('largo', 'stage 3 bf16 copies')]:.2f}x throughput, "
+          f"{runs[('largo', 'stage 3 bf16 copies')][-1]['peak_gathered_bytes'] / runs[('largo', 'stage 3')][-1]['peak_gathered_bytes']:.2f}x "
+          f"the gathered bytes")
 if ("pytorch", "ddp") in ms:
     print(f"Largo DDP / PyTorch DDP throughput: {ms[('pytorch', 'ddp')] / ddp:.2f}x")
 sys.exit(1 if failed else 0)

@@ -6,10 +6,13 @@
 // Usage: zero_bench [--stages 0,1,2,3] [--optimizer adamw|sgd] [--input N] [--width N]
 //                   [--depth N] [--classes N] [--batch N] [--warmup W] [--steps S]
 //                   [--threads T] [--stage3_prefetch on,off]
+//                   [--stage3_compute float32,bfloat16]
 // For each stage: a fresh model (same seed), DDP + the optimizer (0), DDP + ShardedOptimizer
 // (1), ShardedDataParallel + ShardedOptimizer (2), FullyShardedDataParallel with every
 // (Linear, ReLU) block a unit and the last Linear the root unit (3; once with prefetch and once
-// without, as --stage3_prefetch lists); W untimed steps, then S timed steps
+// without, as --stage3_prefetch lists; with prefetch also with bfloat16 compute copies of its
+// float32 shards, gradients reduced in float32, as --stage3_compute lists); W untimed steps,
+// then S timed steps
 // (zero_grad -> forward -> cross-entropy -> backward -> step, each a full iteration). After
 // the last step, before zero_grad, each rank measures the bytes it holds
 // (parallel::measure_model_state_bytes) next to the estimate and the ZeRO formula
@@ -43,6 +46,7 @@ using largo::parallel::ModelStateBytes;
 struct BenchOptions {
   std::vector<int> stages{0, 1, 2, 3};
   std::vector<bool> stage3_prefetch{true, false};
+  std::vector<std::string> stage3_compute{"float32", "bfloat16"};
   std::string optimizer = "adamw";
   int64_t input = 1024, width = 4096, depth = 4, classes = 9, batch = 16;
   int warmup = 2, steps = 6, threads = 1;
@@ -117,7 +121,7 @@ largo::models::TrunkHeadModel as_trunk_and_head(torch::nn::Sequential net, const
   return largo::models::TrunkHeadModel(std::move(trunk), std::move(head));
 }
 
-nlohmann::json run_stage(int stage, bool prefetch, const BenchOptions& o,
+nlohmann::json run_stage(int stage, bool prefetch, bool bf16_copies, const BenchOptions& o,
                          const std::shared_ptr<largo::comm::ProcessGroup>& group) {
   auto net = make_mlp(o);
   auto groups = groups_of(*net);
@@ -131,6 +135,10 @@ nlohmann::json run_stage(int stage, bool prefetch, const BenchOptions& o,
   if (stage == 3) {
     largo::parallel::FullyShardedDataParallelOptions fsdp_options;
     fsdp_options.prefetch = prefetch;
+    if (bf16_copies) {
+      fsdp_options.compute_dtype = at::kBFloat16;
+      fsdp_options.fp32_reduce_scatter = true; // libtorch 1.13's Gloo cannot reduce bfloat16
+    }
     fsdp = std::make_unique<largo::parallel::FullyShardedDataParallel>(as_trunk_and_head(net, o),
                                                                        group, fsdp_options);
     optimizer = fsdp->make_optimizer(groups_of(*fsdp->model()), make_base);
@@ -163,7 +171,7 @@ nlohmann::json run_stage(int stage, bool prefetch, const BenchOptions& o,
     at::Tensor logits = fsdp ? fsdp->forward(inputs)
         : ddp                ? ddp->forward(net, inputs)
                              : sdp->forward(net, inputs);
-    torch::nn::functional::cross_entropy(logits, labels).backward();
+    torch::nn::functional::cross_entropy(logits.to(at::kFloat), labels).backward();
     optimizer->step();
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     if (step >= o.warmup) {
@@ -224,6 +232,7 @@ nlohmann::json run_stage(int stage, bool prefetch, const BenchOptions& o,
           // stage 3: whether the next unit's all-gather was prefetched, and the most bytes of
           // full units gathered at once (transient, on top of the model state)
           {"prefetch", stage == 3 && prefetch},
+          {"compute_dtype", bf16_copies ? "bfloat16" : "float32"},
           {"peak_gathered_bytes", fsdp ? fsdp->peak_gathered_bytes() : 0}};
 }
 
@@ -249,6 +258,16 @@ BenchOptions parse(int argc, char** argv) {
           throw std::invalid_argument("--stage3_prefetch takes on, off or on,off, not " + value);
         }
         o.stage3_prefetch.push_back(item == "on");
+      }
+    } else if (flag == "--stage3_compute") {
+      o.stage3_compute.clear();
+      std::stringstream items(value);
+      for (std::string item; std::getline(items, item, ',');) {
+        if (item != "float32" && item != "bfloat16") {
+          throw std::invalid_argument("--stage3_compute takes float32, bfloat16 or both, not " +
+                                      value);
+        }
+        o.stage3_compute.push_back(item);
       }
     } else if (flag == "--optimizer") {
       o.optimizer = value;
@@ -301,9 +320,16 @@ int main(int argc, char** argv) {
     auto group = largo::comm::ProcessGroup::create(group_options);
     for (int stage : o.stages) {
       for (bool prefetch : stage == 3 ? o.stage3_prefetch : std::vector<bool>{false}) {
-        nlohmann::json result = run_stage(stage, prefetch, o, group);
-        if (world->rank == 0) {
-          std::cout << result.dump() << std::endl;
+        for (const std::string& compute :
+             stage == 3 ? o.stage3_compute : std::vector<std::string>{"float32"}) {
+          const bool bf16_copies = compute == "bfloat16";
+          if (bf16_copies && !prefetch) {
+            continue; // the copies are compared with prefetch only
+          }
+          nlohmann::json result = run_stage(stage, prefetch, bf16_copies, o, group);
+          if (world->rank == 0) {
+            std::cout << result.dump() << std::endl;
+          }
         }
       }
     }

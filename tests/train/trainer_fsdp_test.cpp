@@ -131,11 +131,12 @@ TEST(TrainerFsdpTest, ComputeCopiesComputeLikeApexO2) {
   }
 }
 
-TEST(TrainerFsdpTest, ComputeCopiesDoNotDependOnTheUnitLayout) {
+TEST(TrainerFsdpTest, ComputeCopiesDoNotDependOnTheUnitLayoutOrCheckpointing) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     // Every block a unit with prefetch, against one root unit (plus the float32 unit) kept
-    // from forward to backward: the same bfloat16 values meet the same ops, and the float32
-    // sums of two ranks' gradients are exact in any order.
+    // from forward to backward, and against activation checkpointing: the same bfloat16
+    // values meet the same ops, and the float32 sums of two ranks' gradients are exact in
+    // any order.
     const fs::path dir = test_dir();
     const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False"};
     const RunResult blocks = train_run(dir / "blocks", job + kFsdpO2, borrow(group));
@@ -147,6 +148,15 @@ TEST(TrainerFsdpTest, ComputeCopiesDoNotDependOnTheUnitLayout) {
                                 "MODEL.FSDP_CONFIG.prefetch=False"},
                   borrow(group)),
         blocks, kTolerance, "FSDP compute copies, one root unit");
+    // Activation checkpointing: the recompute gathers the bfloat16 copies again and runs the
+    // same ops on them.
+    expect_same_training(
+        train_run(dir / "checkpointed",
+                  job + kFsdpO2 +
+                      Overrides{"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+                                "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=3"},
+                  borrow(group)),
+        blocks, kTolerance, "FSDP compute copies with activation checkpointing");
   });
 }
 

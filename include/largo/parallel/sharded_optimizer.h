@@ -146,4 +146,11 @@ optim::PartialNormReducer make_piece_norm_reducer(std::shared_ptr<comm::ProcessG
                                                   std::vector<int64_t> piece_to_param,
                                                   int64_t num_params);
 
+// Global-norm clipping (optim/grad_clipping.h's semantics) of gradients held as 1-D pieces
+// that tile the parameters across the ranks (ZeRO 1-3): this rank's partial sum (or maximum)
+// over its `pieces`, one all-reduce to the total, then every piece scaled. Returns the total
+// norm before clipping. Collective.
+double clip_grad_norm_of_pieces(const std::vector<at::Tensor>& pieces,
+                                comm::ProcessGroup& group, double max_norm, double norm_type);
+
 } // namespace largo::parallel

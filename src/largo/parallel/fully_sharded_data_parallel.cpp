@@ -2,7 +2,6 @@
 
 #include <largo/core/error.h>
 #include <largo/core/torch_compat.h>
-#include <largo/optim/grad_clipping.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/grad_ready_hooks.h>
 #include <largo/parallel/sharded_optimizer.h>
@@ -506,19 +505,7 @@ std::vector<at::Tensor> FullyShardedDataParallel::shard_parameters() const {
 }
 
 double FullyShardedDataParallel::clip_grad_norm(double max_norm, double norm_type) {
-  // The pieces of all ranks tile every parameter once (the padding is left out), so the
-  // partial sums (or maxima) complete to the norm of the whole gradient.
-  auto group = group_;
-  return optim::clip_grad_norm(
-      shard_parameters(),
-      max_norm,
-      norm_type,
-      [group](const at::Tensor& partial, optim::NormReduceOp op) {
-        at::Tensor total = partial.clone();
-        group->all_reduce(
-            total, op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum : comm::ReduceOp::kMax);
-        return total;
-      });
+  return clip_grad_norm_of_pieces(shard_parameters(), *group_, max_norm, norm_type);
 }
 
 std::unordered_map<std::string, at::Tensor> FullyShardedDataParallel::copy_units(

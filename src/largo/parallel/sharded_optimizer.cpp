@@ -199,15 +199,18 @@ void ShardedOptimizer::zero_grad(bool set_to_none) {
 }
 
 double ShardedOptimizer::clip_grad_norm(double max_norm, double norm_type) {
-  std::vector<at::Tensor> pieces = shard_parameters();
-  // The pieces tile the parameters, so the partial sums (or maxima) of all ranks complete
-  // to the global norm.
-  auto group = group_;
+  return clip_grad_norm_of_pieces(shard_parameters(), *group_, max_norm, norm_type);
+}
+
+double clip_grad_norm_of_pieces(const std::vector<at::Tensor>& pieces,
+                                comm::ProcessGroup& group, double max_norm, double norm_type) {
+  // The pieces of all ranks tile every parameter once (the padding is left out), so the
+  // partial sums (or maxima) complete to the norm of the whole gradient.
   return optim::clip_grad_norm(
-      pieces, max_norm, norm_type, [group](const at::Tensor& partial, optim::NormReduceOp op) {
+      pieces, max_norm, norm_type, [&group](const at::Tensor& partial, optim::NormReduceOp op) {
         at::Tensor total = partial.clone();
-        group->all_reduce(total, op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum
-                                                                : comm::ReduceOp::kMax);
+        group.all_reduce(total, op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum
+                                                               : comm::ReduceOp::kMax);
         return total;
       });
 }
