@@ -162,22 +162,10 @@ TEST(TrainerFsdpTest, ComputeCopiesDoNotDependOnTheUnitLayoutOrCheckpointing) {
 
 TEST(TrainerFsdpTest, ComputeCopiesResumeBitExactly) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const fs::path dir = test_dir();
-    if (group.rank() == 0) {
-      fs::remove_all(dir);
-    }
-    group.barrier();
     // The checkpoint holds the float32 masters (gathered from the shards, not the bfloat16
     // copies): the resumed run casts the same copies again and continues bit for bit.
-    const Overrides job = Overrides{"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
-                                    "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"} +
-        kFsdpO2;
-    const RunResult reference = train_run(dir / "full", job, borrow(group));
-    const Overrides interrupted = job + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"};
-    ASSERT_TRUE(train_run(dir / "resumed", interrupted, borrow(group), 10).summary.interrupted);
-    group.barrier();
-    expect_resumed_bit_exactly(train_run(dir / "resumed", interrupted, borrow(group)), reference,
-                               8, fmt::format("rank {}", group.rank()));
+    const fs::path dir = test_dir();
+    expect_mid_epoch_resume_bit_exact(dir, kFsdpO2, group);
     // The model entry holds float32 values below bfloat16's resolution: the masters.
     if (group.rank() == 0) {
       const auto model = checkpoint::load_checkpoint(dir / "full" / "checkpoint.torch")
@@ -199,27 +187,13 @@ TEST(TrainerFsdpTest, ComputeCopiesResumeBitExactly) {
 
 TEST(TrainerFsdpTest, CheckpointResumeIsBitExact) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const fs::path dir = test_dir();
-    if (group.rank() == 0) {
-      fs::remove_all(dir);
-    }
-    group.barrier();
     // 6 iterations per epoch, interrupted at 10, resumed from the checkpoint of 8.
-    const Overrides job = Overrides{"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
-                                    "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
-                                    "OPTIMIZER.name=adamw"} +
-        kFsdp;
-    const RunResult reference = train_run(dir / "full", job, borrow(group));
-    const Overrides interrupted = job + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"};
-    ASSERT_TRUE(train_run(dir / "resumed", interrupted, borrow(group), 10).summary.interrupted);
-    group.barrier();
-    const fs::path run = dir / "resumed";
-    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard0.torch"));
-    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
-    EXPECT_TRUE(fs::exists(run / "model_iteration8.manifest.json"));
-
-    expect_resumed_bit_exactly(train_run(run, interrupted, borrow(group)), reference, 8,
-                               fmt::format("rank {}", group.rank()));
+    expect_mid_epoch_resume_bit_exact(
+        test_dir(), Overrides{"OPTIMIZER.name=adamw"} + kFsdp, group, [](const fs::path& run) {
+          EXPECT_TRUE(fs::exists(run / "model_iteration8_shard0.torch"));
+          EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
+          EXPECT_TRUE(fs::exists(run / "model_iteration8.manifest.json"));
+        });
   });
 }
 

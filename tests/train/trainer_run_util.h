@@ -13,6 +13,7 @@
 #include "train/trainer_test_util.h"
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -81,6 +82,34 @@ inline void expect_resumed_bit_exactly(const RunResult& resumed, const RunResult
   for (const auto& [name, value] : reference.parameters) {
     EXPECT_TRUE(torch::equal(resumed.parameters.at(name), value)) << what << ": " << name;
   }
+}
+
+// The mid-epoch resume check the ZeRO and FSDP suites share (collective): `job` (6
+// iterations per epoch with a batch of 8 on the stateful sampler) runs uninterrupted into
+// dir/full, and into dir/resumed with a checkpoint every 4 iterations, interrupted after 10;
+// `inspect` sees dir/resumed then (its checkpoint files); the run resumed from iteration 8
+// must equal the uninterrupted one bit for bit. Returns the uninterrupted run.
+inline RunResult expect_mid_epoch_resume_bit_exact(
+    const std::filesystem::path& dir, const Overrides& job, comm::ProcessGroup& group,
+    const std::function<void(const std::filesystem::path& resumed_dir)>& inspect = {}) {
+  if (group.rank() == 0) {
+    std::filesystem::remove_all(dir);
+  }
+  group.barrier();
+  const Overrides stateful = Overrides{"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
+                                       "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"} +
+      job;
+  RunResult reference = train_run(dir / "full", stateful, borrow(group));
+  const Overrides interrupted = stateful + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"};
+  const std::filesystem::path run = dir / "resumed";
+  EXPECT_TRUE(train_run(run, interrupted, borrow(group), 10).summary.interrupted);
+  group.barrier();
+  if (inspect) {
+    inspect(run);
+  }
+  expect_resumed_bit_exactly(train_run(run, interrupted, borrow(group)), reference, 8,
+                             "rank " + std::to_string(group.rank()));
+  return reference;
 }
 
 // The optimizer entry of `consolidated` (a consolidated sharded checkpoint) holds the same

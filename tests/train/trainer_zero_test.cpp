@@ -70,31 +70,18 @@ TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
 
 TEST(TrainerZeroTest, ShardedCheckpointResumeIsBitExact) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const fs::path dir = test_dir();
-    if (group.rank() == 0) {
-      fs::remove_all(dir);
-    }
-    group.barrier();
     // As the DDP resume test: 6 iterations per epoch, interrupted at 10, resumed from 8.
-    const Overrides job = Overrides{"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
-                                    "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"} +
-        kStage2;
-    const RunResult reference = train(dir / "full", job, borrow(group));
-    const Overrides interrupted = job + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=4"};
-    ASSERT_TRUE(train(dir / "resumed", interrupted, borrow(group), 10).summary.interrupted);
-    group.barrier();
-    // Each rank wrote its own optimizer shard; rank 0 the manifest naming both.
-    const fs::path run = dir / "resumed";
-    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard0.torch"));
-    EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
-    auto manifest = nlohmann::json::parse(std::ifstream(run / "model_iteration8.manifest.json"));
-    EXPECT_EQ(manifest["world_size"], 2);
-    EXPECT_EQ(manifest["shards"][1]["file"], "model_iteration8_shard1.torch");
-    EXPECT_EQ(manifest["shards"][1]["bytes"],
-              static_cast<int64_t>(fs::file_size(run / "model_iteration8_shard1.torch")));
-
-    expect_resumed_bit_exactly(train(run, interrupted, borrow(group)), reference, 8,
-                               fmt::format("rank {}", group.rank()));
+    expect_mid_epoch_resume_bit_exact(test_dir(), kStage2, group, [](const fs::path& run) {
+      // Each rank wrote its own optimizer shard; rank 0 the manifest naming both.
+      EXPECT_TRUE(fs::exists(run / "model_iteration8_shard0.torch"));
+      EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
+      auto manifest =
+          nlohmann::json::parse(std::ifstream(run / "model_iteration8.manifest.json"));
+      EXPECT_EQ(manifest["world_size"], 2);
+      EXPECT_EQ(manifest["shards"][1]["file"], "model_iteration8_shard1.torch");
+      EXPECT_EQ(manifest["shards"][1]["bytes"],
+                static_cast<int64_t>(fs::file_size(run / "model_iteration8_shard1.torch")));
+    });
   });
 }
 
