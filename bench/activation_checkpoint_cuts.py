@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from activation_checkpoint_reference import DEFAULTS, resnet50_blocks, vit_blocks  # noqa: E402
+from activation_checkpoint_reference import DEFAULTS, build_benchmark  # noqa: E402
 
 MIB = 1024.0 * 1024.0
 RECOMPUTE = "largo_cuts_recompute"
@@ -129,13 +129,7 @@ def main():
     image = args.image or DEFAULTS[args.model]["image"]
 
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    images = torch.randn(batch, 3, image, image)
-    labels = torch.randint(0, 10, (batch,), dtype=torch.long)
-    blocks, head = resnet50_blocks() if args.model == "resnet50" else vit_blocks(image)
-    trunk = nn.Sequential(*blocks)
-    model = nn.Sequential(trunk, head)
-    model.train()
+    images, labels, blocks, head, model = build_benchmark(args.model, batch, image)
     n = len(blocks)
     images_ck = images.clone().requires_grad_(True)  # as the reference at 2+ segments
     started = time.perf_counter()

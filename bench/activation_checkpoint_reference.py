@@ -119,6 +119,18 @@ def vit_blocks(image):
     return blocks, nn.Linear(dim, 10)
 
 
+def build_benchmark(model_name, batch, image):
+    """The benchmark's seeded inputs and model: images, labels, the trunk blocks, the head and
+    the model (trunk of the blocks, then the head) in train mode."""
+    torch.manual_seed(0)
+    images = torch.randn(batch, 3, image, image)
+    labels = torch.randint(0, 10, (batch,), dtype=torch.long)
+    blocks, head = resnet50_blocks() if model_name == "resnet50" else vit_blocks(image)
+    model = nn.Sequential(nn.Sequential(*blocks), head)
+    model.train()
+    return images, labels, blocks, head, model
+
+
 def peak_bytes_of(step):
     """Runs step() under the profiler; the peak of the running sum of allocated bytes."""
     with torch.profiler.profile(
@@ -148,13 +160,8 @@ def main():
     image = args.image or DEFAULTS[args.model]["image"]
 
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    images = torch.randn(batch, 3, image, image)
-    labels = torch.randint(0, 10, (batch,), dtype=torch.long)
-    blocks, head = resnet50_blocks() if args.model == "resnet50" else vit_blocks(image)
-    trunk = nn.Sequential(*blocks)
-    model = nn.Sequential(trunk, head)
-    model.train()
+    images, labels, blocks, head, model = build_benchmark(args.model, batch, image)
+    trunk = model[0]
     if args.splits >= 2:
         images.requires_grad_(True)
 
