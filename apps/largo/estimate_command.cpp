@@ -5,7 +5,6 @@
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
-#include <largo/precision/model_cast.h>
 #include <largo/train/trainer_config.h>
 
 #include <fmt/format.h>
@@ -176,20 +175,16 @@ int run_estimate_command(const Config& config) {
   }
   // Stage 3 holds more than its shards during a step: the units it gathers, in the
   // parameters' dtype or as compute copies (the BatchNorm parameters then a float32 unit).
-  parallel::FullyShardedDataParallelOptions fsdp_options;
-  fsdp_options.auto_wrap_threshold = options.fsdp.auto_wrap_threshold;
-  fsdp_options.compute_dtype = options.fsdp.compute_copies();
-  fsdp_options.keeps_fp32 = [](const torch::nn::Module& module) {
-    return precision::is_batchnorm(module);
-  };
+  const parallel::FullyShardedDataParallelOptions fsdp_options =
+      train::fully_sharded_options(options);
   int64_t kept_bytes = 0, largest_bytes = 0, num_block_units = 0;
   std::string largest_name = "none";
+  std::string kept_names; // "root", or "root and float32"
   for (const auto& unit : parallel::plan_fsdp_units(model, fsdp_options)) {
-    const int64_t bytes = unit.numel *
-        static_cast<int64_t>(c10::elementSize(
-            unit.compute_dtype.value_or(unit.params.front().scalar_type())));
+    const int64_t bytes = unit.numel * static_cast<int64_t>(c10::elementSize(unit.gathered_dtype));
     if (unit.block < 0) {
       kept_bytes += bytes;
+      kept_names += (kept_names.empty() ? "" : " and ") + unit.name;
       continue;
     }
     ++num_block_units;
@@ -201,11 +196,12 @@ int run_estimate_command(const Config& config) {
   const std::string copies = fsdp_options.compute_dtype
       ? fmt::format(", as {} compute copies", c10::toString(*fsdp_options.compute_dtype))
       : std::string();
-  std::printf("\nstage 3 also gathers during a step (transient, per rank): the root%s unit%s "
+  std::printf("\nstage 3 also gathers during a step (transient, per rank): the %s unit%s "
               "(%s) throughout, plus one block unit at a time, two with prefetch; %lld block "
               "units with AUTO_WRAP_THRESHOLD %lld, the largest %s (%s)%s\n",
-              fsdp_options.compute_dtype ? " and float32" : "",
-              fsdp_options.compute_dtype ? "s" : "", format_bytes(kept_bytes).c_str(),
+              kept_names.empty() ? "no kept" : kept_names.c_str(),
+              kept_names.find(" and ") != std::string::npos ? "s" : "",
+              format_bytes(kept_bytes).c_str(),
               static_cast<long long>(num_block_units),
               static_cast<long long>(options.fsdp.auto_wrap_threshold), largest_name.c_str(),
               format_bytes(largest_bytes).c_str(), copies.c_str());

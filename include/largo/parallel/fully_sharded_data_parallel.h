@@ -123,9 +123,9 @@ struct FsdpUnitPlan {
   std::vector<std::string> param_names;
   std::vector<at::Tensor> params;
   int64_t numel = 0; // trainable parameter elements
-  // The dtype it is gathered in: compute_dtype for a unit of compute copies, else (and for
-  // the float32 unit) nullopt, the parameters' own.
-  std::optional<at::ScalarType> compute_dtype;
+  // The dtype it is gathered and computed in: compute_dtype for a unit of compute copies,
+  // else (and for the float32 unit) the parameters' own.
+  at::ScalarType gathered_dtype = at::kFloat;
 };
 // Uses auto_wrap_threshold, compute_dtype and keeps_fp32 of `options`.
 std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
@@ -177,7 +177,8 @@ class FullyShardedDataParallel {
 
   // The model's forward (images -> head output), gathering unit by unit as described
   // above; with compute copies, floating-point images are cast to compute_dtype and the
-  // output is in it. Collective. Under torch::NoGradGuard every unit is freed before it returns.
+  // output is in it. Collective. Under torch::NoGradGuard every unit is freed before it
+  // returns.
   // With `trunk`, the trunk runs through it, its blocks through forward_blocks(): activation
   // checkpointing, whose recompute (in the backward) gathers each unit again.
   at::Tensor forward(const at::Tensor& images, const TrunkForward& trunk = {});

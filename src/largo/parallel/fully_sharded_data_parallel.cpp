@@ -74,14 +74,12 @@ std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
       units.emplace_back();
       units.back().name = fmt::format("trunk.{}", b);
       units.back().block = b;
-      units.back().compute_dtype = options.compute_dtype;
       unit_prefixes.push_back(prefix);
     }
   }
   const size_t root = units.size();
   units.emplace_back();
   units.back().name = "root";
-  units.back().compute_dtype = options.compute_dtype;
   const size_t float32 = units.size();
   units.emplace_back();
   units.back().name = "float32";
@@ -100,6 +98,13 @@ std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
     units[unit].param_names.push_back(item.key());
     units[unit].params.push_back(param);
     units[unit].numel += param.numel();
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!units[u].params.empty()) {
+      units[u].gathered_dtype = u == float32 || !options.compute_dtype
+          ? units[u].params.front().scalar_type()
+          : *options.compute_dtype;
+    }
   }
   units.erase(std::remove_if(units.begin() + static_cast<std::ptrdiff_t>(root), units.end(),
                              [](const FsdpUnitPlan& unit) { return unit.params.empty(); }),
@@ -161,7 +166,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
       position_of_block_[static_cast<size_t>(plan.block)] = block_units_.size();
       block_units_.push_back(units_.size());
     }
-    gathered_dtypes.push_back(plan.compute_dtype.value_or(plan.params.front().scalar_type()));
+    gathered_dtypes.push_back(plan.gathered_dtype);
     units_.emplace_back();
     units_.back().name = std::move(plan.name);
     units_.back().block = plan.block;
@@ -222,7 +227,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(
     }
     const int64_t shard_numel = unit.layout.shard_numel();
     unit.shard = values.narrow(0, rank * shard_numel, shard_numel).clone();
-    unit.full = gathered_dtypes[u] == values.scalar_type() ? values : values.to(gathered_dtypes[u]);
+    unit.full = values.to(gathered_dtypes[u]); // `values` itself without compute copies
     for (size_t i = 0; i < unit.params.size(); ++i) {
       at::Tensor& param = unit.params[i];
       param.set_data(
@@ -264,9 +269,7 @@ void FullyShardedDataParallel::start_gather(Unit& unit) {
   torch::NoGradGuard no_grad;
   resize_storage(unit.full, static_cast<size_t>(full_bytes(unit)));
   // Compute copies: the shard is cast first, so the all-gather moves the low precision.
-  unit.gather_source = unit.full.scalar_type() == unit.shard.scalar_type()
-      ? unit.shard
-      : unit.shard.to(unit.full.scalar_type());
+  unit.gather_source = unit.shard.to(unit.full.scalar_type()); // the shard itself, or a copy
   unit.pending = group_->all_gather_async(unit.full, unit.gather_source);
   unit.in_flight = true;
   unit.gathered = true;

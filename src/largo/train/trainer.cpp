@@ -24,12 +24,12 @@
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
 #include <largo/precision/mixed_precision.h>
-#include <largo/precision/model_cast.h>
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
 #include <largo/train/sharded_checkpoint.h>
 #include <largo/train/tensorboard_writer.h>
+#include <largo/train/trainer_config.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -384,8 +384,7 @@ void Trainer::State::setup() {
     scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
   }
   precision::PrecisionPolicy precision_policy = precision::resolve_precision_policy(options.amp);
-  const std::optional<at::ScalarType> compute_copies = options.fsdp.compute_copies();
-  if (compute_copies) {
+  if (options.fsdp.compute_copies()) {
     // FSDP casts its gathered units and the inputs (as Apex O2 casts the model), and its
     // float32 shards are the master weights: no autocast, no model cast; the loss scaling
     // stays the dtype's (dynamic for float16).
@@ -428,17 +427,8 @@ void Trainer::State::setup() {
     return optim::make_optimizer(std::move(groups), spec);
   };
   if (options.fsdp.enabled) {
-    parallel::FullyShardedDataParallelOptions fsdp_options;
-    fsdp_options.auto_wrap_threshold = options.fsdp.auto_wrap_threshold;
-    fsdp_options.reshard_after_forward = options.fsdp.reshard_after_forward;
-    fsdp_options.prefetch = options.fsdp.prefetch;
-    fsdp_options.broadcast_buffers = options.distributed.broadcast_buffers;
-    fsdp_options.compute_dtype = compute_copies;
-    fsdp_options.fp32_reduce_scatter = options.fsdp.fp32_reduce_scatter;
-    fsdp_options.keeps_fp32 = [](const torch::nn::Module& module) {
-      return precision::is_batchnorm(module);
-    };
-    fsdp = std::make_unique<parallel::FullyShardedDataParallel>(model, group, fsdp_options);
+    fsdp = std::make_unique<parallel::FullyShardedDataParallel>(model, group,
+                                                                fully_sharded_options(options));
     optimizer = fsdp->make_optimizer(param_groups, make_base_optimizer);
   } else if (options.zero.shard_optimizer_state) {
     parallel::ShardedOptimizerOptions zero_options;
