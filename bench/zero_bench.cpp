@@ -23,6 +23,7 @@
 #include <largo/core/malloc_tuning.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/parallel/distributed_data_parallel.h>
+#include <largo/models/trunk_head_model.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
 #include <largo/parallel/sharded_data_parallel.h>
@@ -134,6 +135,7 @@ nlohmann::json run_stage(int stage, bool prefetch, bool bf16_copies, const Bench
   std::unique_ptr<largo::parallel::FullyShardedDataParallel> fsdp;
   if (stage == 3) {
     largo::parallel::FullyShardedDataParallelOptions fsdp_options;
+    fsdp_options.wrap_policy = largo::parallel::WrapPolicy::elements_of("trunk"); // head in the root
     fsdp_options.prefetch = prefetch;
     if (bf16_copies) {
       fsdp_options.compute_dtype = at::kBFloat16;
@@ -141,7 +143,7 @@ nlohmann::json run_stage(int stage, bool prefetch, bool bf16_copies, const Bench
     }
     fsdp = std::make_unique<largo::parallel::FullyShardedDataParallel>(as_trunk_and_head(net, o),
                                                                        group, fsdp_options);
-    optimizer = fsdp->make_optimizer(groups_of(*fsdp->model()), make_base);
+    optimizer = fsdp->make_optimizer(groups_of(*fsdp->module()), make_base);
   } else if (stage == 0) {
     optimizer = largo::optim::make_optimizer(std::move(groups), spec);
   } else {

@@ -1,14 +1,12 @@
 #include "estimate_command.h"
 
-#include <largo/data/idx_dataset.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
-#include <largo/train/trainer_config.h>
+#include <largo/train/run_plan.h>
 
 #include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
 
 #include <array>
 #include <cstdio>
@@ -18,59 +16,27 @@
 namespace largo::app {
 namespace {
 
-// The model's input and output sizes, as the trainer infers them from the training data
-// (Dataset::sample_shape, num_classes), without loading the data: the three supported
-// datasets have fixed shapes, and a synthetic one says its own.
-void fill_data_shape(const train::DataSplitOptions& split, models::ModelOptions& model) {
-  std::vector<int64_t> shape; // [C, H, W]
-  int64_t num_classes = 0;
-  if (split.source == "synthetic") {
-    shape = split.synthetic_image_shape;
-    num_classes = split.synthetic_num_classes;
-  } else if (split.dataset_name == "CIFAR10") {
-    shape = {3, 32, 32};
-    num_classes = 10;
-  } else { // MNIST, FashionMNIST (the config layer admits nothing else)
-    shape = {1, 28, 28};
-    num_classes = data::IdxDataset::kNumClasses;
-  }
-  if (model.in_channels == 0) {
-    model.in_channels = shape[0];
-  }
-  if (model.image_size == 0) {
-    model.image_size = shape[1];
-  }
-  if (model.num_classes == 0) {
-    model.num_classes = num_classes;
-  }
-}
-
-// Mixed precision as VISSL configures it: Apex O2 keeps fp16 parameters with fp32 master
-// weights in the optimizer, O3 fp16 parameters only; O1 and PyTorch AMP keep fp32
-// parameters (they cast per op, which is activation memory).
+// What the precision policy makes of the parameters: Apex O2 keeps low-precision
+// parameters with float32 master weights in the optimizer, O3 low-precision parameters only;
+// O1 and PyTorch AMP keep float32 parameters (they cast per op, which is activation memory).
 struct Precision {
   at::ScalarType parameter_dtype = at::kFloat;
   std::optional<at::ScalarType> master_weights_dtype;
   std::string description = "float32 parameters";
 };
 
-Precision precision_of(const Config& config) {
+Precision precision_of(const precision::PrecisionPolicy& policy) {
   Precision precision;
-  if (!config.get_bool("MODEL.AMP_PARAMS.USE_AMP") ||
-      config.get_string("MODEL.AMP_PARAMS.AMP_TYPE") != "apex") {
+  if (!policy.cast_model) {
     return precision;
   }
-  const YAML::Node args = config.node("MODEL.AMP_PARAMS.AMP_ARGS");
-  const std::string level = args.IsMap() && args["opt_level"] ? args["opt_level"].as<std::string>() : "O1";
-  // MODEL.AMP_PARAMS.DTYPE (a Largo extension, float16 or bfloat16) where the config has it.
-  const bool bf16 = config.has("MODEL.AMP_PARAMS.DTYPE") &&
-      config.get_string("MODEL.AMP_PARAMS.DTYPE") == "bfloat16";
-  const at::ScalarType low = bf16 ? at::kBFloat16 : at::kHalf;
-  const std::string name = bf16 ? "bfloat16" : "float16";
-  if (level == "O2") {
-    precision = {low, at::kFloat, name + " parameters, float32 master weights (Apex O2)"};
-  } else if (level == "O3") {
-    precision = {low, std::nullopt, name + " parameters (Apex O3)"};
+  precision.parameter_dtype = policy.low_precision;
+  const std::string name = policy.low_precision == at::kBFloat16 ? "bfloat16" : "float16";
+  if (policy.master_weights) {
+    precision.master_weights_dtype = at::kFloat;
+    precision.description = name + " parameters, float32 master weights (Apex O2)";
+  } else {
+    precision.description = name + " parameters (Apex O3)";
   }
   return precision;
 }
@@ -116,28 +82,16 @@ std::string describe_optimizer(const optim::OptimizerSpec& spec) {
 } // namespace
 
 int run_estimate_command(const Config& config) {
-  const Precision precision = precision_of(config);
-  const int64_t world_size =
-      config.get_int("DISTRIBUTED.NUM_NODES") * config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
-  if (world_size < 1) {
-    throw config_error("DISTRIBUTED.NUM_NODES x DISTRIBUTED.NUM_PROC_PER_NODE",
-                       std::to_string(world_size), "a world size >= 1");
-  }
-  const train::TrainerOptions options = train::trainer_options_from_config(config);
-  // The stage the config asks for: FSDP_CONFIG.AUTO_SETUP_FSDP (3), SHARDED_DDP_SETUP.USE_SDP
-  // (2), OPTIMIZER.name: zero / use_zero (1), else DDP (0).
-  const int stage = options.fsdp.enabled ? 3
-      : options.zero.shard_gradients                                    ? 2
-      : options.zero.shard_optimizer_state                              ? 1
-                                                                        : 0;
+  const train::RunPlan plan = train::resolve_run(config); // what `largo train` would build
+  const Precision precision = precision_of(plan.precision);
+  const int64_t world_size = plan.world.world_size;
+  const int stage = parallel::zero_stage(plan.parallel.data_parallelism);
 
-  models::ModelOptions model_options = options.model;
-  fill_data_shape(options.train, model_options);
-  models::TrunkHeadModel model = models::build_model(model_options);
+  models::TrunkHeadModel model = models::build_model(plan.model);
   if (precision.parameter_dtype != at::kFloat) {
     model->to(precision.parameter_dtype);
   }
-  const auto groups = optim::build_param_groups(*model, options.optimizer.param_groups);
+  const auto groups = optim::build_param_groups(*model, plan.options.optimizer.param_groups);
   const std::vector<parallel::ParameterSize> sizes = parallel::parameter_sizes(*model, groups);
   int64_t trained = 0, frozen = 0;
   for (const auto& size : sizes) {
@@ -145,12 +99,12 @@ int run_estimate_command(const Config& config) {
   }
 
   parallel::MemoryEstimateOptions estimate;
-  estimate.optimizer = options.optimizer.spec;
+  estimate.optimizer = plan.options.optimizer.spec;
   estimate.master_weights_dtype = precision.master_weights_dtype;
   estimate.world_size = static_cast<int>(world_size);
   estimate.rank = 0; // the padding sits in the last shard: rank 0 holds the most
 
-  std::printf("model %s: %s parameters (%s trained, %s frozen), %s\n", model_options.trunk_name.c_str(),
+  std::printf("model %s: %s parameters (%s trained, %s frozen), %s\n", plan.model.trunk_name.c_str(),
               with_commas(trained + frozen).c_str(), with_commas(trained).c_str(),
               with_commas(frozen).c_str(), precision.description.c_str());
   std::printf("optimizer %s; world size %lld (DISTRIBUTED.NUM_NODES %lld x NUM_PROC_PER_NODE %lld)\n",
@@ -175,14 +129,13 @@ int run_estimate_command(const Config& config) {
   }
   // Stage 3 holds more than its shards during a step: the units it gathers, in the
   // parameters' dtype or as compute copies (the BatchNorm parameters then a float32 unit).
-  const parallel::FullyShardedDataParallelOptions fsdp_options =
-      train::fully_sharded_options(options);
+  const parallel::FullyShardedDataParallelOptions& fsdp_options = plan.parallel.fsdp;
   int64_t kept_bytes = 0, largest_bytes = 0, num_block_units = 0;
   std::string largest_name = "none";
   std::string kept_names; // "root", or "root and float32"
-  for (const auto& unit : parallel::plan_fsdp_units(model, fsdp_options)) {
+  for (const auto& unit : parallel::plan_fsdp_units(model.ptr(), fsdp_options)) {
     const int64_t bytes = unit.numel * static_cast<int64_t>(c10::elementSize(unit.gathered_dtype));
-    if (unit.block < 0) {
+    if (unit.position < 0) {
       kept_bytes += bytes;
       kept_names += (kept_names.empty() ? "" : " and ") + unit.name;
       continue;
@@ -203,7 +156,7 @@ int run_estimate_command(const Config& config) {
               kept_names.find(" and ") != std::string::npos ? "s" : "",
               format_bytes(kept_bytes).c_str(),
               static_cast<long long>(num_block_units),
-              static_cast<long long>(options.fsdp.auto_wrap_threshold), largest_name.c_str(),
+              static_cast<long long>(plan.options.fsdp.auto_wrap_threshold), largest_name.c_str(),
               format_bytes(largest_bytes).c_str(), copies.c_str());
   std::printf("\n* the configured stage (OPTIMIZER.name: %s, MODEL.SHARDED_DDP_SETUP.USE_SDP: %s, "
               "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP: %s)\n",

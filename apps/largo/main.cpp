@@ -18,9 +18,9 @@
 #include <largo/core/error.h>
 #include <largo/core/logging.h>
 #include <largo/core/malloc_tuning.h>
-#include <largo/train/sharded_checkpoint.h>
+#include <largo/checkpoint/sharded_checkpoint.h>
 #include <largo/train/trainer.h>
-#include <largo/train/trainer_config.h>
+#include <largo/train/run_plan.h>
 #include <largo/train/worker_launch.h>
 
 #include <CLI/CLI.hpp>
@@ -74,7 +74,8 @@ int run_train(const std::vector<std::string>& arguments) {
   const auto plan = largo::train::plan_train_launch(config);
   const int rank = plan.world ? plan.world->rank : 0;
   largo::init_logging(rank, config.get_bool("VERBOSE"));
-  auto options = largo::train::trainer_options_from_config(config); // range checks too
+  // Everything the run would refuse is refused here, before workers start or data loads.
+  largo::train::RunPlan run = largo::train::resolve_run(config);
   if (plan.kind == Kind::kSpawnWorkers) {
     return largo::app::spawn_training_workers(plan, arguments);
   }
@@ -89,7 +90,8 @@ int run_train(const std::vector<std::string>& arguments) {
                                    configured)
                      : "");
   }
-  largo::train::Trainer trainer(options, config.to_yaml());
+  const std::filesystem::path run_dir = run.options.checkpoint.dir;
+  largo::train::Trainer trainer(std::move(run), config.to_yaml());
   auto summary = trainer.run();
   if (rank != 0) {
     return 0; // rank 0 reports for the job
@@ -98,27 +100,26 @@ int run_train(const std::vector<std::string>& arguments) {
     std::string top5 = summary.final_top5 ? fmt::format(", top-5 {:.2f} %", *summary.final_top5) : "";
     std::printf("final test accuracy: top-1 %.2f %%%s (after %lld epochs); run directory %s\n",
                 *summary.final_top1, top5.c_str(), static_cast<long long>(summary.epochs_completed),
-                options.checkpoint.dir.string().c_str());
+                run_dir.string().c_str());
   } else {
     std::printf("training finished after %lld epochs (no evaluation ran); run directory %s\n",
-                static_cast<long long>(summary.epochs_completed),
-                options.checkpoint.dir.string().c_str());
+                static_cast<long long>(summary.epochs_completed), run_dir.string().c_str());
   }
   return 0;
 }
 
 int run_config(const std::vector<std::string>& arguments) {
   largo::Config config = config_from_arguments(arguments);
-  largo::train::trainer_options_from_config(config); // range checks too
-  largo::train::validate_launch_config(config);      // DISTRIBUTED.INIT_METHOD / RUN_ID too
+  largo::train::resolve_run(config);            // everything `largo train` checks first
+  largo::train::validate_launch_config(config); // DISTRIBUTED.INIT_METHOD / RUN_ID too
   std::cout << config.to_yaml();
   return 0;
 }
 
 // `largo checkpoint consolidate PATH [--output FILE]`: a ZeRO checkpoint's optimizer shards
-// merged into one plain checkpoint (train/sharded_checkpoint.h).
+// merged into one plain checkpoint (checkpoint/sharded_checkpoint.h).
 int run_consolidate(const std::string& checkpoint_path, const std::string& output) {
-  auto written = largo::train::consolidate_checkpoint(checkpoint_path, output);
+  auto written = largo::checkpoint::consolidate_checkpoint(checkpoint_path, output);
   std::printf("consolidated checkpoint written: %s\n", written.string().c_str());
   return 0;
 }

@@ -306,7 +306,7 @@ TEST(TrainSpawnTest, TrainWithTwoProcessesPerNodeStartsItsOwnWorkers) {
   ASSERT_TRUE(run.succeeded()) << run.status() << "\n" << run.output;
   EXPECT_TRUE(contains(run.output, "starting 2 workers (ranks 0-1 of 2)")) << run.output;
   EXPECT_TRUE(contains(run.output, "DISTRIBUTED.RUN_ID = auto")) << run.output;
-  EXPECT_TRUE(contains(run.output, "data parallel: 2 ranks (gloo)")) << run.output;
+  EXPECT_TRUE(contains(run.output, "DDP over 2 ranks (gloo)")) << run.output;
   EXPECT_EQ(count_of(run.output, "final test accuracy"), 1u) << "rank 0 alone reports:\n"
                                                              << run.output;
   auto final_state = final_checkpoint(dir / "run", 2);

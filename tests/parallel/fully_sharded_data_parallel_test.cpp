@@ -51,6 +51,14 @@ models::TrunkHeadModel make_model(const std::string& trunk, int rank) {
   return models::build_model(options);
 }
 
+// VISSL's units for Largo's models: every trunk block with >= `threshold` trainable elements.
+FullyShardedDataParallelOptions trunk_units(int64_t threshold = 0) {
+  FullyShardedDataParallelOptions options;
+  options.wrap_policy =
+      WrapPolicy::elements_of("trunk") && WrapPolicy::min_trainable_parameters(threshold);
+  return options;
+}
+
 // Rank r's rows of the global batch of step `step`.
 std::pair<at::Tensor, at::Tensor> local_batch(int step, const comm::ProcessGroup& group) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(1000 + step);
@@ -195,7 +203,7 @@ FsdpRun train_fsdp(
   for (const auto& unit : fsdp.units()) {
     const int64_t bytes = unit.layout.padded_numel() * 4;
     run.unit_full_bytes.push_back(bytes);
-    if (unit.block < 0) {
+    if (unit.position < 0) {
       run.root_full_bytes = bytes;
     }
   }
@@ -219,8 +227,7 @@ TEST(FullyShardedDataParallelTest, EveryBlockWrappedEqualsDdpWithSgdMomentum) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
     const NamedTensors reference = train_ddp(group, "small_cnn", OptimizerKind::kSgdMomentum);
-    FullyShardedDataParallelOptions options;
-    options.auto_wrap_threshold = 0;
+    FullyShardedDataParallelOptions options = trunk_units(0);
     FsdpRun run = train_fsdp(group, "small_cnn", options, OptimizerKind::kSgdMomentum);
     EXPECT_EQ(run.unit_full_bytes.size(), 4u); // 3 conv stages + the root (the head)
     expect_equal_parameters(run.parameters, reference);
@@ -235,8 +242,8 @@ TEST(FullyShardedDataParallelTest, OnlyTheRootUnitEqualsDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
     const NamedTensors reference = train_ddp(group, "small_cnn", OptimizerKind::kSgdMomentum);
-    FullyShardedDataParallelOptions options;
-    options.auto_wrap_threshold = 1'000'000'000; // no block is large enough: one root unit
+    // No block is large enough: one root unit.
+    FullyShardedDataParallelOptions options = trunk_units(1'000'000'000);
     FsdpRun run = train_fsdp(group, "small_cnn", options, OptimizerKind::kSgdMomentum);
     EXPECT_EQ(run.unit_full_bytes.size(), 1u);
     expect_equal_parameters(run.parameters, reference);
@@ -247,7 +254,7 @@ TEST(FullyShardedDataParallelTest, KeepingParametersAfterForwardEqualsDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
     const NamedTensors reference = train_ddp(group, "small_cnn", OptimizerKind::kSgdMomentum);
-    FullyShardedDataParallelOptions options;
+    FullyShardedDataParallelOptions options = trunk_units();
     options.reshard_after_forward = false;
     FsdpRun run = train_fsdp(group, "small_cnn", options, OptimizerKind::kSgdMomentum);
     expect_equal_parameters(run.parameters, reference);
@@ -352,7 +359,7 @@ TEST(FullyShardedDataParallelTest, WithoutPrefetchEqualsDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
     const NamedTensors reference = train_ddp(group, "small_cnn", OptimizerKind::kSgdMomentum);
-    FullyShardedDataParallelOptions options;
+    FullyShardedDataParallelOptions options = trunk_units();
     options.prefetch = false; // every all-gather synchronous
     FsdpRun run = train_fsdp(group, "small_cnn", options, OptimizerKind::kSgdMomentum);
     expect_equal_parameters(run.parameters, reference);
@@ -362,10 +369,10 @@ TEST(FullyShardedDataParallelTest, WithoutPrefetchEqualsDdp) {
 TEST(FullyShardedDataParallelTest, AtMostTheRootAndTwoUnitsAreGatheredAtOnce) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
-    FullyShardedDataParallelOptions no_prefetch;
+    FullyShardedDataParallelOptions no_prefetch = trunk_units();
     no_prefetch.prefetch = false;
     for (const FullyShardedDataParallelOptions& options :
-         {FullyShardedDataParallelOptions{}, no_prefetch}) {
+         {trunk_units(), no_prefetch}) {
       FsdpRun run = train_fsdp(group, "small_cnn", options, OptimizerKind::kSgdMomentum);
       ASSERT_EQ(run.unit_full_bytes.size(), 4u);
       int64_t all_units = 0;
@@ -415,7 +422,7 @@ TEST(FullyShardedDataParallelTest, ShardsHoldHalfOfTheParametersAndFreedUnitsHol
 TEST(FullyShardedDataParallelTest, InferenceForwardFreesEveryUnit) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
-    FullyShardedDataParallelOptions options;
+    FullyShardedDataParallelOptions options = trunk_units();
     options.reshard_after_forward = false;
     models::TrunkHeadModel model = make_model("small_cnn", group.rank());
     FullyShardedDataParallel fsdp(model, borrow(group), options);
@@ -425,18 +432,6 @@ TEST(FullyShardedDataParallelTest, InferenceForwardFreesEveryUnit) {
     EXPECT_EQ(fsdp.gathered_bytes(), 0);
     EXPECT_GT(fsdp.peak_gathered_bytes(), 0);
   });
-}
-
-TEST(FullyShardedDataParallelTest, RejectsANegativeAutoWrapThreshold) {
-  models::TrunkHeadModel model = make_model("small_cnn", 0);
-  FullyShardedDataParallelOptions options;
-  options.auto_wrap_threshold = -1;
-  try {
-    FullyShardedDataParallel fsdp(model, comm::ProcessGroup::single_process(), options);
-    FAIL() << "expected ConfigError";
-  } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("AUTO_WRAP_THRESHOLD"), std::string::npos);
-  }
 }
 
 TEST(FullyShardedDataParallelTest, OneProcessTrainsLikeThePlainModel) {
@@ -529,7 +524,7 @@ NamedTensors train_bf16_masters_reference(comm::ProcessGroup& group, const std::
 }
 
 FullyShardedDataParallelOptions bf16_compute_copies() {
-  FullyShardedDataParallelOptions options;
+  FullyShardedDataParallelOptions options = trunk_units();
   options.compute_dtype = at::kBFloat16;
   options.fp32_reduce_scatter = true;
   options.keeps_fp32 = [](const torch::nn::Module& module) {
@@ -589,7 +584,7 @@ TEST(FullyShardedDataParallelTest, BFloat16ComputeCopiesGatherHalfTheBytes) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
     // The ViT has no BatchNorm: the same units in both runs, gathered in 2 bytes or in 4.
-    FullyShardedDataParallelOptions float32_options;
+    FullyShardedDataParallelOptions float32_options = trunk_units();
     float32_options.prefetch = false;
     FullyShardedDataParallelOptions copies = bf16_compute_copies();
     copies.prefetch = false;

@@ -204,5 +204,40 @@ TEST(TrainerDistributedTest, AccumulationUnderDdpKeepsRanksIdentical) {
   });
 }
 
+// VISSL scales the learning rate by the global batch and starts a warm-up at one node's:
+// 2 nodes of 1 process, 16 per rank: lr* = 0.1 x 32 / 256 = 0.0125 and the warm-up starts at
+// 0.1 x 16 / 256 = 0.00625 (taking the global batch for the node's would drop the warm-up
+// and start at lr*).
+TEST(TrainerDistributedTest, AutoLrScalingWarmsUpFromOneNodesBatchOnTwoNodes) {
+  largo::testing::RankRunOptions two_nodes;
+  two_nodes.extra_env = [](int rank) {
+    return std::map<std::string, std::string>{{"RANK", std::to_string(rank)},
+                                              {"WORLD_SIZE", "2"},
+                                              {"LOCAL_RANK", "0"},
+                                              {"LOCAL_WORLD_SIZE", "1"}};
+  };
+  run_on_ranks(
+      2,
+      [](comm::ProcessGroup& group) {
+        const fs::path dir = fresh_dir(group);
+        const std::string lr = "OPTIMIZER.param_schedulers.lr.";
+        Config config = synthetic_job_config(
+            dir, {"OPTIMIZER.num_epochs=1", "LOG_FREQUENCY=1", lr + "name=composite",
+                  lr + "schedulers=[{name: linear, start_value: 0.05, end_value: 0.1}, "
+                       "{name: cosine, start_value: 0.1, end_value: 0.0}]",
+                  lr + "lengths=[0.5, 0.5]", lr + "auto_lr_scaling.auto_scale=True",
+                  "TEST_MODEL=False"});
+        Trainer trainer(trainer_options_from_config(config), "", borrow(group));
+        trainer.run();
+        group.barrier();
+        const auto events = read_metrics(dir / "metrics.jsonl");
+        ASSERT_GE(events.size(), 3u);
+        EXPECT_NEAR(events.front()["lr"].get<double>(), 0.00625, 1e-12);
+        EXPECT_GT(events[1]["lr"].get<double>(), 0.00625); // warming up towards 0.0125
+        EXPECT_LT(events[1]["lr"].get<double>(), 0.0125);
+      },
+      two_nodes);
+}
+
 } // namespace
 } // namespace largo::train

@@ -8,7 +8,7 @@
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
 #include <largo/core/torch_compat.h>
-#include <largo/train/sharded_checkpoint.h>
+#include <largo/checkpoint/sharded_checkpoint.h>
 
 #include "comm/distributed_test_util.h"
 #include "train/trainer_run_util.h"
@@ -242,7 +242,7 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
         expected, kTolerance, "FSDP checkpoint of 2 ranks into a 1-rank ZeRO-1 run");
 
     // Offline consolidation gives the plain run's optimizer state.
-    const fs::path consolidated = consolidate_checkpoint(root / "fsdp");
+    const fs::path consolidated = checkpoint::consolidate_checkpoint(root / "fsdp");
     expect_same_momentum(consolidated, root / "plain" / "model_phase0.torch", kTolerance);
     // PyTorch reads the consolidated checkpoint as it reads the plain one.
     if (fs::exists("/usr/bin/python3")) {

@@ -4,7 +4,7 @@
 // consolidate offline into a plain checkpoint; the seed's YAML configures it verbatim.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
-#include <largo/train/sharded_checkpoint.h>
+#include <largo/checkpoint/sharded_checkpoint.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
@@ -114,7 +114,7 @@ TEST(TrainerZeroTest, ShardedCheckpointsResumeAtOtherWorldSizesAndConsolidate) {
                          "ZeRO shards of 2 ranks into a 1-rank ZeRO run");
 
     // Offline consolidation gives the plain run's optimizer state.
-    const fs::path consolidated = consolidate_checkpoint(root / "zero");
+    const fs::path consolidated = checkpoint::consolidate_checkpoint(root / "zero");
     EXPECT_EQ(consolidated, root / "zero" / "model_phase0_consolidated.torch");
     expect_same_momentum(consolidated, root / "plain" / "model_phase0.torch", kTolerance);
     // A missing shard is named.

@@ -63,8 +63,18 @@ class ProcessGroup {
   // backend or rank.
   static std::shared_ptr<ProcessGroup> create(const ProcessGroupOptions& options);
 
+  // Whether this build has the NCCL backend (built against a CUDA libtorch: the
+  // LARGO_WITH_NCCL CMake option, docs/distributed.md).
+  static bool nccl_built();
+
   // A world of one: rank 0 of 1, every collective an identity.
   static std::shared_ptr<ProcessGroup> single_process();
+
+  // The job a launcher started this process in (torch.distributed's env://): rank, world
+  // size and master from world_from_environment() (largo launch / torchrun, SLURM or Open
+  // MPI variables), the rest (backend, timeouts) from `options`; a single process when the
+  // environment names no world of more than one rank. Collective like create().
+  static std::shared_ptr<ProcessGroup> from_environment(ProcessGroupOptions options = {});
 
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;

@@ -20,6 +20,33 @@ class ConfigError : public Error {
   using Error::Error;
 };
 
+// A library option (a field of a component's options struct) has a value the component
+// cannot use: "option FullyShardedDataParallelOptions::fp32_reduce_scatter = true: expected
+// ...". Library code names its own options; the config layer (train/option_keys.h) rethrows it
+// as a ConfigError naming the YAML key the user wrote, with the same value and expectation.
+class OptionError : public ConfigError {
+ public:
+  OptionError(std::string option, std::string value, std::string expected)
+      : ConfigError("option " + option + " = " + value + ": expected " + expected),
+        option_(std::move(option)),
+        value_(std::move(value)),
+        expected_(std::move(expected)) {}
+  const std::string& option() const {
+    return option_;
+  }
+  const std::string& value() const {
+    return value_;
+  }
+  const std::string& expected() const {
+    return expected_;
+  }
+
+ private:
+  std::string option_;
+  std::string value_;
+  std::string expected_;
+};
+
 // A dataset file is missing, truncated or not in the expected format.
 class DataError : public Error {
  public:

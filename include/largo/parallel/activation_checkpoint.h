@@ -76,6 +76,12 @@ struct CheckpointOptions {
 std::vector<at::Tensor> checkpoint(
     SegmentFunction function, std::vector<at::Tensor> inputs, CheckpointOptions options = {});
 
+// 0 outside a checkpointed segment's backward; inside it (its recompute and the
+// back-propagation through the recomputed graph, on this thread) an id unique to that
+// recompute. FullyShardedDataParallel uses it to keep its prefetches inside the segment
+// being recomputed.
+int64_t current_recompute_id();
+
 // A segment made of `modules`: their parameters and buffers (collected recursively now, at
 // call time) become options.parameters and options.buffers.
 std::vector<at::Tensor> checkpoint_modules(

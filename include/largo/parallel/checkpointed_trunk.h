@@ -1,22 +1,18 @@
 // Activation checkpointing for Largo's trunk-of-blocks models, the way VISSL's
 // MODEL.ACTIVATION_CHECKPOINTING switches it on: the trunk's blocks are cut into
 // NUM_ACTIVATION_CHECKPOINTING_SPLITS contiguous segments and every segment but the last is
-// checkpointed (parallel/activation_checkpoint.h); the head runs normally.
+// checkpointed (parallel/activation_checkpoint.h); the head runs normally. The trunk case of
+// sequential_checkpoint_plan.h (where to cut, what it saves) and checkpointed_segments.h
+// (installing the cut in the model).
 //
-// Where to cut: by default at the boundaries that balance the *measured activation bytes*
-// of the segments (a training forward on a small probe batch, block by block, counting the
-// bytes each block leaves held for the backward). That is the quantity checkpointing saves,
-// and a checkpointed backward holds one segment's activations at a time, so the peak is set
-// by the largest segment. Parameter counts are a poor proxy: a ResNet's early blocks hold
-// most of the activations and few of the parameters, its late blocks the reverse.
-//
-// Each segment runs model->forward_trunk_range(x, begin, end): the blocks' normal forward
-// path, so units wrapped for ZeRO-3/FSDP gather their parameters again in the recompute;
-// the segment's parameters and buffers are collected from its blocks at every forward.
-// No collectives (the probes run only local forward/backward passes).
+// Each segment runs the blocks' normal forward path; the segment's parameters and buffers
+// are collected from its blocks at every forward. No collectives (the probes run only local
+// forward/backward passes).
 #pragma once
 
 #include <largo/models/trunk_head_model.h>
+#include <largo/parallel/checkpointed_segments.h>
+#include <largo/parallel/sequential_checkpoint_plan.h>
 
 #include <torch/arg.h>
 #include <torch/types.h>
@@ -29,15 +25,6 @@
 
 namespace largo::parallel {
 
-// Runs trunk blocks [begin, end) on x: by default the model's forward_trunk_range;
-// FullyShardedDataParallel's gathers each unit first.
-using TrunkBlockRunner = std::function<at::Tensor(const at::Tensor& x, int64_t begin, int64_t end)>;
-
-// What balances the segments.
-enum class SegmentCost {
-  kActivationBytes, // measured bytes each block holds for the backward (the default)
-  kBlockCount,      // equal numbers of blocks, as torch.utils.checkpoint.checkpoint_sequential
-};
 
 struct TrunkCheckpointingOptions {
   // MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS: the number of
@@ -81,10 +68,10 @@ class CheckpointedTrunk {
   // The model's forward with the trunk's segments checkpointed: the same values (and, on
   // the CPU, bit for bit the same gradients) as model->forward(images).
   at::Tensor forward(at::Tensor images);
-  // The trunk alone (images -> features), with every segment's blocks run by `run_blocks`,
-  // in the forward and in the recompute (FSDP: its forward_blocks, so that the recompute
-  // gathers each unit again).
-  at::Tensor forward_trunk(at::Tensor images, const TrunkBlockRunner& run_blocks);
+  // Installs the segments in the model itself (checkpointed_segments.h), so that its own
+  // forward checkpoints them; composes with FullyShardedDataParallel when installed after it.
+  // The segments are removed again when the returned object is destroyed.
+  std::unique_ptr<CheckpointedSegments> install() const;
 
   models::TrunkHeadModel& model() {
     return model_;
@@ -108,27 +95,6 @@ class CheckpointedTrunk {
   bool preserve_rng_state_;
   std::vector<int64_t> block_activation_bytes_;
   std::string cut_by_ = "cut at the given boundaries";
-};
-
-// Peak activation memory of one training step, with and without checkpointing: the peak of
-// the bytes allocated during the step (forward, a scalar loss, backward) above those live
-// before it, with the parameter gradients already allocated — what autograd holds for the
-// backward plus the step's temporaries. (A step that frees its gradients beforehand, as
-// zero_grad(set_to_none) does, also allocates `gradient_bytes` during its backward.)
-struct ActivationMemoryReport {
-  int64_t batch_size = 0;
-  int64_t peak_bytes_without = 0;
-  int64_t peak_bytes_with = 0;
-  int64_t gradient_bytes = 0; // the parameter gradients' bytes
-  std::string how;            // how the figures were obtained, for the log
-  double saved_fraction() const {
-    return peak_bytes_without > 0 ? 1.0 - static_cast<double>(peak_bytes_with) /
-                                              static_cast<double>(peak_bytes_without)
-                                  : 0.0;
-  }
-  // "peak activation memory of a training step at batch 128: 1.20 GiB without
-  // checkpointing, 512.0 MiB with it (58 % saved; projected linearly from ...); ..."
-  std::string describe() const;
 };
 
 // Measures ActivationMemoryReport for `batch_size` samples of `sample_shape` ([C, H, W]) with

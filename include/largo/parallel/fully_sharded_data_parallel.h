@@ -2,11 +2,14 @@
 // parameters are sharded too, not only the optimizer state and the gradients, so every rank
 // holds 1/N of the model between uses and the whole of at most one or two units at a time.
 //
-// Units: the model (a trunk of blocks + a head, models/trunk_head_model.h) is cut into
-// units. Every trunk block with at least auto_wrap_threshold trainable parameter elements
-// (0: every block that has parameters) is a unit of its own; the remaining trainable
-// parameters (small blocks, the head) form the root unit. With compute copies (below), the
-// parameters of the modules kept in float32 (BatchNorm) form one more unit, "float32".
+// Units: any module with a tensor -> tensor forward (held as a torch::nn::AnyModule) is cut
+// into units by a wrap policy (wrap_policy.h): each Sequential element the policy selects is
+// a unit of its own (for Largo's trunk-of-blocks models, VISSL's AUTO_WRAP_THRESHOLD: every
+// trunk block with enough trainable parameters); the remaining trainable parameters (small
+// blocks, the head) form the root unit. With compute copies (below), the parameters of the
+// modules kept in float32 (BatchNorm) form one more unit, "float32". A unit's forward is
+// intercepted in its Sequential (sequential_interception.h): its parameters are gathered
+// before it runs; names and state dicts do not change.
 //
 // Storage: a unit's trainable parameters are laid out in one flat buffer of their dtype
 // (flat_layout.h, padded to a multiple of the world size); rank r keeps only its even slice
@@ -21,9 +24,9 @@
 // One training step:
 //   forward():  buffers broadcast from rank 0 (BatchNorm statistics, as DDP's
 //               broadcast_buffers); the root (and float32) unit gathered and kept until
-//               the end of the backward; then per trunk block: gather its unit, run the
-//               block, free the unit again when reshard_after_forward (and hook its
-//               output, see below).
+//               the end of the backward; then the module's own forward, in which each
+//               wrapped unit is gathered when it runs and freed again after it when
+//               reshard_after_forward (and its output hooked, see below).
 //   backward(): when the gradient of a unit's output arrives (a hook on that tensor, i.e.
 //               before the unit's own backward runs), the unit is gathered again; once every
 //               parameter of a unit has its gradient (post-hooks on the gradient
@@ -43,10 +46,13 @@
 // gradients (zero_grad(set_to_none)) or zeroed them, or after zero_grad() here.
 //
 // Prefetch (on by default): the next unit's all-gather is started asynchronously before the
-// current unit runs (forward: the next block; backward: the previous block).
+// current unit runs (forward: the next unit in wrap order, which for Sequential-built models
+// is the order they run in; backward: the previous one).
 //
-// Activation checkpointing: forward(images, trunk) with CheckpointedTrunk::forward_trunk; the
-// recompute runs forward_blocks() again, which gathers each unit again.
+// Activation checkpointing: applied to the same Sequential elements after FSDP wraps them
+// (activation_checkpoint_wrapper.h), so a checkpointed segment's recompute runs the units'
+// interceptors again, which gather each unit again; prefetches stay inside the segment being
+// recomputed.
 //
 // Mixed precision with compute copies (compute_dtype; FairScale's mixed_precision, VISSL's
 // FSDP AMP_TYPE O2): the shards stay float32 and are the master weights the optimizer
@@ -73,11 +79,12 @@
 #pragma once
 
 #include <largo/comm/process_group.h>
-#include <largo/models/trunk_head_model.h>
 #include <largo/optim/optimizer.h>
-#include <largo/parallel/checkpointed_trunk.h>
 #include <largo/parallel/flat_layout.h>
 #include <largo/parallel/piece_optimizer_state.h>
+#include <largo/parallel/wrap_policy.h>
+
+#include <torch/nn/modules/container/any.h>
 
 #include <cstdint>
 #include <functional>
@@ -91,14 +98,15 @@
 namespace largo::parallel {
 
 struct FullyShardedDataParallelOptions {
-  // MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD: a trunk block with at least this many trainable
-  // parameter elements is a unit of its own; 0 wraps every block that has parameters.
-  int64_t auto_wrap_threshold = 0;
+  // Which Sequential elements are units of their own (the rest is the root unit). The
+  // trainer's: WrapPolicy::elements_of("trunk") && min_trainable_parameters(
+  // MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD).
+  WrapPolicy wrap_policy = WrapPolicy::min_trainable_parameters(0);
   // MODEL.FSDP_CONFIG.reshard_after_forward: free a unit's full parameters after its forward
   // (gathered again for its backward); false keeps them until its gradients are reduced.
   bool reshard_after_forward = true;
-  // Start the all-gather of the next unit (in the forward: the next block's; in the backward:
-  // the previous block's) before running this one, so that communication overlaps compute.
+  // Start the all-gather of the next unit (in the forward: the next one's; in the backward:
+  // the previous one's) before running this one, so that communication overlaps compute.
   // Costs one more unit gathered at a time.
   bool prefetch = true;
   bool broadcast_buffers = true; // DISTRIBUTED.BROADCAST_BUFFERS: rank 0's buffers each forward
@@ -118,8 +126,8 @@ struct FullyShardedDataParallelOptions {
 // How FullyShardedDataParallel cuts a model into units (see above), without sharding anything
 // or communicating: for the trainer's log and `largo estimate`.
 struct FsdpUnitPlan {
-  std::string name;   // "trunk.3", "root" or "float32"
-  int64_t block = -1; // the trunk block it wraps; -1 for the root and float32 units
+  std::string name;      // the wrapped module's name ("trunk.3"), "root" or "float32"
+  int64_t position = -1; // its place among the wrapped units; -1 for the root and float32
   std::vector<std::string> param_names;
   std::vector<at::Tensor> params;
   int64_t numel = 0; // trainable parameter elements
@@ -127,16 +135,21 @@ struct FsdpUnitPlan {
   // else (and for the float32 unit) the parameters' own.
   at::ScalarType gathered_dtype = at::kFloat;
 };
-// Uses auto_wrap_threshold, compute_dtype and keeps_fp32 of `options`.
-std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
+// Uses wrap_policy, compute_dtype and keeps_fp32 of `options`.
+std::vector<FsdpUnitPlan> plan_fsdp_units(const std::shared_ptr<torch::nn::Module>& model,
                                            const FullyShardedDataParallelOptions& options);
 
 class FullyShardedDataParallel {
  public:
   // One unit: its parameters, their place in the flat buffer and this rank's shard.
   struct Unit {
-    std::string name;   // "trunk.3", "root" or "float32"
-    int64_t block = -1; // the trunk block it wraps; -1: gathered for the whole step
+    std::string name;      // the wrapped module's name ("trunk.3"), "root" or "float32"
+    int64_t position = -1; // its place among the wrapped units; -1: gathered for the whole step
+    // A wrapped unit: the Sequential element it intercepts and that element's own forward
+    // (put back when this object is destroyed).
+    torch::nn::Sequential container{nullptr};
+    size_t index_in_container = 0;
+    torch::nn::AnyModule module_forward;
     std::vector<std::string> param_names;
     std::vector<at::Tensor> params; // the module's parameters (views of `full`)
     FlatLayout layout{{}, 1};
@@ -154,39 +167,37 @@ class FullyShardedDataParallel {
     size_t num_ready = 0;
     bool reduced = false;
     bool used_in_backward = false;
+    // Where the unit last ran: -1 under no-grad, 0 in a forward with grad, or the id of the
+    // activation-checkpoint recompute it ran in (activation_checkpoint.h); the backward
+    // prefetches the previous unit only when it ran in the same place.
+    int64_t ran_in = -1;
   };
 
-  // Broadcasts rank 0's parameters and buffers (a collective), cuts `model` into units and
-  // keeps this rank's shard of each (the full buffers start freed). Throws ConfigError for
-  // a negative auto_wrap_threshold, and for bfloat16 gradients to reduce on a Gloo that
+  // Broadcasts rank 0's parameters and buffers (a collective), cuts `model` into units,
+  // intercepts the wrapped units' forwards and keeps this rank's shard of each (the full
+  // buffers start freed). Throws OptionError for bfloat16 gradients to reduce on a Gloo that
   // cannot (libtorch 1.13 without fp32_reduce_scatter); largo::Error for trainable
   // parameters that are not floating point or not all on one device and dtype within a
   // unit, and for frozen parameters outside keeps_fp32 modules with compute copies.
   FullyShardedDataParallel(
-      models::TrunkHeadModel model,
+      torch::nn::AnyModule model,
       std::shared_ptr<comm::ProcessGroup> group,
       FullyShardedDataParallelOptions options = {});
+  // For a module holder (`Net` for `struct NetImpl`, models::TrunkHeadModel).
+  template <typename ModuleImpl>
+  FullyShardedDataParallel(
+      torch::nn::ModuleHolder<ModuleImpl> model,
+      std::shared_ptr<comm::ProcessGroup> group,
+      FullyShardedDataParallelOptions options = {})
+      : FullyShardedDataParallel(torch::nn::AnyModule(model), std::move(group), std::move(options)) {}
   ~FullyShardedDataParallel();
   FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
   FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
 
-  // The trunk's forward, given what runs a range of its blocks (e.g. CheckpointedTrunk's
-  // forward_trunk, which checkpoints segments of blocks).
-  using TrunkForward =
-      std::function<at::Tensor(const at::Tensor& images, const TrunkBlockRunner& run_blocks)>;
-
-  // The model's forward (images -> head output), gathering unit by unit as described
-  // above; with compute copies, floating-point images are cast to compute_dtype and the
-  // output is in it. Collective. Under torch::NoGradGuard every unit is freed before it
-  // returns.
-  // With `trunk`, the trunk runs through it, its blocks through forward_blocks(): activation
-  // checkpointing, whose recompute (in the backward) gathers each unit again.
-  at::Tensor forward(const at::Tensor& images, const TrunkForward& trunk = {});
-
-  // Trunk blocks [begin, end) on x, each unit gathered before its block runs (and freed
-  // after it with reshard_after_forward), its output hooked to gather it again for the
-  // backward. Only inside forward(): the root unit and the buffers are set up there.
-  at::Tensor forward_blocks(const at::Tensor& x, int64_t begin, int64_t end);
+  // The model's forward (input -> output), gathering unit by unit as described above; with
+  // compute copies, a floating-point input is cast to compute_dtype and the output is in it.
+  // Collective. Under torch::NoGradGuard every unit is freed before it returns.
+  at::Tensor forward(const at::Tensor& input);
 
   // Builds `make_base` over this rank's pieces of `groups` (groups of the model's
   // parameters, e.g. optim::build_param_groups(*model, ...), matched by name; a group may
@@ -249,11 +260,9 @@ class FullyShardedDataParallel {
   const std::vector<Unit>& units() const {
     return units_;
   }
-  models::TrunkHeadModel& model() {
-    return model_;
-  }
-  const models::TrunkHeadModel& model() const {
-    return model_;
+  // The wrapped module (its wrapped units' forwards intercepted).
+  const std::shared_ptr<torch::nn::Module>& module() const {
+    return module_;
   }
   comm::ProcessGroup& process_group() const {
     return *group_;
@@ -271,19 +280,22 @@ class FullyShardedDataParallel {
   void attach_piece_gradients(Unit& unit);
   void on_gradient_ready(size_t param_index);
   void on_backward_end();
+  // A wrapped unit's interceptor: gather, prefetch, run, hook the output, free.
+  at::Tensor run_unit(size_t u, const at::Tensor& x);
+  void build_unit(size_t u, FsdpUnitPlan plan, std::vector<at::Tensor>& hooked);
   // Gathers the units' shards one at a time into a scratch buffer of the shards' dtype (so
   // the float32 masters, not the compute copies; collective) and, when `keep`, returns `copy`
   // of each of their parameters by name.
   std::unordered_map<std::string, at::Tensor> copy_units(
       bool keep, const std::function<at::Tensor(const at::Tensor&)>& copy);
 
-  models::TrunkHeadModel model_;
+  torch::nn::AnyModule model_;
+  std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<comm::ProcessGroup> group_;
   FullyShardedDataParallelOptions options_;
-  std::vector<Unit> units_;            // the wrapped blocks in trunk order, then the root
-  std::vector<int64_t> unit_of_block_; // trunk block -> index into units_, -1: in the root
-  std::vector<size_t> block_units_;    // the units of wrapped blocks, in forward order
-  std::vector<size_t> position_of_block_; // wrapped trunk block -> its index in block_units_
+  // The wrapped units in wrap order (positions 0, 1, ...), then the root and float32 units.
+  std::vector<Unit> units_;
+  size_t num_wrapped_ = 0;
   // Hook index -> (unit, parameter within the unit).
   std::vector<std::pair<size_t, size_t>> hooked_params_;
   std::vector<at::Tensor> buffers_;

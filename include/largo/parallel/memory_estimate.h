@@ -18,7 +18,7 @@
 //     dtype, padded to a multiple of the world size; a rank's optimizer state covers its
 //     pieces, with one "step" scalar per piece.
 // Stage 0 is DDP (everything full), 1 shards optimizer state (the flat parameter buffer is
-// padded), 2 also gradients, 3 also parameters (FSDP, not built yet: its figure is the
+// padded), 2 also gradients, 3 also parameters (FSDP: its figure is the
 // formula applied to the same slices). Frozen parameters count as full parameters only.
 // Transient memory (DDP/SDP communication buckets in flight, stage 3's gathered parameters,
 // activations) is not model state and is not counted.

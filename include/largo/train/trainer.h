@@ -1,5 +1,8 @@
-// The training loop: data → model → loss → backward → optimizer step → LR schedule,
-// with evaluation, logging (console, metrics.jsonl, TensorBoard) and checkpoints.
+// The training loop of the `largo` program, built only from the library's public parts:
+//   resolve the config (run_plan.h) -> data (training_data.h) -> model (models/) ->
+//   parallel::parallelize() -> TrainStep over and over, with hooks for logging, evaluation
+//   and checkpoints (training_hooks.h) and the run's state in a checkpoint::TrainingState.
+// It never asks which parallel mode is on.
 //
 // Run directory (CHECKPOINT.DIR): train_config.yaml (the effective config),
 // metrics.jsonl, tb_logs/ (TensorBoard), model_iteration{N}.torch / model_phase{E}.torch
@@ -8,19 +11,15 @@
 // resumed run is bit-identical to an uninterrupted one (data order, augmentation and
 // dropout are functions of the seed, the epoch and the position, all restored).
 //
-// Data parallel: every rank of the process group runs a Trainer; each reads its own shard of
-// every epoch (DistributedSampler, or VISSL's StatefulDistributedSampler), gradients are
-// averaged by DistributedDataParallel, and evaluation runs on every rank over a split of
-// the test set with the counts summed. Rank 0 alone logs, writes metrics, TensorBoard and
-// checkpoints (with every rank's RNG state). run() is collective.
-//
-// ZeRO (docs/zero.md): with TrainerOptions::zero the optimizer is a ShardedOptimizer
-// (stage 1) and, for stage 2, ShardedDataParallel replaces DistributedDataParallel; every
-// rank then writes its own optimizer shard beside each checkpoint (sharded_checkpoint.h).
+// Data parallel: every rank of the process group runs a Trainer; each reads its own share
+// of every epoch, and evaluation runs on every rank over a split of the test set with the
+// counts summed. Rank 0 alone logs, writes metrics, TensorBoard and checkpoints (with every
+// rank's RNG state; ZeRO: every rank writes its optimizer shard). run() is collective.
 #pragma once
 
 #include <largo/comm/process_group.h>
 #include <largo/models/trunk_head_model.h>
+#include <largo/train/run_plan.h>
 #include <largo/train/trainer_options.h>
 
 #include <map>
@@ -50,6 +49,9 @@ class Trainer {
   // group over RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (or SLURM / Open MPI's variables), or
   // a single process when none are set.
   explicit Trainer(TrainerOptions options, std::string effective_config_yaml = "",
+                   std::shared_ptr<comm::ProcessGroup> group = nullptr);
+  // The same from a resolved run (`largo train`: resolve_run(config)).
+  explicit Trainer(RunPlan plan, std::string effective_config_yaml = "",
                    std::shared_ptr<comm::ProcessGroup> group = nullptr);
   ~Trainer();
 

@@ -7,17 +7,8 @@
 #include <largo/core/config.h>
 #include <largo/train/trainer_options.h>
 
-namespace largo::parallel {
-struct FullyShardedDataParallelOptions;
-} // namespace largo::parallel
-
 namespace largo::train {
 
 TrainerOptions trainer_options_from_config(const Config& config);
-
-// The FullyShardedDataParallel options a run with `options` uses (MODEL.FSDP_CONFIG, the
-// buffer broadcast, compute copies with BatchNorm kept float32): for the trainer and for
-// `largo estimate`, which sizes the same units.
-parallel::FullyShardedDataParallelOptions fully_sharded_options(const TrainerOptions& options);
 
 } // namespace largo::train

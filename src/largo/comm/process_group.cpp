@@ -1,5 +1,7 @@
 #include <largo/comm/process_group.h>
 
+#include <largo/comm/world_info.h>
+
 #include <largo/core/error.h>
 #include <largo/core/torch_compat.h>
 
@@ -120,6 +122,26 @@ struct ProcessGroup::Impl {
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ProcessGroup::~ProcessGroup() = default;
+
+bool ProcessGroup::nccl_built() {
+#if defined(LARGO_WITH_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::from_environment(ProcessGroupOptions options) {
+  const auto world = world_from_environment();
+  if (!world || world->world_size == 1) {
+    return single_process();
+  }
+  options.rank = world->rank;
+  options.world_size = world->world_size;
+  options.master_addr = world->master_addr;
+  options.master_port = world->master_port;
+  return create(options);
+}
 
 std::shared_ptr<ProcessGroup> ProcessGroup::single_process() {
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::make_unique<Impl>()));
@@ -269,9 +291,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& op
       impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, options.rank,
                                                                    options.world_size, nccl_options);
 #else
-      throw ConfigError(
-          "DISTRIBUTED.BACKEND = nccl: this build of Largo has no NCCL (a CPU libtorch); use "
-          "DISTRIBUTED.BACKEND=gloo");
+      throw OptionError("ProcessGroupOptions::backend", "nccl",
+                        "gloo: this build of Largo has no NCCL, having been built against a "
+                        "libtorch without CUDA (docs/distributed.md, GPUs and NCCL, says how to "
+                        "build against a CUDA libtorch)");
 #endif
     }
   } catch (const Error&) {

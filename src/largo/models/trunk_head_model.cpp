@@ -59,7 +59,9 @@ std::shared_ptr<torch::nn::Module> TrunkHeadModelImpl::trunk_block(int64_t index
         num_trunk_blocks(),
         num_trunk_blocks() - 1));
   }
-  return trunk_->ptr(static_cast<size_t>(index));
+  // The registered block, not what the trunk runs in its place (an FSDP unit or a checkpointed
+  // segment intercepts its forward: parallel/sequential_interception.h).
+  return trunk_->named_children()[static_cast<size_t>(index)].value();
 }
 
 } // namespace largo::models

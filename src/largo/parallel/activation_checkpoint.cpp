@@ -4,6 +4,7 @@
 #include <largo/core/torch_compat.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <atomic>
 #include <ATen/core/ivalue.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -73,6 +74,25 @@ class RngFork {
 
  private:
   RngStates caller_;
+};
+
+std::atomic<int64_t> next_recompute_id{1};
+thread_local int64_t recompute_id = 0;
+
+// Marks this thread as inside a segment's recompute for its lifetime.
+class RecomputeScope {
+ public:
+  RecomputeScope() : previous_(recompute_id) {
+    recompute_id = next_recompute_id.fetch_add(1);
+  }
+  ~RecomputeScope() {
+    recompute_id = previous_;
+  }
+  RecomputeScope(const RecomputeScope&) = delete;
+  RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+ private:
+  int64_t previous_;
 };
 
 // Copies buffers now and copies the values back on destruction.
@@ -261,6 +281,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // function returns, after the recompute's graph has been used: restoring them earlier
     // would trip the version check on the running statistics BatchNorm saves for backward.
     BufferRestorer restore_buffers(state->buffers);
+    RecomputeScope recompute;
     std::vector<at::Tensor> outputs;
     {
       std::optional<RngFork> rng;
@@ -524,6 +545,10 @@ at::Tensor checkpoint_sequential(
       segment_boundaries_by_count(static_cast<int64_t>(sequential->size()), num_segments),
       std::move(input),
       preserve_rng_state);
+}
+
+int64_t current_recompute_id() {
+  return recompute_id;
 }
 
 } // namespace largo::parallel

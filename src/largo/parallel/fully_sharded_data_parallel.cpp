@@ -3,7 +3,9 @@
 #include <largo/core/error.h>
 #include <largo/core/torch_compat.h>
 #include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/activation_checkpoint.h>
 #include <largo/parallel/grad_ready_hooks.h>
+#include <largo/parallel/sequential_interception.h>
 #include <largo/parallel/sharded_optimizer.h>
 
 #include <c10/core/StorageImpl.h>
@@ -41,41 +43,39 @@ int64_t full_bytes(const FullyShardedDataParallel::Unit& unit) {
   return unit.layout.padded_numel() * static_cast<int64_t>(unit.full.element_size());
 }
 
-} // namespace
 
-std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
-                                           const FullyShardedDataParallelOptions& options) {
-  // With compute copies, the parameters of the modules kept in float32 go to a unit of
-  // their own, whatever block they are in.
-  std::unordered_set<std::string> float32_names;
-  if (options.compute_dtype && options.keeps_fp32) {
-    for (const auto& item : model->named_modules()) {
-      if (!options.keeps_fp32(*item.value())) {
-        continue;
-      }
-      for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
-        float32_names.insert(item.key().empty() ? param.key() : item.key() + "." + param.key());
-      }
+// The parameter names of the modules kept in float32 (with compute copies only).
+std::unordered_set<std::string> float32_parameter_names(
+    torch::nn::Module& model, const FullyShardedDataParallelOptions& options) {
+  std::unordered_set<std::string> names;
+  if (!options.compute_dtype || !options.keeps_fp32) {
+    return names;
+  }
+  for (const auto& item : model.named_modules()) {
+    if (!options.keeps_fp32(*item.value())) {
+      continue;
+    }
+    for (const auto& param : item.value()->named_parameters(/*recurse=*/false)) {
+      names.insert(item.key().empty() ? param.key() : item.key() + "." + param.key());
     }
   }
+  return names;
+}
+
+} // namespace
+
+std::vector<FsdpUnitPlan> plan_fsdp_units(const std::shared_ptr<torch::nn::Module>& model,
+                                           const FullyShardedDataParallelOptions& options) {
+  // With compute copies, the parameters of the modules kept in float32 go to a unit of
+  // their own, wherever they are.
+  const std::unordered_set<std::string> float32_names = float32_parameter_names(*model, options);
   std::vector<FsdpUnitPlan> units;
   std::vector<std::string> unit_prefixes;
-  for (int64_t b = 0; b < model->num_trunk_blocks(); ++b) {
-    const std::string prefix = fmt::format("trunk.{}.", b);
-    int64_t numel = 0;
-    bool trainable = false;
-    for (const auto& item : model->trunk_block(b)->named_parameters()) {
-      if (item.value().requires_grad() && float32_names.count(prefix + item.key()) == 0) {
-        numel += item.value().numel();
-        trainable = true;
-      }
-    }
-    if (trainable && numel >= options.auto_wrap_threshold) {
-      units.emplace_back();
-      units.back().name = fmt::format("trunk.{}", b);
-      units.back().block = b;
-      unit_prefixes.push_back(prefix);
-    }
+  for (const WrapTarget& target : find_wrap_targets(model, options.wrap_policy)) {
+    units.emplace_back();
+    units.back().name = target.name;
+    units.back().position = static_cast<int64_t>(unit_prefixes.size());
+    unit_prefixes.push_back(target.name + ".");
   }
   const size_t root = units.size();
   units.emplace_back();
@@ -106,9 +106,16 @@ std::vector<FsdpUnitPlan> plan_fsdp_units(const models::TrunkHeadModel& model,
           : *options.compute_dtype;
     }
   }
-  units.erase(std::remove_if(units.begin() + static_cast<std::ptrdiff_t>(root), units.end(),
+  // A wrapped module whose trainable parameters all went to the float32 unit is no unit.
+  units.erase(std::remove_if(units.begin(), units.end(),
                              [](const FsdpUnitPlan& unit) { return unit.params.empty(); }),
               units.end());
+  int64_t position = 0;
+  for (FsdpUnitPlan& unit : units) {
+    if (unit.position >= 0) {
+      unit.position = position++;
+    }
+  }
   return units;
 }
 
@@ -116,137 +123,150 @@ struct FullyShardedDataParallel::Hooks {
   std::unique_ptr<GradReadyHooks> grad_ready;
 };
 
+namespace {
+
+void check_options(const FullyShardedDataParallelOptions& options, comm::ProcessGroup* group) {
+  if (group == nullptr) {
+    throw ConfigError("FullyShardedDataParallel needs a process group (got none)");
+  }
+  if (options.compute_dtype && !options.fp32_reduce_scatter &&
+      *options.compute_dtype == at::kBFloat16 && group->world_size() > 1 &&
+      group->backend() == "gloo" && !compat::kGlooReducesBFloat16) {
+    throw OptionError(
+        "FullyShardedDataParallelOptions::fp32_reduce_scatter", "false",
+        fmt::format("true with bfloat16 compute copies on the Gloo backend of this libtorch "
+                    "({}), which cannot reduce bfloat16 gradients (they are then reduced in "
+                    "float32)",
+                    TORCH_VERSION));
+  }
+}
+
+// With compute copies, a frozen parameter stays whole in its own dtype; outside the float32
+// modules it would meet low-precision inputs.
+void check_frozen_parameters(torch::nn::Module& model, at::ScalarType compute_dtype,
+                             const std::vector<FsdpUnitPlan>& plans) {
+  std::unordered_set<const c10::TensorImpl*> sharded;
+  for (const FsdpUnitPlan& plan : plans) {
+    for (const at::Tensor& param : plan.params) {
+      sharded.insert(param.unsafeGetTensorImpl());
+    }
+  }
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (sharded.count(item.value().unsafeGetTensorImpl()) == 0 &&
+        item.value().is_floating_point() && item.value().scalar_type() != compute_dtype) {
+      throw Error(fmt::format(
+          "FullyShardedDataParallel with {} compute copies: the frozen parameter {} is not "
+          "sharded and stays {}, which would meet {} inputs; make it trainable or cast it",
+          c10::toString(compute_dtype), item.key(), c10::toString(item.value().scalar_type()),
+          c10::toString(compute_dtype)));
+    }
+  }
+}
+
+void check_unit_parameters(const FsdpUnitPlan& plan) {
+  const at::Tensor& first = plan.params.front();
+  for (size_t i = 0; i < plan.params.size(); ++i) {
+    const at::Tensor& param = plan.params[i];
+    if (!param.is_floating_point() || param.scalar_type() != first.scalar_type() ||
+        param.device() != first.device()) {
+      throw Error(fmt::format(
+          "FullyShardedDataParallel: the parameters of unit {} must be floating point and "
+          "share one dtype and device; {} is {} on {} but {} is {} on {}",
+          plan.name, plan.param_names[i], c10::toString(param.scalar_type()),
+          param.device().str(), plan.param_names.front(), c10::toString(first.scalar_type()),
+          first.device().str()));
+    }
+  }
+}
+
+} // namespace
+
 FullyShardedDataParallel::FullyShardedDataParallel(
-    models::TrunkHeadModel model,
+    torch::nn::AnyModule model,
     std::shared_ptr<comm::ProcessGroup> group,
     FullyShardedDataParallelOptions options)
     : model_(std::move(model)),
+      module_(model_.ptr()),
       group_(std::move(group)),
-      options_(options),
+      options_(std::move(options)),
       hooks_(std::make_unique<Hooks>()) {
-  if (!group_) {
-    throw ConfigError("FullyShardedDataParallel needs a process group (got none)");
-  }
-  if (options_.auto_wrap_threshold < 0) {
-    throw ConfigError(fmt::format(
-        "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD must be >= 0 (0 wraps every trunk block that "
-        "has parameters), got {}",
-        options_.auto_wrap_threshold));
-  }
-  if (options_.compute_dtype && !options_.fp32_reduce_scatter &&
-      *options_.compute_dtype == at::kBFloat16 && group_->world_size() > 1 &&
-      group_->backend() == "gloo" &&
-      !compat::kGlooReducesBFloat16) {
-    throw ConfigError(fmt::format(
-        "FSDP with bfloat16 compute copies reduces bfloat16 gradients, which the Gloo backend "
-        "of this libtorch ({}) cannot; set MODEL.FSDP_CONFIG.fp32_reduce_scatter True (the "
-        "gradients are then reduced in float32)",
-        TORCH_VERSION));
-  }
-
-  const int rank = group_->rank();
-  const int world_size = group_->world_size();
+  check_options(options_, group_.get());
   torch::NoGradGuard no_grad;
 
   // Every rank starts from rank 0's model.
-  std::vector<at::Tensor> state = model_->parameters();
-  buffers_ = model_->buffers();
+  std::vector<at::Tensor> state = module_->parameters();
+  buffers_ = module_->buffers();
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   broadcast_coalesced(*group_, state, 0);
 
-  // Units: trunk blocks with enough trainable parameter elements, then the root (and the
-  // float32 unit).
-  const int64_t num_blocks = model_->num_trunk_blocks();
-  unit_of_block_.assign(static_cast<size_t>(num_blocks), -1);
-  position_of_block_.assign(static_cast<size_t>(num_blocks), 0);
-  std::vector<at::ScalarType> gathered_dtypes;
-  for (FsdpUnitPlan& plan : plan_fsdp_units(model_, options_)) {
-    if (plan.block >= 0) {
-      unit_of_block_[static_cast<size_t>(plan.block)] = static_cast<int64_t>(units_.size());
-      position_of_block_[static_cast<size_t>(plan.block)] = block_units_.size();
-      block_units_.push_back(units_.size());
-    }
-    gathered_dtypes.push_back(plan.gathered_dtype);
-    units_.emplace_back();
-    units_.back().name = std::move(plan.name);
-    units_.back().block = plan.block;
-    units_.back().param_names = std::move(plan.param_names);
-    units_.back().params = std::move(plan.params);
-  }
+  std::vector<FsdpUnitPlan> plans = plan_fsdp_units(module_, options_);
   if (options_.compute_dtype) {
-    std::unordered_set<const c10::TensorImpl*> sharded;
-    for (const Unit& unit : units_) {
-      for (const at::Tensor& param : unit.params) {
-        sharded.insert(param.unsafeGetTensorImpl());
-      }
-    }
-    for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
-      if (sharded.count(item.value().unsafeGetTensorImpl()) == 0 &&
-          item.value().is_floating_point() &&
-          item.value().scalar_type() != *options_.compute_dtype) {
-        throw Error(fmt::format(
-            "FullyShardedDataParallel with {} compute copies: the frozen parameter {} is not "
-            "sharded and stays {}, which would meet {} inputs; make it trainable or cast it",
-            c10::toString(*options_.compute_dtype), item.key(),
-            c10::toString(item.value().scalar_type()), c10::toString(*options_.compute_dtype)));
-      }
-    }
+    check_frozen_parameters(*module_, *options_.compute_dtype, plans);
   }
-
-  // Each unit's parameters become views of its full flat buffer (of the compute dtype); this
-  // rank keeps its slice of the parameters' own values (the float32 masters).
+  std::unordered_map<std::string, WrapTarget> targets;
+  for (WrapTarget& target : find_wrap_targets(module_, options_.wrap_policy)) {
+    targets.emplace(target.name, std::move(target));
+  }
+  units_.resize(plans.size());
   std::vector<at::Tensor> hooked;
-  for (size_t u = 0; u < units_.size(); ++u) {
+  for (size_t u = 0; u < plans.size(); ++u) {
+    num_wrapped_ += plans[u].position >= 0 ? 1 : 0;
+    build_unit(u, std::move(plans[u]), hooked);
     Unit& unit = units_[u];
-    const at::Tensor& first = unit.params.front();
-    std::vector<int64_t> numels;
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      const at::Tensor& param = unit.params[i];
-      if (!param.is_floating_point() || param.scalar_type() != first.scalar_type() ||
-          param.device() != first.device()) {
-        throw Error(fmt::format(
-            "FullyShardedDataParallel: the parameters of unit {} must be floating point and "
-            "share one dtype and device; {} is {} on {} but {} is {} on {}",
-            unit.name,
-            unit.param_names[i],
-            c10::toString(param.scalar_type()),
-            param.device().str(),
-            unit.param_names.front(),
-            c10::toString(first.scalar_type()),
-            first.device().str()));
-      }
-      numels.push_back(param.numel());
+    if (unit.position >= 0) { // its forward runs through run_unit from now on
+      const WrapTarget& target = targets.at(unit.name);
+      unit.container = target.container;
+      unit.index_in_container = target.index;
+      unit.module_forward = sequential_element_forward(*unit.container, target.index);
+      intercept_sequential_element(*unit.container, target.index,
+                                   [this, u](const at::Tensor& x) { return run_unit(u, x); });
     }
-    unit.layout = FlatLayout(numels, world_size);
-    at::Tensor values =
-        at::zeros({unit.layout.padded_numel()}, first.options().requires_grad(false));
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      values.narrow(0, unit.layout.offset(i), unit.params[i].numel())
-          .view(unit.params[i].sizes())
-          .copy_(unit.params[i]);
-    }
-    const int64_t shard_numel = unit.layout.shard_numel();
-    unit.shard = values.narrow(0, rank * shard_numel, shard_numel).clone();
-    unit.full = values.to(gathered_dtypes[u]); // `values` itself without compute copies
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      at::Tensor& param = unit.params[i];
-      param.set_data(
-          unit.full.narrow(0, unit.layout.offset(i), param.numel()).view(param.sizes()));
-      hooked_params_.emplace_back(u, i);
-      hooked.push_back(param);
-    }
-    unit.grad_shard = at::zeros_like(unit.shard);
-    unit.pieces = unit.layout.pieces_of_rank(rank);
-    for (const ShardPiece& piece : unit.pieces) {
-      unit.piece_params.push_back(
-          unit.shard.narrow(0, piece.flat_offset - rank * shard_numel, piece.numel));
-    }
-    attach_piece_gradients(unit);
-    resize_storage(unit.full, 0); // freed until its first forward
   }
-
   hooks_->grad_ready = std::make_unique<GradReadyHooks>(
       hooked, [this](size_t index) { on_gradient_ready(index); }, [this] { on_backward_end(); });
+}
+
+// Lays the unit's parameters out flat, keeps this rank's shard (the parameters' own values:
+// the float32 masters with compute copies) and makes the parameters views of the full buffer
+// (of the gathered dtype), which starts freed. Appends the parameters to `hooked`.
+void FullyShardedDataParallel::build_unit(size_t u, FsdpUnitPlan plan,
+                                          std::vector<at::Tensor>& hooked) {
+  check_unit_parameters(plan);
+  const int rank = group_->rank();
+  Unit& unit = units_[u];
+  unit.name = std::move(plan.name);
+  unit.position = plan.position;
+  unit.param_names = std::move(plan.param_names);
+  unit.params = std::move(plan.params);
+  std::vector<int64_t> numels;
+  for (const at::Tensor& param : unit.params) {
+    numels.push_back(param.numel());
+  }
+  unit.layout = FlatLayout(numels, group_->world_size());
+  at::Tensor values =
+      at::zeros({unit.layout.padded_numel()}, unit.params.front().options().requires_grad(false));
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    values.narrow(0, unit.layout.offset(i), unit.params[i].numel())
+        .view(unit.params[i].sizes())
+        .copy_(unit.params[i]);
+  }
+  const int64_t shard_numel = unit.layout.shard_numel();
+  unit.shard = values.narrow(0, rank * shard_numel, shard_numel).clone();
+  unit.full = values.to(plan.gathered_dtype); // `values` itself without compute copies
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    at::Tensor& param = unit.params[i];
+    param.set_data(unit.full.narrow(0, unit.layout.offset(i), param.numel()).view(param.sizes()));
+    hooked_params_.emplace_back(u, i);
+    hooked.push_back(param);
+  }
+  unit.grad_shard = at::zeros_like(unit.shard);
+  unit.pieces = unit.layout.pieces_of_rank(rank);
+  for (const ShardPiece& piece : unit.pieces) {
+    unit.piece_params.push_back(
+        unit.shard.narrow(0, piece.flat_offset - rank * shard_numel, piece.numel));
+  }
+  attach_piece_gradients(unit);
+  resize_storage(unit.full, 0); // freed until its first forward
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -258,6 +278,10 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
       } catch (const std::exception&) {
         // A failed collective was reported by whoever waited first; nothing to do here.
       }
+    }
+    if (unit.container) { // the element's forward no longer goes through this object
+      *(unit.container->begin() + static_cast<std::ptrdiff_t>(unit.index_in_container)) =
+          unit.module_forward;
     }
   }
 }
@@ -300,7 +324,7 @@ void FullyShardedDataParallel::free(Unit& unit) {
   gathered_bytes_ -= full_bytes(unit);
 }
 
-at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images, const TrunkForward& trunk) {
+at::Tensor FullyShardedDataParallel::forward(const at::Tensor& input) {
   // Units still gathered from an earlier forward (reshard_after_forward off, or a forward
   // with no backward) may predate an optimizer step: free them so that this forward gathers
   // the current shards. A pending backward of that forward gathers again in its hooks.
@@ -311,21 +335,16 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images, const Tru
     broadcast_coalesced(*group_, buffers_, 0);
   }
   for (Unit& unit : units_) {
-    if (unit.block < 0) {
-      // Kept through the backward: the head's parameters are needed at its very start, the
-      // float32 unit's throughout.
+    if (unit.position < 0) {
+      // Kept through the backward: the parameters outside the wrapped units (a head) are
+      // needed at its very start, the float32 unit's throughout.
       gather(unit);
     }
   }
-  TrunkBlockRunner run_blocks = [this](const at::Tensor& x, int64_t begin, int64_t end) {
-    return forward_blocks(x, begin, end);
-  };
-  const at::Tensor input = options_.compute_dtype && images.is_floating_point()
-      ? images.to(*options_.compute_dtype)
-      : images;
-  at::Tensor features =
-      trunk ? trunk(input, run_blocks) : forward_blocks(input, 0, model_->num_trunk_blocks());
-  at::Tensor output = model_->forward_head(features);
+  const at::Tensor cast_input = options_.compute_dtype && input.is_floating_point()
+      ? input.to(*options_.compute_dtype)
+      : input;
+  at::Tensor output = model_.forward<at::Tensor>(cast_input);
   if (!output.requires_grad()) {
     // No backward will follow (inference, or nothing trainable in use).
     for (Unit& unit : units_) {
@@ -335,45 +354,35 @@ at::Tensor FullyShardedDataParallel::forward(const at::Tensor& images, const Tru
   return output;
 }
 
-at::Tensor FullyShardedDataParallel::forward_blocks(const at::Tensor& input, int64_t begin,
-                                                    int64_t end) {
-  // Prefetch stays within [begin, end): an activation-checkpointed segment calls this once in
-  // the forward and once more in its recompute, and a unit outside the segment gathered then
-  // would only wait, gathered, for its own turn.
-  at::Tensor x = input;
-  for (int64_t b = begin; b < end; ++b) {
-    const int64_t u = unit_of_block_[static_cast<size_t>(b)];
-    if (u < 0) {
-      x = model_->forward_trunk_range(x, b, b + 1);
-      continue;
-    }
-    Unit& unit = units_[static_cast<size_t>(u)];
-    const size_t position = position_of_block_[static_cast<size_t>(b)];
-    gather(unit);
-    if (options_.prefetch && position + 1 < block_units_.size() &&
-        units_[block_units_[position + 1]].block < end) {
-      start_gather(units_[block_units_[position + 1]]);
-    }
-    x = model_->forward_trunk_range(x, b, b + 1);
-    if (x.requires_grad()) {
-      // The gradient of the unit's output arrives before the unit's own backward runs; the
-      // block before it runs next in the backward.
-      // (The hook takes a TensorBase: libtorch 2.x hands it one, 1.13 a Tensor.)
-      x.register_hook([this, u, position, begin](const at::TensorBase&) {
-        Unit& hooked = units_[static_cast<size_t>(u)];
-        hooked.used_in_backward = true;
-        gather(hooked);
-        if (options_.prefetch && position > 0 &&
-            units_[block_units_[position - 1]].block >= begin) {
-          start_gather(units_[block_units_[position - 1]]);
-        }
-      });
-    }
-    if (options_.reshard_after_forward) {
-      free(unit);
-    }
+at::Tensor FullyShardedDataParallel::run_unit(size_t u, const at::Tensor& x) {
+  Unit& unit = units_[u];
+  const int64_t recompute = current_recompute_id();
+  unit.ran_in = torch::GradMode::is_enabled() ? recompute : -1;
+  gather(unit);
+  // In an activation-checkpoint recompute the next unit, outside the segment being
+  // recomputed, would only wait, gathered, for its own turn.
+  if (options_.prefetch && recompute == 0 && u + 1 < num_wrapped_) {
+    start_gather(units_[u + 1]);
   }
-  return x;
+  at::Tensor output = unit.module_forward.forward<at::Tensor>(x);
+  if (output.requires_grad()) {
+    // The gradient of the unit's output arrives before the unit's own backward runs; the
+    // unit before it runs next in the backward, if it ran in the same forward (not in
+    // another checkpointed segment, whose recompute gathers it).
+    // (The hook takes a TensorBase: libtorch 2.x hands it one, 1.13 a Tensor.)
+    output.register_hook([this, u](const at::TensorBase&) {
+      Unit& hooked = units_[u];
+      hooked.used_in_backward = true;
+      gather(hooked);
+      if (options_.prefetch && u > 0 && units_[u - 1].ran_in == hooked.ran_in) {
+        start_gather(units_[u - 1]);
+      }
+    });
+  }
+  if (options_.reshard_after_forward) {
+    free(unit);
+  }
+  return output;
 }
 
 void FullyShardedDataParallel::attach_piece_gradients(Unit& unit) {
@@ -531,7 +540,7 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_p
   const auto values =
       copy_units(/*keep=*/true, [](const at::Tensor& param) { return param.detach().clone(); });
   std::vector<std::pair<std::string, at::Tensor>> ordered;
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     auto found = values.find(item.key());
     if (found != values.end()) {
       ordered.emplace_back(item.key(), found->second);
@@ -565,11 +574,11 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_s
   if (!keep) {
     return state;
   }
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     auto found = sharded.find(item.key());
     state.emplace_back(item.key(), found != sharded.end() ? found->second : to_cpu(item.value()));
   }
-  for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
     state.emplace_back(item.key(), to_cpu(item.value()));
   }
   return state;
@@ -597,12 +606,12 @@ void FullyShardedDataParallel::load_full_state(
     }
     sharded.insert(unit.param_names.begin(), unit.param_names.end());
   }
-  for (const auto& item : model_->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (sharded.count(item.key()) == 0) { // frozen: kept whole on every rank
       item.value().copy_(value_of(item.key()));
     }
   }
-  for (const auto& item : model_->named_buffers(/*recurse=*/true)) {
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
     item.value().copy_(value_of(item.key()));
   }
 }

@@ -217,7 +217,7 @@ ModelStateBytes measure_model_state_bytes(const torch::nn::Module& model,
 ModelStateBytes measure_model_state_bytes(const FullyShardedDataParallel& fsdp,
                                           const optim::Optimizer& optimizer) {
   // The units' freed full buffers count 0 bytes here; frozen parameters count whole.
-  ModelStateBytes bytes = measure_model_state_bytes(*fsdp.model(), optimizer);
+  ModelStateBytes bytes = measure_model_state_bytes(*fsdp.module(), optimizer);
   bytes.parameters += fsdp.shard_bytes();
   bytes.gradients += fsdp.shard_bytes(); // the gradient shards have the shards' sizes
   return bytes;

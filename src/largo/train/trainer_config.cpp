@@ -1,7 +1,5 @@
 #include <largo/train/trainer_config.h>
 
-#include <largo/parallel/fully_sharded_data_parallel.h>
-#include <largo/precision/model_cast.h>
 
 #include <fmt/format.h>
 
@@ -285,8 +283,8 @@ void amp_options_from(const Config& config, TrainerOptions& options) {
 // mixed_precision off and computes in float32 (FSDP's AMP_TYPE then changes nothing). An
 // explicit compute_dtype float16 or bfloat16 with O1 asks for compute copies too (a Largo
 // extension), and is the dtype the loss scaler then plans for; without AMP it is an error.
-// The combinations this version cannot run are ConfigErrors raised when the trainer starts
-// (trainer.cpp: check_fsdp_supported).
+// The combinations this version cannot run are ConfigErrors raised when the run is resolved
+// (run_plan.cpp), before anything is built.
 void fsdp_options_from(const Config& config, TrainerOptions& options) {
   const std::string prefix = "MODEL.FSDP_CONFIG.";
   auto& fsdp = options.fsdp;
@@ -528,20 +526,6 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   positive_int(config, "DISTRIBUTED.NUM_PROC_PER_NODE");
   options.gradient_accumulation_steps = positive_int(config, "TRAINER.GRADIENT_ACCUMULATION_STEPS");
   return options;
-}
-
-parallel::FullyShardedDataParallelOptions fully_sharded_options(const TrainerOptions& options) {
-  parallel::FullyShardedDataParallelOptions fsdp;
-  fsdp.auto_wrap_threshold = options.fsdp.auto_wrap_threshold;
-  fsdp.reshard_after_forward = options.fsdp.reshard_after_forward;
-  fsdp.prefetch = options.fsdp.prefetch;
-  fsdp.broadcast_buffers = options.distributed.broadcast_buffers;
-  fsdp.compute_dtype = options.fsdp.compute_copies();
-  fsdp.fp32_reduce_scatter = options.fsdp.fp32_reduce_scatter;
-  fsdp.keeps_fp32 = [](const torch::nn::Module& module) {
-    return precision::is_batchnorm(module); // Apex's keep_batchnorm_fp32
-  };
-  return fsdp;
 }
 
 } // namespace largo::train

@@ -1,4 +1,4 @@
-#include <largo/train/sharded_checkpoint.h>
+#include <largo/checkpoint/sharded_checkpoint.h>
 
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/atomic_file.h>
@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-namespace largo::train {
+namespace largo::checkpoint {
 namespace fs = std::filesystem;
 namespace {
 
@@ -223,4 +223,4 @@ fs::path consolidate_checkpoint(const fs::path& checkpoint_path, fs::path output
   return output;
 }
 
-} // namespace largo::train
+} // namespace largo::checkpoint

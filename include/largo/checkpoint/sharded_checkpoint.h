@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-namespace largo::train {
+namespace largo::checkpoint {
 
 // "model_phase3.torch", rank 1 -> "model_phase3_shard1.torch".
 std::string shard_file_name(const std::string& checkpoint_file_name, int rank);
@@ -69,4 +69,4 @@ void load_piece_optimizer_state(const std::filesystem::path& dir, const c10::IVa
 std::filesystem::path consolidate_checkpoint(const std::filesystem::path& checkpoint_path,
                                              std::filesystem::path output = {});
 
-} // namespace largo::train
+} // namespace largo::checkpoint

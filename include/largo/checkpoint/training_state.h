@@ -1,0 +1,90 @@
+// The state of a training run as one object that saves and loads itself: the parallel model
+// (weights, optimizer state whole or in ZeRO shards, loss scaler and O2 masters), every
+// rank's RNG stream, where the run stands (epoch, iteration, whether it is complete) and the
+// last evaluation. What a checkpoint file holds, and what resume restores bit for bit on
+// the CPU (data order and augmentation are functions of the seed, the epoch and the position,
+// which this restores).
+//
+// A checkpoint is a dict that Python's torch.load reads:
+//   model                {name: tensor}: every parameter and buffer (FSDP: gathered)
+//   optimizer            optimizer state_dict, or {"type": "zero_sharded", ...} referring to
+//                        one shard file per rank (sharded_checkpoint.h)
+//   precision            loss scaler and O2 master weights (mixed_precision.h)
+//   epoch, iteration_in_epoch, iteration, iterations_per_epoch, num_epochs, complete
+//   rng_state            this rank's CPU generator; rng_states: every rank's
+//   world_size, train_sampler (VISSL's view of the position), top1, top5, best_top1,
+//   largo_version, config (the effective YAML)
+//
+// Collectives: save() (every rank's RNG state and optimizer shard; FSDP gathers the model
+// unit by unit onto rank 0, which alone writes the main file). load() issues none.
+#pragma once
+
+#include <largo/checkpoint/checkpoint_file.h>
+#include <largo/parallel/parallelize.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace largo::checkpoint {
+
+// Where a run stands. `epoch` is the epoch in progress (or the next to start) and
+// `iteration_in_epoch` the optimizer steps of it already done; `iteration` counts all steps.
+struct TrainingProgress {
+  int64_t epoch = 0;
+  int64_t iteration_in_epoch = 0;
+  int64_t iteration = 0;
+  int64_t iterations_per_epoch = 0;
+  int64_t num_epochs = 0;
+  bool complete = false;
+  std::optional<double> top1; // the last evaluation, percent
+  std::optional<double> top5;
+  std::optional<double> best_top1;
+};
+
+// How the training sampler reads, for the checkpoint's VISSL-style "train_sampler" entry
+// (informational: every rank recomputes its order from epoch and iteration_in_epoch).
+struct SamplerDescription {
+  std::string type = "DistributedSampler"; // or "StatefulDistributedSampler"
+  int64_t batch_size = 1;                  // per rank and micro-step
+  int64_t micro_steps_per_iteration = 1;   // gradient accumulation
+};
+
+class TrainingState {
+ public:
+  // `config_yaml` is stored as the checkpoint's "config"; `seed` re-seeds ranks that have no
+  // saved stream to continue (a resume at another world size).
+  TrainingState(parallel::ParallelModel& model, SamplerDescription sampler,
+                std::string config_yaml, uint64_t seed);
+
+  TrainingProgress progress;
+
+  // Writes `dir/file_name` (and each rank's optimizer shard beside it, ZeRO 1-3), then points
+  // `dir/checkpoint.torch` at it. Collective. Throws CheckpointError (on every rank) when a
+  // rank cannot write its shard; the previous checkpoint then stays the latest.
+  void save(const std::filesystem::path& dir, const std::string& file_name);
+
+  // Restores a checkpoint written by save() at any world size and ZeRO stage (sharded
+  // optimizer state is resharded or consolidated). Mid-epoch, the world size and iterations
+  // per epoch must be the saved ones (CheckpointError otherwise: the rest of that epoch
+  // cannot be served exactly); progress.iterations_per_epoch must be set beforehand. With
+  // `unless_final`, a final checkpoint (complete) is not loaded and false is returned
+  // (CHECKPOINT.OVERWRITE_EXISTING: train again from scratch).
+  bool load(const std::filesystem::path& path, bool unless_final = false);
+
+ private:
+  StateDict state_dict(const c10::IValue& optimizer_entry, const at::Tensor& rng_states,
+                       std::vector<std::pair<std::string, at::Tensor>> model_state) const;
+  void load_model(const StateDict& state, const std::string& where);
+  void load_optimizer(const StateDict& state, const std::filesystem::path& checkpoint_dir,
+                      const std::string& where);
+  void load_rng(const StateDict& state, int64_t saved_world_size);
+
+  parallel::ParallelModel& model_;
+  SamplerDescription sampler_;
+  std::string config_yaml_;
+  uint64_t seed_;
+};
+
+} // namespace largo::checkpoint

@@ -1,0 +1,316 @@
+// One call that makes any module train in parallel, and one interface for every mode
+// (torchtitan's parallelize functions; FairScale and PyTorch compose the same parts by
+// wrapping). A libtorch user's own module and loop:
+//
+//   auto model = largo::parallel::parallelize(torch::nn::AnyModule(net), groups, make_sgd,
+//                                             group, options);
+//   for each step:
+//     model->zero_grad();
+//     for each micro-batch k of K:
+//       auto scope = model->micro_step(/*synchronize=*/k + 1 == K);   // DDP's no_sync
+//       model->backward(cross_entropy(model->forward(x_k), y_k) / K);   // loss scaled
+//     if (model->finish_backward()) {        // unscaled; every rank agrees on inf/NaN
+//       model->clip_grad_norm(1.0);          // global norm, across shards
+//     }
+//     model->step();                         // skipped on inf/NaN with loss scaling
+//
+// Modes (ParallelOptions::data_parallelism), one implementation each, behind ParallelModel:
+//   local (one process), DDP, ZeRO-1 (sharded optimizer state), ZeRO-2 (+ gradients),
+//   FSDP / ZeRO-3 (+ parameters). Precision (Apex O0-O3 or autocast, float16/bfloat16, a
+//   GradScaler) and activation checkpointing compose with each of them.
+//
+// The order that makes them compose is fixed here, in parallelize():
+//   1. activation checkpointing is planned: its probe steps run forward and backward on the
+//      bare module, before any gradient hook exists;
+//   2. the precision policy casts the module (O2/O3), before DDP sizes its buckets by dtype
+//      and FSDP lays out its units; O2's float32 masters replace the parameters in the
+//      optimizer's groups;
+//   3. the optimizer is built: ZeRO's ShardedOptimizer moves the parameters into flat
+//      buffers, which ZeRO-2's reducer then reduces into; FSDP builds it over its shards;
+//   4. the data-parallel wrapper broadcasts rank 0's weights (DDP, ZeRO-2, FSDP), and then
+//      O2's masters are copied from the broadcast weights;
+//   5. checkpointed segments are installed in the module last, so that under FSDP their
+//      recompute runs (and gathers) the units again.
+//
+// The module must be on its device; its parameters and the groups' tensors must be the
+// same tensors (build the groups from the module, e.g. optim::build_param_groups). FSDP
+// units and checkpointed modules are elements of torch::nn::Sequential containers chosen by
+// a WrapPolicy (wrap_policy.h); everything else works on any module.
+//
+// Collectives: parallelize() (the initial broadcast), and on the returned object forward()
+// (buffer broadcasts, FSDP's gathers), backward() (gradient reductions), finish_backward()
+// (manual reduction; the inf/NaN agreement), clip_grad_norm(), step() (ZeRO's all-gathers,
+// norm reductions), model_state_dict() under FSDP. Every rank must make the same calls in
+// the same order.
+#pragma once
+
+#include <largo/comm/process_group.h>
+#include <largo/optim/optimizer.h>
+#include <largo/optim/optimizer_factory.h>
+#include <largo/parallel/checkpointed_segments.h>
+#include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/fully_sharded_data_parallel.h>
+#include <largo/parallel/memory_estimate.h>
+#include <largo/parallel/piece_optimizer_state.h>
+#include <largo/parallel/sequential_checkpoint_plan.h>
+#include <largo/parallel/sharded_data_parallel.h>
+#include <largo/parallel/wrap_policy.h>
+#include <largo/precision/grad_scaler.h>
+#include <largo/precision/mixed_precision.h>
+#include <largo/precision/precision_policy.h>
+
+#include <torch/nn/modules/container/any.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace largo::parallel {
+
+enum class DataParallelism {
+  kDdp,   // every rank holds everything; gradients all-reduced (one process: plain local)
+  kZero1, // optimizer state sharded
+  kZero2, // + gradients sharded (reduced to their owner)
+  kFsdp,  // + parameters sharded (ZeRO-3)
+};
+
+// "DDP", "ZeRO-1", ...
+std::string to_string(DataParallelism mode);
+// The ZeRO stage: 0 for DDP.
+int zero_stage(DataParallelism mode);
+
+struct ActivationCheckpointingOptions {
+  // Every Sequential element this policy selects runs as a checkpointed segment of its own
+  // (e.g. WrapPolicy::of_type<BlockImpl>()).
+  WrapPolicy modules;
+  // Or: the Sequential registered as `sequential` (e.g. "trunk") is cut into `num_splits`
+  // segments, every one but the last checkpointed (VISSL's
+  // NUM_ACTIVATION_CHECKPOINTING_SPLITS). 0: off.
+  std::string sequential;
+  int64_t num_splits = 0;
+  // Where to cut: balanced by the activation bytes each element holds, measured on a probe
+  // batch of zeros of `probe_input_shape` (the module's input, without the batch dimension;
+  // falls back to equal element counts where memory cannot be measured), or equal counts.
+  SegmentCost cost = SegmentCost::kActivationBytes;
+  std::vector<int64_t> probe_input_shape;
+  int64_t probe_batch_size = 2;
+  bool preserve_rng_state = true;
+  // With a cut: also measure the peak activation memory of a training step at this batch
+  // size with and without it (sequential_checkpoint_plan.h), on probe steps of the bare
+  // module. 0: not measured.
+  int64_t report_batch_size = 0;
+
+  bool enabled() const {
+    return !modules.empty() || num_splits > 0;
+  }
+};
+
+struct ParallelOptions {
+  DataParallelism data_parallelism = DataParallelism::kDdp;
+  DistributedDataParallelOptions ddp;   // kDdp
+  ShardedDataParallelOptions zero;      // kZero2's gradient reduction
+  FullyShardedDataParallelOptions fsdp; // kFsdp (its compute_dtype: FSDP's own mixed precision)
+  ActivationCheckpointingOptions activation_checkpointing;
+  precision::PrecisionPolicy precision;
+  precision::GradScalerOptions grad_scaler;
+  // Check gradients for inf/NaN in runs without loss scaling too (finish_backward()).
+  bool check_finite = true;
+};
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+
+// This rank's model state: what the library holds (measured) and what the ZeRO accounting
+// predicts for the same layout (memory_estimate.h).
+struct ModelStateReport {
+  int zero_stage = 0;
+  ModelStateBytes measured;
+  std::optional<ModelStateBytes> estimated; // when an optimizer spec was given
+  int64_t peak_gathered_bytes = 0;          // FSDP: the most full units held at once
+  std::string describe(int rank) const;
+};
+
+// The optimizer state of a sharded mode (ZeRO 1-3): the optimizer that steps this rank's
+// pieces and which pieces they are (piece_optimizer_state.h's checkpoint format).
+struct OptimizerShard {
+  optim::Optimizer* optimizer = nullptr;
+  PieceOwnership ownership;
+  std::string type; // "zero" (stages 1-2) or "fsdp"
+};
+
+class ParallelModel {
+ public:
+  virtual ~ParallelModel();
+  ParallelModel(const ParallelModel&) = delete;
+  ParallelModel& operator=(const ParallelModel&) = delete;
+
+  // ---- one optimizer step ----
+  // The module's forward under the precision policy (autocast, or the input cast to the
+  // module's dtype); floating-point outputs come back float32. Collective in training (DDP's
+  // buffer broadcast, FSDP's gathers); under torch::NoGradGuard only where
+  // forward_communicates_without_grad() (FSDP), so evaluation may run different numbers of
+  // batches on different ranks otherwise.
+  at::Tensor forward(const at::Tensor& input);
+  virtual bool forward_communicates_without_grad() const {
+    return false;
+  }
+
+  // The scope of one micro-step of gradient accumulation: with synchronize false, the
+  // backward inside it accumulates gradients locally (DDP's no_sync; ZeRO-2 and FSDP reduce
+  // every backward into their shards, so nothing changes for them).
+  class MicroStep {
+   public:
+    MicroStep(MicroStep&&) = default;
+    ~MicroStep();
+
+   private:
+    friend class ParallelModel;
+    explicit MicroStep(std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync);
+    std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync_;
+  };
+  [[nodiscard]] MicroStep micro_step(bool synchronize);
+
+  // loss.backward(), on the loss scaled by the loss scaler when there is one.
+  void backward(const at::Tensor& loss);
+
+  // After the last micro-step: manual gradient reduction (DDP's manual_reduction), then the
+  // gradients unscaled (O2: copied to the float32 masters first) and checked for inf/NaN, with
+  // every rank agreeing. loss_is_finite = false (this rank's loss was inf/NaN) counts as an
+  // inf gradient. Returns whether every gradient was finite on every rank. Collective.
+  bool finish_backward(bool loss_is_finite = true);
+
+  // Global-norm gradient clipping over every rank's gradients (after finish_backward).
+  // Returns the total norm before clipping. Collective in the sharded modes.
+  double clip_grad_norm(double max_norm, double norm_type = 2.0);
+
+  // The optimizer step, skipped when finish_backward() found inf/NaN and the loss is scaled;
+  // updates the loss scale; O2: copies the masters into the module. Returns whether it
+  // stepped. Throws TrainingError when the loss scale cannot back off any further.
+  bool step();
+
+  // Frees (or zeroes) every gradient before the next step's first micro-step.
+  void zero_grad();
+
+  // ---- what it holds ----
+  // The optimizer whose param_groups() carry each group's lr and weight decay (set them
+  // before step(); ZeRO passes them on to the shard's optimizer).
+  optim::Optimizer& optimizer() {
+    return *optimizer_;
+  }
+  precision::MixedPrecision& precision() {
+    return *precision_;
+  }
+  const std::shared_ptr<torch::nn::Module>& module() const {
+    return module_;
+  }
+  comm::ProcessGroup& process_group() const {
+    return *group_;
+  }
+  DataParallelism data_parallelism() const {
+    return options_.data_parallelism;
+  }
+  // "ZeRO-2 over 4 ranks (gloo), 3 gradient buckets; precision O1 bfloat16 ...; activation
+  // checkpointing: trunk[0, 4) trunk[4, 9)" for the start-up log.
+  std::string describe() const;
+  // Measured model-state bytes of this rank, with the estimate for `spec` when given.
+  // Measure after a step (before zero_grad frees the gradients).
+  ModelStateReport memory_report(const optim::OptimizerSpec* spec = nullptr) const;
+  // Where ActivationCheckpointingOptions::sequential was cut, and what that saves
+  // (report_batch_size); nullopt without a cut / without a report.
+  const std::optional<SequentialCheckpointPlan>& checkpoint_plan() const {
+    return checkpoint_plan_;
+  }
+  const std::optional<ActivationMemoryReport>& activation_memory_report() const {
+    return activation_memory_report_;
+  }
+
+  // ---- state ----
+  // Every parameter and buffer by name, in the module's order (a checkpoint's "model"),
+  // as CPU copies on `root`; other ranks may get an empty list. Collective under FSDP.
+  virtual std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root = 0);
+  // Loads whole values by name (every parameter and buffer of the module, each with its
+  // shape; FSDP keeps this rank's shard). O2: the masters are set from them. Throws
+  // largo::Error naming a missing entry. No collective.
+  virtual void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state);
+  // Every parameter's whole value by name (copies; FSDP gathers them unit by unit on every
+  // rank: a collective, for tests and small models).
+  virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  // ZeRO 1-3: this rank's piece of the optimizer state; nullopt when the optimizer is whole
+  // (optimizer().state_dict()).
+  virtual std::optional<OptimizerShard> optimizer_shard() {
+    return std::nullopt;
+  }
+  // Trained parameter name -> its full shape (to consolidate sharded optimizer state).
+  virtual std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
+
+ protected:
+  ParallelModel(torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+                ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision);
+
+  // What differs between the modes.
+  virtual void before_forward() {}
+  virtual at::Tensor run_forward(const at::Tensor& input);
+  virtual std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync() {
+    return nullptr;
+  }
+  virtual void reduce_gradients() {}
+  // The tensors whose .grad the scaler unscales and clipping measures.
+  virtual std::vector<at::Tensor> gradient_holders() const;
+  virtual double clip_gradients(double max_norm, double norm_type);
+  virtual std::string describe_mode() const = 0;
+  virtual void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const;
+
+  torch::nn::AnyModule model_;
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<comm::ProcessGroup> group_;
+  ParallelOptions options_;
+  std::unique_ptr<precision::MixedPrecision> precision_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::vector<at::Tensor> trained_parameters_; // the optimizer's groups' tensors
+  std::optional<SequentialCheckpointPlan> checkpoint_plan_;
+  std::optional<ActivationMemoryReport> activation_memory_report_;
+  std::unique_ptr<CheckpointedSegments> checkpointing_; // installed last, removed first
+
+  friend std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule,
+                                                    std::vector<optim::ParamGroup>,
+                                                    const OptimizerFactory&,
+                                                    std::shared_ptr<comm::ProcessGroup>,
+                                                    ParallelOptions);
+};
+
+// The checks parallelize() makes first, for a world of `world_size` ranks on `backend`, so
+// that a configuration can be validated before anything is built: throws OptionError for
+// combinations that do not compose (ZeRO with O2's master weights, FSDP with a cast of the
+// module, compute copies outside FSDP, ...) and ConfigError for a precision the backend
+// cannot reduce.
+void check_parallel_options(const ParallelOptions& options, int world_size,
+                            const std::string& backend);
+
+// Applies `options` to `model` in the order described at the top, with `make_optimizer`
+// building the optimizer over `param_groups` (or over this rank's pieces of them). Throws
+// OptionError for combinations that do not compose (ZeRO with O2's master weights, FSDP with
+// a cast of the module, a mode that needs more than one rank's process group...).
+// Collective.
+std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
+                                           std::vector<optim::ParamGroup> param_groups,
+                                           const OptimizerFactory& make_optimizer,
+                                           std::shared_ptr<comm::ProcessGroup> group,
+                                           ParallelOptions options);
+
+// For a module holder (`Net` for `struct NetImpl`, models::TrunkHeadModel).
+template <typename ModuleImpl>
+std::unique_ptr<ParallelModel> parallelize(torch::nn::ModuleHolder<ModuleImpl> model,
+                                           std::vector<optim::ParamGroup> param_groups,
+                                           const OptimizerFactory& make_optimizer,
+                                           std::shared_ptr<comm::ProcessGroup> group,
+                                           ParallelOptions options) {
+  return parallelize(torch::nn::AnyModule(model), std::move(param_groups), make_optimizer,
+                     std::move(group), std::move(options));
+}
+
+} // namespace largo::parallel

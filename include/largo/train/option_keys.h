@@ -1,0 +1,30 @@
+// Errors in the user's words: library code names its own options (OptionError:
+// "option FullyShardedDataParallelOptions::fp32_reduce_scatter = false: expected ..."), and a
+// `largo` user who wrote YAML must read the key they wrote. This is the one table that maps
+// the library's option names to VISSL's keys; the config layer runs library calls through
+// rethrow_with_yaml_keys.
+#pragma once
+
+#include <largo/core/error.h>
+
+#include <string>
+
+namespace largo::train {
+
+// The YAML key for a library option ("MODEL.FSDP_CONFIG.fp32_reduce_scatter"), or the
+// option's own name when no key sets it.
+std::string yaml_key_for(const std::string& option);
+
+// Runs `call`; an OptionError it throws becomes a ConfigError naming the YAML key, with the
+// same value and expectation.
+template <typename Call>
+decltype(auto) rethrow_with_yaml_keys(Call&& call) {
+  try {
+    return call();
+  } catch (const OptionError& error) {
+    throw ConfigError("config key " + yaml_key_for(error.option()) + " = " + error.value() +
+                      ": expected " + error.expected());
+  }
+}
+
+} // namespace largo::train

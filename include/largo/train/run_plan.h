@@ -1,0 +1,75 @@
+// One resolved run: a config turned, once and before any data is loaded, into a validated
+// and fully derived description of what `largo train` will do. `largo train`, `largo config`
+// and `largo estimate` all go through it, so `largo config` refuses every combination that
+// `largo train` would refuse, and `largo estimate` sizes the run the trainer builds
+// (overrides included).
+//
+// What it derives: the precision policy, the data-parallel mode and the library options of
+// parallel::parallelize() (ParallelOptions), the world (from the launcher's environment when
+// it defines one, else DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE), the data's sample shape
+// and class count (without reading the data), the model's options, the batch per rank, per
+// node and globally, and the learning-rate schedules after VISSL's auto scaling.
+//
+// Library errors name library options (OptionError); here they are rethrown naming the YAML
+// key the user wrote (option_keys.h). No collectives.
+#pragma once
+
+#include <largo/core/config.h>
+#include <largo/parallel/parallelize.h>
+#include <largo/train/trainer_options.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace largo::train {
+
+// The shape of a split's samples as the model sees them.
+struct DataShape {
+  std::vector<int64_t> sample_shape; // [channels, height, width]
+  int64_t num_classes = 0;
+};
+
+struct RunWorld {
+  int world_size = 1;
+  int procs_per_node = 1; // ranks on each node (LOCAL_WORLD_SIZE under a launcher)
+  std::string backend = "gloo"; // what the process group will use (nccl only on CUDA)
+};
+
+struct RunPlan {
+  TrainerOptions options; // the config's typed options
+  RunWorld world;
+  precision::PrecisionPolicy precision;
+  DataShape train_shape;
+  DataShape test_shape;
+  models::ModelOptions model; // with in_channels, image_size and num_classes from the data
+  parallel::ParallelOptions parallel;
+
+  int64_t batch_per_rank = 0;  // DATA.TRAIN.BATCHSIZE_PER_REPLICA, one micro-step
+  int64_t batch_per_node = 0;  // per rank x ranks per node x accumulation steps
+  int64_t global_batch = 0;    // per rank x world size x accumulation steps
+  optim::ScheduleOptions lr;      // auto-scaled (OPTIMIZER.param_schedulers.lr)
+  optim::ScheduleOptions lr_head; // the head's (lr_head, or lr when not different)
+
+  // "O1 bfloat16 autocast, ZeRO-2 over 4 ranks, global batch 512 = 64 x 4 ranks x 2 steps"
+  std::string describe() const;
+};
+
+// From a config: reads the YAML (trainer_config.h) and resolves the world from the
+// launcher's environment when one is set. Throws ConfigError naming the key for anything
+// `largo train` would refuse before touching data: bad values, combinations that do not
+// compose, a model that cannot be cut as configured.
+RunPlan resolve_run(const Config& config);
+
+// The same from typed options (a library user's Trainer): `world` says how many ranks run.
+RunPlan resolve_run(TrainerOptions options, RunWorld world);
+
+// The process group's backend for these options: NCCL moves CUDA tensors only, so a run on
+// the CPU uses Gloo whatever DISTRIBUTED.BACKEND says (its default is VISSL's nccl).
+std::string process_group_backend(const TrainerOptions& options);
+
+// The shape of a split's samples and its class count, known without loading the data (the
+// built-in datasets' shapes are fixed; a synthetic split says its own).
+DataShape data_shape_of(const DataSplitOptions& split);
+
+} // namespace largo::train

@@ -1,0 +1,48 @@
+// One optimizer step of a parallel model, as llm.c's training step reads:
+//   zero_grad -> micro-steps (forward, loss, backward; only the last synchronizes) ->
+//   finish_backward (unscale, inf/NaN agreed by every rank) -> clip -> step.
+// Gradients of the micro-steps are summed (each loss divided by their number), so a step
+// equals one batch of them all. Collective (the parallel model's collectives, in the same
+// order on every rank).
+#pragma once
+
+#include <largo/data/dataset.h>
+#include <largo/parallel/parallelize.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+namespace largo::train {
+
+struct TrainStepOptions {
+  int64_t loss_ignore_index = -1; // targets with this value do not count
+  bool clip_gradients = false;    // MODEL.GRAD_CLIP
+  double max_norm = 1.0;
+  double norm_type = 2.0;
+};
+
+struct StepResult {
+  float loss = 0.0f;        // mean over the micro-steps, on this rank
+  int64_t num_images = 0;   // on this rank
+  // Every gradient was finite on every rank (and this rank's losses were finite). False with
+  // loss scaling: the step was skipped; without it the run has diverged.
+  bool finite = true;
+  float non_finite_loss = 0.0f; // this rank's first inf/NaN loss, when there was one
+};
+
+class TrainStep {
+ public:
+  TrainStep(parallel::ParallelModel& model, torch::Device device, TrainStepOptions options);
+
+  // Runs one step over `num_micro_batches` batches from `next_batch`. Throws TrainingError
+  // when the loss scale cannot back off any further.
+  StepResult run(const std::function<data::Batch()>& next_batch, int64_t num_micro_batches);
+
+ private:
+  parallel::ParallelModel& model_;
+  torch::Device device_;
+  TrainStepOptions options_;
+};
+
+} // namespace largo::train

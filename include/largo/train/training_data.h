@@ -1,0 +1,68 @@
+// The data side of a training run: both splits loaded, DATA_LIMIT subsets, this rank's
+// share of each epoch (PyTorch's DistributedSampler or VISSL's StatefulDistributedSampler)
+// and of the test set, and the loaders that turn them into batches. The number of batches
+// and optimizer steps per epoch is derived here, once.
+//
+// Every rank reads the same number of samples per epoch (the samplers pad or drop to make
+// it so), hence takes the same number of steps, so the collectives of the steps stay paired.
+// No collectives.
+#pragma once
+
+#include <largo/data/data_loader.h>
+#include <largo/data/dataset.h>
+#include <largo/train/trainer_options.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace largo::train {
+
+class TrainingData {
+ public:
+  // Loads both splits (DataError naming the file for missing or bad data) and builds the
+  // loaders for `rank` of `world_size`. Throws ConfigError when an epoch would have no
+  // optimizer step.
+  TrainingData(const TrainerOptions& options, int rank, int world_size);
+
+  // This rank's dataset indices for training epoch `epoch`, in order.
+  std::vector<int64_t> train_epoch_order(int64_t epoch) const;
+  // This rank's share of the test set: every world_size-th sample from its rank on, with no
+  // padding, so each sample is evaluated exactly once and the summed counts are exact.
+  std::vector<int64_t> test_order() const;
+
+  data::DataLoader& train_loader() {
+    return *train_loader_;
+  }
+  data::DataLoader& test_loader() {
+    return *test_loader_;
+  }
+  const data::Dataset& train_dataset() const {
+    return *train_data_;
+  }
+  int64_t num_train_samples() const {
+    return static_cast<int64_t>(train_subset_.size());
+  }
+  int64_t num_test_samples() const {
+    return static_cast<int64_t>(test_subset_.size());
+  }
+  // Optimizer steps per epoch: this rank's batches, gradient_accumulation_steps at a time
+  // (the last step takes what is left).
+  int64_t iterations_per_epoch() const {
+    return iterations_per_epoch_;
+  }
+
+ private:
+  TrainerOptions options_;
+  int rank_;
+  int world_size_;
+  std::shared_ptr<const data::Dataset> train_data_;
+  std::shared_ptr<const data::Dataset> test_data_;
+  std::vector<int64_t> train_subset_; // dataset indices the sampler's positions map to
+  std::vector<int64_t> test_subset_;
+  std::unique_ptr<data::DataLoader> train_loader_;
+  std::unique_ptr<data::DataLoader> test_loader_;
+  int64_t iterations_per_epoch_ = 0;
+};
+
+} // namespace largo::train

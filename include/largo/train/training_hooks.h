@@ -1,0 +1,109 @@
+// What the training loop calls around its steps and epochs: logging (console line, progress
+// bar, metrics.jsonl, TensorBoard), evaluation and checkpoint cadence, each a hook, so that
+// the loop itself is zero_grad -> micro-steps -> step over and over (trainer.h).
+//
+// Hooks run on every rank in the order given; those that issue collectives (logging's
+// all-reduce at its log iterations, evaluation, checkpoints) do so at the same iterations on
+// every rank. Rank 0 alone prints and writes files.
+#pragma once
+
+#include <largo/checkpoint/training_state.h>
+#include <largo/core/memory_tracker.h>
+#include <largo/train/evaluator.h>
+#include <largo/train/metrics_writer.h>
+#include <largo/train/progress_bar.h>
+#include <largo/train/tensorboard_writer.h>
+#include <largo/train/train_step.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace largo::train {
+
+// After an optimizer step: where the run stands (already advanced past the step) and what the
+// step did on this rank.
+struct StepEvent {
+  const checkpoint::TrainingProgress& progress;
+  const StepResult& step;
+  double lr = 0.0;                          // the first group's learning rate of the step
+  std::optional<int64_t> step_peak_bytes;   // measured with activation checkpointing
+};
+
+class TrainingHook {
+ public:
+  virtual ~TrainingHook();
+  virtual void on_step_end(const StepEvent& event) {}
+  // After the last step of an epoch, with the progress moved on to the next epoch
+  // (progress.epoch is the number of epochs done; complete after the last one).
+  virtual void on_epoch_end(checkpoint::TrainingProgress& progress) {}
+};
+
+// Rank 0's records of a run, shared by the hooks: metrics.jsonl, TensorBoard (tb_logs/) and
+// the console's progress bar (cleared before any other line is printed).
+struct RunRecords {
+  std::unique_ptr<MetricsWriter> metrics;          // null on other ranks
+  std::unique_ptr<TensorBoardWriter> tensorboard;  // null unless HOOKS.TENSORBOARD_SETUP
+  ProgressBar progress_bar;
+};
+
+// The console line, progress bar, metrics.jsonl and TensorBoard scalars every LOG_FREQUENCY
+// iterations and at the end of each epoch: the mean loss and the images/s of every rank (an
+// all-reduce), the learning rate, the loss scale with skipped steps, the ETA.
+class LoggingHook : public TrainingHook {
+ public:
+  LoggingHook(parallel::ParallelModel& model, RunRecords& records, int64_t log_frequency);
+  void on_step_end(const StepEvent& event) override;
+  void on_epoch_end(checkpoint::TrainingProgress& progress) override;
+
+ private:
+  void log_window(const StepEvent& event);
+
+  parallel::ParallelModel& model_;
+  RunRecords& records_;
+  int64_t log_frequency_;
+  std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
+  int64_t window_images_ = 0;
+  double window_loss_ = 0.0;
+  int64_t window_steps_ = 0;
+  int64_t window_peak_bytes_ = 0;
+};
+
+// Evaluation on the test split every TEST_EVERY_NUM_EPOCH epochs and after the last one
+// (TEST_MODEL); the result goes to the console, metrics.jsonl, TensorBoard and the progress
+// (top1, top5, best_top1, which checkpoints keep).
+class EvaluationHook : public TrainingHook {
+ public:
+  EvaluationHook(parallel::ParallelModel& model, TrainingData& data, torch::Device device,
+                 EvaluationOptions options, int64_t every_num_epochs, RunRecords& records);
+  void on_epoch_end(checkpoint::TrainingProgress& progress) override;
+
+ private:
+  parallel::ParallelModel& model_;
+  TrainingData& data_;
+  torch::Device device_;
+  EvaluationOptions options_;
+  int64_t every_num_epochs_;
+  RunRecords& records_;
+};
+
+// Checkpoints every CHECKPOINT_ITER_FREQUENCY iterations inside an epoch, every
+// CHECKPOINT_FREQUENCY epochs, and the final one (collective).
+class CheckpointHook : public TrainingHook {
+ public:
+  CheckpointHook(checkpoint::TrainingState& state, std::filesystem::path dir,
+                 int64_t frequency_epochs, int64_t frequency_iterations, RunRecords& records);
+  void on_step_end(const StepEvent& event) override;
+  void on_epoch_end(checkpoint::TrainingProgress& progress) override;
+
+ private:
+  checkpoint::TrainingState& state_;
+  std::filesystem::path dir_;
+  int64_t frequency_epochs_;
+  int64_t frequency_iterations_;
+  RunRecords& records_;
+};
+
+} // namespace largo::train

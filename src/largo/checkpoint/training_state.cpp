@@ -1,0 +1,174 @@
+#include <largo/checkpoint/training_state.h>
+
+#include <largo/checkpoint/model_state.h>
+#include <largo/checkpoint/run_directory.h>
+#include <largo/checkpoint/sharded_checkpoint.h>
+#include <largo/core/error.h>
+#include <largo/core/rng_state.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace largo::checkpoint {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kLargoVersion = "0.1.0";
+
+c10::IValue optional_value(const std::optional<double>& value) {
+  return value ? c10::IValue(*value) : c10::IValue();
+}
+
+std::optional<double> optional_double(const StateDict& state, const char* key) {
+  auto it = state.find(key);
+  if (it == state.end() || it->value().isNone()) {
+    return std::nullopt;
+  }
+  return it->value().toDouble();
+}
+
+} // namespace
+
+TrainingState::TrainingState(parallel::ParallelModel& model, SamplerDescription sampler,
+                             std::string config_yaml, uint64_t seed)
+    : model_(model),
+      sampler_(std::move(sampler)),
+      config_yaml_(std::move(config_yaml)),
+      seed_(seed) {}
+
+void TrainingState::save(const fs::path& dir, const std::string& file_name) {
+  comm::ProcessGroup& group = model_.process_group();
+  // Every rank contributes its RNG state, so a resumed run continues each rank's dropout
+  // stream (rank 0 alone writes the file).
+  at::Tensor own_rng = cpu_rng_state();
+  at::Tensor rng_states = at::empty({group.world_size(), own_rng.numel()}, own_rng.options());
+  group.all_gather(rng_states, own_rng);
+  // ZeRO: each rank writes its own optimizer shard, the main file refers to them.
+  c10::IValue optimizer_entry;
+  if (auto shard = model_.optimizer_shard()) {
+    optimizer_entry = save_optimizer_shards(
+        dir, file_name, parallel::piece_state_dict(*shard->optimizer, shard->ownership, shard->type),
+        group);
+  } else {
+    optimizer_entry = model_.optimizer().state_dict();
+  }
+  auto model_state = model_.model_state_dict(/*root=*/0); // FSDP: gathered unit by unit
+  if (group.rank() != 0) {
+    return;
+  }
+  save_checkpoint(dir / file_name, state_dict(optimizer_entry, rng_states, std::move(model_state)));
+  point_latest_checkpoint_at(dir, file_name);
+  spdlog::info("checkpoint written: {}", (dir / file_name).string());
+}
+
+StateDict TrainingState::state_dict(
+    const c10::IValue& optimizer_entry, const at::Tensor& rng_states,
+    std::vector<std::pair<std::string, at::Tensor>> model_state) const {
+  comm::ProcessGroup& group = model_.process_group();
+  StateDict state = make_state_dict();
+  StateDict model(c10::StringType::get(), c10::TensorType::get());
+  for (auto& [name, tensor] : model_state) {
+    model.insert(name, tensor);
+  }
+  state.insert("model", model);
+  state.insert("optimizer", optimizer_entry);
+  state.insert("precision", model_.precision().state_dict()); // loss scale, O2 masters
+  state.insert("epoch", progress.epoch);
+  state.insert("iteration_in_epoch", progress.iteration_in_epoch);
+  state.insert("iteration", progress.iteration);
+  state.insert("iterations_per_epoch", progress.iterations_per_epoch);
+  state.insert("num_epochs", progress.num_epochs);
+  state.insert("complete", progress.complete);
+  state.insert("rng_state", rng_states[group.rank()].clone());
+  state.insert("rng_states", rng_states);
+  state.insert("world_size", static_cast<int64_t>(group.world_size()));
+  // Where the training sampler stands, in VISSL's terms.
+  StateDict sampler = make_state_dict();
+  sampler.insert("type", sampler_.type);
+  sampler.insert("epoch", progress.epoch);
+  sampler.insert("start_iter", progress.iteration_in_epoch * sampler_.micro_steps_per_iteration);
+  sampler.insert("batch_size", sampler_.batch_size);
+  sampler.insert("num_replicas", static_cast<int64_t>(group.world_size()));
+  state.insert("train_sampler", sampler);
+  state.insert("top1", optional_value(progress.top1));
+  state.insert("top5", optional_value(progress.top5));
+  state.insert("best_top1", optional_value(progress.best_top1));
+  state.insert("largo_version", std::string(kLargoVersion));
+  state.insert("config", config_yaml_);
+  return state;
+}
+
+bool TrainingState::load(const fs::path& path, bool unless_final) {
+  const StateDict state = load_checkpoint(path, {"model", "optimizer", "epoch", "iteration"});
+  const std::string where = path.string();
+  auto entry = [&](const char* key) -> const c10::IValue& { return state_at(state, key, where); };
+  if (unless_final && entry("complete").toBool()) {
+    return false;
+  }
+  const int64_t iterations_per_epoch = progress.iterations_per_epoch;
+  progress.epoch = entry("epoch").toInt();
+  progress.iteration_in_epoch = entry("iteration_in_epoch").toInt();
+  progress.iteration = entry("iteration").toInt();
+  progress.complete = entry("complete").toBool();
+  const int64_t saved_iterations_per_epoch = entry("iterations_per_epoch").toInt();
+  const int64_t saved_world_size = state.contains("world_size") ? entry("world_size").toInt() : 1;
+  const int world_size = model_.process_group().world_size();
+  if (progress.iteration_in_epoch > 0 &&
+      (saved_iterations_per_epoch != iterations_per_epoch || saved_world_size != world_size)) {
+    throw CheckpointError(fmt::format(
+        "{} was written mid-epoch by {} rank(s) with {} iterations per epoch, but this run has {} "
+        "rank(s) and {} iterations per epoch (world size, batch size, accumulation or data "
+        "changed), so the rest of that epoch cannot be served exactly; resume with the original "
+        "settings, or from an end-of-epoch checkpoint (model_phase*.torch)",
+        where, saved_world_size, saved_iterations_per_epoch, world_size, iterations_per_epoch));
+  }
+  load_model(state, where);
+  auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
+  model_.precision().load_state_dict(precision_state == state.end() ? c10::IValue()
+                                                                    : precision_state->value());
+  load_optimizer(state, fs::canonical(path).parent_path(), where);
+  load_rng(state, saved_world_size);
+  progress.top1 = optional_double(state, "top1");
+  progress.top5 = optional_double(state, "top5");
+  progress.best_top1 = optional_double(state, "best_top1");
+  return true;
+}
+
+void TrainingState::load_model(const StateDict& state, const std::string& where) {
+  const auto model_state = state_at(state, "model", where).toGenericDict();
+  // FSDP's module holds compute copies whose dtype may differ from the float32 masters saved.
+  const bool sharded_copies = model_.data_parallelism() == parallel::DataParallelism::kFsdp;
+  check_model_state_dict(*model_.module(), model_state, /*exact_floating_dtypes=*/!sharded_copies);
+  std::unordered_map<std::string, at::Tensor> values;
+  for (const auto& item : model_state) {
+    values.emplace(item.key().toStringRef(), item.value().toTensor());
+  }
+  model_.load_model_state_dict(values);
+}
+
+void TrainingState::load_optimizer(const StateDict& state, const fs::path& checkpoint_dir,
+                                   const std::string& where) {
+  const c10::IValue& entry = state_at(state, "optimizer", where);
+  const auto shapes = model_.trained_parameter_shapes();
+  if (auto shard = model_.optimizer_shard()) {
+    load_piece_optimizer_state(checkpoint_dir, entry, *shard->optimizer, shard->ownership, shapes);
+  } else {
+    load_optimizer_state(checkpoint_dir, entry, model_.optimizer(), shapes);
+  }
+}
+
+// Each rank continues its own random stream; with another world size there is none to
+// continue, so ranks re-seed from the seed, their rank and the iteration.
+void TrainingState::load_rng(const StateDict& state, int64_t saved_world_size) {
+  comm::ProcessGroup& group = model_.process_group();
+  if (state.contains("rng_states") && saved_world_size == group.world_size()) {
+    set_cpu_rng_state(state.at("rng_states").toTensor()[group.rank()].contiguous());
+  } else if (group.world_size() == 1 && state.contains("rng_state")) {
+    set_cpu_rng_state(state.at("rng_state").toTensor());
+  } else {
+    seed_everything(seed_ + static_cast<uint64_t>(group.rank()) +
+                    static_cast<uint64_t>(progress.iteration) * 1000003u);
+  }
+}
+
+} // namespace largo::checkpoint

@@ -1,0 +1,223 @@
+#include <largo/parallel/parallelize.h>
+
+#include <largo/core/error.h>
+#include <largo/core/memory_tracker.h>
+#include <largo/optim/grad_clipping.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::parallel {
+
+std::string to_string(DataParallelism mode) {
+  switch (mode) {
+  case DataParallelism::kDdp:
+    return "DDP";
+  case DataParallelism::kZero1:
+    return "ZeRO-1";
+  case DataParallelism::kZero2:
+    return "ZeRO-2";
+  case DataParallelism::kFsdp:
+    return "FSDP (ZeRO-3)";
+  }
+  return "?";
+}
+
+int zero_stage(DataParallelism mode) {
+  switch (mode) {
+  case DataParallelism::kDdp:
+    return 0;
+  case DataParallelism::kZero1:
+    return 1;
+  case DataParallelism::kZero2:
+    return 2;
+  case DataParallelism::kFsdp:
+    return 3;
+  }
+  return 0;
+}
+
+std::string ModelStateReport::describe(int rank) const {
+  constexpr double kMiB = 1024.0 * 1024.0;
+  auto pair = [&](int64_t measured_bytes, std::optional<int64_t> estimated_bytes) {
+    return estimated_bytes ? fmt::format("{:.2f} / {:.2f} MiB", measured_bytes / kMiB,
+                                         *estimated_bytes / kMiB)
+                           : fmt::format("{:.2f} MiB", measured_bytes / kMiB);
+  };
+  std::string text = fmt::format(
+      "model state on rank {} (ZeRO stage {}), measured{}: parameters {}, gradients {}, "
+      "optimizer state {}",
+      rank, zero_stage, estimated ? " / estimated" : "",
+      pair(measured.parameters, estimated ? std::optional(estimated->parameters) : std::nullopt),
+      pair(measured.gradients, estimated ? std::optional(estimated->gradients) : std::nullopt),
+      pair(measured.optimizer_state,
+           estimated ? std::optional(estimated->optimizer_state) : std::nullopt));
+  if (zero_stage == 3) {
+    text += fmt::format("; at most {} of full units gathered at once so far (transient, on top "
+                        "of the model state)",
+                        format_bytes(peak_gathered_bytes));
+  }
+  return text;
+}
+
+ParallelModel::MicroStep::MicroStep(std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync)
+    : no_sync_(std::move(no_sync)) {}
+
+ParallelModel::MicroStep::~MicroStep() = default;
+
+ParallelModel::ParallelModel(torch::nn::AnyModule model,
+                             std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
+                             std::unique_ptr<precision::MixedPrecision> precision)
+    : model_(std::move(model)),
+      module_(model_.ptr()),
+      group_(std::move(group)),
+      options_(std::move(options)),
+      precision_(std::move(precision)) {}
+
+ParallelModel::~ParallelModel() = default;
+
+at::Tensor ParallelModel::forward(const at::Tensor& input) {
+  return precision_->forward(
+      [this](const at::Tensor& x) {
+        if (torch::GradMode::is_enabled()) { // no buffer broadcast in evaluation
+          before_forward();
+        }
+        return run_forward(x);
+      },
+      input);
+}
+
+at::Tensor ParallelModel::run_forward(const at::Tensor& input) {
+  return model_.forward<at::Tensor>(input);
+}
+
+ParallelModel::MicroStep ParallelModel::micro_step(bool synchronize) {
+  return MicroStep(synchronize ? nullptr : no_sync());
+}
+
+void ParallelModel::backward(const at::Tensor& loss) {
+  precision_->backward(loss);
+}
+
+bool ParallelModel::finish_backward(bool loss_is_finite) {
+  reduce_gradients();
+  return precision_->unscale_(gradient_holders(), loss_is_finite || !options_.check_finite);
+}
+
+double ParallelModel::clip_grad_norm(double max_norm, double norm_type) {
+  return clip_gradients(max_norm, norm_type);
+}
+
+bool ParallelModel::step() {
+  return precision_->step([this] { optimizer_->step(); });
+}
+
+void ParallelModel::zero_grad() {
+  optimizer_->zero_grad();
+}
+
+std::vector<at::Tensor> ParallelModel::gradient_holders() const {
+  return trained_parameters_;
+}
+
+double ParallelModel::clip_gradients(double max_norm, double norm_type) {
+  return optim::clip_grad_norm(trained_parameters_, max_norm, norm_type);
+}
+
+std::string ParallelModel::describe() const {
+  std::string text = describe_mode();
+  text += fmt::format("; precision {}", precision_->policy().describe());
+  if (checkpoint_plan_) {
+    text += fmt::format("; activation checkpointing: {}",
+                        checkpoint_plan_->describe(options_.activation_checkpointing.sequential));
+  } else if (checkpointing_) {
+    text += fmt::format("; activation checkpointing: {}", checkpointing_->describe());
+  }
+  return text;
+}
+
+void ParallelModel::measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const {
+  report.measured = measure_model_state_bytes(*module_, *optimizer_);
+  if (!spec) {
+    return;
+  }
+  MemoryEstimateOptions estimate;
+  estimate.optimizer = *spec;
+  estimate.world_size = group_->world_size();
+  estimate.rank = group_->rank();
+  estimate.stage = report.zero_stage;
+  // O2: the optimizer's groups hold the float32 masters, which are not the module's tensors.
+  const bool masters = precision_->master_weights() != nullptr;
+  if (masters) {
+    estimate.master_weights_dtype = at::kFloat;
+  }
+  report.estimated = estimate_model_state_bytes(
+      masters ? parameter_sizes(*module_) : parameter_sizes(*module_, optimizer_->param_groups()),
+      estimate);
+}
+
+ModelStateReport ParallelModel::memory_report(const optim::OptimizerSpec* spec) const {
+  ModelStateReport report;
+  report.zero_stage = zero_stage(options_.data_parallelism);
+  measure(report, spec);
+  return report;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParallelModel::model_state_dict(int root) {
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  auto to_cpu = [](const at::Tensor& tensor) {
+    return tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  };
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    state.emplace_back(item.key(), to_cpu(item.value()));
+  }
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+    state.emplace_back(item.key(), to_cpu(item.value()));
+  }
+  return state;
+}
+
+void ParallelModel::load_model_state_dict(
+    const std::unordered_map<std::string, at::Tensor>& state) {
+  torch::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, at::Tensor& target) {
+    auto found = state.find(name);
+    if (found == state.end()) {
+      throw Error(fmt::format("load_model_state_dict: the state has no entry for {}", name));
+    }
+    if (found->second.sizes() != target.sizes()) {
+      throw Error(fmt::format("load_model_state_dict: {} has shape [{}] in the state but [{}] "
+                              "in the module",
+                              name, fmt::join(found->second.sizes(), ", "),
+                              fmt::join(target.sizes(), ", ")));
+    }
+    target.copy_(found->second);
+  };
+  for (auto& item : module_->named_parameters(/*recurse=*/true)) {
+    load(item.key(), item.value());
+  }
+  for (auto& item : module_->named_buffers(/*recurse=*/true)) {
+    load(item.key(), item.value());
+  }
+  precision_->copy_model_to_masters(); // O2: the masters follow the loaded weights
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> values;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    values.emplace_back(item.key(), item.value().detach().clone());
+  }
+  return values;
+}
+
+std::map<std::string, std::vector<int64_t>> ParallelModel::trained_parameter_shapes() const {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& group : optimizer_->param_groups()) {
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      shapes[group.names.at(i)] = group.params[i].sizes().vec();
+    }
+  }
+  return shapes;
+}
+
+} // namespace largo::parallel

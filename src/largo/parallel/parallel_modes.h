@@ -1,0 +1,29 @@
+// The ParallelModel of each data-parallel mode (parallelize.h), built by parallelize() after
+// the precision policy was applied and the optimizer's groups point at what it steps (the
+// O2 masters). Each constructor builds the optimizer and the mode's wrapper (steps 3 and 4
+// of the order in parallelize.h). Private to the parallel layer.
+#pragma once
+
+#include <largo/parallel/parallelize.h>
+
+namespace largo::parallel {
+
+// Local (one process) and DDP.
+std::unique_ptr<ParallelModel> make_replicated_model(
+    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
+    std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
+
+// ZeRO-1 and ZeRO-2.
+std::unique_ptr<ParallelModel> make_zero_model(
+    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
+    std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
+
+// FSDP (ZeRO-3).
+std::unique_ptr<ParallelModel> make_fsdp_model(
+    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
+    std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
+
+} // namespace largo::parallel

@@ -1,0 +1,175 @@
+#include <largo/parallel/parallelize.h>
+
+#include <largo/core/error.h>
+#include <largo/parallel/checkpointed_segments.h>
+#include <largo/parallel/sequential_checkpoint_plan.h>
+
+#include "parallel_modes.h"
+
+#include <fmt/format.h>
+
+namespace largo::parallel {
+namespace {
+
+torch::Device module_device(const torch::nn::Module& module) {
+  auto parameters = module.parameters();
+  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
+}
+
+} // namespace
+
+void check_parallel_options(const ParallelOptions& options, int world_size,
+                            const std::string& backend) {
+  const DataParallelism mode = options.data_parallelism;
+  const bool sharded_optimizer = mode != DataParallelism::kDdp;
+  if (sharded_optimizer && options.precision.master_weights) {
+    throw OptionError(
+        "ParallelOptions::precision", options.precision.describe(),
+        fmt::format("a policy without float32 master weights with {}: sharding master weights "
+                    "is not built (use O1/autocast, which keeps float32 weights, or O3)",
+                    to_string(mode)));
+  }
+  if (mode == DataParallelism::kFsdp && options.precision.cast_model) {
+    throw OptionError(
+        "ParallelOptions::precision", options.precision.describe(),
+        "no cast of the module with FSDP: FSDP makes its own low-precision copies of float32 "
+        "shards (FullyShardedDataParallelOptions::compute_dtype), or runs autocast over "
+        "float32 units");
+  }
+  if (mode != DataParallelism::kFsdp && options.fsdp.compute_dtype) {
+    throw OptionError("FullyShardedDataParallelOptions::compute_dtype",
+                      c10::toString(*options.fsdp.compute_dtype),
+                      fmt::format("unset with {} (compute copies are FSDP's)", to_string(mode)));
+  }
+  const auto& checkpointing = options.activation_checkpointing;
+  if (!checkpointing.modules.empty() && checkpointing.num_splits > 0) {
+    throw OptionError("ActivationCheckpointingOptions::num_splits",
+                      std::to_string(checkpointing.num_splits),
+                      "0 when ActivationCheckpointingOptions::modules selects modules (one "
+                      "way of cutting at a time)");
+  }
+  if (world_size > 1) {
+    precision::check_policy_supported_by_backend(options.precision, backend);
+  }
+}
+
+namespace {
+
+// FSDP's compute copies are its own mixed precision: the module is not cast and autocast is
+// off; the loss scaling is the dtype's (dynamic for float16).
+precision::PrecisionPolicy effective_policy(const ParallelOptions& options) {
+  precision::PrecisionPolicy policy = options.precision;
+  if (options.data_parallelism == DataParallelism::kFsdp && options.fsdp.compute_dtype) {
+    policy.enabled = true;
+    policy.opt_level = precision::OptLevel::kO2;
+    policy.low_precision = *options.fsdp.compute_dtype;
+    policy.autocast = false;
+  }
+  return policy;
+}
+
+torch::nn::Sequential find_sequential(torch::nn::Module& module, const std::string& name) {
+  for (const auto& item : module.named_modules()) {
+    if (item.key() == name) {
+      auto sequential = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(item.value());
+      if (!sequential) {
+        throw OptionError("ActivationCheckpointingOptions::sequential", name,
+                          "the name of a torch::nn::Sequential in the module (it is another "
+                          "kind of module)");
+      }
+      return torch::nn::Sequential(sequential);
+    }
+  }
+  throw OptionError("ActivationCheckpointingOptions::sequential", name,
+                    "the name of a torch::nn::Sequential registered in the module");
+}
+
+// Step 1: where the Sequential is cut and what it saves, probed on the bare module.
+struct Cut {
+  torch::nn::Sequential container{nullptr};
+  SequentialCheckpointPlan plan;
+  std::optional<ActivationMemoryReport> report;
+};
+
+std::optional<Cut> plan_checkpointing(torch::nn::AnyModule model,
+                                      const ActivationCheckpointingOptions& options) {
+  if (options.num_splits <= 0) {
+    return std::nullopt;
+  }
+  Cut cut;
+  cut.container = find_sequential(*model.ptr(), options.sequential);
+  cut.plan = plan_sequential_checkpointing(model, *cut.container, options.sequential,
+                                           options.num_splits, options.cost,
+                                           options.probe_input_shape, options.probe_batch_size);
+  if (options.report_batch_size > 0 && !options.probe_input_shape.empty()) {
+    cut.report = measure_activation_memory(model, cut.container, cut.plan.boundaries,
+                                           options.probe_input_shape, options.report_batch_size,
+                                           options.preserve_rng_state);
+  }
+  return cut;
+}
+
+} // namespace
+
+std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
+                                           std::vector<optim::ParamGroup> param_groups,
+                                           const OptimizerFactory& make_optimizer,
+                                           std::shared_ptr<comm::ProcessGroup> group,
+                                           ParallelOptions options) {
+  if (!group) {
+    throw OptionError("parallelize's process group", "null",
+                      "a process group (comm::ProcessGroup::single_process() for one process)");
+  }
+  check_parallel_options(options, group->world_size(), group->backend());
+  auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
+
+  // 2. The precision cast, and the tensors the optimizer steps (O2: the float32 masters).
+  precision::GradScalerOptions scaler_options = options.grad_scaler;
+  if (group->world_size() > 1) { // every rank skips (or stops) together
+    scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
+  }
+  auto precision = std::make_unique<precision::MixedPrecision>(
+      effective_policy(options), *model.ptr(), module_device(*model.ptr()), scaler_options,
+      options.check_finite);
+  for (auto& param_group : param_groups) {
+    for (size_t i = 0; i < param_group.params.size(); ++i) {
+      param_group.params[i] =
+          precision->optimizer_param(param_group.names.at(i), param_group.params[i]);
+    }
+  }
+
+  // 3 and 4. The optimizer and the data-parallel wrapper (rank 0's weights broadcast).
+  std::unique_ptr<ParallelModel> parallel;
+  switch (options.data_parallelism) {
+  case DataParallelism::kDdp:
+    parallel = make_replicated_model(model, group, options, std::move(precision),
+                                     std::move(param_groups), make_optimizer);
+    break;
+  case DataParallelism::kZero1:
+  case DataParallelism::kZero2:
+    parallel = make_zero_model(model, group, options, std::move(precision),
+                               std::move(param_groups), make_optimizer);
+    break;
+  case DataParallelism::kFsdp:
+    parallel = make_fsdp_model(model, group, options, std::move(precision),
+                               std::move(param_groups), make_optimizer);
+    break;
+  }
+  parallel->precision_->copy_model_to_masters(); // O2: from the broadcast weights
+
+  // 5. Checkpointed segments, around whatever the elements run now (FSDP's interceptors).
+  const auto& checkpointing = options.activation_checkpointing;
+  if (cut) {
+    parallel->checkpointing_ =
+        CheckpointedSegments::split_sequential(cut->container, checkpointing.sequential,
+                                               cut->plan.boundaries, checkpointing.preserve_rng_state);
+    parallel->checkpoint_plan_ = std::move(cut->plan);
+    parallel->activation_memory_report_ = std::move(cut->report);
+  } else if (!checkpointing.modules.empty()) {
+    parallel->checkpointing_ = CheckpointedSegments::wrap_modules(
+        parallel->module_, checkpointing.modules, checkpointing.preserve_rng_state);
+  }
+  return parallel;
+}
+
+} // namespace largo::parallel

@@ -1,0 +1,70 @@
+#include <largo/train/evaluator.h>
+
+#include <largo/train/accuracy_meter.h>
+
+namespace largo::train {
+
+std::optional<double> EvaluationResult::top(int64_t k) const {
+  for (size_t i = 0; i < topk.size(); ++i) {
+    if (topk[i] == k) {
+      return topk_percent[i];
+    }
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// Under FSDP an evaluation forward gathers units (collectives), so every rank must run as
+// many as the rank with the most test batches: the others run forwards on zeros.
+void pad_collective_forwards(parallel::ParallelModel& model, int64_t num_batches,
+                             const std::vector<int64_t>& sample_shape, torch::Device device) {
+  if (!model.forward_communicates_without_grad()) {
+    return;
+  }
+  at::Tensor most = at::tensor({num_batches}, at::kLong);
+  model.process_group().all_reduce(most, comm::ReduceOp::kMax);
+  std::vector<int64_t> shape{1};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  for (int64_t i = num_batches; i < most.item<int64_t>(); ++i) {
+    model.forward(at::zeros(shape, at::TensorOptions().device(device)));
+  }
+}
+
+} // namespace
+
+EvaluationResult evaluate(parallel::ParallelModel& model, TrainingData& data,
+                          torch::Device device, const EvaluationOptions& options) {
+  model.module()->eval();
+  torch::NoGradGuard no_grad;
+  AccuracyMeter meter(options.topk_values);
+  double loss_sum = 0.0;
+  data::DataLoader& loader = data.test_loader();
+  loader.start_epoch(data.test_order(), /*epoch=*/0, /*start_batch=*/0);
+  const int64_t num_batches = loader.num_batches();
+  while (auto batch = loader.next()) {
+    at::Tensor images = batch->images.to(device);
+    at::Tensor labels = batch->labels.to(device);
+    at::Tensor logits = model.forward(images);
+    loss_sum += torch::nn::functional::cross_entropy(
+                    logits, labels,
+                    torch::nn::functional::CrossEntropyFuncOptions()
+                        .ignore_index(options.loss_ignore_index)
+                        .reduction(torch::kSum))
+                    .item<double>();
+    meter.update(logits, labels);
+  }
+  pad_collective_forwards(model, num_batches, options.sample_shape, device);
+  at::Tensor total_loss = at::tensor({loss_sum}, at::kDouble);
+  model.process_group().all_reduce(total_loss);
+  meter.reduce_over(model.process_group());
+  EvaluationResult result;
+  result.num_samples = meter.num_samples();
+  result.loss = result.num_samples > 0 ? total_loss.item<double>() / result.num_samples : 0.0;
+  result.topk = meter.topk_values();
+  result.topk_percent = meter.values();
+  model.module()->train();
+  return result;
+}
+
+} // namespace largo::train

@@ -1,0 +1,22 @@
+#include <largo/train/option_keys.h>
+
+#include <map>
+
+namespace largo::train {
+
+std::string yaml_key_for(const std::string& option) {
+  static const std::map<std::string, std::string> keys = {
+      {"ActivationCheckpointingOptions::num_splits",
+       "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS"},
+      {"FullyShardedDataParallelOptions::compute_dtype", "MODEL.FSDP_CONFIG.compute_dtype"},
+      {"FullyShardedDataParallelOptions::fp32_reduce_scatter",
+       "MODEL.FSDP_CONFIG.fp32_reduce_scatter"},
+      {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
+      {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
+      {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},
+  };
+  auto found = keys.find(option);
+  return found != keys.end() ? found->second : option;
+}
+
+} // namespace largo::train

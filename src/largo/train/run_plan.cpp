@@ -1,0 +1,270 @@
+#include <largo/train/run_plan.h>
+
+#include <largo/comm/process_group.h>
+#include <largo/comm/world_info.h>
+#include <largo/core/error.h>
+#include <largo/data/idx_dataset.h>
+#include <largo/models/model_factory.h>
+#include <largo/precision/model_cast.h>
+#include <largo/train/option_keys.h>
+#include <largo/train/trainer_config.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::train {
+namespace {
+
+// FSDP's settings that only make sense with mixed precision (VISSL's AUTO_SETUP_FSDP turns
+// it on with MODEL.AMP_PARAMS.USE_AMP), and the ZeRO stages that exclude each other.
+void check_fsdp_keys(const TrainerOptions& options) {
+  const FsdpOptions& fsdp = options.fsdp;
+  if (!fsdp.enabled) {
+    return;
+  }
+  if (fsdp.fp32_reduce_scatter && !fsdp.mixed_precision) {
+    throw ConfigError(
+        "MODEL.FSDP_CONFIG.fp32_reduce_scatter needs mixed_precision (AUTO_SETUP_FSDP turns "
+        "mixed_precision on with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set "
+        "fp32_reduce_scatter to False");
+  }
+  if (fsdp.compute_dtype != "float32" && !fsdp.mixed_precision) {
+    throw ConfigError(fmt::format(
+        "MODEL.FSDP_CONFIG.compute_dtype {} needs mixed_precision (AUTO_SETUP_FSDP turns it on "
+        "with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set compute_dtype float32",
+        fsdp.compute_dtype));
+  }
+  if (options.zero.shard_optimizer_state) {
+    throw ConfigError(
+        "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP (ZeRO stage 3) and ZeRO stage 1/2 (OPTIMIZER.use_zero, "
+        "OPTIMIZER.name zero or MODEL.SHARDED_DDP_SETUP.USE_SDP) are both on; stage 3 already "
+        "shards the optimizer state and the gradients: turn the other off");
+  }
+}
+
+// The precision combinations a sharded run cannot take, in the config's words (the library
+// refuses the same in its own: parallel::check_parallel_options).
+void check_precision_keys(const TrainerOptions& options, const precision::PrecisionPolicy& policy) {
+  if (options.fsdp.enabled && (policy.cast_model || policy.master_weights)) {
+    throw ConfigError(fmt::format(
+        "FSDP with {}: FSDP makes its own low-precision copies of float32 shards "
+        "(MODEL.FSDP_CONFIG.AMP_TYPE O2 or compute_dtype) or runs autocast over float32 units "
+        "(MODEL.AMP_PARAMS.AMP_TYPE pytorch, which AUTO_SETUP_FSDP selects)",
+        policy.describe()));
+  }
+  if (options.zero.shard_optimizer_state && policy.master_weights) {
+    throw ConfigError(fmt::format(
+        "ZeRO (OPTIMIZER.name zero / use_zero / SHARDED_DDP_SETUP.USE_SDP) with {} is not "
+        "supported yet: sharding float32 master weights is not built. Use opt_level O1 "
+        "(autocast, float32 weights) or O3 with ZeRO, or turn ZeRO off",
+        policy.describe()));
+  }
+}
+
+parallel::DataParallelism data_parallelism_of(const TrainerOptions& options) {
+  if (options.fsdp.enabled) {
+    return parallel::DataParallelism::kFsdp;
+  }
+  if (options.zero.shard_gradients) {
+    return parallel::DataParallelism::kZero2;
+  }
+  return options.zero.shard_optimizer_state ? parallel::DataParallelism::kZero1
+                                            : parallel::DataParallelism::kDdp;
+}
+
+// MODEL.FSDP_CONFIG, the buffer broadcast, compute copies with BatchNorm kept float32.
+parallel::FullyShardedDataParallelOptions fully_sharded_options(const TrainerOptions& options) {
+  parallel::FullyShardedDataParallelOptions fsdp;
+  // VISSL wraps the trunk's blocks that reach AUTO_WRAP_THRESHOLD; the head stays in the root.
+  fsdp.wrap_policy = parallel::WrapPolicy::elements_of("trunk") &&
+      parallel::WrapPolicy::min_trainable_parameters(options.fsdp.auto_wrap_threshold);
+  fsdp.reshard_after_forward = options.fsdp.reshard_after_forward;
+  fsdp.prefetch = options.fsdp.prefetch;
+  fsdp.broadcast_buffers = options.distributed.broadcast_buffers;
+  fsdp.compute_dtype = options.fsdp.compute_copies();
+  fsdp.fp32_reduce_scatter = options.fsdp.fp32_reduce_scatter;
+  fsdp.keeps_fp32 = [](const torch::nn::Module& module) {
+    return precision::is_batchnorm(module); // Apex's keep_batchnorm_fp32
+  };
+  return fsdp;
+}
+
+constexpr int64_t kMebibyte = 1024 * 1024;
+
+// The library's options for parallelize(), from the config's (units converted here).
+parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
+  const TrainerOptions& options = plan.options;
+  parallel::ParallelOptions parallel;
+  parallel.data_parallelism = data_parallelism_of(options);
+  const DistributedOptions& distributed = options.distributed;
+  parallel.ddp.bucket_cap_bytes = distributed.bucket_cap_mb * kMebibyte;
+  parallel.ddp.broadcast_buffers = distributed.broadcast_buffers;
+  parallel.ddp.delay_allreduce = distributed.delay_allreduce;
+  parallel.ddp.manual_reduction = distributed.manual_gradient_reduction;
+  parallel.ddp.find_unused_parameters = distributed.find_unused_parameters;
+  parallel.zero.reduce_buffer_bytes =
+      options.zero.reduce_buffer_elements * static_cast<int64_t>(sizeof(float));
+  parallel.zero.broadcast_buffers = distributed.broadcast_buffers;
+  parallel.zero.find_unused_parameters = distributed.find_unused_parameters;
+  parallel.fsdp = fully_sharded_options(options);
+  if (options.activation_checkpointing.enabled) {
+    auto& checkpointing = parallel.activation_checkpointing;
+    checkpointing.sequential = "trunk";
+    checkpointing.num_splits = options.activation_checkpointing.num_splits;
+    checkpointing.probe_input_shape = plan.train_shape.sample_shape;
+    checkpointing.report_batch_size = options.train.batch_size;
+  }
+  parallel.precision = plan.precision;
+  parallel.grad_scaler = options.grad_scaler;
+  parallel.check_finite = options.check_nan;
+  return parallel;
+}
+
+c10::Device device_of(const TrainerOptions& options) {
+  return options.device == "gpu" && torch::cuda::is_available() ? c10::Device(c10::kCUDA)
+                                                                 : c10::Device(c10::kCPU);
+}
+
+void fill_model_from_data(RunPlan& plan) {
+  models::ModelOptions& model = plan.model;
+  if (model.in_channels == 0) {
+    model.in_channels = plan.train_shape.sample_shape[0];
+  }
+  if (model.image_size == 0) {
+    model.image_size = plan.train_shape.sample_shape[1];
+  }
+  if (model.num_classes == 0) {
+    model.num_classes = plan.train_shape.num_classes;
+  }
+  if (plan.test_shape.sample_shape != plan.train_shape.sample_shape) {
+    throw ConfigError(fmt::format(
+        "the test split's samples are [{}] but the training split's (what the model is built "
+        "for) are [{}]; make DATA.TEST's dataset and TRANSFORMS give images of the training "
+        "size",
+        fmt::join(plan.test_shape.sample_shape, ", "), fmt::join(plan.train_shape.sample_shape, ", ")));
+  }
+  if (plan.test_shape.num_classes > model.num_classes) {
+    throw ConfigError(fmt::format(
+        "the test split has {} classes but the model's head outputs {}; use a test split of "
+        "the training classes (or a head with MODEL.HEAD.PARAMS dims ending in {})",
+        plan.test_shape.num_classes, model.num_classes, plan.test_shape.num_classes));
+  }
+}
+
+// Splits larger than the trunk can only be found with the model in hand.
+void check_checkpointing_splits(const RunPlan& plan) {
+  if (!plan.options.activation_checkpointing.enabled) {
+    return;
+  }
+  const int64_t blocks = models::build_model(plan.model)->num_trunk_blocks();
+  const int64_t splits = plan.options.activation_checkpointing.num_splits;
+  if (splits < 1 || splits > blocks) {
+    throw config_error("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS",
+                       std::to_string(splits),
+                       fmt::format("a number of segments from 1 to {} (the {} trunk has {} "
+                                   "blocks)",
+                                   blocks, plan.model.trunk_name, blocks));
+  }
+}
+
+void scale_learning_rates(RunPlan& plan) {
+  const OptimizerOptions& optimizer = plan.options.optimizer;
+  plan.lr = optimizer.lr;
+  optim::apply_auto_lr_scaling(plan.lr, optimizer.lr_scaling, plan.global_batch,
+                               plan.batch_per_node);
+  plan.lr_head = plan.lr;
+  if (optimizer.head_use_different_lr) {
+    plan.lr_head = optimizer.lr_head;
+    optim::apply_auto_lr_scaling(plan.lr_head, optimizer.lr_head_scaling, plan.global_batch,
+                                 plan.batch_per_node);
+  }
+}
+
+} // namespace
+
+std::string process_group_backend(const TrainerOptions& options) {
+  return options.distributed.backend == "nccl" && device_of(options).is_cuda() ? "nccl" : "gloo";
+}
+
+DataShape data_shape_of(const DataSplitOptions& split) {
+  DataShape shape;
+  if (split.source == "synthetic") {
+    shape.sample_shape = split.synthetic_image_shape;
+    shape.num_classes = split.synthetic_num_classes;
+  } else if (split.dataset_name == "CIFAR10") {
+    shape.sample_shape = {3, 32, 32};
+    shape.num_classes = 10;
+  } else { // MNIST, FashionMNIST (the config layer admits nothing else)
+    shape.sample_shape = {1, 28, 28};
+    shape.num_classes = data::IdxDataset::kNumClasses;
+  }
+  for (const data::TransformSpec& transform : split.transforms) {
+    auto size = transform.args.find("size");
+    if (transform.name == "RandomCrop" && size != transform.args.end() && !size->second.empty()) {
+      const auto side = static_cast<int64_t>(size->second.front());
+      shape.sample_shape[1] = side;
+      shape.sample_shape[2] = size->second.size() > 1 ? static_cast<int64_t>(size->second[1]) : side;
+    }
+  }
+  return shape;
+}
+
+RunPlan resolve_run(const Config& config) {
+  TrainerOptions options = trainer_options_from_config(config);
+  RunWorld world;
+  if (auto environment = comm::world_from_environment()) {
+    world.world_size = environment->world_size;
+    world.procs_per_node = std::max(1, environment->local_world_size);
+  } else {
+    world.procs_per_node = static_cast<int>(config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE"));
+    world.world_size =
+        static_cast<int>(config.get_int("DISTRIBUTED.NUM_NODES")) * world.procs_per_node;
+  }
+  world.backend = process_group_backend(options);
+  if (world.backend == "nccl" && world.world_size > 1 && !comm::ProcessGroup::nccl_built()) {
+    throw config_error("DISTRIBUTED.BACKEND", "nccl",
+                       "gloo: this build of Largo has no NCCL, having been built against a "
+                       "libtorch without CUDA (docs/distributed.md, GPUs and NCCL)");
+  }
+  return resolve_run(std::move(options), world);
+}
+
+RunPlan resolve_run(TrainerOptions options, RunWorld world) {
+  RunPlan plan;
+  plan.options = std::move(options);
+  plan.world = world;
+  const TrainerOptions& o = plan.options;
+  check_fsdp_keys(o);
+  plan.precision = precision::resolve_precision_policy(o.amp);
+  check_precision_keys(o, plan.precision);
+  // The device the config asks for: a GPU config validates on a machine without one too.
+  precision::check_policy_supported_on(
+      plan.precision, o.device == "gpu" ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
+  plan.train_shape = data_shape_of(o.train);
+  plan.test_shape = data_shape_of(o.test);
+  plan.model = o.model;
+  fill_model_from_data(plan);
+  check_checkpointing_splits(plan);
+
+  const int64_t accumulation = o.gradient_accumulation_steps;
+  plan.batch_per_rank = o.train.batch_size;
+  plan.batch_per_node = plan.batch_per_rank * world.procs_per_node * accumulation;
+  plan.global_batch = plan.batch_per_rank * world.world_size * accumulation;
+  scale_learning_rates(plan);
+
+  plan.parallel = parallel_options_of(plan);
+  rethrow_with_yaml_keys([&] {
+    parallel::check_parallel_options(plan.parallel, world.world_size, world.backend);
+  });
+  return plan;
+}
+
+std::string RunPlan::describe() const {
+  return fmt::format("{}, {} over {} rank(s) ({}), global batch {} = {} per rank x {} rank(s) "
+                     "x {} accumulation step(s)",
+                     precision.describe(), parallel::to_string(parallel.data_parallelism),
+                     world.world_size, world.backend, global_batch, batch_per_rank,
+                     world.world_size, options.gradient_accumulation_steps);
+}
+
+} // namespace largo::train

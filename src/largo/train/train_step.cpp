@@ -1,0 +1,47 @@
+#include <largo/train/train_step.h>
+
+#include <cmath>
+
+namespace largo::train {
+
+TrainStep::TrainStep(parallel::ParallelModel& model, torch::Device device,
+                     TrainStepOptions options)
+    : model_(model), device_(device), options_(options) {}
+
+StepResult TrainStep::run(const std::function<data::Batch()>& next_batch,
+                          int64_t num_micro_batches) {
+  model_.zero_grad();
+  StepResult result;
+  float loss_sum = 0.0f;
+  bool losses_finite = true;
+  for (int64_t micro = 0; micro < num_micro_batches; ++micro) {
+    data::Batch batch = next_batch();
+    at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
+    at::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
+    auto scope = model_.micro_step(/*synchronize=*/micro + 1 == num_micro_batches);
+    at::Tensor loss = torch::nn::functional::cross_entropy(
+        model_.forward(images), labels,
+        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options_.loss_ignore_index));
+    const float loss_value = loss.item<float>();
+    // Not thrown here: the ranks decide together in finish_backward, so that a NaN on one
+    // rank stops (or, with loss scaling, skips) every rank at the same step.
+    if (!std::isfinite(loss_value) && losses_finite) {
+      losses_finite = false;
+      result.non_finite_loss = loss_value;
+    }
+    model_.backward(num_micro_batches > 1 ? loss / static_cast<double>(num_micro_batches) : loss);
+    loss_sum += loss_value;
+    result.num_images += images.size(0);
+  }
+  result.loss = loss_sum / static_cast<float>(num_micro_batches);
+  result.finite = model_.finish_backward(losses_finite);
+  if (result.finite && options_.clip_gradients) { // after unscale, before LARC
+    model_.clip_grad_norm(options_.max_norm, options_.norm_type);
+  }
+  if (result.finite || model_.precision().has_loss_scaling()) {
+    model_.step(); // skipped (and counted) when a gradient was inf/NaN
+  }
+  return result;
+}
+
+} // namespace largo::train

@@ -1,0 +1,120 @@
+#include <largo/train/training_data.h>
+
+#include <largo/core/error.h>
+#include <largo/data/cifar10_dataset.h>
+#include <largo/data/idx_dataset.h>
+#include <largo/data/sampler.h>
+#include <largo/data/synthetic_dataset.h>
+
+#include <fmt/format.h>
+
+#include <numeric>
+
+namespace largo::train {
+namespace {
+
+std::shared_ptr<const data::Dataset> load_dataset(const DataSplitOptions& split, data::Split which,
+                                                  uint64_t seed) {
+  if (split.source == "synthetic") {
+    return std::make_shared<data::SyntheticDataset>(split.synthetic_num_samples,
+                                                    split.synthetic_image_shape,
+                                                    split.synthetic_num_classes, seed);
+  }
+  if (split.dataset_name == "CIFAR10") {
+    return std::make_shared<data::Cifar10Dataset>(data::Cifar10Dataset::load(split.path, which));
+  }
+  return std::make_shared<data::IdxDataset>(data::IdxDataset::load(split.path, which));
+}
+
+// The sample indices of a split with DATA_LIMIT applied: the first `limit` entries of a
+// permutation seeded with DATA_LIMIT_SAMPLING.SEED (all indices when no limit).
+std::vector<int64_t> subset_indices(int64_t dataset_size, const DataSplitOptions& split) {
+  std::vector<int64_t> indices(dataset_size);
+  std::iota(indices.begin(), indices.end(), 0);
+  if (split.data_limit < 0 || split.data_limit >= dataset_size) {
+    return indices;
+  }
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(split.data_limit_seed);
+  at::Tensor permutation = torch::randperm(dataset_size, generator, torch::kLong);
+  auto* data = permutation.data_ptr<int64_t>();
+  std::vector<int64_t> subset(data, data + split.data_limit);
+  std::sort(subset.begin(), subset.end());
+  return subset;
+}
+
+// Rank r's loader seed: rank 0 keeps the configured seed (a one-process run is unchanged);
+// the others get distinct streams, so ranks do not augment their samples identically.
+uint64_t loader_seed(uint64_t seed, int rank) {
+  return seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
+}
+
+std::unique_ptr<data::DataLoader> make_loader(const TrainerOptions& options,
+                                              const DataSplitOptions& split,
+                                              std::shared_ptr<const data::Dataset> dataset,
+                                              int rank) {
+  data::DataLoaderOptions loader_options;
+  loader_options.batch_size = split.batch_size;
+  loader_options.num_workers = options.num_dataloader_workers;
+  loader_options.drop_last = split.drop_last;
+  loader_options.transforms = data::make_pipeline(split.transforms);
+  loader_options.seed = loader_seed(options.seed, rank);
+  return std::make_unique<data::DataLoader>(std::move(dataset), loader_options);
+}
+
+} // namespace
+
+TrainingData::TrainingData(const TrainerOptions& options, int rank, int world_size)
+    : options_(options), rank_(rank), world_size_(world_size) {
+  train_data_ = load_dataset(options_.train, data::Split::kTrain, options_.seed);
+  test_data_ = load_dataset(options_.test, data::Split::kTest, options_.seed + 1);
+  train_subset_ = subset_indices(train_data_->size(), options_.train);
+  test_subset_ = subset_indices(test_data_->size(), options_.test);
+  train_loader_ = make_loader(options_, options_.train, train_data_, rank_);
+  test_loader_ = make_loader(options_, options_.test, test_data_, rank_);
+
+  const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
+  const int64_t batch_size = options_.train.batch_size;
+  const int64_t batches_per_epoch = options_.train.drop_last
+      ? samples_per_rank / batch_size
+      : (samples_per_rank + batch_size - 1) / batch_size;
+  const int64_t accumulation = options_.gradient_accumulation_steps;
+  iterations_per_epoch_ = (batches_per_epoch + accumulation - 1) / accumulation;
+  if (iterations_per_epoch_ == 0) {
+    throw ConfigError(fmt::format(
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {}{} leaves no batch from the {} samples each of the "
+        "{} ranks reads",
+        batch_size, options_.train.drop_last ? " with DROP_LAST" : "", samples_per_rank,
+        world_size_));
+  }
+}
+
+std::vector<int64_t> TrainingData::train_epoch_order(int64_t epoch) const {
+  const auto size = static_cast<int64_t>(train_subset_.size());
+  std::vector<int64_t> positions;
+  if (options_.train.use_stateful_sampler) {
+    data::StatefulDistributedSampler sampler(size, world_size_, rank_, options_.train.batch_size,
+                                             options_.seed);
+    sampler.set_epoch(epoch);
+    positions = sampler.epoch_indices();
+  } else {
+    data::DistributedSampler sampler(size, world_size_, rank_, /*shuffle=*/true, options_.seed,
+                                     options_.train.drop_last);
+    sampler.set_epoch(epoch);
+    positions = sampler.indices();
+  }
+  for (auto& position : positions) {
+    position = train_subset_[static_cast<size_t>(position)];
+  }
+  return positions;
+}
+
+std::vector<int64_t> TrainingData::test_order() const {
+  std::vector<int64_t> order;
+  for (size_t i = static_cast<size_t>(rank_); i < test_subset_.size();
+       i += static_cast<size_t>(world_size_)) {
+    order.push_back(test_subset_[i]);
+  }
+  return order;
+}
+
+} // namespace largo::train

@@ -1,0 +1,184 @@
+#include <largo/train/training_hooks.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace largo::train {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+double wall_time() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string format_duration(double seconds) {
+  auto total = static_cast<int64_t>(std::max(0.0, seconds));
+  if (total >= 3600) {
+    return fmt::format("{}h{:02d}m", total / 3600, (total % 3600) / 60);
+  }
+  return fmt::format("{}m{:02d}s", total / 60, total % 60);
+}
+
+} // namespace
+
+TrainingHook::~TrainingHook() = default;
+
+// ---- logging -------------------------------------------------------------------------
+
+LoggingHook::LoggingHook(parallel::ParallelModel& model, RunRecords& records,
+                         int64_t log_frequency)
+    : model_(model), records_(records), log_frequency_(log_frequency) {}
+
+void LoggingHook::on_step_end(const StepEvent& event) {
+  const checkpoint::TrainingProgress& progress = event.progress;
+  window_images_ += event.step.num_images;
+  window_loss_ += event.step.loss;
+  ++window_steps_;
+  if (event.step_peak_bytes) {
+    window_peak_bytes_ = std::max(window_peak_bytes_, *event.step_peak_bytes);
+  }
+  if (progress.iteration % log_frequency_ == 0 ||
+      progress.iteration_in_epoch == progress.iterations_per_epoch) {
+    log_window(event);
+  }
+  if (model_.process_group().rank() == 0) {
+    records_.progress_bar.update(progress.iteration_in_epoch, progress.iterations_per_epoch,
+                         fmt::format("epoch {}/{} loss {:.4f}", progress.epoch + 1,
+                                     progress.num_epochs, event.step.loss));
+  }
+}
+
+// The mean loss and the images of all ranks (a collective, at the same iterations on every
+// rank), printed and recorded by rank 0.
+void LoggingHook::log_window(const StepEvent& event) {
+  const checkpoint::TrainingProgress& progress = event.progress;
+  comm::ProcessGroup& group = model_.process_group();
+  at::Tensor totals = at::tensor({window_loss_, static_cast<double>(window_images_)}, at::kDouble);
+  group.all_reduce(totals);
+  const double seconds = seconds_since(window_start_);
+  const double images_per_sec = seconds > 0 ? totals[1].item<double>() / seconds : 0.0;
+  const int64_t steps = std::max<int64_t>(window_steps_, 1);
+  const int64_t remaining = progress.num_epochs * progress.iterations_per_epoch - progress.iteration;
+  const double mean_loss = totals[0].item<double>() / steps / group.world_size();
+  records_.progress_bar.clear();
+  nlohmann::json record = {{"phase", "train"}, {"epoch", progress.epoch},
+                           {"iteration", progress.iteration}, {"loss", mean_loss},
+                           {"lr", event.lr}, {"images_per_sec", images_per_sec},
+                           {"wall_time", wall_time()}};
+  std::string scaling;
+  const precision::MixedPrecision& precision = model_.precision();
+  if (precision.has_loss_scaling()) {
+    record["loss_scale"] = precision.loss_scale();
+    record["skipped_steps"] = precision.skipped_steps(); // since the run started
+    scaling = fmt::format(" loss scale {:g} skipped steps {}", precision.loss_scale(),
+                          precision.skipped_steps());
+  }
+  if (event.step_peak_bytes) {
+    record["step_peak_bytes"] = window_peak_bytes_; // this rank's (rank 0's)
+  }
+  spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {}",
+               progress.epoch + 1, progress.num_epochs, progress.iteration_in_epoch,
+               progress.iterations_per_epoch, mean_loss, event.lr, scaling, images_per_sec,
+               format_duration(remaining * seconds / steps));
+  if (records_.metrics) {
+    records_.metrics->write(record);
+  }
+  if (records_.tensorboard) {
+    if (precision.has_loss_scaling()) {
+      records_.tensorboard->add_scalar("train/loss_scale", precision.loss_scale(), progress.iteration);
+    }
+    records_.tensorboard->add_scalar("train/loss", mean_loss, progress.iteration);
+    records_.tensorboard->add_scalar("train/lr", event.lr, progress.iteration);
+    records_.tensorboard->add_scalar("train/images_per_sec", images_per_sec, progress.iteration);
+  }
+  window_start_ = std::chrono::steady_clock::now();
+  window_images_ = 0;
+  window_loss_ = 0.0;
+  window_steps_ = 0;
+  window_peak_bytes_ = 0;
+}
+
+void LoggingHook::on_epoch_end(checkpoint::TrainingProgress&) {
+  records_.progress_bar.clear();
+}
+
+// ---- evaluation ----------------------------------------------------------------------
+
+EvaluationHook::EvaluationHook(parallel::ParallelModel& model, TrainingData& data,
+                               torch::Device device, EvaluationOptions options,
+                               int64_t every_num_epochs, RunRecords& records)
+    : model_(model),
+      data_(data),
+      device_(device),
+      options_(std::move(options)),
+      every_num_epochs_(every_num_epochs),
+      records_(records) {}
+
+void EvaluationHook::on_epoch_end(checkpoint::TrainingProgress& progress) {
+  if (progress.epoch % every_num_epochs_ != 0 && progress.epoch != progress.num_epochs) {
+    return;
+  }
+  const EvaluationResult result = evaluate(model_, data_, device_, options_);
+  const int64_t epoch_index = progress.epoch - 1; // the epoch just trained, from 0
+  nlohmann::json record = {{"phase", "test"}, {"epoch", epoch_index},
+                           {"iteration", progress.iteration}, {"loss", result.loss},
+                           {"wall_time", wall_time()}};
+  std::string line =
+      fmt::format("test epoch {}/{} loss {:.4f}", progress.epoch, progress.num_epochs, result.loss);
+  for (size_t i = 0; i < result.topk.size(); ++i) {
+    const std::string name = fmt::format("top{}", result.topk[i]);
+    record[name] = result.topk_percent[i];
+    line += fmt::format(" {} {:.2f}%", name, result.topk_percent[i]);
+    if (records_.tensorboard) {
+      records_.tensorboard->add_scalar("test/" + name, result.topk_percent[i], progress.iteration);
+    }
+  }
+  progress.top1 = result.top(1);
+  progress.top5 = result.top(5);
+  if (progress.top1 && (!progress.best_top1 || *progress.top1 > *progress.best_top1)) {
+    progress.best_top1 = progress.top1;
+  }
+  records_.progress_bar.clear();
+  spdlog::info("{}", line);
+  if (records_.metrics) {
+    records_.metrics->write(record);
+  }
+  if (records_.tensorboard) {
+    records_.tensorboard->add_scalar("test/loss", result.loss, progress.iteration);
+    records_.tensorboard->flush();
+  }
+}
+
+// ---- checkpoints ---------------------------------------------------------------------
+
+CheckpointHook::CheckpointHook(checkpoint::TrainingState& state, std::filesystem::path dir,
+                               int64_t frequency_epochs, int64_t frequency_iterations,
+                               RunRecords& records)
+    : state_(state),
+      dir_(std::move(dir)),
+      frequency_epochs_(frequency_epochs),
+      frequency_iterations_(frequency_iterations),
+      records_(records) {}
+
+void CheckpointHook::on_step_end(const StepEvent& event) {
+  const checkpoint::TrainingProgress& progress = event.progress;
+  if (frequency_iterations_ > 0 && progress.iteration % frequency_iterations_ == 0 &&
+      progress.iteration_in_epoch < progress.iterations_per_epoch) {
+    records_.progress_bar.clear();
+    state_.save(dir_, fmt::format("model_iteration{}.torch", progress.iteration));
+  }
+}
+
+void CheckpointHook::on_epoch_end(checkpoint::TrainingProgress& progress) {
+  records_.progress_bar.clear();
+  if (progress.complete) {
+    state_.save(dir_, fmt::format("model_final_checkpoint_phase{}.torch", progress.epoch - 1));
+  } else if (progress.epoch % frequency_epochs_ == 0) {
+    state_.save(dir_, fmt::format("model_phase{}.torch", progress.epoch - 1));
+  }
+}
+
+} // namespace largo::train

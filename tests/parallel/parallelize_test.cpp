@@ -1,0 +1,301 @@
+// parallel::parallelize() on a module defined here (not Largo's zoo), in the caller's own loop:
+// every mode trains like one process on the global batch, accumulation like the larger batch,
+// activation checkpointing (per module or as Sequential splits) changes nothing, precision
+// composes with the sharded modes, and the combinations that do not compose are OptionErrors
+// naming the library's options.
+#include <largo/core/error.h>
+#include <largo/optim/sgd.h>
+#include <largo/parallel/parallelize.h>
+
+#include "comm/distributed_test_util.h"
+
+#include <fmt/format.h>
+
+namespace largo::parallel {
+namespace {
+
+using largo::testing::run_on_ranks;
+
+constexpr int64_t kInputs = 12;
+constexpr int64_t kWidth = 16;
+constexpr int64_t kClasses = 5;
+constexpr int64_t kGlobalBatch = 8;
+constexpr int kSteps = 6;
+
+// A residual block with a LayerNorm, of the kind a user writes.
+struct BlockImpl : torch::nn::Module {
+  BlockImpl()
+      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})))),
+        fc1(register_module("fc1", torch::nn::Linear(kWidth, 2 * kWidth))),
+        fc2(register_module("fc2", torch::nn::Linear(2 * kWidth, kWidth))) {}
+  at::Tensor forward(at::Tensor x) {
+    // LayerNorm in float32: libtorch 1.13's CPU layer_norm takes no bfloat16 input with
+    // float32 weights, which bfloat16 autocast would hand it.
+    return x + fc2(torch::gelu(fc1(norm(x.to(at::kFloat)))));
+  }
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Block);
+
+// Its blocks in a Sequential (where FSDP units and checkpointed modules are chosen), the rest
+// called directly.
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : embed(register_module("embed", torch::nn::Linear(kInputs, kWidth))),
+        blocks(register_module("blocks", torch::nn::Sequential(Block(), Block(), Block()))),
+        head(register_module("head", torch::nn::Linear(kWidth, kClasses))) {}
+  at::Tensor forward(at::Tensor x) {
+    return head(blocks->forward(torch::relu(embed(x))));
+  }
+  torch::nn::Linear embed;
+  torch::nn::Sequential blocks;
+  torch::nn::Linear head;
+};
+TORCH_MODULE(Net);
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
+  return std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+}
+
+// Rank 1 starts from other weights on purpose: parallelize must give every rank rank 0's.
+Net make_net(int rank) {
+  torch::manual_seed(rank == 0 ? 3 : 77);
+  return Net();
+}
+
+std::vector<optim::ParamGroup> groups_of(torch::nn::Module& net) {
+  optim::ParamGroup group;
+  for (const auto& item : net.named_parameters()) {
+    group.params.push_back(item.value());
+    group.names.push_back(item.key());
+  }
+  group.lr = 0.05;
+  group.name = "all";
+  return {group};
+}
+
+OptimizerFactory sgd_momentum() {
+  return [](std::vector<optim::ParamGroup> groups) {
+    optim::SGDOptions options;
+    options.momentum = 0.9;
+    return std::make_unique<optim::SGD>(std::move(groups), options);
+  };
+}
+
+// Rows [begin, begin + count) of step `step`'s global batch.
+std::pair<at::Tensor, at::Tensor> rows(int step, int64_t begin, int64_t count) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(500 + step);
+  at::Tensor inputs = at::randn({kGlobalBatch, kInputs}, generator);
+  at::Tensor labels = at::randint(0, kClasses, {kGlobalBatch}, generator);
+  return {inputs.narrow(0, begin, count), labels.narrow(0, begin, count)};
+}
+
+// The caller's own loop: kSteps steps, each rank its rows of the global batch in
+// `accumulation` micro-steps.
+NamedTensors train(ParallelModel& model, int accumulation = 1) {
+  comm::ProcessGroup& group = model.process_group();
+  const int64_t per_rank = kGlobalBatch / group.world_size();
+  const int64_t micro = per_rank / accumulation;
+  for (int step = 0; step < kSteps; ++step) {
+    model.zero_grad();
+    for (int k = 0; k < accumulation; ++k) {
+      auto [x, y] = rows(step, group.rank() * per_rank + k * micro, micro);
+      auto scope = model.micro_step(/*synchronize=*/k + 1 == accumulation);
+      model.backward(torch::nn::functional::cross_entropy(model.forward(x), y) / accumulation);
+    }
+    EXPECT_TRUE(model.finish_backward());
+    model.clip_grad_norm(10.0);
+    EXPECT_TRUE(model.step());
+  }
+  return model.full_parameters();
+}
+
+// One process, the whole global batch at once, no wrapper: the reference.
+NamedTensors train_one_process(const ParallelOptions& options = {}) {
+  Net net = make_net(0);
+  ParallelOptions local = options;
+  local.data_parallelism = DataParallelism::kDdp;
+  local.fsdp = {};
+  local.activation_checkpointing = {};
+  auto model = parallelize(net, groups_of(*net), sgd_momentum(),
+                           comm::ProcessGroup::single_process(), local);
+  return train(*model);
+}
+
+NamedTensors train_parallel(comm::ProcessGroup& group, ParallelOptions options,
+                            int accumulation = 1) {
+  Net net = make_net(group.rank());
+  auto model = parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), options);
+  return train(*model, accumulation);
+}
+
+// float32 sums of the same terms in another order (2 ranks' halves averaged, flat buckets,
+// shards): each step's update differs by a few units in the last place of values of order
+// 0.1-1, and 6 SGD steps at lr 0.05 carry that at most a few times 1e-7; 1e-5 leaves margin
+// for every CPU's summation order while a real mistake (a missed reduction, a wrong scale)
+// moves parameters by 1e-2.
+void expect_close(const NamedTensors& actual, const NamedTensors& expected, double tolerance) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_EQ(actual[i].first, expected[i].first);
+    const double difference =
+        (actual[i].second.to(at::kDouble) - expected[i].second.to(at::kDouble)).abs().max().item<double>();
+    EXPECT_LE(difference, tolerance) << expected[i].first;
+  }
+}
+
+void expect_equal(const NamedTensors& actual, const NamedTensors& expected) {
+  ASSERT_EQ(actual.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(torch::equal(actual[i].second, expected[i].second)) << expected[i].first;
+  }
+}
+
+ParallelOptions mode_options(DataParallelism mode) {
+  ParallelOptions options;
+  options.data_parallelism = mode;
+  options.ddp.bucket_cap_bytes = 2048; // several buckets
+  options.ddp.first_bucket_cap_bytes = 1024;
+  options.zero.reduce_buffer_bytes = 2048;
+  options.fsdp.wrap_policy = WrapPolicy::of_type<BlockImpl>("Block");
+  return options;
+}
+
+class ModesTest : public ::testing::TestWithParam<std::tuple<DataParallelism, int>> {};
+
+TEST_P(ModesTest, TrainLikeOneProcessOnTheGlobalBatch) {
+  const auto [mode, accumulation] = GetParam();
+  run_on_ranks(2, [mode = mode, accumulation = accumulation](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    const NamedTensors reference = train_one_process();
+    expect_close(train_parallel(group, mode_options(mode), accumulation), reference, 1e-5);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryMode, ModesTest,
+    ::testing::Combine(::testing::Values(DataParallelism::kDdp, DataParallelism::kZero1,
+                                         DataParallelism::kZero2, DataParallelism::kFsdp),
+                       ::testing::Values(1, 2)),
+    [](const auto& info) {
+      std::string name = to_string(std::get<0>(info.param));
+      name.erase(std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
+                 name.end());
+      return fmt::format("{}_accumulate{}", name, std::get<1>(info.param));
+    });
+
+// Checkpointing recomputes the same operations on the same values: bit for bit the same run,
+// with every block its own segment or the Sequential cut in two, under DDP and FSDP (whose
+// recompute gathers each unit again).
+TEST(ParallelizeTest, ActivationCheckpointingChangesNothing) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    for (DataParallelism mode : {DataParallelism::kDdp, DataParallelism::kFsdp}) {
+      SCOPED_TRACE(to_string(mode));
+      const NamedTensors plain = train_parallel(group, mode_options(mode));
+      ParallelOptions per_block = mode_options(mode);
+      per_block.activation_checkpointing.modules = WrapPolicy::of_type<BlockImpl>("Block");
+      expect_equal(train_parallel(group, per_block), plain);
+      ParallelOptions split = mode_options(mode);
+      split.activation_checkpointing.sequential = "blocks";
+      split.activation_checkpointing.num_splits = 2;
+      split.activation_checkpointing.probe_input_shape = {kInputs};
+      expect_equal(train_parallel(group, split), plain);
+    }
+  });
+}
+
+// bfloat16 autocast with ZeRO-2, FSDP (float32 units) and checkpointing trains like DDP under
+// the same autocast: the bfloat16 matmuls are the same on every path, only float32
+// reductions are ordered differently.
+TEST(ParallelizeTest, AutocastComposesWithShardingAndCheckpointing) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    precision::PrecisionPolicyOptions amp;
+    amp.use_amp = true;
+    amp.amp_type = "pytorch";
+    amp.dtype = "bfloat16";
+    ParallelOptions ddp = mode_options(DataParallelism::kDdp);
+    ddp.precision = precision::resolve_precision_policy(amp);
+    const NamedTensors reference = train_parallel(group, ddp);
+    for (DataParallelism mode : {DataParallelism::kZero2, DataParallelism::kFsdp}) {
+      SCOPED_TRACE(to_string(mode));
+      ParallelOptions options = mode_options(mode);
+      options.precision = ddp.precision;
+      options.activation_checkpointing.modules = WrapPolicy::of_type<BlockImpl>("Block");
+      // A bfloat16 rounding that flips between the two orders moves an activation by 2^-8
+      // relative; through 6 small steps the parameters stay within 1e-4 of each other.
+      expect_close(train_parallel(group, options), reference, 1e-4);
+    }
+  });
+}
+
+TEST(ParallelizeTest, CombinationsThatDoNotComposeAreOptionErrors) {
+  precision::PrecisionPolicyOptions o2;
+  o2.use_amp = true;
+  o2.opt_level = "O2";
+  o2.dtype = "bfloat16";
+  auto expect_option_error = [](ParallelOptions options, const std::string& option) {
+    Net net = make_net(0);
+    try {
+      parallelize(net, groups_of(*net), sgd_momentum(), comm::ProcessGroup::single_process(),
+                  options);
+      ADD_FAILURE() << "expected an OptionError naming " << option;
+    } catch (const OptionError& error) {
+      EXPECT_EQ(error.option(), option) << error.what();
+    }
+  };
+  ParallelOptions zero_o2 = mode_options(DataParallelism::kZero1);
+  zero_o2.precision = precision::resolve_precision_policy(o2);
+  expect_option_error(zero_o2, "ParallelOptions::precision");
+  ParallelOptions fsdp_cast = mode_options(DataParallelism::kFsdp);
+  fsdp_cast.precision = precision::resolve_precision_policy(o2);
+  expect_option_error(fsdp_cast, "ParallelOptions::precision");
+  ParallelOptions copies_without_fsdp = mode_options(DataParallelism::kZero2);
+  copies_without_fsdp.fsdp.compute_dtype = at::kBFloat16;
+  expect_option_error(copies_without_fsdp, "FullyShardedDataParallelOptions::compute_dtype");
+  ParallelOptions two_cuts = mode_options(DataParallelism::kDdp);
+  two_cuts.activation_checkpointing.modules = WrapPolicy::of_type<BlockImpl>("Block");
+  two_cuts.activation_checkpointing.sequential = "blocks";
+  two_cuts.activation_checkpointing.num_splits = 2;
+  expect_option_error(two_cuts, "ActivationCheckpointingOptions::num_splits");
+  ParallelOptions too_many = mode_options(DataParallelism::kDdp);
+  too_many.activation_checkpointing.sequential = "blocks";
+  too_many.activation_checkpointing.num_splits = 4; // 3 blocks
+  expect_option_error(too_many, "ActivationCheckpointingOptions::num_splits");
+  ParallelOptions not_a_sequential = mode_options(DataParallelism::kDdp);
+  not_a_sequential.activation_checkpointing.sequential = "head";
+  not_a_sequential.activation_checkpointing.num_splits = 1;
+  expect_option_error(not_a_sequential, "ActivationCheckpointingOptions::sequential");
+}
+
+TEST(ParallelizeTest, DescribesWhatRunsAndReportsItsMemory) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    ParallelOptions options = mode_options(DataParallelism::kZero2);
+    options.activation_checkpointing.sequential = "blocks";
+    options.activation_checkpointing.num_splits = 2;
+    options.activation_checkpointing.cost = SegmentCost::kBlockCount;
+    Net net = make_net(group.rank());
+    auto model = parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), options);
+    const std::string text = model->describe();
+    EXPECT_NE(text.find("ZeRO stage 2"), std::string::npos) << text;
+    EXPECT_NE(text.find("blocks [0, 1) [1, 3); the first 1 of 2 segments checkpointed"),
+              std::string::npos)
+        << text;
+    train(*model);
+    optim::OptimizerSpec spec;
+    spec.sgd.momentum = 0.9;
+    const ModelStateReport report = model->memory_report(&spec);
+    ASSERT_TRUE(report.estimated.has_value());
+    EXPECT_EQ(report.zero_stage, 2);
+    EXPECT_EQ(report.measured.optimizer_state, report.estimated->optimizer_state);
+    EXPECT_EQ(report.measured.parameters, report.estimated->parameters);
+  });
+}
+
+} // namespace
+} // namespace largo::parallel
