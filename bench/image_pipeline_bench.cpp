@@ -32,16 +32,20 @@ namespace {
 
 constexpr int kWarmupBatches = 2;
 
-std::vector<TransformSpec> transforms(const std::string& which, int64_t size, bool normalize = true) {
+std::vector<TransformSpec>
+transforms(const std::string& which, int64_t size, bool normalize = true) {
   std::vector<TransformSpec> specs;
   if (which == "train") {
     specs = {{"RandomResizedCrop", {{"size", {double(size)}}}}, {"RandomHorizontalFlip", {}}};
   } else {
-    specs = {{"Resize", {{"size", {double(size * 256 / 224)}}}}, {"CenterCrop", {{"size", {double(size)}}}}};
+    specs = {
+        {"Resize", {{"size", {double(size * 256 / 224)}}}},
+        {"CenterCrop", {{"size", {double(size)}}}}};
   }
   if (normalize) {
     specs.push_back({"ToTensor", {}});
-    specs.push_back({"Normalize", {{"mean", {0.485, 0.456, 0.406}}, {"std", {0.229, 0.224, 0.225}}}});
+    specs.push_back(
+        {"Normalize", {{"mean", {0.485, 0.456, 0.406}}, {"std", {0.229, 0.224, 0.225}}}});
   }
   return specs;
 }
@@ -50,7 +54,8 @@ double seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-int throughput(const std::string& folder, const std::string& which, int64_t workers, int64_t batch, bool dct) {
+int throughput(
+    const std::string& folder, const std::string& which, int64_t workers, int64_t batch, bool dct) {
   DataSourceOptions source;
   source.source = "disk_folder";
   source.path = folder;
@@ -76,9 +81,15 @@ int throughput(const std::string& folder, const std::string& which, int64_t work
   }
   const double elapsed = seconds(start);
   const LoaderStats stats = loader.stats();
-  std::printf("largo %s workers=%lld%s: %.1f images/s (%lld images, %.2f s; consumer waited %.0f%%)\n",
-              which.c_str(), static_cast<long long>(workers), dct ? "" : " no-dct", images / elapsed,
-              static_cast<long long>(images), elapsed, 100.0 * stats.wait_fraction());
+  std::printf(
+      "largo %s workers=%lld%s: %.1f images/s (%lld images, %.2f s; consumer waited %.0f%%)\n",
+      which.c_str(),
+      static_cast<long long>(workers),
+      dct ? "" : " no-dct",
+      images / elapsed,
+      static_cast<long long>(images),
+      elapsed,
+      100.0 * stats.wait_fraction());
   return 0;
 }
 
@@ -93,7 +104,8 @@ int decode(const std::string& folder, int64_t workers) {
       Image image;
       for (int64_t i = next++; i < list.size(); i = next++) {
         read_file_bytes(list.paths[static_cast<size_t>(i)], bytes);
-        EncodedImage(bytes.data(), bytes.size(), list.paths[static_cast<size_t>(i)], {}).decode(image);
+        EncodedImage(bytes.data(), bytes.size(), list.paths[static_cast<size_t>(i)], {})
+            .decode(image);
       }
     });
   }
@@ -101,14 +113,23 @@ int decode(const std::string& folder, int64_t workers) {
     thread.join();
   }
   const double elapsed = seconds(start);
-  std::printf("libjpeg-turbo full decode workers=%lld: %.1f images/s (%lld images, %.2f s)\n",
-              static_cast<long long>(workers), list.size() / elapsed, static_cast<long long>(list.size()), elapsed);
+  std::printf(
+      "libjpeg-turbo full decode workers=%lld: %.1f images/s (%lld images, %.2f s)\n",
+      static_cast<long long>(workers),
+      list.size() / elapsed,
+      static_cast<long long>(list.size()),
+      elapsed);
   return 0;
 }
 
 // Runs one image through the per-sample transforms; returns the planar bytes.
-std::vector<uint8_t> run(const EncodedImage& encoded, const SamplePipeline& pipeline, bool dct, uint64_t seed,
-                         int64_t size, int* denominator) {
+std::vector<uint8_t>
+run(const EncodedImage& encoded,
+    const SamplePipeline& pipeline,
+    bool dct,
+    uint64_t seed,
+    int64_t size,
+    int* denominator) {
   DecodeOptions options;
   options.dct_scaling = dct;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -124,7 +145,8 @@ std::vector<uint8_t> run(const EncodedImage& encoded, const SamplePipeline& pipe
 
 int dct(const std::string& folder, const std::string& which, int64_t size) {
   const ImageList list = list_image_folder(folder);
-  const ImageTransforms pipeline = make_image_transforms(transforms(which, size, /*normalize=*/false));
+  const ImageTransforms pipeline =
+      make_image_transforms(transforms(which, size, /*normalize=*/false));
   double total_difference = 0;
   int64_t values = 0;
   int worst = 0;
@@ -137,10 +159,12 @@ int dct(const std::string& folder, const std::string& which, int64_t size) {
     const EncodedImage encoded(bytes.data(), bytes.size(), list.paths[static_cast<size_t>(i)], {});
     int denominator = 1;
     Clock::time_point start = Clock::now();
-    const std::vector<uint8_t> exact = run(encoded, pipeline.per_sample, false, i, size, &denominator);
+    const std::vector<uint8_t> exact =
+        run(encoded, pipeline.per_sample, false, i, size, &denominator);
     seconds_exact += seconds(start);
     start = Clock::now();
-    const std::vector<uint8_t> fast = run(encoded, pipeline.per_sample, true, i, size, &denominator);
+    const std::vector<uint8_t> fast =
+        run(encoded, pipeline.per_sample, true, i, size, &denominator);
     seconds_scaled += seconds(start);
     scaled += denominator > 1 ? 1 : 0;
     for (size_t v = 0; v < exact.size(); ++v) {
@@ -150,11 +174,18 @@ int dct(const std::string& folder, const std::string& which, int64_t size) {
     }
     values += static_cast<int64_t>(exact.size());
   }
-  std::printf("dct %s %lld: %lld of %lld images decoded scaled; pixels vs full decode: mean |diff| %.3f levels, "
-              "max %d; per image %.2f ms exact, %.2f ms with DCT scaling\n",
-              which.c_str(), static_cast<long long>(size), static_cast<long long>(scaled),
-              static_cast<long long>(list.size()), total_difference / double(std::max<int64_t>(values, 1)), worst,
-              1000 * seconds_exact / double(list.size()), 1000 * seconds_scaled / double(list.size()));
+  std::printf(
+      "dct %s %lld: %lld of %lld images decoded scaled; pixels vs full decode: mean |diff| %.3f "
+      "levels, "
+      "max %d; per image %.2f ms exact, %.2f ms with DCT scaling\n",
+      which.c_str(),
+      static_cast<long long>(size),
+      static_cast<long long>(scaled),
+      static_cast<long long>(list.size()),
+      total_difference / double(std::max<int64_t>(values, 1)),
+      worst,
+      1000 * seconds_exact / double(list.size()),
+      1000 * seconds_scaled / double(list.size()));
   return 0;
 }
 
@@ -165,8 +196,12 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   try {
     if (args.size() >= 5 && args[0] == "throughput") {
-      return throughput(args[1], args[2], std::stoll(args[3]), std::stoll(args[4]),
-                        !(args.size() > 5 && args[5] == "--no-dct"));
+      return throughput(
+          args[1],
+          args[2],
+          std::stoll(args[3]),
+          std::stoll(args[4]),
+          !(args.size() > 5 && args[5] == "--no-dct"));
     }
     if (args.size() == 3 && args[0] == "decode") {
       return decode(args[1], std::stoll(args[2]));
@@ -178,8 +213,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "image_pipeline_bench: %s\n", error.what());
     return 1;
   }
-  std::fprintf(stderr, "usage: image_pipeline_bench throughput FOLDER train|val WORKERS BATCH [--no-dct]\n"
-                       "       image_pipeline_bench decode FOLDER WORKERS\n"
-                       "       image_pipeline_bench dct FOLDER train|val SIZE\n");
+  std::fprintf(
+      stderr,
+      "usage: image_pipeline_bench throughput FOLDER train|val WORKERS BATCH [--no-dct]\n"
+      "       image_pipeline_bench decode FOLDER WORKERS\n"
+      "       image_pipeline_bench dct FOLDER train|val SIZE\n");
   return 2;
 }

@@ -32,7 +32,11 @@ def source_photos():
         for name in sorted(os.listdir(folder)):
             if not name.lower().endswith((".jpg", ".jpeg", ".png")):
                 continue
-            image = Image.open(os.path.join(folder, name))
+            try:
+                image = Image.open(os.path.join(folder, name))
+                image.load()
+            except OSError:
+                continue  # skimage ships a deliberately truncated JPEG for its own tests
             # Photographs only: big enough, and not the synthetic test patterns.
             if min(image.size) >= 300 and not name.startswith(("chessboard", "checker", "logo", "page", "text")):
                 photos.append(image.convert("L" if image.mode in ("L", "I", "I;16") else "RGB"))

@@ -26,8 +26,9 @@ void write_folder(const fs::path& root) {
     fs::create_directories(root / label);
     for (int i = 0; i < 4; ++i, ++seed) {
       const Image image = testing::pattern_image(40 + 3 * seed, 30 + seed, seed);
-      testing::write_bytes(root / label / ("img" + std::to_string(i) + (i == 3 ? ".png" : ".jpg")),
-                           i == 3 ? testing::encode_png(image) : testing::encode_jpeg(image));
+      testing::write_bytes(
+          root / label / ("img" + std::to_string(i) + (i == 3 ? ".png" : ".jpg")),
+          i == 3 ? testing::encode_png(image) : testing::encode_jpeg(image));
     }
   }
 }
@@ -45,8 +46,13 @@ DataSourceOptions folder_source(const fs::path& root) {
   return source;
 }
 
-std::vector<Batch> drain(const OpenedDataset& opened, int64_t workers, int64_t batch_size,
-                         const std::vector<int64_t>& order, int64_t epoch, int64_t start_batch = 0) {
+std::vector<Batch> drain(
+    const OpenedDataset& opened,
+    int64_t workers,
+    int64_t batch_size,
+    const std::vector<int64_t>& order,
+    int64_t epoch,
+    int64_t start_batch = 0) {
   DataLoaderOptions options;
   options.batch_size = batch_size;
   options.num_workers = workers;
@@ -77,7 +83,8 @@ TEST(ImageDataset, BatchesAreTheSameForAnyWorkerCountAndAfterResume) {
     const auto batches = drain(opened, workers, 5, kOrder, 1);
     ASSERT_EQ(batches.size(), reference.size());
     for (size_t k = 0; k < batches.size(); ++k) {
-      EXPECT_TRUE(batches[k].images.equal(reference[k].images)) << workers << " workers, batch " << k;
+      EXPECT_TRUE(batches[k].images.equal(reference[k].images))
+          << workers << " workers, batch " << k;
       EXPECT_TRUE(batches[k].labels.equal(reference[k].labels));
     }
   }
@@ -161,7 +168,9 @@ TEST(ImageDataset, ImagesOfEqualSizeNeedNoGeometricTransform) {
   TempDir dir;
   for (int i = 0; i < 3; ++i) {
     fs::create_directories(dir.path() / std::to_string(i));
-    testing::write_bytes(dir.path() / std::to_string(i) / "a.png", testing::encode_png(testing::pattern_image(28, 28, i)));
+    testing::write_bytes(
+        dir.path() / std::to_string(i) / "a.png",
+        testing::encode_png(testing::pattern_image(28, 28, i)));
   }
   DataSourceOptions source;
   source.source = "disk_folder";
@@ -173,7 +182,8 @@ TEST(ImageDataset, ImagesOfEqualSizeNeedNoGeometricTransform) {
   // Pixel (y=0, x=27) of image 1: R = 255 -> (1 - 0.5) / 0.25 = 2.
   EXPECT_EQ(batches[0].images[1][0][0][27].item<float>(), 2.0f);
   // An image of another size then fails, naming the file.
-  testing::write_bytes(dir.path() / "2" / "b.png", testing::encode_png(testing::pattern_image(30, 28, 1)));
+  testing::write_bytes(
+      dir.path() / "2" / "b.png", testing::encode_png(testing::pattern_image(30, 28, 1)));
   const OpenedDataset mixed = open_dataset(source, Split::kTrain, 0);
   EXPECT_THROW(drain(mixed, 0, 4, {0, 1, 2, 3}, 0), DataError);
 }

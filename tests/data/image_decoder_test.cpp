@@ -27,8 +27,11 @@ fs::path fixture(const std::string& name) {
 }
 
 // Decoding `bytes` must throw a DataError whose message names `name` and contains `what`.
-void expect_bad(const std::vector<uint8_t>& bytes, const std::string& name, const std::string& what,
-                DecodeOptions options = {}) {
+void expect_bad(
+    const std::vector<uint8_t>& bytes,
+    const std::string& name,
+    const std::string& what,
+    DecodeOptions options = {}) {
   try {
     EncodedImage encoded(bytes.data(), bytes.size(), name, options);
     Image image;
@@ -53,8 +56,15 @@ TEST(ImageDecoder, ConvertsToRgbAsPilDoes) {
 }
 
 TEST(ImageDecoder, RegionsEqualTheFullDecodeAtEveryScale) {
-  for (const std::string name : {"rgb420.jpg", "rgb444.jpg", "progressive.jpg", "gray.jpg", "cmyk.jpg", "large.jpg",
-                                 "rgb.png", "palette.png"}) {
+  for (const std::string name :
+       {"rgb420.jpg",
+        "rgb444.jpg",
+        "progressive.jpg",
+        "gray.jpg",
+        "cmyk.jpg",
+        "large.jpg",
+        "rgb.png",
+        "palette.png"}) {
     const std::vector<uint8_t> bytes = read_bytes(fixture(name));
     const EncodedImage encoded(bytes.data(), bytes.size(), name, {});
     for (const int denominator : {1, 2, 4, 8}) {
@@ -68,8 +78,11 @@ TEST(ImageDecoder, RegionsEqualTheFullDecodeAtEveryScale) {
       ASSERT_EQ(full.width, width);
       // Regions touching each edge, odd offsets inside iMCUs, single rows and columns.
       const PixelRegion regions[] = {
-          {0, 0, width, 1}, {width - 1, height - 1, 1, 1}, {1, 3, width / 2, height / 3},
-          {width / 3, height / 2, width - width / 3, height - height / 2}, {7 % width, 9 % height, 1, height - 9 % height},
+          {0, 0, width, 1},
+          {width - 1, height - 1, 1, 1},
+          {1, 3, width / 2, height / 3},
+          {width / 3, height / 2, width - width / 3, height - height / 2},
+          {7 % width, 9 % height, 1, height - 9 % height},
           {width / 2, 0, width - width / 2, height}};
       for (const PixelRegion& region : regions) {
         Image part;
@@ -79,11 +92,13 @@ TEST(ImageDecoder, RegionsEqualTheFullDecodeAtEveryScale) {
         int worst = 0;
         for (int64_t y = 0; y < region.height; ++y) {
           for (int64_t x = 0; x < region.width * 3; ++x) {
-            worst = std::max(worst, std::abs(int(part.row(y)[x]) - int(full.row(region.y + y)[region.x * 3 + x])));
+            worst = std::max(
+                worst,
+                std::abs(int(part.row(y)[x]) - int(full.row(region.y + y)[region.x * 3 + x])));
           }
         }
-        EXPECT_EQ(worst, 0) << name << " 1/" << denominator << " region x=" << region.x << " y=" << region.y
-                            << " " << region.width << "x" << region.height;
+        EXPECT_EQ(worst, 0) << name << " 1/" << denominator << " region x=" << region.x
+                            << " y=" << region.y << " " << region.width << "x" << region.height;
       }
     }
   }
@@ -93,7 +108,8 @@ TEST(ImageDecoder, ReadsInterlacedPngs) {
   const Image image = testing::pattern_image(37, 23, 3);
   const std::vector<uint8_t> bytes = testing::encode_png(image, /*interlaced=*/true);
   Image decoded;
-  EncodedImage(bytes.data(), bytes.size(), "adam7.png", {}).decode(PixelRegion{5, 4, 20, 11}, 1, decoded);
+  EncodedImage(bytes.data(), bytes.size(), "adam7.png", {})
+      .decode(PixelRegion{5, 4, 20, 11}, 1, decoded);
   for (int64_t y = 0; y < 11; ++y) {
     ASSERT_EQ(std::memcmp(decoded.row(y), image.row(4 + y) + 15, 60), 0) << "row " << y;
   }
@@ -101,14 +117,20 @@ TEST(ImageDecoder, ReadsInterlacedPngs) {
 
 TEST(ImageDecoder, TruncatedAndCorruptFilesNameTheFile) {
   const std::vector<uint8_t> jpeg = read_bytes(fixture("large.jpg"));
-  expect_bad({jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() * 6 / 10)}, "cut.jpg", "truncated");
+  expect_bad(
+      {jpeg.begin(), jpeg.begin() + static_cast<std::ptrdiff_t>(jpeg.size() * 6 / 10)},
+      "cut.jpg",
+      "truncated");
   expect_bad({jpeg.begin(), jpeg.begin() + 300}, "header_only.jpg", "cannot decode this JPEG");
   std::vector<uint8_t> garbage = jpeg;
   std::fill(garbage.begin() + 3, garbage.begin() + 400, uint8_t{0x5A});
   expect_bad(garbage, "garbage.jpg", "cannot decode this JPEG");
 
   const std::vector<uint8_t> png = read_bytes(fixture("rgb.png"));
-  expect_bad({png.begin(), png.begin() + static_cast<std::ptrdiff_t>(png.size() / 2)}, "cut.png", "truncated");
+  expect_bad(
+      {png.begin(), png.begin() + static_cast<std::ptrdiff_t>(png.size() / 2)},
+      "cut.png",
+      "truncated");
   std::vector<uint8_t> bad_crc = png;
   bad_crc[bad_crc.size() / 2] ^= 0xFF; // inside the image data: its CRC no longer matches
   expect_bad(bad_crc, "crc.png", "cannot decode this PNG");

@@ -32,8 +32,10 @@ TEST(ImageFolder, ListsTorchvisionsClassesAndSampleOrder) {
   EXPECT_EQ(list.class_names, reference["classes"].get<std::vector<std::string>>());
   ASSERT_EQ(list.paths.size(), reference["samples"].size());
   for (size_t i = 0; i < list.paths.size(); ++i) {
-    EXPECT_EQ(fs::path(list.paths[i]).lexically_relative(dir.path()).string(),
-              reference["samples"][i][0].get<std::string>()) << "sample " << i;
+    EXPECT_EQ(
+        fs::path(list.paths[i]).lexically_relative(dir.path()).string(),
+        reference["samples"][i][0].get<std::string>())
+        << "sample " << i;
     EXPECT_EQ(list.labels[i], reference["samples"][i][1].get<int64_t>()) << "sample " << i;
   }
   EXPECT_EQ(list.num_classes(), static_cast<int64_t>(list.class_names.size()));
@@ -72,9 +74,11 @@ TEST(ImageFolder, EmptyClassesAndMissingRootsAreErrors) {
 
 TEST(ImageFilelist, ReadsVisslsNpyPair) {
   TempDir dir;
-  write_npy_strings(dir.path() / "paths.npy", {"/old/root/a.jpg", "/old/root/b.png", "/other/c.jpg"});
+  write_npy_strings(
+      dir.path() / "paths.npy", {"/old/root/a.jpg", "/old/root/b.png", "/other/c.jpg"});
   write_npy(dir.path() / "labels.npy", at::tensor(std::vector<int32_t>{2, 0, 1}, at::kInt));
-  const ImageList list = list_image_filelist(dir.path() / "paths.npy", dir.path() / "labels.npy", "/old/root", "/new");
+  const ImageList list =
+      list_image_filelist(dir.path() / "paths.npy", dir.path() / "labels.npy", "/old/root", "/new");
   EXPECT_EQ(list.paths, (std::vector<std::string>{"/new/a.jpg", "/new/b.png", "/other/c.jpg"}));
   EXPECT_EQ(list.labels, (std::vector<int64_t>{2, 0, 1}));
   EXPECT_EQ(list.num_classes(), 3);
@@ -82,8 +86,10 @@ TEST(ImageFilelist, ReadsVisslsNpyPair) {
   write_npy(dir.path() / "short.npy", at::tensor(std::vector<int64_t>{1, 2}, at::kLong));
   EXPECT_THROW(list_image_filelist(dir.path() / "paths.npy", dir.path() / "short.npy"), DataError);
   write_npy(dir.path() / "negative.npy", at::tensor(std::vector<int64_t>{1, -1, 0}, at::kLong));
-  EXPECT_THROW(list_image_filelist(dir.path() / "paths.npy", dir.path() / "negative.npy"), DataError);
-  EXPECT_THROW(list_image_filelist(dir.path() / "labels.npy", dir.path() / "labels.npy"), DataError);
+  EXPECT_THROW(
+      list_image_filelist(dir.path() / "paths.npy", dir.path() / "negative.npy"), DataError);
+  EXPECT_THROW(
+      list_image_filelist(dir.path() / "labels.npy", dir.path() / "labels.npy"), DataError);
 }
 
 } // namespace

@@ -39,7 +39,8 @@ inline std::vector<uint8_t> read_bytes(const std::filesystem::path& path) {
 
 inline void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
   std::ofstream file(path, std::ios::binary);
-  file.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  file.write(
+      reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 // A whole image file decoded with Largo's decoder (PNGs are lossless: the reference images).
@@ -59,7 +60,8 @@ inline Image pattern_image(int64_t width, int64_t height, int seed) {
       uint8_t* pixel = image.row(y) + 3 * x;
       pixel[0] = static_cast<uint8_t>((x * 255) / std::max<int64_t>(width - 1, 1));
       pixel[1] = static_cast<uint8_t>((y * 255) / std::max<int64_t>(height - 1, 1));
-      pixel[2] = static_cast<uint8_t>(((x / (1 + seed % 5)) + (y / (2 + seed % 3)) * 7 + seed * 40) % 256);
+      pixel[2] =
+          static_cast<uint8_t>(((x / (1 + seed % 5)) + (y / (2 + seed % 3)) * 7 + seed * 40) % 256);
     }
   }
   return image;
@@ -97,15 +99,23 @@ inline std::vector<uint8_t> encode_png(const Image& image, bool interlaced = fal
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png_create_info_struct(png);
   png_set_write_fn(
-      png, &bytes,
+      png,
+      &bytes,
       [](png_structp p, png_bytep data, png_size_t length) {
         auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(p));
         out->insert(out->end(), data, data + length);
       },
       nullptr);
-  png_set_IHDR(png, info, static_cast<png_uint_32>(image.width), static_cast<png_uint_32>(image.height), 8,
-               PNG_COLOR_TYPE_RGB, interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
-               PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  png_set_IHDR(
+      png,
+      info,
+      static_cast<png_uint_32>(image.width),
+      static_cast<png_uint_32>(image.height),
+      8,
+      PNG_COLOR_TYPE_RGB,
+      interlaced ? PNG_INTERLACE_ADAM7 : PNG_INTERLACE_NONE,
+      PNG_COMPRESSION_TYPE_DEFAULT,
+      PNG_FILTER_TYPE_DEFAULT);
   std::vector<png_bytep> rows(static_cast<size_t>(image.height));
   for (int64_t y = 0; y < image.height; ++y) {
     rows[static_cast<size_t>(y)] = const_cast<png_bytep>(image.row(y));

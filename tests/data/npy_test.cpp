@@ -15,7 +15,8 @@ using testing::TempDir;
 
 // Base64 -> bytes (the baselines store NumPy's files that way).
 std::vector<uint8_t> from_base64(const std::string& text) {
-  static const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  static const std::string alphabet =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::vector<uint8_t> bytes;
   uint32_t buffer = 0;
   int bits = 0;
@@ -38,7 +39,8 @@ class NumpyFiles : public ::testing::Test {
  protected:
   std::filesystem::path numpy_file(const std::string& name) {
     const auto path = dir_.path() / name;
-    testing::write_bytes(path, from_base64(testing::image_baselines()["npy"][name].get<std::string>()));
+    testing::write_bytes(
+        path, from_base64(testing::image_baselines()["npy"][name].get<std::string>()));
     return path;
   }
   TempDir dir_;
@@ -46,9 +48,12 @@ class NumpyFiles : public ::testing::Test {
 
 TEST_F(NumpyFiles, ReadsStringsAndIntegersNumpyWrote) {
   const auto unicode = numpy_file("paths_unicode.npy");
-  EXPECT_EQ(npy_strings(read_npy(unicode), unicode), (std::vector<std::string>{"/data/a/1.jpg", "/data/é/2.png", ""}));
+  EXPECT_EQ(
+      npy_strings(read_npy(unicode), unicode),
+      (std::vector<std::string>{"/data/a/1.jpg", "/data/é/2.png", ""}));
   const auto bytes = numpy_file("paths_bytes.npy");
-  EXPECT_EQ(npy_strings(read_npy(bytes), bytes), (std::vector<std::string>{"/x/1.jpg", "/yy/22.jpg"}));
+  EXPECT_EQ(
+      npy_strings(read_npy(bytes), bytes), (std::vector<std::string>{"/x/1.jpg", "/yy/22.jpg"}));
   const auto int64 = numpy_file("labels_int64.npy");
   EXPECT_EQ(npy_integers(read_npy(int64), int64), (std::vector<int64_t>{0, 5, 2, 9}));
   const auto int32 = numpy_file("labels_int32_big.npy"); // big-endian '>i4'

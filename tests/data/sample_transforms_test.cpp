@@ -22,10 +22,14 @@ TEST(RandomResizedCrop, DrawsTorchvisionsBoxForTheSameSeed) {
   for (const auto& entry : boxes) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(entry["seed"].get<uint64_t>());
     const CropBox box = RandomResizedCrop::get_params(
-        entry["height"], entry["width"], {entry["scale"][0], entry["scale"][1]},
-        {entry["ratio"][0], entry["ratio"][1]}, gen);
+        entry["height"],
+        entry["width"],
+        {entry["scale"][0], entry["scale"][1]},
+        {entry["ratio"][0], entry["ratio"][1]},
+        gen);
     const CropBox expected{entry["box"][0], entry["box"][1], entry["box"][2], entry["box"][3]};
-    EXPECT_EQ(box, expected) << "seed " << entry["seed"] << " image " << entry["height"] << "x" << entry["width"];
+    EXPECT_EQ(box, expected) << "seed " << entry["seed"] << " image " << entry["height"] << "x"
+                             << entry["width"];
   }
 }
 
@@ -36,7 +40,10 @@ double ks_uniform(std::vector<double> values, double low, double high) {
   const auto n = static_cast<double>(values.size());
   for (size_t i = 0; i < values.size(); ++i) {
     const double cdf = std::clamp((values[i] - low) / (high - low), 0.0, 1.0);
-    worst = std::max({worst, std::abs(cdf - static_cast<double>(i) / n), std::abs(cdf - static_cast<double>(i + 1) / n)});
+    worst = std::max(
+        {worst,
+         std::abs(cdf - static_cast<double>(i) / n),
+         std::abs(cdf - static_cast<double>(i + 1) / n)});
   }
   return worst;
 }
@@ -57,7 +64,8 @@ TEST(RandomResizedCrop, AreaIsUniformAndAspectLogUniform) {
     ASSERT_GE(box.top, 0);
     ASSERT_LE(box.top + box.height, 2000);
     areas.push_back(static_cast<double>(box.width * box.height) / (2000.0 * 2000.0));
-    log_ratios.push_back(std::log(static_cast<double>(box.width) / static_cast<double>(box.height)));
+    log_ratios.push_back(
+        std::log(static_cast<double>(box.width) / static_cast<double>(box.height)));
     relative_tops.push_back((box.top + 0.5) / static_cast<double>(2000 - box.height + 1));
   }
   // The 1% critical KS distance for n = 2000 is 1.63 / sqrt(n) = 0.036; pixel rounding
@@ -72,7 +80,8 @@ TEST(RandomResizedCrop, FallsBackToTheCentralCrop) {
   // A 1000 x 10 strip cannot hold a box of ratio 3/4..4/3 with >= 8% of its area: every try
   // fails, and the fallback is the central 10 x 13 box (ratio clamped to 4/3).
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
-  const CropBox box = RandomResizedCrop::get_params(10, 1000, {0.08, 1.0}, {3.0 / 4.0, 4.0 / 3.0}, gen);
+  const CropBox box =
+      RandomResizedCrop::get_params(10, 1000, {0.08, 1.0}, {3.0 / 4.0, 4.0 / 3.0}, gen);
   EXPECT_EQ(box, (CropBox{0, (1000 - 13) / 2, 10, 13}));
 }
 
@@ -82,7 +91,8 @@ TEST(Resize, SizesFollowTorchvision) {
   EXPECT_EQ(shorter.resized_size({500, 375}), (ImageSize{341, 256}));
   EXPECT_EQ(shorter.resized_size({300, 300}), (ImageSize{256, 256}));
   // int(256 * 400 / 100) = 1024 > 300: the long side becomes 300, the short int(300 * 256 / 1024).
-  EXPECT_EQ(Resize({256}, Interpolation::kBilinear, 300).resized_size({100, 400}), (ImageSize{75, 300}));
+  EXPECT_EQ(
+      Resize({256}, Interpolation::kBilinear, 300).resized_size({100, 400}), (ImageSize{75, 300}));
   EXPECT_EQ(Resize({20, 30}).resized_size({500, 375}), (ImageSize{20, 30}));
   EXPECT_FALSE(shorter.output_size(std::nullopt).has_value());
   EXPECT_THROW(Resize({0}), ConfigError);
@@ -98,12 +108,18 @@ TEST(CenterCrop, RoundsHalfToEvenAndPadsSmallImages) {
 
 TEST(SampleTransforms, FactoryRejectsUnknownNamesAndArguments) {
   EXPECT_THROW(make_sample_transform({"RandomRotation", {}}), ConfigError);
-  EXPECT_THROW(make_sample_transform({"RandomResizedCrop", {{"size", {224}}, {"scales", {0.1, 1}}}}), ConfigError);
-  EXPECT_THROW(make_sample_transform({"RandomResizedCrop", {{"size", {224}}}, {{"interpolation", "cubic"}}}),
-               ConfigError);
-  EXPECT_THROW(make_sample_transform({"GaussianBlur", {{"kernel_size", {4}}}}), ConfigError); // even
+  EXPECT_THROW(
+      make_sample_transform({"RandomResizedCrop", {{"size", {224}}, {"scales", {0.1, 1}}}}),
+      ConfigError);
+  EXPECT_THROW(
+      make_sample_transform({"RandomResizedCrop", {{"size", {224}}}, {{"interpolation", "cubic"}}}),
+      ConfigError);
+  EXPECT_THROW(
+      make_sample_transform({"GaussianBlur", {{"kernel_size", {4}}}}), ConfigError); // even
   EXPECT_THROW(make_sample_transform({"ColorJitter", {{"hue", {0.7}}}}), ConfigError);
-  EXPECT_THROW(make_image_transforms({{"ToTensor", {}}, {"ColorJitter", {{"brightness", {0.4}}}}}), ConfigError);
+  EXPECT_THROW(
+      make_image_transforms({{"ToTensor", {}}, {"ColorJitter", {{"brightness", {0.4}}}}}),
+      ConfigError);
   const ImageTransforms split = make_image_transforms(
       {{"RandomResizedCrop", {{"size", {24, 32}}}, {{"interpolation", "bicubic"}}},
        {"RandomHorizontalFlip", {}},

@@ -3,6 +3,8 @@
 // the key.
 #include <largo/train/data_config.h>
 
+#include <largo/data/sample_pipeline.h>
+
 #include <gtest/gtest.h>
 
 namespace largo::train {
@@ -69,7 +71,8 @@ config:
 }
 
 TEST(DataConfig, DiskFilelistNeedsItsLabelFile) {
-  const data::DataSplitOptions split = data_split_from(load(R"(
+  const data::DataSplitOptions split = data_split_from(
+      load(R"(
 config:
   DATA:
     TRAIN:
@@ -80,33 +83,59 @@ config:
       REMOVE_IMG_PATH_PREFIX: "/old"
       NEW_IMG_PATH_PREFIX: "/new"
       USE_STATEFUL_DISTRIBUTED_SAMPLER: True
-)"), "DATA.TRAIN");
+)"),
+      "DATA.TRAIN");
   EXPECT_EQ(split.source.source, "disk_filelist");
   EXPECT_EQ(split.source.path, "/lists/train_images.npy");
   EXPECT_EQ(split.source.label_path, "/lists/train_labels.npy");
   EXPECT_EQ(split.source.remove_path_prefix, "/old");
   EXPECT_EQ(split.source.new_path_prefix, "/new");
   EXPECT_TRUE(split.use_stateful_sampler);
-  expect_key_error("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_filelist], DATA_PATHS: [/a.npy]}}}",
-                   "DATA.TRAIN.LABEL_SOURCES");
-  expect_key_error("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_filelist], DATA_PATHS: [/a.npy], "
-                   "LABEL_SOURCES: [disk_filelist]}}}",
-                   "DATA.TRAIN.LABEL_PATHS");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_filelist], DATA_PATHS: [/a.npy]}}}",
+      "DATA.TRAIN.LABEL_SOURCES");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_filelist], DATA_PATHS: [/a.npy], "
+      "LABEL_SOURCES: [disk_filelist]}}}",
+      "DATA.TRAIN.LABEL_PATHS");
 }
 
 TEST(DataConfig, BadValuesNameTheirKey) {
-  expect_key_error("config: {DATA: {TRAIN: {DATA_SOURCES: [airstore]}}}", "DATA.TRAIN.DATA_SOURCES");
-  expect_key_error("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder, disk_folder]}}}", "DATA.TRAIN.DATA_SOURCES");
-  expect_key_error("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], DATA_PATHS: []}}}", "DATA.TRAIN.DATA_PATHS");
-  expect_key_error("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], LABEL_SOURCES: [disk_filelist]}}}",
-                   "DATA.TRAIN.LABEL_SOURCES");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [airstore]}}}", "DATA.TRAIN.DATA_SOURCES");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder, disk_folder]}}}",
+      "DATA.TRAIN.DATA_SOURCES");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], DATA_PATHS: []}}}",
+      "DATA.TRAIN.DATA_PATHS");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], LABEL_SOURCES: [disk_filelist]}}}",
+      "DATA.TRAIN.LABEL_SOURCES");
   expect_key_error("config: {DATA: {TRAIN: {LABEL_TYPE: sample_index}}}", "DATA.TRAIN.LABEL_TYPE");
-  expect_key_error("config: {DATA: {TRAIN: {MAX_IMAGE_PIXELS: -5}}}", "DATA.TRAIN.MAX_IMAGE_PIXELS");
-  expect_key_error("config: {DATA: {TRAIN: {DATASET_NAMES: [ImageNet]}}}", "DATA.TRAIN.DATASET_NAMES");
-  expect_key_error("config: {DATA: {TRAIN: {TRANSFORMS: [{size: 3}]}}}", "DATA.TRAIN.TRANSFORMS[0]");
-  expect_key_error("config: {DATA: {TRAIN: {TRANSFORMS: [{name: Normalize, mean: [a, b]}]}}}",
-                   "DATA.TRAIN.TRANSFORMS[0].mean");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {MAX_IMAGE_PIXELS: -5}}}", "DATA.TRAIN.MAX_IMAGE_PIXELS");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATASET_NAMES: [ImageNet]}}}", "DATA.TRAIN.DATASET_NAMES");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {TRANSFORMS: [{size: 3}]}}}", "DATA.TRAIN.TRANSFORMS[0]");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {TRANSFORMS: [{name: Normalize, mean: [a, b]}]}}}",
+      "DATA.TRAIN.TRANSFORMS[0].mean");
   expect_key_error("config: {DATA: {TRAIN: {DATA_LIMIT: 0}}}", "DATA.TRAIN.DATA_LIMIT");
+}
+
+TEST(DataConfig, TheImageNetExampleMapsToImageTransforms) {
+  const Config config = Config::load(
+      {std::filesystem::path(LARGO_TEST_DATA_DIR) / ".." / "configs" / "examples" /
+       "imagenet_resnet50.yaml"});
+  for (const std::string split : {"DATA.TRAIN", "DATA.TEST"}) {
+    const data::DataSplitOptions options = data_split_from(config, split);
+    EXPECT_EQ(options.source.source, "disk_folder");
+    const data::ImageTransforms transforms = data::make_image_transforms(options.source.transforms);
+    EXPECT_EQ(transforms.per_sample.output_size(), (data::ImageSize{224, 224})) << split;
+    EXPECT_EQ(transforms.per_batch.transforms().size(), 2U) << split; // ToTensor, Normalize
+  }
 }
 
 TEST(DataConfig, LoaderKeys) {
@@ -115,7 +144,8 @@ TEST(DataConfig, LoaderKeys) {
   EXPECT_EQ(loading.num_workers, 5);
   EXPECT_FALSE(loading.pin_memory);
   EXPECT_TRUE(loading.async_gpu_copy);
-  EXPECT_THROW(data_loading_from(load("config: {DATA: {NUM_DATALOADER_WORKERS: -1}}")), ConfigError);
+  EXPECT_THROW(
+      data_loading_from(load("config: {DATA: {NUM_DATALOADER_WORKERS: -1}}")), ConfigError);
 }
 
 } // namespace

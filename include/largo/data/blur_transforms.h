@@ -15,7 +15,8 @@ namespace largo::data {
 // rounding half to even. Largo filters rows then columns (torchvision convolves with the
 // 2-D outer-product kernel): float32 sums in another order, so a value can differ by 1
 // where the exact result lies within float rounding of .5.
-void gaussian_blur(Image& image, int64_t kernel_width, int64_t kernel_height, double sigma_x, double sigma_y);
+void gaussian_blur(
+    Image& image, int64_t kernel_width, int64_t kernel_height, double sigma_x, double sigma_y);
 
 // PIL's Image.filter(ImageFilter.GaussianBlur(radius)): extended box blurs (3 passes
 // horizontally, then 3 vertically) in PIL's 8.24 fixed point, edges extended.

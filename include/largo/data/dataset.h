@@ -66,7 +66,7 @@ class Dataset {
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
 
   // What the loader calls. The default ignores seed and epoch (nothing random per sample)
-  // and returns get_batch(indices), copied into images_buffer when one is given.
+  // and returns get_batch(indices), copied into images_buffer when that is pinned.
   virtual Batch load_batch(const BatchRequest& request) const;
 
   // All images as one tensor, [size, channels, h, w] uint8, and all labels, [size] int64.
@@ -88,8 +88,6 @@ class InMemoryDataset : public Dataset {
   std::vector<int64_t> sample_shape() const override;
   int64_t num_classes() const override;
   Batch get_batch(const std::vector<int64_t>& indices) const override;
-  // index_select straight into the buffer when one is given.
-  Batch load_batch(const BatchRequest& request) const override;
   at::Tensor images() const override;
   at::Tensor labels() const override;
 

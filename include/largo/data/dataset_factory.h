@@ -26,12 +26,12 @@ struct DataSourceOptions {
   std::string source = "torchvision_dataset"; // DATA_SOURCES[0]
   std::string dataset_name = "FashionMNIST";  // DATASET_NAMES[0], torchvision_dataset only
   std::filesystem::path path = "/usr/share/datasets/fashion-mnist"; // DATA_PATHS[0]
-  std::filesystem::path label_path;           // LABEL_PATHS[0], disk_filelist only
+  std::filesystem::path label_path; // LABEL_PATHS[0], disk_filelist only
   // disk_filelist: a path starting with remove_path_prefix gets new_path_prefix instead
   // (REMOVE_IMG_PATH_PREFIX / NEW_IMG_PATH_PREFIX).
   std::string remove_path_prefix;
   std::string new_path_prefix;
-  std::vector<TransformSpec> transforms;      // TRANSFORMS
+  std::vector<TransformSpec> transforms; // TRANSFORMS
   // synthetic (SYNTHETIC.*)
   int64_t synthetic_num_samples = 2048;
   std::vector<int64_t> synthetic_image_shape{3, 32, 32};
@@ -44,11 +44,11 @@ struct DataSourceOptions {
 // One split with its sampling and batching (the split-level keys of DATA.TRAIN/DATA.TEST).
 struct DataSplitOptions {
   DataSourceOptions source;
-  int64_t batch_size = 256;           // BATCHSIZE_PER_REPLICA
-  bool drop_last = false;             // DROP_LAST
-  bool use_stateful_sampler = false;  // USE_STATEFUL_DISTRIBUTED_SAMPLER
-  int64_t data_limit = -1;            // DATA_LIMIT (-1: all samples)
-  uint64_t data_limit_seed = 0;       // DATA_LIMIT_SAMPLING.SEED
+  int64_t batch_size = 256;          // BATCHSIZE_PER_REPLICA
+  bool drop_last = false;            // DROP_LAST
+  bool use_stateful_sampler = false; // USE_STATEFUL_DISTRIBUTED_SAMPLER
+  int64_t data_limit = -1;           // DATA_LIMIT (-1: all samples)
+  uint64_t data_limit_seed = 0;      // DATA_LIMIT_SAMPLING.SEED
 };
 
 struct OpenedDataset {

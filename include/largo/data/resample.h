@@ -21,7 +21,14 @@ namespace largo::data {
 
 // torchvision's InterpolationMode; the numbers are PIL's filter codes, which torchvision
 // also accepts.
-enum class Interpolation { kNearest = 0, kLanczos = 1, kBilinear = 2, kBicubic = 3, kBox = 4, kHamming = 5 };
+enum class Interpolation {
+  kNearest = 0,
+  kLanczos = 1,
+  kBilinear = 2,
+  kBicubic = 3,
+  kBox = 4,
+  kHamming = 5
+};
 
 // "nearest", "bilinear", "bicubic", "box", "hamming", "lanczos" (any case, also
 // InterpolationMode.BILINEAR) or PIL's code "0".."5". Throws ConfigError otherwise.

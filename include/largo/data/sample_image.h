@@ -61,16 +61,16 @@ class SampleImage {
 
   const EncodedImage* encoded_;
   DecodeOptions options_;
-  bool decoded_ = false;  // the source is pixels_ (decoded), not encoded_
-  Image pixels_;           // the source once decoded
+  bool decoded_ = false; // the source is pixels_ (decoded), not encoded_
+  Image pixels_;         // the source once decoded
   int64_t source_width_;
   int64_t source_height_;
 
-  PixelRegion box_;        // in the source
-  int64_t resize_width_;   // == box_.width and resize_height_ == box_.height: no resize
+  PixelRegion box_;      // in the source
+  int64_t resize_width_; // == box_.width and resize_height_ == box_.height: no resize
   int64_t resize_height_;
   Interpolation interpolation_ = Interpolation::kBilinear;
-  PixelRegion window_;     // in the resized box; may reach outside it
+  PixelRegion window_; // in the resized box; may reach outside it
   bool flip_ = false;
   int last_denominator_ = 1;
 };

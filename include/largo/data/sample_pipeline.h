@@ -32,8 +32,8 @@ class SamplePipeline {
   // [3, size.height, size.width], at `out`. Throws DataError naming the image when it
   // cannot be decoded or its output is not `size` (images of different sizes without a
   // transform that fixes the output size).
-  void run(
-      const EncodedImage& encoded,
+  void
+  run(const EncodedImage& encoded,
       const DecodeOptions& options,
       at::Generator& gen,
       ImageSize size,

@@ -36,9 +36,9 @@ std::vector<data::TransformSpec> transforms_from(const Config& config, const std
 
 // The loader-wide keys.
 struct DataLoadingOptions {
-  int64_t num_workers = 2;     // DATA.NUM_DATALOADER_WORKERS (>= 0)
-  bool pin_memory = true;      // DATA.PIN_MEMORY
-  bool async_gpu_copy = true;  // DATA.ENABLE_ASYNC_GPU_COPY
+  int64_t num_workers = 2;    // DATA.NUM_DATALOADER_WORKERS (>= 0)
+  bool pin_memory = true;     // DATA.PIN_MEMORY
+  bool async_gpu_copy = true; // DATA.ENABLE_ASYNC_GPU_COPY
 };
 DataLoadingOptions data_loading_from(const Config& config);
 

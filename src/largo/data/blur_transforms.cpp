@@ -33,8 +33,13 @@ int64_t reflect(int64_t i, int64_t size) {
 }
 
 // One separable float32 pass along rows (`along_x`) or columns, reflect-padded.
-void convolve(const std::vector<float>& in, int64_t width, int64_t height, const std::vector<float>& kernel,
-              bool along_x, std::vector<float>& out) {
+void convolve(
+    const std::vector<float>& in,
+    int64_t width,
+    int64_t height,
+    const std::vector<float>& kernel,
+    bool along_x,
+    std::vector<float>& out) {
   const auto taps = static_cast<int64_t>(kernel.size());
   const int64_t half = taps / 2;
   const int64_t length = along_x ? width : height;
@@ -73,7 +78,12 @@ float box_radius(float radius, int passes) {
 
 // One extended box blur along a line of `count` RGB pixels `stride` bytes apart:
 // out[x] = ww * sum(in[x-r .. x+r]) + fw * (in[x-r-1] + in[x+r+1]), edges extended.
-void box_blur_line(uint8_t* line, int64_t count, int64_t stride, float float_radius, std::vector<uint8_t>& scratch) {
+void box_blur_line(
+    uint8_t* line,
+    int64_t count,
+    int64_t stride,
+    float float_radius,
+    std::vector<uint8_t>& scratch) {
   const auto radius = static_cast<int64_t>(float_radius);
   const auto ww = static_cast<uint32_t>(static_cast<float>(1 << 24) / (float_radius * 2 + 1));
   const uint32_t fw = ((1u << 24) - static_cast<uint32_t>(radius * 2 + 1) * ww) / 2;
@@ -99,7 +109,8 @@ void box_blur_line(uint8_t* line, int64_t count, int64_t stride, float float_rad
 
 } // namespace
 
-void gaussian_blur(Image& image, int64_t kernel_width, int64_t kernel_height, double sigma_x, double sigma_y) {
+void gaussian_blur(
+    Image& image, int64_t kernel_width, int64_t kernel_height, double sigma_x, double sigma_y) {
   const std::vector<float> kernel_x = gaussian_kernel(kernel_width, sigma_x);
   const std::vector<float> kernel_y = gaussian_kernel(kernel_height, sigma_y);
   std::vector<float> values(image.pixels.begin(), image.pixels.end());
@@ -123,7 +134,8 @@ void pil_gaussian_blur(Image& image, double radius) {
   }
   for (int pass = 0; pass < kPasses; ++pass) {
     for (int64_t x = 0; x < image.width; ++x) {
-      box_blur_line(image.pixels.data() + x * 3, image.height, image.width * 3, float_radius, scratch);
+      box_blur_line(
+          image.pixels.data() + x * 3, image.height, image.width * 3, float_radius, scratch);
     }
   }
 }
@@ -135,11 +147,15 @@ GaussianBlur::GaussianBlur(ImageSize kernel_size, std::pair<double, double> sigm
   if (kernel_size_.width < 1 || kernel_size_.height < 1 || kernel_size_.width % 2 == 0 ||
       kernel_size_.height % 2 == 0) {
     throw ConfigError(fmt::format(
-        "GaussianBlur: kernel_size must be odd and >= 1, got {}x{}", kernel_size_.width, kernel_size_.height));
+        "GaussianBlur: kernel_size must be odd and >= 1, got {}x{}",
+        kernel_size_.width,
+        kernel_size_.height));
   }
   if (!(sigma_.first > 0 && sigma_.first <= sigma_.second)) {
     throw ConfigError(fmt::format(
-        "GaussianBlur: sigma must be (min, max) with 0 < min <= max, got ({}, {})", sigma_.first, sigma_.second));
+        "GaussianBlur: sigma must be (min, max) with 0 < min <= max, got ({}, {})",
+        sigma_.first,
+        sigma_.second));
   }
 }
 
@@ -160,7 +176,9 @@ ImgPilGaussianBlur::ImgPilGaussianBlur(double p, double radius_min, double radiu
     throw ConfigError(fmt::format(
         "ImgPilGaussianBlur: need 0 <= p <= 1 and 0 <= radius_min <= radius_max, got p={} "
         "radius_min={} radius_max={}",
-        p_, radius_min_, radius_max_));
+        p_,
+        radius_min_,
+        radius_max_));
   }
 }
 

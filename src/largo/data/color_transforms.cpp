@@ -21,7 +21,8 @@ inline uint8_t luma(const uint8_t* rgb) {
 // PIL's Image.blend(degenerate, image, alpha) for one value: interpolation truncates,
 // extrapolation clips then truncates. alpha is a C float in PIL.
 inline uint8_t blend(int degenerate, int value, float alpha) {
-  const float mixed = static_cast<float>(degenerate) + alpha * static_cast<float>(value - degenerate);
+  const float mixed =
+      static_cast<float>(degenerate) + alpha * static_cast<float>(value - degenerate);
   if (alpha >= 0 && alpha <= 1.0f) {
     return static_cast<uint8_t>(mixed);
   }
@@ -101,7 +102,8 @@ void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb) {
   const auto fs = static_cast<float>(static_cast<float>(s) / 255.0);
   const uint8_t p = clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs))));
   const uint8_t q = clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs * f))));
-  const uint8_t t = clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs * (1.0 - f)))));
+  const uint8_t t =
+      clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs * (1.0 - f)))));
   const uint8_t table[6][3] = {{v, t, p}, {q, v, p}, {p, v, t}, {p, q, v}, {t, p, v}, {v, p, q}};
   const uint8_t* out = table[i % 6];
   rgb[0] = out[0];
@@ -109,11 +111,16 @@ void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb) {
   rgb[2] = out[2];
 }
 
-ColorJitter::Range checked_range(ColorJitter::Range range, const std::string& what, double low, double high) {
+ColorJitter::Range
+checked_range(ColorJitter::Range range, const std::string& what, double low, double high) {
   if (range && !(range->first >= low && range->first <= range->second && range->second <= high)) {
     throw ConfigError(fmt::format(
         "ColorJitter: {} range must satisfy {} <= min <= max <= {}, got [{}, {}]",
-        what, low, high, range->first, range->second));
+        what,
+        low,
+        high,
+        range->first,
+        range->second));
   }
   return range;
 }
@@ -217,10 +224,18 @@ void ColorJitter::apply(SampleImage& image, at::Generator& gen) const {
       continue;
     }
     switch (which) {
-      case 0: adjust_brightness(pixels, factors[0]); break;
-      case 1: adjust_contrast(pixels, factors[1]); break;
-      case 2: adjust_saturation(pixels, factors[2]); break;
-      default: adjust_hue(pixels, factors[3]); break;
+    case 0:
+      adjust_brightness(pixels, factors[0]);
+      break;
+    case 1:
+      adjust_contrast(pixels, factors[1]);
+      break;
+    case 2:
+      adjust_saturation(pixels, factors[2]);
+      break;
+    default:
+      adjust_hue(pixels, factors[3]);
+      break;
     }
   }
 }
@@ -257,7 +272,7 @@ ImgPilRandomSolarize::ImgPilRandomSolarize(double prob) : prob_(prob) {
 
 void ImgPilRandomSolarize::apply(SampleImage& image, at::Generator& gen) const {
   // RandomApply: `if self.p < torch.rand(1): return img`.
-  if (at::rand({1}, gen).gt(prob_).item<bool>() ) {
+  if (at::rand({1}, gen).gt(prob_).item<bool>()) {
     return;
   }
   const auto threshold = at::randint(0, 257, {1}, gen, at::kLong).item<int64_t>();

@@ -45,9 +45,9 @@ at::Tensor lookup(const at::Tensor& images, const at::Tensor& table) {
 } // namespace
 
 double LoaderStats::images_per_second() const {
-  return build_seconds > 0.0
-             ? static_cast<double>(num_images) / build_seconds * static_cast<double>(std::max<int64_t>(num_workers, 1))
-             : 0.0;
+  return build_seconds > 0.0 ? static_cast<double>(num_images) / build_seconds *
+                                   static_cast<double>(std::max<int64_t>(num_workers, 1))
+                             : 0.0;
 }
 
 double LoaderStats::wait_fraction() const {
@@ -88,7 +88,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
         "DataLoader: prefetch_batches must be >= 1, got {}", options_.prefetch_batches));
   }
   if (!options_.device.is_cpu() && !options_.device.is_cuda()) {
-    throw ConfigError(fmt::format("DataLoader: device must be cpu or cuda, got {}", options_.device.str()));
+    throw ConfigError(
+        fmt::format("DataLoader: device must be cpu or cuda, got {}", options_.device.str()));
   }
   // The elementwise tail (ToTensor, Normalize) is split off to be fused or run on the device.
   const auto& transforms = options_.transforms.transforms();
@@ -96,8 +97,10 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   while (tail > 0 && transforms[tail - 1]->elementwise()) {
     --tail;
   }
-  host_transforms_ = TransformPipeline({transforms.begin(), transforms.begin() + static_cast<std::ptrdiff_t>(tail)});
-  elementwise_transforms_ = TransformPipeline({transforms.begin() + static_cast<std::ptrdiff_t>(tail), transforms.end()});
+  host_transforms_ = TransformPipeline(
+      {transforms.begin(), transforms.begin() + static_cast<std::ptrdiff_t>(tail)});
+  elementwise_transforms_ =
+      TransformPipeline({transforms.begin() + static_cast<std::ptrdiff_t>(tail), transforms.end()});
 }
 
 DataLoader::~DataLoader() {
@@ -266,7 +269,8 @@ at::Tensor DataLoader::finish_on_host(const at::Tensor& images) const {
   if (images.scalar_type() == at::kByte && images.dim() == 4) {
     // The tail applied to every possible value of every channel: [1, C, 1, 256].
     const int64_t channels = images.size(1);
-    const at::Tensor probe = at::arange(256, at::kByte).view({1, 1, 1, 256}).expand({1, channels, 1, 256}).contiguous();
+    const at::Tensor probe =
+        at::arange(256, at::kByte).view({1, 1, 1, 256}).expand({1, channels, 1, 256}).contiguous();
     at::Tensor table = elementwise_transforms_.apply(probe, unused);
     if (!table.is_floating_point()) {
       table = table.to(at::kFloat).div_(255.0); // as ToTensor

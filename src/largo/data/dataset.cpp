@@ -47,8 +47,9 @@ at::Tensor BatchRequest::buffer_for(int64_t count, const std::vector<int64_t>& s
 
 Batch Dataset::load_batch(const BatchRequest& request) const {
   Batch batch = get_batch(request.indices);
+  // Copying only pays when the buffer is page-locked (a CUDA copy reads it asynchronously).
   const at::Tensor view = request.buffer_for(batch.images.size(0), sample_shape());
-  if (view.defined() && batch.images.scalar_type() == at::kByte) {
+  if (view.defined() && view.is_pinned() && batch.images.scalar_type() == at::kByte) {
     view.copy_(batch.images);
     batch.images = view;
   }
@@ -144,19 +145,6 @@ Batch InMemoryDataset::get_batch(const std::vector<int64_t>& indices) const {
       {static_cast<int64_t>(indices.size())},
       at::TensorOptions(at::kLong));
   return Batch{images_.index_select(0, index), labels_.index_select(0, index)};
-}
-
-Batch InMemoryDataset::load_batch(const BatchRequest& request) const {
-  const auto count = static_cast<int64_t>(request.indices.size());
-  at::Tensor view = request.buffer_for(count, sample_shape());
-  if (!view.defined() || count == 0) {
-    return get_batch(request.indices);
-  }
-  check_indices(request.indices, size(), "in-memory dataset");
-  const at::Tensor index = at::from_blob(
-      const_cast<int64_t*>(request.indices.data()), {count}, at::TensorOptions(at::kLong));
-  at::index_select_out(view, images_, 0, index);
-  return Batch{view, labels_.index_select(0, index)};
 }
 
 at::Tensor InMemoryDataset::images() const {

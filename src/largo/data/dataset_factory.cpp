@@ -24,7 +24,8 @@ OpenedDataset in_memory(std::shared_ptr<const Dataset> dataset, const DataSource
 
 OpenedDataset image_files(ImageList list, const DataSourceOptions& options) {
   ImageTransforms transforms = make_image_transforms(options.transforms);
-  auto dataset = std::make_shared<ImageDataset>(std::move(list), std::move(transforms.per_sample), options.images);
+  auto dataset = std::make_shared<ImageDataset>(
+      std::move(list), std::move(transforms.per_sample), options.images);
   OpenedDataset opened;
   opened.transforms = std::move(transforms.per_batch);
   opened.sample_shape = opened.transforms.output_shape(dataset->sample_shape());
@@ -39,18 +40,24 @@ OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64
   if (options.source == "synthetic") {
     return in_memory(
         std::make_shared<SyntheticDataset>(
-            options.synthetic_num_samples, options.synthetic_image_shape, options.synthetic_num_classes, seed),
+            options.synthetic_num_samples,
+            options.synthetic_image_shape,
+            options.synthetic_num_classes,
+            seed),
         options);
   }
   if (options.source == "torchvision_dataset") {
     if (options.dataset_name == "CIFAR10") {
-      return in_memory(std::make_shared<Cifar10Dataset>(Cifar10Dataset::load(options.path, split)), options);
+      return in_memory(
+          std::make_shared<Cifar10Dataset>(Cifar10Dataset::load(options.path, split)), options);
     }
     if (options.dataset_name == "MNIST" || options.dataset_name == "FashionMNIST") {
-      return in_memory(std::make_shared<IdxDataset>(IdxDataset::load(options.path, split)), options);
+      return in_memory(
+          std::make_shared<IdxDataset>(IdxDataset::load(options.path, split)), options);
     }
     throw ConfigError(fmt::format(
-        "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST or CIFAR10",
+        "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST "
+        "or CIFAR10",
         options.dataset_name));
   }
   if (options.source == "disk_folder") {
@@ -59,16 +66,19 @@ OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64
   if (options.source == "disk_filelist") {
     if (options.label_path.empty()) {
       throw ConfigError(fmt::format(
-          "data source disk_filelist ({}): no label file; give the .npy of labels (LABEL_PATHS, with "
+          "data source disk_filelist ({}): no label file; give the .npy of labels (LABEL_PATHS, "
+          "with "
           "LABEL_SOURCES: [disk_filelist])",
           options.path.string()));
     }
     return image_files(
-        list_image_filelist(options.path, options.label_path, options.remove_path_prefix, options.new_path_prefix),
+        list_image_filelist(
+            options.path, options.label_path, options.remove_path_prefix, options.new_path_prefix),
         options);
   }
   throw ConfigError(fmt::format(
-      "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder or disk_filelist",
+      "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder or "
+      "disk_filelist",
       options.source));
 }
 

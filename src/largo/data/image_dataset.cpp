@@ -33,7 +33,8 @@ ImageDataset::ImageDataset(ImageList list, SamplePipeline pipeline, ImageDataset
   }
   if (options_.max_replacement_tries < 1) {
     throw ConfigError(fmt::format(
-        "image dataset: max_replacement_tries must be >= 1, got {}", options_.max_replacement_tries));
+        "image dataset: max_replacement_tries must be >= 1, got {}",
+        options_.max_replacement_tries));
   }
   std::optional<ImageSize> size = pipeline_.output_size();
   if (!size) {
@@ -84,11 +85,13 @@ void ImageDataset::warn_bad_sample(const std::string& message) const {
   }
 }
 
-int64_t ImageDataset::load_or_replace(int64_t index, const BatchRequest& request, uint8_t* out) const {
+int64_t
+ImageDataset::load_or_replace(int64_t index, const BatchRequest& request, uint8_t* out) const {
   int64_t skipped = 0;
   for (int64_t attempt = 0;; ++attempt) {
     const int64_t candidate = (index + attempt) % size();
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(sample_seed(request.seed, request.epoch, candidate));
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
+        sample_seed(request.seed, request.epoch, candidate));
     try {
       load_sample(candidate, gen, out);
       return skipped;
@@ -103,7 +106,9 @@ int64_t ImageDataset::load_or_replace(int64_t index, const BatchRequest& request
         throw DataError(fmt::format(
             "image dataset: sample {} and the {} samples after it could not be loaded; the last "
             "error: {}",
-            index, attempt, error.what()));
+            index,
+            attempt,
+            error.what()));
       }
     }
   }

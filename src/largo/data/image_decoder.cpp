@@ -56,7 +56,8 @@ void read_file_bytes(const std::filesystem::path& path, std::vector<uint8_t>& by
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int error = errno;
-    throw DataError(fmt::format("{}: cannot open the image file: {}", path.string(), std::strerror(error)));
+    throw DataError(
+        fmt::format("{}: cannot open the image file: {}", path.string(), std::strerror(error)));
   }
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
@@ -145,16 +146,23 @@ int64_t EncodedImage::scaled_extent(int64_t extent, int denominator) {
 }
 
 void EncodedImage::decode(const PixelRegion& region, int denominator, Image& out) const {
-  const bool scale_ok = denominator == 1 ||
-                        (supports_scaled_decoding() &&
-                         (denominator == 2 || denominator == 4 || denominator == 8));
+  const bool scale_ok =
+      denominator == 1 ||
+      (supports_scaled_decoding() && (denominator == 2 || denominator == 4 || denominator == 8));
   const int64_t width = scaled_extent(width_, denominator);
   const int64_t height = scaled_extent(height_, denominator);
   if (!scale_ok || region.x < 0 || region.y < 0 || region.width <= 0 || region.height <= 0 ||
       region.x + region.width > width || region.y + region.height > height) {
     throw DataError(fmt::format(
         "{}: cannot decode region x={} y={} {}x{} at 1/{} scale of a {}x{} image",
-        name_, region.x, region.y, region.width, region.height, denominator, width_, height_));
+        name_,
+        region.x,
+        region.y,
+        region.width,
+        region.height,
+        denominator,
+        width_,
+        height_));
   }
   if (format_ == ImageFormat::kJpeg) {
     detail::decode_jpeg(data_, size_, name_, region, denominator, out);

@@ -44,9 +44,15 @@ bool has_image_extension(const std::string& name) {
 // with followlinks=True: a directory entry (symlinks followed) is a folder, anything else
 // (files, broken symlinks, FIFOs) is a file name. Unreadable folders are skipped with a
 // warning (os.walk skips them silently).
-void walk(const std::string& folder, int depth, std::vector<std::pair<std::string, std::vector<std::string>>>& out) {
+void walk(
+    const std::string& folder,
+    int depth,
+    std::vector<std::pair<std::string, std::vector<std::string>>>& out) {
   if (depth > kMaxFolderDepth) {
-    spdlog::warn("disk_folder: not descending into {}: more than {} folder levels (a symlink loop?)", folder, kMaxFolderDepth);
+    spdlog::warn(
+        "disk_folder: not descending into {}: more than {} folder levels (a symlink loop?)",
+        folder,
+        kMaxFolderDepth);
     return;
   }
   std::error_code error;
@@ -84,7 +90,8 @@ std::vector<std::string> class_folders(const fs::path& root) {
         root.string()));
   }
   std::vector<std::string> classes;
-  for (fs::directory_iterator it(root, error); !error && it != fs::directory_iterator(); it.increment(error)) {
+  for (fs::directory_iterator it(root, error); !error && it != fs::directory_iterator();
+       it.increment(error)) {
     std::error_code status_error;
     if (it->is_directory(status_error)) {
       classes.push_back(it->path().filename().string());
@@ -152,7 +159,9 @@ ImageList list_image_folder(const std::filesystem::path& root, bool allow_empty_
         fmt::join(empty_classes, ", "),
         root_text);
     if (!allow_empty_classes) {
-      throw DataError(message + "; add images, remove the folder(s), or set the skip-bad-samples option to keep them as empty classes");
+      throw DataError(
+          message + "; add images, remove the folder(s), or set the skip-bad-samples option to "
+                    "keep them as empty classes");
     }
     spdlog::warn("{}; they stay classes with no samples", message);
   }
@@ -170,13 +179,19 @@ ImageList list_image_filelist(
   if (list.paths.size() != list.labels.size()) {
     throw DataError(fmt::format(
         "disk_filelist: {} lists {} image paths but {} holds {} labels; they must match one to one",
-        paths_npy.string(), list.paths.size(), labels_npy.string(), list.labels.size()));
+        paths_npy.string(),
+        list.paths.size(),
+        labels_npy.string(),
+        list.labels.size()));
   }
   for (size_t i = 0; i < list.labels.size(); ++i) {
     if (list.labels[i] < 0) {
       throw DataError(fmt::format(
-          "disk_filelist: label {} of sample {} in {} is negative; labels must be class indices >= 0",
-          list.labels[i], i, labels_npy.string()));
+          "disk_filelist: label {} of sample {} in {} is negative; labels must be class indices >= "
+          "0",
+          list.labels[i],
+          i,
+          labels_npy.string()));
     }
   }
   if (!remove_prefix.empty()) {

@@ -42,7 +42,8 @@ void on_emit_message(j_common_ptr cinfo, int level) {
   }
   if (cinfo->err->msg_code == JWRN_JPEG_EOF) {
     auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-    std::snprintf(err->message, sizeof(err->message), "the file is truncated (premature end of JPEG data)");
+    std::snprintf(
+        err->message, sizeof(err->message), "the file is truncated (premature end of JPEG data)");
     std::longjmp(err->jump, 1);
   }
   ++cinfo->err->num_warnings;
@@ -153,8 +154,10 @@ void start_region(jpeg_decompress_struct& cinfo, RegionDecode& job) {
     job.decoded_width = static_cast<JDIMENSION>(right - left);
     jpeg_crop_scanline(&cinfo, &job.first_column, &job.decoded_width);
   }
-  const size_t stride = static_cast<size_t>(job.decoded_width) * static_cast<size_t>(job.components);
-  job.direct = !job.cmyk && job.first_column == 0 && static_cast<int64_t>(job.decoded_width) == region.width;
+  const size_t stride =
+      static_cast<size_t>(job.decoded_width) * static_cast<size_t>(job.components);
+  job.direct =
+      !job.cmyk && job.first_column == 0 && static_cast<int64_t>(job.decoded_width) == region.width;
   uint8_t* base = nullptr;
   if (job.direct) {
     job.out->reshape(region.width, region.height);
@@ -207,7 +210,8 @@ void decode_jpeg(
     return;
   }
   out.reshape(region.width, region.height);
-  const size_t stride = static_cast<size_t>(job.decoded_width) * static_cast<size_t>(job.components);
+  const size_t stride =
+      static_cast<size_t>(job.decoded_width) * static_cast<size_t>(job.components);
   const int64_t skip = region.x - static_cast<int64_t>(job.first_column);
   for (int64_t y = 0; y < region.height; ++y) {
     const uint8_t* src = rows.data() + static_cast<size_t>(y) * stride + skip * job.components;

@@ -17,7 +17,8 @@
 namespace largo::data {
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "the .npy writer assumes a little-endian host");
+static_assert(
+    std::endian::native == std::endian::little, "the .npy writer assumes a little-endian host");
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr size_t kMagicSize = 6;
@@ -150,7 +151,11 @@ std::vector<uint32_t> decode_utf8(const std::string& text) {
   std::vector<uint32_t> code_points;
   for (size_t i = 0; i < text.size();) {
     const auto lead = static_cast<unsigned char>(text[i]);
-    const int length = lead < 0x80 ? 1 : (lead >> 5) == 6 ? 2 : (lead >> 4) == 14 ? 3 : (lead >> 3) == 30 ? 4 : 0;
+    const int length = lead < 0x80         ? 1
+                       : (lead >> 5) == 6  ? 2
+                       : (lead >> 4) == 14 ? 3
+                       : (lead >> 3) == 30 ? 4
+                                           : 0;
     if (length == 0 || i + length > text.size()) {
       throw DataError(fmt::format("write_npy_strings: '{}' is not valid UTF-8", text));
     }
@@ -171,7 +176,8 @@ std::vector<uint32_t> decode_utf8(const std::string& text) {
 uint64_t load_unsigned(const char* bytes, int64_t size, bool swap) {
   uint64_t value = 0;
   for (int64_t b = 0; b < size; ++b) {
-    const auto byte = static_cast<uint64_t>(static_cast<unsigned char>(bytes[swap ? size - 1 - b : b]));
+    const auto byte =
+        static_cast<uint64_t>(static_cast<unsigned char>(bytes[swap ? size - 1 - b : b]));
     value |= byte << (8 * b);
   }
   return value;
@@ -208,7 +214,8 @@ NpyArray read_npy(const std::filesystem::path& path) {
   if (major < 1 || major > 3 || bytes.size() < kMagicSize + 2 + length_bytes) {
     throw npy_error(path, fmt::format("format version {} is not 1, 2 or 3", major));
   }
-  const size_t header_length = load_unsigned(&bytes[kMagicSize + 2], static_cast<int64_t>(length_bytes), false);
+  const size_t header_length =
+      load_unsigned(&bytes[kMagicSize + 2], static_cast<int64_t>(length_bytes), false);
   const size_t data_offset = kMagicSize + 2 + length_bytes + header_length;
   if (data_offset > bytes.size()) {
     throw npy_error(path, "the header is cut short");
@@ -261,7 +268,8 @@ std::vector<std::string> npy_strings(const NpyArray& array, const std::filesyste
       value.assign(element, strnlen(element, static_cast<size_t>(item)));
     } else {
       for (int64_t c = 0; c < descr.count; ++c) {
-        const auto code_point = static_cast<uint32_t>(load_unsigned(element + 4 * c, 4, descr.byte_order == '>'));
+        const auto code_point =
+            static_cast<uint32_t>(load_unsigned(element + 4 * c, 4, descr.byte_order == '>'));
         if (code_point == 0) {
           break;
         }
@@ -285,7 +293,8 @@ std::vector<int64_t> npy_integers(const NpyArray& array, const std::filesystem::
     const uint64_t raw = load_unsigned(element, item, swap);
     if (descr.kind == 'i' || descr.kind == 'b') {
       const int shift = static_cast<int>(64 - 8 * item); // sign-extend
-      values.push_back(shift == 0 ? static_cast<int64_t>(raw) : static_cast<int64_t>(raw << shift) >> shift);
+      values.push_back(
+          shift == 0 ? static_cast<int64_t>(raw) : static_cast<int64_t>(raw << shift) >> shift);
     } else if (descr.kind == 'u') {
       values.push_back(static_cast<int64_t>(raw));
     } else if (descr.kind == 'f' && (item == 4 || item == 8)) {
@@ -297,7 +306,10 @@ std::vector<int64_t> npy_integers(const NpyArray& array, const std::filesystem::
       }
       if (value != static_cast<double>(static_cast<int64_t>(value))) {
         throw DataError(fmt::format(
-            "{}: element {} is {}, not a whole number; labels must be integers", path.string(), i, value));
+            "{}: element {} is {}, not a whole number; labels must be integers",
+            path.string(),
+            i,
+            value));
       }
       values.push_back(static_cast<int64_t>(value));
     } else {
@@ -324,7 +336,11 @@ void write_npy(
   if (static_cast<int64_t>(num_bytes) != expected) {
     throw DataError(fmt::format(
         "write_npy({}): {} bytes given for {} elements of {} ({} bytes expected)",
-        path.string(), num_bytes, numel, descr, expected));
+        path.string(),
+        num_bytes,
+        numel,
+        descr,
+        expected));
   }
   const std::string shape_text = shape.size() == 1 ? fmt::format("({},)", shape[0])
                                                    : fmt::format("({})", fmt::join(shape, ", "));
@@ -354,19 +370,38 @@ void write_npy(
 void write_npy(const std::filesystem::path& path, const at::Tensor& tensor) {
   std::string descr;
   switch (tensor.scalar_type()) {
-    case at::kBool: descr = "|b1"; break;
-    case at::kByte: descr = "|u1"; break;
-    case at::kChar: descr = "|i1"; break;
-    case at::kShort: descr = "<i2"; break;
-    case at::kInt: descr = "<i4"; break;
-    case at::kLong: descr = "<i8"; break;
-    case at::kHalf: descr = "<f2"; break;
-    case at::kFloat: descr = "<f4"; break;
-    case at::kDouble: descr = "<f8"; break;
-    default:
-      throw DataError(fmt::format(
-          "write_npy({}): dtype {} has no .npy equivalent here; convert to float32 first",
-          path.string(), c10::toString(tensor.scalar_type())));
+  case at::kBool:
+    descr = "|b1";
+    break;
+  case at::kByte:
+    descr = "|u1";
+    break;
+  case at::kChar:
+    descr = "|i1";
+    break;
+  case at::kShort:
+    descr = "<i2";
+    break;
+  case at::kInt:
+    descr = "<i4";
+    break;
+  case at::kLong:
+    descr = "<i8";
+    break;
+  case at::kHalf:
+    descr = "<f2";
+    break;
+  case at::kFloat:
+    descr = "<f4";
+    break;
+  case at::kDouble:
+    descr = "<f8";
+    break;
+  default:
+    throw DataError(fmt::format(
+        "write_npy({}): dtype {} has no .npy equivalent here; convert to float32 first",
+        path.string(),
+        c10::toString(tensor.scalar_type())));
   }
   const at::Tensor contiguous = tensor.cpu().contiguous();
   write_npy(path, descr, contiguous.sizes().vec(), contiguous.data_ptr(), contiguous.nbytes());
@@ -381,7 +416,10 @@ void write_npy_strings(const std::filesystem::path& path, const std::vector<std:
   }
   std::vector<uint32_t> data(width * values.size(), 0);
   for (size_t i = 0; i < decoded.size(); ++i) {
-    std::copy(decoded[i].begin(), decoded[i].end(), data.begin() + static_cast<std::ptrdiff_t>(i * width));
+    std::copy(
+        decoded[i].begin(),
+        decoded[i].end(),
+        data.begin() + static_cast<std::ptrdiff_t>(i * width));
   }
   write_npy(
       path,

@@ -125,7 +125,8 @@ void read_region(png_structp png, png_infop info, RegionDecode& job) {
     for (int64_t y = 0; y < region.height; ++y) {
       std::memcpy(
           job.out->row(y),
-          job.rows->data() + static_cast<size_t>(region.y + y) * row_bytes + region.x * Image::kChannels,
+          job.rows->data() + static_cast<size_t>(region.y + y) * row_bytes +
+              region.x * Image::kChannels,
           static_cast<size_t>(region.width * Image::kChannels));
     }
     return;
@@ -145,7 +146,8 @@ void read_region(png_structp png, png_infop info, RegionDecode& job) {
 }
 
 uint32_t big_endian_u32(const uint8_t* bytes) {
-  return (uint32_t{bytes[0]} << 24) | (uint32_t{bytes[1]} << 16) | (uint32_t{bytes[2]} << 8) | bytes[3];
+  return (uint32_t{bytes[0]} << 24) | (uint32_t{bytes[1]} << 16) | (uint32_t{bytes[2]} << 8) |
+         bytes[3];
 }
 
 } // namespace
@@ -154,13 +156,17 @@ ImageSize read_png_size(const uint8_t* data, size_t size, const std::string& nam
   // Signature, then the IHDR chunk: length 13, "IHDR", width and height (big-endian).
   if (size < 8 + 8 + 13 || std::memcmp(data, kSignature, 8) != 0 ||
       big_endian_u32(data + 8) != 13 || std::memcmp(data + 12, "IHDR", 4) != 0) {
-    throw DataError(fmt::format("{}: cannot decode this PNG: its header (IHDR) is missing or cut short", name));
+    throw DataError(
+        fmt::format("{}: cannot decode this PNG: its header (IHDR) is missing or cut short", name));
   }
   ImageSize image_size{big_endian_u32(data + 16), big_endian_u32(data + 20)};
   if (image_size.width == 0 || image_size.height == 0 || image_size.width > PNG_UINT_31_MAX ||
       image_size.height > PNG_UINT_31_MAX) {
     throw DataError(fmt::format(
-        "{}: cannot decode this PNG: its header gives an invalid size {}x{}", name, image_size.width, image_size.height));
+        "{}: cannot decode this PNG: its header gives an invalid size {}x{}",
+        name,
+        image_size.width,
+        image_size.height));
   }
   return image_size;
 }
@@ -174,7 +180,8 @@ void decode_png(
   thread_local std::vector<uint8_t> rows;
   Session session(data, size);
   if (session.png == nullptr || session.info == nullptr) {
-    throw DataError(fmt::format("{}: cannot decode this PNG: libpng could not start (out of memory?)", name));
+    throw DataError(
+        fmt::format("{}: cannot decode this PNG: libpng could not start (out of memory?)", name));
   }
   RegionDecode job{&region, &rows, &out};
   if (!run_guarded(session, [&session, &job] { read_region(session.png, session.info, job); })) {

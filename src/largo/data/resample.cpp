@@ -71,19 +71,25 @@ double lanczos_weight(double x) {
 
 Filter filter_of(Interpolation interpolation) {
   switch (interpolation) {
-    case Interpolation::kBox: return {0.5, box_weight};
-    case Interpolation::kBilinear: return {1.0, bilinear_weight};
-    case Interpolation::kHamming: return {1.0, hamming_weight};
-    case Interpolation::kBicubic: return {2.0, bicubic_weight};
-    case Interpolation::kLanczos: return {3.0, lanczos_weight};
-    case Interpolation::kNearest: break;
+  case Interpolation::kBox:
+    return {0.5, box_weight};
+  case Interpolation::kBilinear:
+    return {1.0, bilinear_weight};
+  case Interpolation::kHamming:
+    return {1.0, hamming_weight};
+  case Interpolation::kBicubic:
+    return {2.0, bicubic_weight};
+  case Interpolation::kLanczos:
+    return {3.0, lanczos_weight};
+  case Interpolation::kNearest:
+    break;
   }
   return {0.0, nullptr};
 }
 
 int32_t to_fixed_point(double weight) {
-  return static_cast<int32_t>(weight < 0 ? -0.5 + weight * (1 << kPrecisionBits)
-                                         : 0.5 + weight * (1 << kPrecisionBits));
+  return static_cast<int32_t>(
+      weight < 0 ? -0.5 + weight * (1 << kPrecisionBits) : 0.5 + weight * (1 << kPrecisionBits));
 }
 
 uint8_t clip8(int32_t accumulator) {
@@ -98,11 +104,16 @@ Interpolation parse_interpolation(const std::string& name) {
   if (dot != std::string::npos) {
     key = key.substr(dot + 1); // InterpolationMode.BILINEAR
   }
-  std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) {
+    return static_cast<char>(std::tolower(c));
+  });
   const std::pair<const char*, Interpolation> names[] = {
-      {"nearest", Interpolation::kNearest}, {"lanczos", Interpolation::kLanczos},
-      {"bilinear", Interpolation::kBilinear}, {"bicubic", Interpolation::kBicubic},
-      {"box", Interpolation::kBox}, {"hamming", Interpolation::kHamming}};
+      {"nearest", Interpolation::kNearest},
+      {"lanczos", Interpolation::kLanczos},
+      {"bilinear", Interpolation::kBilinear},
+      {"bicubic", Interpolation::kBicubic},
+      {"box", Interpolation::kBox},
+      {"hamming", Interpolation::kHamming}};
   for (const auto& [text, value] : names) {
     if (key == text || key == std::to_string(static_cast<int>(value))) {
       return value;
@@ -116,12 +127,18 @@ Interpolation parse_interpolation(const std::string& name) {
 
 std::string to_string(Interpolation interpolation) {
   switch (interpolation) {
-    case Interpolation::kNearest: return "nearest";
-    case Interpolation::kLanczos: return "lanczos";
-    case Interpolation::kBilinear: return "bilinear";
-    case Interpolation::kBicubic: return "bicubic";
-    case Interpolation::kBox: return "box";
-    case Interpolation::kHamming: return "hamming";
+  case Interpolation::kNearest:
+    return "nearest";
+  case Interpolation::kLanczos:
+    return "lanczos";
+  case Interpolation::kBilinear:
+    return "bilinear";
+  case Interpolation::kBicubic:
+    return "bicubic";
+  case Interpolation::kBox:
+    return "box";
+  case Interpolation::kHamming:
+    return "hamming";
   }
   return "?";
 }
@@ -172,7 +189,8 @@ ResampleAxis::ResampleAxis(
       const double center = box0 + (static_cast<double>(xx) + 0.5) * scale;
       const double ss = 1.0 / filter_scale;
       const int64_t xmin = std::max<int64_t>(static_cast<int64_t>(center - support + 0.5), 0);
-      const int64_t xmax = std::min<int64_t>(static_cast<int64_t>(center + support + 0.5), in_size) - xmin;
+      const int64_t xmax =
+          std::min<int64_t>(static_cast<int64_t>(center + support + 0.5), in_size) - xmin;
       double total = 0.0;
       for (int64_t x = 0; x < xmax; ++x) {
         const double w = filter.weight((static_cast<double>(x + xmin) - center + 0.5) * ss);
@@ -181,8 +199,10 @@ ResampleAxis::ResampleAxis(
       }
       const size_t i = static_cast<size_t>(xx - out_begin);
       for (int64_t x = 0; x < xmax; ++x) {
-        const double w = total != 0.0 ? k[static_cast<size_t>(x)] / total : k[static_cast<size_t>(x)];
-        weights_[i * static_cast<size_t>(kernel_size_) + static_cast<size_t>(x)] = to_fixed_point(w);
+        const double w =
+            total != 0.0 ? k[static_cast<size_t>(x)] / total : k[static_cast<size_t>(x)];
+        weights_[i * static_cast<size_t>(kernel_size_) + static_cast<size_t>(x)] =
+            to_fixed_point(w);
       }
       first_[i] = xmin;
       count_[i] = xmax;
@@ -231,20 +251,32 @@ void horizontal_pass(const Image& src, const ResampleAxis& x_axis, Image& out) {
   const int64_t out_width = x_axis.output_size();
   out.reshape(out_width, src.height);
   const int64_t offset = x_axis.input_begin();
+  // The taps of every output pixel, gathered once: where they start in a row and how many.
+  thread_local std::vector<int64_t> starts;
+  thread_local std::vector<int32_t> counts;
+  thread_local std::vector<const int32_t*> weights;
+  starts.resize(static_cast<size_t>(out_width));
+  counts.resize(static_cast<size_t>(out_width));
+  weights.resize(static_cast<size_t>(out_width));
+  for (int64_t x = 0; x < out_width; ++x) {
+    starts[static_cast<size_t>(x)] = (x_axis.first(x) - offset) * Image::kChannels;
+    counts[static_cast<size_t>(x)] = static_cast<int32_t>(x_axis.count(x));
+    weights[static_cast<size_t>(x)] = x_axis.weights(x);
+  }
   for (int64_t y = 0; y < src.height; ++y) {
     const uint8_t* in = src.row(y);
     uint8_t* dst = out.row(y);
     for (int64_t x = 0; x < out_width; ++x) {
-      const uint8_t* taps = in + (x_axis.first(x) - offset) * Image::kChannels;
-      const int32_t* k = x_axis.weights(x);
-      const int64_t n = x_axis.count(x);
+      const uint8_t* taps = in + starts[static_cast<size_t>(x)];
+      const int32_t* k = weights[static_cast<size_t>(x)];
+      const int32_t n = counts[static_cast<size_t>(x)];
       int32_t r = 1 << (kPrecisionBits - 1);
       int32_t g = r;
       int32_t b = r;
-      for (int64_t t = 0; t < n; ++t) {
-        r += taps[3 * t] * k[t];
-        g += taps[3 * t + 1] * k[t];
-        b += taps[3 * t + 2] * k[t];
+      for (int32_t t = 0; t < n; ++t, taps += 3) {
+        r += taps[0] * k[t];
+        g += taps[1] * k[t];
+        b += taps[2] * k[t];
       }
       dst[3 * x] = clip8(r);
       dst[3 * x + 1] = clip8(g);
@@ -283,21 +315,32 @@ void vertical_pass(const Image& src, const ResampleAxis& y_axis, Image& out) {
 }
 
 // Copies rows/columns that a skipped (identity) pass lets through.
-void copy_window(const Image& src, int64_t x0, int64_t y0, int64_t width, int64_t height, Image& out) {
+void copy_window(
+    const Image& src, int64_t x0, int64_t y0, int64_t width, int64_t height, Image& out) {
   out.reshape(width, height);
   for (int64_t y = 0; y < height; ++y) {
-    std::memcpy(out.row(y), src.row(y0 + y) + x0 * Image::kChannels, static_cast<size_t>(width * Image::kChannels));
+    std::memcpy(
+        out.row(y),
+        src.row(y0 + y) + x0 * Image::kChannels,
+        static_cast<size_t>(width * Image::kChannels));
   }
 }
 
 } // namespace
 
-void resample(const Image& src, const ResampleAxis& x_axis, const ResampleAxis& y_axis, Image& out) {
+void resample(
+    const Image& src, const ResampleAxis& x_axis, const ResampleAxis& y_axis, Image& out) {
   TORCH_CHECK(
       src.width == x_axis.input_end() - x_axis.input_begin() &&
           src.height == y_axis.input_end() - y_axis.input_begin(),
-      "resample: the source holds ", src.width, "x", src.height, " pixels, the taps read ",
-      x_axis.input_end() - x_axis.input_begin(), "x", y_axis.input_end() - y_axis.input_begin());
+      "resample: the source holds ",
+      src.width,
+      "x",
+      src.height,
+      " pixels, the taps read ",
+      x_axis.input_end() - x_axis.input_begin(),
+      "x",
+      y_axis.input_end() - y_axis.input_begin());
   thread_local Image horizontal;
   if (x_axis.identity() && y_axis.identity()) {
     copy_window(src, 0, 0, src.width, src.height, out);

@@ -26,19 +26,28 @@ void copy_region(const Image& src, const PixelRegion& region, Image& out) {
 
 // Writes `valid` into `out` (width x height, zeros elsewhere) at (x, y), mirrored
 // left-right over the whole of `out` when `flip`.
-void place(const Image& valid, int64_t x, int64_t y, bool flip, int64_t width, int64_t height, Image& out) {
+void place(
+    const Image& valid,
+    int64_t x,
+    int64_t y,
+    bool flip,
+    int64_t width,
+    int64_t height,
+    Image& out) {
   out.reshape(width, height);
   std::fill(out.pixels.begin(), out.pixels.end(), uint8_t{0});
   for (int64_t row = 0; row < valid.height; ++row) {
     const uint8_t* src = valid.row(row);
     uint8_t* dst = out.row(y + row);
     if (!flip) {
-      std::memcpy(dst + x * Image::kChannels, src, static_cast<size_t>(valid.width * Image::kChannels));
+      std::memcpy(
+          dst + x * Image::kChannels, src, static_cast<size_t>(valid.width * Image::kChannels));
       continue;
     }
     for (int64_t column = 0; column < valid.width; ++column) {
       const int64_t target = width - 1 - (x + column);
-      std::memcpy(dst + target * Image::kChannels, src + column * Image::kChannels, Image::kChannels);
+      std::memcpy(
+          dst + target * Image::kChannels, src + column * Image::kChannels, Image::kChannels);
     }
   }
 }
@@ -78,7 +87,8 @@ int SampleImage::last_scale_denominator() const {
 
 void SampleImage::crop(int64_t top, int64_t left, int64_t height, int64_t width) {
   if (height <= 0 || width <= 0) {
-    throw DataError(fmt::format("{}: crop of {}x{} pixels is empty", encoded_->name(), width, height));
+    throw DataError(
+        fmt::format("{}: crop of {}x{} pixels is empty", encoded_->name(), width, height));
   }
   if (flip_) {
     left = window_.width - left - width; // the same pixels, in unmirrored coordinates
@@ -99,7 +109,8 @@ void SampleImage::crop(int64_t top, int64_t left, int64_t height, int64_t width)
 
 void SampleImage::resize(int64_t height, int64_t width, Interpolation interpolation) {
   if (height <= 0 || width <= 0) {
-    throw DataError(fmt::format("{}: resize to {}x{} pixels is empty", encoded_->name(), width, height));
+    throw DataError(
+        fmt::format("{}: resize to {}x{} pixels is empty", encoded_->name(), width, height));
   }
   if (height == window_.height && width == window_.width) {
     return; // PIL and torchvision return the image unchanged
@@ -169,10 +180,28 @@ void SampleImage::materialize(bool apply_flip) {
       const double by1 = (box_.y + box_.height) / d;
       const int64_t gx0 = static_cast<int64_t>(std::floor(bx0));
       const int64_t gy0 = static_cast<int64_t>(std::floor(by0));
-      const int64_t gx1 = std::min(static_cast<int64_t>(std::ceil(bx1)), EncodedImage::scaled_extent(source_width_, denominator));
-      const int64_t gy1 = std::min(static_cast<int64_t>(std::ceil(by1)), EncodedImage::scaled_extent(source_height_, denominator));
-      const ResampleAxis x_axis(gx1 - gx0, bx0 - gx0, std::min(bx1 - gx0, double(gx1 - gx0)), resize_width_, x0, x1, interpolation_);
-      const ResampleAxis y_axis(gy1 - gy0, by0 - gy0, std::min(by1 - gy0, double(gy1 - gy0)), resize_height_, y0, y1, interpolation_);
+      const int64_t gx1 = std::min(
+          static_cast<int64_t>(std::ceil(bx1)),
+          EncodedImage::scaled_extent(source_width_, denominator));
+      const int64_t gy1 = std::min(
+          static_cast<int64_t>(std::ceil(by1)),
+          EncodedImage::scaled_extent(source_height_, denominator));
+      const ResampleAxis x_axis(
+          gx1 - gx0,
+          bx0 - gx0,
+          std::min(bx1 - gx0, double(gx1 - gx0)),
+          resize_width_,
+          x0,
+          x1,
+          interpolation_);
+      const ResampleAxis y_axis(
+          gy1 - gy0,
+          by0 - gy0,
+          std::min(by1 - gy0, double(gy1 - gy0)),
+          resize_height_,
+          y0,
+          y1,
+          interpolation_);
       const PixelRegion region{
           gx0 + x_axis.input_begin(),
           gy0 + y_axis.input_begin(),

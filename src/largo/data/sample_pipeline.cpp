@@ -20,7 +20,8 @@ ImageSize image_size(const TransformArgs& args, const std::string& key) {
   return ImageSize{height, width};
 }
 
-std::pair<double, double> pair_of(const TransformArgs& args, const std::string& key, std::pair<double, double> fallback) {
+std::pair<double, double>
+pair_of(const TransformArgs& args, const std::string& key, std::pair<double, double> fallback) {
   const std::vector<double> values = args.numbers(key, {fallback.first, fallback.second});
   if (values.size() != 2) {
     args.fail(key, fmt::format("takes [min, max], got {} values", values.size()));
@@ -71,7 +72,11 @@ void SamplePipeline::run(
     throw DataError(fmt::format(
         "{}: transformed to {}x{} (w x h) but the batch holds {}x{} images; add a transform "
         "that fixes the size (RandomResizedCrop, CenterCrop or Resize with [h, w])",
-        encoded.name(), image.width(), image.height(), size.width, size.height));
+        encoded.name(),
+        image.width(),
+        image.height(),
+        size.width,
+        size.height));
   }
   image.write_planar(out);
 }
@@ -92,14 +97,17 @@ std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec
   if (name == "RandomResizedCrop") {
     const TransformArgs args(spec, {"size", "scale", "ratio", "interpolation"});
     return std::make_shared<RandomResizedCrop>(
-        image_size(args, "size"), pair_of(args, "scale", {0.08, 1.0}),
-        pair_of(args, "ratio", {3.0 / 4.0, 4.0 / 3.0}), interpolation_of(args));
+        image_size(args, "size"),
+        pair_of(args, "scale", {0.08, 1.0}),
+        pair_of(args, "ratio", {3.0 / 4.0, 4.0 / 3.0}),
+        interpolation_of(args));
   }
   if (name == "Resize") {
     const TransformArgs args(spec, {"size", "interpolation", "max_size"});
     const auto [height, width] = args.size("size");
-    std::vector<int64_t> size = args.numbers("size").size() == 1 ? std::vector<int64_t>{height}
-                                                                 : std::vector<int64_t>{height, width};
+    std::vector<int64_t> size = args.numbers("size").size() == 1
+                                    ? std::vector<int64_t>{height}
+                                    : std::vector<int64_t>{height, width};
     std::optional<int64_t> max_size;
     if (args.has("max_size")) {
       max_size = args.integer("max_size");
@@ -117,8 +125,10 @@ std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec
   if (name == "ColorJitter") {
     const TransformArgs args(spec, {"brightness", "contrast", "saturation", "hue"});
     return std::make_shared<ColorJitter>(
-        jitter_range(args, "brightness", false), jitter_range(args, "contrast", false),
-        jitter_range(args, "saturation", false), jitter_range(args, "hue", true));
+        jitter_range(args, "brightness", false),
+        jitter_range(args, "contrast", false),
+        jitter_range(args, "saturation", false),
+        jitter_range(args, "hue", true));
   }
   if (name == "RandomGrayscale") {
     const TransformArgs args(spec, {"p"});
@@ -131,7 +141,8 @@ std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec
     if (sigma.size() != 1 && sigma.size() != 2) {
       args.fail("sigma", "takes one value or [min, max]");
     }
-    return std::make_shared<GaussianBlur>(ImageSize{kernel_y, kernel_x}, std::make_pair(sigma[0], sigma.back()));
+    return std::make_shared<GaussianBlur>(
+        ImageSize{kernel_y, kernel_x}, std::make_pair(sigma[0], sigma.back()));
   }
   if (name == "ImgPilGaussianBlur") {
     const TransformArgs args(spec, {"p", "radius_min", "radius_max"});
@@ -142,7 +153,8 @@ std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec
     const TransformArgs args(spec, {"prob"});
     return std::make_shared<ImgPilRandomSolarize>(args.probability("prob", 0.5));
   }
-  throw ConfigError(fmt::format("unknown transform '{}' for image files; supported: {}", name, kSampleTransforms));
+  throw ConfigError(fmt::format(
+      "unknown transform '{}' for image files; supported: {}", name, kSampleTransforms));
 }
 
 ImageTransforms make_image_transforms(const std::vector<TransformSpec>& specs) {
@@ -150,8 +162,8 @@ ImageTransforms make_image_transforms(const std::vector<TransformSpec>& specs) {
   std::vector<TransformSpec> per_batch;
   for (const TransformSpec& spec : specs) {
     if (spec.name == "ToTensor" || !per_batch.empty()) {
-      if (spec.name != "ToTensor" && spec.name != "Normalize" && spec.name != "RandomHorizontalFlip" &&
-          spec.name != "RandomCrop") {
+      if (spec.name != "ToTensor" && spec.name != "Normalize" &&
+          spec.name != "RandomHorizontalFlip" && spec.name != "RandomCrop") {
         throw ConfigError(fmt::format(
             "transform {} comes after ToTensor, but for image files it runs per image, before "
             "the batch is formed; move it before ToTensor",

@@ -19,7 +19,8 @@ int64_t python_round(double value) {
 
 void check_size(ImageSize size, const std::string& name) {
   if (size.height < 1 || size.width < 1) {
-    throw ConfigError(fmt::format("{}: size must be >= 1, got {}x{}", name, size.height, size.width));
+    throw ConfigError(
+        fmt::format("{}: size must be >= 1, got {}x{}", name, size.height, size.width));
   }
 }
 
@@ -53,7 +54,10 @@ RandomResizedCrop::RandomResizedCrop(
     throw ConfigError(fmt::format(
         "RandomResizedCrop: scale and ratio must be (min, max) with 0 < min <= max, got "
         "scale=({}, {}) ratio=({}, {})",
-        scale_.first, scale_.second, ratio_.first, ratio_.second));
+        scale_.first,
+        scale_.second,
+        ratio_.first,
+        ratio_.second));
   }
 }
 
@@ -108,15 +112,19 @@ std::optional<ImageSize> RandomResizedCrop::output_size(std::optional<ImageSize>
 
 // ---- Resize -----------------------------------------------------------------------------
 
-Resize::Resize(std::vector<int64_t> size, Interpolation interpolation, std::optional<int64_t> max_size)
+Resize::Resize(
+    std::vector<int64_t> size, Interpolation interpolation, std::optional<int64_t> max_size)
     : size_(std::move(size)), interpolation_(interpolation), max_size_(max_size) {
   if ((size_.size() != 1 && size_.size() != 2) || size_[0] < 1 || size_.back() < 1) {
-    throw ConfigError(fmt::format("Resize: size must be [s] or [h, w] with values >= 1, got {}", size_));
+    throw ConfigError(
+        fmt::format("Resize: size must be [s] or [h, w] with values >= 1, got {}", size_));
   }
   if (max_size_ && (size_.size() != 1 || *max_size_ <= size_[0])) {
     throw ConfigError(fmt::format(
-        "Resize: max_size ({}) needs size = [s] (the shorter side) and must be greater than s, got size {}",
-        *max_size_, size_));
+        "Resize: max_size ({}) needs size = [s] (the shorter side) and must be greater than s, got "
+        "size {}",
+        *max_size_,
+        size_));
   }
 }
 
@@ -130,9 +138,11 @@ ImageSize Resize::resized_size(ImageSize input) const {
   const int64_t long_side = w <= h ? h : w;
   int64_t new_short = size_[0];
   // Python: int(requested * long / short), float division then truncation.
-  int64_t new_long = static_cast<int64_t>(static_cast<double>(new_short * long_side) / static_cast<double>(short_side));
+  int64_t new_long = static_cast<int64_t>(
+      static_cast<double>(new_short * long_side) / static_cast<double>(short_side));
   if (max_size_ && new_long > *max_size_) {
-    new_short = static_cast<int64_t>(static_cast<double>(*max_size_ * new_short) / static_cast<double>(new_long));
+    new_short = static_cast<int64_t>(
+        static_cast<double>(*max_size_ * new_short) / static_cast<double>(new_long));
     new_long = *max_size_;
   }
   return w <= h ? ImageSize{new_long, new_short} : ImageSize{new_short, new_long};
@@ -173,7 +183,10 @@ CropBox CenterCrop::box(ImageSize input) const {
     return python_round(static_cast<double>(image - crop) / 2.0);
   };
   return CropBox{
-      offset(input.height, size_.height), offset(input.width, size_.width), size_.height, size_.width};
+      offset(input.height, size_.height),
+      offset(input.width, size_.width),
+      size_.height,
+      size_.width};
 }
 
 void CenterCrop::apply(SampleImage& image, at::Generator& /*gen*/) const {

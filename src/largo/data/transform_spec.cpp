@@ -41,14 +41,17 @@ const std::vector<double>& TransformArgs::numbers(const std::string& key) const 
   const auto it = spec_->args.find(key);
   if (it == spec_->args.end()) {
     if (spec_->text_args.count(key) != 0) {
-      fail(key, fmt::format("must be a number or a list of numbers, got '{}'", spec_->text_args.at(key)));
+      fail(
+          key,
+          fmt::format("must be a number or a list of numbers, got '{}'", spec_->text_args.at(key)));
     }
     fail(key, "is required but missing");
   }
   return it->second;
 }
 
-std::vector<double> TransformArgs::numbers(const std::string& key, std::vector<double> fallback) const {
+std::vector<double>
+TransformArgs::numbers(const std::string& key, std::vector<double> fallback) const {
   return has(key) ? numbers(key) : std::move(fallback);
 }
 
@@ -96,7 +99,8 @@ std::string TransformArgs::text(const std::string& key, const std::string& fallb
   }
   if (spec_->args.count(key) != 0) {
     const double value = number(key);
-    return value == std::floor(value) ? std::to_string(static_cast<int64_t>(value)) : fmt::format("{}", value);
+    return value == std::floor(value) ? std::to_string(static_cast<int64_t>(value))
+                                      : fmt::format("{}", value);
   }
   return fallback;
 }
