@@ -48,14 +48,29 @@ class SampleImage {
   // Writes the current image as planar uint8 [3, height(), width()] at `out`.
   void write_planar(uint8_t* out);
 
-  // The JPEG scale denominator the last decode used (1 when none ran or not scaled); for
-  // tests and statistics.
+  // The JPEG scale denominator the decode used (1 when none ran or not scaled); for tests
+  // and measurements.
   int last_scale_denominator() const;
 
  private:
   // Applies the pending geometry (and the flip, if apply_flip) to the pixels.
   void materialize(bool apply_flip);
   bool geometry_pending() const; // anything but a flip
+  // The pending resize of the box, computed for `wanted` (in resized coordinates) only.
+  void resample_window(const PixelRegion& wanted, Image& out);
+  ResampleAxis axis(
+      int64_t begin,
+      int64_t length,
+      int64_t extent,
+      int denominator,
+      int64_t out_size,
+      int64_t out0,
+      int64_t out1,
+      int64_t* grid0) const;
+  // DCT scaling: the largest of 8, 4, 2 the box exceeds its resize by in both directions.
+  int scale_denominator() const;
+  // `region` of the source: decoded (at 1/denominator) or copied from the pixels.
+  void read_source(const PixelRegion& region, int denominator, Image& out);
   void reset_geometry(int64_t width, int64_t height);
   bool has_resize() const;
 

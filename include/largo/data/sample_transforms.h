@@ -129,6 +129,10 @@ class RandomHorizontalFlipSample : public SampleTransform {
   double p_;
 };
 
+// `p` when it is a probability in [0, 1]; ConfigError naming `what` (e.g. "RandomGrayscale:
+// p") otherwise.
+double checked_probability(double p, const std::string& what);
+
 // torch.rand(1, generator=gen) < p, compared as PyTorch compares a float tensor with a
 // Python float.
 bool draw_below(double p, at::Generator& gen);

@@ -246,11 +246,7 @@ std::string ColorJitter::name() const {
 
 // ---- RandomGrayscale --------------------------------------------------------------------
 
-RandomGrayscale::RandomGrayscale(double p) : p_(p) {
-  if (!(p_ >= 0.0 && p_ <= 1.0)) {
-    throw ConfigError(fmt::format("RandomGrayscale: p must be in [0, 1], got {}", p_));
-  }
-}
+RandomGrayscale::RandomGrayscale(double p) : p_(checked_probability(p, "RandomGrayscale: p")) {}
 
 void RandomGrayscale::apply(SampleImage& image, at::Generator& gen) const {
   if (draw_below(p_, gen)) {
@@ -264,11 +260,8 @@ std::string RandomGrayscale::name() const {
 
 // ---- ImgPilRandomSolarize ---------------------------------------------------------------
 
-ImgPilRandomSolarize::ImgPilRandomSolarize(double prob) : prob_(prob) {
-  if (!(prob_ >= 0.0 && prob_ <= 1.0)) {
-    throw ConfigError(fmt::format("ImgPilRandomSolarize: prob must be in [0, 1], got {}", prob_));
-  }
-}
+ImgPilRandomSolarize::ImgPilRandomSolarize(double prob)
+    : prob_(checked_probability(prob, "ImgPilRandomSolarize: prob")) {}
 
 void ImgPilRandomSolarize::apply(SampleImage& image, at::Generator& gen) const {
   // RandomApply: `if self.p < torch.rand(1): return img`.

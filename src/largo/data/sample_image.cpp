@@ -143,76 +143,103 @@ Image& SampleImage::pixels() {
   return pixels_;
 }
 
+int SampleImage::scale_denominator() const {
+  if (decoded_ || !options_.dct_scaling || !encoded_->supports_scaled_decoding()) {
+    return 1;
+  }
+  for (const int d : {8, 4, 2}) {
+    if (box_.width >= resize_width_ * d && box_.height >= resize_height_ * d) {
+      return d;
+    }
+  }
+  return 1;
+}
+
+void SampleImage::read_source(const PixelRegion& region, int denominator, Image& out) {
+  if (decoded_) {
+    copy_region(pixels_, region, out);
+    return;
+  }
+  encoded_->decode(region, denominator, out);
+  last_denominator_ = denominator;
+}
+
+// One axis of the resize: the box [begin, begin + length) of a source axis `extent` pixels
+// long, seen at 1/denominator scale, resized to `out_size`, of which [out0, out1) is wanted.
+// Returns the taps and sets *grid0 to the scaled source pixel the taps count from.
+ResampleAxis SampleImage::axis(
+    int64_t begin,
+    int64_t length,
+    int64_t extent,
+    int denominator,
+    int64_t out_size,
+    int64_t out0,
+    int64_t out1,
+    int64_t* grid0) const {
+  const double d = denominator;
+  const double box0 = static_cast<double>(begin) / d;
+  const double box1 = static_cast<double>(begin + length) / d;
+  // The whole scaled pixels covering the box (all of them when not scaled).
+  *grid0 = static_cast<int64_t>(std::floor(box0));
+  const int64_t grid1 = std::min(
+      static_cast<int64_t>(std::ceil(box1)), EncodedImage::scaled_extent(extent, denominator));
+  const auto size = static_cast<double>(grid1 - *grid0);
+  return ResampleAxis(
+      grid1 - *grid0,
+      box0 - static_cast<double>(*grid0),
+      std::min(box1 - static_cast<double>(*grid0), size),
+      out_size,
+      out0,
+      out1,
+      interpolation_);
+}
+
+void SampleImage::resample_window(const PixelRegion& wanted, Image& out) {
+  thread_local Image source; // the source pixels the taps read
+  const int denominator = scale_denominator();
+  int64_t grid_x = 0;
+  int64_t grid_y = 0;
+  const ResampleAxis x_axis = axis(
+      box_.x,
+      box_.width,
+      source_width_,
+      denominator,
+      resize_width_,
+      wanted.x,
+      wanted.x + wanted.width,
+      &grid_x);
+  const ResampleAxis y_axis = axis(
+      box_.y,
+      box_.height,
+      source_height_,
+      denominator,
+      resize_height_,
+      wanted.y,
+      wanted.y + wanted.height,
+      &grid_y);
+  const PixelRegion region{
+      grid_x + x_axis.input_begin(),
+      grid_y + y_axis.input_begin(),
+      x_axis.input_end() - x_axis.input_begin(),
+      y_axis.input_end() - y_axis.input_begin()};
+  read_source(region, denominator, source);
+  resample(source, x_axis, y_axis, out);
+}
+
 void SampleImage::materialize(bool apply_flip) {
-  thread_local Image source; // decoded source pixels the taps read
-  thread_local Image valid;  // the part of the window inside the resized box
+  thread_local Image valid; // the part of the window inside the resized box
   // The part of the window that lies on the resized box; the rest is zero padding.
   const int64_t x0 = std::max<int64_t>(window_.x, 0);
   const int64_t x1 = std::min(window_.x + window_.width, resize_width_);
   const int64_t y0 = std::max<int64_t>(window_.y, 0);
   const int64_t y1 = std::min(window_.y + window_.height, resize_height_);
   valid.reshape(0, 0);
-  last_denominator_ = 1;
   if (x0 < x1 && y0 < y1) {
-    if (!has_resize()) {
-      const PixelRegion region{box_.x + x0, box_.y + y0, x1 - x0, y1 - y0};
-      if (decoded_) {
-        copy_region(pixels_, region, valid);
-      } else {
-        encoded_->decode(region, 1, valid);
-      }
+    const PixelRegion wanted{x0, y0, x1 - x0, y1 - y0};
+    if (has_resize()) {
+      resample_window(wanted, valid);
     } else {
-      int denominator = 1;
-      if (!decoded_ && options_.dct_scaling && encoded_->supports_scaled_decoding()) {
-        for (const int d : {8, 4, 2}) {
-          if (box_.width >= resize_width_ * d && box_.height >= resize_height_ * d) {
-            denominator = d;
-            break;
-          }
-        }
-      }
-      last_denominator_ = denominator;
-      // The box in the scaled image's pixel grid, and the whole pixels covering it.
-      const double d = denominator;
-      const double bx0 = box_.x / d;
-      const double bx1 = (box_.x + box_.width) / d;
-      const double by0 = box_.y / d;
-      const double by1 = (box_.y + box_.height) / d;
-      const int64_t gx0 = static_cast<int64_t>(std::floor(bx0));
-      const int64_t gy0 = static_cast<int64_t>(std::floor(by0));
-      const int64_t gx1 = std::min(
-          static_cast<int64_t>(std::ceil(bx1)),
-          EncodedImage::scaled_extent(source_width_, denominator));
-      const int64_t gy1 = std::min(
-          static_cast<int64_t>(std::ceil(by1)),
-          EncodedImage::scaled_extent(source_height_, denominator));
-      const ResampleAxis x_axis(
-          gx1 - gx0,
-          bx0 - gx0,
-          std::min(bx1 - gx0, double(gx1 - gx0)),
-          resize_width_,
-          x0,
-          x1,
-          interpolation_);
-      const ResampleAxis y_axis(
-          gy1 - gy0,
-          by0 - gy0,
-          std::min(by1 - gy0, double(gy1 - gy0)),
-          resize_height_,
-          y0,
-          y1,
-          interpolation_);
-      const PixelRegion region{
-          gx0 + x_axis.input_begin(),
-          gy0 + y_axis.input_begin(),
-          x_axis.input_end() - x_axis.input_begin(),
-          y_axis.input_end() - y_axis.input_begin()};
-      if (decoded_) {
-        copy_region(pixels_, region, source);
-      } else {
-        encoded_->decode(region, denominator, source);
-      }
-      resample(source, x_axis, y_axis, valid);
+      read_source(PixelRegion{box_.x + x0, box_.y + y0, wanted.width, wanted.height}, 1, valid);
     }
   }
   const bool flip = apply_flip && flip_;

@@ -32,6 +32,13 @@ std::optional<ImageSize> SampleTransform::output_size(std::optional<ImageSize> i
   return input;
 }
 
+double checked_probability(double p, const std::string& what) {
+  if (!(p >= 0.0 && p <= 1.0)) {
+    throw ConfigError(fmt::format("{} must be a probability in [0, 1], got {}", what, p));
+  }
+  return p;
+}
+
 bool draw_below(double p, at::Generator& gen) {
   return at::rand({1}, gen).lt(p).item<bool>();
 }
@@ -204,11 +211,8 @@ std::optional<ImageSize> CenterCrop::output_size(std::optional<ImageSize> /*inpu
 
 // ---- RandomHorizontalFlip ---------------------------------------------------------------
 
-RandomHorizontalFlipSample::RandomHorizontalFlipSample(double p) : p_(p) {
-  if (!(p_ >= 0.0 && p_ <= 1.0)) {
-    throw ConfigError(fmt::format("RandomHorizontalFlip: p must be in [0, 1], got {}", p_));
-  }
-}
+RandomHorizontalFlipSample::RandomHorizontalFlipSample(double p)
+    : p_(checked_probability(p, "RandomHorizontalFlip: p")) {}
 
 void RandomHorizontalFlipSample::apply(SampleImage& image, at::Generator& gen) const {
   if (draw_below(p_, gen)) {
