@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Largo needs to build, test and benchmark on Debian 12, from
-# Debian's archive only (`--bench` adds what only the image-pipeline benchmark needs). Idempotent: when every package is present it does nothing
-# (and needs no network).
+# Debian's archive only (`--bench` adds what only the image-pipeline benchmark needs).
+# Idempotent: when every package is present it does nothing (and needs no network).
 set -euo pipefail
 
 packages=(

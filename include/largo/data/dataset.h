@@ -37,8 +37,8 @@ struct BatchRequest {
   uint64_t seed = 0;
   int64_t epoch = 0;
   // Optional: a uint8 tensor [at least indices.size(), channels, h, w], contiguous, that the
-  // images may be written into (the loader reuses one per worker, pinned for CUDA). The
-  // returned images are then a view of it. Undefined: the dataset allocates.
+  // images may be written into (the loader reuses one per worker; for CUDA it is pinned).
+  // The returned images may then be a view of it. Undefined: the dataset allocates.
   at::Tensor images_buffer;
 
   // The first `count` images of images_buffer when it fits [count, sample_shape...] uint8
@@ -51,7 +51,7 @@ struct BatchRequest {
 uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t index);
 
 // A labelled image dataset. Implementations must be safe to read from several threads
-// at once (the loader's workers call get_batch concurrently).
+// at once (the loader's workers call load_batch concurrently).
 class Dataset {
  public:
   virtual ~Dataset();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -285,26 +286,24 @@ std::vector<int64_t> npy_integers(const NpyArray& array, const std::filesystem::
   check_one_dimensional(array, path);
   const Descr descr = parse_descr(array.descr);
   const int64_t item = array.item_size();
+  const bool integer = (descr.kind == 'i' || descr.kind == 'u' || descr.kind == 'b') && item <= 8;
+  const bool floating = descr.kind == 'f' && (item == 4 || item == 8);
+  if (!integer && !floating) {
+    throw DataError(fmt::format(
+        "{}: expected an array of integers (e.g. dtype <i8 or <i4), got dtype {}",
+        path.string(),
+        array.descr));
+  }
   const bool swap = descr.byte_order == '>';
   std::vector<int64_t> values;
   values.reserve(static_cast<size_t>(array.numel()));
   for (int64_t i = 0; i < array.numel(); ++i) {
-    const char* element = array.data.data() + i * item;
-    const uint64_t raw = load_unsigned(element, item, swap);
-    if (descr.kind == 'i' || descr.kind == 'b') {
-      const int shift = static_cast<int>(64 - 8 * item); // sign-extend
-      values.push_back(
-          shift == 0 ? static_cast<int64_t>(raw) : static_cast<int64_t>(raw << shift) >> shift);
-    } else if (descr.kind == 'u') {
-      values.push_back(static_cast<int64_t>(raw));
-    } else if (descr.kind == 'f' && (item == 4 || item == 8)) {
-      double value = 0.0;
-      if (item == 4) {
-        value = std::bit_cast<float>(static_cast<uint32_t>(raw));
-      } else {
-        value = std::bit_cast<double>(raw);
-      }
-      if (value != static_cast<double>(static_cast<int64_t>(value))) {
+    const uint64_t raw = load_unsigned(array.data.data() + i * item, item, swap);
+    if (floating) {
+      const double value = item == 4 ? double(std::bit_cast<float>(static_cast<uint32_t>(raw)))
+                                     : std::bit_cast<double>(raw);
+      // Labels saved through a float array: whole numbers in int64's range only.
+      if (!(std::abs(value) < 9.0e18) || value != std::floor(value)) {
         throw DataError(fmt::format(
             "{}: element {} is {}, not a whole number; labels must be integers",
             path.string(),
@@ -312,11 +311,11 @@ std::vector<int64_t> npy_integers(const NpyArray& array, const std::filesystem::
             value));
       }
       values.push_back(static_cast<int64_t>(value));
+    } else if (descr.kind == 'i' && item < 8) {
+      const int shift = static_cast<int>(64 - 8 * item); // sign-extend
+      values.push_back(static_cast<int64_t>(raw << shift) >> shift);
     } else {
-      throw DataError(fmt::format(
-          "{}: expected an array of integers (e.g. dtype <i8 or <i4), got dtype {}",
-          path.string(),
-          array.descr));
+      values.push_back(static_cast<int64_t>(raw));
     }
   }
   return values;
