@@ -3,6 +3,12 @@
 (a ```yaml block with a top-level `config:` key, in README.md and docs/*.md) must pass
 `largo config`, i.e. parse and validate as written.
 
+`largo config` looks at a disk_folder's class folders (the class count sizes the head), so a
+folder the docs name but this machine lacks (/datasets/imagenet/train) is stood in for by a
+temporary ImageFolder tree of two class folders holding one small grey PNG each (a config whose
+transforms leave the size to the images needs one to read); everything else is checked as
+written.
+
 Usage: check_doc_configs.py SOURCE_DIR LARGO_BINARY
 """
 import pathlib
@@ -10,6 +16,10 @@ import re
 import subprocess
 import sys
 import tempfile
+import zlib
+import struct
+
+import yaml
 
 source_dir, largo = pathlib.Path(sys.argv[1]), sys.argv[2]
 configs = sorted(source_dir.glob("configs/**/*.yaml"))
@@ -21,13 +31,53 @@ for page in [source_dir / "README.md", *sorted((source_dir / "docs").glob("*.md"
         if re.search(r"^config:", text, re.M):
             blocks.append((f"{page.name} block at offset {match.start()}", text))
 
+
+
+def write_grey_png(path, side=28):
+    """A side x side 8-bit greyscale PNG, written with zlib alone."""
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(
+            ">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    rows = b"".join(b"\x00" + bytes([128] * side) for _ in range(side))
+    header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
+                     + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def stand_in_missing_folders(text, tmp):
+    """The config text with each missing disk_folder DATA_PATHS entry replaced by a
+    temporary tree of two class folders of one image each; None when nothing was missing."""
+    document = yaml.safe_load(text)
+    replaced = False
+    for split in ("TRAIN", "TEST"):
+        data = document.get("config", {}).get("DATA", {}).get(split, {})
+        if "disk_folder" not in data.get("DATA_SOURCES", []):
+            continue
+        paths = data.get("DATA_PATHS", [])
+        for i, folder in enumerate(paths):
+            if not pathlib.Path(folder).exists():
+                stand_in = pathlib.Path(tmp) / f"stand_in_{split.lower()}"
+                for label in ("class_a", "class_b"):
+                    (stand_in / label).mkdir(parents=True, exist_ok=True)
+                    write_grey_png(stand_in / label / "0.png")
+                paths[i] = str(stand_in)
+                replaced = True
+    return yaml.safe_dump(document) if replaced else None
+
+
 failures = 0
 with tempfile.TemporaryDirectory() as tmp:
-    checks = [(str(c.relative_to(source_dir)), c) for c in configs]
-    for i, (name, text) in enumerate(blocks):
-        path = pathlib.Path(tmp) / f"block{i}.yaml"
-        path.write_text(text)
-        checks.append((name, path))
+    checks = []
+    named = [(str(c.relative_to(source_dir)), c.read_text(), c) for c in configs]
+    named += [(name, text, None) for name, text in blocks]
+    for i, (name, text, original) in enumerate(named):
+        stood_in = stand_in_missing_folders(text, tmp)
+        if stood_in is None and original is not None:
+            checks.append((name, original))
+            continue
+        path = pathlib.Path(tmp) / f"config{i}.yaml"
+        path.write_text(stood_in if stood_in is not None else text)
+        checks.append((name + (" (missing data folders stood in)" if stood_in else ""), path))
     for name, path in checks:
         result = subprocess.run([largo, "config", str(path)], capture_output=True, text=True)
         status = "ok" if result.returncode == 0 else "FAILED"

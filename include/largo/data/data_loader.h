@@ -3,8 +3,14 @@
 //
 // Reproducibility contract: batch k of an epoch is a pure function of (dataset, the
 // epoch's index order, batch_size, drop_last, transforms, seed, epoch, k). Its transform
-// generator is seeded with batch_seed(seed, epoch, k), so the output is bit-identical for
+// generator is seeded with batch_seed(seed, epoch, k), and a dataset's per-sample draws
+// with sample_seed(seed, epoch, index) (dataset.h), so the output is bit-identical for
 // any num_workers and when an epoch is restarted at start_batch = k (mid-epoch resume).
+//
+// Memory: each worker decodes into one reused uint8 batch buffer and holds at most
+// prefetch_batches finished batches. The trailing elementwise transforms (ToTensor,
+// Normalize) run fused, as one table lookup per value, on the CPU; for a CUDA device they
+// run there instead, after a copy of the uint8 batch (4x fewer bytes) from pinned memory.
 //
 // Typical use:
 //   sampler.set_epoch(epoch);
@@ -14,6 +20,7 @@
 // (StatefulDistributedSampler::epoch_indices() and start_iter()).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -24,10 +31,35 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/ATen.h>
+
 #include "largo/data/dataset.h"
 #include "largo/data/transforms.h"
 
 namespace largo::data {
+
+// What one epoch's loading cost so far (DataLoader::stats). Take differences of two
+// snapshots for an interval.
+struct LoaderStats {
+  int64_t num_batches = 0;     // delivered by next()
+  int64_t num_images = 0;      // in those batches
+  int64_t num_bad_samples = 0; // replaced (ImageDataset's skip_bad_samples)
+  // Thread time spent building the delivered batches (read, decode, transform), summed
+  // over the workers (the consumer's own time with num_workers = 0).
+  double build_seconds = 0.0;
+  // Time the consumer spent inside next() waiting for a batch: a step starved by data.
+  double wait_seconds = 0.0;
+  // Wall time since start_epoch.
+  double elapsed_seconds = 0.0;
+  int64_t num_workers = 0;
+
+  // The rate the loader sustains with all its threads busy: images per building second,
+  // times the threads (at least 1).
+  double images_per_second() const;
+  // wait_seconds / elapsed_seconds.
+  double wait_fraction() const;
+  LoaderStats operator-(const LoaderStats& earlier) const;
+};
 
 struct DataLoaderOptions {
   int64_t batch_size = 1;
@@ -39,8 +71,17 @@ struct DataLoaderOptions {
   bool drop_last = false;
   // Applied to every batch; images still uint8 afterwards are converted as ToTensor does.
   TransformPipeline transforms;
-  // Seeds the per-batch transform generators (see batch_seed).
+  // Seeds the per-batch transform generators (see batch_seed) and the dataset's per-sample
+  // ones (sample_seed).
   uint64_t seed = 0;
+  // Where next() delivers batches (DATA.* keys in a config). On a CUDA device the uint8
+  // batch is copied there and the trailing elementwise transforms run there.
+  at::Device device = at::kCPU;
+  // CUDA only: build batches in page-locked host memory (DATA.PIN_MEMORY), and copy them
+  // with non_blocking=true so the host goes on while they travel
+  // (DATA.ENABLE_ASYNC_GPU_COPY; needs pinned memory to be asynchronous).
+  bool pin_memory = true;
+  bool non_blocking = true;
 };
 
 // The seed of batch `batch_index`'s transform generator in `epoch`. Stable by contract.
@@ -72,6 +113,8 @@ class DataLoader {
   // The index of the batch next() returns next.
   int64_t next_batch_index() const;
   const DataLoaderOptions& options() const;
+  // This epoch's loading so far.
+  LoaderStats stats() const;
 
  private:
   // A built batch or the exception that stopped its building.
@@ -79,9 +122,19 @@ class DataLoader {
     int64_t batch_index;
     std::optional<Batch> batch;
     std::exception_ptr error;
+    double build_seconds = 0.0;
   };
 
-  Batch build_batch(int64_t batch_index) const;
+  // Builds batch `batch_index` on the host; `buffer` is the calling thread's reusable uint8
+  // batch buffer (allocated on first use).
+  Batch build_batch(int64_t batch_index, at::Tensor& buffer) const;
+  // The trailing elementwise transforms (ToTensor, Normalize) of a host-built batch: fused
+  // on the CPU, or on the device after the copy.
+  at::Tensor finish_on_host(const at::Tensor& images) const;
+  Batch finish_on_device(Batch batch) const;
+  bool delivers_to_cuda() const;
+  // Adds a delivered batch to this epoch's statistics.
+  void account(const Batch& batch, double build_seconds, double waited_seconds);
   void worker_loop(int64_t worker_id, int64_t start_batch);
   void stop_workers();
 
@@ -94,6 +147,14 @@ class DataLoader {
   int64_t num_batches_ = 0;
   int64_t next_batch_ = 0;    // consumer side
   std::exception_ptr failed_; // set once a batch failed; rethrown by next()
+
+  // options_.transforms split: run on the host by the workers / elementwise tail.
+  TransformPipeline host_transforms_;
+  TransformPipeline elementwise_transforms_;
+  at::Tensor consumer_buffer_; // num_workers == 0: the consumer's reusable batch buffer
+
+  LoaderStats stats_;
+  std::chrono::steady_clock::time_point epoch_start_;
 
   // Worker state, guarded by mutex_. Worker w builds batches k with k % W == w, in order,
   // and appends them to ready_[w]; the consumer takes batch k from the front of ready_[k % W].

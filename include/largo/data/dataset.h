@@ -1,6 +1,8 @@
 // The dataset interface the loader reads from, and the in-memory dataset that the file
 // formats (idx, CIFAR-10) load into. A dataset hands out whole batches, not samples: one
-// index_select over a [N, C, H, W] tensor is far cheaper than N per-sample copies.
+// index_select over a [N, C, H, W] tensor is far cheaper than N per-sample copies, and a
+// dataset of image files (image_dataset.h) decodes a batch's samples straight into one
+// reused buffer.
 #pragma once
 
 #include <cstdint>
@@ -23,10 +25,33 @@ std::string to_string(Split split);
 struct Batch {
   at::Tensor images; // [batch, channels, h, w], uint8 or float32
   at::Tensor labels; // [batch], int64
+  // Samples that could not be loaded and were replaced (ImageDataset's skip_bad_samples).
+  int64_t num_bad_samples = 0;
 };
 
+// What a loader asks a dataset for: the samples, and what their per-sample random
+// transforms draw from. Sample i of epoch e draws from a generator seeded with
+// sample_seed(seed, e, i), whichever batch or thread loads it.
+struct BatchRequest {
+  std::vector<int64_t> indices;
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  // Optional: a uint8 tensor [at least indices.size(), channels, h, w], contiguous, that the
+  // images may be written into (the loader reuses one per worker; for CUDA it is pinned).
+  // The returned images may then be a view of it. Undefined: the dataset allocates.
+  at::Tensor images_buffer;
+
+  // The first `count` images of images_buffer when it fits [count, sample_shape...] uint8
+  // contiguous; an undefined tensor otherwise.
+  at::Tensor buffer_for(int64_t count, const std::vector<int64_t>& sample_shape) const;
+};
+
+// The seed of sample `index`'s transform generator in `epoch`. Stable by contract (a
+// resumed run must draw the same crops).
+uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t index);
+
 // A labelled image dataset. Implementations must be safe to read from several threads
-// at once (the loader's workers call get_batch concurrently).
+// at once (the loader's workers call load_batch concurrently).
 class Dataset {
  public:
   virtual ~Dataset();
@@ -39,6 +64,10 @@ class Dataset {
   // The samples at `indices`, in that order (repeats allowed). Throws DataError for an
   // index outside [0, size()).
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
+
+  // What the loader calls. The default ignores seed and epoch (nothing random per sample)
+  // and returns get_batch(indices), copied into images_buffer when that is pinned.
+  virtual Batch load_batch(const BatchRequest& request) const;
 
   // All images as one tensor, [size, channels, h, w] uint8, and all labels, [size] int64.
   // In-memory datasets return their storage without copying; the default gathers every

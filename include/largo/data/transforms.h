@@ -5,12 +5,13 @@
 // reproducible after a mid-epoch resume.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+
+#include "largo/data/transform_spec.h"
 
 namespace largo::data {
 
@@ -21,6 +22,13 @@ class Transform {
   virtual at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const = 0;
   // The torchvision/VISSL name, for logs and error messages.
   virtual std::string name() const = 0;
+  // The shape of one output image for one input image shape [channels, h, w]; the default
+  // keeps it.
+  virtual std::vector<int64_t> output_shape(const std::vector<int64_t>& input_shape) const;
+  // Whether each output value depends only on the input value at the same place and its
+  // channel (ToTensor, Normalize): the loader then fuses the transform into a lookup table
+  // or runs it on the device.
+  virtual bool elementwise() const;
 };
 
 // uint8 [0, 255] -> float32 [0, 1] (torchvision's ToTensor, minus the HWC -> CHW move:
@@ -29,6 +37,7 @@ class ToFloat : public Transform {
  public:
   at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
   std::string name() const override;
+  bool elementwise() const override;
 };
 
 // (x - mean[c]) / std[c] per channel, on a float batch. mean and std have one value per
@@ -40,6 +49,7 @@ class Normalize : public Transform {
   Normalize(std::vector<double> mean, std::vector<double> std);
   at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
   std::string name() const override;
+  bool elementwise() const override;
 
  private:
   std::vector<double> mean_;
@@ -53,6 +63,7 @@ class RandomCrop : public Transform {
   RandomCrop(int64_t size_h, int64_t size_w, int64_t padding = 0);
   at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
   std::string name() const override;
+  std::vector<int64_t> output_shape(const std::vector<int64_t>& input_shape) const override;
 
  private:
   int64_t size_h_;
@@ -79,18 +90,13 @@ class TransformPipeline {
 
   TransformPipeline& add(std::shared_ptr<const Transform> transform);
   at::Tensor apply(at::Tensor batch, at::Generator& gen) const; // [batch, channels, h, w]
+  // The shape of one output image for an input image shape [channels, h, w].
+  std::vector<int64_t> output_shape(std::vector<int64_t> input_shape) const;
   const std::vector<std::shared_ptr<const Transform>>& transforms() const;
   bool empty() const;
 
  private:
   std::vector<std::shared_ptr<const Transform>> transforms_;
-};
-
-// A transform as a config names it, e.g. {name: RandomCrop, size: [32], padding: [4]}.
-// Scalars are one-element lists.
-struct TransformSpec {
-  std::string name;
-  std::map<std::string, std::vector<double>> args;
 };
 
 // Builds a transform from its spec. Supported names and args (torchvision's):

@@ -68,8 +68,8 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world);
 // the CPU uses Gloo whatever DISTRIBUTED.BACKEND says (its default is VISSL's nccl).
 std::string process_group_backend(const TrainerOptions& options);
 
-// The shape of a split's samples and its class count, known without loading the data (the
-// built-in datasets' shapes are fixed; a synthetic split says its own).
-DataShape data_shape_of(const DataSplitOptions& split);
+// The shape of a split's samples and its class count, known without loading the data
+// (data::peek_dataset_shape).
+DataShape data_shape_of(const data::DataSplitOptions& split);
 
 } // namespace largo::train

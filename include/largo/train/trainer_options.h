@@ -2,7 +2,7 @@
 // (train/trainer_config.h); library users can fill them directly.
 #pragma once
 
-#include <largo/data/transforms.h>
+#include <largo/data/dataset_factory.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/lr_schedule.h>
 #include <largo/optim/optimizer_factory.h>
@@ -19,25 +19,11 @@
 
 namespace largo::train {
 
-// One data split (DATA.TRAIN or DATA.TEST).
-struct DataSplitOptions {
-  // "torchvision_dataset" (files of `dataset_name` under `path`) or "synthetic".
-  std::string source = "torchvision_dataset";
-  // MNIST | FashionMNIST | CIFAR10 (for torchvision_dataset).
-  std::string dataset_name = "FashionMNIST";
-  std::filesystem::path path = "/usr/share/datasets/fashion-mnist";
-  int64_t batch_size = 256;
-  bool drop_last = false;
-  // VISSL's StatefulDistributedSampler order instead of PyTorch's DistributedSampler.
-  bool use_stateful_sampler = false;
-  // Use only this many samples (a subset drawn with data_limit_seed); -1 = all.
-  int64_t data_limit = -1;
-  uint64_t data_limit_seed = 0;
-  std::vector<data::TransformSpec> transforms;
-  // For source "synthetic".
-  int64_t synthetic_num_samples = 2048;
-  std::vector<int64_t> synthetic_image_shape{3, 32, 32};
-  int64_t synthetic_num_classes = 10;
+// The loader-wide keys (DATA.*).
+struct DataLoadingOptions {
+  int64_t num_workers = 2;    // DATA.NUM_DATALOADER_WORKERS (>= 0)
+  bool pin_memory = true;     // DATA.PIN_MEMORY
+  bool async_gpu_copy = true; // DATA.ENABLE_ASYNC_GPU_COPY
 };
 
 struct OptimizerOptions {
@@ -124,9 +110,10 @@ struct FsdpOptions {
 };
 
 struct TrainerOptions {
-  DataSplitOptions train;
-  DataSplitOptions test;
-  int64_t num_dataloader_workers = 2;
+  // DATA.TRAIN and DATA.TEST (data/dataset_factory.h: source, sampling, batching).
+  data::DataSplitOptions train;
+  data::DataSplitOptions test;
+  DataLoadingOptions loading;
 
   // in_channels, image_size and num_classes are taken from the training data when 0.
   models::ModelOptions model;

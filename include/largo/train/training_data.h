@@ -20,10 +20,11 @@ namespace largo::train {
 
 class TrainingData {
  public:
-  // Loads both splits (DataError naming the file for missing or bad data) and builds the
-  // loaders for `rank` of `world_size`. Throws ConfigError when an epoch would have no
-  // optimizer step.
-  TrainingData(const TrainerOptions& options, int rank, int world_size);
+  // Opens both splits (data/dataset_factory.h; DataError naming the file for missing or bad
+  // data) and builds the loaders for `rank` of `world_size`, delivering batches on `device`.
+  // Throws ConfigError when an epoch would have no optimizer step.
+  TrainingData(const TrainerOptions& options, int rank, int world_size,
+               torch::Device device = torch::kCPU);
 
   // This rank's dataset indices for training epoch `epoch`, in order.
   std::vector<int64_t> train_epoch_order(int64_t epoch) const;
@@ -37,8 +38,12 @@ class TrainingData {
   data::DataLoader& test_loader() {
     return *test_loader_;
   }
-  const data::Dataset& train_dataset() const {
-    return *train_data_;
+  // [channels, h, w] of the samples each split's loader delivers.
+  const std::vector<int64_t>& train_sample_shape() const {
+    return train_shape_;
+  }
+  const std::vector<int64_t>& test_sample_shape() const {
+    return test_shape_;
   }
   int64_t num_train_samples() const {
     return static_cast<int64_t>(train_subset_.size());
@@ -58,6 +63,8 @@ class TrainingData {
   int world_size_;
   std::shared_ptr<const data::Dataset> train_data_;
   std::shared_ptr<const data::Dataset> test_data_;
+  std::vector<int64_t> train_shape_;
+  std::vector<int64_t> test_shape_;
   std::vector<int64_t> train_subset_; // dataset indices the sampler's positions map to
   std::vector<int64_t> test_subset_;
   std::unique_ptr<data::DataLoader> train_loader_;

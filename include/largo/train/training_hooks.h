@@ -51,10 +51,13 @@ struct RunRecords {
 
 // The console line, progress bar, metrics.jsonl and TensorBoard scalars every LOG_FREQUENCY
 // iterations and at the end of each epoch: the mean loss and the images/s of every rank (an
-// all-reduce), the learning rate, the loss scale with skipped steps, the ETA.
+// all-reduce), the learning rate, the loss scale with skipped steps, the ETA, and this rank's
+// loader (images/s it can build, the share of the time the step waited for data, bad
+// samples skipped), so a step starved by data is visible.
 class LoggingHook : public TrainingHook {
  public:
-  LoggingHook(parallel::ParallelModel& model, RunRecords& records, int64_t log_frequency);
+  LoggingHook(parallel::ParallelModel& model, const data::DataLoader& loader,
+              RunRecords& records, int64_t log_frequency);
   void on_step_end(const StepEvent& event) override;
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
 
@@ -62,6 +65,8 @@ class LoggingHook : public TrainingHook {
   void log_window(const StepEvent& event);
 
   parallel::ParallelModel& model_;
+  const data::DataLoader& loader_;
+  data::LoaderStats last_loader_stats_; // at the previous log line of this epoch
   RunRecords& records_;
   int64_t log_frequency_;
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();

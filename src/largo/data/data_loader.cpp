@@ -7,9 +7,63 @@
 #include <fmt/format.h>
 
 #include "largo/core/error.h"
+#include "largo/core/torch_compat.h"
 #include "largo/data/hash.h"
 
 namespace largo::data {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// out[b, c, ...] = table[c][images[b, c, ...]]: the elementwise tail applied to a uint8
+// batch through a per-channel table of its 256 possible outputs.
+at::Tensor lookup(const at::Tensor& images, const at::Tensor& table) {
+  const at::Tensor input = images.contiguous();
+  at::Tensor out = at::empty(input.sizes(), at::kFloat);
+  const int64_t batch = input.size(0);
+  const int64_t channels = input.size(1);
+  const int64_t plane = input.numel() / std::max<int64_t>(batch * channels, 1);
+  const auto* in = input.data_ptr<uint8_t>();
+  auto* dst = out.data_ptr<float>();
+  const auto* values = table.data_ptr<float>(); // [channels, 256]
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t c = 0; c < channels; ++c) {
+      const float* row = values + c * 256;
+      const int64_t offset = (b * channels + c) * plane;
+      for (int64_t i = 0; i < plane; ++i) {
+        dst[offset + i] = row[in[offset + i]];
+      }
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+double LoaderStats::images_per_second() const {
+  return build_seconds > 0.0 ? static_cast<double>(num_images) / build_seconds *
+                                   static_cast<double>(std::max<int64_t>(num_workers, 1))
+                             : 0.0;
+}
+
+double LoaderStats::wait_fraction() const {
+  return elapsed_seconds > 0.0 ? wait_seconds / elapsed_seconds : 0.0;
+}
+
+LoaderStats LoaderStats::operator-(const LoaderStats& earlier) const {
+  LoaderStats delta = *this;
+  delta.num_batches -= earlier.num_batches;
+  delta.num_images -= earlier.num_images;
+  delta.num_bad_samples -= earlier.num_bad_samples;
+  delta.build_seconds -= earlier.build_seconds;
+  delta.wait_seconds -= earlier.wait_seconds;
+  delta.elapsed_seconds -= earlier.elapsed_seconds;
+  return delta;
+}
 
 uint64_t batch_seed(uint64_t seed, int64_t epoch, int64_t batch_index) {
   return hash_combine(
@@ -33,6 +87,20 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
     throw ConfigError(fmt::format(
         "DataLoader: prefetch_batches must be >= 1, got {}", options_.prefetch_batches));
   }
+  if (!options_.device.is_cpu() && !options_.device.is_cuda()) {
+    throw ConfigError(
+        fmt::format("DataLoader: device must be cpu or cuda, got {}", options_.device.str()));
+  }
+  // The elementwise tail (ToTensor, Normalize) is split off to be fused or run on the device.
+  const auto& transforms = options_.transforms.transforms();
+  size_t tail = transforms.size();
+  while (tail > 0 && transforms[tail - 1]->elementwise()) {
+    --tail;
+  }
+  host_transforms_ = TransformPipeline(
+      {transforms.begin(), transforms.begin() + static_cast<std::ptrdiff_t>(tail)});
+  elementwise_transforms_ =
+      TransformPipeline({transforms.begin() + static_cast<std::ptrdiff_t>(tail), transforms.end()});
 }
 
 DataLoader::~DataLoader() {
@@ -64,6 +132,9 @@ void DataLoader::start_epoch(
   epoch_ = epoch;
   num_batches_ = num_batches;
   next_batch_ = start_batch;
+  stats_ = LoaderStats{};
+  stats_.num_workers = options_.num_workers;
+  epoch_start_ = Clock::now();
 
   const int64_t num_workers = options_.num_workers;
   if (num_workers == 0 || start_batch == num_batches) {
@@ -89,11 +160,14 @@ std::optional<Batch> DataLoader::next() {
     return std::nullopt;
   }
   const int64_t batch_index = next_batch_;
+  const Clock::time_point asked = Clock::now();
   if (options_.num_workers == 0) {
     try {
-      Batch batch = build_batch(batch_index);
+      Batch batch = build_batch(batch_index, consumer_buffer_);
+      const double built = seconds_since(asked);
       ++next_batch_;
-      return batch;
+      account(batch, built, built);
+      return finish_on_device(std::move(batch));
     } catch (...) {
       failed_ = std::current_exception();
       throw;
@@ -122,7 +196,26 @@ std::optional<Batch> DataLoader::next() {
     std::rethrow_exception(failed_);
   }
   ++next_batch_;
-  return std::move(slot.batch);
+  account(*slot.batch, slot.build_seconds, seconds_since(asked));
+  return finish_on_device(std::move(*slot.batch));
+}
+
+void DataLoader::account(const Batch& batch, double build_seconds, double waited_seconds) {
+  stats_.num_batches += 1;
+  stats_.num_images += batch.labels.size(0);
+  stats_.num_bad_samples += batch.num_bad_samples;
+  stats_.build_seconds += build_seconds;
+  stats_.wait_seconds += waited_seconds;
+}
+
+LoaderStats DataLoader::stats() const {
+  LoaderStats stats = stats_;
+  stats.elapsed_seconds = seconds_since(epoch_start_);
+  return stats;
+}
+
+bool DataLoader::delivers_to_cuda() const {
+  return options_.device.is_cuda();
 }
 
 int64_t DataLoader::num_batches() const {
@@ -137,21 +230,78 @@ const DataLoaderOptions& DataLoader::options() const {
   return options_;
 }
 
-Batch DataLoader::build_batch(int64_t batch_index) const {
+Batch DataLoader::build_batch(int64_t batch_index, at::Tensor& buffer) const {
   const int64_t begin = batch_index * options_.batch_size;
   const int64_t end =
       std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(indices_.size()));
-  const std::vector<int64_t> batch_indices(indices_.begin() + begin, indices_.begin() + end);
-  Batch batch = dataset_->get_batch(batch_indices);
+  BatchRequest request;
+  request.indices.assign(indices_.begin() + begin, indices_.begin() + end);
+  request.seed = options_.seed;
+  request.epoch = epoch_;
+  std::vector<int64_t> shape{options_.batch_size};
+  const std::vector<int64_t> sample_shape = dataset_->sample_shape();
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  if (delivers_to_cuda()) {
+    // Each batch travels on its own: the caching host allocator reuses a pinned block only
+    // once the copy out of it has finished, which a hand-reused buffer could not know.
+    const bool pin = options_.pin_memory && compat::cuda_available();
+    request.images_buffer = at::empty(shape, at::TensorOptions(at::kByte).pinned_memory(pin));
+  } else {
+    if (!buffer.defined() || buffer.sizes() != at::IntArrayRef(shape)) {
+      buffer = at::empty(shape, at::kByte);
+    }
+    request.images_buffer = buffer;
+  }
+  Batch batch = dataset_->load_batch(request);
   at::Generator gen =
       at::make_generator<at::CPUGeneratorImpl>(batch_seed(options_.seed, epoch_, batch_index));
-  at::Tensor images = options_.transforms.apply(batch.images, gen);
+  batch.images = host_transforms_.apply(batch.images, gen);
+  if (!delivers_to_cuda()) {
+    batch.images = finish_on_host(batch.images);
+  } else if (options_.pin_memory && compat::cuda_available() && !batch.images.is_pinned()) {
+    batch.images = batch.images.pin_memory(); // a host transform made a new tensor
+  }
+  return batch;
+}
+
+at::Tensor DataLoader::finish_on_host(const at::Tensor& images) const {
+  at::Generator unused = at::make_generator<at::CPUGeneratorImpl>(0); // elementwise: no draws
+  if (images.scalar_type() == at::kByte && images.dim() == 4) {
+    // The tail applied to every possible value of every channel: [1, C, 1, 256].
+    const int64_t channels = images.size(1);
+    const at::Tensor probe =
+        at::arange(256, at::kByte).view({1, 1, 1, 256}).expand({1, channels, 1, 256}).contiguous();
+    at::Tensor table = elementwise_transforms_.apply(probe, unused);
+    if (!table.is_floating_point()) {
+      table = table.to(at::kFloat).div_(255.0); // as ToTensor
+    }
+    return lookup(images, table.to(at::kFloat).contiguous());
+  }
+  at::Tensor result = elementwise_transforms_.apply(images, unused);
+  if (!result.is_floating_point()) {
+    result = result.to(at::kFloat).div_(255.0); // as ToTensor
+  } else if (result.scalar_type() != at::kFloat) {
+    result = result.to(at::kFloat);
+  }
+  return result.contiguous();
+}
+
+Batch DataLoader::finish_on_device(Batch batch) const {
+  if (!delivers_to_cuda()) {
+    return batch;
+  }
+  const bool non_blocking = options_.non_blocking;
+  at::Tensor images = batch.images.to(options_.device, /*non_blocking=*/non_blocking);
+  at::Generator unused = at::make_generator<at::CPUGeneratorImpl>(0);
+  images = elementwise_transforms_.apply(images, unused);
   if (!images.is_floating_point()) {
-    images = images.to(at::kFloat).div_(255.0); // as ToTensor
+    images = images.to(at::kFloat).div_(255.0);
   } else if (images.scalar_type() != at::kFloat) {
     images = images.to(at::kFloat);
   }
-  return Batch{images.contiguous(), batch.labels};
+  batch.images = images;
+  batch.labels = batch.labels.to(options_.device, non_blocking);
+  return batch;
 }
 
 void DataLoader::worker_loop(int64_t worker_id, int64_t start_batch) {
@@ -159,6 +309,7 @@ void DataLoader::worker_loop(int64_t worker_id, int64_t start_batch) {
   // The first batch this worker owns at or after the start batch.
   int64_t batch_index = start_batch + ((worker_id - start_batch % stride) + stride) % stride;
   auto& queue = ready_[static_cast<size_t>(worker_id)];
+  at::Tensor buffer; // this worker's reusable uint8 batch buffer
   for (; batch_index < num_batches_; batch_index += stride) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -170,11 +321,13 @@ void DataLoader::worker_loop(int64_t worker_id, int64_t start_batch) {
       }
     }
     Slot slot{batch_index, std::nullopt, nullptr};
+    const Clock::time_point started = Clock::now();
     try {
-      slot.batch = build_batch(batch_index);
+      slot.batch = build_batch(batch_index, buffer);
     } catch (...) {
       slot.error = std::current_exception();
     }
+    slot.build_seconds = seconds_since(started);
     const bool failed = slot.error != nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);

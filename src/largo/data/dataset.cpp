@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include "largo/core/error.h"
+#include "largo/data/hash.h"
 
 namespace largo::data {
 
@@ -26,6 +27,34 @@ std::string to_string(Split split) {
 
 Dataset::~Dataset() = default;
 
+uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t index) {
+  // A different constant than batch_seed's chain, so sample and batch streams never coincide.
+  constexpr uint64_t kSampleStream = 0x53414d504c45ULL; // "SAMPLE"
+  return hash_combine(
+      hash_combine(hash_combine(seed, kSampleStream), static_cast<uint64_t>(epoch)),
+      static_cast<uint64_t>(index));
+}
+
+at::Tensor BatchRequest::buffer_for(int64_t count, const std::vector<int64_t>& sample_shape) const {
+  const at::Tensor& buffer = images_buffer;
+  if (!buffer.defined() || buffer.scalar_type() != at::kByte || !buffer.is_contiguous() ||
+      buffer.dim() != 4 || buffer.size(0) < count ||
+      buffer.sizes().slice(1) != at::IntArrayRef(sample_shape)) {
+    return at::Tensor();
+  }
+  return buffer.narrow(0, 0, count);
+}
+
+Batch Dataset::load_batch(const BatchRequest& request) const {
+  Batch batch = get_batch(request.indices);
+  // Copying only pays when the buffer is page-locked (a CUDA copy reads it asynchronously).
+  const at::Tensor view = request.buffer_for(batch.images.size(0), sample_shape());
+  if (view.defined() && view.is_pinned() && batch.images.scalar_type() == at::kByte) {
+    view.copy_(batch.images);
+    batch.images = view;
+  }
+  return batch;
+}
 namespace {
 
 std::vector<int64_t> all_indices(int64_t size) {

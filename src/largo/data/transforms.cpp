@@ -5,7 +5,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -28,6 +27,14 @@ void check_batch(const at::Tensor& batch, const std::string& transform_name) {
 
 Transform::~Transform() = default;
 
+std::vector<int64_t> Transform::output_shape(const std::vector<int64_t>& input_shape) const {
+  return input_shape;
+}
+
+bool Transform::elementwise() const {
+  return false;
+}
+
 // ---- ToFloat ---------------------------------------------------------------------------
 
 at::Tensor ToFloat::apply(const at::Tensor& batch, at::Generator& /*gen*/) const {
@@ -41,6 +48,10 @@ at::Tensor ToFloat::apply(const at::Tensor& batch, at::Generator& /*gen*/) const
 
 std::string ToFloat::name() const {
   return "ToTensor";
+}
+
+bool ToFloat::elementwise() const {
+  return true;
 }
 
 // ---- Normalize -------------------------------------------------------------------------
@@ -79,7 +90,7 @@ at::Tensor Normalize::apply(const at::Tensor& batch, at::Generator& /*gen*/) con
         num_values,
         channels));
   }
-  const auto options = at::TensorOptions(batch.scalar_type());
+  const auto options = batch.options(); // the batch's dtype and device (CUDA batches too)
   at::Tensor mean = at::tensor(mean_, at::kDouble).to(options).view({1, num_values, 1, 1});
   at::Tensor std = at::tensor(std_, at::kDouble).to(options).view({1, num_values, 1, 1});
   return batch.sub(mean).div_(std);
@@ -87,6 +98,10 @@ at::Tensor Normalize::apply(const at::Tensor& batch, at::Generator& /*gen*/) con
 
 std::string Normalize::name() const {
   return "Normalize";
+}
+
+bool Normalize::elementwise() const {
+  return true;
 }
 
 // ---- RandomCrop ------------------------------------------------------------------------
@@ -181,6 +196,10 @@ std::string RandomCrop::name() const {
   return "RandomCrop";
 }
 
+std::vector<int64_t> RandomCrop::output_shape(const std::vector<int64_t>& input_shape) const {
+  return {input_shape.at(0), size_h_, size_w_};
+}
+
 // ---- RandomHorizontalFlip --------------------------------------------------------------
 
 RandomHorizontalFlip::RandomHorizontalFlip(double p) : p_(p) {
@@ -221,6 +240,13 @@ const std::vector<std::shared_ptr<const Transform>>& TransformPipeline::transfor
   return transforms_;
 }
 
+std::vector<int64_t> TransformPipeline::output_shape(std::vector<int64_t> input_shape) const {
+  for (const auto& transform : transforms_) {
+    input_shape = transform->output_shape(input_shape);
+  }
+  return input_shape;
+}
+
 bool TransformPipeline::empty() const {
   return transforms_.empty();
 }
@@ -232,82 +258,25 @@ namespace {
 constexpr const char* kSupportedTransforms =
     "RandomCrop (size, padding), RandomHorizontalFlip (p), ToTensor, Normalize (mean, std)";
 
-// Rejects args the transform does not take (a typo would otherwise be silently ignored).
-void check_arg_names(const TransformSpec& spec, const std::set<std::string>& allowed) {
-  for (const auto& [key, value] : spec.args) {
-    if (allowed.count(key) == 0) {
-      throw ConfigError(fmt::format(
-          "transform {}: unknown argument '{}'; it takes: {}",
-          spec.name,
-          key,
-          allowed.empty() ? std::string("no arguments") : fmt::format("{}", allowed)));
-    }
-  }
-}
-
-const std::vector<double>* find_arg(const TransformSpec& spec, const std::string& key) {
-  const auto it = spec.args.find(key);
-  return it == spec.args.end() ? nullptr : &it->second;
-}
-
-const std::vector<double>& required_arg(const TransformSpec& spec, const std::string& key) {
-  const std::vector<double>* value = find_arg(spec, key);
-  if (value == nullptr) {
-    throw ConfigError(fmt::format("transform {}: missing required argument '{}'", spec.name, key));
-  }
-  return *value;
-}
-
-int64_t to_integer(const TransformSpec& spec, const std::string& key, double value) {
-  if (!std::isfinite(value) || value != std::floor(value)) {
-    throw ConfigError(
-        fmt::format("transform {}: '{}' must be an integer, got {}", spec.name, key, value));
-  }
-  return static_cast<int64_t>(value);
-}
-
-double
-single_value(const TransformSpec& spec, const std::string& key, const std::vector<double>& values) {
-  if (values.size() != 1) {
-    throw ConfigError(
-        fmt::format("transform {}: '{}' takes one value, got {}", spec.name, key, values));
-  }
-  return values[0];
-}
-
 } // namespace
 
 std::shared_ptr<const Transform> make_transform(const TransformSpec& spec) {
   if (spec.name == "RandomCrop") {
-    check_arg_names(spec, {"size", "padding"});
-    const std::vector<double>& size = required_arg(spec, "size");
-    if (size.size() != 1 && size.size() != 2) {
-      throw ConfigError(
-          fmt::format("transform RandomCrop: 'size' takes [s] or [h, w], got {}", size));
-    }
-    const int64_t size_h = to_integer(spec, "size", size[0]);
-    const int64_t size_w = to_integer(spec, "size", size.back());
-    int64_t padding = 0;
-    if (const auto* value = find_arg(spec, "padding")) {
-      padding = to_integer(spec, "padding", single_value(spec, "padding", *value));
-    }
-    return std::make_shared<RandomCrop>(size_h, size_w, padding);
+    const TransformArgs args(spec, {"size", "padding"});
+    const auto [size_h, size_w] = args.size("size");
+    return std::make_shared<RandomCrop>(size_h, size_w, args.integer("padding", 0));
   }
   if (spec.name == "RandomHorizontalFlip") {
-    check_arg_names(spec, {"p"});
-    double p = 0.5;
-    if (const auto* value = find_arg(spec, "p")) {
-      p = single_value(spec, "p", *value);
-    }
-    return std::make_shared<RandomHorizontalFlip>(p);
+    const TransformArgs args(spec, {"p"});
+    return std::make_shared<RandomHorizontalFlip>(args.number("p", 0.5));
   }
   if (spec.name == "ToTensor") {
-    check_arg_names(spec, {});
+    const TransformArgs args(spec, {});
     return std::make_shared<ToFloat>();
   }
   if (spec.name == "Normalize") {
-    check_arg_names(spec, {"mean", "std"});
-    return std::make_shared<Normalize>(required_arg(spec, "mean"), required_arg(spec, "std"));
+    const TransformArgs args(spec, {"mean", "std"});
+    return std::make_shared<Normalize>(args.numbers("mean"), args.numbers("std"));
   }
   throw ConfigError(
       fmt::format("unknown transform '{}'; supported: {}", spec.name, kSupportedTransforms));

@@ -3,7 +3,6 @@
 #include <largo/comm/process_group.h>
 #include <largo/comm/world_info.h>
 #include <largo/core/error.h>
-#include <largo/data/idx_dataset.h>
 #include <largo/models/model_factory.h>
 #include <largo/precision/model_cast.h>
 #include <largo/train/option_keys.h>
@@ -186,27 +185,9 @@ std::string process_group_backend(const TrainerOptions& options) {
   return options.distributed.backend == "nccl" && device_of(options).is_cuda() ? "nccl" : "gloo";
 }
 
-DataShape data_shape_of(const DataSplitOptions& split) {
-  DataShape shape;
-  if (split.source == "synthetic") {
-    shape.sample_shape = split.synthetic_image_shape;
-    shape.num_classes = split.synthetic_num_classes;
-  } else if (split.dataset_name == "CIFAR10") {
-    shape.sample_shape = {3, 32, 32};
-    shape.num_classes = 10;
-  } else { // MNIST, FashionMNIST (the config layer admits nothing else)
-    shape.sample_shape = {1, 28, 28};
-    shape.num_classes = data::IdxDataset::kNumClasses;
-  }
-  for (const data::TransformSpec& transform : split.transforms) {
-    auto size = transform.args.find("size");
-    if (transform.name == "RandomCrop" && size != transform.args.end() && !size->second.empty()) {
-      const auto side = static_cast<int64_t>(size->second.front());
-      shape.sample_shape[1] = side;
-      shape.sample_shape[2] = size->second.size() > 1 ? static_cast<int64_t>(size->second[1]) : side;
-    }
-  }
-  return shape;
+DataShape data_shape_of(const data::DataSplitOptions& split) {
+  const data::DatasetShape shape = data::peek_dataset_shape(split.source);
+  return DataShape{shape.sample_shape, shape.num_classes};
 }
 
 RunPlan resolve_run(const Config& config) {

@@ -17,6 +17,7 @@
 #include <largo/train/training_hooks.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <cmath>
@@ -153,7 +154,13 @@ void Trainer::State::setup() {
   tune_malloc_for_tensors();
   threads = set_threads(options().num_threads, plan.world.procs_per_node);
   device = pick_device(options());
-  data = std::make_unique<TrainingData>(options(), group->rank(), group->world_size());
+  data = std::make_unique<TrainingData>(options(), group->rank(), group->world_size(), device);
+  if (data->train_sample_shape() != plan.train_shape.sample_shape) {
+    throw DataError(fmt::format(
+        "the training data delivers samples of [{}], but the model was planned for [{}] from "
+        "the config; the data changed between the two (DATA.TRAIN.DATA_PATHS)",
+        fmt::join(data->train_sample_shape(), ", "), fmt::join(plan.train_shape.sample_shape, ", ")));
+  }
   build_model();
   parallelize_model();
   checkpoint::SamplerDescription sampler{
@@ -218,7 +225,8 @@ void Trainer::State::open_records() {
 }
 
 void Trainer::State::add_hooks() {
-  hooks.push_back(std::make_unique<LoggingHook>(*parallel, records, options().log_frequency));
+  hooks.push_back(std::make_unique<LoggingHook>(*parallel, data->train_loader(), records,
+                                                options().log_frequency));
   if (options().test_model) {
     EvaluationOptions evaluation{options().topk_values, options().loss_ignore_index,
                                  plan.test_shape.sample_shape};

@@ -1,5 +1,7 @@
 #include <largo/train/trainer_config.h>
 
+#include <largo/train/data_config.h>
+
 
 #include <fmt/format.h>
 
@@ -73,78 +75,6 @@ void check_base_optimizer_keys(const Config& config) {
       }
     }
   }
-}
-
-std::vector<data::TransformSpec> transforms_from(const Config& config, const std::string& key) {
-  std::vector<data::TransformSpec> specs;
-  YAML::Node list = config.node(key);
-  if (!list.IsSequence()) {
-    throw config_error(key, "(not a list)", "a list of {name: ..., ...} maps");
-  }
-  for (size_t i = 0; i < list.size(); ++i) {
-    const YAML::Node entry = list[i];
-    const std::string entry_key = fmt::format("{}[{}]", key, i);
-    if (!entry.IsMap() || !entry["name"] || !entry["name"].IsScalar()) {
-      throw config_error(entry_key, "(entry)", "a map with a 'name' key, e.g. {name: ToTensor}");
-    }
-    data::TransformSpec spec;
-    spec.name = entry["name"].Scalar();
-    for (const auto& argument : entry) {
-      const std::string arg_name = argument.first.as<std::string>();
-      if (arg_name == "name") {
-        continue;
-      }
-      const std::string arg_key = fmt::format("{}.{}", entry_key, arg_name);
-      std::vector<double> values;
-      if (argument.second.IsSequence()) {
-        for (const auto& element : argument.second) {
-          values.push_back(yaml_to_double(element, arg_key));
-        }
-      } else {
-        values.push_back(yaml_to_double(argument.second, arg_key));
-      }
-      spec.args[arg_name] = values;
-    }
-    specs.push_back(spec);
-  }
-  return specs;
-}
-
-DataSplitOptions data_split_from(const Config& config, const std::string& prefix) {
-  DataSplitOptions split;
-  auto sources = config.get_string_list(prefix + ".DATA_SOURCES");
-  require(sources.size() == 1, prefix + ".DATA_SOURCES", fmt::format("{} entries", sources.size()),
-          "exactly one source: [torchvision_dataset] or [synthetic]");
-  split.source = sources[0];
-  require(split.source == "torchvision_dataset" || split.source == "synthetic",
-          prefix + ".DATA_SOURCES", split.source, "torchvision_dataset or synthetic");
-  if (split.source == "torchvision_dataset") {
-    auto names = config.get_string_list(prefix + ".DATASET_NAMES");
-    require(names.size() == 1, prefix + ".DATASET_NAMES", fmt::format("{} entries", names.size()),
-            "one name: MNIST, FashionMNIST or CIFAR10");
-    split.dataset_name = names[0];
-    require(split.dataset_name == "MNIST" || split.dataset_name == "FashionMNIST" ||
-                split.dataset_name == "CIFAR10",
-            prefix + ".DATASET_NAMES", split.dataset_name, "MNIST, FashionMNIST or CIFAR10");
-    auto paths = config.get_string_list(prefix + ".DATA_PATHS");
-    require(paths.size() == 1, prefix + ".DATA_PATHS", fmt::format("{} entries", paths.size()),
-            "one directory holding the dataset's files");
-    split.path = paths[0];
-  }
-  split.batch_size = positive_int(config, prefix + ".BATCHSIZE_PER_REPLICA");
-  split.drop_last = config.get_bool(prefix + ".DROP_LAST");
-  split.use_stateful_sampler = config.get_bool(prefix + ".USE_STATEFUL_DISTRIBUTED_SAMPLER");
-  split.data_limit = config.get_int(prefix + ".DATA_LIMIT");
-  require(split.data_limit == -1 || split.data_limit > 0, prefix + ".DATA_LIMIT",
-          std::to_string(split.data_limit), "-1 (all samples) or a count > 0");
-  split.data_limit_seed = static_cast<uint64_t>(config.get_int(prefix + ".DATA_LIMIT_SAMPLING.SEED"));
-  split.transforms = transforms_from(config, prefix + ".TRANSFORMS");
-  split.synthetic_num_samples = positive_int(config, prefix + ".SYNTHETIC.NUM_SAMPLES");
-  split.synthetic_image_shape = config.get_int_list(prefix + ".SYNTHETIC.IMAGE_SHAPE");
-  require(split.synthetic_image_shape.size() == 3, prefix + ".SYNTHETIC.IMAGE_SHAPE",
-          fmt::format("{} dims", split.synthetic_image_shape.size()), "[channels, height, width]");
-  split.synthetic_num_classes = positive_int(config, prefix + ".SYNTHETIC.NUM_CLASSES");
-  return split;
 }
 
 optim::AutoLrScaling auto_scaling_from(const Config& config, const std::string& prefix) {
@@ -333,9 +263,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
 
   options.train = data_split_from(config, "DATA.TRAIN");
   options.test = data_split_from(config, "DATA.TEST");
-  options.num_dataloader_workers = config.get_int("DATA.NUM_DATALOADER_WORKERS");
-  require(options.num_dataloader_workers >= 0, "DATA.NUM_DATALOADER_WORKERS",
-          std::to_string(options.num_dataloader_workers), "an integer >= 0");
+  options.loading = data_loading_from(config);
 
   // Model. in_channels / image_size / num_classes come from the data (0 = infer).
   auto& model = options.model;

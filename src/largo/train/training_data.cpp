@@ -1,10 +1,7 @@
 #include <largo/train/training_data.h>
 
 #include <largo/core/error.h>
-#include <largo/data/cifar10_dataset.h>
-#include <largo/data/idx_dataset.h>
 #include <largo/data/sampler.h>
-#include <largo/data/synthetic_dataset.h>
 
 #include <fmt/format.h>
 
@@ -13,22 +10,9 @@
 namespace largo::train {
 namespace {
 
-std::shared_ptr<const data::Dataset> load_dataset(const DataSplitOptions& split, data::Split which,
-                                                  uint64_t seed) {
-  if (split.source == "synthetic") {
-    return std::make_shared<data::SyntheticDataset>(split.synthetic_num_samples,
-                                                    split.synthetic_image_shape,
-                                                    split.synthetic_num_classes, seed);
-  }
-  if (split.dataset_name == "CIFAR10") {
-    return std::make_shared<data::Cifar10Dataset>(data::Cifar10Dataset::load(split.path, which));
-  }
-  return std::make_shared<data::IdxDataset>(data::IdxDataset::load(split.path, which));
-}
-
 // The sample indices of a split with DATA_LIMIT applied: the first `limit` entries of a
 // permutation seeded with DATA_LIMIT_SAMPLING.SEED (all indices when no limit).
-std::vector<int64_t> subset_indices(int64_t dataset_size, const DataSplitOptions& split) {
+std::vector<int64_t> subset_indices(int64_t dataset_size, const data::DataSplitOptions& split) {
   std::vector<int64_t> indices(dataset_size);
   std::iota(indices.begin(), indices.end(), 0);
   if (split.data_limit < 0 || split.data_limit >= dataset_size) {
@@ -49,28 +33,36 @@ uint64_t loader_seed(uint64_t seed, int rank) {
 }
 
 std::unique_ptr<data::DataLoader> make_loader(const TrainerOptions& options,
-                                              const DataSplitOptions& split,
-                                              std::shared_ptr<const data::Dataset> dataset,
-                                              int rank) {
+                                              const data::DataSplitOptions& split,
+                                              data::OpenedDataset opened, int rank,
+                                              torch::Device device) {
   data::DataLoaderOptions loader_options;
   loader_options.batch_size = split.batch_size;
-  loader_options.num_workers = options.num_dataloader_workers;
+  loader_options.num_workers = options.loading.num_workers;
   loader_options.drop_last = split.drop_last;
-  loader_options.transforms = data::make_pipeline(split.transforms);
+  loader_options.transforms = std::move(opened.transforms);
   loader_options.seed = loader_seed(options.seed, rank);
-  return std::make_unique<data::DataLoader>(std::move(dataset), loader_options);
+  loader_options.device = device;
+  loader_options.pin_memory = options.loading.pin_memory;
+  loader_options.non_blocking = options.loading.async_gpu_copy;
+  return std::make_unique<data::DataLoader>(std::move(opened.dataset), loader_options);
 }
 
 } // namespace
 
-TrainingData::TrainingData(const TrainerOptions& options, int rank, int world_size)
+TrainingData::TrainingData(const TrainerOptions& options, int rank, int world_size,
+                           torch::Device device)
     : options_(options), rank_(rank), world_size_(world_size) {
-  train_data_ = load_dataset(options_.train, data::Split::kTrain, options_.seed);
-  test_data_ = load_dataset(options_.test, data::Split::kTest, options_.seed + 1);
+  data::OpenedDataset train = data::open_dataset(options_.train.source, data::Split::kTrain, options_.seed);
+  data::OpenedDataset test = data::open_dataset(options_.test.source, data::Split::kTest, options_.seed + 1);
+  train_shape_ = train.sample_shape;
+  test_shape_ = test.sample_shape;
+  train_data_ = train.dataset;
+  test_data_ = test.dataset;
   train_subset_ = subset_indices(train_data_->size(), options_.train);
   test_subset_ = subset_indices(test_data_->size(), options_.test);
-  train_loader_ = make_loader(options_, options_.train, train_data_, rank_);
-  test_loader_ = make_loader(options_, options_.test, test_data_, rank_);
+  train_loader_ = make_loader(options_, options_.train, std::move(train), rank_, device);
+  test_loader_ = make_loader(options_, options_.test, std::move(test), rank_, device);
 
   const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
   const int64_t batch_size = options_.train.batch_size;

@@ -28,9 +28,9 @@ TrainingHook::~TrainingHook() = default;
 
 // ---- logging -------------------------------------------------------------------------
 
-LoggingHook::LoggingHook(parallel::ParallelModel& model, RunRecords& records,
-                         int64_t log_frequency)
-    : model_(model), records_(records), log_frequency_(log_frequency) {}
+LoggingHook::LoggingHook(parallel::ParallelModel& model, const data::DataLoader& loader,
+                         RunRecords& records, int64_t log_frequency)
+    : model_(model), loader_(loader), records_(records), log_frequency_(log_frequency) {}
 
 void LoggingHook::on_step_end(const StepEvent& event) {
   const checkpoint::TrainingProgress& progress = event.progress;
@@ -79,10 +79,22 @@ void LoggingHook::log_window(const StepEvent& event) {
   if (event.step_peak_bytes) {
     record["step_peak_bytes"] = window_peak_bytes_; // this rank's (rank 0's)
   }
-  spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {}",
+  const data::LoaderStats now = loader_.stats();
+  const data::LoaderStats loader = now - last_loader_stats_;
+  last_loader_stats_ = now;
+  record["loader_images_per_sec"] = loader.images_per_second();
+  record["loader_wait_fraction"] = loader.wait_fraction();
+  std::string bad;
+  if (now.num_bad_samples > 0) {
+    record["bad_samples"] = now.num_bad_samples; // this epoch's, on this rank
+    bad = fmt::format(", {} bad samples skipped", now.num_bad_samples);
+  }
+  spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {} "
+               "(data: {:.0f} img/s, waited {:.0f}%{})",
                progress.epoch + 1, progress.num_epochs, progress.iteration_in_epoch,
                progress.iterations_per_epoch, mean_loss, event.lr, scaling, images_per_sec,
-               format_duration(remaining * seconds / steps));
+               format_duration(remaining * seconds / steps), loader.images_per_second(),
+               100.0 * loader.wait_fraction(), bad);
   if (records_.metrics) {
     records_.metrics->write(record);
   }
@@ -103,6 +115,7 @@ void LoggingHook::log_window(const StepEvent& event) {
 
 void LoggingHook::on_epoch_end(checkpoint::TrainingProgress&) {
   records_.progress_bar.clear();
+  last_loader_stats_ = {}; // the loader counts afresh from the next start_epoch
 }
 
 // ---- evaluation ----------------------------------------------------------------------

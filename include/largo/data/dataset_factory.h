@@ -1,0 +1,81 @@
+// From a split's description (VISSL's DATA.TRAIN / DATA.TEST keys, as typed options) to a
+// dataset, the batch transforms its loader applies, and the shape of the batches that come
+// out -- the one place that knows every data source:
+//   torchvision_dataset  MNIST / FashionMNIST (idx files) or CIFAR10 (binary) under `path`
+//   synthetic            random images, synthetic_* options
+//   disk_folder          an ImageFolder tree at `path` (image_list.h)
+//   disk_filelist        a .npy of image paths at `path`, a .npy of labels at `label_path`
+// For image files the transforms before ToTensor run per sample inside the dataset
+// (sample_pipeline.h) and the rest per batch in the loader; for in-memory datasets all
+// transforms are batch transforms (transforms.h).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "largo/data/dataset.h"
+#include "largo/data/image_dataset.h"
+#include "largo/data/transforms.h"
+
+namespace largo::data {
+
+struct DataSourceOptions {
+  std::string source = "torchvision_dataset"; // DATA_SOURCES[0]
+  std::string dataset_name = "FashionMNIST";  // DATASET_NAMES[0], torchvision_dataset only
+  std::filesystem::path path = "/usr/share/datasets/fashion-mnist"; // DATA_PATHS[0]
+  std::filesystem::path label_path; // LABEL_PATHS[0], disk_filelist only
+  // disk_filelist: a path starting with remove_path_prefix gets new_path_prefix instead
+  // (REMOVE_IMG_PATH_PREFIX / NEW_IMG_PATH_PREFIX).
+  std::string remove_path_prefix;
+  std::string new_path_prefix;
+  std::vector<TransformSpec> transforms; // TRANSFORMS
+  // synthetic (SYNTHETIC.*)
+  int64_t synthetic_num_samples = 2048;
+  std::vector<int64_t> synthetic_image_shape{3, 32, 32};
+  int64_t synthetic_num_classes = 10;
+  // disk_folder / disk_filelist: decoding limits and bad-file handling. skip_bad_samples
+  // also lets a disk_folder keep class folders without images.
+  ImageDatasetOptions images;
+};
+
+// One split with its sampling and batching (the split-level keys of DATA.TRAIN/DATA.TEST).
+struct DataSplitOptions {
+  DataSourceOptions source;
+  int64_t batch_size = 256;          // BATCHSIZE_PER_REPLICA
+  bool drop_last = false;            // DROP_LAST
+  bool use_stateful_sampler = false; // USE_STATEFUL_DISTRIBUTED_SAMPLER
+  int64_t data_limit = -1;           // DATA_LIMIT (-1: all samples)
+  uint64_t data_limit_seed = 0;      // DATA_LIMIT_SAMPLING.SEED
+};
+
+struct OpenedDataset {
+  std::shared_ptr<const Dataset> dataset;
+  // For DataLoaderOptions::transforms.
+  TransformPipeline transforms;
+  // [channels, h, w] of the batches the loader delivers (after every transform): what a
+  // model's input layer must accept.
+  std::vector<int64_t> sample_shape;
+  int64_t num_classes = 0;
+};
+
+// What a split delivers, known without loading a sample: the shape of its batches' samples
+// (after every transform) and its class count. The built-in datasets' shapes are fixed, a
+// synthetic split says its own; for image files the transforms fix the size, and the class
+// folders (disk_folder) or the label file (disk_filelist) the classes. For a config's checks
+// and `largo estimate`. Throws ConfigError for a bad transform or source, DataError for a
+// missing class folder root or label file.
+struct DatasetShape {
+  std::vector<int64_t> sample_shape; // [channels, h, w]
+  int64_t num_classes = 0;
+};
+DatasetShape peek_dataset_shape(const DataSourceOptions& options);
+
+// Opens a split. `seed` seeds the synthetic source. Throws ConfigError for an unknown source
+// or dataset name, a missing label path or a bad transform; DataError for missing or
+// malformed files.
+OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64_t seed);
+
+} // namespace largo::data

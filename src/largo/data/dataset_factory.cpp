@@ -1,0 +1,135 @@
+// Every data source behind one call.
+#include "largo/data/dataset_factory.h"
+
+#include <fmt/format.h>
+
+
+#include "largo/core/error.h"
+#include "largo/data/cifar10_dataset.h"
+#include "largo/data/idx_dataset.h"
+#include "largo/data/image_list.h"
+#include "largo/data/sample_pipeline.h"
+#include "largo/data/synthetic_dataset.h"
+
+namespace largo::data {
+namespace {
+
+OpenedDataset in_memory(std::shared_ptr<const Dataset> dataset, const DataSourceOptions& options) {
+  OpenedDataset opened;
+  opened.transforms = make_pipeline(options.transforms);
+  opened.sample_shape = opened.transforms.output_shape(dataset->sample_shape());
+  opened.num_classes = dataset->num_classes();
+  opened.dataset = std::move(dataset);
+  return opened;
+}
+
+OpenedDataset image_files(ImageList list, const DataSourceOptions& options) {
+  ImageTransforms transforms = make_image_transforms(options.transforms);
+  auto dataset = std::make_shared<ImageDataset>(
+      std::move(list), std::move(transforms.per_sample), options.images);
+  OpenedDataset opened;
+  opened.transforms = std::move(transforms.per_batch);
+  opened.sample_shape = opened.transforms.output_shape(dataset->sample_shape());
+  opened.num_classes = dataset->num_classes();
+  opened.dataset = std::move(dataset);
+  return opened;
+}
+
+// The stored [channels, h, w] and class count of the built-in in-memory datasets.
+DatasetShape in_memory_shape(const DataSourceOptions& options) {
+  if (options.source == "synthetic") {
+    return {options.synthetic_image_shape, options.synthetic_num_classes};
+  }
+  if (options.dataset_name == "CIFAR10") {
+    return {{3, 32, 32}, 10};
+  }
+  if (options.dataset_name == "MNIST" || options.dataset_name == "FashionMNIST") {
+    return {{1, 28, 28}, IdxDataset::kNumClasses};
+  }
+  throw ConfigError(fmt::format(
+      "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST "
+      "or CIFAR10",
+      options.dataset_name));
+}
+
+// The files of a disk_folder or disk_filelist source and their labels.
+ImageList list_images(const DataSourceOptions& options) {
+  if (options.source == "disk_folder") {
+    return list_image_folder(options.path, options.images.skip_bad_samples);
+  }
+  if (options.label_path.empty()) {
+    throw ConfigError(fmt::format(
+        "data source disk_filelist ({}): no label file; give the .npy of labels (LABEL_PATHS, "
+        "with LABEL_SOURCES: [disk_filelist])",
+        options.path.string()));
+  }
+  return list_image_filelist(options.path, options.label_path, options.remove_path_prefix,
+                             options.new_path_prefix);
+}
+
+// Image files: the transforms fix the size and the class folders name the classes, without
+// listing an image; otherwise (a size set by the images, a file list) the files are listed
+// and the dataset says, as it will in training.
+DatasetShape image_files_shape(const DataSourceOptions& options) {
+  ImageTransforms transforms = make_image_transforms(options.transforms);
+  const std::optional<ImageSize> size = transforms.per_sample.output_size();
+  if (size && options.source == "disk_folder") {
+    return {transforms.per_batch.output_shape({Image::kChannels, size->height, size->width}),
+            static_cast<int64_t>(list_class_folders(options.path).size())};
+  }
+  const ImageDataset dataset(list_images(options), std::move(transforms.per_sample),
+                             options.images);
+  return {transforms.per_batch.output_shape(dataset.sample_shape()), dataset.num_classes()};
+}
+
+} // namespace
+
+DatasetShape peek_dataset_shape(const DataSourceOptions& options) {
+  if (options.source == "synthetic" || options.source == "torchvision_dataset") {
+    DatasetShape shape = in_memory_shape(options);
+    shape.sample_shape = make_pipeline(options.transforms).output_shape(shape.sample_shape);
+    return shape;
+  }
+  if (options.source != "disk_folder" && options.source != "disk_filelist") {
+    throw ConfigError(fmt::format(
+        "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder or "
+        "disk_filelist",
+        options.source));
+  }
+  return image_files_shape(options);
+}
+
+OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64_t seed) {
+  if (options.source == "synthetic") {
+    return in_memory(
+        std::make_shared<SyntheticDataset>(
+            options.synthetic_num_samples,
+            options.synthetic_image_shape,
+            options.synthetic_num_classes,
+            seed),
+        options);
+  }
+  if (options.source == "torchvision_dataset") {
+    if (options.dataset_name == "CIFAR10") {
+      return in_memory(
+          std::make_shared<Cifar10Dataset>(Cifar10Dataset::load(options.path, split)), options);
+    }
+    if (options.dataset_name == "MNIST" || options.dataset_name == "FashionMNIST") {
+      return in_memory(
+          std::make_shared<IdxDataset>(IdxDataset::load(options.path, split)), options);
+    }
+    throw ConfigError(fmt::format(
+        "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST "
+        "or CIFAR10",
+        options.dataset_name));
+  }
+  if (options.source == "disk_folder" || options.source == "disk_filelist") {
+    return image_files(list_images(options), options);
+  }
+  throw ConfigError(fmt::format(
+      "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder or "
+      "disk_filelist",
+      options.source));
+}
+
+} // namespace largo::data

@@ -1,0 +1,146 @@
+// Image files through the per-sample pipeline into a uint8 batch.
+#include "largo/data/image_dataset.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "largo/core/error.h"
+
+namespace largo::data {
+namespace {
+
+// Bad files named in warnings before the rest are only counted.
+constexpr int64_t kMaxNamedBadSamples = 10;
+
+// The encoded file of one sample, read into a per-thread buffer.
+EncodedImage open_image(const std::string& path, const DecodeOptions& options) {
+  thread_local std::vector<uint8_t> bytes;
+  read_file_bytes(path, bytes);
+  return EncodedImage(bytes.data(), bytes.size(), path, options);
+}
+
+} // namespace
+
+ImageDataset::ImageDataset(ImageList list, SamplePipeline pipeline, ImageDatasetOptions options)
+    : list_(std::move(list)), pipeline_(std::move(pipeline)), options_(options) {
+  if (list_.paths.empty()) {
+    throw DataError("image dataset: the list of image files is empty");
+  }
+  if (list_.labels.size() != list_.paths.size()) {
+    throw DataError(fmt::format(
+        "image dataset: {} paths but {} labels", list_.paths.size(), list_.labels.size()));
+  }
+  if (options_.max_replacement_tries < 1) {
+    throw ConfigError(fmt::format(
+        "image dataset: max_replacement_tries must be >= 1, got {}",
+        options_.max_replacement_tries));
+  }
+  std::optional<ImageSize> size = pipeline_.output_size();
+  if (!size) {
+    // The transforms keep (or depend on) the image's size: take it from the first image.
+    const EncodedImage first = open_image(list_.paths[0], options_.decode);
+    size = pipeline_.output_size(ImageSize{first.height(), first.width()});
+  }
+  output_size_ = *size;
+  labels_ = at::tensor(list_.labels, at::kLong);
+}
+
+int64_t ImageDataset::size() const {
+  return list_.size();
+}
+
+std::vector<int64_t> ImageDataset::sample_shape() const {
+  return {Image::kChannels, output_size_.height, output_size_.width};
+}
+
+int64_t ImageDataset::num_classes() const {
+  return list_.num_classes();
+}
+
+const ImageList& ImageDataset::list() const {
+  return list_;
+}
+
+int64_t ImageDataset::num_bad_samples() const {
+  return num_bad_samples_.load();
+}
+
+at::Tensor ImageDataset::labels() const {
+  return labels_;
+}
+
+void ImageDataset::load_sample(int64_t index, at::Generator& gen, uint8_t* out) const {
+  const EncodedImage encoded = open_image(list_.paths[static_cast<size_t>(index)], options_.decode);
+  pipeline_.run(encoded, options_.decode, gen, output_size_, out);
+}
+
+void ImageDataset::warn_bad_sample(const std::string& message) const {
+  std::lock_guard<std::mutex> lock(warn_mutex_);
+  ++num_warnings_;
+  if (num_warnings_ <= kMaxNamedBadSamples) {
+    spdlog::warn("skipping a bad sample ({} so far): {}", num_warnings_, message);
+  } else if (num_warnings_ == kMaxNamedBadSamples + 1) {
+    spdlog::warn("more bad samples are skipped; only their count is reported from here on");
+  }
+}
+
+int64_t
+ImageDataset::load_or_replace(int64_t index, const BatchRequest& request, uint8_t* out) const {
+  int64_t skipped = 0;
+  for (int64_t attempt = 0;; ++attempt) {
+    const int64_t candidate = (index + attempt) % size();
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
+        sample_seed(request.seed, request.epoch, candidate));
+    try {
+      load_sample(candidate, gen, out);
+      return skipped;
+    } catch (const DataError& error) {
+      if (!options_.skip_bad_samples) {
+        throw;
+      }
+      ++skipped;
+      num_bad_samples_.fetch_add(1);
+      warn_bad_sample(error.what());
+      if (attempt + 1 >= options_.max_replacement_tries) {
+        throw DataError(fmt::format(
+            "image dataset: sample {} and the {} samples after it could not be loaded; the last "
+            "error: {}",
+            index,
+            attempt,
+            error.what()));
+      }
+    }
+  }
+}
+
+Batch ImageDataset::load_batch(const BatchRequest& request) const {
+  check_indices(request.indices, size(), "the image dataset");
+  const auto count = static_cast<int64_t>(request.indices.size());
+  const std::vector<int64_t> shape = sample_shape();
+  at::Tensor images = request.buffer_for(count, shape);
+  if (!images.defined()) {
+    images = at::empty({count, shape[0], shape[1], shape[2]}, at::kByte);
+  }
+  const int64_t sample_bytes = shape[0] * shape[1] * shape[2];
+  auto* data = images.data_ptr<uint8_t>();
+  Batch batch;
+  std::vector<int64_t> labels(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t index = request.indices[static_cast<size_t>(i)];
+    const int64_t skipped = load_or_replace(index, request, data + i * sample_bytes);
+    batch.num_bad_samples += skipped;
+    labels[static_cast<size_t>(i)] = list_.labels[static_cast<size_t>((index + skipped) % size())];
+  }
+  batch.images = images;
+  batch.labels = at::tensor(labels, at::kLong);
+  return batch;
+}
+
+Batch ImageDataset::get_batch(const std::vector<int64_t>& indices) const {
+  BatchRequest request;
+  request.indices = indices;
+  return load_batch(request);
+}
+
+} // namespace largo::data

@@ -1,0 +1,186 @@
+#include <largo/train/data_config.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::train {
+namespace {
+
+void require(
+    bool ok, const std::string& key, const std::string& value, const std::string& expected) {
+  if (!ok) {
+    throw config_error(key, value, expected);
+  }
+}
+
+std::string list_text(const std::vector<std::string>& values) {
+  return fmt::format("[{}]", fmt::join(values, ", "));
+}
+
+// The single entry of a one-element list key.
+std::string single(const Config& config, const std::string& key, const std::string& expected) {
+  const std::vector<std::string> values = config.get_string_list(key);
+  require(values.size() == 1, key, list_text(values), expected);
+  return values[0];
+}
+
+int64_t positive_int(const Config& config, const std::string& key) {
+  const int64_t value = config.get_int(key);
+  require(value > 0, key, std::to_string(value), "an integer > 0");
+  return value;
+}
+
+// DATA_SOURCES, DATASET_NAMES, DATA_PATHS and the label keys.
+void read_source(const Config& config, const std::string& prefix, data::DataSourceOptions& source) {
+  source.source = single(
+      config,
+      prefix + ".DATA_SOURCES",
+      "exactly one source: [torchvision_dataset], [synthetic], [disk_folder] or [disk_filelist]");
+  const std::string& kind = source.source;
+  require(
+      kind == "torchvision_dataset" || kind == "synthetic" || kind == "disk_folder" ||
+          kind == "disk_filelist",
+      prefix + ".DATA_SOURCES",
+      list_text({kind}),
+      "[torchvision_dataset], [synthetic], [disk_folder] or [disk_filelist]");
+  if (kind == "synthetic") {
+    return;
+  }
+  if (kind == "torchvision_dataset") {
+    source.dataset_name =
+        single(config, prefix + ".DATASET_NAMES", "one name: MNIST, FashionMNIST or CIFAR10");
+    require(
+        source.dataset_name == "MNIST" || source.dataset_name == "FashionMNIST" ||
+            source.dataset_name == "CIFAR10",
+        prefix + ".DATASET_NAMES",
+        source.dataset_name,
+        "MNIST, FashionMNIST or CIFAR10");
+  }
+  source.path = single(
+      config,
+      prefix + ".DATA_PATHS",
+      kind == "disk_filelist" ? "one .npy file of image paths"
+      : kind == "disk_folder" ? "one folder holding a subfolder per class"
+                              : "one directory holding the dataset's files");
+  const std::string label_type = config.get_string(prefix + ".LABEL_TYPE");
+  require(
+      label_type == "standard",
+      prefix + ".LABEL_TYPE",
+      label_type,
+      "standard (labels from LABEL_SOURCES; sample_index/zero labels are not supported)");
+  const std::vector<std::string> label_sources = config.get_string_list(prefix + ".LABEL_SOURCES");
+  if (kind == "disk_filelist") {
+    require(
+        label_sources == std::vector<std::string>{"disk_filelist"},
+        prefix + ".LABEL_SOURCES",
+        list_text(label_sources),
+        "[disk_filelist] with LABEL_PATHS naming the .npy of labels");
+    source.label_path = single(config, prefix + ".LABEL_PATHS", "one .npy file of labels");
+    source.remove_path_prefix = config.get_string(prefix + ".REMOVE_IMG_PATH_PREFIX");
+    source.new_path_prefix = config.get_string(prefix + ".NEW_IMG_PATH_PREFIX");
+  } else if (kind == "disk_folder") {
+    require(
+        label_sources.empty() || label_sources == std::vector<std::string>{"disk_folder"},
+        prefix + ".LABEL_SOURCES",
+        list_text(label_sources),
+        "[] or [disk_folder] (labels are the class folders)");
+  }
+}
+
+void read_image_options(
+    const Config& config, const std::string& prefix, data::ImageDatasetOptions& images) {
+  images.skip_bad_samples = config.get_bool(prefix + ".SKIP_BAD_SAMPLES");
+  images.decode.max_pixels = config.get_int(prefix + ".MAX_IMAGE_PIXELS");
+  require(
+      images.decode.max_pixels >= 0,
+      prefix + ".MAX_IMAGE_PIXELS",
+      std::to_string(images.decode.max_pixels),
+      "a pixel count >= 0 (0: no limit)");
+  images.decode.dct_scaling = config.get_bool(prefix + ".DCT_SCALING");
+}
+
+} // namespace
+
+std::vector<data::TransformSpec> transforms_from(const Config& config, const std::string& key) {
+  std::vector<data::TransformSpec> specs;
+  const YAML::Node list = config.node(key);
+  if (!list.IsSequence()) {
+    throw config_error(key, "(not a list)", "a list of {name: ..., ...} maps");
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node entry = list[i];
+    const std::string entry_key = fmt::format("{}[{}]", key, i);
+    if (!entry.IsMap() || !entry["name"] || !entry["name"].IsScalar()) {
+      throw config_error(entry_key, "(entry)", "a map with a 'name' key, e.g. {name: ToTensor}");
+    }
+    data::TransformSpec spec;
+    spec.name = entry["name"].Scalar();
+    for (const auto& argument : entry) {
+      const std::string arg_name = argument.first.as<std::string>();
+      if (arg_name == "name") {
+        continue;
+      }
+      const std::string arg_key = fmt::format("{}.{}", entry_key, arg_name);
+      const YAML::Node& value = argument.second;
+      if (value.IsScalar() && !yaml_scalar_is_number(value)) {
+        spec.text_args[arg_name] = value.Scalar(); // a word or a boolean
+        continue;
+      }
+      std::vector<double> values;
+      if (value.IsSequence()) {
+        for (const auto& element : value) {
+          values.push_back(yaml_to_double(element, arg_key));
+        }
+      } else {
+        values.push_back(yaml_to_double(value, arg_key));
+      }
+      spec.args[arg_name] = values;
+    }
+    specs.push_back(spec);
+  }
+  return specs;
+}
+
+data::DataSplitOptions data_split_from(const Config& config, const std::string& prefix) {
+  data::DataSplitOptions split;
+  data::DataSourceOptions& source = split.source;
+  read_source(config, prefix, source);
+  read_image_options(config, prefix, source.images);
+  source.transforms = transforms_from(config, prefix + ".TRANSFORMS");
+  source.synthetic_num_samples = positive_int(config, prefix + ".SYNTHETIC.NUM_SAMPLES");
+  source.synthetic_image_shape = config.get_int_list(prefix + ".SYNTHETIC.IMAGE_SHAPE");
+  require(
+      source.synthetic_image_shape.size() == 3,
+      prefix + ".SYNTHETIC.IMAGE_SHAPE",
+      fmt::format("{} dims", source.synthetic_image_shape.size()),
+      "[channels, height, width]");
+  source.synthetic_num_classes = positive_int(config, prefix + ".SYNTHETIC.NUM_CLASSES");
+
+  split.batch_size = positive_int(config, prefix + ".BATCHSIZE_PER_REPLICA");
+  split.drop_last = config.get_bool(prefix + ".DROP_LAST");
+  split.use_stateful_sampler = config.get_bool(prefix + ".USE_STATEFUL_DISTRIBUTED_SAMPLER");
+  split.data_limit = config.get_int(prefix + ".DATA_LIMIT");
+  require(
+      split.data_limit == -1 || split.data_limit > 0,
+      prefix + ".DATA_LIMIT",
+      std::to_string(split.data_limit),
+      "-1 (all samples) or a count > 0");
+  split.data_limit_seed =
+      static_cast<uint64_t>(config.get_int(prefix + ".DATA_LIMIT_SAMPLING.SEED"));
+  return split;
+}
+
+DataLoadingOptions data_loading_from(const Config& config) {
+  DataLoadingOptions loading;
+  loading.num_workers = config.get_int("DATA.NUM_DATALOADER_WORKERS");
+  require(
+      loading.num_workers >= 0,
+      "DATA.NUM_DATALOADER_WORKERS",
+      std::to_string(loading.num_workers),
+      "an integer >= 0 (0 loads in the training thread)");
+  loading.pin_memory = config.get_bool("DATA.PIN_MEMORY");
+  loading.async_gpu_copy = config.get_bool("DATA.ENABLE_ASYNC_GPU_COPY");
+  return loading;
+}
+
+} // namespace largo::train
