@@ -51,6 +51,14 @@ std::vector<int64_t> resnet_stage_sizes(int64_t depth);
 // 1 for BasicBlock depths (18, 34), 4 for Bottleneck depths (50+).
 int64_t resnet_expansion(int64_t depth);
 
+// Largo's name for a tensor of a depth-`depth` ResNet named as torchvision names it
+// ("conv1.weight", "bn1.running_mean", "layer2.0.downsample.1.weight" -> "trunk.0.conv1.weight",
+// "trunk.0.bn1.running_mean", "trunk.4.downsample.1.weight"; "fc.bias" -> "head.0.bias"), also
+// under VISSL's trunk prefixes ("trunk._feature_blocks.", "trunk.base_model._feature_blocks.",
+// "_feature_blocks.") and for VISSL's mlp head ("heads.0.clf.<k>." -> "head.<k>."). Other
+// names come back unchanged. (checkpoint/weights_init.h's rename.)
+std::string resnet_name_from_torchvision(const std::string& name, int64_t depth);
+
 // Validates `options` (ConfigError naming the key, value and what is expected) and builds
 // the trunk. in_channels: channels of the input images.
 Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels);

@@ -11,6 +11,7 @@
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <cstdio>
 #include <initializer_list>
 #include <utility>
 
@@ -244,6 +245,46 @@ void BottleneckImpl::swap_child(const std::string& name, const SwappedModule& re
 at::Tensor GlobalAvgPoolImpl::forward(at::Tensor x) {
   // [b, c, h, w] -> [b, c]; mean over h, w equals adaptive_avg_pool2d(x, 1).flatten(1).
   return torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+}
+
+std::string resnet_name_from_torchvision(const std::string& name, int64_t depth) {
+  auto strip = [](const std::string& text, const std::string& prefix, std::string& rest) {
+    if (text.compare(0, prefix.size(), prefix) != 0) {
+      return false;
+    }
+    rest = text.substr(prefix.size());
+    return true;
+  };
+  std::string rest;
+  if (strip(name, "heads.0.clf.", rest)) {
+    return "head." + rest; // VISSL's mlp head: the same flat layer list as Largo's
+  }
+  const bool in_trunk = strip(name, "trunk._feature_blocks.", rest) ||
+      strip(name, "trunk.base_model._feature_blocks.", rest) ||
+      strip(name, "_feature_blocks.", rest);
+  const std::string torchvision = in_trunk ? rest : name;
+  if (strip(torchvision, "conv1.", rest) || strip(torchvision, "bn1.", rest)) {
+    return "trunk.0." + torchvision;
+  }
+  if (!in_trunk && strip(torchvision, "fc.", rest)) {
+    return "head.0." + rest;
+  }
+  // layer<s>.<i>.<rest>: block i of stage s (1-based), after the stem and earlier stages.
+  int stage = 0;
+  size_t consumed = 0;
+  long long index = 0;
+  if (std::sscanf(torchvision.c_str(), "layer%d.%lld.%zn", &stage, &index, &consumed) == 2 &&
+      consumed > 0 && stage >= 1 && stage <= 4) {
+    const std::vector<int64_t> sizes = resnet_stage_sizes(depth);
+    if (index < sizes[static_cast<size_t>(stage - 1)]) {
+      int64_t block = 1 + index;
+      for (int s = 0; s + 1 < stage; ++s) {
+        block += sizes[static_cast<size_t>(s)];
+      }
+      return fmt::format("trunk.{}.{}", block, torchvision.substr(consumed));
+    }
+  }
+  return name;
 }
 
 Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
