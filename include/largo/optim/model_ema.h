@@ -22,7 +22,10 @@
 #include <ATen/core/ivalue.h>
 #include <torch/ordered_dict.h>
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace largo::optim {
@@ -33,12 +36,18 @@ struct ModelEmaOptions {
   double decay = 0.9999;   // HOOKS.EMA_MODEL.DECAY, in [0, 1]
   int64_t update_iter = 1; // HOOKS.EMA_MODEL.UPDATE_ITER: update after every N-th step
   double warmup = 0.05;    // HOOKS.EMA_MODEL.WARMUP: fraction of training spent copying
+  // Where the averages live (HOOKS.EMA_MODEL.EMA_DEVICE cpu: the CPU, to spare GPU memory);
+  // unset: beside each tensor.
+  std::optional<c10::Device> device;
 };
+
+// Throws ConfigError naming HOOKS.EMA_MODEL.DECAY / UPDATE_ITER / WARMUP for decay outside
+// [0, 1], update_iter < 1 or warmup outside [0, 1].
+void validate_model_ema_options(const ModelEmaOptions& options);
 
 class ModelEma {
  public:
-  // Copies `tensors` (on their device). Throws ConfigError naming HOOKS.EMA_MODEL.DECAY /
-  // UPDATE_ITER / WARMUP for decay outside [0, 1], update_iter < 1 or warmup outside [0, 1].
+  // Copies `tensors` (on their device). Validates `options` (validate_model_ema_options).
   ModelEma(const NamedTensors& tensors, ModelEmaOptions options);
 
   // VISSL's EmaHook.on_update: call after each optimizer step with the number of steps done

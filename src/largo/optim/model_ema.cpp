@@ -21,7 +21,9 @@ at::ScalarType average_dtype(const at::Tensor& tensor) {
   return tensor.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-void validate(const ModelEmaOptions& options) {
+} // namespace
+
+void validate_model_ema_options(const ModelEmaOptions& options) {
   const std::string key = "HOOKS.EMA_MODEL.";
   if (!(options.decay >= 0.0 && options.decay <= 1.0)) {
     throw config_error(key + "DECAY", fmt::format("{}", options.decay), "a number in [0, 1]");
@@ -35,14 +37,13 @@ void validate(const ModelEmaOptions& options) {
   }
 }
 
-} // namespace
-
 ModelEma::ModelEma(const NamedTensors& tensors, ModelEmaOptions options) : options_(options) {
-  validate(options_);
+  validate_model_ema_options(options_);
   torch::NoGradGuard no_grad;
   for (const auto& item : tensors) {
     const at::Tensor& value = item.value();
-    averages_.insert(item.key(), value.detach().to(average_dtype(value), /*non_blocking=*/false,
+    averages_.insert(item.key(), value.detach().to(options_.device.value_or(value.device()),
+                                                   average_dtype(value), /*non_blocking=*/false,
                                                    /*copy=*/true));
   }
 }
@@ -65,7 +66,7 @@ void ModelEma::update(const NamedTensors& tensors) {
   const double decay = options_.decay;
   for (const auto& item : tensors) {
     at::Tensor& average = averages_[item.key()];
-    const at::Tensor value = item.value().detach();
+    const at::Tensor value = item.value().detach().to(average.device());
     if (!average.is_floating_point()) {
       average.copy_(value);
       continue;
