@@ -35,14 +35,16 @@ models::TrunkHeadModel torchvision_like_resnet(int64_t depth, int64_t num_classe
 }
 
 std::function<std::string(const std::string&)> resnet_names(int64_t depth) {
-  return [depth](const std::string& name) { return models::resnet_name_from_torchvision(name, depth); };
+  return [depth](const std::string& name) {
+    return models::resnet_name_from_torchvision(name, depth);
+  };
 }
 
 // Every torchvision ResNet-18/50 state_dict name maps to a Largo tensor of the same shape,
 // and every Largo tensor is the image of exactly one of them.
 TEST(WeightsInitTest, TorchvisionResNetNamesMapOntoLargosOneToOne) {
-  std::ifstream file(std::string(LARGO_TEST_DATA_DIR) +
-                     "/checkpoint/baselines/torchvision_resnet_names.json");
+  std::ifstream file(
+      std::string(LARGO_TEST_DATA_DIR) + "/checkpoint/baselines/torchvision_resnet_names.json");
   ASSERT_TRUE(file.good()) << "run tests/reference/gen_weights_init_files.py";
   const auto names = nlohmann::json::parse(file)["names"];
   for (int64_t depth : {18, 50}) {
@@ -64,8 +66,9 @@ TEST(WeightsInitTest, TorchvisionResNetNamesMapOntoLargosOneToOne) {
       EXPECT_TRUE(mapped.insert(name).second) << name << " twice";
       // VISSL's trunk prefix maps to the same name.
       if (torchvision.rfind("fc.", 0) != 0) {
-        EXPECT_EQ(models::resnet_name_from_torchvision("trunk._feature_blocks." + torchvision, depth),
-                  name);
+        EXPECT_EQ(
+            models::resnet_name_from_torchvision("trunk._feature_blocks." + torchvision, depth),
+            name);
       }
     }
     EXPECT_EQ(mapped.size(), largo.size());
@@ -84,13 +87,16 @@ std::optional<ReferenceFiles> write_reference_files(const fs::path& dir) {
   if (!fs::exists("/usr/bin/python3")) {
     return std::nullopt;
   }
-  const std::string command = fmt::format("/usr/bin/python3 {}/reference/gen_weights_init_files.py --files {}",
-                                          LARGO_TEST_DATA_DIR, dir.string());
+  const std::string command = fmt::format(
+      "/usr/bin/python3 {}/reference/gen_weights_init_files.py --files {}",
+      LARGO_TEST_DATA_DIR,
+      dir.string());
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream file(dir / "reference.json");
   const auto reference = nlohmann::json::parse(file);
   ReferenceFiles files{dir / "torchvision_resnet18.pth", dir / "vissl_resnet18.torch"};
-  files.images = torch::tensor(reference["images"].get<std::vector<float>>()).reshape({2, 3, 32, 32});
+  files.images =
+      torch::tensor(reference["images"].get<std::vector<float>>()).reshape({2, 3, 32, 32});
   files.logits = torch::tensor(reference["logits"].get<std::vector<float>>()).reshape({2, 10});
   return files;
 }
@@ -183,9 +189,11 @@ TEST(WeightsInitTest, MismatchesAreListedInOneErrorNamingTheFileAndNothingLoads)
     FAIL() << "expected a CheckpointError";
   } catch (const CheckpointError& error) {
     const std::string message = error.what();
-    for (const char* part : {"/data/w.pth", "missing from the file (1): trunk.1.conv1.weight",
-                             "not in the model (1): trunk.9.extra",
-                             "head.0.weight (file [3, 512], model [10, 512])"}) {
+    for (const char* part :
+         {"/data/w.pth",
+          "missing from the file (1): trunk.1.conv1.weight",
+          "not in the model (1): trunk.9.extra",
+          "head.0.weight (file [3, 512], model [10, 512])"}) {
       EXPECT_NE(message.find(part), std::string::npos) << part << " in: " << message;
     }
   }
@@ -219,9 +227,11 @@ TEST(WeightsInitTest, PrefixesSkippedLayersAndFrozenHeads) {
   WeightsInitReport report = init_weights(*model, state, options, "w.pth");
   EXPECT_TRUE(parameter("head.0.weight").equal(head_before));
   EXPECT_TRUE(parameter("trunk.1.conv1.weight").equal(block_before));
-  EXPECT_TRUE(parameter("trunk.3.conv2.weight").equal(source->named_parameters()["trunk.3.conv2.weight"]));
-  EXPECT_NE(std::find(report.skipped.begin(), report.skipped.end(), "head.0.weight"),
-            report.skipped.end());
+  EXPECT_TRUE(
+      parameter("trunk.3.conv2.weight").equal(source->named_parameters()["trunk.3.conv2.weight"]));
+  EXPECT_NE(
+      std::find(report.skipped.begin(), report.skipped.end(), "head.0.weight"),
+      report.skipped.end());
   // Without the skip the file's head entries ("trunk.x.head.0.weight") are reported.
   options.skip_layers = {"num_batches_tracked", "trunk.1."};
   EXPECT_THROW(init_weights(*model, state, options, "w.pth"), CheckpointError);

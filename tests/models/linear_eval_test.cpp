@@ -35,9 +35,10 @@ FeatureEvalOptions three_taps() {
   options.eval_mode_on = true;
   options.freeze_trunk_only = true;
   options.should_flatten_feats = false;
-  options.taps = {{"conv1", "AdaptiveAvgPool2d", {2}, 0, 0},
-                  {"res4", "AvgPool2d", {2, 2}, 2, 0},
-                  {"res5avg", "Identity", {}, 0, 0}};
+  options.taps = {
+      {"conv1", "AdaptiveAvgPool2d", {2}, 0, 0},
+      {"res4", "AvgPool2d", {2, 2}, 2, 0},
+      {"res5avg", "Identity", {}, 0, 0}};
   options.heads = {eval_mlp(64, {256, 10}), eval_mlp(256, {1024, 10}), eval_mlp(512, {512, 10})};
   return options;
 }

@@ -14,7 +14,8 @@ namespace largo::optim {
 namespace {
 
 nlohmann::json load_baselines() {
-  std::ifstream file(std::string(LARGO_TEST_DATA_DIR) + "/optim/baselines/model_ema_baselines.json");
+  std::ifstream file(
+      std::string(LARGO_TEST_DATA_DIR) + "/optim/baselines/model_ema_baselines.json");
   EXPECT_TRUE(file.good()) << "run tests/reference/gen_model_ema_baselines.py";
   return nlohmann::json::parse(file);
 }
@@ -23,10 +24,10 @@ at::Tensor tensor_of(const nlohmann::json& entry) {
   const std::string dtype = entry["dtype"];
   const auto shape = entry["shape"].get<std::vector<int64_t>>();
   at::Tensor values = torch::tensor(entry["values"].get<std::vector<double>>(), torch::kFloat64);
-  const at::ScalarType type = dtype == "float32" ? at::kFloat
-      : dtype == "bfloat16"                      ? at::kBFloat16
-      : dtype == "int64"                         ? at::kLong
-                                                 : at::kDouble;
+  const at::ScalarType type = dtype == "float32"    ? at::kFloat
+                              : dtype == "bfloat16" ? at::kBFloat16
+                              : dtype == "int64"    ? at::kLong
+                                                    : at::kDouble;
   return values.to(type).reshape(shape); // every value is exact in float64
 }
 
@@ -54,8 +55,9 @@ TEST(ModelEmaTest, EqualsVisslsEmaHookBitForBit) {
     int64_t iteration = 0;
     for (const auto& step : c["steps"]) {
       const double where = static_cast<double>(iteration) / static_cast<double>(total_steps);
-      EXPECT_EQ(ema.on_update(state_of(step["model"], c["order"]), iteration, where),
-                step["updated"].get<bool>());
+      EXPECT_EQ(
+          ema.on_update(state_of(step["model"], c["order"]), iteration, where),
+          step["updated"].get<bool>());
       NamedTensors expected = state_of(step["ema"], c["order"]);
       for (const auto& item : expected) {
         const at::Tensor& average = ema.averages()[item.key()];

@@ -163,7 +163,7 @@ TEST(SyncBatchNormTest, GroupsOfConsecutiveRanksSynchronizeWithinTheGroup) {
 
     auto generator = at::make_generator<at::CPUGeneratorImpl>(5);
     at::Tensor all = at::randn({6, 4, 3, 3}, generator) + 1.5; // 2 samples per rank
-    at::Tensor weights = at::randn({6, 4, 3, 3}, generator); // the loss: sum(y * weights)
+    at::Tensor weights = at::randn({6, 4, 3, 3}, generator);   // the loss: sum(y * weights)
     at::Tensor x = all.narrow(0, 2 * rank, 2).clone().requires_grad_();
     at::Tensor y = sync->forward(x);
     (y * weights.narrow(0, 2 * rank, 2)).sum().backward();
@@ -272,8 +272,9 @@ TEST(SyncBatchNormTest, ConvertSwapsEveryBatchNorm2dOfAResNetKeepingNamesAndStat
   EXPECT_EQ(root.get(), model.ptr().get()); // converted in place
   int64_t synced = 0;
   for (const auto& module : model->modules()) {
-    EXPECT_FALSE(module->as<torch::nn::BatchNorm2dImpl>() != nullptr &&
-                 module->as<SyncBatchNormImpl>() == nullptr);
+    EXPECT_FALSE(
+        module->as<torch::nn::BatchNorm2dImpl>() != nullptr &&
+        module->as<SyncBatchNormImpl>() == nullptr);
     synced += module->as<SyncBatchNormImpl>() != nullptr ? 1 : 0;
   }
   EXPECT_EQ(synced, 1 + 8 * 2 + 3); // stem, two per block, three projection shortcuts

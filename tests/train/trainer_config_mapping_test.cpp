@@ -19,10 +19,18 @@ TrainerOptions options_with(const std::vector<std::string>& overrides) {
 
 TEST(TrainerConfigMappingTest, RunKeysReachTheTrainerOptions) {
   TrainerOptions options = options_with(
-      {"LOG_FREQUENCY=3", "TEST_MODEL=False", "TEST_EVERY_NUM_EPOCH=2", "SEED_VALUE=9",
-       "CHECKPOINT.DIR=/tmp/x", "CHECKPOINT.AUTO_RESUME=False", "CHECKPOINT.CHECKPOINT_FREQUENCY=4",
-       "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=50", "CHECKPOINT.OVERWRITE_EXISTING=True",
-       "MACHINE.DEVICE=cpu", "MACHINE.NUM_THREADS=3", "METERS.accuracy_list_meter.topk_values=[1, 3]"});
+      {"LOG_FREQUENCY=3",
+       "TEST_MODEL=False",
+       "TEST_EVERY_NUM_EPOCH=2",
+       "SEED_VALUE=9",
+       "CHECKPOINT.DIR=/tmp/x",
+       "CHECKPOINT.AUTO_RESUME=False",
+       "CHECKPOINT.CHECKPOINT_FREQUENCY=4",
+       "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=50",
+       "CHECKPOINT.OVERWRITE_EXISTING=True",
+       "MACHINE.DEVICE=cpu",
+       "MACHINE.NUM_THREADS=3",
+       "METERS.accuracy_list_meter.topk_values=[1, 3]"});
   EXPECT_EQ(options.log_frequency, 3);
   EXPECT_FALSE(options.test_model);
   EXPECT_EQ(options.test_every_num_epoch, 2);
@@ -59,34 +67,37 @@ TEST(TrainerConfigMappingTest, ResNetNormGroupsAndStrideKeysChangeTheModel) {
   EXPECT_EQ(count_modules_of_type(plain, "torch::nn::GroupNormImpl"), 0);
 
   models::TrunkHeadModel group_norm = model_with(
-      {"MODEL.TRUNK.RESNETS.DEPTH=50", "MODEL.TRUNK.RESNETS.NORM=GroupNorm",
+      {"MODEL.TRUNK.RESNETS.DEPTH=50",
+       "MODEL.TRUNK.RESNETS.NORM=GroupNorm",
        "MODEL.TRUNK.RESNETS.GROUPNORM_GROUPS=16"});
   EXPECT_EQ(count_modules_of_type(group_norm, "torch::nn::BatchNorm2dImpl"), 0);
   EXPECT_EQ(count_modules_of_type(group_norm, "torch::nn::GroupNormImpl"), 53);
   auto* norm = group_norm->trunk_block(1)->named_children()["bn1"]->as<torch::nn::GroupNorm>();
   ASSERT_NE(norm, nullptr);
   EXPECT_EQ(norm->options.num_groups(), 16);
-  models::TrunkHeadModel layer_norm = model_with(
-      {"MODEL.TRUNK.RESNETS.DEPTH=50", "MODEL.TRUNK.RESNETS.NORM=LayerNorm"});
+  models::TrunkHeadModel layer_norm =
+      model_with({"MODEL.TRUNK.RESNETS.DEPTH=50", "MODEL.TRUNK.RESNETS.NORM=LayerNorm"});
   norm = layer_norm->trunk_block(1)->named_children()["bn1"]->as<torch::nn::GroupNorm>();
   ASSERT_NE(norm, nullptr);
   EXPECT_EQ(norm->options.num_groups(), 1);
 
   // ResNeXt-50 32x4d: the 3x3 convs are grouped and wider.
   models::TrunkHeadModel resnext = model_with(
-      {"MODEL.TRUNK.RESNETS.DEPTH=50", "MODEL.TRUNK.RESNETS.GROUPS=32",
+      {"MODEL.TRUNK.RESNETS.DEPTH=50",
+       "MODEL.TRUNK.RESNETS.GROUPS=32",
        "MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP=4"});
   auto* conv = resnext->trunk_block(1)->named_children()["conv2"]->as<torch::nn::Conv2d>();
   EXPECT_EQ(conv->options.groups(), 32);
   EXPECT_EQ(conv->options.out_channels(), 128);
 
-  models::TrunkHeadModel stride_one = model_with(
-      {"MODEL.TRUNK.RESNETS.DEPTH=18", "MODEL.TRUNK.RESNETS.LAYER4_STRIDE=1"});
+  models::TrunkHeadModel stride_one =
+      model_with({"MODEL.TRUNK.RESNETS.DEPTH=18", "MODEL.TRUNK.RESNETS.LAYER4_STRIDE=1"});
   models::TrunkHeadModel stride_two = model_with({"MODEL.TRUNK.RESNETS.DEPTH=18"});
   at::Tensor images = torch::zeros({1, 3, 64, 64});
   const int64_t before_pool = stride_one->num_trunk_blocks() - 1;
-  EXPECT_EQ(stride_one->forward_trunk_range(images, 0, before_pool).size(2),
-            2 * stride_two->forward_trunk_range(images, 0, before_pool).size(2));
+  EXPECT_EQ(
+      stride_one->forward_trunk_range(images, 0, before_pool).size(2),
+      2 * stride_two->forward_trunk_range(images, 0, before_pool).size(2));
 
   Config bad = Config::load({}, {"MODEL.TRUNK.RESNETS.NORM=InstanceNorm"});
   EXPECT_THROW(trainer_options_from_config(bad), ConfigError);
@@ -95,9 +106,10 @@ TEST(TrainerConfigMappingTest, ResNetNormGroupsAndStrideKeysChangeTheModel) {
 TEST(TrainerConfigMappingTest, VitDropPathImageSizeAndHeadMultiplierReachTheModel) {
   TrainerOptions options = options_with(
       {"MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE=0.3",
-       "MODEL.TRUNK.VISION_TRANSFORMERS.IMAGE_SIZE=32", "MODEL.HEAD.PARAMS_MULTIPLIER=0.5"});
+       "MODEL.TRUNK.VISION_TRANSFORMERS.IMAGE_SIZE=32",
+       "MODEL.HEAD.PARAMS_MULTIPLIER=0.5"});
   EXPECT_EQ(options.model.vit.drop_path_rate, 0.3);
-  EXPECT_EQ(options.model.vit.image_size, 32); // must then equal the data's size
+  EXPECT_EQ(options.model.vit.image_size, 32);         // must then equal the data's size
   EXPECT_EQ(options_with({}).model.vit.image_size, 0); // VISSL's 224: the data's size
 
   models::ModelOptions model = options.model;
@@ -116,27 +128,34 @@ TEST(TrainerConfigMappingTest, VitDropPathImageSizeAndHeadMultiplierReachTheMode
 TEST(TrainerConfigMappingTest, ManualGradientReductionUnderZeroStageTwoIsRefused) {
   EXPECT_NO_THROW(options_with({"DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=True"}));
   try {
-    options_with({"DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=True", "MODEL.SHARDED_DDP_SETUP.USE_SDP=True"});
+    options_with(
+        {"DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=True", "MODEL.SHARDED_DDP_SETUP.USE_SDP=True"});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION"),
-              std::string::npos);
+    EXPECT_NE(
+        std::string(error.what()).find("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION"), std::string::npos);
   }
 }
 
 // The settings the trainer is to wire: read and validated here, refused in a run until then.
 TEST(TrainerConfigMappingTest, SettingsForTheTrainerToWireAreReadAndChecked) {
   Config config = Config::load(
-      {}, {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True", "MODEL.SYNC_BN_CONFIG.GROUP_SIZE=4",
-           "HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "HOOKS.EMA_MODEL.DECAY=0.99",
-           "HOOKS.EMA_MODEL.UPDATE_ITER=2", "HOOKS.EMA_MODEL.WARMUP=0.1",
-           "HOOKS.EMA_MODEL.EMA_DEVICE=cpu",
-           "MODEL.WEIGHTS_INIT.PARAMS_FILE=/w.pth", "MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME=\"\"",
-           "MODEL.WEIGHTS_INIT.REMOVE_PREFIX=module.", "MODEL.TRUNK.RESNETS.DEPTH=18",
-           "LOSS.name=cross_entropy_multiple_output_single_target",
-           "LOSS.cross_entropy_multiple_output_single_target.temperature=0.1",
-           "LOSS.cross_entropy_multiple_output_single_target.normalize_output=True",
-           "LOSS.cross_entropy_multiple_output_single_target.weight=[1.0, 2.0]"});
+      {},
+      {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
+       "MODEL.SYNC_BN_CONFIG.GROUP_SIZE=4",
+       "HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True",
+       "HOOKS.EMA_MODEL.DECAY=0.99",
+       "HOOKS.EMA_MODEL.UPDATE_ITER=2",
+       "HOOKS.EMA_MODEL.WARMUP=0.1",
+       "HOOKS.EMA_MODEL.EMA_DEVICE=cpu",
+       "MODEL.WEIGHTS_INIT.PARAMS_FILE=/w.pth",
+       "MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME=\"\"",
+       "MODEL.WEIGHTS_INIT.REMOVE_PREFIX=module.",
+       "MODEL.TRUNK.RESNETS.DEPTH=18",
+       "LOSS.name=cross_entropy_multiple_output_single_target",
+       "LOSS.cross_entropy_multiple_output_single_target.temperature=0.1",
+       "LOSS.cross_entropy_multiple_output_single_target.normalize_output=True",
+       "LOSS.cross_entropy_multiple_output_single_target.weight=[1.0, 2.0]"});
   EXPECT_THROW(trainer_options_from_config(config), ConfigError); // not wired yet
 
   SyncBatchNormSettings sync_bn = sync_batch_norm_settings_from(config);
@@ -163,29 +182,36 @@ TEST(TrainerConfigMappingTest, SettingsForTheTrainerToWireAreReadAndChecked) {
   EXPECT_TRUE(loss.normalize_output);
   EXPECT_EQ(loss.weight, (std::vector<double>{1.0, 2.0}));
 
-  EXPECT_THROW(model_ema_settings_from(Config::load({}, {"HOOKS.EMA_MODEL.DECAY=1.5"})), ConfigError);
-  EXPECT_THROW(sync_batch_norm_settings_from(Config::load({}, {"MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=x"})),
-               ConfigError);
+  EXPECT_THROW(
+      model_ema_settings_from(Config::load({}, {"HOOKS.EMA_MODEL.DECAY=1.5"})), ConfigError);
+  EXPECT_THROW(
+      sync_batch_norm_settings_from(Config::load({}, {"MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=x"})),
+      ConfigError);
 }
 
 TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
   Config config = Config::load(
-      {}, {"MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
-           "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True",
-           "MODEL.FEATURE_EVAL_SETTINGS.SHOULD_FLATTEN_FEATS=False",
-           "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res4, [AvgPool2d, [[8, 8], 3, 0]]], "
-           "[res5avg, [Identity, []]]]",
-           "MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 1024, dims: [9216, 1000]}], "
-           "[mlp, {dims: [2048, 1000]}]]"});
+      {},
+      {"MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
+       "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True",
+       "MODEL.FEATURE_EVAL_SETTINGS.SHOULD_FLATTEN_FEATS=False",
+       "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res4, [AvgPool2d, [[8, 8], 3, "
+       "0]]], "
+       "[res5avg, [Identity, []]]]",
+       "MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 1024, dims: [9216, 1000]}], "
+       "[mlp, {dims: [2048, 1000]}]]"});
   try {
     trainer_options_from_config(config);
     FAIL() << "linear evaluation is refused until the trainer wires it";
   } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON = True"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(error.what()).find("MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON = True"),
+        std::string::npos)
         << error.what();
-    EXPECT_NE(std::string(error.what()).find("not available in this version of Largo yet; set it to False"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(error.what())
+            .find("not available in this version of Largo yet; set it to False"),
+        std::string::npos)
         << error.what();
   }
   models::ModelOptions model = model_options_from(config);
@@ -204,9 +230,10 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
   EXPECT_EQ(eval.heads[1].dims, (std::vector<int64_t>{2048, 1000}));
   EXPECT_TRUE(model.head_dims.empty());
   // Without taps, several heads are an error naming the key.
-  EXPECT_THROW(model_options_from(Config::load(
-                   {}, {"MODEL.HEAD.PARAMS=[[mlp, {dims: [8, 4]}], [mlp, {dims: [8, 4]}]]"})),
-               ConfigError);
+  EXPECT_THROW(
+      model_options_from(
+          Config::load({}, {"MODEL.HEAD.PARAMS=[[mlp, {dims: [8, 4]}], [mlp, {dims: [8, 4]}]]"})),
+      ConfigError);
 }
 
 } // namespace

@@ -58,10 +58,10 @@ struct WeightsInitOptions {
 };
 
 struct WeightsInitReport {
-  int64_t num_loaded = 0;              // model tensors set from the file
-  std::vector<std::string> skipped;    // model tensors left as built (SKIP_LAYERS, heads)
-  std::vector<std::string> ignored;    // file entries not used (SKIP_LAYERS, heads)
-  std::string source;                  // "Largo checkpoint", "VISSL checkpoint", "state dict"
+  int64_t num_loaded = 0;           // model tensors set from the file
+  std::vector<std::string> skipped; // model tensors left as built (SKIP_LAYERS, heads)
+  std::vector<std::string> ignored; // file entries not used (SKIP_LAYERS, heads)
+  std::string source;               // "Largo checkpoint", "VISSL checkpoint", "state dict"
   // "initialized 102 tensors from FILE (state dict); kept 2 as built: ..."
   std::string describe(const std::string& origin) const;
 };
@@ -69,13 +69,15 @@ struct WeightsInitReport {
 // Reads options.params_file (checkpoint::load_checkpoint) and initializes `model` from it.
 // Throws CheckpointError naming the file for an unreadable file, a missing key, or any
 // mismatch (see the top of this file).
-WeightsInitReport init_weights_from_file(torch::nn::Module& model, const WeightsInitOptions& options);
+WeightsInitReport
+init_weights_from_file(torch::nn::Module& model, const WeightsInitOptions& options);
 
 // The same from a file's contents; `origin` names the file in messages.
-WeightsInitReport init_weights(torch::nn::Module& model,
-                               const StateDict& contents,
-                               const WeightsInitOptions& options,
-                               const std::string& origin);
+WeightsInitReport init_weights(
+    torch::nn::Module& model,
+    const StateDict& contents,
+    const WeightsInitOptions& options,
+    const std::string& origin);
 
 // Whether `name` is a head tensor's name ("head." or "heads." at the start).
 bool is_head_name(const std::string& name);

@@ -37,11 +37,12 @@ namespace largo::models {
 
 // One entry of LINEAR_EVAL_FEAT_POOL_OPS_MAP: ["res4", ["AvgPool2d", [[8, 8], 3, 0]]].
 struct FeatureTap {
-  std::string feature;            // conv1 | res1 .. res5 | res5avg | flatten
-  std::string pool = "Identity";  // AvgPool2d | MaxPool2d | AdaptiveAvgPool2d | AdaptiveMaxPool2d | Identity
+  std::string feature; // conv1 | res1 .. res5 | res5avg | flatten
+  std::string pool =
+      "Identity"; // AvgPool2d | MaxPool2d | AdaptiveAvgPool2d | AdaptiveMaxPool2d | Identity
   std::vector<int64_t> kernel_size{}; // (Avg|Max)Pool2d: kernel; Adaptive*: the output size
-  int64_t stride = 0;             // (Avg|Max)Pool2d; 0 = the kernel size (PyTorch's default)
-  int64_t padding = 0;            // (Avg|Max)Pool2d
+  int64_t stride = 0;                 // (Avg|Max)Pool2d; 0 = the kernel size (PyTorch's default)
+  int64_t padding = 0;                // (Avg|Max)Pool2d
 };
 
 // One head of MODEL.HEAD.PARAMS under linear evaluation: ["eval_mlp", {"in_channels": 2048,
@@ -135,7 +136,7 @@ class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
 
   FeatureEvalOptions options_;
   torch::nn::Sequential trunk_{nullptr};
-  torch::nn::Sequential head_{nullptr}; // without taps: the pretrained head
+  torch::nn::Sequential head_{nullptr};  // without taps: the pretrained head
   torch::nn::ModuleList heads_{nullptr}; // with taps: one per tap
   std::vector<torch::nn::AnyModule> head_calls_;
 };

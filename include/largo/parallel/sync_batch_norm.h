@@ -56,9 +56,10 @@ class SyncBatchNormImpl : public torch::nn::BatchNorm2dImpl {
  public:
   // group_size: 0 = all ranks of `group`; N > 0 = groups of N consecutive ranks.
   // Throws ConfigError for a negative group_size (named MODEL.SYNC_BN_CONFIG.GROUP_SIZE).
-  SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
-                    std::shared_ptr<comm::ProcessGroup> group,
-                    int64_t group_size = 0);
+  SyncBatchNormImpl(
+      const torch::nn::BatchNormOptions& options,
+      std::shared_ptr<comm::ProcessGroup> group,
+      int64_t group_size = 0);
 
   at::Tensor forward(const at::Tensor& input);
 
@@ -80,15 +81,15 @@ TORCH_MODULE(SyncBatchNorm);
 // BatchNorm2d held by a parent that cannot swap it is an error naming its path. Returns the
 // root (a SyncBatchNorm when `module` is itself a BatchNorm2d). Other norms (BatchNorm1d,
 // GroupNorm) are left as they are.
-std::shared_ptr<torch::nn::Module>
-convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module,
-                       std::shared_ptr<comm::ProcessGroup> group,
-                       int64_t group_size = 0);
+std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
+    const std::shared_ptr<torch::nn::Module>& module,
+    std::shared_ptr<comm::ProcessGroup> group,
+    int64_t group_size = 0);
 
 // VISSL's MODEL.SYNC_BN_CONFIG.GROUP_SIZE as a group_size above: -1 = the ranks of one
 // machine (num_proc_per_node), 0 = all ranks, N > 0 = N (at most the world size).
 // Throws ConfigError naming the key for values below -1.
-int64_t sync_bn_group_size(int64_t config_group_size, int64_t num_proc_per_node,
-                           int64_t world_size);
+int64_t
+sync_bn_group_size(int64_t config_group_size, int64_t num_proc_per_node, int64_t world_size);
 
 } // namespace largo::parallel

@@ -19,10 +19,10 @@
 namespace largo::train {
 
 struct ClassificationLossOptions {
-  double temperature = 1.0;    // LOSS.<name>.temperature (> 0)
+  double temperature = 1.0;      // LOSS.<name>.temperature (> 0)
   bool normalize_output = false; // LOSS.<name>.normalize_output
-  std::vector<double> weight;  // LOSS.<name>.weight: one per class; empty = all 1
-  int64_t ignore_index = -1;   // LOSS.<name>.ignore_index
+  std::vector<double> weight;    // LOSS.<name>.weight: one per class; empty = all 1
+  int64_t ignore_index = -1;     // LOSS.<name>.ignore_index
   // Mean over the counted samples (training), or their sum (evaluation, which adds the sums
   // of every batch and rank before dividing once).
   bool sum = false;
@@ -30,12 +30,12 @@ struct ClassificationLossOptions {
 
 // Throws ConfigError naming LOSS.<name>.temperature / weight for a temperature <= 0 or a
 // weight list whose length differs from the number of classes.
-at::Tensor classification_loss(const std::vector<at::Tensor>& outputs,
-                               const at::Tensor& targets,
-                               const ClassificationLossOptions& options);
+at::Tensor classification_loss(
+    const std::vector<at::Tensor>& outputs,
+    const at::Tensor& targets,
+    const ClassificationLossOptions& options);
 
-at::Tensor classification_loss(const at::Tensor& output,
-                               const at::Tensor& targets,
-                               const ClassificationLossOptions& options);
+at::Tensor classification_loss(
+    const at::Tensor& output, const at::Tensor& targets, const ClassificationLossOptions& options);
 
 } // namespace largo::train

@@ -14,14 +14,24 @@
 #include <largo/core/config.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace largo::train {
 
 struct UnavailableKey {
+  UnavailableKey(std::string key_,
+                 std::string what_,
+                 std::vector<std::string> also_accepted_ = {},
+                 bool not_built_yet_ = false)
+      : key(std::move(key_)),
+        what(std::move(what_)),
+        also_accepted(std::move(also_accepted_)),
+        not_built_yet(not_built_yet_) {}
   std::string key;  // dotted config key, a leaf of configs/defaults.yaml
   std::string what; // "synchronized BatchNorm", completing "... is not available ..."
-  // YAML values accepted besides the default (they change nothing here), e.g. "accuracy_list_meter".
+  // YAML values accepted besides the default (they change nothing here), e.g.
+  // "accuracy_list_meter".
   std::vector<std::string> also_accepted;
   // The library has the feature and the trainer is to wire it: the message says "yet".
   bool not_built_yet = false;

@@ -20,8 +20,11 @@ bool starts_with(const std::string& text, const std::string& prefix) {
 }
 
 // (A c10::Dict is a shared handle: returned by value, nothing is copied.)
-StateDict dict_at(const StateDict& dict, const std::string& key, const std::string& where,
-                  const std::string& origin) {
+StateDict dict_at(
+    const StateDict& dict,
+    const std::string& key,
+    const std::string& where,
+    const std::string& origin) {
   auto it = dict.find(key);
   if (it == dict.end()) {
     std::vector<std::string> keys;
@@ -32,11 +35,18 @@ StateDict dict_at(const StateDict& dict, const std::string& key, const std::stri
         "weights file {}: {} has no key '{}' (MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME); its keys "
         "are [{}]. Set STATE_DICT_KEY_NAME to the key holding the weights, or \"\" when the "
         "file is the state dict itself",
-        origin, where, key, fmt::join(keys, ", ")));
+        origin,
+        where,
+        key,
+        fmt::join(keys, ", ")));
   }
   if (!it->value().isGenericDict()) {
-    throw CheckpointError(fmt::format("weights file {}: {}['{}'] is a {}, not a dict of weights",
-                                      origin, where, key, it->value().tagKind()));
+    throw CheckpointError(fmt::format(
+        "weights file {}: {}['{}'] is a {}, not a dict of weights",
+        origin,
+        where,
+        key,
+        it->value().tagKind()));
   }
   return it->value().toGenericDict();
 }
@@ -69,8 +79,11 @@ Entries vissl_entries(const StateDict& classy, const std::string& origin) {
 }
 
 // The named entries of the file, named as the file's layout implies (before `rename`).
-Entries file_entries(const StateDict& contents, const WeightsInitOptions& options,
-                     const std::string& origin, std::string& source) {
+Entries file_entries(
+    const StateDict& contents,
+    const WeightsInitOptions& options,
+    const std::string& origin,
+    std::string& source) {
   const auto& keys = options.state_dict_key_name;
   const bool vissl_default = keys.size() == 1 && keys[0] == "classy_state_dict";
   if (vissl_default && !contents.contains("classy_state_dict") && contents.contains("model") &&
@@ -100,9 +113,13 @@ Entries file_entries(const StateDict& contents, const WeightsInitOptions& option
 }
 
 bool skipped(const std::string& name, const WeightsInitOptions& options) {
-  return std::any_of(options.skip_layers.begin(), options.skip_layers.end(),
-                     [&](const std::string& part) { return !part.empty() && name.find(part) != std::string::npos; }) ||
-      (!options.init_heads && is_head_name(name));
+  return std::any_of(
+             options.skip_layers.begin(),
+             options.skip_layers.end(),
+             [&](const std::string& part) {
+               return !part.empty() && name.find(part) != std::string::npos;
+             }) ||
+         (!options.init_heads && is_head_name(name));
 }
 
 std::string shape_text(const at::Tensor& tensor) {
@@ -116,8 +133,7 @@ bool is_head_name(const std::string& name) {
 }
 
 std::string WeightsInitReport::describe(const std::string& origin) const {
-  std::string text =
-      fmt::format("initialized {} tensors from {} ({})", num_loaded, origin, source);
+  std::string text = fmt::format("initialized {} tensors from {} ({})", num_loaded, origin, source);
   if (!skipped.empty()) {
     text += fmt::format("; kept as built: {}", fmt::join(skipped, ", "));
   }
@@ -127,10 +143,11 @@ std::string WeightsInitReport::describe(const std::string& origin) const {
   return text;
 }
 
-WeightsInitReport init_weights(torch::nn::Module& model,
-                               const StateDict& contents,
-                               const WeightsInitOptions& options,
-                               const std::string& origin) {
+WeightsInitReport init_weights(
+    torch::nn::Module& model,
+    const StateDict& contents,
+    const WeightsInitOptions& options,
+    const std::string& origin) {
   WeightsInitReport report;
   std::map<std::string, at::Tensor> targets; // the model's parameters and buffers
   for (const auto& item : model.named_parameters()) {
@@ -140,7 +157,7 @@ WeightsInitReport init_weights(torch::nn::Module& model,
     targets.emplace(item.key(), item.value());
   }
   std::map<std::string, c10::IValue> source; // model name -> the file's value to load
-  std::set<std::string> seen;                 // model names the file has an entry for
+  std::set<std::string> seen;                // model names the file has an entry for
   std::vector<std::string> unexpected, mismatched;
   for (const auto& [file_name, value] : file_entries(contents, options, origin, report.source)) {
     std::string name = file_name;
@@ -167,8 +184,11 @@ WeightsInitReport init_weights(torch::nn::Module& model,
         report.ignored.push_back(shown);
         continue;
       }
-      mismatched.push_back(fmt::format("{} (file {}, model {})", shown,
-                                       shape_text(value.toTensor()), shape_text(target->second)));
+      mismatched.push_back(fmt::format(
+          "{} (file {}, model {})",
+          shown,
+          shape_text(value.toTensor()),
+          shape_text(target->second)));
     } else {
       source.emplace(name, value);
     }
@@ -184,19 +204,24 @@ WeightsInitReport init_weights(torch::nn::Module& model,
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
     std::vector<std::string> parts;
     if (!missing.empty()) {
-      parts.push_back(fmt::format("missing from the file ({}): {}", missing.size(), fmt::join(missing, ", ")));
+      parts.push_back(
+          fmt::format("missing from the file ({}): {}", missing.size(), fmt::join(missing, ", ")));
     }
     if (!unexpected.empty()) {
-      parts.push_back(fmt::format("not in the model ({}): {}", unexpected.size(), fmt::join(unexpected, ", ")));
+      parts.push_back(
+          fmt::format("not in the model ({}): {}", unexpected.size(), fmt::join(unexpected, ", ")));
     }
     if (!mismatched.empty()) {
-      parts.push_back(fmt::format("different ({}): {}", mismatched.size(), fmt::join(mismatched, ", ")));
+      parts.push_back(
+          fmt::format("different ({}): {}", mismatched.size(), fmt::join(mismatched, ", ")));
     }
     throw CheckpointError(fmt::format(
         "cannot initialize the model from weights file {} ({}): {}. Nothing was loaded. Fix "
         "the names with MODEL.WEIGHTS_INIT.REMOVE_PREFIX / APPEND_PREFIX / STATE_DICT_KEY_NAME, "
         "or leave tensors out with MODEL.WEIGHTS_INIT.SKIP_LAYERS",
-        origin, report.source, fmt::join(parts, "; ")));
+        origin,
+        report.source,
+        fmt::join(parts, "; ")));
   }
   torch::NoGradGuard no_grad;
   for (const auto& [name, value] : source) {
@@ -206,9 +231,11 @@ WeightsInitReport init_weights(torch::nn::Module& model,
   return report;
 }
 
-WeightsInitReport init_weights_from_file(torch::nn::Module& model, const WeightsInitOptions& options) {
+WeightsInitReport
+init_weights_from_file(torch::nn::Module& model, const WeightsInitOptions& options) {
   if (options.params_file.empty()) {
-    throw CheckpointError("MODEL.WEIGHTS_INIT.PARAMS_FILE is empty: name the file to initialize from");
+    throw CheckpointError(
+        "MODEL.WEIGHTS_INIT.PARAMS_FILE is empty: name the file to initialize from");
   }
   const StateDict contents = load_checkpoint(options.params_file);
   return init_weights(model, contents, options, options.params_file.string());

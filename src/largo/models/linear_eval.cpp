@@ -14,10 +14,10 @@ namespace largo::models {
 namespace {
 
 const std::string kKey = "MODEL.FEATURE_EVAL_SETTINGS.";
-const std::vector<std::string> kFeatures{"conv1", "res1", "res2",    "res3",
-                                         "res4",  "res5", "res5avg", "flatten"};
-const std::vector<std::string> kPools{"AvgPool2d", "MaxPool2d", "AdaptiveAvgPool2d",
-                                      "AdaptiveMaxPool2d", "Identity"};
+const std::vector<std::string> kFeatures{
+    "conv1", "res1", "res2", "res3", "res4", "res5", "res5avg", "flatten"};
+const std::vector<std::string> kPools{
+    "AvgPool2d", "MaxPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Identity"};
 
 bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
@@ -26,23 +26,29 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 void validate_tap(const FeatureTap& tap, size_t index) {
   const std::string key = fmt::format("{}LINEAR_EVAL_FEAT_POOL_OPS_MAP[{}]", kKey, index);
   if (!contains(kFeatures, tap.feature)) {
-    throw config_error(key, tap.feature,
-                       fmt::format("a ResNet feature: {}", fmt::join(kFeatures, ", ")));
+    throw config_error(
+        key, tap.feature, fmt::format("a ResNet feature: {}", fmt::join(kFeatures, ", ")));
   }
   if (!contains(kPools, tap.pool)) {
     throw config_error(key, tap.pool, fmt::format("a pool op: {}", fmt::join(kPools, ", ")));
   }
   const bool needs_size = tap.pool != "Identity";
   const bool size_ok = tap.kernel_size.size() == 1 || tap.kernel_size.size() == 2;
-  if (needs_size && (!size_ok || std::any_of(tap.kernel_size.begin(), tap.kernel_size.end(),
-                                             [](int64_t v) { return v <= 0; }))) {
-    throw config_error(key, fmt::format("{} [{}]", tap.pool, fmt::join(tap.kernel_size, ", ")),
-                       "a kernel (or output) size of one or two integers > 0, e.g. "
-                       "[\"AvgPool2d\", [[8, 8], 3, 0]]");
+  if (needs_size &&
+      (!size_ok || std::any_of(tap.kernel_size.begin(), tap.kernel_size.end(), [](int64_t v) {
+        return v <= 0;
+      }))) {
+    throw config_error(
+        key,
+        fmt::format("{} [{}]", tap.pool, fmt::join(tap.kernel_size, ", ")),
+        "a kernel (or output) size of one or two integers > 0, e.g. "
+        "[\"AvgPool2d\", [[8, 8], 3, 0]]");
   }
   if (tap.stride < 0 || tap.padding < 0) {
-    throw config_error(key, fmt::format("stride {}, padding {}", tap.stride, tap.padding),
-                       "a stride >= 0 (0: the kernel size) and a padding >= 0");
+    throw config_error(
+        key,
+        fmt::format("stride {}, padding {}", tap.stride, tap.padding),
+        "a stride >= 0 (0: the kernel size) and a padding >= 0");
   }
 }
 
@@ -55,15 +61,17 @@ void validate_head(const EvalHeadOptions& head, size_t index) {
     throw config_error(key + ".in_channels", std::to_string(head.in_channels), "an integer > 0");
   }
   if (head.dims.size() < 2) {
-    throw config_error(key + ".dims", fmt::format("[{}]", fmt::join(head.dims, ", ")),
-                       "at least two dims [in, ..., classes]");
+    throw config_error(
+        key + ".dims",
+        fmt::format("[{}]", fmt::join(head.dims, ", ")),
+        "at least two dims [in, ..., classes]");
   }
 }
 
 // Stage sizes of a ResNet trunk from its number of blocks (stem + residual blocks + pool).
 std::vector<int64_t> stage_sizes_of(const torch::nn::Sequential& trunk) {
   const bool resnet = trunk->size() >= 3 && trunk->ptr(0)->as<ResNetStemImpl>() != nullptr &&
-      trunk->ptr(trunk->size() - 1)->as<GlobalAvgPoolImpl>() != nullptr;
+                      trunk->ptr(trunk->size() - 1)->as<GlobalAvgPoolImpl>() != nullptr;
   if (resnet) {
     for (int64_t depth : {18, 34, 101, 152, 200}) { // 50 has 34's stages
       std::vector<int64_t> sizes = resnet_stage_sizes(depth);
@@ -76,9 +84,11 @@ std::vector<int64_t> stage_sizes_of(const torch::nn::Sequential& trunk) {
       }
     }
   }
-  throw config_error(kKey + "LINEAR_EVAL_FEAT_POOL_OPS_MAP", "(features of ResNet stages)",
-                     "a resnet trunk (MODEL.TRUNK.NAME resnet): the features are named after "
-                     "its stages; leave the map empty to evaluate another trunk's output");
+  throw config_error(
+      kKey + "LINEAR_EVAL_FEAT_POOL_OPS_MAP",
+      "(features of ResNet stages)",
+      "a resnet trunk (MODEL.TRUNK.NAME resnet): the features are named after "
+      "its stages; leave the map empty to evaluate another trunk's output");
 }
 
 } // namespace
@@ -88,15 +98,22 @@ void validate_feature_eval_options(const FeatureEvalOptions& options) {
     validate_tap(options.taps[i], i);
   }
   if (!options.taps.empty() && options.heads.size() != options.taps.size()) {
-    throw config_error("MODEL.HEAD.PARAMS", fmt::format("{} heads", options.heads.size()),
-                       fmt::format("one head per entry of {}LINEAR_EVAL_FEAT_POOL_OPS_MAP ({})",
-                                   kKey, options.taps.size()));
+    throw config_error(
+        "MODEL.HEAD.PARAMS",
+        fmt::format("{} heads", options.heads.size()),
+        fmt::format(
+            "one head per entry of {}LINEAR_EVAL_FEAT_POOL_OPS_MAP ({})",
+            kKey,
+            options.taps.size()));
   }
   if (options.taps.empty() && !options.heads.empty()) {
-    throw config_error("MODEL.HEAD.PARAMS", fmt::format("{} eval heads", options.heads.size()),
-                       fmt::format("one [\"mlp\", ...] head (the pretrained model's) when "
-                                   "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP is empty",
-                                   kKey));
+    throw config_error(
+        "MODEL.HEAD.PARAMS",
+        fmt::format("{} eval heads", options.heads.size()),
+        fmt::format(
+            "one [\"mlp\", ...] head (the pretrained model's) when "
+            "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP is empty",
+            kKey));
   }
   for (size_t i = 0; i < options.heads.size(); ++i) {
     validate_head(options.heads[i], i);
@@ -112,10 +129,10 @@ at::Tensor EvalLinearHeadImpl::forward(at::Tensor x) {
 }
 
 EvalMlpHeadImpl::EvalMlpHeadImpl(const EvalHeadOptions& options) {
-  channel_bn_ = torch::nn::AnyModule(torch::nn::BatchNorm2d(
-      torch::nn::BatchNormOptions(options.in_channels)
-          .eps(options.mlp.batchnorm_eps)
-          .momentum(options.mlp.batchnorm_momentum)));
+  channel_bn_ =
+      torch::nn::AnyModule(torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(options.in_channels)
+                                                      .eps(options.mlp.batchnorm_eps)
+                                                      .momentum(options.mlp.batchnorm_momentum)));
   register_module("channel_bn", channel_bn_.ptr());
   clf_ = register_module("clf", EvalLinearHead(options));
 }
@@ -135,13 +152,16 @@ void EvalMlpHeadImpl::swap_child(const std::string& name, const SwappedModule& r
   channel_bn_ = replacement.any;
 }
 
-LinearEvalModelImpl::LinearEvalModelImpl(TrunkHeadModel pretrained, const FeatureEvalOptions& options)
+LinearEvalModelImpl::LinearEvalModelImpl(
+    TrunkHeadModel pretrained, const FeatureEvalOptions& options)
     : options_(options) {
   validate_feature_eval_options(options_);
   if (!options_.enabled()) {
-    throw config_error(kKey + "EVAL_MODE_ON", options_.eval_mode_on ? "True" : "False",
-                       "True, with FREEZE_TRUNK_ONLY or FREEZE_TRUNK_AND_HEAD, to build a linear "
-                       "evaluation model");
+    throw config_error(
+        kKey + "EVAL_MODE_ON",
+        options_.eval_mode_on ? "True" : "False",
+        "True, with FREEZE_TRUNK_ONLY or FREEZE_TRUNK_AND_HEAD, to build a linear "
+        "evaluation model");
   }
   trunk_ = register_module("trunk", pretrained->trunk());
   for (auto& parameter : trunk_->parameters()) {
@@ -281,16 +301,23 @@ std::vector<at::Tensor> LinearEvalModelImpl::forward(at::Tensor images) {
     const int64_t width = feature.numel() / std::max<int64_t>(feature.size(0), 1);
     const int64_t channels = feature.dim() == 4 ? feature.size(1) : width;
     const bool fits = width == head.dims.front() &&
-        (head.name != "eval_mlp" || channels == head.in_channels) &&
-        (head.name == "eval_mlp" || feature.dim() <= 2 || feature.numel() == feature.size(0) * feature.size(1));
+                      (head.name != "eval_mlp" || channels == head.in_channels) &&
+                      (head.name == "eval_mlp" || feature.dim() <= 2 ||
+                       feature.numel() == feature.size(0) * feature.size(1));
     if (!fits) {
       throw config_error(
           fmt::format("MODEL.HEAD.PARAMS[{}]", i),
-          fmt::format("{} in_channels {} dims [{}]", head.name, head.in_channels,
-                      fmt::join(head.dims, ", ")),
-          fmt::format("a head that fits feature {} pooled by {}: shape [{}] ({} values per image)",
-                      options_.taps[i].feature, options_.taps[i].pool,
-                      fmt::join(feature.sizes(), ", "), width));
+          fmt::format(
+              "{} in_channels {} dims [{}]",
+              head.name,
+              head.in_channels,
+              fmt::join(head.dims, ", ")),
+          fmt::format(
+              "a head that fits feature {} pooled by {}: shape [{}] ({} values per image)",
+              options_.taps[i].feature,
+              options_.taps[i].pool,
+              fmt::join(feature.sizes(), ", "),
+              width));
     }
     outputs.push_back(head_calls_[i].forward(feature));
   }

@@ -22,9 +22,10 @@ std::string type_name(const torch::nn::Module& module) {
 }
 
 // The replacement of `module` (nullopt: kept, possibly with children swapped in place).
-std::optional<SwappedModule> visit(const std::string& path,
-                                   const std::shared_ptr<torch::nn::Module>& module,
-                                   const ModuleReplacer& replace) {
+std::optional<SwappedModule> visit(
+    const std::string& path,
+    const std::shared_ptr<torch::nn::Module>& module,
+    const ModuleReplacer& replace) {
   torch::nn::AnyModule replacement = replace(path, *module);
   if (!replacement.is_empty()) {
     return SwappedModule{std::move(replacement)};
@@ -65,7 +66,8 @@ std::optional<SwappedModule> visit(const std::string& path,
         "cannot swap the module at {}: its parent {} ({}) calls it through a typed member; "
         "build the model with the replacement directly, or implement "
         "largo::models::SwappableChildren in that parent (include/largo/models/module_swap.h)",
-        child_path(path, swapped.front().first), path.empty() ? "(the root)" : path,
+        child_path(path, swapped.front().first),
+        path.empty() ? "(the root)" : path,
         type_name(*module)));
   }
   for (const auto& [name, new_module] : swapped) {

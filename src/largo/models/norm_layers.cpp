@@ -18,8 +18,8 @@ void validate_norm_options(const NormOptions& options) {
     throw config_error(kKey + "NORM", options.type, "BatchNorm, GroupNorm or LayerNorm");
   }
   if (options.type == "GroupNorm" && options.groupnorm_groups <= 0) {
-    throw config_error(kKey + "GROUPNORM_GROUPS", std::to_string(options.groupnorm_groups),
-                       "an integer > 0");
+    throw config_error(
+        kKey + "GROUPNORM_GROUPS", std::to_string(options.groupnorm_groups), "an integer > 0");
   }
 }
 
@@ -31,7 +31,8 @@ torch::nn::AnyModule make_norm2d(const NormOptions& options, int64_t channels) {
   const int64_t groups = options.type == "LayerNorm" ? 1 : options.groupnorm_groups;
   if (channels % groups != 0) {
     throw config_error(
-        kKey + "GROUPNORM_GROUPS", std::to_string(groups),
+        kKey + "GROUPNORM_GROUPS",
+        std::to_string(groups),
         fmt::format("a divisor of every norm layer's channel count (this one has {})", channels));
   }
   // torch.nn.GroupNorm's defaults: eps 1e-5, affine weight 1 and bias 0.

@@ -32,8 +32,8 @@ void validate_model_ema_options(const ModelEmaOptions& options) {
     throw config_error(key + "UPDATE_ITER", std::to_string(options.update_iter), "an integer >= 1");
   }
   if (!(options.warmup >= 0.0 && options.warmup <= 1.0)) {
-    throw config_error(key + "WARMUP", fmt::format("{}", options.warmup),
-                       "a fraction of training in [0, 1]");
+    throw config_error(
+        key + "WARMUP", fmt::format("{}", options.warmup), "a fraction of training in [0, 1]");
   }
 }
 
@@ -42,9 +42,13 @@ ModelEma::ModelEma(const NamedTensors& tensors, ModelEmaOptions options) : optio
   torch::NoGradGuard no_grad;
   for (const auto& item : tensors) {
     const at::Tensor& value = item.value();
-    averages_.insert(item.key(), value.detach().to(options_.device.value_or(value.device()),
-                                                   average_dtype(value), /*non_blocking=*/false,
-                                                   /*copy=*/true));
+    averages_.insert(
+        item.key(),
+        value.detach().to(
+            options_.device.value_or(value.device()),
+            average_dtype(value),
+            /*non_blocking=*/false,
+            /*copy=*/true));
   }
 }
 
@@ -101,9 +105,11 @@ void ModelEma::check_matches(const NamedTensors& tensors, const std::string& wha
     if (average == nullptr) {
       problems.push_back(fmt::format("{} (not in the average)", item.key()));
     } else if (average->sizes() != item.value().sizes()) {
-      problems.push_back(fmt::format("{} (shape [{}], the average's [{}])", item.key(),
-                                     fmt::join(item.value().sizes(), ", "),
-                                     fmt::join(average->sizes(), ", ")));
+      problems.push_back(fmt::format(
+          "{} (shape [{}], the average's [{}])",
+          item.key(),
+          fmt::join(item.value().sizes(), ", "),
+          fmt::join(average->sizes(), ", ")));
     }
   }
   for (const auto& item : averages_) {
@@ -112,8 +118,10 @@ void ModelEma::check_matches(const NamedTensors& tensors, const std::string& wha
     }
   }
   if (!problems.empty()) {
-    throw Error(fmt::format("ModelEma::{}: the tensors do not match the average's: {}", what,
-                            fmt::join(problems, "; ")));
+    throw Error(fmt::format(
+        "ModelEma::{}: the tensors do not match the average's: {}",
+        what,
+        fmt::join(problems, "; ")));
   }
 }
 
@@ -133,13 +141,14 @@ c10::IValue ModelEma::state_dict() const {
 void ModelEma::load_state_dict(const c10::IValue& state) {
   if (!state.isGenericDict() || !state.toGenericDict().contains("averages") ||
       !state.toGenericDict().at("averages").isGenericDict()) {
-    throw CheckpointError("EMA state: expected a dict with an \"averages\" dict (ModelEma::state_dict())");
+    throw CheckpointError(
+        "EMA state: expected a dict with an \"averages\" dict (ModelEma::state_dict())");
   }
   NamedTensors loaded;
   for (const auto& entry : state.toGenericDict().at("averages").toGenericDict()) {
     if (!entry.value().isTensor()) {
-      throw CheckpointError(fmt::format("EMA state: averages[{}] is not a tensor",
-                                        entry.key().toStringRef()));
+      throw CheckpointError(
+          fmt::format("EMA state: averages[{}] is not a tensor", entry.key().toStringRef()));
     }
     loaded.insert(entry.key().toStringRef(), entry.value().toTensor());
   }

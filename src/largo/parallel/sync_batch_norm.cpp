@@ -88,9 +88,9 @@ at::Tensor per_channel(const at::Tensor& values, const at::Tensor& input) {
 }
 
 struct GroupStats {
-  at::Tensor mean;    // [C], compute dtype
-  at::Tensor var;     // [C], biased, compute dtype
-  double count = 0;   // values per channel over the group
+  at::Tensor mean;  // [C], compute dtype
+  at::Tensor var;   // [C], biased, compute dtype
+  double count = 0; // values per channel over the group
 };
 
 // The group's per-channel mean and biased variance (a collective). The local sums come from
@@ -102,8 +102,10 @@ GroupStats group_stats(const at::Tensor& input, const StatsGroup& stats_group) {
   const double local_count = input.numel() > 0 ? static_cast<double>(input.numel() / channels) : 0;
   at::Tensor sums = at::zeros({2 * channels + 1}, input.options().dtype(at::kDouble));
   if (local_count > 0) {
-    auto [var, mean] = at::var_mean(input.to(compute_dtype(input)), reduce_dims(input),
-                                    /*unbiased=*/false);
+    auto [var, mean] = at::var_mean(
+        input.to(compute_dtype(input)),
+        reduce_dims(input),
+        /*unbiased=*/false);
     at::Tensor mean64 = mean.to(at::kDouble);
     sums.narrow(0, 0, channels).copy_(mean64 * local_count);
     sums.narrow(0, channels, channels).copy_((var.to(at::kDouble) + mean64 * mean64) * local_count);
@@ -116,7 +118,9 @@ GroupStats group_stats(const at::Tensor& input, const StatsGroup& stats_group) {
     throw Error(fmt::format(
         "SyncBatchNorm: expected more than 1 value per channel when training, got {} over the "
         "{} rank(s) of the group (input of shape [{}])",
-        stats.count, stats_group.num_ranks(), fmt::join(input.sizes(), ", ")));
+        stats.count,
+        stats_group.num_ranks(),
+        fmt::join(input.sizes(), ", ")));
   }
   at::Tensor mean = sums.narrow(0, 0, channels) / stats.count;
   at::Tensor var = (sums.narrow(0, channels, channels) / stats.count - mean * mean).clamp_min_(0);
@@ -129,21 +133,22 @@ GroupStats group_stats(const at::Tensor& input, const StatsGroup& stats_group) {
 // all-reduces the sums that couple the ranks' inputs.
 class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunction> {
  public:
-  static at::Tensor forward(AutogradContext* ctx,
-                            const at::Tensor& input,
-                            const at::Tensor& weight,
-                            const at::Tensor& bias,
-                            const at::Tensor& mean,
-                            const at::Tensor& invstd,
-                            const c10::intrusive_ptr<SyncState>& state) {
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      const at::Tensor& bias,
+      const at::Tensor& mean,
+      const at::Tensor& invstd,
+      const c10::intrusive_ptr<SyncState>& state) {
     const auto dtype = compute_dtype(input);
     at::Tensor scale = weight.defined() ? invstd * weight.to(dtype) : invstd;
     at::Tensor shift = -mean * scale;
     if (bias.defined()) {
       shift = shift + bias.to(dtype);
     }
-    at::Tensor output = at::addcmul(per_channel(shift, input), input.to(dtype),
-                                    per_channel(scale, input));
+    at::Tensor output =
+        at::addcmul(per_channel(shift, input), input.to(dtype), per_channel(scale, input));
     ctx->save_for_backward({input, weight, mean, invstd});
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     return output.to(input.scalar_type());
@@ -155,7 +160,8 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const at::Tensor& weight = saved[1];
     const at::Tensor& mean = saved[2];
     const at::Tensor& invstd = saved[3];
-    auto state = c10::static_intrusive_pointer_cast<SyncState>(ctx->saved_data["state"].toCapsule());
+    auto state =
+        c10::static_intrusive_pointer_cast<SyncState>(ctx->saved_data["state"].toCapsule());
     const auto dtype = compute_dtype(input);
     const auto dims = reduce_dims(input);
     at::Tensor dy = grad_outputs[0].to(dtype);
@@ -180,7 +186,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       // (dy - mean(dy) - (x - mean) * invstd^2 * mean(dy * (x - mean))) * invstd * weight
       grad_input = (dy - per_channel(mean_dy, input) -
                     xmu * per_channel(invstd * invstd * mean_dy_xmu, input)) *
-          per_channel(scale, input);
+                   per_channel(scale, input);
       grad_input = grad_input.to(input.scalar_type());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
@@ -189,17 +195,20 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 
 } // namespace
 
-SyncBatchNormImpl::SyncBatchNormImpl(const torch::nn::BatchNormOptions& options,
-                                     std::shared_ptr<comm::ProcessGroup> group,
-                                     int64_t group_size)
+SyncBatchNormImpl::SyncBatchNormImpl(
+    const torch::nn::BatchNormOptions& options,
+    std::shared_ptr<comm::ProcessGroup> group,
+    int64_t group_size)
     : torch::nn::BatchNorm2dImpl(options), group_(std::move(group)) {
   if (!group_) {
     throw Error("SyncBatchNorm needs a process group (comm::ProcessGroup::single_process() for "
                 "one process)");
   }
   if (group_size < 0) {
-    throw config_error("MODEL.SYNC_BN_CONFIG.GROUP_SIZE", std::to_string(group_size),
-                       "0 (all ranks) or a number of ranks > 0");
+    throw config_error(
+        "MODEL.SYNC_BN_CONFIG.GROUP_SIZE",
+        std::to_string(group_size),
+        "0 (all ranks) or a number of ranks > 0");
   }
   const int64_t world = group_->world_size();
   group_size_ = group_size == 0 ? world : std::min(group_size, world);
@@ -215,17 +224,18 @@ int64_t SyncBatchNormImpl::group_num_ranks() const {
 
 at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
   if (input.dim() < 2) {
-    throw Error(fmt::format("SyncBatchNorm expects an input of 2 or more dimensions [b, c, ...], "
-                            "got shape [{}]",
-                            fmt::join(input.sizes(), ", ")));
+    throw Error(fmt::format(
+        "SyncBatchNorm expects an input of 2 or more dimensions [b, c, ...], "
+        "got shape [{}]",
+        fmt::join(input.sizes(), ", ")));
   }
   // torch's exponential_average_factor: momentum, or 1 / batches seen when it is None.
   double factor = 0.0;
   if (is_training() && options.track_running_stats()) {
     num_batches_tracked.add_(1);
     factor = options.momentum().has_value()
-        ? *options.momentum()
-        : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+                 ? *options.momentum()
+                 : 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
   StatsGroup stats_group{group_, group_size_};
   if (!is_training() || group_size_ == 1) {
@@ -233,8 +243,16 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
     // rank alone in its group: torch's own batch_norm. (A rank alone in a smaller last group
     // still takes part in the all-reduce the other groups' sums travel in.)
     const bool use_batch_stats = is_training() || !options.track_running_stats();
-    return torch::batch_norm(input, weight, bias, running_mean, running_var, use_batch_stats,
-                             factor, options.eps(), /*cudnn_enabled=*/true);
+    return torch::batch_norm(
+        input,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        use_batch_stats,
+        factor,
+        options.eps(),
+        /*cudnn_enabled=*/true);
   }
   GroupStats stats = group_stats(input, stats_group);
   if (options.track_running_stats()) {
@@ -251,8 +269,8 @@ at::Tensor SyncBatchNormImpl::forward(const at::Tensor& input) {
 }
 
 void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
-  stream << "largo::parallel::SyncBatchNorm(" << options.num_features()
-         << ", eps=" << options.eps() << ", momentum=";
+  stream << "largo::parallel::SyncBatchNorm(" << options.num_features() << ", eps=" << options.eps()
+         << ", momentum=";
   if (options.momentum().has_value()) {
     stream << *options.momentum();
   } else {
@@ -262,10 +280,10 @@ void SyncBatchNormImpl::pretty_print(std::ostream& stream) const {
          << group_first_rank() + group_num_ranks() << "))";
 }
 
-std::shared_ptr<torch::nn::Module>
-convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module,
-                       std::shared_ptr<comm::ProcessGroup> group,
-                       int64_t group_size) {
+std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
+    const std::shared_ptr<torch::nn::Module>& module,
+    std::shared_ptr<comm::ProcessGroup> group,
+    int64_t group_size) {
   auto replace = [&](const std::string&, torch::nn::Module& candidate) -> torch::nn::AnyModule {
     auto* batch_norm = dynamic_cast<torch::nn::BatchNorm2dImpl*>(&candidate);
     if (batch_norm == nullptr || dynamic_cast<SyncBatchNormImpl*>(&candidate) != nullptr) {
@@ -292,11 +310,13 @@ convert_sync_batchnorm(const std::shared_ptr<torch::nn::Module>& module,
   return models::swap_modules(module, replace);
 }
 
-int64_t sync_bn_group_size(int64_t config_group_size, int64_t num_proc_per_node,
-                           int64_t world_size) {
+int64_t
+sync_bn_group_size(int64_t config_group_size, int64_t num_proc_per_node, int64_t world_size) {
   if (config_group_size < -1) {
-    throw config_error("MODEL.SYNC_BN_CONFIG.GROUP_SIZE", std::to_string(config_group_size),
-                       "-1 (the ranks of one machine), 0 (all ranks) or a number of ranks > 0");
+    throw config_error(
+        "MODEL.SYNC_BN_CONFIG.GROUP_SIZE",
+        std::to_string(config_group_size),
+        "-1 (the ranks of one machine), 0 (all ranks) or a number of ranks > 0");
   }
   if (config_group_size == 0) {
     return 0;

@@ -272,7 +272,6 @@ void amp_options_from(const Config& config, TrainerOptions& options) {
   options.tf32.cudnn = config.get_bool("MACHINE.ALLOW_TF32_CUDNN");
 }
 
-
 // MODEL.TRUNK.RESNETS (the ResNet validates the values it gets: models/resnet.h).
 void resnet_options_from(const Config& config, models::ResNetOptions& resnet) {
   const std::string key = "MODEL.TRUNK.RESNETS.";

@@ -26,8 +26,10 @@ std::vector<UnavailableKey> build_list() {
       {"INPUT_KEY_NAMES", "a sample key other than data"},
       {"TARGET_KEY_NAMES", "a sample key other than label"},
       {"ENABLE_QUEUE_DATASET", "replacing unreadable images from a queue"},
-      {"RANDOM_SYNTHETIC_IMAGES", "VISSL's random synthetic image source (use DATA_SOURCES: [synthetic])"},
-      {"RANDOM_SYNTHETIC_LABELS", "VISSL's random synthetic label source (use DATA_SOURCES: [synthetic])"},
+      {"RANDOM_SYNTHETIC_IMAGES",
+       "VISSL's random synthetic image source (use DATA_SOURCES: [synthetic])"},
+      {"RANDOM_SYNTHETIC_LABELS",
+       "VISSL's random synthetic label source (use DATA_SOURCES: [synthetic])"},
   };
   std::vector<UnavailableKey> keys{
       {"REPRODUCIBILITY.CUDDN_DETERMINISTIC", "switching cuDNN to deterministic kernels"},
@@ -46,49 +48,61 @@ std::vector<UnavailableKey> build_list() {
   std::vector<UnavailableKey> more{
       {"TEST_ONLY", "evaluation-only runs", {}, true},
       {"MODEL.INPUT_TYPE", "an input type other than rgb"},
-      {"MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS", "weight standardization of the convolutions"},
+      {"MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS",
+       "weight standardization of the convolutions"},
       {"MODEL.TRUNK.REGNET", "the RegNet trunk"},
       {vit + "name", "a ViT preset by name (set NUM_LAYERS, HIDDEN_DIM, ... instead)"},
       {vit + "QK_SCALE", "a custom attention scale"},
-      {vit + "CHECKPOINT_MLP", "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
-      {vit + "CHECKPOINT_BLOCK", "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
+      {vit + "CHECKPOINT_MLP",
+       "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
+      {vit + "CHECKPOINT_BLOCK",
+       "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
   };
   keys.insert(keys.end(), more.begin(), more.end());
   // Library pieces exist (checkpoint/weights_init.h, parallel/sync_batch_norm.h,
   // models/linear_eval.h, optim/model_ema.h, train/classification_loss.h); the trainer's
   // wiring moves these keys out of this list.
-  for (const char* key : {"PARAMS_FILE", "STATE_DICT_KEY_NAME", "SKIP_LAYERS", "REMOVE_PREFIX", "APPEND_PREFIX"}) {
+  for (const char* key :
+       {"PARAMS_FILE", "STATE_DICT_KEY_NAME", "SKIP_LAYERS", "REMOVE_PREFIX", "APPEND_PREFIX"}) {
     keys.push_back({weights + key, "initializing the model from a weights file", {}, true});
   }
   for (const char* key : {"CONVERT_BN_TO_SYNC_BN", "SYNC_BN_TYPE", "GROUP_SIZE"}) {
     keys.push_back({sync_bn + key, "synchronized BatchNorm", {}, true});
   }
-  for (const char* key : {"EVAL_MODE_ON", "FREEZE_TRUNK_ONLY", "FREEZE_TRUNK_AND_HEAD",
-                          "EXTRACT_TRUNK_FEATURES_ONLY", "EVAL_TRUNK_AND_HEAD",
-                          "ASSERT_HEAD_LAYER_SHAPE_INIT", "SHOULD_FLATTEN_FEATS",
-                          "LINEAR_EVAL_FEAT_POOL_OPS_MAP"}) {
+  for (const char* key :
+       {"EVAL_MODE_ON",
+        "FREEZE_TRUNK_ONLY",
+        "FREEZE_TRUNK_AND_HEAD",
+        "EXTRACT_TRUNK_FEATURES_ONLY",
+        "EVAL_TRUNK_AND_HEAD",
+        "ASSERT_HEAD_LAYER_SHAPE_INIT",
+        "SHOULD_FLATTEN_FEATS",
+        "LINEAR_EVAL_FEAT_POOL_OPS_MAP"}) {
     keys.push_back({eval + key, "linear evaluation of a frozen trunk", {}, true});
   }
   for (const char* key : {"weight", "normalize_output", "temperature"}) {
     keys.push_back({loss + key, "this cross-entropy option", {}, true});
   }
-  keys.push_back({loss + "reduction",
-                  "a reduction other than mean (VISSL passes it to nothing either)"});
+  keys.push_back(
+      {loss + "reduction", "a reduction other than mean (VISSL passes it to nothing either)"});
   std::vector<UnavailableKey> rest{
       {"OPTIMIZER.construct_single_param_group_only", "a single parameter group"},
       {"OPTIMIZER.param_group_constructor", "a parameter group constructor other than default"},
       {"METERS.name", "a meter other than accuracy_list_meter", {"accuracy_list_meter"}},
       {"METERS.names", "a meter other than accuracy_list_meter", {"[accuracy_list_meter]"}},
       {"TRAINER.TRAIN_STEP_NAME", "a train step other than standard_train_step"},
-      {"TRAINER.TASK_NAME", "a task other than VISSL's three (Largo picks the parallel mode from "
-                            "SHARDED_DDP_SETUP and FSDP_CONFIG)",
+      {"TRAINER.TASK_NAME",
+       "a task other than VISSL's three (Largo picks the parallel mode from "
+       "SHARDED_DDP_SETUP and FSDP_CONFIG)",
        {"self_supervision_sdp_task", "self_supervision_fsdp_task"}},
       {"CHECKPOINT.APPEND_DISTR_RUN_ID", "a RUN_ID subfolder of the checkpoint directory"},
       {"CHECKPOINT.BACKEND", "a checkpoint backend other than disk"},
-      {"CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM", "resuming from an older checkpoint than the newest"},
+      {"CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM",
+       "resuming from an older checkpoint than the newest"},
   };
   keys.insert(keys.end(), rest.begin(), rest.end());
-  for (const char* key : {"SAVE_EMA_MODEL", "ENABLE_EMA_METERS", "UPDATE_ITER", "WARMUP", "DECAY", "EMA_DEVICE"}) {
+  for (const char* key :
+       {"SAVE_EMA_MODEL", "ENABLE_EMA_METERS", "UPDATE_ITER", "WARMUP", "DECAY", "EMA_DEVICE"}) {
     keys.push_back({ema + key, "the model's exponential moving average", {}, true});
   }
   return keys;
@@ -162,8 +176,9 @@ void refuse_unavailable_keys(const Config& config) {
       continue;
     }
     const bool accepted = std::any_of(
-        entry.also_accepted.begin(), entry.also_accepted.end(),
-        [&](const std::string& text) { return same_config_value(value, YAML::Load(text)); });
+        entry.also_accepted.begin(), entry.also_accepted.end(), [&](const std::string& text) {
+          return same_config_value(value, YAML::Load(text));
+        });
     if (accepted) {
       continue;
     }
@@ -173,8 +188,12 @@ void refuse_unavailable_keys(const Config& config) {
     }
     throw ConfigError(fmt::format(
         "config key {} = {}: {} is not available in this version of Largo{}; set it to {}{}",
-        entry.key, config_value_text(value), entry.what, entry.not_built_yet ? " yet" : "",
-        config_value_text(default_value), alternatives));
+        entry.key,
+        config_value_text(value),
+        entry.what,
+        entry.not_built_yet ? " yet" : "",
+        config_value_text(default_value),
+        alternatives));
   }
 }
 
