@@ -61,6 +61,7 @@ ModelOptions vit_options() {
   options.vit.mlp_dim = 64;
   options.vit.dropout = 0.1;
   options.vit.attention_dropout = 0.1;
+  options.vit.drop_path_rate = 0.2; // stochastic depth draws from the generator too
   return options;
 }
 

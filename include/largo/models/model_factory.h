@@ -4,6 +4,7 @@
 #pragma once
 
 #include <largo/models/heads.h>
+#include <largo/models/linear_eval.h>
 #include <largo/models/mlp.h>
 #include <largo/models/parameter_count.h>
 #include <largo/models/resnet.h>
@@ -32,6 +33,12 @@ struct ModelOptions {
   // Empty: Linear(trunk output -> num_classes).
   std::vector<int64_t> head_dims;
   MlpHeadOptions head; // the mlp head's other switches (used when head_dims is set)
+  // MODEL.HEAD.PARAMS_MULTIPLIER: the head's Linear weights and biases are multiplied by it
+  // after their initialization (VISSL's MLP.scale_weights).
+  double head_params_multiplier = 1.0;
+  // MODEL.FEATURE_EVAL_SETTINGS: not used by build_model; LinearEvalModel builds the
+  // evaluation model from build_model's (models/linear_eval.h).
+  FeatureEvalOptions feature_eval;
 };
 
 // The trunk names build_model accepts, in the order error messages list them.

@@ -10,10 +10,12 @@
 // "trunk.<k>.conv1.weight" corresponds to torchvision's "layer<s>.<i>.conv1.weight".
 #pragma once
 
+#include <largo/models/module_swap.h>
+#include <largo/models/norm_layers.h>
 #include <largo/models/trunk_head_model.h>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 
@@ -39,6 +41,8 @@ struct ResNetOptions {
   int64_t width_per_group = 64;
   // MODEL.TRUNK.RESNETS.LAYER4_STRIDE: 1 keeps the last stage at the resolution of the third.
   int64_t layer4_stride = 2;
+  // MODEL.TRUNK.RESNETS.NORM / GROUPNORM_GROUPS: every norm layer (stem, blocks, shortcuts).
+  NormOptions norm;
 };
 
 // Residual blocks per stage for a depth, e.g. 50 -> {3, 4, 6, 3}. Throws ConfigError naming
@@ -47,63 +51,85 @@ std::vector<int64_t> resnet_stage_sizes(int64_t depth);
 // 1 for BasicBlock depths (18, 34), 4 for Bottleneck depths (50+).
 int64_t resnet_expansion(int64_t depth);
 
+// Largo's name for a tensor of a depth-`depth` ResNet named as torchvision names it
+// ("conv1.weight", "bn1.running_mean", "layer2.0.downsample.1.weight" -> "trunk.0.conv1.weight",
+// "trunk.0.bn1.running_mean", "trunk.4.downsample.1.weight"; "fc.bias" -> "head.0.bias"), also
+// under VISSL's trunk prefixes ("trunk._feature_blocks.", "trunk.base_model._feature_blocks.",
+// "_feature_blocks.") and for VISSL's mlp head ("heads.0.clf.<k>." -> "head.<k>."). Other
+// names come back unchanged. (checkpoint/weights_init.h's rename.)
+std::string resnet_name_from_torchvision(const std::string& name, int64_t depth);
+
 // Validates `options` (ConfigError naming the key, value and what is expected) and builds
 // the trunk. in_channels: channels of the input images.
 Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels);
 
 // The stem: conv1 -> bn1 -> ReLU [-> max pool]. [b, in, h, w] -> [b, 64*w, h', w'].
-class ResNetStemImpl : public torch::nn::Module {
+// (bn1 is the norm layer NormOptions picks; torchvision's name is kept.)
+class ResNetStemImpl : public torch::nn::Module, public SwappableChildren {
  public:
-  ResNetStemImpl(int64_t in_channels, int64_t out_channels, bool imagenet_stem);
+  ResNetStemImpl(
+      int64_t in_channels, int64_t out_channels, bool imagenet_stem, const NormOptions& norm = {});
   at::Tensor forward(at::Tensor x);
+  // The two halves of forward (VISSL's "conv1" feature is the first one's output):
+  // conv1 -> bn1 -> ReLU, and the max pool (the identity for the "cifar" stem).
+  at::Tensor forward_conv(at::Tensor x);
+  at::Tensor forward_pool(at::Tensor x);
+  void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::AnyModule bn1_;
   bool use_max_pool_;
 };
 TORCH_MODULE(ResNetStem);
 
 // torchvision's BasicBlock: two 3x3 convs, stride on the first, identity or 1x1 shortcut.
-class BasicBlockImpl : public torch::nn::Module {
+class BasicBlockImpl : public torch::nn::Module, public SwappableChildren {
  public:
   static constexpr int64_t kExpansion = 1;
-  BasicBlockImpl(int64_t in_channels, int64_t planes, int64_t stride);
+  BasicBlockImpl(int64_t in_channels, int64_t planes, int64_t stride, const NormOptions& norm = {});
   at::Tensor forward(at::Tensor x);
-  // The BN zero_init_residual zeroes.
-  torch::nn::BatchNorm2d& last_bn() {
+  // The norm layer zero_init_residual zeroes.
+  const torch::nn::AnyModule& last_norm() const {
     return bn2_;
   }
+  void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::AnyModule bn1_;
   torch::nn::Conv2d conv2_{nullptr};
-  torch::nn::BatchNorm2d bn2_{nullptr};
+  torch::nn::AnyModule bn2_;
   torch::nn::Sequential downsample_{nullptr}; // null when the shortcut is the identity
 };
 TORCH_MODULE(BasicBlock);
 
 // torchvision's Bottleneck (ResNet v1.5: the stride is on the 3x3 conv):
 // 1x1 (-> width) -> 3x3 (stride, groups) -> 1x1 (-> planes * 4), identity or 1x1 shortcut.
-class BottleneckImpl : public torch::nn::Module {
+class BottleneckImpl : public torch::nn::Module, public SwappableChildren {
  public:
   static constexpr int64_t kExpansion = 4;
   BottleneckImpl(
-      int64_t in_channels, int64_t planes, int64_t stride, int64_t groups, int64_t width_per_group);
+      int64_t in_channels,
+      int64_t planes,
+      int64_t stride,
+      int64_t groups,
+      int64_t width_per_group,
+      const NormOptions& norm = {});
   at::Tensor forward(at::Tensor x);
-  torch::nn::BatchNorm2d& last_bn() {
+  const torch::nn::AnyModule& last_norm() const {
     return bn3_;
   }
+  void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
   torch::nn::Conv2d conv1_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr};
+  torch::nn::AnyModule bn1_;
   torch::nn::Conv2d conv2_{nullptr};
-  torch::nn::BatchNorm2d bn2_{nullptr};
+  torch::nn::AnyModule bn2_;
   torch::nn::Conv2d conv3_{nullptr};
-  torch::nn::BatchNorm2d bn3_{nullptr};
-  torch::nn::Sequential downsample_{nullptr};
+  torch::nn::AnyModule bn3_;
+  torch::nn::Sequential downsample_{nullptr}; // null when the shortcut is the identity
 };
 TORCH_MODULE(Bottleneck);
 

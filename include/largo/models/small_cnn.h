@@ -13,10 +13,11 @@
 // libtorch's max pool run several times faster here than NCHW.
 #pragma once
 
+#include <largo/models/module_swap.h>
 #include <largo/models/trunk_head_model.h>
 
 #include <torch/nn/module.h>
-#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/conv.h>
 
 #include <cstdint>
@@ -48,15 +49,17 @@ struct SmallCnnStageOptions {
 };
 
 // One stage: [b, in, h, w] -> [b, out, h/2, w/2] (or [b, out * pooled^2] for the last).
-class SmallCnnStageImpl : public torch::nn::Module {
+// Its BatchNorm2d ("bn") is swappable (models/module_swap.h).
+class SmallCnnStageImpl : public torch::nn::Module, public SwappableChildren {
  public:
   explicit SmallCnnStageImpl(const SmallCnnStageOptions& options);
   at::Tensor forward(at::Tensor x);
+  void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
   SmallCnnStageOptions options_;
   torch::nn::Conv2d conv_{nullptr};
-  torch::nn::BatchNorm2d bn_{nullptr};
+  torch::nn::AnyModule bn_;
 };
 TORCH_MODULE(SmallCnnStage);
 

@@ -9,6 +9,8 @@
 // (the optimizer's param groups rely on the "head." prefix).
 #pragma once
 
+#include <largo/models/module_swap.h>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
@@ -24,7 +26,7 @@ struct Trunk {
   int64_t output_dim = 0; // the trunk maps [batch, ...] to [batch, output_dim]
 };
 
-class TrunkHeadModelImpl : public torch::nn::Module {
+class TrunkHeadModelImpl : public torch::nn::Module, public SwappableChildren {
  public:
   // `head` maps [batch, trunk.output_dim] to the model's output.
   TrunkHeadModelImpl(Trunk trunk, torch::nn::Sequential head);
@@ -54,6 +56,8 @@ class TrunkHeadModelImpl : public torch::nn::Module {
   const torch::nn::Sequential& head() const {
     return head_;
   }
+  // "trunk" or "head", replaced by a Sequential (models/module_swap.h).
+  void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
   torch::nn::Sequential trunk_;

@@ -4,11 +4,50 @@
 // rejected with a message saying so, instead of being silently ignored.
 #pragma once
 
+#include <largo/checkpoint/weights_init.h>
 #include <largo/core/config.h>
+#include <largo/optim/model_ema.h>
+#include <largo/train/classification_loss.h>
 #include <largo/train/trainer_options.h>
 
 namespace largo::train {
 
 TrainerOptions trainer_options_from_config(const Config& config);
+
+// MODEL.TRUNK, MODEL.HEAD and MODEL.FEATURE_EVAL_SETTINGS (part of the above, which also
+// refuses unavailable keys first). in_channels, image_size and num_classes are 0: the data's.
+models::ModelOptions model_options_from(const Config& config);
+
+// The options of features the library has and the trainer is to use (their keys stay in
+// train/unavailable_keys.h until it does). Each validates its keys (ConfigError naming them).
+// MODEL.FEATURE_EVAL_SETTINGS is read into TrainerOptions::model.feature_eval.
+
+// MODEL.SYNC_BN_CONFIG: parallel::convert_sync_batchnorm with
+// parallel::sync_bn_group_size(group_size, NUM_PROC_PER_NODE, world size).
+struct SyncBatchNormSettings {
+  bool convert = false;    // CONVERT_BN_TO_SYNC_BN (SYNC_BN_TYPE pytorch and apex alike)
+  int64_t group_size = -1; // GROUP_SIZE
+};
+SyncBatchNormSettings sync_batch_norm_settings_from(const Config& config);
+
+// HOOKS.EMA_MODEL: an optim::ModelEma when save or meters.
+struct ModelEmaSettings {
+  bool save = false;   // SAVE_EMA_MODEL: checkpoint the average
+  bool meters = false; // ENABLE_EMA_METERS: evaluate the average too
+  optim::ModelEmaOptions average; // DECAY, UPDATE_ITER, WARMUP, EMA_DEVICE (cpu: device kCPU)
+  bool enabled() const {
+    return save || meters;
+  }
+};
+ModelEmaSettings model_ema_settings_from(const Config& config);
+
+// MODEL.WEIGHTS_INIT for `model` (its feature evaluation settings decide whether the head is
+// loaded; a ResNet gets torchvision's and VISSL's names mapped to Largo's).
+checkpoint::WeightsInitOptions weights_init_options_from(const Config& config,
+                                                         const models::ModelOptions& model);
+
+// LOSS.<name>: ignore_index, and for cross_entropy_multiple_output_single_target temperature,
+// normalize_output and weight.
+ClassificationLossOptions classification_loss_options_from(const Config& config);
 
 } // namespace largo::train

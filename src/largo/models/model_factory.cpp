@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/nn/modules/linear.h>
 
 namespace largo::models {
 
@@ -64,6 +65,17 @@ TrunkHeadModel build_model(const ModelOptions& options) {
           fmt::format("the last dim to equal the number of classes {}", options.num_classes));
     }
     head = build_mlp_head(dims, options.head);
+  }
+  if (options.head_params_multiplier != 1.0) {
+    torch::NoGradGuard no_grad;
+    for (auto& module : head->modules(/*include_self=*/false)) {
+      if (auto* linear = module->as<torch::nn::Linear>()) {
+        linear->weight.mul_(options.head_params_multiplier);
+        if (linear->bias.defined()) {
+          linear->bias.mul_(options.head_params_multiplier);
+        }
+      }
+    }
   }
   return TrunkHeadModel(std::move(trunk), std::move(head));
 }

@@ -7,7 +7,13 @@
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/pooling.h>
 #include <torch/nn/init.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cstdio>
+#include <initializer_list>
+#include <utility>
 
 namespace largo::models {
 namespace {
@@ -23,9 +29,47 @@ conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups = 1
                                .bias(false));
 }
 
-// The 1x1 conv + BN shortcut torchvision uses when the shape changes.
-torch::nn::Sequential projection_shortcut(int64_t in, int64_t out, int64_t stride) {
-  return torch::nn::Sequential(conv(in, out, 1, stride), torch::nn::BatchNorm2d(out));
+// The 1x1 conv + norm shortcut torchvision uses when the shape changes.
+torch::nn::Sequential
+projection_shortcut(int64_t in, int64_t out, int64_t stride, const NormOptions& norm) {
+  torch::nn::Sequential shortcut;
+  shortcut->push_back(conv(in, out, 1, stride));
+  shortcut->push_back(make_norm2d(norm, out));
+  return shortcut;
+}
+
+// Registers `norm` as child `name` and returns it (the member that calls it).
+torch::nn::AnyModule
+register_norm(torch::nn::Module& parent, const std::string& name, torch::nn::AnyModule norm) {
+  parent.register_module(name, norm.ptr());
+  return norm;
+}
+
+// SwappableChildren for the blocks: `name` is one of the norm `members` (swapped for a plain
+// module) or the "downsample" Sequential.
+void swap_member(torch::nn::Module& parent,
+                 const std::string& name,
+                 const SwappedModule& replacement,
+                 std::initializer_list<std::pair<const char*, torch::nn::AnyModule*>> members,
+                 torch::nn::Sequential* downsample = nullptr) {
+  if (name == "downsample" && downsample != nullptr && *downsample && replacement.sequential) {
+    parent.replace_module(name, replacement.sequential.ptr());
+    *downsample = replacement.sequential;
+    return;
+  }
+  for (const auto& [member_name, member] : members) {
+    if (name == member_name && !replacement.any.is_empty()) {
+      parent.replace_module(name, replacement.any.ptr());
+      *member = replacement.any;
+      return;
+    }
+  }
+  throw Error(fmt::format("{} cannot swap its child {} for a {}", parent.name(), name,
+                          replacement.module()->name()));
+}
+
+at::Tensor shortcut(torch::nn::Sequential& downsample, const at::Tensor& x) {
+  return downsample ? downsample->forward(x) : x;
 }
 
 bool needs_projection(int64_t in, int64_t out, int64_t stride) {
@@ -41,6 +85,9 @@ void init_like_torchvision(torch::nn::Module& trunk) {
     } else if (auto* bn = module->as<torch::nn::BatchNorm2d>()) {
       torch::nn::init::ones_(bn->weight);
       torch::nn::init::zeros_(bn->bias);
+    } else if (auto* gn = module->as<torch::nn::GroupNorm>()) {
+      torch::nn::init::ones_(gn->weight);
+      torch::nn::init::zeros_(gn->bias);
     }
   }
 }
@@ -71,6 +118,7 @@ void validate(const ResNetOptions& options, int64_t in_channels) {
             "convolutions (use depth 50 or more for ResNeXt)",
             options.depth));
   }
+  validate_norm_options(options.norm);
   if (options.layer4_stride != 1 && options.layer4_stride != 2) {
     throw config_error(kKey + "LAYER4_STRIDE", std::to_string(options.layer4_stride), "1 or 2");
   }
@@ -104,72 +152,139 @@ int64_t resnet_expansion(int64_t depth) {
   return depth < 50 ? BasicBlockImpl::kExpansion : BottleneckImpl::kExpansion;
 }
 
-ResNetStemImpl::ResNetStemImpl(int64_t in_channels, int64_t out_channels, bool imagenet_stem)
+ResNetStemImpl::ResNetStemImpl(
+    int64_t in_channels, int64_t out_channels, bool imagenet_stem, const NormOptions& norm)
     : use_max_pool_(imagenet_stem) {
   conv1_ = register_module(
       "conv1",
       imagenet_stem ? conv(in_channels, out_channels, 7, 2)
                     : conv(in_channels, out_channels, 3, 1));
-  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(out_channels));
+  bn1_ = register_norm(*this, "bn1", make_norm2d(norm, out_channels));
 }
 
 at::Tensor ResNetStemImpl::forward(at::Tensor x) {
-  x = bn1_(conv1_(x)).relu_();
+  return forward_pool(forward_conv(std::move(x)));
+}
+
+at::Tensor ResNetStemImpl::forward_conv(at::Tensor x) {
+  return bn1_.forward(conv1_(x)).relu_();
+}
+
+at::Tensor ResNetStemImpl::forward_pool(at::Tensor x) {
   if (use_max_pool_) {
     x = torch::max_pool2d(x, /*kernel_size=*/3, /*stride=*/2, /*padding=*/1);
   }
   return x;
 }
 
-BasicBlockImpl::BasicBlockImpl(int64_t in_channels, int64_t planes, int64_t stride) {
+void ResNetStemImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  swap_member(*this, name, replacement, {{"bn1", &bn1_}});
+}
+
+BasicBlockImpl::BasicBlockImpl(
+    int64_t in_channels, int64_t planes, int64_t stride, const NormOptions& norm) {
   conv1_ = register_module("conv1", conv(in_channels, planes, 3, stride));
-  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(planes));
+  bn1_ = register_norm(*this, "bn1", make_norm2d(norm, planes));
   conv2_ = register_module("conv2", conv(planes, planes, 3, 1));
-  bn2_ = register_module("bn2", torch::nn::BatchNorm2d(planes));
+  bn2_ = register_norm(*this, "bn2", make_norm2d(norm, planes));
   const int64_t out_channels = planes * kExpansion;
   if (needs_projection(in_channels, out_channels, stride)) {
-    downsample_ =
-        register_module("downsample", projection_shortcut(in_channels, out_channels, stride));
+    downsample_ = register_module(
+        "downsample", projection_shortcut(in_channels, out_channels, stride, norm));
   }
 }
 
 at::Tensor BasicBlockImpl::forward(at::Tensor x) {
-  at::Tensor identity = downsample_ ? downsample_->forward(x) : x;
-  at::Tensor out = bn1_(conv1_(x)).relu_();
-  out = bn2_(conv2_(out));
+  at::Tensor identity = shortcut(downsample_, x);
+  at::Tensor out = bn1_.forward(conv1_(x)).relu_();
+  out = bn2_.forward(conv2_(out));
   out += identity;
   return out.relu_();
 }
 
+void BasicBlockImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  swap_member(*this, name, replacement, {{"bn1", &bn1_}, {"bn2", &bn2_}}, &downsample_);
+}
+
 BottleneckImpl::BottleneckImpl(
-    int64_t in_channels, int64_t planes, int64_t stride, int64_t groups, int64_t width_per_group) {
+    int64_t in_channels,
+    int64_t planes,
+    int64_t stride,
+    int64_t groups,
+    int64_t width_per_group,
+    const NormOptions& norm) {
   // torchvision: width = int(planes * (base_width / 64.)) * groups
   const int64_t width = planes * width_per_group / 64 * groups;
   const int64_t out_channels = planes * kExpansion;
   conv1_ = register_module("conv1", conv(in_channels, width, 1, 1));
-  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(width));
+  bn1_ = register_norm(*this, "bn1", make_norm2d(norm, width));
   conv2_ = register_module("conv2", conv(width, width, 3, stride, groups));
-  bn2_ = register_module("bn2", torch::nn::BatchNorm2d(width));
+  bn2_ = register_norm(*this, "bn2", make_norm2d(norm, width));
   conv3_ = register_module("conv3", conv(width, out_channels, 1, 1));
-  bn3_ = register_module("bn3", torch::nn::BatchNorm2d(out_channels));
+  bn3_ = register_norm(*this, "bn3", make_norm2d(norm, out_channels));
   if (needs_projection(in_channels, out_channels, stride)) {
-    downsample_ =
-        register_module("downsample", projection_shortcut(in_channels, out_channels, stride));
+    downsample_ = register_module(
+        "downsample", projection_shortcut(in_channels, out_channels, stride, norm));
   }
 }
 
 at::Tensor BottleneckImpl::forward(at::Tensor x) {
-  at::Tensor identity = downsample_ ? downsample_->forward(x) : x;
-  at::Tensor out = bn1_(conv1_(x)).relu_();
-  out = bn2_(conv2_(out)).relu_();
-  out = bn3_(conv3_(out));
+  at::Tensor identity = shortcut(downsample_, x);
+  at::Tensor out = bn1_.forward(conv1_(x)).relu_();
+  out = bn2_.forward(conv2_(out)).relu_();
+  out = bn3_.forward(conv3_(out));
   out += identity;
   return out.relu_();
+}
+
+void BottleneckImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  swap_member(*this, name, replacement, {{"bn1", &bn1_}, {"bn2", &bn2_}, {"bn3", &bn3_}},
+              &downsample_);
 }
 
 at::Tensor GlobalAvgPoolImpl::forward(at::Tensor x) {
   // [b, c, h, w] -> [b, c]; mean over h, w equals adaptive_avg_pool2d(x, 1).flatten(1).
   return torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
+}
+
+std::string resnet_name_from_torchvision(const std::string& name, int64_t depth) {
+  auto strip = [](const std::string& text, const std::string& prefix, std::string& rest) {
+    if (text.compare(0, prefix.size(), prefix) != 0) {
+      return false;
+    }
+    rest = text.substr(prefix.size());
+    return true;
+  };
+  std::string rest;
+  if (strip(name, "heads.0.clf.", rest)) {
+    return "head." + rest; // VISSL's mlp head: the same flat layer list as Largo's
+  }
+  const bool in_trunk = strip(name, "trunk._feature_blocks.", rest) ||
+      strip(name, "trunk.base_model._feature_blocks.", rest) ||
+      strip(name, "_feature_blocks.", rest);
+  const std::string torchvision = in_trunk ? rest : name;
+  if (strip(torchvision, "conv1.", rest) || strip(torchvision, "bn1.", rest)) {
+    return "trunk.0." + torchvision;
+  }
+  if (!in_trunk && strip(torchvision, "fc.", rest)) {
+    return "head.0." + rest;
+  }
+  // layer<s>.<i>.<rest>: block i of stage s (1-based), after the stem and earlier stages.
+  int stage = 0;
+  size_t consumed = 0;
+  long long index = 0;
+  if (std::sscanf(torchvision.c_str(), "layer%d.%lld.%zn", &stage, &index, &consumed) == 2 &&
+      consumed > 0 && stage >= 1 && stage <= 4) {
+    const std::vector<int64_t> sizes = resnet_stage_sizes(depth);
+    if (index < sizes[static_cast<size_t>(stage - 1)]) {
+      int64_t block = 1 + index;
+      for (int s = 0; s + 1 < stage; ++s) {
+        block += sizes[static_cast<size_t>(s)];
+      }
+      return fmt::format("trunk.{}.{}", block, torchvision.substr(consumed));
+    }
+  }
+  return name;
 }
 
 Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
@@ -180,8 +295,9 @@ Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
   const int64_t base_width = 64 * options.width_multiplier;
 
   torch::nn::Sequential blocks;
-  blocks->push_back(ResNetStem(in_channels, base_width, options.stem == "imagenet"));
-  std::vector<torch::nn::BatchNorm2d> last_bns;
+  blocks->push_back(
+      ResNetStem(in_channels, base_width, options.stem == "imagenet", options.norm));
+  std::vector<at::Tensor> last_norm_weights;
   int64_t channels = base_width;
   for (size_t stage = 0; stage < stage_sizes.size(); ++stage) {
     const int64_t planes = base_width << stage; // 64, 128, 256, 512 (times the multiplier)
@@ -189,12 +305,13 @@ Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
     for (int64_t i = 0; i < stage_sizes[stage]; ++i) {
       const int64_t stride = i == 0 ? stage_stride : 1;
       if (bottleneck) {
-        Bottleneck block(channels, planes, stride, options.groups, options.width_per_group);
-        last_bns.push_back(block->last_bn());
+        Bottleneck block(
+            channels, planes, stride, options.groups, options.width_per_group, options.norm);
+        last_norm_weights.push_back(norm_weight(block->last_norm()));
         blocks->push_back(block);
       } else {
-        BasicBlock block(channels, planes, stride);
-        last_bns.push_back(block->last_bn());
+        BasicBlock block(channels, planes, stride, options.norm);
+        last_norm_weights.push_back(norm_weight(block->last_norm()));
         blocks->push_back(block);
       }
       channels = planes * expansion;
@@ -205,8 +322,8 @@ Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
   init_like_torchvision(*blocks);
   if (options.zero_init_residual) {
     torch::NoGradGuard no_grad;
-    for (auto& bn : last_bns) {
-      bn->weight.zero_();
+    for (auto& weight : last_norm_weights) {
+      weight.zero_();
     }
   }
   return Trunk{blocks, channels};

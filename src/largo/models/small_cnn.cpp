@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/nn/modules/batchnorm.h>
 
 namespace largo::models {
 
@@ -15,7 +16,17 @@ SmallCnnStageImpl::SmallCnnStageImpl(const SmallCnnStageOptions& options) : opti
       torch::nn::Conv2d(torch::nn::Conv2dOptions(options.in_channels, options.out_channels, 3)
                             .padding(1)
                             .bias(false)));
-  bn_ = register_module("bn", torch::nn::BatchNorm2d(options.out_channels));
+  bn_ = torch::nn::AnyModule(torch::nn::BatchNorm2d(options.out_channels));
+  register_module("bn", bn_.ptr());
+}
+
+void SmallCnnStageImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  if (name != "bn" || replacement.any.is_empty()) {
+    throw Error(fmt::format("SmallCnnStage cannot swap its child {} for a {}", name,
+                            replacement.module()->name()));
+  }
+  replace_module(name, replacement.any.ptr());
+  bn_ = replacement.any;
 }
 
 at::Tensor SmallCnnStageImpl::forward(at::Tensor x) {
@@ -29,7 +40,7 @@ at::Tensor SmallCnnStageImpl::forward(at::Tensor x) {
   }
   x = at::conv2d(x, weight, /*bias=*/{}, /*stride=*/1, /*padding=*/1); // [b, out, h, w]
   x = at::max_pool2d(x, /*kernel_size=*/2);                            // [b, out, h/2, w/2]
-  x = bn_(x).relu_();
+  x = bn_.forward(x).relu_();
   if (options_.pooled_size > 0) {
     const int64_t pooled = options_.pooled_size;
     if (x.size(2) != pooled || x.size(3) != pooled) {

@@ -43,6 +43,14 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
       prefix + ".DATA_SOURCES",
       list_text({kind}),
       "[torchvision_dataset], [synthetic], [disk_folder] or [disk_filelist]");
+  if (kind != "disk_filelist") { // keys only a file list reads: refused rather than ignored
+    for (const char* key : {".LABEL_PATHS", ".REMOVE_IMG_PATH_PREFIX", ".NEW_IMG_PATH_PREFIX"}) {
+      const YAML::Node value = config.node(prefix + key);
+      require(value.IsNull() || (value.IsScalar() && value.Scalar().empty()) ||
+                  (value.IsSequence() && value.size() == 0),
+              prefix + key, "(given)", "unset: it applies to DATA_SOURCES [disk_filelist] only");
+    }
+  }
   if (kind == "synthetic") {
     return;
   }

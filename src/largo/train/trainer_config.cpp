@@ -1,9 +1,14 @@
 #include <largo/train/trainer_config.h>
 
 #include <largo/train/data_config.h>
-
+#include <largo/models/resnet.h>
+#include <largo/parallel/fully_sharded_data_parallel.h>
+#include <largo/parallel/sync_batch_norm.h>
+#include <largo/precision/model_cast.h>
+#include <largo/train/unavailable_keys.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <limits>
@@ -27,27 +32,6 @@ double non_negative(const Config& config, const std::string& key) {
   double value = config.get_double(key);
   require(value >= 0.0, key, fmt::format("{}", value), "a number >= 0");
   return value;
-}
-
-// Switches for capabilities that have their own issues and are not built yet: a user
-// who turns one on must hear that it is not there rather than train without it.
-void reject_unimplemented(const Config& config) {
-  struct Switch {
-    const char* key;
-    const char* feature;
-  };
-  const Switch switches[] = {
-      {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "synchronized BatchNorm"},
-      {"TEST_ONLY", "evaluation-only runs"},
-  };
-  for (const auto& entry : switches) {
-    if (config.get_bool(entry.key)) {
-      throw ConfigError(fmt::format(
-          "config key {} = True: {} is not available in this version of Largo yet; set it to "
-          "False",
-          entry.key, entry.feature));
-    }
-  }
 }
 
 // OPTIMIZER.base_optimizer (ZeRO) holds a copy of OPTIMIZER's own keys, as VISSL writes it:
@@ -105,7 +89,18 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
     }
     return values;
   };
+  // Entries of `schedulers` have no defaults to check their keys against: do it here.
+  static const std::vector<std::string> known{
+      "name",        "update_interval", "value",   "start_value",      "end_value", "values",
+      "milestones",  "lengths",         "interval_scaling", "schedulers", "auto_lr_scaling"};
+  for (const auto& entry : node) {
+    const std::string name = entry.first.as<std::string>();
+    require(std::find(known.begin(), known.end(), name) != known.end(), child_key(name.c_str()),
+            "(given)", fmt::format("a schedule key: {}", fmt::join(known, ", ")));
+  }
   if (node["name"]) {
+    require(node["name"].IsScalar(), child_key("name"), "(not a name)",
+            "a schedule name such as cosine or multistep");
     schedule.name = node["name"].Scalar();
   }
   if (node["update_interval"]) {
@@ -137,6 +132,8 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
   if (node["interval_scaling"]) {
     schedule.interval_scaling.clear();
     for (const auto& element : node["interval_scaling"]) {
+      require(element.IsScalar() && (element.Scalar() == "rescaled" || element.Scalar() == "fixed"),
+              child_key("interval_scaling"), "(given)", "a list of rescaled / fixed");
       schedule.interval_scaling.push_back(element.Scalar());
     }
   }
@@ -204,6 +201,150 @@ void amp_options_from(const Config& config, TrainerOptions& options) {
   options.tf32.cudnn = config.get_bool("MACHINE.ALLOW_TF32_CUDNN");
 }
 
+// MODEL.TRUNK.RESNETS (the ResNet validates the values it gets: models/resnet.h).
+void resnet_options_from(const Config& config, models::ResNetOptions& resnet) {
+  const std::string key = "MODEL.TRUNK.RESNETS.";
+  resnet.depth = config.get_int(key + "DEPTH");
+  resnet.stem = config.get_string(key + "STEM");
+  resnet.zero_init_residual = config.get_bool(key + "ZERO_INIT_RESIDUAL");
+  resnet.width_multiplier = positive_int(config, key + "WIDTH_MULTIPLIER");
+  resnet.groups = config.get_int(key + "GROUPS");
+  resnet.width_per_group = config.get_int(key + "WIDTH_PER_GROUP");
+  resnet.layer4_stride = config.get_int(key + "LAYER4_STRIDE");
+  resnet.norm.type = config.get_string(key + "NORM");
+  resnet.norm.groupnorm_groups = config.get_int(key + "GROUPNORM_GROUPS");
+  models::validate_norm_options(resnet.norm);
+}
+
+// MODEL.TRUNK.VISION_TRANSFORMERS. The ViT is sized from the data's images; IMAGE_SIZE other
+// than VISSL's default (224) must equal them (models::VitOptions::image_size).
+void vit_options_from(const Config& config, models::VitOptions& vit) {
+  const std::string key = "MODEL.TRUNK.VISION_TRANSFORMERS.";
+  const int64_t image_size = positive_int(config, key + "IMAGE_SIZE");
+  vit.image_size = image_size == 224 ? 0 : image_size;
+  vit.patch_size = positive_int(config, key + "PATCH_SIZE");
+  vit.num_layers = positive_int(config, key + "NUM_LAYERS");
+  vit.num_heads = positive_int(config, key + "NUM_HEADS");
+  vit.hidden_dim = positive_int(config, key + "HIDDEN_DIM");
+  vit.mlp_dim = positive_int(config, key + "MLP_DIM");
+  vit.dropout = non_negative(config, key + "DROPOUT_RATE");
+  vit.attention_dropout = non_negative(config, key + "ATTENTION_DROPOUT_RATE");
+  vit.drop_path_rate = non_negative(config, key + "DROP_PATH_RATE");
+  vit.qkv_bias = config.get_bool(key + "QKV_BIAS");
+  vit.classifier = config.get_string(key + "CLASSIFIER");
+}
+
+// MODEL.HEAD.PARAMS: VISSL's [[name, {kwargs}], ...], one entry per head (mlp or eval_mlp).
+// `defaults` carries MODEL.HEAD.BATCHNORM_EPS / MOMENTUM.
+std::vector<models::EvalHeadOptions> heads_from(const Config& config,
+                                                const models::MlpHeadOptions& defaults) {
+  const std::string key = "MODEL.HEAD.PARAMS";
+  const YAML::Node list = config.node(key);
+  require(list.IsSequence(), key, "(not a list)", "a list of [name, {kwargs}] heads");
+  std::vector<models::EvalHeadOptions> heads;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node head = list[i];
+    const std::string head_key = fmt::format("{}[{}]", key, i);
+    const bool well_formed = head.IsSequence() && head.size() == 2 && head[0].IsScalar() &&
+        head[1].IsMap() && head[1]["dims"] && head[1]["dims"].IsSequence();
+    require(well_formed, head_key, "(given)",
+            "a head written as [\"mlp\", {\"dims\": [in, ..., num_classes]}] or [\"eval_mlp\", "
+            "{\"in_channels\": C, \"dims\": [in, ..., num_classes]}]");
+    models::EvalHeadOptions options;
+    options.name = head[0].Scalar();
+    require(options.name == "mlp" || options.name == "eval_mlp", head_key, options.name,
+            "mlp or eval_mlp");
+    options.mlp = defaults;
+    const YAML::Node kwargs = head[1];
+    for (const auto& entry : kwargs) {
+      const std::string name = entry.first.as<std::string>();
+      const std::string arg_key = head_key + "." + name;
+      const YAML::Node& value = entry.second;
+      if (name == "dims") {
+        for (const auto& dim : value) {
+          options.dims.push_back(yaml_to_int(dim, arg_key));
+        }
+      } else if (name == "in_channels" && options.name == "eval_mlp") {
+        options.in_channels = yaml_to_int(value, arg_key);
+      } else if (name == "use_bn") {
+        options.mlp.use_bn = yaml_to_bool(value, arg_key);
+      } else if (name == "use_relu") {
+        options.mlp.use_relu = yaml_to_bool(value, arg_key);
+      } else if (name == "use_dropout" && options.name == "mlp") {
+        options.mlp.use_dropout = yaml_to_bool(value, arg_key);
+      } else if (name == "use_bias" && options.name == "mlp") {
+        options.mlp.use_bias = yaml_to_bool(value, arg_key);
+      } else if (name == "skip_last_layer_relu_bn" && options.name == "mlp") {
+        options.mlp.skip_last_layer_relu_bn = yaml_to_bool(value, arg_key);
+      } else {
+        throw config_error(arg_key, "(given)",
+                           options.name == "mlp"
+                               ? "an mlp argument: dims, use_bn, use_relu, use_dropout, use_bias, "
+                                 "skip_last_layer_relu_bn"
+                               : "an eval_mlp argument: in_channels, dims, use_bn, use_relu");
+      }
+    }
+    heads.push_back(options);
+  }
+  return heads;
+}
+
+// One entry of LINEAR_EVAL_FEAT_POOL_OPS_MAP: [feature, [op, [args]]], the args those of
+// torch.nn's pooling modules: (Avg|Max)Pool2d [kernel_size, stride, padding],
+// Adaptive(Avg|Max)Pool2d [output_size], Identity [].
+models::FeatureTap feature_tap_from(const YAML::Node& entry, const std::string& key) {
+  const bool well_formed = entry.IsSequence() && entry.size() == 2 && entry[0].IsScalar() &&
+      entry[1].IsSequence() && entry[1].size() >= 1 && entry[1][0].IsScalar() &&
+      (entry[1].size() == 1 || entry[1][1].IsSequence());
+  require(well_formed, key, "(given)",
+          "[feature, [pool op, [args]]], e.g. [\"res5\", [\"AvgPool2d\", [[6, 6], 1, 0]]]");
+  models::FeatureTap tap;
+  tap.feature = entry[0].Scalar();
+  tap.pool = entry[1][0].Scalar();
+  const YAML::Node args = entry[1].size() > 1 ? entry[1][1] : YAML::Node(YAML::NodeType::Sequence);
+  auto int_or_pair = [&](const YAML::Node& value) {
+    std::vector<int64_t> sizes;
+    if (value.IsSequence()) {
+      for (const auto& v : value) {
+        sizes.push_back(yaml_to_int(v, key));
+      }
+    } else {
+      sizes.push_back(yaml_to_int(value, key));
+    }
+    return sizes;
+  };
+  if (args.size() > 0) {
+    tap.kernel_size = int_or_pair(args[0]);
+  }
+  if (args.size() > 1) {
+    tap.stride = yaml_to_int(args[1], key);
+  }
+  if (args.size() > 2) {
+    tap.padding = yaml_to_int(args[2], key);
+  }
+  require(args.size() <= 3, key, fmt::format("{} arguments", args.size()),
+          "at most [kernel_size, stride, padding]");
+  return tap;
+}
+
+models::FeatureEvalOptions feature_eval_options_from(const Config& config) {
+  const std::string key = "MODEL.FEATURE_EVAL_SETTINGS.";
+  models::FeatureEvalOptions options;
+  options.eval_mode_on = config.get_bool(key + "EVAL_MODE_ON");
+  options.freeze_trunk_only = config.get_bool(key + "FREEZE_TRUNK_ONLY");
+  options.freeze_trunk_and_head = config.get_bool(key + "FREEZE_TRUNK_AND_HEAD");
+  options.extract_trunk_features_only = config.get_bool(key + "EXTRACT_TRUNK_FEATURES_ONLY");
+  options.eval_trunk_and_head = config.get_bool(key + "EVAL_TRUNK_AND_HEAD");
+  options.assert_head_layer_shape_init = config.get_bool(key + "ASSERT_HEAD_LAYER_SHAPE_INIT");
+  options.should_flatten_feats = config.get_bool(key + "SHOULD_FLATTEN_FEATS");
+  const std::string map_key = key + "LINEAR_EVAL_FEAT_POOL_OPS_MAP";
+  const YAML::Node map = config.node(map_key);
+  require(map.IsSequence(), map_key, "(not a list)", "a list of [feature, [pool op, [args]]]");
+  for (size_t i = 0; i < map.size(); ++i) {
+    options.taps.push_back(feature_tap_from(map[i], fmt::format("{}[{}]", map_key, i)));
+  }
+  return options;
+}
 } // namespace
 
 // MODEL.FSDP_CONFIG (ZeRO stage 3, docs/fsdp.md). AUTO_SETUP_FSDP turns it on and, as VISSL
@@ -257,62 +398,44 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
   config.get_bool(prefix + "verbose");
 }
 
+models::ModelOptions model_options_from(const Config& config) {
+  // in_channels / image_size / num_classes come from the data (0 = infer).
+  models::ModelOptions model;
+  model.in_channels = 0;
+  model.image_size = 0;
+  model.num_classes = 0;
+  model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
+  resnet_options_from(config, model.resnet);
+  vit_options_from(config, model.vit);
+  model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
+  model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
+  model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
+  model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
+  model.head_params_multiplier = config.get_double("MODEL.HEAD.PARAMS_MULTIPLIER");
+  model.feature_eval = feature_eval_options_from(config);
+  std::vector<models::EvalHeadOptions> heads = heads_from(config, model.head);
+  if (!model.feature_eval.taps.empty()) {
+    model.feature_eval.heads = heads; // one head per tapped feature
+    models::validate_feature_eval_options(model.feature_eval);
+  } else if (!heads.empty()) {
+    require(heads.size() == 1 && heads[0].name == "mlp", "MODEL.HEAD.PARAMS", "(given)",
+            "one head written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]] (several heads, "
+            "and eval_mlp heads, need MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+    model.head_dims = heads[0].dims;
+    model.head = heads[0].mlp;
+  }
+  return model;
+}
+
 TrainerOptions trainer_options_from_config(const Config& config) {
-  reject_unimplemented(config);
+  refuse_unavailable_keys(config);
   TrainerOptions options;
 
   options.train = data_split_from(config, "DATA.TRAIN");
   options.test = data_split_from(config, "DATA.TEST");
   options.loading = data_loading_from(config);
 
-  // Model. in_channels / image_size / num_classes come from the data (0 = infer).
-  auto& model = options.model;
-  model.in_channels = 0;
-  model.image_size = 0;
-  model.num_classes = 0;
-  model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
-  model.resnet.depth = config.get_int("MODEL.TRUNK.RESNETS.DEPTH");
-  model.resnet.stem = config.get_string("MODEL.TRUNK.RESNETS.STEM");
-  model.resnet.zero_init_residual = config.get_bool("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
-  model.resnet.width_multiplier = positive_int(config, "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER");
-  const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
-  // The ViT's image size is the data's (IMAGE_SIZE is VISSL's ImageNet default, 224).
-  model.vit.patch_size = positive_int(config, vit + "PATCH_SIZE");
-  model.vit.num_layers = positive_int(config, vit + "NUM_LAYERS");
-  model.vit.num_heads = positive_int(config, vit + "NUM_HEADS");
-  model.vit.hidden_dim = positive_int(config, vit + "HIDDEN_DIM");
-  model.vit.mlp_dim = positive_int(config, vit + "MLP_DIM");
-  model.vit.dropout = non_negative(config, vit + "DROPOUT_RATE");
-  model.vit.attention_dropout = non_negative(config, vit + "ATTENTION_DROPOUT_RATE");
-  model.vit.qkv_bias = config.get_bool(vit + "QKV_BIAS");
-  model.vit.classifier = config.get_string(vit + "CLASSIFIER");
-  model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
-  model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
-  YAML::Node heads = config.node("MODEL.HEAD.PARAMS");
-  if (heads.IsSequence() && heads.size() > 0) {
-    // VISSL's [["mlp", {"dims": [in, ..., out]}]]: one head of kind mlp.
-    const YAML::Node head = heads[0];
-    bool well_formed = heads.size() == 1 && head.IsSequence() && head.size() == 2 &&
-        head[0].IsScalar() && head[0].Scalar() == "mlp" && head[1].IsMap() && head[1]["dims"];
-    require(well_formed, "MODEL.HEAD.PARAMS", "(given)",
-            "one head written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]]");
-    const YAML::Node kwargs = head[1];
-    for (const auto& dim : kwargs["dims"]) {
-      model.head_dims.push_back(yaml_to_int(dim, "MODEL.HEAD.PARAMS.dims"));
-    }
-    auto flag = [&](const char* name, bool& target) {
-      if (kwargs[name]) {
-        target = yaml_to_bool(kwargs[name], fmt::format("MODEL.HEAD.PARAMS.{}", name));
-      }
-    };
-    flag("use_bn", model.head.use_bn);
-    flag("use_relu", model.head.use_relu);
-    flag("use_dropout", model.head.use_dropout);
-    flag("use_bias", model.head.use_bias);
-    flag("skip_last_layer_relu_bn", model.head.skip_last_layer_relu_bn);
-  }
-  model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
-  model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
+  options.model = model_options_from(config);
   const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
   options.activation_checkpointing.enabled =
       config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING");
@@ -453,6 +576,86 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   positive_int(config, "DISTRIBUTED.NUM_NODES");
   positive_int(config, "DISTRIBUTED.NUM_PROC_PER_NODE");
   options.gradient_accumulation_steps = positive_int(config, "TRAINER.GRADIENT_ACCUMULATION_STEPS");
+  // Manual reduction is DistributedDataParallel's; ZeRO stage 2 and FSDP reduce (and scatter)
+  // gradients from their own hooks, so the switch would change nothing there.
+  if (distributed.manual_gradient_reduction && (zero.shard_gradients || options.fsdp.enabled)) {
+    throw config_error("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION", "True",
+                       fmt::format("False with {}: it applies to DistributedDataParallel, and {} "
+                                   "reduces gradients in its own hooks",
+                                   options.fsdp.enabled ? "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP"
+                                                        : "MODEL.SHARDED_DDP_SETUP.USE_SDP",
+                                   options.fsdp.enabled ? "FSDP" : "ZeRO stage 2"));
+  }
+  return options;
+}
+
+SyncBatchNormSettings sync_batch_norm_settings_from(const Config& config) {
+  const std::string key = "MODEL.SYNC_BN_CONFIG.";
+  SyncBatchNormSettings settings;
+  settings.convert = config.get_bool(key + "CONVERT_BN_TO_SYNC_BN");
+  const std::string type = config.get_string(key + "SYNC_BN_TYPE");
+  require(type == "pytorch" || type == "apex", key + "SYNC_BN_TYPE", type,
+          "pytorch or apex (both run Largo's SyncBatchNorm: the same statistics)");
+  settings.group_size = config.get_int(key + "GROUP_SIZE");
+  // -1 (one machine), 0 (all ranks) or N; checked here so that a bad value fails early.
+  parallel::sync_bn_group_size(settings.group_size, 1, 1);
+  return settings;
+}
+
+ModelEmaSettings model_ema_settings_from(const Config& config) {
+  const std::string key = "HOOKS.EMA_MODEL.";
+  ModelEmaSettings settings;
+  settings.save = config.get_bool(key + "SAVE_EMA_MODEL");
+  settings.meters = config.get_bool(key + "ENABLE_EMA_METERS");
+  settings.average.update_iter = config.get_int(key + "UPDATE_ITER");
+  settings.average.warmup = config.get_double(key + "WARMUP");
+  settings.average.decay = config.get_double(key + "DECAY");
+  const std::string device = config.get_string(key + "EMA_DEVICE");
+  require(device == "gpu" || device == "cpu", key + "EMA_DEVICE", device,
+          "gpu (beside the model) or cpu");
+  if (device == "cpu") {
+    settings.average.device = c10::Device(c10::kCPU);
+  }
+  optim::validate_model_ema_options(settings.average);
+  return settings;
+}
+
+checkpoint::WeightsInitOptions weights_init_options_from(const Config& config,
+                                                         const models::ModelOptions& model) {
+  const std::string key = "MODEL.WEIGHTS_INIT.";
+  checkpoint::WeightsInitOptions options;
+  options.params_file = config.get_string(key + "PARAMS_FILE");
+  const std::string state_key = config.get_string(key + "STATE_DICT_KEY_NAME");
+  options.state_dict_key_name = state_key.empty() ? std::vector<std::string>{}
+                                                  : std::vector<std::string>{state_key};
+  options.skip_layers = config.get_string_list(key + "SKIP_LAYERS");
+  options.remove_prefix = config.get_string(key + "REMOVE_PREFIX");
+  options.append_prefix = config.get_string(key + "APPEND_PREFIX");
+  options.init_heads = model.feature_eval.init_heads_from_weights();
+  options.check_head_shapes = model.feature_eval.assert_head_layer_shape_init;
+  if (model.trunk_name == "resnet") {
+    const int64_t depth = model.resnet.depth;
+    options.rename = [depth](const std::string& name) {
+      return models::resnet_name_from_torchvision(name, depth);
+    };
+  }
+  return options;
+}
+
+ClassificationLossOptions classification_loss_options_from(const Config& config) {
+  const std::string name = config.get_string("LOSS.name");
+  const std::string key = "LOSS." + name + ".";
+  ClassificationLossOptions options;
+  options.ignore_index = config.get_int(key + "ignore_index");
+  if (name == "cross_entropy_multiple_output_single_target") {
+    options.temperature = config.get_double(key + "temperature");
+    require(options.temperature > 0, key + "temperature", fmt::format("{}", options.temperature),
+            "a number > 0");
+    options.normalize_output = config.get_bool(key + "normalize_output");
+    if (!config.node(key + "weight").IsNull()) {
+      options.weight = config.get_double_list(key + "weight");
+    }
+  }
   return options;
 }
 

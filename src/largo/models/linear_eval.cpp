@@ -1,0 +1,335 @@
+#include <largo/models/linear_eval.h>
+
+#include <largo/core/config.h>
+#include <largo/core/error.h>
+#include <largo/models/resnet.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/modules/batchnorm.h>
+
+#include <algorithm>
+
+namespace largo::models {
+namespace {
+
+const std::string kKey = "MODEL.FEATURE_EVAL_SETTINGS.";
+const std::vector<std::string> kFeatures{
+    "conv1", "res1", "res2", "res3", "res4", "res5", "res5avg", "flatten"};
+const std::vector<std::string> kPools{
+    "AvgPool2d", "MaxPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Identity"};
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+void validate_tap(const FeatureTap& tap, size_t index) {
+  const std::string key = fmt::format("{}LINEAR_EVAL_FEAT_POOL_OPS_MAP[{}]", kKey, index);
+  if (!contains(kFeatures, tap.feature)) {
+    throw config_error(
+        key, tap.feature, fmt::format("a ResNet feature: {}", fmt::join(kFeatures, ", ")));
+  }
+  if (!contains(kPools, tap.pool)) {
+    throw config_error(key, tap.pool, fmt::format("a pool op: {}", fmt::join(kPools, ", ")));
+  }
+  const bool needs_size = tap.pool != "Identity";
+  const bool size_ok = tap.kernel_size.size() == 1 || tap.kernel_size.size() == 2;
+  if (needs_size &&
+      (!size_ok || std::any_of(tap.kernel_size.begin(), tap.kernel_size.end(), [](int64_t v) {
+        return v <= 0;
+      }))) {
+    throw config_error(
+        key,
+        fmt::format("{} [{}]", tap.pool, fmt::join(tap.kernel_size, ", ")),
+        "a kernel (or output) size of one or two integers > 0, e.g. "
+        "[\"AvgPool2d\", [[8, 8], 3, 0]]");
+  }
+  if (tap.stride < 0 || tap.padding < 0) {
+    throw config_error(
+        key,
+        fmt::format("stride {}, padding {}", tap.stride, tap.padding),
+        "a stride >= 0 (0: the kernel size) and a padding >= 0");
+  }
+}
+
+void validate_head(const EvalHeadOptions& head, size_t index) {
+  const std::string key = fmt::format("MODEL.HEAD.PARAMS[{}]", index);
+  if (head.name != "eval_mlp" && head.name != "mlp") {
+    throw config_error(key, head.name, "eval_mlp or mlp (one head per feature tap)");
+  }
+  if (head.name == "eval_mlp" && head.in_channels <= 0) {
+    throw config_error(key + ".in_channels", std::to_string(head.in_channels), "an integer > 0");
+  }
+  if (head.dims.size() < 2) {
+    throw config_error(
+        key + ".dims",
+        fmt::format("[{}]", fmt::join(head.dims, ", ")),
+        "at least two dims [in, ..., classes]");
+  }
+}
+
+// Stage sizes of a ResNet trunk from its number of blocks (stem + residual blocks + pool).
+std::vector<int64_t> stage_sizes_of(const torch::nn::Sequential& trunk) {
+  const bool resnet = trunk->size() >= 3 && trunk->ptr(0)->as<ResNetStemImpl>() != nullptr &&
+                      trunk->ptr(trunk->size() - 1)->as<GlobalAvgPoolImpl>() != nullptr;
+  if (resnet) {
+    for (int64_t depth : {18, 34, 101, 152, 200}) { // 50 has 34's stages
+      std::vector<int64_t> sizes = resnet_stage_sizes(depth);
+      int64_t blocks = 2;
+      for (int64_t size : sizes) {
+        blocks += size;
+      }
+      if (blocks == static_cast<int64_t>(trunk->size())) {
+        return sizes;
+      }
+    }
+  }
+  throw config_error(
+      kKey + "LINEAR_EVAL_FEAT_POOL_OPS_MAP",
+      "(features of ResNet stages)",
+      "a resnet trunk (MODEL.TRUNK.NAME resnet): the features are named after "
+      "its stages; leave the map empty to evaluate another trunk's output");
+}
+
+} // namespace
+
+void validate_feature_eval_options(const FeatureEvalOptions& options) {
+  for (size_t i = 0; i < options.taps.size(); ++i) {
+    validate_tap(options.taps[i], i);
+  }
+  if (!options.taps.empty() && options.heads.size() != options.taps.size()) {
+    throw config_error(
+        "MODEL.HEAD.PARAMS",
+        fmt::format("{} heads", options.heads.size()),
+        fmt::format(
+            "one head per entry of {}LINEAR_EVAL_FEAT_POOL_OPS_MAP ({})",
+            kKey,
+            options.taps.size()));
+  }
+  if (options.taps.empty() && !options.heads.empty()) {
+    throw config_error(
+        "MODEL.HEAD.PARAMS",
+        fmt::format("{} eval heads", options.heads.size()),
+        fmt::format(
+            "one [\"mlp\", ...] head (the pretrained model's) when "
+            "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP is empty",
+            kKey));
+  }
+  for (size_t i = 0; i < options.heads.size(); ++i) {
+    validate_head(options.heads[i], i);
+  }
+}
+
+EvalLinearHeadImpl::EvalLinearHeadImpl(const EvalHeadOptions& options) {
+  clf_ = register_module("clf", build_mlp_head(options.dims, options.mlp));
+}
+
+at::Tensor EvalLinearHeadImpl::forward(at::Tensor x) {
+  return clf_->forward(x.flatten(1)); // [b, c] or [b, c, 1, 1] -> [b, c]
+}
+
+EvalMlpHeadImpl::EvalMlpHeadImpl(const EvalHeadOptions& options) {
+  channel_bn_ =
+      torch::nn::AnyModule(torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(options.in_channels)
+                                                      .eps(options.mlp.batchnorm_eps)
+                                                      .momentum(options.mlp.batchnorm_momentum)));
+  register_module("channel_bn", channel_bn_.ptr());
+  clf_ = register_module("clf", EvalLinearHead(options));
+}
+
+at::Tensor EvalMlpHeadImpl::forward(at::Tensor x) {
+  if (x.dim() == 2) {
+    x = x.unsqueeze(2).unsqueeze(3); // VISSL: [b, c] is seen as [b, c, 1, 1]
+  }
+  return clf_->forward(channel_bn_.forward(x));
+}
+
+void EvalMlpHeadImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  if (name != "channel_bn" || replacement.any.is_empty()) {
+    throw Error(fmt::format("EvalMlpHead cannot swap its child {}", name));
+  }
+  replace_module(name, replacement.any.ptr());
+  channel_bn_ = replacement.any;
+}
+
+LinearEvalModelImpl::LinearEvalModelImpl(
+    TrunkHeadModel pretrained, const FeatureEvalOptions& options)
+    : options_(options) {
+  validate_feature_eval_options(options_);
+  if (!options_.enabled()) {
+    throw config_error(
+        kKey + "EVAL_MODE_ON",
+        options_.eval_mode_on ? "True" : "False",
+        "True, with FREEZE_TRUNK_ONLY or FREEZE_TRUNK_AND_HEAD, to build a linear "
+        "evaluation model");
+  }
+  trunk_ = register_module("trunk", pretrained->trunk());
+  for (auto& parameter : trunk_->parameters()) {
+    parameter.set_requires_grad(false);
+  }
+  if (options_.taps.empty()) {
+    head_ = register_module("head", pretrained->head());
+    if (options_.freeze_trunk_and_head) {
+      for (auto& parameter : head_->parameters()) {
+        parameter.set_requires_grad(false);
+      }
+    }
+  } else {
+    stage_sizes_of(trunk_); // throws for a trunk that is not a ResNet
+    heads_ = register_module("heads", torch::nn::ModuleList());
+    for (const auto& head : options_.heads) {
+      if (head.name == "eval_mlp") {
+        EvalMlpHead module(head);
+        heads_->push_back(module);
+        head_calls_.emplace_back(module);
+      } else {
+        EvalLinearHead module(head);
+        heads_->push_back(module);
+        head_calls_.emplace_back(module);
+      }
+      if (options_.freeze_trunk_and_head) {
+        for (auto& parameter : heads_[heads_->size() - 1]->parameters()) {
+          parameter.set_requires_grad(false);
+        }
+      }
+    }
+  }
+  train(pretrained->is_training());
+}
+
+void LinearEvalModelImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  trunk_->eval(); // frozen: BatchNorm uses (and keeps) the pretrained statistics
+  if (options_.freeze_trunk_and_head) {
+    if (head_) {
+      head_->eval();
+    }
+    if (heads_) {
+      heads_->eval();
+    }
+  }
+}
+
+int64_t LinearEvalModelImpl::num_outputs() const {
+  return options_.taps.empty() ? 1 : static_cast<int64_t>(options_.taps.size());
+}
+
+std::vector<int64_t> LinearEvalModelImpl::tap_blocks() const {
+  const std::vector<int64_t> sizes = stage_sizes_of(trunk_);
+  std::vector<int64_t> stage_ends{1}; // res1: after the stem
+  for (int64_t size : sizes) {
+    stage_ends.push_back(stage_ends.back() + size);
+  }
+  std::vector<int64_t> blocks;
+  for (const auto& tap : options_.taps) {
+    const auto& f = tap.feature;
+    if (f == "conv1") {
+      blocks.push_back(-1);
+    } else if (f == "res5avg" || f == "flatten") {
+      blocks.push_back(static_cast<int64_t>(trunk_->size()));
+    } else {
+      blocks.push_back(stage_ends[static_cast<size_t>(f.back() - '1')]); // res1 .. res5
+    }
+  }
+  return blocks;
+}
+
+at::Tensor LinearEvalModelImpl::pool(const FeatureTap& tap, at::Tensor x) const {
+  if (tap.feature == "res5avg") {
+    x = x.reshape({x.size(0), x.size(1), 1, 1}); // VISSL's avgpool output keeps h, w = 1
+  }
+  if (tap.pool != "Identity") {
+    std::vector<int64_t> size = tap.kernel_size;
+    if (size.size() == 1) {
+      size.push_back(size[0]);
+    }
+    const std::vector<int64_t> stride =
+        tap.stride > 0 ? std::vector<int64_t>{tap.stride, tap.stride} : size;
+    const std::vector<int64_t> padding{tap.padding, tap.padding};
+    if (tap.pool == "AvgPool2d") {
+      x = at::avg_pool2d(x, size, stride, padding);
+    } else if (tap.pool == "MaxPool2d") {
+      x = at::max_pool2d(x, size, stride, padding);
+    } else if (tap.pool == "AdaptiveAvgPool2d") {
+      x = at::adaptive_avg_pool2d(x, size);
+    } else {
+      x = std::get<0>(at::adaptive_max_pool2d(x, size));
+    }
+  }
+  return options_.should_flatten_feats ? x.flatten(1) : x;
+}
+
+std::vector<at::Tensor> LinearEvalModelImpl::forward_features(at::Tensor x) {
+  torch::NoGradGuard frozen; // the trunk has no trainable parameters
+  if (options_.taps.empty()) {
+    for (auto& block : *trunk_) {
+      x = block.forward<at::Tensor>(std::move(x));
+    }
+    return {x};
+  }
+  const std::vector<int64_t> blocks = tap_blocks();
+  const int64_t last = *std::max_element(blocks.begin(), blocks.end());
+  std::vector<at::Tensor> features(blocks.size());
+  auto record = [&](int64_t after_block, const at::Tensor& value) {
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      if (blocks[i] == after_block) {
+        features[i] = pool(options_.taps[i], value);
+      }
+    }
+  };
+  auto* stem = trunk_->ptr(0)->as<ResNetStemImpl>();
+  x = stem->forward_conv(std::move(x));
+  record(-1, x);
+  x = stem->forward_pool(std::move(x));
+  record(1, x);
+  for (int64_t block = 1; block < last; ++block) {
+    x = (trunk_->begin() + block)->forward<at::Tensor>(std::move(x));
+    record(block + 1, x);
+  }
+  return features;
+}
+
+std::vector<at::Tensor> LinearEvalModelImpl::forward(at::Tensor images) {
+  std::vector<at::Tensor> features = forward_features(std::move(images));
+  if (options_.taps.empty()) {
+    return {head_->forward(features[0])};
+  }
+  std::vector<at::Tensor> outputs;
+  for (size_t i = 0; i < features.size(); ++i) {
+    const EvalHeadOptions& head = options_.heads[i];
+    const at::Tensor& feature = features[i];
+    const int64_t width = feature.numel() / std::max<int64_t>(feature.size(0), 1);
+    const int64_t channels = feature.dim() == 4 ? feature.size(1) : width;
+    const bool fits = width == head.dims.front() &&
+                      (head.name != "eval_mlp" || channels == head.in_channels) &&
+                      (head.name == "eval_mlp" || feature.dim() <= 2 ||
+                       feature.numel() == feature.size(0) * feature.size(1));
+    if (!fits) {
+      throw config_error(
+          fmt::format("MODEL.HEAD.PARAMS[{}]", i),
+          fmt::format(
+              "{} in_channels {} dims [{}]",
+              head.name,
+              head.in_channels,
+              fmt::join(head.dims, ", ")),
+          fmt::format(
+              "a head that fits feature {} pooled by {}: shape [{}] ({} values per image)",
+              options_.taps[i].feature,
+              options_.taps[i].pool,
+              fmt::join(feature.sizes(), ", "),
+              width));
+    }
+    outputs.push_back(head_calls_[i].forward(feature));
+  }
+  return outputs;
+}
+
+void LinearEvalModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  if ((name != "trunk" && name != "head") || !replacement.sequential) {
+    throw Error(fmt::format("LinearEvalModel cannot swap its child {}", name));
+  }
+  replace_module(name, replacement.sequential.ptr());
+  (name == "trunk" ? trunk_ : head_) = replacement.sequential;
+}
+
+} // namespace largo::models

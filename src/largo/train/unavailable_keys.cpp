@@ -1,0 +1,195 @@
+#include <largo/train/unavailable_keys.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace largo::train {
+namespace {
+
+std::vector<UnavailableKey> build_list() {
+  const std::string data_keys[][2] = {
+      {"USE_DEBUGGING_SAMPLER", "the debugging sampler (an unshuffled split)"},
+      {"BASE_DATASET", "a base dataset other than generic_ssl"},
+      {"COLLATE_FUNCTION", "a collate function other than default_collate"},
+      {"COLLATE_FUNCTION_PARAMS", "a collate function's parameters"},
+      {"DATA_LIMIT_SAMPLING.IS_BALANCED", "a class-balanced DATA_LIMIT subset"},
+      {"DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES", "skipping samples before the DATA_LIMIT subset"},
+      {"COPY_TO_LOCAL_DISK", "copying the data to a local disk"},
+      {"COPY_DESTINATION_DIR", "copying the data to a local disk"},
+      {"INPUT_KEY_NAMES", "a sample key other than data"},
+      {"TARGET_KEY_NAMES", "a sample key other than label"},
+      {"ENABLE_QUEUE_DATASET", "replacing unreadable images from a queue"},
+      {"RANDOM_SYNTHETIC_IMAGES",
+       "VISSL's random synthetic image source (use DATA_SOURCES: [synthetic])"},
+      {"RANDOM_SYNTHETIC_LABELS",
+       "VISSL's random synthetic label source (use DATA_SOURCES: [synthetic])"},
+  };
+  std::vector<UnavailableKey> keys{
+      {"REPRODUCIBILITY.CUDDN_DETERMINISTIC", "switching cuDNN to deterministic kernels"},
+  };
+  for (const char* split : {"TRAIN", "TEST"}) {
+    for (const auto& [key, what] : data_keys) {
+      keys.push_back({fmt::format("DATA.{}.{}", split, key), what});
+    }
+  }
+  const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
+  const std::string weights = "MODEL.WEIGHTS_INIT.";
+  const std::string sync_bn = "MODEL.SYNC_BN_CONFIG.";
+  const std::string eval = "MODEL.FEATURE_EVAL_SETTINGS.";
+  const std::string loss = "LOSS.cross_entropy_multiple_output_single_target.";
+  const std::string ema = "HOOKS.EMA_MODEL.";
+  std::vector<UnavailableKey> more{
+      {"TEST_ONLY", "evaluation-only runs", {}, true},
+      {"MODEL.INPUT_TYPE", "an input type other than rgb"},
+      {"MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS",
+       "weight standardization of the convolutions"},
+      {"MODEL.TRUNK.REGNET", "the RegNet trunk"},
+      {vit + "name", "a ViT preset by name (set NUM_LAYERS, HIDDEN_DIM, ... instead)"},
+      {vit + "QK_SCALE", "a custom attention scale"},
+      {vit + "CHECKPOINT_MLP",
+       "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
+      {vit + "CHECKPOINT_BLOCK",
+       "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
+  };
+  keys.insert(keys.end(), more.begin(), more.end());
+  // Library pieces exist (checkpoint/weights_init.h, parallel/sync_batch_norm.h,
+  // models/linear_eval.h, optim/model_ema.h, train/classification_loss.h); the trainer's
+  // wiring moves these keys out of this list.
+  for (const char* key :
+       {"PARAMS_FILE", "STATE_DICT_KEY_NAME", "SKIP_LAYERS", "REMOVE_PREFIX", "APPEND_PREFIX"}) {
+    keys.push_back({weights + key, "initializing the model from a weights file", {}, true});
+  }
+  for (const char* key : {"CONVERT_BN_TO_SYNC_BN", "SYNC_BN_TYPE", "GROUP_SIZE"}) {
+    keys.push_back({sync_bn + key, "synchronized BatchNorm", {}, true});
+  }
+  for (const char* key :
+       {"EVAL_MODE_ON",
+        "FREEZE_TRUNK_ONLY",
+        "FREEZE_TRUNK_AND_HEAD",
+        "EXTRACT_TRUNK_FEATURES_ONLY",
+        "EVAL_TRUNK_AND_HEAD",
+        "ASSERT_HEAD_LAYER_SHAPE_INIT",
+        "SHOULD_FLATTEN_FEATS",
+        "LINEAR_EVAL_FEAT_POOL_OPS_MAP"}) {
+    keys.push_back({eval + key, "linear evaluation of a frozen trunk", {}, true});
+  }
+  for (const char* key : {"weight", "normalize_output", "temperature"}) {
+    keys.push_back({loss + key, "this cross-entropy option", {}, true});
+  }
+  keys.push_back(
+      {loss + "reduction", "a reduction other than mean (VISSL passes it to nothing either)"});
+  std::vector<UnavailableKey> rest{
+      {"OPTIMIZER.construct_single_param_group_only", "a single parameter group"},
+      {"OPTIMIZER.param_group_constructor", "a parameter group constructor other than default"},
+      {"METERS.name", "a meter other than accuracy_list_meter", {"accuracy_list_meter"}},
+      {"METERS.names", "a meter other than accuracy_list_meter", {"[accuracy_list_meter]"}},
+      {"TRAINER.TRAIN_STEP_NAME", "a train step other than standard_train_step"},
+      {"TRAINER.TASK_NAME",
+       "a task other than VISSL's three (Largo picks the parallel mode from "
+       "SHARDED_DDP_SETUP and FSDP_CONFIG)",
+       {"self_supervision_sdp_task", "self_supervision_fsdp_task"}},
+      {"CHECKPOINT.APPEND_DISTR_RUN_ID", "a RUN_ID subfolder of the checkpoint directory"},
+      {"CHECKPOINT.BACKEND", "a checkpoint backend other than disk"},
+      {"CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM",
+       "resuming from an older checkpoint than the newest"},
+  };
+  keys.insert(keys.end(), rest.begin(), rest.end());
+  for (const char* key :
+       {"SAVE_EMA_MODEL", "ENABLE_EMA_METERS", "UPDATE_ITER", "WARMUP", "DECAY", "EMA_DEVICE"}) {
+    keys.push_back({ema + key, "the model's exponential moving average", {}, true});
+  }
+  return keys;
+}
+
+bool both_bools(const YAML::Node& a, const YAML::Node& b) {
+  return yaml_scalar_is_bool(a) && yaml_scalar_is_bool(b);
+}
+
+} // namespace
+
+const std::vector<UnavailableKey>& unavailable_keys() {
+  static const std::vector<UnavailableKey> keys = build_list();
+  return keys;
+}
+
+bool same_config_value(const YAML::Node& a, const YAML::Node& b) {
+  if (!a.IsDefined() || !b.IsDefined() || a.IsNull() || b.IsNull()) {
+    return (!a.IsDefined() || a.IsNull()) && (!b.IsDefined() || b.IsNull());
+  }
+  if (a.Type() != b.Type()) {
+    return false;
+  }
+  if (a.IsScalar()) {
+    if (both_bools(a, b)) {
+      return yaml_to_bool(a, "") == yaml_to_bool(b, "");
+    }
+    if (yaml_scalar_is_number(a) && yaml_scalar_is_number(b)) {
+      return yaml_to_double(a, "") == yaml_to_double(b, "");
+    }
+    return a.Scalar() == b.Scalar();
+  }
+  if (a.IsSequence()) {
+    if (a.size() != b.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!same_config_value(a[i], b[i])) {
+        return false;
+      }
+    }
+    return true;
+  }
+  if (a.size() != b.size()) {
+    return false;
+  }
+  for (const auto& entry : a) {
+    const YAML::Node other = b[entry.first.Scalar()];
+    if (!other.IsDefined() || !same_config_value(entry.second, other)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::string config_value_text(const YAML::Node& value) {
+  if (!value.IsDefined() || value.IsNull()) {
+    return "null";
+  }
+  YAML::Emitter out;
+  out << YAML::Flow << value;
+  return out.c_str();
+}
+
+void refuse_unavailable_keys(const Config& config) {
+  static const Config defaults = Config::defaults();
+  for (const auto& entry : unavailable_keys()) {
+    const YAML::Node value = config.node(entry.key);
+    const YAML::Node default_value = defaults.node(entry.key);
+    if (same_config_value(value, default_value)) {
+      continue;
+    }
+    const bool accepted = std::any_of(
+        entry.also_accepted.begin(), entry.also_accepted.end(), [&](const std::string& text) {
+          return same_config_value(value, YAML::Load(text));
+        });
+    if (accepted) {
+      continue;
+    }
+    std::string alternatives;
+    for (const auto& text : entry.also_accepted) {
+      alternatives += " or " + text;
+    }
+    throw ConfigError(fmt::format(
+        "config key {} = {}: {} is not available in this version of Largo{}; set it to {}{}",
+        entry.key,
+        config_value_text(value),
+        entry.what,
+        entry.not_built_yet ? " yet" : "",
+        config_value_text(default_value),
+        alternatives));
+  }
+}
+
+} // namespace largo::train

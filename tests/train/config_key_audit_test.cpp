@@ -1,0 +1,457 @@
+// The key audit that cannot rot: every key of configs/defaults.yaml is in exactly one of
+//   - kWired: the config mapping reads it (checked here by planting a value of the wrong
+//     type in the key and requiring the mapping to fail), and the named test shows what it
+//     changes (checked to exist in tests/);
+//   - unavailable_keys() (train/unavailable_keys.h): changing it from its default stops the
+//     run with "... is not available in this version of Largo; set it to <default>" (checked
+//     here for every key);
+//   - kNoEffect: it changes nothing a run computes, by design, with the reason.
+// Nothing is silently ignored. The table of every key in docs/config.md is generated from
+// these lists (LARGO_UPDATE_DOCS=1 rewrites it; otherwise a stale table fails).
+#include <largo/core/config.h>
+#include <largo/core/error.h>
+#include <largo/train/trainer_config.h>
+#include <largo/train/unavailable_keys.h>
+#include <largo/train/worker_launch.h>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+namespace largo::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct WiredKey {
+  std::string key;
+  std::string what;                // what it does, for docs/config.md
+  std::string test;                // Suite.Name of a test that shows it
+  std::vector<std::string> with{}; // overrides under which the mapping reads it
+};
+
+struct NoEffectKey {
+  std::string key;
+  std::string reason;
+};
+
+const char* kMapping = "TrainerConfigMappingTest.RunKeysReachTheTrainerOptions";
+const char* kResNetKeys = "TrainerConfigMappingTest.ResNetNormGroupsAndStrideKeysChangeTheModel";
+const char* kVitKeys = "TrainerConfigMappingTest.VitDropPathImageSizeAndHeadMultiplierReachTheModel";
+
+std::vector<WiredKey> wired_keys() {
+  std::vector<WiredKey> keys{
+      {"LOG_FREQUENCY", "iterations between console and metrics.jsonl lines", kMapping},
+      {"TEST_MODEL", "evaluate on DATA.TEST during training", "TrainerDistributedTest.RankZeroAloneWritesAndEvaluationCoversTheWholeTestSet"},
+      {"TEST_EVERY_NUM_EPOCH", "evaluate after every N-th epoch", kMapping},
+      {"SEED_VALUE", "seeds model init, data order and augmentation", "DataLoader.AugmentationDependsOnSeedAndEpoch"},
+      {"HOOKS.CHECK_NAN", "a non-finite loss or gradient stops the run (or skips the step under loss scaling)", "TrainerTest.NonFiniteLossStopsWithoutWritingACheckpoint"},
+      {"HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD", "write TensorBoard event files", "TrainerTest.RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint"},
+      {"DATA.NUM_DATALOADER_WORKERS", "loader threads per process (the batches do not depend on it)", "DataLoader.SameBatchesForAnyNumberOfWorkers"},
+      {"DATA.DDP_BUCKET_CAP_MB", "DDP gradient bucket size", "DistributedDataParallelTest.BucketsCoverEveryParameterOnce"},
+      {"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER", "VISSL's stateful sampler order (mid-epoch resume)", "TrainerDistributedTest.MidEpochResumeWithStatefulSamplerIsBitExact"},
+  };
+  for (const std::string split : {"TRAIN", "TEST"}) {
+    const std::string p = "DATA." + split + ".";
+    std::vector<WiredKey> data{
+        {p + "DROP_LAST", "drop each rank's last short batch", "DataLoader.DropLastDropsOnlyTheShortBatch"},
+        {p + "DATA_SOURCES", "torchvision_dataset or synthetic", "TrainerTest.ResumeIsBitExact"},
+        {p + "DATASET_NAMES", "MNIST, FashionMNIST or CIFAR10", "TrainerTest.ShortFashionMnistRunLearns"},
+        {p + "DATA_PATHS", "the dataset's directory", "TrainerTest.MissingDatasetIsAClearError"},
+        {p + "BATCHSIZE_PER_REPLICA", "batch per process", "TrainerDistributedTest.GradientAccumulationEqualsTheLargerBatchInOneProcess"},
+        {p + "TRANSFORMS", "the augmentation pipeline", "TransformPipeline.AppliesInOrderAndIsDeterministicPerSeed"},
+        {p + "DATA_LIMIT", "use a random subset of N samples", "SeededRandperm.MatchesPythonTorchRandperm"},
+        {p + "DATA_LIMIT_SAMPLING.SEED", "the subset's seed", "SeededRandperm.MatchesPythonTorchRandperm"},
+        {p + "SYNTHETIC.NUM_SAMPLES", "Largo extension: size of the synthetic dataset", "SyntheticDataset.SamplesDependOnlyOnSeedAndIndex"},
+        {p + "SYNTHETIC.IMAGE_SHAPE", "Largo extension: [C, H, W] of synthetic images", "SyntheticDataset.ValuesCoverTheirRanges"},
+        {p + "SYNTHETIC.NUM_CLASSES", "Largo extension: classes of the synthetic dataset", "SyntheticDataset.ValuesCoverTheirRanges"},
+    };
+    keys.insert(keys.end(), data.begin(), data.end());
+  }
+  const std::string resnet = "MODEL.TRUNK.RESNETS.";
+  const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
+  const std::string amp = "MODEL.AMP_PARAMS.";
+  const std::string fsdp = "MODEL.FSDP_CONFIG.";
+  const std::vector<std::string> with_fsdp{fsdp + "AUTO_SETUP_FSDP=True"};
+  const std::string opt = "OPTIMIZER.";
+  std::vector<WiredKey> model{
+      {"MODEL.TRUNK.NAME", "resnet, small_cnn, mlp or vision_transformer", "ModelFactory.BuildsEverySupportedTrunk"},
+      {resnet + "DEPTH", "18, 34, 50, 101, 152 or 200", "ResNet.ParameterCountsEqualTorchvision"},
+      {resnet + "WIDTH_MULTIPLIER", "widens the stem and every stage", "ResNet.WidthMultiplierWidensStemAndStages"},
+      {resnet + "NORM", "BatchNorm, GroupNorm or LayerNorm (GroupNorm with one group)", kResNetKeys},
+      {resnet + "GROUPNORM_GROUPS", "groups of GroupNorm", kResNetKeys},
+      {resnet + "GROUPS", "ResNeXt cardinality", kResNetKeys},
+      {resnet + "WIDTH_PER_GROUP", "ResNeXt channels per group", kResNetKeys},
+      {resnet + "ZERO_INIT_RESIDUAL", "zero-init each block's last norm weight", "ResNet.ZeroInitResidualZeroesTheLastNormOfEachBlock"},
+      {resnet + "LAYER4_STRIDE", "stride of the last stage (1 or 2)", kResNetKeys},
+      {resnet + "STEM", "Largo extension: imagenet (7x7/2 + pool) or cifar (3x3/1)", "ResNet.CifarStemCountDiffersOnlyByTheFirstConv"},
+      {"MODEL.TRUNK.MLP.HIDDEN_DIMS", "Largo extension: hidden widths of the mlp trunk", "Mlp.ShapesBlocksAndParameterCount"},
+      {"MODEL.TRUNK.SMALL_CNN.DROPOUT", "Largo extension: dropout of the small CNN", "SmallCnn.CustomChannelsPoolingAndDropout"},
+      {vit + "IMAGE_SIZE", "224 (VISSL's default): the data's size; any other value must equal it", kVitKeys},
+      {vit + "PATCH_SIZE", "patch side", "Vit.ParameterCountMatchesClosedForm"},
+      {vit + "NUM_LAYERS", "encoder layers", "Vit.ParameterCountMatchesClosedForm"},
+      {vit + "NUM_HEADS", "attention heads", "Vit.ParameterCountMatchesClosedForm"},
+      {vit + "HIDDEN_DIM", "token width", "Vit.ParameterCountMatchesClosedForm"},
+      {vit + "MLP_DIM", "MLP width", "Vit.ParameterCountMatchesClosedForm"},
+      {vit + "DROPOUT_RATE", "dropout on embeddings, attention output and MLP", "Vit.DropoutAndDropPathOnlyInTraining"},
+      {vit + "ATTENTION_DROPOUT_RATE", "dropout on the attention weights", "Vit.DropoutAndDropPathOnlyInTraining"},
+      {vit + "CLASSIFIER", "token (class token) or gap (mean of the tokens)", "Vit.GapClassifierHasNoClassToken"},
+      {vit + "DROP_PATH_RATE", "stochastic depth, rising linearly to this rate in the last layer", kVitKeys},
+      {vit + "QKV_BIAS", "biases in the qkv projection", "Vit.ParameterCountMatchesClosedForm"},
+      {"MODEL.HEAD.PARAMS", "the head: one mlp (or one head per feature under linear evaluation)", "Heads.ModelWithMlpHead"},
+      {"MODEL.HEAD.BATCHNORM_EPS", "eps of the heads' BatchNorm", "Heads.MlpHeadWithBnReluSkipsThemAfterTheLastLayer"},
+      {"MODEL.HEAD.BATCHNORM_MOMENTUM", "momentum of the heads' BatchNorm", "Heads.MlpHeadWithBnReluSkipsThemAfterTheLastLayer"},
+      {"MODEL.HEAD.PARAMS_MULTIPLIER", "scales the head's initial Linear weights and biases", kVitKeys},
+      {amp + "USE_AMP", "mixed precision on", "MixedPrecisionTrainingTest.AmpSettingsAreReadAndCheckedFromTheConfig"},
+      {amp + "AMP_ARGS.opt_level", "Apex O0-O3", "PrecisionPolicy.ApexOptLevelsFollowApexTable"},
+      {amp + "AMP_TYPE", "apex or pytorch", "MixedPrecisionTrainingTest.AmpSettingsAreReadAndCheckedFromTheConfig"},
+      {amp + "DTYPE", "Largo extension: float16 or bfloat16", "MixedPrecisionTrainingTest.Bfloat16EndsWithinHalfAPointOfFloat32OnFashionMnist"},
+      {amp + "GRAD_SCALER.INIT_SCALE", "Largo extension: initial loss scale", "GradScalerBaseline.UpdateSequencesMatchPyTorchGradScaler"},
+      {amp + "GRAD_SCALER.GROWTH_FACTOR", "Largo extension: scale growth", "GradScalerBaseline.UpdateSequencesMatchPyTorchGradScaler"},
+      {amp + "GRAD_SCALER.BACKOFF_FACTOR", "Largo extension: scale back-off", "GradScalerBaseline.UpdateSequencesMatchPyTorchGradScaler"},
+      {amp + "GRAD_SCALER.GROWTH_INTERVAL", "Largo extension: clean steps before growing", "GradScaler.GrowsAfterGrowthIntervalCleanSteps"},
+      {amp + "GRAD_SCALER.HYSTERESIS", "Largo extension: overflows tolerated before backing off", "GradScalerBaseline.HysteresisAndMinimumScaleFollowDeepSpeedsRule"},
+      {amp + "GRAD_SCALER.MIN_LOSS_SCALE", "Largo extension: the lowest scale", "MixedPrecisionTrainingTest.LossScaleAtItsMinimumStopsTheRun"},
+      {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING", "recompute trunk segments in the backward", "TrainerTest.ActivationCheckpointingLeavesTheLossesUnchanged"},
+      {"MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS", "trunk segments", "TrainerTest.MoreCheckpointingSplitsThanTrunkBlocksIsAConfigError"},
+      {"MODEL.SHARDED_DDP_SETUP.USE_SDP", "ZeRO stage 2", "TrainerZeroTest.StagesOneAndTwoTrainLikeDdp"},
+      {"MODEL.SHARDED_DDP_SETUP.reduce_buffer_size", "ZeRO stage 2 reduce bucket (elements)", "TrainerZeroTest.StagesOneAndTwoTrainLikeDdp"},
+      {fsdp + "AUTO_SETUP_FSDP", "ZeRO stage 3", "TrainerFsdpTest.TrainsLikeDdp"},
+      {fsdp + "AUTO_WRAP_THRESHOLD", "parameters that make a block its own unit", "TrainerFsdpConfigTest.TheSeedsKeysConfigureIt", with_fsdp},
+      {fsdp + "AMP_TYPE", "O1 (float32 compute) or O2 (compute copies)", "TrainerFsdpTest.ComputeCopiesComputeLikeApexO2", with_fsdp},
+      {fsdp + "compute_dtype", "float32, or float16/bfloat16 compute copies", "TrainerFsdpTest.ComputeCopiesComputeLikeApexO2", with_fsdp},
+      {fsdp + "fp32_reduce_scatter", "reduce-scatter gradients in float32", "FullyShardedDataParallelTest.BFloat16GradientsOnGlooNeedFp32ReduceScatterOnOldLibtorch", with_fsdp},
+      {fsdp + "reshard_after_forward", "free gathered parameters after each unit's forward", "FullyShardedDataParallelTest.KeepingParametersAfterForwardEqualsDdp", with_fsdp},
+      {fsdp + "prefetch", "Largo extension: prefetch the next unit's all-gather", "FullyShardedDataParallelTest.WithoutPrefetchEqualsDdp", with_fsdp},
+      {"MODEL.GRAD_CLIP.USE_GRAD_CLIP", "global gradient-norm clipping", "TrainerTest.LarcLambWithClippingResumeIsBitExact"},
+      {"MODEL.GRAD_CLIP.NORM_TYPE", "the norm's p", "GradClipping.MatchesTorchClipGradNorm"},
+      {"MODEL.GRAD_CLIP.MAX_NORM", "the largest norm", "GradClipping.MatchesTorchClipGradNorm"},
+      {"LOSS.name", "CrossEntropyLoss or cross_entropy_multiple_output_single_target", "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64"},
+      {"LOSS.CrossEntropyLoss.ignore_index", "target value that does not count", "ClassificationLossTest.SumReductionAddsTheCountedSamples"},
+      {"LOSS.cross_entropy_multiple_output_single_target.ignore_index", "target value that does not count", "ClassificationLossTest.SumReductionAddsTheCountedSamples", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
+      {opt + "name", "sgd, adamw, lamb or zero", "OptimizerFactory.BuildsEveryOptimizerAndWrapsLarc"},
+      {opt + "use_zero", "ZeRO stage 1", "TrainerZeroTest.StagesOneAndTwoTrainLikeDdp"},
+      {opt + "base_optimizer", "the optimizer ZeRO shards", "TrainerZeroConfigTest.TheSeedsYamlRunsVerbatim", {opt + "use_zero=True"}},
+      {opt + "use_larc", "LARC around the optimizer", "OptimizerState.LarcSgdResumeIsBitExact"},
+      {opt + "larc_config.clip", "LARC clipping mode", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "larc_config.eps", "LARC eps", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "larc_config.trust_coefficient", "LARC trust coefficient", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "larc_config.exclude_bias_and_norm", "Largo extension: no LARC adaptation for biases and norms", "ParamGroups.BiasAndNormNamesForLarc"},
+      {opt + "weight_decay", "weight decay", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "momentum", "SGD momentum", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "nesterov", "Nesterov momentum", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "dampening", "SGD dampening", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "num_epochs", "training length", "LrSchedule.ClosedForms"},
+      {opt + "betas", "AdamW / LAMB betas", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "eps", "AdamW / LAMB eps", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "amsgrad", "AdamW amsgrad", "OptimizerBaselineTest.MatchesPyTorch"},
+      {opt + "regularize_bn", "weight decay on norm parameters", "ParamGroups.RegularizeFlagsAndNameSubstrings"},
+      {opt + "regularize_bias", "weight decay on biases", "ParamGroups.RegularizeFlagsAndNameSubstrings"},
+      {opt + "non_regularized_parameters", "name substrings without weight decay", "ParamGroups.RegularizeFlagsAndNameSubstrings"},
+      {opt + "head_optimizer_params.use_different_lr", "the head follows param_schedulers.lr_head", "ParamGroups.HeadWeightDecayAndEmptyGroupsDropped"},
+      {opt + "head_optimizer_params.use_different_wd", "the head's own weight decay", "ParamGroups.HeadWeightDecayAndEmptyGroupsDropped"},
+      {opt + "head_optimizer_params.weight_decay", "the head's weight decay", "ParamGroups.HeadWeightDecayAndEmptyGroupsDropped"},
+  };
+  keys.insert(keys.end(), model.begin(), model.end());
+  for (const std::string schedule : {"lr", "lr_head"}) {
+    const std::string p = opt + "param_schedulers." + schedule + ".";
+    std::vector<WiredKey> s{
+        {p + "auto_lr_scaling.auto_scale", "scale the values to the global batch", "AutoLrScaling.SimpleSchedules"},
+        {p + "auto_lr_scaling.base_value", "the value for base_lr_batch_size", "AutoLrScaling.SimpleSchedules"},
+        {p + "auto_lr_scaling.base_lr_batch_size", "the batch base_value is for", "AutoLrScaling.SimpleSchedules"},
+        {p + "auto_lr_scaling.scaling_type", "linear or sqrt", "AutoLrScaling.SimpleSchedules"},
+        {p + "name", "the schedule", "ScheduleBaselineTest.MatchesTorchLrScheduler"},
+        {p + "update_interval", "epoch or step", "LrSchedule.ClosedForms"},
+        {p + "values", "step / multistep values", "LrSchedule.StepAndMultistepBoundaries"},
+        {p + "milestones", "multistep epochs", "LrSchedule.StepAndMultistepBoundaries"},
+        {p + "start_value", "cosine / linear start", "LrSchedule.ClosedForms"},
+        {p + "end_value", "cosine / linear end", "LrSchedule.ClosedForms"},
+        {p + "value", "constant value", "LrSchedule.ClosedForms"},
+        {p + "schedulers", "composite: the sub-schedules", "LrSchedule.CompositeRescaledAndFixed"},
+        {p + "lengths", "composite: their fractions", "LrSchedule.CompositeRescaledAndFixed"},
+        {p + "interval_scaling", "composite: rescaled or fixed", "LrSchedule.CompositeRescaledAndFixed"},
+    };
+    keys.insert(keys.end(), s.begin(), s.end());
+  }
+  std::vector<WiredKey> rest{
+      {"METERS.accuracy_list_meter.topk_values", "top-k accuracies reported", kMapping},
+      {"TRAINER.GRADIENT_ACCUMULATION_STEPS", "Largo extension: micro-batches per step", "TrainerDistributedTest.GradientAccumulationEqualsTheLargerBatchInOneProcess"},
+      {"MACHINE.DEVICE", "gpu (falls back to cpu) or cpu", kMapping},
+      {"MACHINE.NUM_THREADS", "Largo extension: intra-op threads", kMapping},
+      {"MACHINE.ALLOW_TF32_MATMUL", "Largo extension: TF32 matmuls (Ampere+)", "Tf32.SwitchesAreStoredAndHarmlessOnTheCpu"},
+      {"MACHINE.ALLOW_TF32_CUDNN", "Largo extension: TF32 convolutions (Ampere+)", "Tf32.SwitchesAreStoredAndHarmlessOnTheCpu"},
+      {"DISTRIBUTED.BACKEND", "gloo or nccl", "ProcessGroupFailureTest.RejectsUnknownBackend"},
+      {"DISTRIBUTED.NUM_NODES", "machines", "WorkerLaunchTest.RunIdHostAndPortIsTheMaster"},
+      {"DISTRIBUTED.NUM_PROC_PER_NODE", "processes per machine", "WorkerLaunchTest.TwoProcessesPerNodeSpawnWithAFreeLocalPort"},
+      {"DISTRIBUTED.INIT_METHOD", "tcp or env", "WorkerLaunchTest.EnvInitMethodReadsMasterAddrAndPort", {"DISTRIBUTED.NUM_PROC_PER_NODE=2"}},
+      {"DISTRIBUTED.RUN_ID", "auto or host:port", "WorkerLaunchTest.RunIdHostAndPortIsTheMaster", {"DISTRIBUTED.NUM_PROC_PER_NODE=2"}},
+      {"DISTRIBUTED.BROADCAST_BUFFERS", "DDP broadcasts rank 0's buffers before each forward", "DistributedDataParallelTest.BroadcastsBuffersFromRankZeroBeforeEachForward"},
+      {"DISTRIBUTED.MANUAL_GRADIENT_REDUCTION", "DDP reduces after backward (DDP only)", "DistributedDataParallelTest.DelayAllreduceAndManualReductionEqualTheOverlappedPath"},
+      {"DISTRIBUTED.FIND_UNUSED_PARAMETERS", "Largo extension: unused parameters count as zero", "DistributedDataParallelTest.UnusedParametersAreNamedOrHandled"},
+      {"DISTRIBUTED.DELAY_ALLREDUCE", "Largo extension: all buckets after backward", "DistributedDataParallelTest.DelayAllreduceAndManualReductionEqualTheOverlappedPath"},
+      {"DISTRIBUTED.RENDEZVOUS_TIMEOUT_SECONDS", "Largo extension: rendezvous timeout", "ProcessGroupFailureTest.UnreachableMasterIsNamed"},
+      {"DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS", "Largo extension: collective timeout", "ProcessGroupFailureTest.StalledPeerTimesOutWithAClearError"},
+      {"CHECKPOINT.DIR", "output folder", kMapping},
+      {"CHECKPOINT.AUTO_RESUME", "resume from the newest checkpoint", "TrainerTest.ResumeIsBitExact"},
+      {"CHECKPOINT.CHECKPOINT_FREQUENCY", "save every N-th epoch", kMapping},
+      {"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY", "also save every N iterations", "TrainerTest.ResumeIsBitExact"},
+      {"CHECKPOINT.OVERWRITE_EXISTING", "train again over a finished run", kMapping},
+  };
+  keys.insert(keys.end(), rest.begin(), rest.end());
+  return keys;
+}
+
+std::vector<NoEffectKey> no_effect_keys() {
+  const char* logging = "logging only: Largo does not write this output; training is the same";
+  std::vector<NoEffectKey> keys{
+      {"VERBOSE", "console verbosity (debug lines); read by the largo program"},
+      {"MULTI_PROCESSING_METHOD", "Largo's loader runs threads, not processes: there is no start method"},
+      {"HOOKS.LOG_GPU_STATS", logging},
+      {"HOOKS.TENSORBOARD_SETUP.LOG_DIR", "VISSL does not read it either: events go to CHECKPOINT.DIR/tb_logs"},
+      {"HOOKS.TENSORBOARD_SETUP.EXPERIMENT_LOG_DIR", "VISSL does not read it either"},
+      {"HOOKS.TENSORBOARD_SETUP.FLUSH_EVERY_N_MIN", "logging only: Largo flushes after each evaluation and at the end"},
+      {"HOOKS.TENSORBOARD_SETUP.LOG_PARAMS", "logging only: Largo writes scalars, not parameter histograms"},
+      {"HOOKS.TENSORBOARD_SETUP.LOG_PARAMS_GRADIENTS", "logging only: Largo writes scalars, not gradient histograms"},
+      {"HOOKS.TENSORBOARD_SETUP.LOG_PARAMS_EVERY_N_ITERS", "logging only: no histograms are written"},
+      {"HOOKS.PERF_STATS.MONITOR_PERF_STATS", logging},
+      {"HOOKS.PERF_STATS.PERF_STAT_FREQUENCY", logging},
+      {"HOOKS.PERF_STATS.ROLLING_BTIME_FREQ", logging},
+      {"HOOKS.MEMORY_SUMMARY.PRINT_MEMORY_SUMMARY", logging},
+      {"HOOKS.MEMORY_SUMMARY.LOG_ITERATION_NUM", logging},
+      {"HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION", logging},
+      {"HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY", "logging only: the FLOP count is not logged (largo estimate sizes memory)"},
+      {"HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE", "the input shape of that FLOP count"},
+      {"DATA.PIN_MEMORY", "speed only (host-to-GPU copies); the batches are the same"},
+      {"DATA.ENABLE_ASYNC_GPU_COPY", "speed only (host-to-GPU copies); the batches are the same"},
+      {"DATA.TEST.USE_STATEFUL_DISTRIBUTED_SAMPLER", "the test split is always evaluated whole, each sample once on one rank; the counts do not depend on the order"},
+      {"MODEL.FSDP_CONFIG.FORCE_SYNC_CUDA", "CUDA synchronization for memory debugging; the computation is the same"},
+      {"MODEL.FSDP_CONFIG.flatten_parameters", "Largo's FSDP units are always flat; the computation is the same (LARC's norms are completed across ranks)"},
+      {"MODEL.FSDP_CONFIG.mixed_precision", "derived from MODEL.AMP_PARAMS.USE_AMP, as VISSL's AUTO_SETUP_FSDP does"},
+      {"MODEL.FSDP_CONFIG.bucket_cap_mb", "speed only: each unit is reduce-scattered on its own"},
+      {"MODEL.FSDP_CONFIG.clear_autocast_cache", "autocast's cache is dropped when each forward's autocast region ends, always"},
+      {"MODEL.FSDP_CONFIG.verbose", "logging only: the units are always logged"},
+      {"OPTIMIZER.layer_wise_lr_decay.decay", "read only by VISSL's layer_decay parameter group constructor, which is refused"},
+      {"METERS.enable_training_meter", "logging only: Largo reports no training-batch accuracy"},
+      {"METERS.accuracy_list_meter.num_meters", "one meter per model output, as VISSL fills it in"},
+      {"METERS.accuracy_list_meter.meter_names", "logging only: names in the meter lines"},
+      {"DISTRIBUTED.NCCL_DEBUG", "logging only: set the NCCL_DEBUG environment variable yourself"},
+      {"DISTRIBUTED.NCCL_SOCKET_NTHREADS", "speed only: set the NCCL_SOCKET_NTHREADS environment variable yourself"},
+      {"CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME", "Largo always resumes through the checkpoint.torch link to the newest complete checkpoint, what either value finds"},
+  };
+  for (const std::string split : {"TRAIN", "TEST"}) {
+    keys.push_back({"DATA." + split + ".MMAP_MODE", "how .npy filelists are read; Largo's sources have none"});
+    keys.push_back({"DATA." + split + ".DEFAULT_GRAY_IMG_SIZE", "replaces unreadable image files, which Largo's sources (idx, CIFAR binaries, synthetic) do not have"});
+  }
+  return keys;
+}
+
+// Every leaf of the defaults tree (maps with children are walked into; empty maps, lists
+// and scalars are keys).
+void collect_leaves(const YAML::Node& node, const std::string& prefix, std::vector<std::string>& out) {
+  if (node.IsMap() && node.size() > 0) {
+    for (const auto& entry : node) {
+      const std::string name = entry.first.as<std::string>();
+      collect_leaves(entry.second, prefix.empty() ? name : prefix + "." + name, out);
+    }
+    return;
+  }
+  out.push_back(prefix);
+}
+
+std::vector<std::string> default_keys() {
+  std::vector<std::string> keys;
+  collect_leaves(Config::defaults().root(), "", keys);
+  return keys;
+}
+
+// "Suite.Name" of every TEST / TEST_F / TEST_P under tests/.
+std::set<std::string> test_names() {
+  std::set<std::string> names;
+  const std::regex pattern(R"(TEST(?:_F|_P)?\(\s*(\w+)\s*,\s*(\w+)\s*\))");
+  for (const auto& entry : fs::recursive_directory_iterator(LARGO_TEST_DATA_DIR)) {
+    if (entry.path().extension() != ".cpp") {
+      continue;
+    }
+    std::ifstream file(entry.path());
+    std::stringstream text;
+    text << file.rdbuf();
+    const std::string content = text.str();
+    for (std::sregex_iterator it(content.begin(), content.end(), pattern), end; it != end; ++it) {
+      names.insert((*it)[1].str() + "." + (*it)[2].str());
+    }
+  }
+  return names;
+}
+
+// Reads the config the way a run does: the trainer's options and the launch plan.
+void map_config(const Config& config) {
+  trainer_options_from_config(config);
+  validate_launch_config(config);
+}
+
+// A value of the wrong type for `key`'s default, which no reader accepts: a reader that
+// reaches it throws, a key nothing reads leaves the mapping unaffected.
+YAML::Node wrong_type_for(const YAML::Node& default_value) {
+  if (default_value.IsMap()) {
+    return YAML::Load("__largo_audit__");
+  }
+  if (default_value.IsSequence()) {
+    return YAML::Load("[{__largo_audit__: 1}]");
+  }
+  return YAML::Load("{__largo_audit__: 1}");
+}
+
+TEST(ConfigKeyAudit, EveryDefaultKeyIsInExactlyOneList) {
+  std::map<std::string, std::vector<std::string>> lists_of;
+  for (const auto& entry : wired_keys()) {
+    lists_of[entry.key].push_back("wired");
+  }
+  for (const auto& entry : unavailable_keys()) {
+    lists_of[entry.key].push_back("refused");
+  }
+  for (const auto& entry : no_effect_keys()) {
+    lists_of[entry.key].push_back("no effect");
+  }
+  std::set<std::string> defaults;
+  std::vector<std::string> silently_ignored;
+  for (const auto& key : default_keys()) {
+    defaults.insert(key);
+    auto it = lists_of.find(key);
+    if (it == lists_of.end()) {
+      silently_ignored.push_back(key);
+    } else {
+      EXPECT_EQ(it->second.size(), 1u) << key << " is in several lists";
+    }
+  }
+  EXPECT_TRUE(silently_ignored.empty())
+      << "keys in no list (silently ignored): " << fmt::format("{}", fmt::join(silently_ignored, ", "));
+  for (const auto& [key, lists] : lists_of) {
+    EXPECT_EQ(defaults.count(key), 1u) << key << " is listed but is not a key of configs/defaults.yaml";
+  }
+}
+
+TEST(ConfigKeyAudit, WiredKeysAreReadByTheMappingAndNameATestThatExists) {
+  const std::set<std::string> tests = test_names();
+  const Config defaults = Config::defaults();
+  for (const auto& entry : wired_keys()) {
+    SCOPED_TRACE(entry.key);
+    EXPECT_EQ(tests.count(entry.test), 1u) << "no test named " << entry.test;
+    Config config = Config::load({}, entry.with);
+    ASSERT_NO_THROW(map_config(config));
+    // Plant a value of the wrong type (bypassing the config's own type check): the mapping
+    // must fail, because it reads the key.
+    YAML::Node node = config.node(entry.key);
+    node = wrong_type_for(defaults.node(entry.key));
+    EXPECT_ANY_THROW(map_config(config)) << entry.key << " is not read by the config mapping";
+  }
+}
+
+// The value a refused key is set to in the check: one its type admits that is not the default.
+std::string changed_value(const YAML::Node& value) {
+  if (value.IsMap()) {
+    return "{a: 1}";
+  }
+  if (value.IsSequence()) {
+    return value.size() == 0 ? "[x]" : "[]";
+  }
+  if (value.IsNull()) {
+    return "[1.0]";
+  }
+  if (yaml_scalar_is_bool(value)) {
+    return yaml_to_bool(value, "") ? "False" : "True";
+  }
+  if (yaml_scalar_is_number(value)) {
+    return fmt::format("{}", yaml_to_double(value, "") + 2);
+  }
+  return "\"not_the_default\"";
+}
+
+TEST(ConfigKeyAudit, RefusedKeysStopTheRunWhenChangedAndNameTheDefault) {
+  const Config defaults = Config::defaults();
+  for (const auto& entry : unavailable_keys()) {
+    SCOPED_TRACE(entry.key);
+    const YAML::Node default_value = defaults.node(entry.key);
+    Config config = Config::load({}, {entry.key + "=" + changed_value(default_value)});
+    try {
+      map_config(config);
+      ADD_FAILURE() << entry.key << " changed was accepted";
+    } catch (const ConfigError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("config key " + entry.key + " = "), std::string::npos) << message;
+      EXPECT_NE(message.find("is not available in this version of Largo"), std::string::npos) << message;
+      EXPECT_NE(message.find("set it to " + config_value_text(default_value)), std::string::npos)
+          << message;
+    }
+    for (const auto& accepted : entry.also_accepted) {
+      EXPECT_NO_THROW(map_config(Config::load({}, {entry.key + "=" + accepted}))) << accepted;
+    }
+  }
+}
+
+TEST(ConfigKeyAudit, NoEffectKeysSayWhy) {
+  for (const auto& entry : no_effect_keys()) {
+    EXPECT_GT(entry.reason.size(), 10u) << entry.key;
+  }
+}
+
+// docs/config.md's table of every key, generated from the lists above.
+std::string key_table() {
+  std::map<std::string, std::string> rows;
+  const Config defaults = Config::defaults();
+  for (const auto& entry : wired_keys()) {
+    rows[entry.key] = fmt::format("{} | {} (test `{}`)", "used", entry.what, entry.test);
+  }
+  for (const auto& entry : unavailable_keys()) {
+    std::string accepted;
+    for (const auto& value : entry.also_accepted) {
+      accepted += fmt::format(" or `{}`", value);
+    }
+    rows[entry.key] = fmt::format("refused{} | {}: keep `{}`{}", entry.not_built_yet ? " (not wired yet)" : "",
+                                  entry.what, config_value_text(defaults.node(entry.key)), accepted);
+  }
+  for (const auto& entry : no_effect_keys()) {
+    rows[entry.key] = fmt::format("no effect | {}", entry.reason);
+  }
+  std::string table = "| key | status | what it does, or why |\n|---|---|---|\n";
+  for (const auto& key : default_keys()) {
+    table += fmt::format("| `{}` | {} |\n", key, rows.count(key) ? rows[key] : "**unlisted** |");
+  }
+  return table;
+}
+
+TEST(ConfigKeyAudit, DocsListEveryKeyAsTheAuditDoes) {
+  const fs::path docs = fs::path(LARGO_TEST_DATA_DIR).parent_path() / "docs" / "config.md";
+  std::ifstream file(docs);
+  ASSERT_TRUE(file.good()) << docs;
+  std::stringstream text;
+  text << file.rdbuf();
+  std::string content = text.str();
+  const std::string begin = "<!-- key-audit: begin -->\n";
+  const std::string end = "<!-- key-audit: end -->";
+  const size_t first = content.find(begin);
+  const size_t last = content.find(end);
+  ASSERT_TRUE(first != std::string::npos && last != std::string::npos && first < last)
+      << docs << " has no " << begin << " ... " << end << " section";
+  const std::string table = key_table();
+  const std::string current = content.substr(first + begin.size(), last - first - begin.size());
+  if (current == table) {
+    return;
+  }
+  if (std::getenv("LARGO_UPDATE_DOCS") != nullptr) {
+    content.replace(first + begin.size(), current.size(), table);
+    std::ofstream(docs) << content;
+    return;
+  }
+  ADD_FAILURE() << docs << "'s key table is stale: run LARGO_UPDATE_DOCS=1 "
+                << "build/tests/largo_train_tests --gtest_filter=ConfigKeyAudit.*";
+}
+
+} // namespace
+} // namespace largo::train
