@@ -18,9 +18,11 @@ StateDict make_state_dict();
 // Serialize and write atomically: a crash mid-write never damages an older file at `path`.
 void save_checkpoint(const std::filesystem::path& path, const StateDict& state);
 
-// Read a checkpoint back. Throws CheckpointError that names the file and says what is
-// wrong: missing, empty, truncated or corrupt, not a dict, or (when `required_keys` is
-// given) a dict without those keys, i.e. not a Largo checkpoint.
+// Read a checkpoint back: Largo's own, or any dict Python's torch.save wrote (a state_dict,
+// a dict of tensors and scalars), through read_torch_file (torch_file.h), which checks the
+// CRC-32 of every entry. Throws CheckpointError that names the file and says what is
+// wrong: missing, a directory, empty, truncated or damaged, not a dict with string keys, or
+// (when `required_keys` is given) a dict without those keys, i.e. not a Largo checkpoint.
 StateDict load_checkpoint(const std::filesystem::path& path,
                           const std::vector<std::string>& required_keys = {});
 

@@ -1,12 +1,10 @@
 #include <largo/checkpoint/checkpoint_file.h>
 
+#include <largo/checkpoint/torch_file.h>
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
 
 #include <fmt/format.h>
-
-#include <fstream>
-#include <iterator>
 
 namespace largo::checkpoint {
 
@@ -21,36 +19,19 @@ void save_checkpoint(const std::filesystem::path& path, const StateDict& state) 
 
 StateDict load_checkpoint(const std::filesystem::path& path,
                           const std::vector<std::string>& required_keys) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw CheckpointError(fmt::format("cannot open checkpoint {}: {}", path.string(),
-                                      std::filesystem::exists(path) ? "permission denied"
-                                                                    : "no such file"));
-  }
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (bytes.empty()) {
-    throw CheckpointError(fmt::format(
-        "checkpoint {} is empty (0 bytes); it was never completely written. Delete it, or "
-        "point CHECKPOINT.DIR at a directory with a good checkpoint.",
-        path.string()));
-  }
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    std::string reason = e.what();
-    reason = reason.substr(0, reason.find('\n'));
-    throw CheckpointError(fmt::format(
-        "checkpoint {} ({} bytes) is truncated, corrupt or not a torch file ({}). "
-        "Delete it or resume from an older checkpoint; Largo never overwrites a good "
-        "checkpoint with a partial one.",
-        path.string(), bytes.size(), reason));
-  }
+  const c10::IValue value = read_torch_file(path);
   if (!value.isGenericDict()) {
     throw CheckpointError(fmt::format("checkpoint {} holds a {}, not a dict of named state",
                                       path.string(), value.tagKind()));
   }
   StateDict state = value.toGenericDict();
+  for (const auto& entry : state) {
+    if (!entry.key().isString()) {
+      throw CheckpointError(fmt::format(
+          "checkpoint {} is a dict with a key of type {}; a checkpoint's keys are strings",
+          path.string(), entry.key().tagKind()));
+    }
+  }
   for (const auto& key : required_keys) {
     if (!state.contains(key)) {
       throw CheckpointError(fmt::format(
