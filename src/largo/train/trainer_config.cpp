@@ -1,9 +1,11 @@
 #include <largo/train/trainer_config.h>
 
+#include <largo/core/resources.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/precision/model_cast.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <limits>
@@ -21,6 +23,16 @@ int64_t positive_int(const Config& config, const std::string& key) {
   int64_t value = config.get_int(key);
   require(value > 0, key, std::to_string(value), "an integer > 0");
   return value;
+}
+
+// Process and thread counts beyond the machine are refused before anything starts them.
+void require_count_within_machine(const std::string& key, int64_t value, int64_t limit,
+                                  const std::string& rule) {
+  if (value > limit) {
+    throw ResourceError(fmt::format(
+        "config key {} = {}: this machine gives the process {} cores, so at most {} ({})",
+        key, value, available_cpu_cores(), limit, rule));
+  }
 }
 
 double non_negative(const Config& config, const std::string& key) {
@@ -109,7 +121,32 @@ std::vector<data::TransformSpec> transforms_from(const Config& config, const std
     }
     specs.push_back(spec);
   }
+  try { // the library's validator: names, arguments and their ranges
+    data::make_pipeline(specs);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("config key {}: {}", key, e.what()));
+  }
   return specs;
+}
+
+// Bounds before work: what a synthetic split asks for, against the machine's memory. A batch
+// is held as uint8 and float32 by the loader and the model; the samplers order every index.
+void check_synthetic_fits_machine(const DataSplitOptions& split, const std::string& prefix) {
+  const auto& shape = split.synthetic_image_shape;
+  const uint64_t batch_bytes = saturating_product(
+      {static_cast<uint64_t>(split.batch_size), static_cast<uint64_t>(shape[0]),
+       static_cast<uint64_t>(shape[1]), static_cast<uint64_t>(shape[2]), 1 + 4});
+  require_memory(batch_bytes, fmt::format("a batch of {}.BATCHSIZE_PER_REPLICA = {} images of "
+                                          "{}.SYNTHETIC.IMAGE_SHAPE = [{}]",
+                                          prefix, split.batch_size, prefix, fmt::join(shape, ", ")));
+  require_memory(saturating_product({static_cast<uint64_t>(split.synthetic_num_samples), 16}),
+                 fmt::format("the samplers' index order over {}.SYNTHETIC.NUM_SAMPLES = {}", prefix,
+                             split.synthetic_num_samples));
+  // A batch's logits, their gradient and the softmax: one float per class and sample each.
+  require_memory(saturating_product({static_cast<uint64_t>(split.batch_size),
+                                     static_cast<uint64_t>(split.synthetic_num_classes), 4 * 3}),
+                 fmt::format("the logits of a batch of {} for {}.SYNTHETIC.NUM_CLASSES = {}",
+                             split.batch_size, prefix, split.synthetic_num_classes));
 }
 
 DataSplitOptions data_split_from(const Config& config, const std::string& prefix) {
@@ -143,10 +180,46 @@ DataSplitOptions data_split_from(const Config& config, const std::string& prefix
   split.transforms = transforms_from(config, prefix + ".TRANSFORMS");
   split.synthetic_num_samples = positive_int(config, prefix + ".SYNTHETIC.NUM_SAMPLES");
   split.synthetic_image_shape = config.get_int_list(prefix + ".SYNTHETIC.IMAGE_SHAPE");
-  require(split.synthetic_image_shape.size() == 3, prefix + ".SYNTHETIC.IMAGE_SHAPE",
-          fmt::format("{} dims", split.synthetic_image_shape.size()), "[channels, height, width]");
+  const auto& shape = split.synthetic_image_shape;
+  require(shape.size() == 3 && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d > 0; }),
+          prefix + ".SYNTHETIC.IMAGE_SHAPE", fmt::format("[{}]", fmt::join(shape, ", ")),
+          "[channels, height, width], each > 0");
   split.synthetic_num_classes = positive_int(config, prefix + ".SYNTHETIC.NUM_CLASSES");
+  if (split.source == "synthetic") {
+    check_synthetic_fits_machine(split, prefix);
+  }
   return split;
+}
+
+// The [C, H, W] of a split's samples, which the config alone says: the synthetic shape, or
+// the fixed one of each supported dataset.
+std::vector<int64_t> configured_sample_shape(const DataSplitOptions& split) {
+  if (split.source == "synthetic") {
+    return split.synthetic_image_shape;
+  }
+  if (split.dataset_name == "CIFAR10") {
+    return std::vector<int64_t>{3, 32, 32};
+  }
+  return std::vector<int64_t>{1, 28, 28}; // MNIST, FashionMNIST
+}
+
+// MODEL.TRUNK.MLP.HIDDEN_DIMS: each > 0, and the parameters (float32) within the memory.
+void check_mlp_fits_machine(const std::vector<int64_t>& hidden_dims, const DataSplitOptions& train) {
+  const std::string key = "MODEL.TRUNK.MLP.HIDDEN_DIMS";
+  const std::string text = fmt::format("[{}]", fmt::join(hidden_dims, ", "));
+  require(std::all_of(hidden_dims.begin(), hidden_dims.end(), [](int64_t d) { return d > 0; }),
+          key, text, "a list of layer widths, each > 0");
+  const auto shape = configured_sample_shape(train);
+  uint64_t inputs = saturating_product({static_cast<uint64_t>(shape[0]),
+                                        static_cast<uint64_t>(shape[1]),
+                                        static_cast<uint64_t>(shape[2])});
+  uint64_t bytes = 0;
+  for (int64_t width : hidden_dims) {
+    const uint64_t layer = saturating_product({inputs + 1, static_cast<uint64_t>(width), 4});
+    bytes = __builtin_add_overflow(bytes, layer, &bytes) ? UINT64_MAX : bytes;
+    inputs = static_cast<uint64_t>(width);
+  }
+  require_memory(bytes, fmt::format("{} = {} (the MLP's float32 parameters alone)", key, text));
 }
 
 optim::AutoLrScaling auto_scaling_from(const Config& config, const std::string& prefix) {
@@ -170,6 +243,24 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
     throw config_error(key, "(not a map)", "a schedule map with a 'name'");
   }
   auto child_key = [&](const char* name) { return key + "." + name; };
+  // Sub-schedules of a composite are not in the defaults' tree, so the config layer cannot
+  // check their keys: a misspelled start_value would be ignored without a word.
+  static const std::vector<std::string> known = {
+      "name", "update_interval", "value", "start_value", "end_value", "values", "milestones",
+      "lengths", "interval_scaling", "schedulers", "auto_lr_scaling"};
+  for (const auto& entry : node) {
+    const std::string name = entry.first.as<std::string>();
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::string closest = known.front();
+      for (const auto& candidate : known) {
+        if (edit_distance(candidate, name) < edit_distance(closest, name)) {
+          closest = candidate;
+        }
+      }
+      throw ConfigError(fmt::format("unknown config key {}.{}; did you mean {}.{}?", key,
+                                    abbreviate(name), key, closest));
+    }
+  }
   auto number_list = [&](const char* name) {
     std::vector<double> values;
     for (const auto& element : node[name]) {
@@ -338,6 +429,10 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.num_dataloader_workers = config.get_int("DATA.NUM_DATALOADER_WORKERS");
   require(options.num_dataloader_workers >= 0, "DATA.NUM_DATALOADER_WORKERS",
           std::to_string(options.num_dataloader_workers), "an integer >= 0");
+  // Loader workers are threads that mostly wait on reads: a few per core help, thousands
+  // exhaust the process's threads.
+  require_count_within_machine("DATA.NUM_DATALOADER_WORKERS", options.num_dataloader_workers,
+                               4 * available_cpu_cores(), "4 per core");
 
   // Model. in_channels / image_size / num_classes come from the data (0 = infer).
   auto& model = options.model;
@@ -345,6 +440,9 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   model.image_size = 0;
   model.num_classes = 0;
   model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
+  const auto& trunks = models::supported_trunk_names();
+  require(std::find(trunks.begin(), trunks.end(), model.trunk_name) != trunks.end(),
+          "MODEL.TRUNK.NAME", model.trunk_name, fmt::format("one of: {}", fmt::join(trunks, ", ")));
   model.resnet.depth = config.get_int("MODEL.TRUNK.RESNETS.DEPTH");
   model.resnet.stem = config.get_string("MODEL.TRUNK.RESNETS.STEM");
   model.resnet.zero_init_residual = config.get_bool("MODEL.TRUNK.RESNETS.ZERO_INIT_RESIDUAL");
@@ -361,6 +459,9 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   model.vit.qkv_bias = config.get_bool(vit + "QKV_BIAS");
   model.vit.classifier = config.get_string(vit + "CLASSIFIER");
   model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
+  if (model.trunk_name == "mlp") {
+    check_mlp_fits_machine(model.mlp.hidden_dims, options.train);
+  }
   model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
   YAML::Node heads = config.node("MODEL.HEAD.PARAMS");
   if (heads.IsSequence() && heads.size() > 0) {
@@ -467,6 +568,10 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   optimizer.lr_head =
       schedule_from(config.node(schedulers + "lr_head"), schedulers + "lr_head", optimizer.num_epochs);
   optimizer.lr_head_scaling = auto_scaling_from(config, schedulers + "lr_head.auto_lr_scaling");
+  optim::make_schedule(optimizer.lr, schedulers + "lr"); // the library's validator
+  if (optimizer.head_use_different_lr) { // otherwise the trainer uses lr for the head too
+    optim::make_schedule(optimizer.lr_head, schedulers + "lr_head");
+  }
 
   options.use_grad_clip = config.get_bool("MODEL.GRAD_CLIP.USE_GRAD_CLIP");
   options.grad_clip_max_norm = config.get_double("MODEL.GRAD_CLIP.MAX_NORM");
@@ -496,6 +601,8 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.num_threads = config.get_int("MACHINE.NUM_THREADS");
   require(options.num_threads >= 0, "MACHINE.NUM_THREADS", std::to_string(options.num_threads),
           "an integer >= 0 (0 = every core)");
+  require_count_within_machine("MACHINE.NUM_THREADS", options.num_threads, available_cpu_cores(),
+                               "one per core; 0 = every core");
 
   auto& checkpoint = options.checkpoint;
   checkpoint.dir = config.get_string("CHECKPOINT.DIR");
