@@ -304,12 +304,12 @@ const ZipArchive::Entry* ZipArchive::find(std::string_view name) const {
 namespace {
 
 [[noreturn]] void
-crc_mismatch(const std::filesystem::path& path, const ZipArchive::Entry& entry, uint32_t computed) {
+crc_mismatch(const std::string& name, const ZipArchive::Entry& entry, uint32_t computed) {
   throw CheckpointError(fmt::format(
       "checkpoint {} is corrupt: its entry '{}' ({} bytes) fails its CRC-32 check (recorded "
       "{:08x}, computed {:08x}), so the file was damaged after it was written (disk, copy or "
       "transfer). Resume from an older checkpoint (see docs/checkpoints.md) or copy it again.",
-      path.string(),
+      name,
       entry.name,
       entry.size,
       entry.crc32,
@@ -333,7 +333,7 @@ void ZipArchive::read_into(const Entry& entry, void* destination) const {
   read_at(entry.data_offset, destination, entry.size);
   const uint32_t computed = crc32_of(destination, entry.size);
   if (computed != entry.crc32) {
-    crc_mismatch(path_, entry, computed);
+    crc_mismatch(name_, entry, computed);
   }
 }
 
@@ -357,7 +357,7 @@ void ZipArchive::verify_all() const {
       done += n;
     }
     if (crc != entry.crc32) {
-      crc_mismatch(path_, entry, crc);
+      crc_mismatch(name_, entry, crc);
     }
   }
 }
