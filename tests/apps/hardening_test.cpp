@@ -1,9 +1,10 @@
 // Issue 19 through the `largo` program: each bad input a careless or hostile user gave ends
 // in seconds, with the exit code of its class and one line that names the key or file, and
 // no C++ stack frames.
+#include "apps/hardening_util.h"
 #include "apps/program_runner.h"
 
-#include <largo/checkpoint/zip_archive.h>
+#include "checkpoint/checkpoint_test_util.h"
 #include <largo/core/config.h>
 
 #include <gtest/gtest.h>
@@ -13,57 +14,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A tiny MLP job on synthetic data, as a run of the issue used.
-fs::path write_job(const TestDir& dir, const std::string& extra = "") {
-  const fs::path config = dir / "job.yaml";
-  std::ofstream(config) << fmt::format(
-      R"(config:
-  DATA:
-    NUM_DATALOADER_WORKERS: 1
-    TRAIN:
-      DATA_SOURCES: [synthetic]
-      SYNTHETIC: {{NUM_SAMPLES: 64, IMAGE_SHAPE: [1, 8, 8], NUM_CLASSES: 4}}
-      BATCHSIZE_PER_REPLICA: 16
-      TRANSFORMS: [{{name: ToTensor}}]
-    TEST:
-      DATA_SOURCES: [synthetic]
-      SYNTHETIC: {{NUM_SAMPLES: 16, IMAGE_SHAPE: [1, 8, 8], NUM_CLASSES: 4}}
-      BATCHSIZE_PER_REPLICA: 16
-      TRANSFORMS: [{{name: ToTensor}}]
-  MODEL:
-    TRUNK: {{NAME: mlp, MLP: {{HIDDEN_DIMS: [16]}}}}
-  OPTIMIZER:
-    name: sgd
-    num_epochs: 1
-    param_schedulers:
-      lr: {{name: constant, value: 0.01}}
-  MACHINE: {{DEVICE: cpu, NUM_THREADS: 1}}
-  DISTRIBUTED: {{BACKEND: gloo, COLLECTIVE_TIMEOUT_SECONDS: 60}}
-  CHECKPOINT: {{DIR: "{}"}}
-{})",
-      (dir / "run").string(),
-      extra);
-  return config;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// The run ended with `code`, quickly, with `expected` in its message and no stack frames.
-void expect_clean_failure(
-    const ProgramResult& run, int code, const std::string& expected, double max_seconds = 30.0) {
-  EXPECT_TRUE(run.exited_with(code)) << run.status() << "\n" << run.output;
-  EXPECT_LT(run.seconds, max_seconds) << run.output;
-  EXPECT_TRUE(contains(run.output, expected)) << "expected '" << expected << "' in:\n"
-                                              << run.output;
-  EXPECT_FALSE(contains(run.output, "frame #")) << run.output;
-  EXPECT_FALSE(contains(run.output, "Exception raised from")) << run.output;
-}
-
 TEST(HardeningTest, AbsurdConfigValuesAreRefusedNamingTheKey) {
   TestDir dir;
-  const std::string job = write_job(dir).string();
+  const std::string job = write_job(dir, 1).string();
   struct Case {
     std::vector<std::string> overrides;
     int code;
@@ -118,7 +71,7 @@ TEST(HardeningTest, AbsurdConfigValuesAreRefusedNamingTheKey) {
 
 TEST(HardeningTest, BrokenYamlIsRefusedNamingTheFile) {
   TestDir dir;
-  const fs::path job = write_job(dir, "  SEED_VALUE: 1\n  SEED_VALUE: 2\n");
+  const fs::path job = write_job(dir, 1, "  SEED_VALUE: 1\n  SEED_VALUE: 2\n");
   expect_clean_failure(
       run_program({largo_program(), "config", job.string()}), 2, "key 'SEED_VALUE' appears twice");
   std::ofstream(dir / "two.yaml") << "SEED_VALUE: 1\n---\nSEED_VALUE: 2\n";
@@ -136,7 +89,10 @@ TEST(HardeningTest, BrokenYamlIsRefusedNamingTheFile) {
 TEST(HardeningTest, TooManyWorkersAreRefusedBeforeAnyStarts) {
   TestDir dir;
   const auto run = run_program(
-      {largo_program(), "train", write_job(dir).string(), "DISTRIBUTED.NUM_PROC_PER_NODE=100000"});
+      {largo_program(),
+       "train",
+       write_job(dir, 1).string(),
+       "DISTRIBUTED.NUM_PROC_PER_NODE=100000"});
   expect_clean_failure(run, 5, "config key DISTRIBUTED.NUM_PROC_PER_NODE = 100000", 10.0);
 }
 
@@ -158,7 +114,7 @@ TEST(HardeningTest, AnIdxHeaderClaimingBillionsOfImagesIsADataError) {
   const auto run = run_program(
       {largo_program(),
        "train",
-       write_job(dir).string(),
+       write_job(dir, 1).string(),
        "DATA.TRAIN.DATA_SOURCES=[torchvision_dataset]",
        "DATA.TRAIN.DATASET_NAMES=[MNIST]",
        "DATA.TRAIN.DATA_PATHS=[" + (dir / "data").string() + "]"});
@@ -168,19 +124,9 @@ TEST(HardeningTest, AnIdxHeaderClaimingBillionsOfImagesIsADataError) {
 
 TEST(HardeningTest, AFlippedBitInTheCheckpointStopsTheResumeNamingTheFile) {
   TestDir dir;
-  const std::string job = write_job(dir).string();
+  const std::string job = write_job(dir, 1).string();
   ASSERT_TRUE(run_program({largo_program(), "train", job}).succeeded());
-  const fs::path file = fs::canonical(dir / "run" / "checkpoint.torch");
-  uint64_t offset = 0;
-  {
-    checkpoint::ZipArchive archive(file);
-    offset = archive.find("archive/data/0")->data_offset + 5;
-  }
-  {
-    std::fstream out(file, std::ios::in | std::ios::out | std::ios::binary);
-    out.seekp(static_cast<std::streamoff>(offset));
-    out.put('\x55');
-  }
+  flip_bits_in_entry(fs::canonical(dir / "run" / "checkpoint.torch"), "archive/data/0", 5);
   const auto run = run_program({largo_program(), "train", job, "OPTIMIZER.num_epochs=2"});
   expect_clean_failure(
       run,
@@ -197,7 +143,7 @@ TEST(HardeningTest, AFlippedBitInTheCheckpointStopsTheResumeNamingTheFile) {
 TEST(HardeningTest, ACheckpointTorchDirectoryIsNamed) {
   TestDir dir;
   fs::create_directories(dir / "run" / "checkpoint.torch");
-  const auto run = run_program({largo_program(), "train", write_job(dir).string()});
+  const auto run = run_program({largo_program(), "train", write_job(dir, 1).string()});
   expect_clean_failure(run, 4, "checkpoint.torch is a directory");
 }
 
@@ -206,7 +152,7 @@ TEST(HardeningTest, AStoppedRankIsNamedByTheLauncherWithItsOperation) {
   // The launcher must say that rank 1 was stopped and stalled the job, and what rank 0 was
   // waiting in, within the timeout plus the diagnosis, without a trace.
   TestDir dir;
-  const std::string job = write_job(dir, "  LOG_FREQUENCY: 1\n").string();
+  const std::string job = write_job(dir, 1, "  LOG_FREQUENCY: 1\n").string();
   const std::string worker = fmt::format(
       "echo $$ > {}/pid.$RANK; exec {} train {} OPTIMIZER.num_epochs=1000 "
       "DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS=5",
@@ -230,13 +176,14 @@ TEST(HardeningTest, AStoppedRankIsNamedByTheLauncherWithItsOperation) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
   EXPECT_TRUE(run.exited_with(1)) << run.status() << "\n" << run.output;
   EXPECT_LT(seconds, 40.0) << run.output;
-  EXPECT_TRUE(contains(run.output, "largo launch: error: rank 1 (local rank 1 on node 0, pid "))
+  EXPECT_TRUE(
+      output_contains(run.output, "largo launch: error: rank 1 (local rank 1 on node 0, pid "))
       << run.output;
-  EXPECT_TRUE(contains(run.output, "was stopped by SIGSTOP")) << run.output;
-  EXPECT_TRUE(contains(run.output, "communication error: ")) << run.output;
-  EXPECT_TRUE(contains(run.output, "rank 1 stopped making progress")) << run.output;
-  EXPECT_TRUE(contains(run.output, "(collective #")) << run.output;
-  EXPECT_FALSE(contains(run.output, "frame #")) << run.output;
+  EXPECT_TRUE(output_contains(run.output, "was stopped by SIGSTOP")) << run.output;
+  EXPECT_TRUE(output_contains(run.output, "communication error: ")) << run.output;
+  EXPECT_TRUE(output_contains(run.output, "rank 1 stopped making progress")) << run.output;
+  EXPECT_TRUE(output_contains(run.output, "(collective #")) << run.output;
+  EXPECT_FALSE(output_contains(run.output, "frame #")) << run.output;
 }
 
 } // namespace

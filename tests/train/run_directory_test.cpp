@@ -1,9 +1,10 @@
 // The run directory at start: resume from checkpoint.torch or the newest intact checkpoint
 // (with a warning naming both), refuse when none is intact, never overwrite checkpoints from a
 // fresh start, and clean temporaries of killed writes.
-#include <largo/checkpoint/zip_archive.h>
 #include <largo/core/error.h>
 #include <largo/train/run_directory.h>
+
+#include "checkpoint/checkpoint_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -65,16 +66,7 @@ class RunDirectoryTest : public ::testing::Test {
   }
 
   void flip_a_tensor_bit(const fs::path& path) {
-    uint64_t offset = 0;
-    {
-      checkpoint::ZipArchive archive(path);
-      offset = archive.find("archive/data/0")->data_offset + 3;
-    }
-    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(static_cast<std::streamoff>(offset));
-    const char byte = static_cast<char>(file.get());
-    file.seekp(static_cast<std::streamoff>(offset));
-    file.put(static_cast<char>(byte ^ 1));
+    testing::flip_bits_in_entry(path, "archive/data/0", 3, 1);
   }
 
   fs::path dir_;
