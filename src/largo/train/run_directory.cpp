@@ -204,19 +204,17 @@ std::optional<ResumeChoice> choose_resume_checkpoint(const fs::path& run_dir) {
     }
     try {
       checkpoint::StateDict state = load_intact_checkpoint(candidate);
-      std::string skipped;
+      std::string reasons = link_problem;
       for (const std::string& reason : refused) {
-        skipped += "; also refused: " + reason;
+        reasons += "; and " + reason;
       }
-      return ResumeChoice{
-          candidate,
-          std::move(state),
-          fmt::format(
-              "{}{}; resuming from {}, the newest intact checkpoint "
-              "instead (what was trained after it is trained again)",
-              link_problem,
-              skipped,
-              candidate.string())};
+      while (!reasons.empty() && reasons.back() == '.') {
+        reasons.pop_back();
+      }
+      return ResumeChoice{candidate, std::move(state),
+                          fmt::format("resuming from {}, the newest intact checkpoint, because "
+                                      "{}. What was trained after it is trained again.",
+                                      candidate.string(), reasons)};
     } catch (const CheckpointError& e) {
       refused.push_back(e.what());
     }
