@@ -27,6 +27,8 @@
 #include <largo/train/accuracy_meter.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
+#include <largo/train/data_checks.h>
+#include <largo/train/run_directory.h>
 #include <largo/train/sharded_checkpoint.h>
 #include <largo/train/tensorboard_writer.h>
 #include <largo/train/trainer_config.h>
@@ -293,6 +295,9 @@ std::map<std::string, at::Tensor> Trainer::full_parameters() {
 
 void Trainer::State::setup() {
   tune_malloc_for_tensors();
+  if (is_rank0() && fs::is_directory(run_dir())) {
+    remove_stale_temporaries(run_dir());
+  }
   // 0 = every core, shared among the ranks on this machine (LOCAL_WORLD_SIZE), so that
   // N workers on one node do not oversubscribe it N times.
   int64_t threads = options.num_threads;
@@ -322,6 +327,14 @@ void Trainer::State::setup() {
   test_data = load_dataset(options.test, data::Split::kTest, options.seed + 1);
   train_subset = subset_indices(train_data->size(), options.train);
   test_subset = subset_indices(test_data->size(), options.test);
+  const SplitFacts train_facts = split_facts("DATA.TRAIN", options.train, *train_data,
+                                             static_cast<int64_t>(train_subset.size()));
+  std::optional<SplitFacts> test_facts;
+  if (options.test_model) {
+    test_facts = split_facts("DATA.TEST", options.test, *test_data,
+                             static_cast<int64_t>(test_subset.size()));
+  }
+  check_data_fits_model(train_facts, test_facts, options.model.trunk_name);
 
   auto make_loader = [&](const DataSplitOptions& split, const std::shared_ptr<const data::Dataset>& dataset) {
     data::DataLoaderOptions loader_options;
@@ -344,13 +357,13 @@ void Trainer::State::setup() {
   iterations_per_epoch = (batches_per_epoch + accumulation - 1) / accumulation;
   if (iterations_per_epoch == 0) {
     throw ConfigError(fmt::format(
-        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} with DROP_LAST leaves no batch from the {} "
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} with DROP_LAST = True leaves no batch from the {} "
         "samples each of the {} ranks reads",
         options.train.batch_size, samples_per_rank, world_size));
   }
 
   // Model: initialized from SEED_VALUE so every run (and every rank) starts the same.
-  auto sample_shape = train_data->sample_shape(); // [C, H, W]
+  auto sample_shape = train_facts.input_shape; // [C, H, W] after DATA.TRAIN.TRANSFORMS
   models::ModelOptions model_options = options.model;
   if (model_options.in_channels == 0) {
     model_options.in_channels = sample_shape[0];
@@ -556,12 +569,22 @@ void Trainer::State::set_learning_rates(int64_t epoch_index, int64_t batch_index
 }
 
 bool Trainer::State::resume() {
-  const fs::path latest = run_dir() / kLatestCheckpointName;
-  // symlink_status: a dangling checkpoint.torch is an error to report, not "no checkpoint".
-  if (!options.checkpoint.auto_resume || !fs::exists(fs::symlink_status(latest))) {
+  if (!options.checkpoint.auto_resume) {
+    if (is_rank0()) {
+      prepare_fresh_start(run_dir(), options.checkpoint.overwrite_existing);
+    }
+    group->barrier();
     return false;
   }
-  auto state = checkpoint::load_checkpoint(latest, {"model", "optimizer", "epoch", "iteration"});
+  auto choice = choose_resume_checkpoint(run_dir());
+  if (!choice) {
+    return false;
+  }
+  if (!choice->warning.empty() && is_rank0()) {
+    spdlog::warn("{}", choice->warning);
+  }
+  const fs::path latest = choice->path;
+  auto& state = choice->state;
   auto entry = [&](const char* key) -> const c10::IValue& {
     return checkpoint::state_at(state, key, latest.string());
   };
@@ -569,19 +592,24 @@ bool Trainer::State::resume() {
     spdlog::info("{} is a final checkpoint; CHECKPOINT.OVERWRITE_EXISTING is set, so training "
                  "starts again from scratch",
                  fs::canonical(latest).string());
+    if (is_rank0()) {
+      prepare_fresh_start(run_dir(), /*overwrite_existing=*/true);
+    }
+    group->barrier();
     return false;
   }
   const auto model_state = entry("model").toGenericDict();
   if (fsdp) { // each rank keeps its shard of the whole values
     checkpoint::check_model_state_dict(*model, model_state,
-                                       /*exact_floating_dtypes=*/!fsdp->options().compute_dtype);
+                                       /*exact_floating_dtypes=*/!fsdp->options().compute_dtype,
+                                       latest.string());
     std::unordered_map<std::string, at::Tensor> values;
     for (const auto& item : model_state) {
       values.emplace(item.key().toStringRef(), item.value().toTensor());
     }
     fsdp->load_full_state(values);
   } else {
-    checkpoint::load_model_state_dict(*model, model_state);
+    checkpoint::load_model_state_dict(*model, model_state, latest.string());
   }
   auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
   mixed_precision->load_state_dict(precision_state == state.end() ? c10::IValue()
