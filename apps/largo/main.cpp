@@ -16,6 +16,8 @@
 #include <largo/core/config.h>
 #include <largo/core/embedded_configs.h>
 #include <largo/core/error.h>
+#include <largo/core/error_report.h>
+#include <largo/core/resources.h>
 #include <largo/core/logging.h>
 #include <largo/core/malloc_tuning.h>
 #include <largo/checkpoint/sharded_checkpoint.h>
@@ -135,18 +137,24 @@ std::string who_am_i(const char* program) {
   return program;
 }
 
+// The error boundary (core/error_report.h): every failure becomes one line without C++
+// stack frames (the whole text goes to the debug log, VERBOSE=True) and the exit code of its
+// class. The allocation guard (core/resources.h) is installed first, so that a size beyond
+// the machine's memory fails as a ResourceError naming what asked instead of an
+// out-of-memory kill.
 int report_errors(const char* program, const std::function<int()>& body) {
+  largo::install_allocation_guard();
   try {
     return body();
-  } catch (const largo::ConfigError& e) {
-    std::fprintf(stderr, "%s: config error: %s\n", who_am_i(program).c_str(), e.what());
-    return kExitBadConfig;
-  } catch (const largo::Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", who_am_i(program).c_str(), e.what());
-    return kExitFailure;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: internal error: %s\n", who_am_i(program).c_str(), e.what());
-    return kExitFailure;
+  } catch (...) {
+    const largo::ErrorReport report = largo::report_error(std::current_exception());
+    if (report.full_text != report.message) {
+      spdlog::debug("the full text of the error below:\n{}", report.full_text);
+    }
+    std::fprintf(stderr, "%s: %s: %s\n", who_am_i(program).c_str(), report.label.c_str(),
+                 report.message.c_str());
+    largo::publish_error_report(report); // for the launcher that started this worker, if any
+    return report.exit_code;
   }
 }
 

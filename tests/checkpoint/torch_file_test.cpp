@@ -8,6 +8,8 @@
 #include <largo/checkpoint/torch_file.h>
 #include <largo/core/error.h>
 
+#include "checkpoint/checkpoint_test_util.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -148,13 +150,7 @@ void expect_matches(const c10::IValue& value, const json& want, const std::strin
 }
 
 std::string refusal(const fs::path& path) {
-  try {
-    load_checkpoint(path);
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a CheckpointError for " << path;
-  return "";
+  return largo::testing::checkpoint_error([&] { load_checkpoint(path); });
 }
 
 TEST_F(TorchFileTest, StateDictLoadsIntoTheModule) {

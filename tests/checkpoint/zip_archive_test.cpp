@@ -5,6 +5,8 @@
 #include <largo/checkpoint/zip_archive.h>
 #include <largo/core/error.h>
 
+#include "checkpoint/checkpoint_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -14,6 +16,8 @@ namespace largo::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
+using largo::testing::checkpoint_error;
+using largo::testing::flip_bits_in_entry;
 
 class ZipArchiveTest : public ::testing::Test {
  protected:
@@ -34,38 +38,16 @@ class ZipArchiveTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  // A copy of good.torch with one bit flipped in the entry whose name ends with `suffix`.
-  fs::path flipped(const std::string& suffix) {
-    uint64_t offset = 0;
-    {
-      ZipArchive archive(dir_ / "good.torch");
-      for (const auto& entry : archive.entries()) {
-        if (entry.name.size() >= suffix.size() &&
-            entry.name.compare(entry.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-          offset = entry.data_offset + entry.size / 2;
-        }
-      }
-    }
-    EXPECT_GT(offset, 0u) << "no entry ending with " << suffix;
+  // A copy of good.torch with a bit flipped in the middle of entry `entry`.
+  fs::path flipped(const std::string& entry) {
     const fs::path copy = dir_ / "flipped.torch";
     fs::copy_file(dir_ / "good.torch", copy, fs::copy_options::overwrite_existing);
-    std::fstream file(copy, std::ios::in | std::ios::out | std::ios::binary);
-    file.seekg(static_cast<std::streamoff>(offset));
-    char byte = 0;
-    file.get(byte);
-    file.seekp(static_cast<std::streamoff>(offset));
-    file.put(static_cast<char>(byte ^ 0x10));
+    flip_bits_in_entry(copy, entry, ZipArchive(copy).find(entry)->size / 2);
     return copy;
   }
 
   std::string refusal(const fs::path& path) {
-    try {
-      load_checkpoint(path);
-    } catch (const CheckpointError& e) {
-      return e.what();
-    }
-    ADD_FAILURE() << "expected a CheckpointError for " << path;
-    return "";
+    return checkpoint_error([&] { load_checkpoint(path); });
   }
 
   fs::path dir_;
@@ -84,7 +66,7 @@ TEST_F(ZipArchiveTest, EntriesAndTheirCrcsAreRead) {
 }
 
 TEST_F(ZipArchiveTest, FlippedBitInTensorDataIsRefusedNamingFileAndEntry) {
-  const fs::path path = flipped("data/0");
+  const fs::path path = flipped("archive/data/0");
   const std::string message = refusal(path);
   EXPECT_NE(message.find(path.string()), std::string::npos) << message;
   EXPECT_NE(message.find("archive/data/0"), std::string::npos) << message;
@@ -93,7 +75,7 @@ TEST_F(ZipArchiveTest, FlippedBitInTensorDataIsRefusedNamingFileAndEntry) {
 }
 
 TEST_F(ZipArchiveTest, FlippedBitInThePickleIsRefused) {
-  const std::string message = refusal(flipped("data.pkl"));
+  const std::string message = refusal(flipped("archive/data.pkl"));
   EXPECT_NE(message.find("archive/data.pkl"), std::string::npos) << message;
   EXPECT_NE(message.find("CRC-32"), std::string::npos) << message;
 }

@@ -155,6 +155,45 @@ TEST(LauncherTest, AFailedWorkerStopsTheOthersAndIsNamed) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
 }
 
+TEST(LauncherTest, AStoppedWorkerIsNamedAsTheCauseWithThePeersReportedError) {
+  // Rank 1 stops itself (SIGSTOP); rank 0 fails as a trainer would after its collective timed
+  // out, writing its one-line error where the launcher asked (LARGO_ERROR_REPORT_FILE).
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    launch_workers(quick(2), {"sh", "-c",
+                              "if [ $RANK = 1 ]; then kill -STOP $$; sleep 60; fi; sleep 1; "
+                              "echo 'communication error: all_reduce of 4.0 KiB (collective #7) "
+                              "failed' > $LARGO_ERROR_REPORT_FILE; exit 6"});
+    ADD_FAILURE() << "expected a WorkerError";
+  } catch (const WorkerError& e) {
+    const std::string message = e.what();
+    EXPECT_EQ(message.find("rank 1 (local rank 1 on node 0, pid "), 0u) << message;
+    EXPECT_NE(message.find("was stopped by SIGSTOP"), std::string::npos) << message;
+    EXPECT_NE(message.find("stalled the job; then rank 0 (local rank 0"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("exited with status 6 after"), std::string::npos) << message;
+    EXPECT_NE(message.find("(communication error: all_reduce of 4.0 KiB (collective #7) failed)"),
+              std::string::npos)
+        << message;
+  }
+  // The stopped worker was continued and stopped, not waited for.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(LauncherTest, MoreWorkersThanCoresAreRefusedBeforeAnyStarts) {
+  LauncherOptions options = quick(100000);
+  options.nproc_per_node_key = "config key DISTRIBUTED.NUM_PROC_PER_NODE";
+  try {
+    launch_workers(options, {"sh", "-c", "exit 0"});
+    ADD_FAILURE() << "expected a ResourceError";
+  } catch (const ResourceError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("config key DISTRIBUTED.NUM_PROC_PER_NODE = 100000"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("cores"), std::string::npos) << message;
+  }
+}
+
 TEST(LauncherTest, AWorkerIgnoringSigtermIsKilledAfterTheGrace) {
   const auto start = std::chrono::steady_clock::now();
   LauncherOptions options = quick(2);

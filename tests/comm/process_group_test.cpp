@@ -7,6 +7,10 @@
 #include "comm/distributed_test_util.h"
 
 #include <arpa/inet.h>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <unistd.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -157,6 +161,45 @@ TEST(ProcessGroupFailureTest, StalledPeerTimesOutWithAClearError) {
         std::string message = message_of([&] { group.all_reduce(at::ones({10})); });
         EXPECT_NE(message.find("all_reduce"), std::string::npos) << message;
         EXPECT_NE(message.find("COLLECTIVE_TIMEOUT_SECONDS"), std::string::npos) << message;
+      },
+      options);
+}
+
+TEST(ProcessGroupFailureTest, StoppedPeerIsNamedWithItsLastCollectiveWithoutTrace) {
+  // Rank 1 runs two collectives, then stops itself (SIGSTOP) before the third; rank 0's
+  // third times out and must name rank 1, what it was last doing, and no C++ frames. Rank 0
+  // then continues rank 1 (SIGCONT) so the test ends.
+  largo::testing::RankRunOptions options;
+  options.collective_timeout = std::chrono::seconds(3);
+  const std::string pid_file =
+      fmt::format("/tmp/largo_stopped_peer_{}", std::getenv("MASTER_PORT") ? std::getenv("MASTER_PORT") : "0");
+  run_on_ranks(
+      2,
+      [&](ProcessGroup& group) {
+        group.all_reduce(at::ones({10}));
+        group.broadcast(at::ones({1024}), 0);
+        if (group.rank() == 1) {
+          std::ofstream(pid_file) << ::getpid();
+          // The beacon publishes within a quarter heartbeat of a collective's start.
+          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          ::raise(SIGSTOP);
+          return; // continued by rank 0
+        }
+        const auto start = std::chrono::steady_clock::now();
+        std::string message = message_of([&] { group.all_reduce(at::ones({10})); });
+        EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(15));
+        EXPECT_NE(message.find("all_reduce of 0.0 KiB (collective #3) on rank 0 of 2"),
+                  std::string::npos) << message;
+        EXPECT_NE(message.find("rank 1 stopped making progress"), std::string::npos) << message;
+        EXPECT_NE(message.find("its collective #2, broadcast of 4.0 KiB"), std::string::npos)
+            << message;
+        EXPECT_EQ(message.find("frame #"), std::string::npos) << message;
+        EXPECT_EQ(message.find("Exception raised from"), std::string::npos) << message;
+        pid_t peer = 0;
+        std::ifstream(pid_file) >> peer;
+        ASSERT_GT(peer, 0);
+        ::kill(peer, SIGCONT);
+        std::remove(pid_file.c_str());
       },
       options);
 }

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 
 namespace largo {
@@ -193,6 +195,72 @@ TEST(ConfigTest, FilesMergeInOrder) {
   EXPECT_EQ(config.get_int("SEED_VALUE"), 2);
   EXPECT_EQ(config.get_int("LOG_FREQUENCY"), 3);
   std::filesystem::remove_all(dir);
+}
+
+// Issue 19: inputs a careless or hostile user gives, each refused in well under a second
+// with a message that names the key or the file (and never the whole megabyte-long input).
+TEST(ConfigTest, HugeIntegerIsRefusedNotACrash) {
+  const std::string digits(50000, '7');
+  auto message = config_error_message([&] { Config::load({}, {"SEED_VALUE=" + digits}); });
+  EXPECT_NE(message.find("SEED_VALUE"), std::string::npos) << message;
+  EXPECT_NE(message.find("between -9223372036854775808 and 9223372036854775807"),
+            std::string::npos)
+      << message;
+  EXPECT_LT(message.size(), 400u);
+  Config config = Config::defaults();
+  message = config_error_message(
+      [&] { config.merge_yaml("SEED_VALUE: 1000000000000000000000000000000\n", "big.yaml"); });
+  EXPECT_NE(message.find("big.yaml: config key SEED_VALUE"), std::string::npos) << message;
+  EXPECT_EQ(Config::load({}, {"SEED_VALUE=-9223372036854775808"}).get_int("SEED_VALUE"),
+            std::numeric_limits<int64_t>::min());
+}
+
+TEST(ConfigTest, HugeUnknownKeyIsAbbreviatedAndQuick) {
+  const std::string key(100000, 'A');
+  const auto start = std::chrono::steady_clock::now();
+  auto message = config_error_message([&] { Config::load({}, {"DATA." + key + "=1"}); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_NE(message.find("unknown config key DATA.AAAA"), std::string::npos) << message;
+  EXPECT_NE(message.find("(100005 characters)"), std::string::npos) << message;
+  EXPECT_LT(message.size(), 600u);
+}
+
+TEST(ConfigTest, OversizedConfigIsRefusedBeforeParsing) {
+  std::string yaml = "config:\n  DATA:\n    TRAIN:\n      DATA_PATHS: [0";
+  while (yaml.size() < 300 * 1024) {
+    yaml += ",0";
+  }
+  yaml += "]\n";
+  Config config = Config::defaults();
+  const auto start = std::chrono::steady_clock::now();
+  auto message = config_error_message([&] { config.merge_yaml(yaml, "big.yaml"); });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(1));
+  EXPECT_NE(message.find("big.yaml"), std::string::npos) << message;
+  EXPECT_NE(message.find("at most 256 KiB"), std::string::npos) << message;
+}
+
+TEST(ConfigTest, DuplicateKeysSecondDocumentsAndNonScalarKeysAreRefused) {
+  Config config = Config::defaults();
+  auto message = config_error_message(
+      [&] { config.merge_yaml("config:\n  SEED_VALUE: 1\n  SEED_VALUE: 2\n", "dup.yaml"); });
+  EXPECT_NE(message.find("dup.yaml (line 3, column 3): key 'SEED_VALUE' appears twice"),
+            std::string::npos)
+      << message;
+  // Inside a list of maps too (a transform given two names).
+  message = config_error_message([&] {
+    config.merge_yaml("DATA:\n  TRAIN:\n    TRANSFORMS:\n      - {name: ToTensor, name: Foo}\n",
+                      "t.yaml");
+  });
+  EXPECT_NE(message.find("key 'name' appears twice"), std::string::npos) << message;
+  message = config_error_message(
+      [&] { config.merge_yaml("SEED_VALUE: 1\n---\nSEED_VALUE: 2\n", "two.yaml"); });
+  EXPECT_NE(message.find("two.yaml: holds 2 YAML documents"), std::string::npos) << message;
+  message = config_error_message([&] { config.merge_yaml("config:\n  [1, 2]: 3\n", "k.yaml"); });
+  EXPECT_NE(message.find("k.yaml (line 2, column 3): a map key must be a name, got [1, 2]"),
+            std::string::npos)
+      << message;
+  message = config_error_message([&] { Config::load({std::filesystem::temp_directory_path()}); });
+  EXPECT_NE(message.find("is a directory"), std::string::npos) << message;
 }
 
 TEST(ConfigTest, EditDistance) {

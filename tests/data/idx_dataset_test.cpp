@@ -121,6 +121,30 @@ TEST(IdxDataset, TruncatedFileNamesTheFileAndTheExpectedAndActualBytes) {
   EXPECT_NE(message.find("56"), std::string::npos) << message; // actual
 }
 
+TEST(IdxDataset, HeaderClaimingBillionsOfImagesIsRefusedBeforeAllocating) {
+  // 2^32 - 1 images of 28x28 would be 3.4 TB; the file has a few bytes. Raw and gzip.
+  TempDir dir;
+  std::string bytes = image_file_bytes(2, 28, 28);
+  bytes[4] = bytes[5] = bytes[6] = bytes[7] = static_cast<char>(0xff);
+  for (const auto& name : {"train-images-idx3-ubyte", "t10k-images-idx3-ubyte.gz"}) {
+    const auto path = dir.path() / name;
+    if (path.extension() == ".gz") {
+      write_gzip(path, bytes);
+    } else {
+      write_raw(path, bytes);
+    }
+    const std::string message = data_error_message([&] { IdxDataset::read_images(path); });
+    EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+    EXPECT_NE(message.find("4294967295 images of 28x28"), std::string::npos) << message;
+    EXPECT_NE(message.find("truncated or damaged"), std::string::npos) << message;
+  }
+  std::string labels = label_file_bytes({1, 2});
+  labels[4] = labels[5] = labels[6] = labels[7] = static_cast<char>(0xff);
+  write_raw(dir.path() / "l", labels);
+  const std::string message = data_error_message([&] { IdxDataset::read_labels(dir.path() / "l"); });
+  EXPECT_NE(message.find("4294967295 labels"), std::string::npos) << message;
+}
+
 TEST(IdxDataset, TruncatedGzipContentIsReportedInDecompressedBytes) {
   TempDir dir;
   const auto path = dir.path() / "train-labels-idx1-ubyte.gz";

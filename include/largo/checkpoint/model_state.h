@@ -17,11 +17,13 @@ StateDict model_state_dict(const torch::nn::Module& module);
 // exact_floating_dtypes false: a floating-point entry may have another floating-point dtype
 // than the module's tensor (FSDP's compute copies: the module's parameters are bfloat16
 // views, the checkpoint holds the float32 masters, cast when they are loaded).
+// `source` (the checkpoint's path) starts the message when given.
 void check_model_state_dict(const torch::nn::Module& module, const StateDict& state,
-                            bool exact_floating_dtypes = true);
+                            bool exact_floating_dtypes = true, const std::string& source = "");
 
 // Copies each entry into the module's tensor of the same name, after check_model_state_dict
 // (so nothing is modified when it throws).
-void load_model_state_dict(torch::nn::Module& module, const StateDict& state);
+void load_model_state_dict(torch::nn::Module& module, const StateDict& state,
+                           const std::string& source = "");
 
 } // namespace largo::checkpoint

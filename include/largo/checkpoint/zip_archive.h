@@ -72,6 +72,7 @@ class ZipArchive {
   uint64_t locate_data(uint64_t local_header_offset, const std::string& name) const;
 
   std::filesystem::path path_;
+  std::string name_; // the path, and the file it links to, for messages
   int fd_ = -1;
   uint64_t file_size_ = 0;
   std::vector<Entry> entries_;

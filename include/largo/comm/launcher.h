@@ -16,7 +16,11 @@
 // the others (SIGTERM to each worker's process group, SIGKILL after stop_grace) and either
 // starts the node's group again (max_restarts; TORCHELASTIC_RESTART_COUNT counts the
 // attempts, and a trainer with CHECKPOINT.AUTO_RESUME continues from its latest checkpoint)
-// or throws WorkerError naming the rank and its exit status or signal. SIGINT, SIGTERM,
+// or throws WorkerError naming the rank and its exit status or signal, and the reason that
+// worker gave (each worker gets LARGO_ERROR_REPORT_FILE, where the largo program's error
+// boundary writes its one-line error, core/error_report.h). A worker stopped by a signal
+// (SIGSTOP) is noticed at once; when the job then fails (its peers' collectives time out,
+// DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS), the error names the stopped rank first. SIGINT, SIGTERM,
 // SIGHUP and SIGQUIT received by the launcher are forwarded to the workers, which are then
 // waited for (SIGKILL after stop_grace); the launch returns the signal, and restarts nothing.
 //
@@ -52,6 +56,8 @@ struct LauncherOptions {
   std::map<std::string, std::string> extra_env;
   // A word for the launcher's messages ("largo launch", "largo train").
   std::string name = "largo launch";
+  // What sets nproc_per_node, for messages ("--nproc_per_node", "DISTRIBUTED.NUM_PROC_PER_NODE").
+  std::string nproc_per_node_key = "--nproc_per_node";
 };
 
 // Throws ConfigError naming the option (torchrun's flag names) and its value unless
@@ -76,9 +82,16 @@ struct LaunchResult {
   int signal = 0;
 };
 
+// Throws ResourceError naming options.nproc_per_node_key when nproc_per_node is more than
+// kMaxWorkersPerCore per core of this node (thousands of workers would fork until the machine
+// chokes; a few per core still run, slowly).
+inline constexpr int kMaxWorkersPerCore = 4;
+void check_workers_fit_machine(const LauncherOptions& options);
+
 // Runs `command` (argv; looked up on PATH) as nproc_per_node workers and waits for them.
 // Returns when every worker exited 0, or after a forwarded signal (see above). Throws
-// ConfigError for bad options or a command that cannot be started, WorkerError when a
+// ConfigError for bad options or a command that cannot be started, ResourceError for more
+// workers than cores (check_workers_fit_machine), WorkerError when a
 // worker failed and no restart is left. Installs handlers for the forwarded signals while it
 // runs (the previous ones are restored on return).
 LaunchResult launch_workers(const LauncherOptions& options, const std::vector<std::string>& command);

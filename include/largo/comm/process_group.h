@@ -6,7 +6,10 @@
 // is a collective. Every rank must call the same collectives, with tensors of the same
 // shape and dtype, in the same order; a rank that skips one makes the others wait until the
 // timeout. A collective that fails (a peer died, the timeout passed) throws CommError naming
-// the collective, instead of hanging.
+// the collective and its sequence number, instead of hanging, and the rank that stalled it:
+// each rank publishes a heartbeat and its collective count in the store (a thread of its own,
+// once per heartbeat_interval), so a rank that stopped (SIGSTOP, hung) or has not reached the
+// collective is told apart from one that runs (src/largo/comm/progress_beacon.h).
 //
 // Tensors are modified in place (all_reduce, broadcast, reduce) or written into the output
 // given (all_gather, reduce_scatter); async variants return a Work that must be waited on
@@ -38,6 +41,9 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
   int gloo_threads = 2; // Gloo's worker threads per process
+  // How often each rank publishes its heartbeat and collective count to the store, so that a
+  // timed-out collective names the rank that stalled it (and what it was doing).
+  std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
 };
 
 // A collective in flight. wait() blocks until it is done (or throws CommError); a

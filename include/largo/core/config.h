@@ -8,6 +8,9 @@
 // Maps whose default is empty (`{}`, e.g. AMP_ARGS, base_optimizer) and keys whose
 // default is null accept anything. Range checks belong to the components that read
 // the values (see train/trainer_config.h), which report them through config_error().
+// A file or override is refused when it is larger than 256 KiB, holds more than one YAML
+// document, a duplicated key or a key that is not a plain name, and integers must fit in
+// 64 bits; errors name the file (with line and column) or the key.
 #pragma once
 
 #include <yaml-cpp/yaml.h>
@@ -84,6 +87,10 @@ bool yaml_to_bool(const YAML::Node& node, const std::string& key);
 // "DATA.TRAIN.BATCHSIZE_PER_REPLICA = 0: expected an integer > 0".
 ConfigError config_error(const std::string& key, const std::string& value,
                          const std::string& expected);
+
+// `text` itself when short, else its first `max_chars` characters and its length: what
+// errors show of user input (a key or value may be megabytes long).
+std::string abbreviate(const std::string& text, size_t max_chars = 80);
 
 // The Levenshtein edit distance, used to suggest the closest valid key.
 size_t edit_distance(const std::string& a, const std::string& b);

@@ -73,6 +73,14 @@ class WorkerError : public Error {
   using Error::Error;
 };
 
+// The machine lacks what was asked for: memory for a tensor, dataset or model; more
+// processes or threads than it has cores. The message says how much was asked (and by
+// which key or component) and how much there is.
+class ResourceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Training cannot go on (e.g. a non-finite loss).
 class TrainingError : public Error {
  public:

@@ -30,7 +30,7 @@ StateDict model_state_dict(const torch::nn::Module& module) {
 }
 
 void check_model_state_dict(const torch::nn::Module& module, const StateDict& state,
-                            bool exact_floating_dtypes) {
+                            bool exact_floating_dtypes, const std::string& source) {
   const auto tensors = named_tensors(module);
   std::vector<std::string> missing;
   std::vector<std::string> mismatched;
@@ -55,6 +55,10 @@ void check_model_state_dict(const torch::nn::Module& module, const StateDict& st
   }
   std::vector<std::string> unexpected;
   for (const auto& entry : state) {
+    if (!entry.key().isString()) {
+      unexpected.push_back(fmt::format("(a key of type {})", entry.key().tagKind()));
+      continue;
+    }
     const std::string name = entry.key().toStringRef();
     bool known = std::any_of(tensors.begin(), tensors.end(),
                              [&](const auto& item) { return item.first == name; });
@@ -64,14 +68,16 @@ void check_model_state_dict(const torch::nn::Module& module, const StateDict& st
   }
   if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
     throw CheckpointError(fmt::format(
-        "the checkpoint's model does not match this model (was it written with another "
-        "MODEL config?): missing [{}]; unexpected [{}]; mismatched [{}]",
-        fmt::join(missing, ", "), fmt::join(unexpected, ", "), fmt::join(mismatched, ", ")));
+        "{}the checkpoint's model does not match this model (was it written with another "
+        "MODEL config or class count?): missing [{}]; unexpected [{}]; mismatched [{}]",
+        source.empty() ? "" : source + ": ", fmt::join(missing, ", "), fmt::join(unexpected, ", "),
+        fmt::join(mismatched, ", ")));
   }
 }
 
-void load_model_state_dict(torch::nn::Module& module, const StateDict& state) {
-  check_model_state_dict(module, state);
+void load_model_state_dict(torch::nn::Module& module, const StateDict& state,
+                           const std::string& source) {
+  check_model_state_dict(module, state, /*exact_floating_dtypes=*/true, source);
   auto tensors = named_tensors(module);
   torch::NoGradGuard no_grad;
   for (auto& [name, tensor] : tensors) {

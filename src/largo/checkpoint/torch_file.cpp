@@ -3,6 +3,7 @@
 #include "unpickler.h"
 
 #include <largo/core/error.h>
+#include <largo/core/resources.h>
 
 #include <fmt/format.h>
 
@@ -66,6 +67,7 @@ c10::Storage load_storage(
         c10::toString(dtype)));
   }
   // Sized by the entry, which lies inside the file: a damaged size cannot ask for more.
+  AllocationContext context(fmt::format("loading {}", archive.path().string()));
   c10::Storage storage(
       c10::Storage::use_byte_size_t(),
       static_cast<size_t>(nbytes),

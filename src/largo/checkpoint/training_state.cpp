@@ -138,7 +138,8 @@ void TrainingState::load_model(const StateDict& state, const std::string& where)
   const auto model_state = state_at(state, "model", where).toGenericDict();
   // FSDP's module holds compute copies whose dtype may differ from the float32 masters saved.
   const bool sharded_copies = model_.data_parallelism() == parallel::DataParallelism::kFsdp;
-  check_model_state_dict(*model_.module(), model_state, /*exact_floating_dtypes=*/!sharded_copies);
+  check_model_state_dict(*model_.module(), model_state, /*exact_floating_dtypes=*/!sharded_copies,
+                         where);
   std::unordered_map<std::string, at::Tensor> values;
   for (const auto& item : model_state) {
     values.emplace(item.key().toStringRef(), item.value().toTensor());

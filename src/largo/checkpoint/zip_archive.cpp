@@ -83,18 +83,21 @@ uint32_t crc32_of(const void* data, uint64_t size, uint32_t crc) {
   return crc;
 }
 
-ZipArchive::ZipArchive(std::filesystem::path path) : path_(std::move(path)) {
+ZipArchive::ZipArchive(std::filesystem::path path) : path_(std::move(path)), name_(path_.string()) {
   std::error_code ec;
+  if (std::filesystem::is_symlink(path_, ec)) { // checkpoint.torch: say which file it names
+    name_ += fmt::format(" (a link to {})", std::filesystem::read_symlink(path_, ec).string());
+  }
   if (std::filesystem::is_directory(path_, ec)) {
     throw CheckpointError(fmt::format(
         "checkpoint {} is a directory, not a checkpoint file; remove or rename it",
-        path_.string()));
+        name_));
   }
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) {
     throw CheckpointError(fmt::format(
         "cannot open checkpoint {}: {}",
-        path_.string(),
+        name_,
         errno == ENOENT   ? "no such file"
         : errno == EACCES ? "permission denied"
                           : std::strerror(errno)));
@@ -102,7 +105,7 @@ ZipArchive::ZipArchive(std::filesystem::path path) : path_(std::move(path)) {
   struct stat info {};
   if (::fstat(fd_, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd_);
-    throw CheckpointError(fmt::format("checkpoint {} is not a regular file", path_.string()));
+    throw CheckpointError(fmt::format("checkpoint {} is not a regular file", name_));
   }
   file_size_ = static_cast<uint64_t>(info.st_size);
   try {
@@ -110,7 +113,7 @@ ZipArchive::ZipArchive(std::filesystem::path path) : path_(std::move(path)) {
       throw CheckpointError(fmt::format(
           "checkpoint {} is empty (0 bytes); it was never completely written. Delete it, or "
           "point CHECKPOINT.DIR at a directory with a good checkpoint.",
-          path_.string()));
+          name_));
     }
     parse_directory();
   } catch (...) {
@@ -136,7 +139,7 @@ void ZipArchive::read_at(uint64_t offset, void* destination, uint64_t size) cons
     if (n <= 0) {
       throw CheckpointError(fmt::format(
           "cannot read checkpoint {} at byte {}: {}",
-          path_.string(),
+          name_,
           offset,
           n == 0 ? "unexpected end of file" : std::strerror(errno)));
     }
@@ -151,7 +154,7 @@ CheckpointError ZipArchive::damaged(const std::string& what) const {
       "checkpoint {} ({} bytes) is truncated, corrupt or not a torch file ({}). Delete it or "
       "resume from an older checkpoint; Largo never overwrites a good checkpoint with a "
       "partial one.",
-      path_.string(),
+      name_,
       file_size_,
       what));
 }
@@ -177,7 +180,7 @@ ZipArchive::DirectoryLocation ZipArchive::locate_directory() const {
           "checkpoint {} is in PyTorch's legacy format (torch.save with "
           "_use_new_zipfile_serialization=False); load it in Python and save it again with "
           "torch.save's default format",
-          path_.string()));
+          name_));
     }
     throw damaged("no zip directory at its end");
   }
@@ -273,7 +276,7 @@ uint64_t ZipArchive::locate_data(uint64_t local_header_offset, const std::string
     throw CheckpointError(fmt::format(
         "checkpoint {} is truncated or corrupt: entry '{}' starts "
         "past the end of the file",
-        path_.string(),
+        name_,
         name));
   }
   std::string header(30, '\0');
@@ -281,7 +284,7 @@ uint64_t ZipArchive::locate_data(uint64_t local_header_offset, const std::string
   Fields fields(header, 0);
   if (fields.take(4) != kLocalHeader) {
     throw CheckpointError(fmt::format(
-        "checkpoint {} is corrupt: the header of entry '{}' is damaged", path_.string(), name));
+        "checkpoint {} is corrupt: the header of entry '{}' is damaged", name_, name));
   }
   fields.skip(22);
   const uint64_t name_length = fields.take(2);
@@ -301,12 +304,12 @@ const ZipArchive::Entry* ZipArchive::find(std::string_view name) const {
 namespace {
 
 [[noreturn]] void
-crc_mismatch(const std::filesystem::path& path, const ZipArchive::Entry& entry, uint32_t computed) {
+crc_mismatch(const std::string& name, const ZipArchive::Entry& entry, uint32_t computed) {
   throw CheckpointError(fmt::format(
       "checkpoint {} is corrupt: its entry '{}' ({} bytes) fails its CRC-32 check (recorded "
       "{:08x}, computed {:08x}), so the file was damaged after it was written (disk, copy or "
       "transfer). Resume from an older checkpoint (see docs/checkpoints.md) or copy it again.",
-      path.string(),
+      name,
       entry.name,
       entry.size,
       entry.crc32,
@@ -320,7 +323,7 @@ void ZipArchive::check_stored(const Entry& entry) const {
     throw CheckpointError(fmt::format(
         "{} is not a torch file Largo can read: its entry '{}' is compressed or encrypted "
         "(torch files store their entries uncompressed)",
-        path_.string(),
+        name_,
         entry.name));
   }
 }
@@ -330,7 +333,7 @@ void ZipArchive::read_into(const Entry& entry, void* destination) const {
   read_at(entry.data_offset, destination, entry.size);
   const uint32_t computed = crc32_of(destination, entry.size);
   if (computed != entry.crc32) {
-    crc_mismatch(path_, entry, computed);
+    crc_mismatch(name_, entry, computed);
   }
 }
 
@@ -354,7 +357,7 @@ void ZipArchive::verify_all() const {
       done += n;
     }
     if (crc != entry.crc32) {
-      crc_mismatch(path_, entry, crc);
+      crc_mismatch(name_, entry, crc);
     }
   }
 }

@@ -2,6 +2,8 @@
 
 #include <largo/comm/world_info.h>
 #include <largo/core/error.h>
+#include <largo/core/error_report.h>
+#include <largo/core/resources.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -17,6 +19,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 extern char** environ;
@@ -71,7 +75,8 @@ std::string signal_name(int signal) {
       {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
       {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
       {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGXCPU, "SIGXCPU"},
-      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"}};
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},   {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},
+      {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"}, {SIGCONT, "SIGCONT"}};
   for (const auto& [number, name] : names) {
     if (number == signal) {
       return name;
@@ -87,6 +92,45 @@ struct Worker {
   bool running = false;
   int wait_status = 0;
   Clock::time_point started;
+  int stop_signal = 0;     // the signal that stopped it (SIGSTOP, ...), 0 while it runs
+  Clock::time_point stopped_at;
+  std::filesystem::path error_report; // where its error boundary writes its one-line error
+};
+
+// The one-line error a failed worker wrote (core/error_report.h), or "".
+std::string reported_error(const Worker& worker) {
+  std::ifstream in(worker.error_report);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// A directory for this launch's worker error reports, removed with the launch.
+class ReportDirectory {
+ public:
+  ReportDirectory() {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "largo_launch_XXXXXX").string();
+    if (::mkdtemp(pattern.data()) != nullptr) {
+      path_ = pattern;
+    }
+  }
+  ~ReportDirectory() {
+    std::error_code ec;
+    if (!path_.empty()) {
+      std::filesystem::remove_all(path_, ec);
+    }
+  }
+  ReportDirectory(const ReportDirectory&) = delete;
+  ReportDirectory& operator=(const ReportDirectory&) = delete;
+  // "" when no directory could be made (then workers report nothing, the launch goes on).
+  std::filesystem::path file_for(int rank, int attempt) const {
+    return path_.empty() ? std::filesystem::path()
+                         : path_ / fmt::format("rank{}.attempt{}", rank, attempt);
+  }
+
+ private:
+  std::filesystem::path path_;
 };
 
 // The launcher's environment with `overrides` applied, as "KEY=VALUE" strings.
@@ -181,7 +225,20 @@ std::vector<const Worker*> reap(std::vector<Worker>& workers) {
       continue;
     }
     int status = 0;
-    pid_t got = ::waitpid(worker.pid, &status, WNOHANG);
+    pid_t got = ::waitpid(worker.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+    if (got == worker.pid && WIFSTOPPED(status)) {
+      worker.stop_signal = WSTOPSIG(status);
+      worker.stopped_at = Clock::now();
+      spdlog::warn("rank {} (pid {}) was stopped by {}: the job cannot make progress until it "
+                   "continues (SIGCONT); its peers fail their next collective after "
+                   "DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS",
+                   worker.rank, worker.pid, signal_name(worker.stop_signal));
+      continue;
+    }
+    if (got == worker.pid && WIFCONTINUED(status)) {
+      worker.stop_signal = 0;
+      continue;
+    }
     if (got == worker.pid) {
       worker.running = false;
       worker.wait_status = status;
@@ -217,6 +274,7 @@ void signal_groups(const std::vector<Worker>& workers, int signal) {
 // signal cuts the grace short.
 void stop_workers(std::vector<Worker>& workers, int signal, std::chrono::milliseconds grace) {
   signal_groups(workers, signal);
+  signal_groups(workers, SIGCONT); // a stopped worker handles the signal only once it runs
   const int signals_before = g_signal_count;
   const auto deadline = Clock::now() + grace;
   while (any_running(workers) && Clock::now() < deadline && g_signal_count == signals_before) {
@@ -241,6 +299,34 @@ std::string join(const std::vector<std::string>& words) {
     text += (text.empty() ? "" : " ") + word;
   }
   return text;
+}
+
+// "rank 1 (...) was stopped by SIGSTOP 31.2 s ago and stalled the job; rank 0 (...) then
+// exited with status 6 (communication error: ...)": a stopped worker is the cause to name
+// first, then the failed worker and the reason it wrote.
+std::string describe_failure(const std::vector<Worker>& workers,
+                             const std::vector<const Worker*>& failed, int node_rank) {
+  const Worker& first = *failed.front();
+  const double seconds = std::chrono::duration<double>(Clock::now() - first.started).count();
+  std::string what = fmt::format("rank {} (local rank {} on node {}, pid {}) {} after {:.1f} s",
+                                 first.rank, first.local_rank, node_rank, first.pid,
+                                 describe_exit_status(first.wait_status), seconds);
+  const std::string reason = reported_error(first);
+  if (!reason.empty()) {
+    what += fmt::format(" ({})", reason);
+  }
+  for (const Worker& worker : workers) {
+    if (worker.running && worker.stop_signal != 0) {
+      const double stopped =
+          std::chrono::duration<double>(Clock::now() - worker.stopped_at).count();
+      return fmt::format(
+          "rank {} (local rank {} on node {}, pid {}) was stopped by {} {:.1f} s ago and "
+          "stalled the job; then {}",
+          worker.rank, worker.local_rank, node_rank, worker.pid, signal_name(worker.stop_signal),
+          stopped, what);
+    }
+  }
+  return what;
 }
 
 std::string rank_range(int first, int count) {
@@ -277,6 +363,19 @@ void validate(const LauncherOptions& options) {
   }
   if (options.stop_grace.count() < 0 || options.poll_interval.count() <= 0) {
     fail("stop_grace must be >= 0 and poll_interval > 0");
+  }
+}
+
+void check_workers_fit_machine(const LauncherOptions& options) {
+  // A few workers per core still run (slowly: trying out a 4-rank job on a laptop); thousands
+  // fork until the machine chokes.
+  const int64_t cores = available_cpu_cores();
+  if (options.nproc_per_node > kMaxWorkersPerCore * cores) {
+    throw ResourceError(fmt::format(
+        "{} = {}: this machine gives {} {} cores, and Largo starts at most {} workers per core "
+        "({} here); use fewer workers per node",
+        options.nproc_per_node_key, options.nproc_per_node, options.name, cores,
+        kMaxWorkersPerCore, kMaxWorkersPerCore * cores));
   }
 }
 
@@ -335,9 +434,11 @@ LaunchResult launch_workers(const LauncherOptions& options, const std::vector<st
                                   "largo launch --nproc_per_node 2 -- largo train my.yaml",
                                   options.name));
   }
+  check_workers_fit_machine(options);
   const int world_size = options.nnodes * options.nproc_per_node;
   const int first_rank = options.node_rank * options.nproc_per_node;
   SignalForwarding forwarding;
+  ReportDirectory reports;
   LaunchResult result;
   for (int attempt = 0;; ++attempt) {
     const int master_port = resolve_master_port(options);
@@ -354,10 +455,13 @@ LaunchResult launch_workers(const LauncherOptions& options, const std::vector<st
       Worker& worker = workers[local_rank];
       worker.local_rank = local_rank;
       worker.rank = first_rank + local_rank;
+      worker.error_report = reports.file_for(worker.rank, attempt);
+      auto env = worker_environment(options, local_rank, master_port, attempt);
+      if (!worker.error_report.empty()) {
+        env[kErrorReportVariable] = worker.error_report.string();
+      }
       try {
-        worker.pid = start_process(
-            command,
-            environment_with(worker_environment(options, local_rank, master_port, attempt)));
+        worker.pid = start_process(command, environment_with(env));
       } catch (...) {
         stop_workers(workers, SIGTERM, options.stop_grace);
         throw;
@@ -389,13 +493,7 @@ LaunchResult launch_workers(const LauncherOptions& options, const std::vector<st
       return result;
     }
 
-    const Worker& first = *failed.front();
-    const double seconds = std::chrono::duration<double>(Clock::now() - first.started).count();
-    const std::string what = fmt::format("rank {} (local rank {} on node {}, pid {}) {} after "
-                                         "{:.1f} s",
-                                         first.rank, first.local_rank, options.node_rank,
-                                         first.pid, describe_exit_status(first.wait_status),
-                                         seconds);
+    const std::string what = describe_failure(workers, failed, options.node_rank);
     spdlog::error("{}: {}; stopping the other workers", options.name, what);
     for (size_t i = 1; i < failed.size(); ++i) {
       spdlog::error("{}: rank {} (local rank {}, pid {}) also {}", options.name, failed[i]->rank,

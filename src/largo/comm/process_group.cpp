@@ -1,8 +1,10 @@
 #include <largo/comm/process_group.h>
 
+#include "progress_beacon.h"
 #include <largo/comm/world_info.h>
 
 #include <largo/core/error.h>
+#include <largo/core/error_report.h>
 #include <largo/core/torch_compat.h>
 
 #include <fmt/format.h>
@@ -75,10 +77,23 @@ struct Work::State {
   c10::intrusive_ptr<c10d::Work> work;
   std::vector<c10::intrusive_ptr<c10d::Work>> more_work; // a collective made of several
   std::function<void()> then; // runs once after a successful wait (e.g. a fallback's copy)
-  std::string what;           // "all_reduce of 1.2 MiB on rank 0 of 2 (gloo)"
+  std::string operation;      // "all_reduce of 1.2 MiB": the same on every rank
+  std::string what;           // "all_reduce of 1.2 MiB (collective #12) on rank 0 of 2 (gloo)"
+  int64_t sequence = 0;       // this rank's collective count (progress_beacon.h)
+  std::shared_ptr<detail::ProgressBeacon> beacon; // null in a world of one
   std::chrono::milliseconds timeout{0};
   bool done = false;
 };
+
+namespace {
+
+// c10d's own words, first line only and without stack frames: what failed at the socket.
+std::string c10d_reason(const std::exception& e) {
+  const std::string text = without_stack_trace(e.what());
+  return text.substr(0, text.find('\n'));
+}
+
+} // namespace
 
 Work::Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
@@ -95,11 +110,13 @@ void Work::wait() {
       work->wait(state_->timeout);
     }
   } catch (const std::exception& e) {
+    // Which rank stalled it, and where: the beacons say (a few seconds, on failure only).
+    const std::string diagnosis = state_->beacon
+        ? state_->beacon->diagnose(state_->sequence, state_->operation)
+        : "a peer process has probably died, stalled or is running a different collective";
     throw CommError(fmt::format(
-        "{} failed: {}. A peer process has probably died, stalled or is running a different "
-        "collective; check the other ranks' logs (the timeout is {} s: "
-        "DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS)",
-        state_->what, e.what(), state_->timeout.count() / 1000));
+        "{} failed: {}. (c10d: {}; the timeout is {} s: DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS)",
+        state_->what, diagnosis, c10d_reason(e), state_->timeout.count() / 1000));
   }
   if (state_->then) {
     state_->then();
@@ -115,6 +132,7 @@ struct ProcessGroup::Impl {
   std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<compat::C10dBackend> backend; // null for a world of one
+  std::shared_ptr<detail::ProgressBeacon> beacon;  // null for a world of one
   // Tag of the next point-to-point message pair (Gloo's sum reduce): every rank issues the
   // same collectives in the same order, so the counters agree.
   int next_p2p_tag = 1;
@@ -278,6 +296,14 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& op
   check_world(*tcp_store, options);
   impl->store = c10::make_intrusive<c10d::PrefixStore>("largo/" + options.backend, tcp_store);
   try {
+    impl->beacon = std::make_shared<detail::ProgressBeacon>(
+        options.master_addr, options.master_port, options.rank, options.world_size,
+        options.heartbeat_interval);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {} lost the rendezvous master at {}:{}: {}", options.rank,
+                                options.master_addr, options.master_port, c10d_reason(e)));
+  }
+  try {
     if (options.backend == "gloo") {
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.collective_timeout);
       gloo_options->devices.push_back(gloo_device(options.master_addr));
@@ -330,23 +356,26 @@ Work ProcessGroup::launch(const std::string& what, const std::function<Work()>& 
     throw CommError(fmt::format(
         "{} failed: {}. A peer process has probably died or stalled; check the other ranks' "
         "logs",
-        what, e.what()));
+        what, c10d_reason(e)));
   }
 }
 
 namespace {
 
-std::string label(const char* collective, const at::Tensor& tensor, int rank, int world_size,
-                  const std::string& backend) {
-  return fmt::format("{} of {} on rank {} of {} ({})", collective, describe_bytes(tensor), rank,
-                     world_size, backend);
+std::string operation_of(const char* collective, const at::Tensor& tensor) {
+  return fmt::format("{} of {}", collective, describe_bytes(tensor));
 }
 
 } // namespace
 
-#define LARGO_WORK_STATE(collective, tensor)                                                 \
-  auto state = std::make_shared<Work::State>();                                              \
-  state->what = label(collective, tensor, impl_->rank, impl_->world_size, impl_->backend_name); \
+#define LARGO_WORK_STATE(collective, tensor)                                             \
+  auto state = std::make_shared<Work::State>();                                          \
+  state->operation = operation_of(collective, tensor);                                   \
+  state->beacon = impl_->beacon;                                                         \
+  state->sequence = impl_->beacon ? impl_->beacon->enter(state->operation) : 0;          \
+  state->what = fmt::format("{} (collective #{}) on rank {} of {} ({})", state->operation, \
+                            state->sequence, impl_->rank, impl_->world_size,             \
+                            impl_->backend_name);                                        \
   state->timeout = impl_->collective_timeout
 
 Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {

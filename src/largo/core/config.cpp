@@ -7,11 +7,15 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
-#include <regex>
+#include <unordered_set>
 #include <sstream>
 
 namespace largo {
 namespace {
+
+// The largest config file or override value accepted: VISSL configs are a few KiB, and
+// yaml-cpp needs ~2 KiB of memory per value, so a 50 MB file would take gigabytes.
+constexpr size_t kMaxConfigBytes = 256 * 1024;
 
 std::vector<std::string> split_key(const std::string& key) {
   std::vector<std::string> parts;
@@ -27,16 +31,21 @@ std::string join_key(const std::string& path, const std::string& name) {
   return path.empty() ? name : path + "." + name;
 }
 
+// A value as errors show it: long values (a 50,000-digit number, a 2-million-entry list)
+// are cut, so a message stays readable and costs nothing to build.
 std::string describe(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) {
     return "null";
   }
   if (node.IsScalar()) {
-    return node.Scalar();
+    return abbreviate(node.Scalar());
+  }
+  if (node.size() > 64) {
+    return fmt::format("a {} of {} entries", node.IsSequence() ? "list" : "map", node.size());
   }
   YAML::Emitter out;
   out << YAML::Flow << node;
-  return out.c_str();
+  return abbreviate(out.c_str());
 }
 
 std::string to_lower(std::string s) {
@@ -161,6 +170,12 @@ std::string last_part(const std::string& key) {
 // put under the wrong parent), else the closest sibling by edit distance.
 std::string suggest_key(const YAML::Node& schema_root, const YAML::Node& schema_parent,
                         const std::string& parent_path, const std::string& name) {
+  // The edit distance costs key length x path length per candidate; no valid key is longer
+  // than this, so a longer name has no near match and gets none searched for.
+  constexpr size_t kLongestSuggestedName = 64;
+  if (name.size() > kLongestSuggestedName || parent_path.size() > kLongestSuggestedName * 4) {
+    return "a key listed in docs/config_keys.md";
+  }
   std::vector<std::string> all_paths;
   collect_paths(schema_root, "", all_paths);
   for (const auto& path : all_paths) {
@@ -197,13 +212,68 @@ std::string suggest_key(const YAML::Node& schema_root, const YAML::Node& schema_
   return best;
 }
 
-YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
-  try {
-    return YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("{}: not valid YAML: {} (line {}, column {})", origin, e.msg,
-                                  e.mark.line + 1, e.mark.column + 1));
+// Every map key in `document` is a plain scalar and appears once per map (yaml-cpp keeps
+// both entries of a duplicated key and reads the first, so the second, usually the intended
+// one, would be ignored without a word).
+void check_map_keys(const YAML::Node& document, const std::string& origin) {
+  std::vector<YAML::Node> pending = {document};
+  while (!pending.empty()) {
+    YAML::Node node = pending.back();
+    pending.pop_back();
+    if (node.IsSequence()) {
+      for (const auto& element : node) {
+        pending.push_back(element);
+      }
+      continue;
+    }
+    if (!node.IsMap()) {
+      continue;
+    }
+    std::unordered_set<std::string> seen;
+    for (const auto& entry : node) {
+      const YAML::Mark mark = entry.first.Mark();
+      const std::string where = mark.is_null()
+          ? origin
+          : fmt::format("{} (line {}, column {})", origin, mark.line + 1, mark.column + 1);
+      if (!entry.first.IsScalar()) {
+        throw ConfigError(fmt::format("{}: a map key must be a name, got {}", where,
+                                      describe(entry.first)));
+      }
+      if (!seen.insert(entry.first.Scalar()).second) {
+        throw ConfigError(fmt::format(
+            "{}: key '{}' appears twice in the same map; keep one", where,
+            abbreviate(entry.first.Scalar())));
+      }
+      pending.push_back(entry.second);
+    }
   }
+}
+
+YAML::Node parse_yaml(const std::string& text, const std::string& origin) {
+  if (text.size() > kMaxConfigBytes) {
+    throw ConfigError(fmt::format(
+        "{}: {} bytes of YAML; a config is at most {} KiB (VISSL's are a few KiB), so this "
+        "is not a config file",
+        origin, text.size(), kMaxConfigBytes / 1024));
+  }
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("{}: not valid YAML: {} (line {}, column {})", origin,
+                                  abbreviate(e.msg), e.mark.line + 1, e.mark.column + 1));
+  }
+  if (documents.size() > 1) {
+    throw ConfigError(fmt::format(
+        "{}: holds {} YAML documents (separated by '---'); a config is one document, so "
+        "merge them or pass them as separate files",
+        origin, documents.size()));
+  }
+  if (documents.empty()) {
+    return YAML::Node();
+  }
+  check_map_keys(documents.front(), origin);
+  return documents.front();
 }
 
 } // namespace
@@ -217,8 +287,16 @@ bool yaml_scalar_is_bool(const YAML::Node& node) {
 }
 
 bool yaml_scalar_is_int(const YAML::Node& node) {
-  static const std::regex integer(R"([-+]?[0-9]+)");
-  return node.IsScalar() && std::regex_match(node.Scalar(), integer);
+  // [-+]?[0-9]+, checked by hand: std::regex_match recurses once per character and
+  // overflows the stack on a number of ~30,000 digits.
+  if (!node.IsScalar()) {
+    return false;
+  }
+  const std::string& text = node.Scalar();
+  const size_t digits_start = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  return text.size() > digits_start &&
+      std::all_of(text.begin() + static_cast<std::ptrdiff_t>(digits_start), text.end(),
+                  [](unsigned char c) { return std::isdigit(c) != 0; });
 }
 
 bool yaml_scalar_is_number(const YAML::Node& node) {
@@ -236,7 +314,7 @@ bool yaml_scalar_is_number(const YAML::Node& node) {
 
 double yaml_to_double(const YAML::Node& node, const std::string& key) {
   if (!yaml_scalar_is_number(node)) {
-    throw config_error(key, describe(node), "a number");
+    throw config_error(key, describe(node), "a finite number");
   }
   return std::strtod(node.Scalar().c_str(), nullptr);
 }
@@ -245,7 +323,13 @@ int64_t yaml_to_int(const YAML::Node& node, const std::string& key) {
   if (!yaml_scalar_is_int(node)) {
     throw config_error(key, describe(node), "an integer");
   }
-  return std::strtoll(node.Scalar().c_str(), nullptr, 10);
+  errno = 0;
+  const long long value = std::strtoll(node.Scalar().c_str(), nullptr, 10);
+  if (errno == ERANGE) {
+    throw config_error(key, describe(node),
+                       "an integer between -9223372036854775808 and 9223372036854775807");
+  }
+  return value;
 }
 
 bool yaml_to_bool(const YAML::Node& node, const std::string& key) {
@@ -257,7 +341,15 @@ bool yaml_to_bool(const YAML::Node& node, const std::string& key) {
 
 ConfigError config_error(const std::string& key, const std::string& value,
                          const std::string& expected) {
-  return ConfigError(fmt::format("config key {} = {}: expected {}", key, value, expected));
+  return ConfigError(fmt::format("config key {} = {}: expected {}", abbreviate(key),
+                                 abbreviate(value), expected));
+}
+
+std::string abbreviate(const std::string& text, size_t max_chars) {
+  if (text.size() <= max_chars) {
+    return text;
+  }
+  return fmt::format("{}... ({} characters)", text.substr(0, max_chars), text.size());
 }
 
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -298,6 +390,17 @@ Config Config::load(const std::vector<std::filesystem::path>& yaml_files,
 }
 
 void Config::merge_file(const std::filesystem::path& yaml_file) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(yaml_file, ec)) {
+    throw ConfigError(fmt::format("config file {} is a directory; give a YAML file",
+                                  yaml_file.string()));
+  }
+  if (auto size = std::filesystem::file_size(yaml_file, ec); !ec && size > kMaxConfigBytes) {
+    throw ConfigError(fmt::format(
+        "config file {} has {} bytes; a config is at most {} KiB (VISSL's are a few KiB), so "
+        "this is not a config file",
+        yaml_file.string(), size, kMaxConfigBytes / 1024));
+  }
   std::ifstream in(yaml_file);
   if (!in) {
     throw ConfigError(fmt::format("cannot read config file {}: {}", yaml_file.string(),
@@ -348,13 +451,20 @@ void Config::merge_node(const YAML::Node& user, YAML::Node& target, const YAML::
     const YAML::Node& value = entry.second;
     YAML::Node schema_child = schema.IsMap() ? schema[name] : YAML::Node();
     if (!schema_child.IsDefined()) {
-      throw ConfigError(fmt::format("{}: unknown config key {}; did you mean {}?", origin, key,
-                                    suggest_key(schema_, schema, path, name)));
+      throw ConfigError(fmt::format("{}: unknown config key {}; did you mean {}?", origin,
+                                    abbreviate(key), suggest_key(schema_, schema, path, name)));
     }
     Kind kind = kind_of_default(schema_child, key);
     if (!matches_kind(value, kind)) {
       throw ConfigError(fmt::format("{}: {}", origin,
                                     config_error(key, describe(value), kind_name(kind)).what()));
+    }
+    if (kind == Kind::Int) {
+      try {
+        yaml_to_int(value, key); // beyond int64: refused here, not clamped later
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("{}: {}", origin, e.what()));
+      }
     }
     if (kind == Kind::Map) {
       YAML::Node target_child = target[name];
@@ -385,14 +495,15 @@ void Config::apply_override(const std::string& assignment) {
   auto equals = text.find('=');
   if (equals == std::string::npos || equals == 0) {
     throw ConfigError(fmt::format(
-        "command-line override '{}': expected KEY=VALUE, e.g. OPTIMIZER.momentum=0.9", assignment));
+        "command-line override '{}': expected KEY=VALUE, e.g. OPTIMIZER.momentum=0.9",
+        abbreviate(assignment)));
   }
   std::string key = text.substr(0, equals);
   const std::string value_text = text.substr(equals + 1);
   if (key.rfind("config.", 0) == 0) {
     key.erase(0, 7);
   }
-  const std::string origin = fmt::format("command-line override '{}'", assignment);
+  const std::string origin = fmt::format("command-line override '{}'", abbreviate(assignment));
   YAML::Node value = parse_yaml(value_text, origin);
   auto parts = split_key(key);
 

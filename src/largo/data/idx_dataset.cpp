@@ -11,6 +11,7 @@
 #include <zlib.h>
 
 #include "largo/core/error.h"
+#include "largo/core/resources.h"
 
 namespace largo::data {
 namespace {
@@ -153,6 +154,28 @@ void read_payload(
   }
 }
 
+// A header's sizes against the file, before any allocation: a damaged or hostile header
+// (2^32 - 1 images) must not make Largo ask for terabytes. deflate packs at most 1032
+// bytes into one, so a .gz file of n bytes holds at most 1032 n.
+void check_payload_fits_file(const std::filesystem::path& path, int64_t header_bytes,
+                             uint64_t payload_bytes, const std::string& what) {
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path, ec);
+  if (ec) {
+    return; // the read reports it
+  }
+  const bool gz = path.extension() == ".gz";
+  const uint64_t most = gz ? saturating_product({file_bytes, 1032}) : file_bytes;
+  if (payload_bytes > most || static_cast<uint64_t>(header_bytes) + payload_bytes > most) {
+    throw DataError(fmt::format(
+        "{}: its header promises {} ({} {}), but the file has {} bytes{}; the file is "
+        "truncated or damaged: download it again",
+        path.string(), what, header_bytes + payload_bytes, describe_length(path), file_bytes,
+        gz ? " (compressed)" : ""));
+  }
+  require_memory(payload_bytes, fmt::format("loading {} ({})", path.string(), what));
+}
+
 // The first of `candidates` that exists; DataError listing all of them otherwise.
 std::filesystem::path find_file(
     const std::vector<std::filesystem::path>& candidates,
@@ -207,6 +230,8 @@ at::Tensor IdxDataset::read_images(const std::filesystem::path& path) {
     throw DataError(fmt::format(
         "{}: header dims {}x{}x{} are too large", path.string(), num_images, rows, cols));
   }
+  check_payload_fits_file(path, 16, static_cast<uint64_t>(payload_bytes),
+                          fmt::format("{} images of {}x{}", num_images, rows, cols));
   at::Tensor images = at::empty({num_images, 1, rows, cols}, at::kByte); // [N, 1, rows, cols]
   read_payload(reader, path, 16, images);
   return images;
@@ -215,6 +240,10 @@ at::Tensor IdxDataset::read_images(const std::filesystem::path& path) {
 at::Tensor IdxDataset::read_labels(const std::filesystem::path& path) {
   GzReader reader(path);
   const std::vector<int64_t> dims = read_header(reader, path, kLabelsMagic, 1, "label (idx1)");
+  check_payload_fits_file(path, 8, static_cast<uint64_t>(dims[0]), fmt::format("{} labels", dims[0]));
+  // Held as int64 too, once read.
+  require_memory(saturating_product({static_cast<uint64_t>(dims[0]), 8}),
+                 fmt::format("the {} labels of {}", dims[0], path.string()));
   at::Tensor labels = at::empty({dims[0]}, at::kByte); // [N]
   read_payload(reader, path, 8, labels);
   return labels.to(at::kLong);

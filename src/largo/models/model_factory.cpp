@@ -2,6 +2,7 @@
 
 #include <largo/core/config.h>
 #include <largo/core/error.h>
+#include <largo/core/resources.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -42,6 +43,10 @@ Trunk build_trunk(const ModelOptions& options) {
 }
 
 TrunkHeadModel build_model(const ModelOptions& options) {
+  // Names what asks when a layer is larger than the memory (core/resources.h).
+  AllocationContext context(fmt::format("building the model (MODEL.TRUNK.NAME = {}, its "
+                                        "MODEL.TRUNK.* sizes and {} classes)",
+                                        options.trunk_name, options.num_classes));
   Trunk trunk = build_trunk(options);
   torch::nn::Sequential head;
   if (options.head_dims.empty()) {

@@ -1,7 +1,11 @@
 #include <largo/train/data_config.h>
 
+#include <largo/core/resources.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include <algorithm>
 
 namespace largo::train {
 namespace {
@@ -149,6 +153,32 @@ std::vector<data::TransformSpec> transforms_from(const Config& config, const std
   return specs;
 }
 
+namespace {
+
+// Bounds before work: what a synthetic split asks for, against the machine's memory. A batch
+// is held as uint8 and float32 by the loader and the model; the samplers order every index.
+void check_synthetic_fits_machine(const data::DataSplitOptions& split, const std::string& prefix) {
+  const data::DataSourceOptions& source = split.source;
+  const auto& shape = source.synthetic_image_shape;
+  const auto batch = static_cast<uint64_t>(split.batch_size);
+  require_memory(
+      saturating_product({batch, static_cast<uint64_t>(shape[0]), static_cast<uint64_t>(shape[1]),
+                          static_cast<uint64_t>(shape[2]), 1 + 4}),
+      fmt::format("a batch of {}.BATCHSIZE_PER_REPLICA = {} images of {}.SYNTHETIC.IMAGE_SHAPE = "
+                  "[{}]", prefix, split.batch_size, prefix, fmt::join(shape, ", ")));
+  require_memory(
+      saturating_product({static_cast<uint64_t>(source.synthetic_num_samples), 16}),
+      fmt::format("the samplers' index order over {}.SYNTHETIC.NUM_SAMPLES = {}", prefix,
+                  source.synthetic_num_samples));
+  // A batch's logits, their gradient and the softmax: one float per class and sample each.
+  require_memory(
+      saturating_product({batch, static_cast<uint64_t>(source.synthetic_num_classes), 4 * 3}),
+      fmt::format("the logits of a batch of {} for {}.SYNTHETIC.NUM_CLASSES = {}",
+                  split.batch_size, prefix, source.synthetic_num_classes));
+}
+
+} // namespace
+
 data::DataSplitOptions data_split_from(const Config& config, const std::string& prefix) {
   data::DataSplitOptions split;
   data::DataSourceOptions& source = split.source;
@@ -157,11 +187,12 @@ data::DataSplitOptions data_split_from(const Config& config, const std::string& 
   source.transforms = transforms_from(config, prefix + ".TRANSFORMS");
   source.synthetic_num_samples = positive_int(config, prefix + ".SYNTHETIC.NUM_SAMPLES");
   source.synthetic_image_shape = config.get_int_list(prefix + ".SYNTHETIC.IMAGE_SHAPE");
+  const auto& shape = source.synthetic_image_shape;
   require(
-      source.synthetic_image_shape.size() == 3,
+      shape.size() == 3 && std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d > 0; }),
       prefix + ".SYNTHETIC.IMAGE_SHAPE",
-      fmt::format("{} dims", source.synthetic_image_shape.size()),
-      "[channels, height, width]");
+      fmt::format("[{}]", fmt::join(shape, ", ")),
+      "[channels, height, width], each > 0");
   source.synthetic_num_classes = positive_int(config, prefix + ".SYNTHETIC.NUM_CLASSES");
 
   split.batch_size = positive_int(config, prefix + ".BATCHSIZE_PER_REPLICA");
@@ -175,6 +206,9 @@ data::DataSplitOptions data_split_from(const Config& config, const std::string& 
       "-1 (all samples) or a count > 0");
   split.data_limit_seed =
       static_cast<uint64_t>(config.get_int(prefix + ".DATA_LIMIT_SAMPLING.SEED"));
+  if (source.source == "synthetic") {
+    check_synthetic_fits_machine(split, prefix);
+  }
   return split;
 }
 
@@ -186,6 +220,15 @@ DataLoadingOptions data_loading_from(const Config& config) {
       "DATA.NUM_DATALOADER_WORKERS",
       std::to_string(loading.num_workers),
       "an integer >= 0 (0 loads in the training thread)");
+  // Loader workers are threads that mostly wait on reads: a few per core help, thousands
+  // exhaust the process's threads.
+  const int64_t limit = 4 * available_cpu_cores();
+  if (loading.num_workers > limit) {
+    throw ResourceError(fmt::format(
+        "config key DATA.NUM_DATALOADER_WORKERS = {}: this machine gives the process {} cores, "
+        "so at most {} (4 per core)",
+        loading.num_workers, available_cpu_cores(), limit));
+  }
   loading.pin_memory = config.get_bool("DATA.PIN_MEMORY");
   loading.async_gpu_copy = config.get_bool("DATA.ENABLE_ASYNC_GPU_COPY");
   return loading;

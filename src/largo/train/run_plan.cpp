@@ -3,6 +3,7 @@
 #include <largo/comm/process_group.h>
 #include <largo/comm/world_info.h>
 #include <largo/core/error.h>
+#include <largo/core/resources.h>
 #include <largo/models/model_factory.h>
 #include <largo/precision/model_cast.h>
 #include <largo/train/option_keys.h>
@@ -124,6 +125,61 @@ c10::Device device_of(const TrainerOptions& options) {
                                                                  : c10::Device(c10::kCPU);
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("{}", fmt::join(shape, "x"));
+}
+
+// The model is built for the training batches' samples (after DATA.TRAIN.TRANSFORMS): the
+// test split must give the same, and trunks whose weights fix the input size (an MLP's first
+// layer, a ViT's position embeddings) take square images only.
+void check_data_fits_model(const RunPlan& plan) {
+  const std::vector<int64_t>& train = plan.train_shape.sample_shape;
+  const std::vector<int64_t>& test = plan.test_shape.sample_shape;
+  const std::string& trunk = plan.model.trunk_name;
+  if ((trunk == "mlp" || trunk == "vision_transformer") && train[1] != train[2]) {
+    throw ConfigError(fmt::format(
+        "MODEL.TRUNK.NAME = {} takes square images, but DATA.TRAIN yields {} images (after "
+        "DATA.TRAIN.TRANSFORMS); add a crop with a square size to DATA.TRAIN.TRANSFORMS",
+        trunk, shape_text(train)));
+  }
+  if (test != train) {
+    throw ConfigError(fmt::format(
+        "DATA.TEST yields {} images but the model is built for DATA.TRAIN's {} images (both "
+        "after their TRANSFORMS){}; make them agree (e.g. the same crop size in "
+        "DATA.TEST.TRANSFORMS, or the same dataset)",
+        shape_text(test), shape_text(train),
+        test[0] != train[0] ? ": the channel counts differ" : ""));
+  }
+  if (plan.test_shape.num_classes > plan.model.num_classes) {
+    throw ConfigError(fmt::format(
+        "DATA.TEST has {} classes but the model's head has {} outputs; labels {}..{} could not "
+        "be scored. Use the training classes in the test split (or a head with MODEL.HEAD.PARAMS "
+        "dims ending in {})",
+        plan.test_shape.num_classes, plan.model.num_classes, plan.model.num_classes,
+        plan.test_shape.num_classes - 1, plan.test_shape.num_classes));
+  }
+}
+
+// MODEL.TRUNK.MLP.HIDDEN_DIMS: the parameters (float32) within the machine's memory.
+void check_mlp_fits_machine(const RunPlan& plan) {
+  if (plan.model.trunk_name != "mlp") {
+    return;
+  }
+  const std::vector<int64_t>& shape = plan.train_shape.sample_shape;
+  uint64_t inputs = saturating_product({static_cast<uint64_t>(shape[0]),
+                                        static_cast<uint64_t>(shape[1]),
+                                        static_cast<uint64_t>(shape[2])});
+  uint64_t bytes = 0;
+  for (int64_t width : plan.model.mlp.hidden_dims) {
+    const uint64_t layer = saturating_product({inputs + 1, static_cast<uint64_t>(width), 4});
+    bytes = __builtin_add_overflow(bytes, layer, &bytes) ? UINT64_MAX : bytes;
+    inputs = static_cast<uint64_t>(width);
+  }
+  require_memory(bytes, fmt::format("MODEL.TRUNK.MLP.HIDDEN_DIMS = [{}] (the MLP's float32 "
+                                    "parameters alone)",
+                                    fmt::join(plan.model.mlp.hidden_dims, ", ")));
+}
+
 void fill_model_from_data(RunPlan& plan) {
   models::ModelOptions& model = plan.model;
   if (model.in_channels == 0) {
@@ -135,20 +191,10 @@ void fill_model_from_data(RunPlan& plan) {
   if (model.num_classes == 0) {
     model.num_classes = plan.train_shape.num_classes;
   }
-  if (plan.test_shape.sample_shape != plan.train_shape.sample_shape) {
-    throw ConfigError(fmt::format(
-        "the test split's samples are [{}] but the training split's (what the model is built "
-        "for) are [{}]; make DATA.TEST's dataset and TRANSFORMS give images of the training "
-        "size",
-        fmt::join(plan.test_shape.sample_shape, ", "), fmt::join(plan.train_shape.sample_shape, ", ")));
-  }
-  if (plan.test_shape.num_classes > model.num_classes) {
-    throw ConfigError(fmt::format(
-        "the test split has {} classes but the model's head outputs {}; use a test split of "
-        "the training classes (or a head with MODEL.HEAD.PARAMS dims ending in {})",
-        plan.test_shape.num_classes, model.num_classes, plan.test_shape.num_classes));
-  }
+  check_data_fits_model(plan);
+  check_mlp_fits_machine(plan);
 }
+
 
 // Splits larger than the trunk can only be found with the model in hand.
 void check_checkpointing_splits(const RunPlan& plan) {

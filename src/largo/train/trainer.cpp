@@ -12,6 +12,7 @@
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
 #include <largo/train/option_keys.h>
+#include <largo/train/resume_policy.h>
 #include <largo/train/train_step.h>
 #include <largo/train/training_data.h>
 #include <largo/train/training_hooks.h>
@@ -109,6 +110,7 @@ struct Trainer::State {
   void add_hooks();
   void log_start() const;
   bool resume();
+  void start_fresh(bool overwrite_existing);
   void set_learning_rates();
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
   StepResult run_step();
@@ -152,6 +154,9 @@ std::map<std::string, at::Tensor> Trainer::full_parameters() {
 
 void Trainer::State::setup() {
   tune_malloc_for_tensors();
+  if (group->rank() == 0 && fs::is_directory(run_dir())) {
+    remove_stale_temporaries(run_dir()); // before anything is written
+  }
   threads = set_threads(options().num_threads, plan.world.procs_per_node);
   device = pick_device(options());
   data = std::make_unique<TrainingData>(options(), group->rank(), group->world_size(), device);
@@ -251,21 +256,40 @@ void Trainer::State::log_start() const {
   }
 }
 
+// The run directory's policy (train/resume_policy.h): resume from the newest intact
+// checkpoint, and never overwrite checkpoints on a fresh start. Rank 0 alone moves files.
 bool Trainer::State::resume() {
-  const auto latest = checkpoint::latest_checkpoint(run_dir());
-  if (!options().checkpoint.auto_resume || !latest) {
+  if (!options().checkpoint.auto_resume) {
+    start_fresh(options().checkpoint.overwrite_existing);
     return false;
   }
-  if (!state->load(*latest, /*unless_final=*/options().checkpoint.overwrite_existing)) {
+  const std::optional<ResumeChoice> choice = choose_resume_checkpoint(run_dir());
+  if (!choice) {
+    return false;
+  }
+  if (!choice->warning.empty() && group->rank() == 0) {
+    spdlog::warn("{}", choice->warning);
+  }
+  if (!state->load(choice->path, /*unless_final=*/options().checkpoint.overwrite_existing)) {
     spdlog::info("{} is a final checkpoint; CHECKPOINT.OVERWRITE_EXISTING is set, so training "
                  "starts again from scratch",
-                 fs::canonical(*latest).string());
+                 fs::canonical(choice->path).string());
+    start_fresh(/*overwrite_existing=*/true);
     return false;
   }
-  spdlog::info("resumed from {} (epoch {}, iteration {} of the epoch, {} iterations in all)",
-               fs::canonical(*latest).string(), progress().epoch, progress().iteration_in_epoch,
-               progress().iteration);
+  spdlog::info("resuming from {} (epoch {}, iteration {} of the epoch, {} iterations in all)",
+               fs::canonical(choice->path).string(), progress().epoch,
+               progress().iteration_in_epoch, progress().iteration);
   return true;
+}
+
+void Trainer::State::start_fresh(bool overwrite_existing) {
+  if (group->rank() == 0) {
+    if (auto moved = prepare_fresh_start(run_dir(), overwrite_existing)) {
+      spdlog::info("the checkpoints of the earlier run were moved to {}", moved->string());
+    }
+  }
+  group->barrier();
 }
 
 void Trainer::State::set_learning_rates() {

@@ -2,6 +2,7 @@
 
 #include <largo/train/data_config.h>
 #include <largo/models/resnet.h>
+#include <largo/core/resources.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/sync_batch_norm.h>
 #include <largo/precision/model_cast.h>
@@ -26,6 +27,16 @@ int64_t positive_int(const Config& config, const std::string& key) {
   int64_t value = config.get_int(key);
   require(value > 0, key, std::to_string(value), "an integer > 0");
   return value;
+}
+
+// Process and thread counts beyond the machine are refused before anything starts them.
+void require_count_within_machine(const std::string& key, int64_t value, int64_t limit,
+                                  const std::string& rule) {
+  if (value > limit) {
+    throw ResourceError(fmt::format(
+        "config key {} = {}: this machine gives the process {} cores, so at most {} ({})",
+        key, value, available_cpu_cores(), limit, rule));
+  }
 }
 
 double non_negative(const Config& config, const std::string& key) {
@@ -82,6 +93,24 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
     throw config_error(key, "(not a map)", "a schedule map with a 'name'");
   }
   auto child_key = [&](const char* name) { return key + "." + name; };
+  // Sub-schedules of a composite are not in the defaults' tree, so the config layer cannot
+  // check their keys: a misspelled start_value would be ignored without a word.
+  static const std::vector<std::string> known = {
+      "name", "update_interval", "value", "start_value", "end_value", "values", "milestones",
+      "lengths", "interval_scaling", "schedulers", "auto_lr_scaling"};
+  for (const auto& entry : node) {
+    const std::string name = entry.first.as<std::string>();
+    if (std::find(known.begin(), known.end(), name) == known.end()) {
+      std::string closest = known.front();
+      for (const auto& candidate : known) {
+        if (edit_distance(candidate, name) < edit_distance(closest, name)) {
+          closest = candidate;
+        }
+      }
+      throw ConfigError(fmt::format("unknown config key {}.{}; did you mean {}.{}?", key,
+                                    abbreviate(name), key, closest));
+    }
+  }
   auto number_list = [&](const char* name) {
     std::vector<double> values;
     for (const auto& element : node[name]) {
@@ -407,7 +436,14 @@ models::ModelOptions model_options_from(const Config& config) {
   model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
   resnet_options_from(config, model.resnet);
   vit_options_from(config, model.vit);
+  const auto& trunks = models::supported_trunk_names();
+  require(std::find(trunks.begin(), trunks.end(), model.trunk_name) != trunks.end(),
+          "MODEL.TRUNK.NAME", model.trunk_name, fmt::format("one of: {}", fmt::join(trunks, ", ")));
   model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
+  require(std::all_of(model.mlp.hidden_dims.begin(), model.mlp.hidden_dims.end(),
+                      [](int64_t width) { return width > 0; }),
+          "MODEL.TRUNK.MLP.HIDDEN_DIMS", fmt::format("[{}]", fmt::join(model.mlp.hidden_dims, ", ")),
+          "a list of layer widths, each > 0");
   model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
   model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
   model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
@@ -516,6 +552,10 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   optimizer.lr_head =
       schedule_from(config.node(schedulers + "lr_head"), schedulers + "lr_head", optimizer.num_epochs);
   optimizer.lr_head_scaling = auto_scaling_from(config, schedulers + "lr_head.auto_lr_scaling");
+  optim::make_schedule(optimizer.lr, schedulers + "lr"); // the library's validator
+  if (optimizer.head_use_different_lr) { // otherwise the trainer uses lr for the head too
+    optim::make_schedule(optimizer.lr_head, schedulers + "lr_head");
+  }
 
   options.use_grad_clip = config.get_bool("MODEL.GRAD_CLIP.USE_GRAD_CLIP");
   options.grad_clip_max_norm = config.get_double("MODEL.GRAD_CLIP.MAX_NORM");
@@ -545,6 +585,8 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.num_threads = config.get_int("MACHINE.NUM_THREADS");
   require(options.num_threads >= 0, "MACHINE.NUM_THREADS", std::to_string(options.num_threads),
           "an integer >= 0 (0 = every core)");
+  require_count_within_machine("MACHINE.NUM_THREADS", options.num_threads, available_cpu_cores(),
+                               "one per core; 0 = every core");
 
   auto& checkpoint = options.checkpoint;
   checkpoint.dir = config.get_string("CHECKPOINT.DIR");

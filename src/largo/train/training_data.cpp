@@ -48,6 +48,34 @@ std::unique_ptr<data::DataLoader> make_loader(const TrainerOptions& options,
   return std::make_unique<data::DataLoader>(std::move(opened.dataset), loader_options);
 }
 
+// Where a split's samples come from, for messages: the keys that say so.
+std::string source_text(const std::string& key, const data::DataSplitOptions& split) {
+  const data::DataSourceOptions& source = split.source;
+  std::string text = source.source == "synthetic"
+      ? fmt::format("synthetic data, {}.SYNTHETIC.NUM_SAMPLES = {}", key,
+                    source.synthetic_num_samples)
+      : fmt::format("{} at {} ({}.DATA_PATHS)",
+                    source.source == "torchvision_dataset" ? source.dataset_name : source.source,
+                    source.path.string(), key);
+  if (split.data_limit >= 0) {
+    text += fmt::format(", {}.DATA_LIMIT = {}", key, split.data_limit);
+  }
+  return text;
+}
+
+// A split without samples would train on nothing or report "top-1 0.00 %": refused before
+// the model is built, saying where the samples were to come from.
+void check_not_empty(const std::string& key, const data::DataSplitOptions& split,
+                     size_t num_samples, bool training) {
+  if (num_samples > 0) {
+    return;
+  }
+  throw DataError(fmt::format(
+      "{} has no samples ({}), so there is nothing to {}; point {}.DATA_PATHS at data{}", key,
+      source_text(key, split), training ? "train on" : "evaluate", key,
+      training ? "" : ", or set TEST_MODEL=False to train without evaluating"));
+}
+
 } // namespace
 
 TrainingData::TrainingData(const TrainerOptions& options, int rank, int world_size,
@@ -61,6 +89,10 @@ TrainingData::TrainingData(const TrainerOptions& options, int rank, int world_si
   test_data_ = test.dataset;
   train_subset_ = subset_indices(train_data_->size(), options_.train);
   test_subset_ = subset_indices(test_data_->size(), options_.test);
+  check_not_empty("DATA.TRAIN", options_.train, train_subset_.size(), /*training=*/true);
+  if (options_.test_model) {
+    check_not_empty("DATA.TEST", options_.test, test_subset_.size(), /*training=*/false);
+  }
   train_loader_ = make_loader(options_, options_.train, std::move(train), rank_, device);
   test_loader_ = make_loader(options_, options_.test, std::move(test), rank_, device);
 

@@ -115,6 +115,7 @@ TrainLaunchPlan plan_train_launch(const Config& config, const Getenv& getenv_arg
   plan.kind = TrainLaunchPlan::Kind::kSpawnWorkers;
   comm::LauncherOptions& launcher = plan.launcher;
   launcher.name = "largo train";
+  launcher.nproc_per_node_key = "config key DISTRIBUTED.NUM_PROC_PER_NODE";
   launcher.nnodes = static_cast<int>(num_nodes);
   launcher.nproc_per_node = static_cast<int>(procs_per_node);
   if (num_nodes > 1) {
