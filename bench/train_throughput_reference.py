@@ -8,12 +8,19 @@ count, runs the same step (zero_grad(set_to_none) -> forward -> cross-entropy ->
 -> backward -> step) and prints the same JSON line.
 
 Usage: train_throughput_reference.py MODEL [--batch N] [--threads T] [--warmup W]
-                                     [--steps S] [--foreach] [--phases]
+                                     [--steps S] [--precision float32|bfloat16] [--foreach]
+                                     [--phases]
+  MODEL: small_cnn, resnet18, resnet50, vit, mlp (shapes as in train_throughput_bench.cpp)
+  --precision bfloat16: forward and loss under torch.autocast("cpu", torch.bfloat16).
   --foreach uses torch.optim.SGD(foreach=True) (multi-tensor kernels); without it, the
   default of PyTorch 1.13 on CPU (one update per parameter).
+The JSON line also carries flops_per_sample_profiler: 3 x the forward FLOPs torch.profiler
+counts (with_flops) for one image in aten::conv2d / addmm / mm / bmm, a check on Largo's
+analytic count (largo::models::training_flops_per_sample) that the driver prints.
 """
 import argparse
 import json
+import math
 import time
 
 import torch
@@ -23,8 +30,11 @@ import torchvision
 
 # Keep in sync with the defaults in train_throughput_bench.cpp.
 DEFAULTS = {
-    "small_cnn": {"batch": 128, "warmup": 10, "steps": 100},
-    "resnet18": {"batch": 16, "warmup": 2, "steps": 3},
+    "small_cnn": {"batch": 128, "warmup": 10, "steps": 100, "shape": (1, 28, 28)},
+    "resnet18": {"batch": 16, "warmup": 2, "steps": 3, "shape": (3, 32, 32)},
+    "resnet50": {"batch": 8, "warmup": 1, "steps": 2, "shape": (3, 224, 224)},
+    "vit": {"batch": 32, "warmup": 2, "steps": 4, "shape": (3, 32, 32)},
+    "mlp": {"batch": 256, "warmup": 3, "steps": 15, "shape": (3, 32, 32)},
 }
 
 
@@ -78,17 +88,18 @@ def small_cnn(channels=(16, 32, 64), pooled_size=3, in_channels=1, num_classes=1
     return TrunkHead(blocks, nn.Linear(c * pooled_size * pooled_size, num_classes))
 
 
-def resnet18_cifar(num_classes=10):
-    """torchvision's ResNet-18 with the stem Largo's STEM: cifar builds (3x3 stride-1 conv1,
-    no max pool). Same blocks, shapes and ops as Largo's BasicBlock trunk (NCHW).
+def resnet(depth, cifar_stem, num_classes=10):
+    """torchvision's ResNet-18 / 50; with cifar_stem, the stem Largo's STEM: cifar builds
+    (3x3 stride-1 conv1, no max pool). Same blocks, shapes and ops as Largo's trunk (NCHW).
 
     The weights are then drawn again in the order Largo's build_model draws them, so both
     sides start from the same weights and, running the same kernels, reach the same loss:
     a check that the two models really are the same."""
     state = torch.get_rng_state()
-    net = torchvision.models.resnet18(num_classes=num_classes)
-    net.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
-    net.maxpool = nn.Identity()
+    net = getattr(torchvision.models, f"resnet{depth}")(num_classes=num_classes)
+    if cifar_stem:
+        net.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
+        net.maxpool = nn.Identity()
     torch.set_rng_state(state)
     # Largo: each conv is constructed with libtorch's default init (in module order, which
     # is also torchvision's), then re-initialized like torchvision, then the head is built.
@@ -101,6 +112,110 @@ def resnet18_cifar(num_classes=10):
     return net
 
 
+def mlp(in_features=3 * 32 * 32, hidden=(2048, 2048, 2048), num_classes=10):
+    """Mirrors largo::models::build_mlp_trunk + the linear head: Linear layers constructed in
+    the same order draw the same default initialization as libtorch's."""
+    blocks, f = [], in_features
+    for h in hidden:
+        blocks.append(nn.Sequential(nn.Linear(f, h), nn.ReLU(inplace=True)))
+        f = h
+    return TrunkHead([nn.Flatten(), *blocks], nn.Linear(f, num_classes))
+
+
+def trunc_normal_(tensor, std):
+    """largo::models::trunc_normal_: the same draws and ops, so the same values."""
+    with torch.no_grad():
+        low = 0.5 * (1.0 + math.erf(-2.0 / math.sqrt(2.0)))
+        high = 0.5 * (1.0 + math.erf(2.0 / math.sqrt(2.0)))
+        tensor.uniform_(2.0 * low - 1.0, 2.0 * high - 1.0)
+        tensor.erfinv_()
+        tensor.mul_(std * math.sqrt(2.0))
+        tensor.clamp_(-2.0 * std, 2.0 * std)
+
+
+class VitEncoderLayer(nn.Module):
+    """Mirrors largo::models::VitEncoderLayerImpl (src/largo/models/vit.cpp): modules built
+    and initialized in the same order, the same ops in the forward."""
+
+    def __init__(self, d, heads, mlp_dim):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(d, eps=1e-6)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d)
+        self.norm2 = nn.LayerNorm(d, eps=1e-6)
+        self.fc1 = nn.Linear(d, mlp_dim)
+        self.fc2 = nn.Linear(mlp_dim, d)
+        for linear in (self.qkv, self.proj, self.fc1, self.fc2):
+            trunc_normal_(linear.weight, 0.02)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        hd = d // self.heads
+        qkv = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
+        q = qkv[0] * (1.0 / math.sqrt(hd))
+        weights = torch.matmul(q, qkv[1].transpose(-2, -1)).softmax(-1)
+        out = torch.matmul(weights, qkv[2]).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(out)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class VitPatchEmbedding(nn.Module):
+    def __init__(self, in_channels, image, patch, d):
+        super().__init__()
+        self.conv_proj = nn.Conv2d(in_channels, d, patch, stride=patch)
+        self.class_token = nn.Parameter(torch.empty(1, 1, d))
+        trunc_normal_(self.class_token, 0.02)
+        self.pos_embedding = nn.Parameter(torch.empty(1, (image // patch) ** 2 + 1, d))
+        trunc_normal_(self.pos_embedding, 0.02)
+
+    def forward(self, x):
+        x = self.conv_proj(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.class_token.expand(x.size(0), -1, -1), x], 1)
+        return x + self.pos_embedding
+
+
+class VitFinalNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+
+    def forward(self, x):
+        return self.norm(x)[:, 0]
+
+
+def vit(in_channels=3, image=32, patch=4, layers=6, heads=6, d=384, mlp_dim=1536,
+        num_classes=10):
+    blocks = [VitPatchEmbedding(in_channels, image, patch, d)]
+    blocks += [VitEncoderLayer(d, heads, mlp_dim) for _ in range(layers)]
+    blocks.append(VitFinalNorm(d))
+    return TrunkHead(blocks, nn.Linear(d, num_classes))
+
+
+def build(model):
+    if model == "small_cnn":
+        return small_cnn()
+    if model.startswith("resnet"):
+        return resnet(int(model[len("resnet"):]), cifar_stem=model == "resnet18")
+    return vit() if model == "vit" else mlp()
+
+
+def profiler_training_flops(model, shape):
+    """3 x the forward FLOPs torch.profiler counts for one image (convs, Linear, attention)."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        model(torch.zeros(1, *shape))
+    ops = ("aten::conv2d", "aten::addmm", "aten::mm", "aten::bmm")
+    return 3 * sum(e.flops for e in prof.events() if e.name in ops and e.flops)
+
+
+# largo::optim's is_norm_layer: BatchNorm, InstanceNorm, LayerNorm, GroupNorm.
+NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm,
+               nn.LayerNorm, nn.GroupNorm)
+
+
 def param_groups(model, lr, weight_decay):
     """Largo's build_param_groups with VISSL's defaults (regularize_bn False, regularize_bias
     True): trunk (decayed), trunk_no_wd (BatchNorm), head (decayed); empty groups dropped."""
@@ -109,7 +224,7 @@ def param_groups(model, lr, weight_decay):
     for module_name, module in model.named_modules():
         for _, param in module.named_parameters(recurse=False):
             in_head = module_name.split(".")[0] in head_modules
-            is_bn = isinstance(module, nn.modules.batchnorm._BatchNorm)
+            is_bn = isinstance(module, NORM_LAYERS)
             key = "head" if in_head else ("trunk_no_wd" if is_bn else "trunk")
             groups[key].append(param)
     return [
@@ -126,6 +241,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--steps", type=int)
+    parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--foreach", action="store_true")
     parser.add_argument("--phases", action="store_true")
     args = parser.parse_args()
@@ -136,14 +252,11 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if args.model == "small_cnn":
-        shape = (batch, 1, 28, 28)
-    else:
-        shape = (batch, 3, 32, 32)
-    images = torch.randn(shape)
+    images = torch.randn((batch, *defaults["shape"]))
     labels = torch.randint(0, 10, (batch,), dtype=torch.long)
-    model = small_cnn() if args.model == "small_cnn" else resnet18_cifar()
+    model = build(args.model)
     model.train()
+    bfloat16 = args.precision == "bfloat16"
     num_parameters = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.SGD(
         param_groups(model, 0.05, 5e-4),
@@ -160,7 +273,8 @@ def main():
         nonlocal last_loss
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(images), labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+            loss = F.cross_entropy(model(images), labels)
         last_loss = loss.item()
         if time_phases:
             now = time.perf_counter()
@@ -187,6 +301,7 @@ def main():
     result = {
         "impl": "pytorch_foreach" if args.foreach else "pytorch",
         "model": args.model,
+        "precision": args.precision,
         "batch": batch,
         "threads": args.threads,
         "steps": steps,
@@ -196,6 +311,8 @@ def main():
         "images_per_sec": batch * 1000.0 / ms_per_step,
         "final_loss": last_loss,
     }
+    model.eval()  # after the timed steps: BatchNorm's running statistics are not touched
+    result["flops_per_sample_profiler"] = profiler_training_flops(model, defaults["shape"])
     if args.phases:
         for phase, seconds in timing.items():
             result[f"{phase}_ms"] = seconds * 1000.0 / steps

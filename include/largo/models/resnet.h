@@ -59,6 +59,17 @@ int64_t resnet_expansion(int64_t depth);
 // names come back unchanged. (checkpoint/weights_init.h's rename.)
 std::string resnet_name_from_torchvision(const std::string& name, int64_t depth);
 
+// One residual block of the trunk: what build_resnet_trunk builds and count_model_flops
+// counts (blocks 1 .. n, in order).
+struct ResNetBlockSpec {
+  int64_t in_channels = 0;
+  int64_t planes = 0; // the block's output has planes * expansion channels
+  int64_t stride = 1; // on the first 3x3 conv (BasicBlock) or the 3x3 conv (Bottleneck)
+};
+// The stem's output channels (64 times WIDTH_MULTIPLIER) and every residual block.
+int64_t resnet_stem_channels(const ResNetOptions& options);
+std::vector<ResNetBlockSpec> resnet_blocks(const ResNetOptions& options);
+
 // Validates `options` (ConfigError naming the key, value and what is expected) and builds
 // the trunk. in_channels: channels of the input images.
 Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels);

@@ -287,35 +287,49 @@ std::string resnet_name_from_torchvision(const std::string& name, int64_t depth)
   return name;
 }
 
-Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
-  validate(options, in_channels);
-  const std::vector<int64_t> stage_sizes = resnet_stage_sizes(options.depth);
-  const bool bottleneck = resnet_expansion(options.depth) == BottleneckImpl::kExpansion;
-  const int64_t expansion = resnet_expansion(options.depth);
-  const int64_t base_width = 64 * options.width_multiplier;
+int64_t resnet_stem_channels(const ResNetOptions& options) {
+  return 64 * options.width_multiplier;
+}
 
-  torch::nn::Sequential blocks;
-  blocks->push_back(
-      ResNetStem(in_channels, base_width, options.stem == "imagenet", options.norm));
-  std::vector<at::Tensor> last_norm_weights;
+std::vector<ResNetBlockSpec> resnet_blocks(const ResNetOptions& options) {
+  const std::vector<int64_t> stage_sizes = resnet_stage_sizes(options.depth);
+  const int64_t expansion = resnet_expansion(options.depth);
+  const int64_t base_width = resnet_stem_channels(options);
+  std::vector<ResNetBlockSpec> blocks;
   int64_t channels = base_width;
   for (size_t stage = 0; stage < stage_sizes.size(); ++stage) {
     const int64_t planes = base_width << stage; // 64, 128, 256, 512 (times the multiplier)
     const int64_t stage_stride = stage == 0 ? 1 : (stage == 3 ? options.layer4_stride : 2);
     for (int64_t i = 0; i < stage_sizes[stage]; ++i) {
-      const int64_t stride = i == 0 ? stage_stride : 1;
-      if (bottleneck) {
-        Bottleneck block(
-            channels, planes, stride, options.groups, options.width_per_group, options.norm);
-        last_norm_weights.push_back(norm_weight(block->last_norm()));
-        blocks->push_back(block);
-      } else {
-        BasicBlock block(channels, planes, stride, options.norm);
-        last_norm_weights.push_back(norm_weight(block->last_norm()));
-        blocks->push_back(block);
-      }
+      blocks.push_back({channels, planes, i == 0 ? stage_stride : 1});
       channels = planes * expansion;
     }
+  }
+  return blocks;
+}
+
+Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
+  validate(options, in_channels);
+  const int64_t expansion = resnet_expansion(options.depth);
+  const bool bottleneck = expansion == BottleneckImpl::kExpansion;
+
+  torch::nn::Sequential blocks;
+  blocks->push_back(ResNetStem(in_channels, resnet_stem_channels(options),
+                               options.stem == "imagenet", options.norm));
+  std::vector<at::Tensor> last_norm_weights;
+  int64_t channels = resnet_stem_channels(options);
+  for (const ResNetBlockSpec& spec : resnet_blocks(options)) {
+    if (bottleneck) {
+      Bottleneck block(spec.in_channels, spec.planes, spec.stride, options.groups,
+                       options.width_per_group, options.norm);
+      last_norm_weights.push_back(norm_weight(block->last_norm()));
+      blocks->push_back(block);
+    } else {
+      BasicBlock block(spec.in_channels, spec.planes, spec.stride, options.norm);
+      last_norm_weights.push_back(norm_weight(block->last_norm()));
+      blocks->push_back(block);
+    }
+    channels = spec.planes * expansion;
   }
   blocks->push_back(GlobalAvgPool());
 

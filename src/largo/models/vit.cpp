@@ -77,6 +77,15 @@ int64_t validate(const VitOptions& options, int64_t in_channels, int64_t input_s
   return input_size;
 }
 
+// [b, t, in] -> [b, t, out] through at::linear, as PyTorch's nn.Linear runs it: for a
+// contiguous 3-D input one addmm with the bias as its starting value. libtorch's C++ Linear
+// module (torch::nn::functional::linear) instead runs matmul and then adds the bias in a second
+// pass over the output: one more read and write of every activation, and rounding that differs
+// from PyTorch's once the biases are non-zero.
+at::Tensor linear(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);
+}
+
 void init_linear(torch::nn::Linear& linear) {
   trunc_normal_(linear->weight, 0.02);
   if (linear->bias.defined()) {
@@ -160,7 +169,8 @@ at::Tensor VitEncoderLayerImpl::attention(const at::Tensor& x) {
   const int64_t heads = options_.num_heads;
   const int64_t head_dim = options_.hidden_dim / heads;
   // [b, t, 3d] -> [3, b, heads, t, head_dim]
-  at::Tensor qkv = qkv_(x).reshape({batch, tokens, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
+  at::Tensor qkv =
+      linear(qkv_, x).reshape({batch, tokens, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
   at::Tensor q = qkv[0] * (1.0 / std::sqrt(static_cast<double>(head_dim)));
   at::Tensor k = qkv[1];
   at::Tensor v = qkv[2];
@@ -168,7 +178,7 @@ at::Tensor VitEncoderLayerImpl::attention(const at::Tensor& x) {
   weights = at::dropout(weights, options_.attention_dropout, is_training());
   at::Tensor out = at::matmul(weights, v); // [b, heads, t, head_dim]
   out = out.transpose(1, 2).reshape({batch, tokens, options_.hidden_dim}); // [b, t, d]
-  return at::dropout(proj_(out), options_.dropout, is_training());
+  return at::dropout(linear(proj_, out), options_.dropout, is_training());
 }
 
 at::Tensor VitEncoderLayerImpl::drop_path(at::Tensor branch) {
@@ -183,9 +193,9 @@ at::Tensor VitEncoderLayerImpl::drop_path(at::Tensor branch) {
 
 at::Tensor VitEncoderLayerImpl::forward(at::Tensor x) {
   x = x + drop_path(attention(norm1_(x)));
-  at::Tensor hidden = at::gelu(fc1_(norm2_(x))); // [b, t, mlp_dim]
+  at::Tensor hidden = at::gelu(linear(fc1_, norm2_(x))); // [b, t, mlp_dim]
   hidden = at::dropout(hidden, options_.dropout, is_training());
-  hidden = at::dropout(fc2_(hidden), options_.dropout, is_training()); // [b, t, d]
+  hidden = at::dropout(linear(fc2_, hidden), options_.dropout, is_training()); // [b, t, d]
   return x + drop_path(hidden);
 }
 

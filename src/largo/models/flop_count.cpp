@@ -1,0 +1,191 @@
+#include <largo/models/flop_count.h>
+
+#include <largo/core/config.h>
+#include <largo/core/error.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::models {
+namespace {
+
+// Square maps and kernels throughout the zoo: one side is enough.
+struct Counter {
+  ModelFlops flops;
+
+  void conv(
+      const std::string& name,
+      int64_t in,
+      int64_t out,
+      int64_t kernel,
+      int64_t size,
+      int64_t groups = 1) {
+    flops.layers.push_back({name, conv2d_flops({in, out, kernel, groups, size, size})});
+  }
+  void linear(const std::string& name, int64_t in, int64_t out, int64_t rows = 1) {
+    flops.layers.push_back({name, linear_flops(in, out, rows)});
+  }
+};
+
+// Returns the side of the stem's output map.
+int64_t count_resnet_stem(
+    Counter& counter, const ResNetOptions& options, int64_t in_channels, int64_t size) {
+  const int64_t channels = resnet_stem_channels(options);
+  if (options.stem == "imagenet") {
+    size = conv_output_size(size, 7, 2, 3);
+    counter.conv("trunk.0.conv1", in_channels, channels, 7, size);
+    return conv_output_size(size, 3, 2, 1); // max pool 3x3, stride 2, padding 1
+  }
+  counter.conv("trunk.0.conv1", in_channels, channels, 3, size);
+  return size;
+}
+
+int64_t
+count_resnet(Counter& counter, const ResNetOptions& options, int64_t in_channels, int64_t size) {
+  if (options.stem != "imagenet" && options.stem != "cifar") {
+    throw config_error("MODEL.TRUNK.RESNETS.STEM", options.stem, "\"imagenet\" or \"cifar\"");
+  }
+  size = count_resnet_stem(counter, options, in_channels, size);
+  const int64_t expansion = resnet_expansion(options.depth);
+  int64_t index = 1;
+  for (const ResNetBlockSpec& block : resnet_blocks(options)) {
+    const std::string prefix = fmt::format("trunk.{}.", index++);
+    const int64_t out_channels = block.planes * expansion;
+    const int64_t out_size = conv_output_size(size, 3, block.stride, 1);
+    if (expansion == 1) { // BasicBlock: 3x3 (stride) -> 3x3
+      counter.conv(prefix + "conv1", block.in_channels, block.planes, 3, out_size);
+      counter.conv(prefix + "conv2", block.planes, block.planes, 3, out_size);
+    } else { // Bottleneck: 1x1 -> 3x3 (stride, groups) -> 1x1
+      const int64_t width = block.planes * options.width_per_group / 64 * options.groups;
+      counter.conv(prefix + "conv1", block.in_channels, width, 1, size);
+      counter.conv(prefix + "conv2", width, width, 3, out_size, options.groups);
+      counter.conv(prefix + "conv3", width, out_channels, 1, out_size);
+    }
+    if (block.stride != 1 || block.in_channels != out_channels) { // 1x1 projection shortcut
+      counter.conv(
+          prefix + "downsample.0",
+          block.in_channels,
+          out_channels,
+          1,
+          conv_output_size(size, 1, block.stride, 0));
+    }
+    size = out_size;
+  }
+  return resnet_blocks(options).back().planes * expansion;
+}
+
+int64_t count_vit(Counter& counter, const VitOptions& options, int64_t in_channels, int64_t size) {
+  if (options.patch_size <= 0 || size % options.patch_size != 0) {
+    throw config_error(
+        "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE",
+        std::to_string(options.patch_size),
+        fmt::format("a divisor of the image size {}", size));
+  }
+  const int64_t d = options.hidden_dim;
+  const int64_t patches_per_side = size / options.patch_size;
+  counter.conv("trunk.0.conv_proj", in_channels, d, options.patch_size, patches_per_side);
+  const int64_t tokens =
+      patches_per_side * patches_per_side + (options.classifier == "token" ? 1 : 0);
+  for (int64_t layer = 1; layer <= options.num_layers; ++layer) {
+    const std::string prefix = fmt::format("trunk.{}.", layer);
+    counter.linear(prefix + "qkv", d, 3 * d, tokens);
+    counter.flops.layers.push_back({prefix + "attention", attention_flops(tokens, d)});
+    counter.linear(prefix + "proj", d, d, tokens);
+    counter.linear(prefix + "fc1", d, options.mlp_dim, tokens);
+    counter.linear(prefix + "fc2", options.mlp_dim, d, tokens);
+  }
+  return d;
+}
+
+int64_t count_small_cnn(
+    Counter& counter, const SmallCnnOptions& options, int64_t in_channels, int64_t size) {
+  int64_t channels = in_channels;
+  for (size_t stage = 0; stage < options.channels.size(); ++stage) {
+    // 3x3 conv, padding 1 (same size), then a 2x2 max pool halves the map.
+    counter.conv(fmt::format("trunk.{}.conv", stage), channels, options.channels[stage], 3, size);
+    channels = options.channels[stage];
+    size /= 2;
+  }
+  return channels * options.pooled_size * options.pooled_size;
+}
+
+int64_t count_trunk(Counter& counter, const ModelOptions& options) {
+  const int64_t in = options.in_channels;
+  const int64_t size = options.image_size;
+  if (in <= 0 || size <= 0) {
+    throw ConfigError(fmt::format(
+        "the model needs a positive input shape; got {} channels of {}x{} pixels", in, size, size));
+  }
+  const std::string& name = options.trunk_name;
+  if (name == "resnet") {
+    return count_resnet(counter, options.resnet, in, size);
+  }
+  if (name == "vision_transformer") {
+    return count_vit(counter, options.vit, in, size);
+  }
+  if (name == "small_cnn") {
+    return count_small_cnn(counter, options.small_cnn, in, size);
+  }
+  if (name == "mlp") {
+    int64_t features = in * size * size;
+    for (size_t i = 0; i < options.mlp.hidden_dims.size(); ++i) {
+      counter.linear(fmt::format("trunk.{}.linear", i), features, options.mlp.hidden_dims[i]);
+      features = options.mlp.hidden_dims[i];
+    }
+    return features;
+  }
+  throw config_error(
+      "MODEL.TRUNK.NAME",
+      name,
+      fmt::format("one of: {}", fmt::join(supported_trunk_names(), ", ")));
+}
+
+} // namespace
+
+int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+int64_t conv2d_flops(const Conv2dShape& shape) {
+  return 2 * shape.out_height * shape.out_width * shape.out_channels *
+         (shape.in_channels / shape.groups) * shape.kernel * shape.kernel;
+}
+
+int64_t linear_flops(int64_t in_features, int64_t out_features, int64_t rows) {
+  return 2 * rows * in_features * out_features;
+}
+
+int64_t attention_flops(int64_t tokens, int64_t hidden_dim) {
+  return 2 * (2 * tokens * tokens * hidden_dim);
+}
+
+int64_t ModelFlops::forward_per_sample() const {
+  int64_t total = 0;
+  for (const LayerFlops& layer : layers) {
+    total += layer.forward_flops;
+  }
+  return total;
+}
+
+ModelFlops count_model_flops(const ModelOptions& options) {
+  Counter counter;
+  const int64_t features = count_trunk(counter, options);
+  if (options.head_dims.empty()) {
+    counter.linear("head.0", features, options.num_classes);
+  } else {
+    // Module indices as build_mlp_head numbers them: BN / ReLU / Dropout sit between Linears.
+    const auto& dims = options.head_dims;
+    const int64_t extra = (options.head.use_bn ? 1 : 0) + (options.head.use_relu ? 1 : 0) +
+                          (options.head.use_dropout ? 1 : 0);
+    for (size_t i = 0; i + 1 < dims.size(); ++i) {
+      counter.linear(fmt::format("head.{}", i * (1 + extra)), dims[i], dims[i + 1]);
+    }
+  }
+  return counter.flops;
+}
+
+int64_t training_flops_per_sample(const ModelOptions& options) {
+  return count_model_flops(options).training_per_sample();
+}
+
+} // namespace largo::models
