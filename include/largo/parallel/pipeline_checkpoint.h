@@ -27,7 +27,8 @@
 
 namespace largo::parallel {
 
-// Every rank's `value` on `root`, in rank order (pickled, sent as bytes); an empty list on
+// Every rank's `value` on `root`, in rank order (pickled, sent as bytes; the root's own a
+// copy too, so the result is a snapshot that training does not change); an empty list on
 // the other ranks. Collective.
 std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IValue& value,
                                         int root = 0);
@@ -49,8 +50,8 @@ c10::IValue select_optimizer_state(const c10::IValue& full,
                                    const std::vector<std::string>& parameter_names);
 
 // The full optimizer state of a pipeline on pipeline rank 0 (None on the others): every
-// rank's optimizer.state_dict() gathered and merged in the full model's parameter order.
-// Collective (pipeline).
+// rank's optimizer.state_dict() gathered and merged in the full model's parameter order (a
+// snapshot). Collective (pipeline).
 c10::IValue full_optimizer_state_dict(const PipelineParallel& pipeline,
                                       const optim::Optimizer& optimizer);
 

@@ -28,7 +28,8 @@
 // Autocast: wrap forward_backward in the precision policy's AutocastGuard like a forward;
 // backward passes inside it run with autocast switched off, as PyTorch recommends.
 // Activation checkpointing: checkpoint_stages recomputes each stage's forward in its
-// backward, so only the stage inputs of the micro-batches in flight stay alive.
+// backward, so only the stage inputs of the micro-batches in flight stay alive (not with
+// zb_h1, whose weight pass would recompute a second time).
 // BatchNorm normalises each micro-batch with its own statistics and updates the running
 // statistics once per micro-batch: the same as one process running the micro-batches as
 // gradient-accumulation steps, not as one process on the whole batch.
@@ -93,7 +94,7 @@ class PipelineParallel {
   // the model to free its memory. `pipeline_group`: rank r is stage r (and r + S, ... with
   // virtual stages); `data_parallel_group`: this stage's replicas (null or of size 1: none).
   // Throws ConfigError for a shape the schedule does not take, bad boundaries, fewer blocks
-  // than stages, or balance = time without a sample.
+  // than stages, balance = time without a sample, or checkpoint_stages with zb_h1.
   PipelineParallel(std::vector<PipelineBlock> blocks,
                    std::shared_ptr<comm::ProcessGroup> pipeline_group,
                    std::shared_ptr<comm::ProcessGroup> data_parallel_group = nullptr,
@@ -139,7 +140,8 @@ class PipelineParallel {
   // naming the entries it lacks or whose shape differs, before changing anything.
   void load_state_dict(const c10::impl::GenericDict& state);
   // The full model's parameters and buffers, gathered on pipeline rank 0 (an empty dict on
-  // the others), in the full model's order. Collective (pipeline).
+  // the others), in the full model's order: copies, which training does not change.
+  // Collective (pipeline).
   c10::impl::GenericDict full_state_dict() const;
   // Every parameter and buffer name of the full model, in its order.
   const std::vector<std::string>& full_model_names() const;

@@ -55,8 +55,8 @@ std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IV
   }
   std::vector<c10::IValue> values;
   for (int rank = 0; rank < group.world_size(); ++rank) {
-    if (rank == root) {
-      values.push_back(value);
+    if (rank == root) { // a snapshot, like the others: the live state goes on changing
+      values.push_back(torch::pickle_load(torch::pickle_save(value)));
       continue;
     }
     at::Tensor size = at::empty({1}, at::kLong);

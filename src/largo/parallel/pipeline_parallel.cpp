@@ -110,6 +110,13 @@ PipelineParallel::PipelineParallel(std::vector<PipelineBlock> blocks,
   shape = {impl.pipeline->world_size(), impl.options.num_microbatches(),
            impl.options.virtual_stages()};
   check_pipeline_shape(impl.options.schedule(), shape);
+  if (impl.options.checkpoint_stages() &&
+      impl.options.schedule() == PipelineScheduleKind::kZeroBubbleH1) {
+    throw ConfigError("MODEL.PIPELINE.CHECKPOINT_STAGES = True with SCHEDULE = zb_h1: a "
+                      "checkpointed stage is one autograd node, so zb_h1's weight pass would "
+                      "recompute the stage a second time; use 1f1b or interleaved_1f1b with "
+                      "checkpointing");
+  }
   impl.boundaries = cut_model(blocks, shape.num_stages(), impl.options, *impl.pipeline,
                               impl.data_parallel.get());
   std::vector<std::string> buffer_names;

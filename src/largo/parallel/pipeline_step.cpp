@@ -259,8 +259,10 @@ void PipelineStep::send(const PipelineMessage& message) {
       for (int64_t d = 1; d < tensor.dim(); ++d) {
         header[2 + d] = tensor.size(d);
       }
-      header_sends_.push_back(context_.group->send_async(
-          header, peer, header_tag(message.to_stage, context_.shape)));
+      with_stage_names(message, /*sending=*/true, [&] {
+        header_sends_.push_back(context_.group->send_async(
+            header, peer, header_tag(message.to_stage, context_.shape)));
+      });
       header_sent_[static_cast<size_t>(message.from_stage)] = true;
     }
     if (forward_only_) {
@@ -275,7 +277,8 @@ void PipelineStep::send(const PipelineMessage& message) {
   }
   Transfer& transfer = sends_[tag];
   transfer.tensor = tensor;
-  transfer.work = context_.group->send_async(tensor, peer, tag);
+  with_stage_names(message, /*sending=*/true,
+                   [&] { transfer.work = context_.group->send_async(tensor, peer, tag); });
 }
 
 void PipelineStep::wait_send(const PipelineMessage& message) {
@@ -290,8 +293,10 @@ void PipelineStep::read_header(int stage) {
   }
   if (!header.posted) {
     header.data = at::empty({kHeaderLength}, at::kLong);
-    header.work = context_.group->recv_async(header.data, context_.shape.rank_of_stage(stage - 1),
-                                             header_tag(stage, context_.shape));
+    with_stage_names(PipelineMessage{MessageKind::kActivation, 0, stage - 1, stage}, false, [&] {
+      header.work = context_.group->recv_async(
+          header.data, context_.shape.rank_of_stage(stage - 1), header_tag(stage, context_.shape));
+    });
     header.posted = true;
   }
   wait_named(header.work, PipelineMessage{MessageKind::kActivation, 0, stage - 1, stage}, false);
@@ -322,9 +327,11 @@ bool PipelineStep::post_if_shape_known(const PipelineMessage& message, Transfer&
     dtype = it->second.output.scalar_type();
   }
   transfer.tensor = at::empty(shape, at::TensorOptions().dtype(dtype).device(context_.device));
-  transfer.work = context_.group->recv_async(transfer.tensor,
-                                             context_.shape.rank_of_stage(message.from_stage),
-                                             message_tag(message, context_.shape));
+  with_stage_names(message, /*sending=*/false, [&] {
+    transfer.work = context_.group->recv_async(transfer.tensor,
+                                               context_.shape.rank_of_stage(message.from_stage),
+                                               message_tag(message, context_.shape));
+  });
   transfer.posted = true;
   return true;
 }
@@ -335,9 +342,11 @@ void PipelineStep::post_receive(const PipelineMessage& message) {
     Header& header = headers_[message.to_stage];
     if (!header.posted) { // post the header now; the activation once it is read
       header.data = at::empty({kHeaderLength}, at::kLong);
-      header.work = context_.group->recv_async(
-          header.data, context_.shape.rank_of_stage(message.from_stage),
-          header_tag(message.to_stage, context_.shape));
+      with_stage_names(message, /*sending=*/false, [&] {
+        header.work = context_.group->recv_async(
+            header.data, context_.shape.rank_of_stage(message.from_stage),
+            header_tag(message.to_stage, context_.shape));
+      });
       header.posted = true;
     }
     return;
@@ -359,8 +368,13 @@ at::Tensor PipelineStep::wait_receive(const PipelineMessage& message) {
 }
 
 void PipelineStep::wait_named(comm::Work& work, const PipelineMessage& message, bool sending) {
+  with_stage_names(message, sending, [&] { work.wait(); });
+}
+
+void PipelineStep::with_stage_names(const PipelineMessage& message, bool sending,
+                                    const std::function<void()>& communicate) {
   try {
-    work.wait();
+    communicate();
   } catch (const CommError& e) {
     const int own = sending ? message.from_stage : message.to_stage;
     const int peer = sending ? message.to_stage : message.from_stage;

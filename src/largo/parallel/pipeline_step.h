@@ -9,6 +9,7 @@
 #include <largo/parallel/pipeline_split_backward.h>
 #include <largo/parallel/pipeline_stages.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <vector>
@@ -79,6 +80,10 @@ class PipelineStep {
   bool post_if_shape_known(const PipelineMessage& message, Transfer& transfer);
   void read_header(int stage);
   void wait_named(comm::Work& work, const PipelineMessage& message, bool sending);
+  // Runs `communicate`, turning a CommError into one that names both stages and the peer's
+  // job rank (a dead stage is then named by its neighbours).
+  void with_stage_names(const PipelineMessage& message, bool sending,
+                        const std::function<void()>& communicate);
   at::Tensor run_stage(int stage, const at::Tensor& input);
   bool is_last_stage(int stage) const {
     return stage == context_.shape.num_stages() - 1;
