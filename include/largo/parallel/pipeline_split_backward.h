@@ -2,17 +2,20 @@
 // pass computes only the gradient of the stage's input — what the previous stage waits
 // for — and the weight pass, run later, the parameters' gradients.
 //
-// How (as torch.distributed.pipelining's stage_backward_input/weight): the autograd graph
-// from the stage's output is walked once. The nodes on a path from the output to the input
-// are those the input pass runs; for every parameter, walking up from its gradient
+// How (after torch.distributed.pipelining's stage_backward_input/weight): the autograd
+// graph from the stage's output is walked once. The nodes on a path from the output to the
+// input are those the input pass runs; for every parameter, walking up from its gradient
 // accumulator, the first such nodes met are its "intermediates" (e.g. the matmul of a Linear
 // layer: the input pass computes its input gradient, not its weight gradient). The input
-// pass (torch::autograd::grad with respect to the input, graph retained) records, through
-// a pre-hook, the gradients flowing into each intermediate. The weight pass restarts the
-// engine at the intermediates with those gradients and asks only for the parameters'
-// gradients — so no work of the input pass is repeated — once per group of parameters that
-// share intermediates (so that no gradient is counted twice), and adds the results into
-// .grad. The graph and the activations it holds live until the weight pass.
+// pass (torch::autograd::grad with respect to the input, graph retained) records, through a
+// pre-hook, the gradients flowing into each intermediate. The weight pass, per group of
+// parameters sharing intermediates, (1) runs each intermediate again on its recorded
+// gradients asking only for its edges into the parameter side, then (2) runs the parameter
+// side from those edges to the parameters' accumulators, and adds the results into .grad.
+// Step 1 asks one intermediate at a time so that the engine never walks down the input
+// path from one intermediate to another (a weight used by two layers would otherwise get
+// the lower layer's gradient twice); nothing of the input pass is computed again. The graph
+// and the activations it holds live until the weight pass.
 //
 // When the input needs no gradient (the first stage), the input pass does nothing and the
 // weight pass is an ordinary backward. Gradient-accumulator hooks do not fire in the

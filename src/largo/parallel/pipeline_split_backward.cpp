@@ -40,6 +40,9 @@ struct ParameterGroup {
   std::vector<std::shared_ptr<CapturedGrads>> captured; // one per intermediate
   std::vector<std::shared_ptr<Node>> accumulators;
   std::vector<at::Tensor> parameters; // one per accumulator
+  // The nodes between the intermediates and the accumulators (accumulators included): the
+  // part of the graph only the weight pass runs.
+  std::unordered_set<Node*> parameter_side;
 };
 
 // The graph below `root`, as each node's parents (the nodes with an edge to it).
@@ -108,11 +111,11 @@ std::vector<ParameterGroup> plan_weight_pass(const Graph& graph,
       continue; // not used by this micro-batch's graph
     }
     std::vector<Node*> intermediates;
-    walk_up(graph, accumulator.get(), &input_closure, &intermediates);
-    // Merge every group that shares one of these intermediates into a new one.
     ParameterGroup merged;
+    merged.parameter_side = walk_up(graph, accumulator.get(), &input_closure, &intermediates);
     merged.accumulators.push_back(accumulator);
     merged.parameters.push_back(parameter);
+    // Merge every group that shares one of these intermediates into the new one.
     std::unordered_set<size_t> absorbed;
     for (Node* node : intermediates) {
       auto it = group_of.find(node);
@@ -126,6 +129,7 @@ std::vector<ParameterGroup> plan_weight_pass(const Graph& graph,
                                    old.accumulators.end());
         merged.parameters.insert(merged.parameters.end(), old.parameters.begin(),
                                  old.parameters.end());
+        merged.parameter_side.insert(old.parameter_side.begin(), old.parameter_side.end());
         old = ParameterGroup{};
       } else if (it == group_of.end()) {
         merged.intermediates.push_back(graph.nodes.at(node));
@@ -141,6 +145,47 @@ std::vector<ParameterGroup> plan_weight_pass(const Graph& graph,
   return groups;
 }
 
+// Step 1 of a group's weight pass: each intermediate run again on its captured gradients,
+// asked only for the gradients along its edges into the parameter side — so the engine
+// neither repeats the input pass's work nor walks down the input path to another
+// intermediate (which would count that one's gradient twice, e.g. for a weight used by two
+// layers). Returns those edges and their gradients.
+std::pair<torch::autograd::edge_list, torch::autograd::variable_list> parameter_side_gradients(
+    const ParameterGroup& group) {
+  torch::autograd::edge_list edges;
+  torch::autograd::variable_list grads;
+  for (size_t i = 0; i < group.intermediates.size(); ++i) {
+    const auto& node = group.intermediates[i];
+    torch::autograd::edge_list roots, outputs;
+    torch::autograd::variable_list root_grads;
+    const auto& captured = group.captured[i]->grads;
+    for (size_t j = 0; j < captured.size(); ++j) {
+      if (captured[j].defined()) {
+        roots.emplace_back(node, static_cast<uint32_t>(j));
+        root_grads.push_back(captured[j]);
+      }
+    }
+    for (const Edge& edge : node->next_edges()) {
+      if (edge.function && group.parameter_side.count(edge.function.get())) {
+        outputs.push_back(edge);
+      }
+    }
+    if (roots.empty() || outputs.empty()) {
+      continue;
+    }
+    auto results = torch::autograd::Engine::get_default_engine().execute(
+        roots, root_grads, /*keep_graph=*/true, /*create_graph=*/false,
+        /*accumulate_grad=*/false, outputs);
+    for (size_t k = 0; k < outputs.size(); ++k) {
+      if (results[k].defined()) {
+        edges.push_back(outputs[k]);
+        grads.push_back(results[k]);
+      }
+    }
+  }
+  return {edges, grads};
+}
+
 void accumulate_grad(at::Tensor& parameter, const at::Tensor& grad) {
   if (!grad.defined()) {
     return;
@@ -151,6 +196,37 @@ void accumulate_grad(at::Tensor& parameter, const at::Tensor& grad) {
     current.add_(grad);
   } else {
     current = grad.detach().clone(); // the engine's result may alias a captured gradient
+  }
+}
+
+// A group's weight pass: the gradients along the edges into the parameter side (step 1),
+// then, from those edges, the parameters' gradients (step 2; an edge straight into a
+// parameter's accumulator already carries its gradient).
+void weight_pass_of(ParameterGroup& group) {
+  auto [edges, grads] = parameter_side_gradients(group);
+  torch::autograd::edge_list roots, outputs;
+  torch::autograd::variable_list root_grads;
+  for (size_t k = 0; k < edges.size(); ++k) {
+    auto it = std::find(group.accumulators.begin(), group.accumulators.end(), edges[k].function);
+    if (it != group.accumulators.end()) {
+      accumulate_grad(group.parameters[static_cast<size_t>(it - group.accumulators.begin())],
+                      grads[k]);
+    } else {
+      roots.push_back(edges[k]);
+      root_grads.push_back(grads[k]);
+    }
+  }
+  if (roots.empty()) {
+    return;
+  }
+  for (const auto& accumulator : group.accumulators) {
+    outputs.emplace_back(accumulator, 0);
+  }
+  auto results = torch::autograd::Engine::get_default_engine().execute(
+      roots, root_grads, /*keep_graph=*/true, /*create_graph=*/false,
+      /*accumulate_grad=*/false, outputs);
+  for (size_t k = 0; k < group.parameters.size(); ++k) {
+    accumulate_grad(group.parameters[k], results[k]);
   }
 }
 
@@ -215,30 +291,7 @@ void SplitBackward::weight_pass() {
     }
   } else {
     for (auto& group : state_->groups) {
-      torch::autograd::edge_list roots;
-      torch::autograd::variable_list root_grads;
-      for (size_t i = 0; i < group.intermediates.size(); ++i) {
-        const auto& grads = group.captured[i]->grads;
-        for (size_t j = 0; j < grads.size(); ++j) {
-          if (grads[j].defined()) {
-            roots.emplace_back(group.intermediates[i], static_cast<uint32_t>(j));
-            root_grads.push_back(grads[j]);
-          }
-        }
-      }
-      if (roots.empty()) {
-        continue; // no gradient reached these parameters
-      }
-      torch::autograd::edge_list outputs;
-      for (const auto& accumulator : group.accumulators) {
-        outputs.emplace_back(accumulator, 0);
-      }
-      auto grads = torch::autograd::Engine::get_default_engine().execute(
-          roots, root_grads, /*keep_graph=*/true, /*create_graph=*/false,
-          /*accumulate_grad=*/false, outputs);
-      for (size_t k = 0; k < group.parameters.size(); ++k) {
-        accumulate_grad(group.parameters[k], grads[k]);
-      }
+      weight_pass_of(group);
     }
   }
   state_.reset(); // releases the graph and the activations it holds
