@@ -17,6 +17,7 @@
 // 2e-3 to 2e-2 of it (measured).
 #include <largo/parallel/pipeline_mesh.h>
 #include <largo/parallel/pipeline_parallel.h>
+#include <largo/parallel/sharded_optimizer.h>
 
 #include "comm/distributed_test_util.h"
 #include "parallel/pipeline_test_util.h"
@@ -109,6 +110,27 @@ TEST(PipelineParallelTest, EveryScheduleOnTwoRanksAndTwoStagesTimesTwoReplicas) 
       expect_like_one_process(mesh.pipeline, mesh.data_parallel, schedule, /*global_batch=*/16,
                               /*microbatches=*/4);
     }
+    // ZeRO-1 within each stage's replicas: a ShardedOptimizer over the data-parallel group
+    // steps this replica's half of the stage's parameters after reduce_gradients().
+    auto reference = make_model();
+    train_reference(reference, kSteps, 16);
+    auto model = make_model();
+    PipelineParallel pipeline(pipeline_blocks(*model), mesh.pipeline, mesh.data_parallel,
+                              PipelineParallelOptions().num_microbatches(4));
+    train_pipeline(pipeline, kSteps, 16, mesh.replica, 2, [&](const torch::nn::Module& module) {
+      ShardedOptimizerOptions options;
+      options.make_base_optimizer = [](std::vector<optim::ParamGroup> groups) {
+        optim::SGDOptions sgd;
+        sgd.momentum = 0.9;
+        return std::make_unique<optim::SGD>(std::move(groups), sgd);
+      };
+      optim::ParamGroupOptions groups;
+      groups.lr = 0.1;
+      groups.weight_decay = 1e-3;
+      return std::make_unique<ShardedOptimizer>(optim::build_param_groups(module, groups),
+                                                mesh.data_parallel, options);
+    });
+    EXPECT_LT(max_difference(pipeline, *reference), kTolerance) << "ZeRO-1";
   });
 }
 

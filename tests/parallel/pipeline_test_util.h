@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -73,10 +74,13 @@ inline std::vector<double> train_reference(models::TrunkHeadModel& model, int st
   return losses;
 }
 
-// The same steps through a pipeline, this replica's part of each global batch.
-inline std::vector<double> train_pipeline(PipelineParallel& pipeline, int steps, int64_t batch,
-                                          int replica = 0, int replicas = 1) {
-  auto sgd = make_sgd(*pipeline.module());
+// The same steps through a pipeline, this replica's part of each global batch, with the
+// optimizer `make_optimizer` builds over this rank's stages (make_sgd by default).
+inline std::vector<double> train_pipeline(
+    PipelineParallel& pipeline, int steps, int64_t batch, int replica = 0, int replicas = 1,
+    const std::function<std::unique_ptr<optim::Optimizer>(const torch::nn::Module&)>&
+        make_optimizer = {}) {
+  auto sgd = make_optimizer ? make_optimizer(*pipeline.module()) : make_sgd(*pipeline.module());
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
     auto [images, labels] = global_batch(step, batch);
