@@ -44,13 +44,14 @@ std::vector<std::string> names_of(const c10::IValue& params) {
 
 std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IValue& value,
                                         int root) {
+  // NCCL moves only CUDA tensors; Gloo CPU ones.
+  const at::Device device = group.backend() == "nccl" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
   if (group.rank() != root) {
     std::vector<char> bytes = torch::pickle_save(value);
-    at::Tensor size = at::full({1}, static_cast<int64_t>(bytes.size()), at::kLong);
     at::Tensor data = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
     std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char*>(data.data_ptr<uint8_t>()));
-    group.send(size, root, kGatherSizeTag);
-    group.send(data, root, kGatherBytesTag);
+    group.send(at::full({1}, data.numel(), at::kLong).to(device), root, kGatherSizeTag);
+    group.send(data.to(device), root, kGatherBytesTag);
     return {};
   }
   std::vector<c10::IValue> values;
@@ -59,10 +60,11 @@ std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IV
       values.push_back(torch::pickle_load(torch::pickle_save(value)));
       continue;
     }
-    at::Tensor size = at::empty({1}, at::kLong);
+    at::Tensor size = at::empty({1}, at::TensorOptions(at::kLong).device(device));
     group.recv(size, rank, kGatherSizeTag);
-    at::Tensor data = at::empty({size.item<int64_t>()}, at::kByte);
+    at::Tensor data = at::empty({size.item<int64_t>()}, at::TensorOptions(at::kByte).device(device));
     group.recv(data, rank, kGatherBytesTag);
+    data = data.cpu();
     const char* begin = reinterpret_cast<const char*>(data.data_ptr<uint8_t>());
     values.push_back(torch::pickle_load(std::vector<char>(begin, begin + data.numel())));
   }

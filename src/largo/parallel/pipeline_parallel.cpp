@@ -191,23 +191,26 @@ at::Tensor PipelineParallel::forward(const at::Tensor& inputs, bool broadcast_ou
   if (!broadcast_outputs || pipeline_size() == 1) {
     return outputs;
   }
-  // The last rank's outputs: first their dtype and shape, then the data.
+  // The last rank's outputs: first their dtype and shape, then the data (on the stages'
+  // device: NCCL moves only CUDA tensors).
   const int root = pipeline_size() - 1;
-  at::Tensor header = at::zeros({16}, at::kLong);
+  std::vector<int64_t> values(16, 0);
   if (pipeline_rank() == root) {
-    header[0] = static_cast<int64_t>(outputs.scalar_type());
-    header[1] = outputs.dim();
-    for (int64_t d = 0; d < outputs.dim() && d < 14; ++d) {
-      header[2 + d] = outputs.size(d);
+    values[0] = static_cast<int64_t>(outputs.scalar_type());
+    values[1] = std::min<int64_t>(outputs.dim(), 14);
+    for (int64_t d = 0; d < values[1]; ++d) {
+      values[static_cast<size_t>(2 + d)] = outputs.size(d);
     }
     outputs = outputs.contiguous();
   }
+  at::Tensor header = at::tensor(values, at::kLong).to(impl.context.device);
   impl.pipeline->broadcast(header, root);
   if (pipeline_rank() != root) {
-    const auto* values = header.data_ptr<int64_t>();
-    outputs = at::empty(std::vector<int64_t>(values + 2, values + 2 + values[1]),
+    const at::Tensor host = header.cpu();
+    const auto* received = host.data_ptr<int64_t>();
+    outputs = at::empty(std::vector<int64_t>(received + 2, received + 2 + received[1]),
                         at::TensorOptions()
-                            .dtype(static_cast<at::ScalarType>(values[0]))
+                            .dtype(static_cast<at::ScalarType>(received[0]))
                             .device(impl.context.device));
   }
   impl.pipeline->broadcast(outputs, root);

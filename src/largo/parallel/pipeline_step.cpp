@@ -252,13 +252,15 @@ void PipelineStep::send(const PipelineMessage& message) {
           kHeaderLength - 3));
     }
     if (!header_sent_[static_cast<size_t>(message.from_stage)]) {
-      at::Tensor header = at::zeros({kHeaderLength}, at::kLong);
-      header[0] = batch_size_;
-      header[1] = static_cast<int64_t>(tensor.scalar_type());
-      header[2] = tensor.dim() - 1;
+      std::vector<int64_t> values(kHeaderLength, 0);
+      values[0] = batch_size_;
+      values[1] = static_cast<int64_t>(tensor.scalar_type());
+      values[2] = tensor.dim() - 1;
       for (int64_t d = 1; d < tensor.dim(); ++d) {
-        header[2 + d] = tensor.size(d);
+        values[static_cast<size_t>(2 + d)] = tensor.size(d);
       }
+      // On the stages' device: NCCL moves only CUDA tensors.
+      at::Tensor header = at::tensor(values, at::kLong).to(context_.device);
       with_stage_names(message, /*sending=*/true, [&] {
         header_sends_.push_back(context_.group->send_async(
             header, peer, header_tag(message.to_stage, context_.shape)));
@@ -292,7 +294,7 @@ void PipelineStep::read_header(int stage) {
     return;
   }
   if (!header.posted) {
-    header.data = at::empty({kHeaderLength}, at::kLong);
+    header.data = at::empty({kHeaderLength}, at::TensorOptions(at::kLong).device(context_.device));
     with_stage_names(PipelineMessage{MessageKind::kActivation, 0, stage - 1, stage}, false, [&] {
       header.work = context_.group->recv_async(
           header.data, context_.shape.rank_of_stage(stage - 1), header_tag(stage, context_.shape));
@@ -300,7 +302,8 @@ void PipelineStep::read_header(int stage) {
     header.posted = true;
   }
   wait_named(header.work, PipelineMessage{MessageKind::kActivation, 0, stage - 1, stage}, false);
-  const auto* values = header.data.data_ptr<int64_t>();
+  const at::Tensor host = header.data.cpu();
+  const auto* values = host.data_ptr<int64_t>();
   set_batch_size(values[0], "the stage before");
   header.dtype = static_cast<at::ScalarType>(values[1]);
   header.sample_shape.assign(values + 3, values + 3 + values[2]);
@@ -341,7 +344,8 @@ void PipelineStep::post_receive(const PipelineMessage& message) {
   if (message.kind == MessageKind::kActivation && !headers_[message.to_stage].read) {
     Header& header = headers_[message.to_stage];
     if (!header.posted) { // post the header now; the activation once it is read
-      header.data = at::empty({kHeaderLength}, at::kLong);
+      header.data =
+          at::empty({kHeaderLength}, at::TensorOptions(at::kLong).device(context_.device));
       with_stage_names(message, /*sending=*/false, [&] {
         header.work = context_.group->recv_async(
             header.data, context_.shape.rank_of_stage(message.from_stage),
