@@ -3,6 +3,7 @@
 // gradients of an ordinary backward. One process.
 #include <largo/core/error.h>
 #include <largo/models/vit.h>
+#include <largo/parallel/pipeline_memory.h>
 #include <largo/parallel/pipeline_split_backward.h>
 #include <largo/parallel/pipeline_stages.h>
 
@@ -70,6 +71,38 @@ TEST(PipelineStagesTest, CutsBalanceTheCostOrFollowTheBoundaries) {
   for (const auto& parameter : model->parameters()) {
     EXPECT_FALSE(parameter.grad().defined());
   }
+}
+
+// The estimate for `largo estimate`: each rank's parameters, and its peak activations as
+// the schedule's stages in flight times what one micro-batch leaves alive in a stage —
+// measured, so it is checked here by its structure: proportional to the rows, 8 in flight
+// for gpipe, S - r for 1f1b.
+TEST(PipelineMemoryTest, PeakActivationsAreStagesInFlightTimesOneMicroBatch) {
+  auto model = make_model();
+  const auto blocks = pipeline_blocks(*model);
+  auto [images, labels] = global_batch(0, 6);
+  const std::vector<int64_t> boundaries{0, 4, 8};
+  const PipelineShape shape{2, 8, 1};
+  const auto gpipe =
+      estimate_pipeline_memory(blocks, boundaries, PipelineScheduleKind::kGPipe, shape, images);
+  const auto one_f_one_b =
+      estimate_pipeline_memory(blocks, boundaries, PipelineScheduleKind::kOneFOneB, shape, images);
+  const auto doubled = estimate_pipeline_memory(blocks, boundaries, PipelineScheduleKind::kGPipe,
+                                                shape, at::cat({images, images}));
+  ASSERT_EQ(gpipe.size(), 2u);
+  EXPECT_EQ(gpipe[0].parameter_count, 204 + 3 * 156);
+  EXPECT_EQ(gpipe[1].parameter_count, 3 * 156 + 52);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t per_microbatch = gpipe[r].activation_bytes_per_microbatch;
+    EXPECT_GT(per_microbatch, 6 * 12 * 4) << r; // at least one [6, 12] float32 activation
+    EXPECT_EQ(doubled[r].activation_bytes_per_microbatch, 2 * per_microbatch) << r;
+    EXPECT_EQ(gpipe[r].peak_activation_bytes, 8 * per_microbatch);
+    EXPECT_EQ(one_f_one_b[r].peak_stages_in_flight, 2 - r);
+    EXPECT_EQ(one_f_one_b[r].peak_activation_bytes, (2 - r) * per_microbatch);
+  }
+  EXPECT_THROW(estimate_pipeline_memory(blocks, {0, 8}, PipelineScheduleKind::kGPipe, shape,
+                                        images),
+               ConfigError);
 }
 
 // Gradients of `module` (input [batch, ...] -> output) for seed `grad_output`, by an ordinary
