@@ -143,8 +143,7 @@ class ProcessGroup {
   struct Impl;
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
   Work launch(const std::string& what, const std::function<Work()>& start);
-  std::shared_ptr<Work::State> point_to_point_state(const char* what, const at::Tensor& tensor,
-                                                    int peer, int tag);
+  Work point_to_point(bool sending, const at::Tensor& tensor, int peer, int tag);
   std::unique_ptr<Impl> impl_;
 };
 

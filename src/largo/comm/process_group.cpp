@@ -541,10 +541,9 @@ int ProcessGroup::global_rank(int rank) const {
   return impl_->global_ranks.empty() ? rank : impl_->global_ranks[rank];
 }
 
-// Checks the peer and tag of a send/recv and builds its Work's description.
-std::shared_ptr<Work::State> ProcessGroup::point_to_point_state(const char* what,
-                                                                const at::Tensor& tensor,
-                                                                int peer, int tag) {
+// A send or a receive: checks the peer and the tag, names the Work, starts it.
+Work ProcessGroup::point_to_point(bool sending, const at::Tensor& tensor, int peer, int tag) {
+  const char* what = sending ? "send" : "recv";
   if (peer < 0 || peer >= impl_->world_size || peer == impl_->rank) {
     throw Error(fmt::format("{} on rank {} of {}: peer rank {} must be another rank of the group",
                             what, impl_->rank, impl_->world_size, peer));
@@ -555,21 +554,21 @@ std::shared_ptr<Work::State> ProcessGroup::point_to_point_state(const char* what
   TORCH_CHECK(tensor.is_contiguous(), what, ": the tensor must be contiguous");
   auto state = std::make_shared<Work::State>();
   state->what = fmt::format("{} of {} {} rank {} (job rank {}) on rank {} of {} ({})", what,
-                            describe_bytes(tensor), std::string(what) == "send" ? "to" : "from",
-                            peer, global_rank(peer), impl_->rank, impl_->world_size,
+                            describe_bytes(tensor), sending ? "to" : "from", peer,
+                            global_rank(peer), impl_->rank, impl_->world_size,
                             impl_->backend_name);
   state->timeout = impl_->collective_timeout;
-  return state;
-}
-
-Work ProcessGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
-  auto state = point_to_point_state("send", tensor, dst, tag);
   return launch(state->what, [&] {
     std::vector<at::Tensor> tensors{
         impl_->backend_name == "gloo" ? as_gloo_payload(tensor) : tensor};
-    state->work = impl_->backend->send(tensors, dst, kPointToPointTagBase + tag);
+    state->work = sending ? impl_->backend->send(tensors, peer, kPointToPointTagBase + tag)
+                          : impl_->backend->recv(tensors, peer, kPointToPointTagBase + tag);
     return Work(state);
   });
+}
+
+Work ProcessGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
+  return point_to_point(/*sending=*/true, tensor, dst, tag);
 }
 
 void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {
@@ -577,13 +576,7 @@ void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {
 }
 
 Work ProcessGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
-  auto state = point_to_point_state("recv", tensor, src, tag);
-  return launch(state->what, [&] {
-    std::vector<at::Tensor> tensors{
-        impl_->backend_name == "gloo" ? as_gloo_payload(tensor) : tensor};
-    state->work = impl_->backend->recv(tensors, src, kPointToPointTagBase + tag);
-    return Work(state);
-  });
+  return point_to_point(/*sending=*/false, tensor, src, tag);
 }
 
 void ProcessGroup::recv(const at::Tensor& tensor, int src, int tag) {
