@@ -26,7 +26,8 @@
 // (interleaved with --virtual, default 2), with unit pass costs: docs/pipeline.md's diagrams.
 //
 // Usage: pipeline_bench timelines - [--pipeline P] [--microbatches M] [--virtual V]
-//        pipeline_bench plain|pipeline|passes mlp|vit [--schedule gpipe|1f1b|interleaved_1f1b|zb_h1]
+//        pipeline_bench plain|pipeline|passes mlp|vit [--schedule
+//        gpipe|1f1b|interleaved_1f1b|zb_h1]
 //          [--microbatches M] [--virtual V] [--pipeline P] [--batch B] [--steps N]
 //          [--warmup W] [--checkpoint]
 #include <largo/comm/process_group.h>
@@ -168,11 +169,12 @@ struct RankFigures {
 
 // Median milliseconds of F, B, I and W of the second half of the blocks (a last stage that
 // sends its input's gradient back) on one micro-batch.
-nlohmann::json time_passes(models::TrunkHeadModel& model, const at::Tensor& images,
-                           const BenchOptions& options) {
+nlohmann::json
+time_passes(models::TrunkHeadModel& model, const at::Tensor& images, const BenchOptions& options) {
   auto blocks = parallel::pipeline_blocks(*model);
   const auto half = static_cast<std::ptrdiff_t>(blocks.size() / 2);
-  parallel::PipelineStage first(std::vector<parallel::PipelineBlock>(blocks.begin(), blocks.begin() + half));
+  parallel::PipelineStage first(
+      std::vector<parallel::PipelineBlock>(blocks.begin(), blocks.begin() + half));
   blocks.erase(blocks.begin(), blocks.begin() + half);
   parallel::PipelineStage stage(blocks);
   const at::Tensor input =
@@ -209,25 +211,33 @@ nlohmann::json time_passes(models::TrunkHeadModel& model, const at::Tensor& imag
       }
     }
   }
-  return {{"mode", "passes"}, {"model", options.model},
-          {"microbatch_rows", input.size(0)}, {"stage_blocks", blocks.size()},
-          {"forward_ms", median(f)}, {"backward_ms", median(b)},
-          {"input_ms", median(i)}, {"weight_ms", median(w)}};
+  return {
+      {"mode", "passes"},
+      {"model", options.model},
+      {"microbatch_rows", input.size(0)},
+      {"stage_blocks", blocks.size()},
+      {"forward_ms", median(f)},
+      {"backward_ms", median(b)},
+      {"input_ms", median(i)},
+      {"weight_ms", median(w)}};
 }
 
 // Every schedule's simulated timeline (unit costs), as docs/pipeline.md shows them.
 void print_timelines(const BenchOptions& options) {
   using parallel::PipelineScheduleKind;
-  for (auto kind : {PipelineScheduleKind::kGPipe, PipelineScheduleKind::kOneFOneB,
-                    PipelineScheduleKind::kInterleaved1F1B, PipelineScheduleKind::kZeroBubbleH1}) {
+  for (auto kind :
+       {PipelineScheduleKind::kGPipe,
+        PipelineScheduleKind::kOneFOneB,
+        PipelineScheduleKind::kInterleaved1F1B,
+        PipelineScheduleKind::kZeroBubbleH1}) {
     const int virtual_stages =
         kind == PipelineScheduleKind::kInterleaved1F1B ? std::max(options.virtual_stages, 2) : 1;
     const parallel::PipelineShape shape{options.pipeline, options.microbatches, virtual_stages};
     const auto simulation =
         parallel::simulate_schedule(parallel::pipeline_schedule(kind, shape), shape);
     std::cout << parallel::to_string(kind) << " (S = " << shape.num_ranks
-              << ", M = " << shape.num_microbatches << ", V = " << virtual_stages
-              << "): bubble " << simulation.mean_idle_fraction() << ", peak stages in flight";
+              << ", M = " << shape.num_microbatches << ", V = " << virtual_stages << "): bubble "
+              << simulation.mean_idle_fraction() << ", peak stages in flight";
     for (int peak : simulation.peak_in_flight) {
       std::cout << " " << peak;
     }
@@ -273,7 +283,9 @@ int main(int argc, char** argv) try {
     replicas = mesh.data_parallel_size;
     replica = mesh.replica;
     pipeline = std::make_unique<parallel::PipelineParallel>(
-        parallel::pipeline_blocks(*model), mesh.pipeline, mesh.data_parallel,
+        parallel::pipeline_blocks(*model),
+        mesh.pipeline,
+        mesh.data_parallel,
         parallel::PipelineParallelOptions()
             .schedule(parallel::parse_pipeline_schedule(options.schedule))
             .num_microbatches(options.microbatches)
@@ -330,16 +342,20 @@ int main(int argc, char** argv) try {
   figures.ms_per_step = median(step_ms);
   figures.idle_fraction = median(idle);
   for (const auto& parameter : trained->parameters()) {
-    figures.model_state_bytes += 3.0 * static_cast<double>(parameter.numel() * parameter.element_size());
+    figures.model_state_bytes +=
+        3.0 * static_cast<double>(parameter.numel() * parameter.element_size());
   }
 
   // Rank 0 gathers every rank's figures.
   const int ranks = world->world_size();
   constexpr int kFigures = 5;
-  at::Tensor mine = at::tensor({figures.ms_per_step, figures.idle_fraction,
-                                figures.peak_activation_bytes, figures.final_loss,
-                                figures.model_state_bytes},
-                               at::kDouble);
+  at::Tensor mine = at::tensor(
+      {figures.ms_per_step,
+       figures.idle_fraction,
+       figures.peak_activation_bytes,
+       figures.final_loss,
+       figures.model_state_bytes},
+      at::kDouble);
   at::Tensor all = at::zeros({ranks * kFigures}, at::kDouble);
   world->all_gather(all, mine);
   if (world->rank() != 0) {
@@ -354,17 +370,18 @@ int main(int argc, char** argv) try {
   };
   const auto ms = column(0);
   const double slowest_ms = *std::max_element(ms.begin(), ms.end());
-  nlohmann::json result = {{"mode", options.mode},
-                           {"model", options.model},
-                           {"procs", ranks},
-                           {"batch", options.batch},
-                           {"steps", options.steps},
-                           {"num_parameters", num_parameters},
-                           {"ms_per_step", slowest_ms},
-                           {"images_per_sec", options.batch * 1000.0 / slowest_ms},
-                           {"peak_activation_bytes", column(2)},
-                           {"model_state_bytes", column(4)},
-                           {"final_loss", figures.final_loss}};
+  nlohmann::json result = {
+      {"mode", options.mode},
+      {"model", options.model},
+      {"procs", ranks},
+      {"batch", options.batch},
+      {"steps", options.steps},
+      {"num_parameters", num_parameters},
+      {"ms_per_step", slowest_ms},
+      {"images_per_sec", options.batch * 1000.0 / slowest_ms},
+      {"peak_activation_bytes", column(2)},
+      {"model_state_bytes", column(4)},
+      {"final_loss", figures.final_loss}};
   if (pipeline) {
     const auto kind = parallel::parse_pipeline_schedule(options.schedule);
     const auto& shape = pipeline->shape();

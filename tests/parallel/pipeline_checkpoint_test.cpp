@@ -100,8 +100,11 @@ TEST(PipelineCheckpointTest, FullStateResumesWithoutAPipelineAndAtAnotherSize) {
 
     // A pipeline of one rank: takes its (whole) part of the full state.
     auto single_model = make_model(/*seed=*/78);
-    PipelineParallel single(pipeline_blocks(*single_model), comm::ProcessGroup::single_process(),
-                            nullptr, one_f_one_b());
+    PipelineParallel single(
+        pipeline_blocks(*single_model),
+        comm::ProcessGroup::single_process(),
+        nullptr,
+        one_f_one_b());
     auto single_sgd = make_sgd(*single.module());
     single.load_state_dict(full_model);
     single_sgd->load_state_dict(
@@ -129,8 +132,11 @@ TEST(PipelineCheckpointTest, ForwardOnlyGivesTheModelsOutputs) {
     auto [images, labels] = global_batch(0, 10);
     const at::Tensor expected = reference->forward(images).detach();
     auto model = make_model();
-    PipelineParallel pipeline(pipeline_blocks(*model), borrow(group), nullptr,
-                              one_f_one_b().num_microbatches(3)); // 4, 3, 3 rows
+    PipelineParallel pipeline(
+        pipeline_blocks(*model),
+        borrow(group),
+        nullptr,
+        one_f_one_b().num_microbatches(3)); // 4, 3, 3 rows
     const at::Tensor last_only = pipeline.forward(images);
     EXPECT_EQ(last_only.defined(), group.rank() == 1);
     if (last_only.defined()) {

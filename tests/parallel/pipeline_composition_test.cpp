@@ -80,8 +80,11 @@ TEST(PipelineCompositionTest, LossScalingClippingAndLarcAgreeAcrossStages) {
     }
 
     auto model = make_model();
-    PipelineParallel pipeline(pipeline_blocks(*model), borrow(group), nullptr,
-                              PipelineParallelOptions().num_microbatches(4));
+    PipelineParallel pipeline(
+        pipeline_blocks(*model),
+        borrow(group),
+        nullptr,
+        PipelineParallelOptions().num_microbatches(4));
     auto optimizer = make_larc(*pipeline.module());
     auto options = scaler_options();
     options.found_inf_reducer = pipeline.found_inf_reducer();
@@ -90,8 +93,9 @@ TEST(PipelineCompositionTest, LossScalingClippingAndLarcAgreeAcrossStages) {
     for (int step = 0; step < kSteps; ++step) {
       auto [images, labels] = global_batch(step, kBatch);
       optimizer->zero_grad();
-      pipeline.forward_backward(images, labels, cross_entropy,
-                                [&](const at::Tensor& loss) { return scaler.scale(loss); });
+      pipeline.forward_backward(images, labels, cross_entropy, [&](const at::Tensor& loss) {
+        return scaler.scale(loss);
+      });
       pipeline.reduce_gradients();
       if (step == 1) {
         poison(*pipeline.module(), poisoned);
@@ -119,23 +123,29 @@ TEST(PipelineCompositionTest, GradientAccumulationWithCheckpointedStages) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     auto reference = make_model();
     train_reference(reference, kSteps, kBatch);
-    for (auto [kind, virtual_stages] : {std::pair{PipelineScheduleKind::kOneFOneB, 1},
-                                        std::pair{PipelineScheduleKind::kInterleaved1F1B, 2}}) {
+    for (auto [kind, virtual_stages] :
+         {std::pair{PipelineScheduleKind::kOneFOneB, 1},
+          std::pair{PipelineScheduleKind::kInterleaved1F1B, 2}}) {
       auto model = make_model();
-      PipelineParallel pipeline(pipeline_blocks(*model), borrow(group), nullptr,
-                                PipelineParallelOptions()
-                                    .schedule(kind)
-                                    .virtual_stages(virtual_stages)
-                                    .num_microbatches(4)
-                                    .checkpoint_stages(true));
+      PipelineParallel pipeline(
+          pipeline_blocks(*model),
+          borrow(group),
+          nullptr,
+          PipelineParallelOptions()
+              .schedule(kind)
+              .virtual_stages(virtual_stages)
+              .num_microbatches(4)
+              .checkpoint_stages(true));
       auto sgd = make_sgd(*pipeline.module());
       for (int step = 0; step < kSteps; ++step) {
         auto [images, labels] = global_batch(step, kBatch);
         sgd->zero_grad();
         for (int half = 0; half < 2; ++half) {
-          pipeline.forward_backward(replica_slice(images, half, 2), replica_slice(labels, half, 2),
-                                    cross_entropy,
-                                    [](const at::Tensor& loss) { return loss / 2; });
+          pipeline.forward_backward(
+              replica_slice(images, half, 2),
+              replica_slice(labels, half, 2),
+              cross_entropy,
+              [](const at::Tensor& loss) { return loss / 2; });
         }
         pipeline.reduce_gradients();
         sgd->step();
@@ -143,11 +153,15 @@ TEST(PipelineCompositionTest, GradientAccumulationWithCheckpointedStages) {
       EXPECT_LT(max_difference(pipeline, *reference), kTolerance) << pipeline.describe();
     }
     auto model = make_model();
-    EXPECT_THROW(PipelineParallel(pipeline_blocks(*model), borrow(group), nullptr,
-                                  PipelineParallelOptions()
-                                      .schedule(PipelineScheduleKind::kZeroBubbleH1)
-                                      .checkpoint_stages(true)),
-                 ConfigError);
+    EXPECT_THROW(
+        PipelineParallel(
+            pipeline_blocks(*model),
+            borrow(group),
+            nullptr,
+            PipelineParallelOptions()
+                .schedule(PipelineScheduleKind::kZeroBubbleH1)
+                .checkpoint_stages(true)),
+        ConfigError);
   });
 }
 
@@ -155,17 +169,22 @@ TEST(PipelineCompositionTest, GradientAccumulationWithCheckpointedStages) {
 // each forward (and loss) under `autocast`, each backward outside it. What a pipeline
 // computes, stage by stage, in the same order. Returns the mean loss.
 template <typename Model>
-double accumulate_microbatches(Model& model, const at::Tensor& images, const at::Tensor& labels,
-                               int microbatches, bool autocast) {
+double accumulate_microbatches(
+    Model& model,
+    const at::Tensor& images,
+    const at::Tensor& labels,
+    int microbatches,
+    bool autocast) {
   const int64_t size = images.size(0) / microbatches;
   double total = 0.0;
   for (int mb = 0; mb < microbatches; ++mb) {
     at::Tensor loss;
     {
       precision::AutocastGuard guard(c10::DeviceType::CPU, at::kBFloat16, autocast);
-      loss = cross_entropy(model->forward(images.narrow(0, mb * size, size)),
-                           labels.narrow(0, mb * size, size)) /
-          microbatches;
+      loss = cross_entropy(
+                 model->forward(images.narrow(0, mb * size, size)),
+                 labels.narrow(0, mb * size, size)) /
+             microbatches;
     }
     loss.backward();
     total += loss.item<double>();
@@ -187,8 +206,11 @@ TEST(PipelineCompositionTest, BfloatAutocastMatchesMicroBatchedOneProcess) {
     reference_sgd->step();
 
     auto model = make_model();
-    PipelineParallel pipeline(pipeline_blocks(*model), borrow(group), nullptr,
-                              PipelineParallelOptions().num_microbatches(4));
+    PipelineParallel pipeline(
+        pipeline_blocks(*model),
+        borrow(group),
+        nullptr,
+        PipelineParallelOptions().num_microbatches(4));
     auto sgd = make_sgd(*pipeline.module());
     double loss = 0.0;
     {
@@ -211,15 +233,23 @@ TEST(PipelineCompositionTest, BatchNormNormalisesEachMicroBatch) {
     auto make_net = [] {
       torch::manual_seed(5);
       return torch::nn::Sequential(
-          torch::nn::Flatten(), torch::nn::Linear(16, 12), torch::nn::BatchNorm1d(12),
-          torch::nn::ReLU(), torch::nn::Linear(12, 12), torch::nn::BatchNorm1d(12),
-          torch::nn::ReLU(), torch::nn::Linear(12, kClasses));
+          torch::nn::Flatten(),
+          torch::nn::Linear(16, 12),
+          torch::nn::BatchNorm1d(12),
+          torch::nn::ReLU(),
+          torch::nn::Linear(12, 12),
+          torch::nn::BatchNorm1d(12),
+          torch::nn::ReLU(),
+          torch::nn::Linear(12, kClasses));
     };
     auto reference = make_net();
     auto reference_sgd = make_sgd(*reference);
     auto net = make_net();
-    PipelineParallel pipeline(pipeline_blocks(net), borrow(group), nullptr,
-                              PipelineParallelOptions().num_microbatches(4));
+    PipelineParallel pipeline(
+        pipeline_blocks(net),
+        borrow(group),
+        nullptr,
+        PipelineParallelOptions().num_microbatches(4));
     auto sgd = make_sgd(*pipeline.module());
     for (int step = 0; step < 2; ++step) {
       auto [images, labels] = global_batch(step, kBatch);

@@ -52,26 +52,34 @@ PipelineParallelOptions options_for(const ScheduleCase& schedule, int microbatch
 }
 
 // Trains the pipeline and the in-process reference and compares this rank's stages.
-void expect_like_one_process(std::shared_ptr<comm::ProcessGroup> pipeline_group,
-                             std::shared_ptr<comm::ProcessGroup> replicas,
-                             const ScheduleCase& schedule, int64_t global_batch,
-                             int microbatches) {
-  SCOPED_TRACE(fmt::format("{} on {} ranks, {} micro-batches", to_string(schedule.kind),
-                           pipeline_group->world_size(), microbatches));
+void expect_like_one_process(
+    std::shared_ptr<comm::ProcessGroup> pipeline_group,
+    std::shared_ptr<comm::ProcessGroup> replicas,
+    const ScheduleCase& schedule,
+    int64_t global_batch,
+    int microbatches) {
+  SCOPED_TRACE(fmt::format(
+      "{} on {} ranks, {} micro-batches",
+      to_string(schedule.kind),
+      pipeline_group->world_size(),
+      microbatches));
   auto reference = make_model();
   const auto reference_losses = train_reference(reference, kSteps, global_batch);
   auto model = make_model();
-  PipelineParallel pipeline(pipeline_blocks(*model), pipeline_group, replicas,
-                            options_for(schedule, microbatches));
+  PipelineParallel pipeline(
+      pipeline_blocks(*model), pipeline_group, replicas, options_for(schedule, microbatches));
   const int replica = replicas ? replicas->rank() : 0;
   const int num_replicas = replicas ? replicas->world_size() : 1;
   // The first step's gradients, before any optimizer step.
   auto [images, labels] = testing::global_batch(0, global_batch);
-  pipeline.forward_backward(replica_slice(images, replica, num_replicas),
-                            replica_slice(labels, replica, num_replicas), cross_entropy);
+  pipeline.forward_backward(
+      replica_slice(images, replica, num_replicas),
+      replica_slice(labels, replica, num_replicas),
+      cross_entropy);
   pipeline.reduce_gradients();
-  EXPECT_LT(max_relative_gradient_difference(pipeline, reference_gradients(global_batch)),
-            kGradientTolerance);
+  EXPECT_LT(
+      max_relative_gradient_difference(pipeline, reference_gradients(global_batch)),
+      kGradientTolerance);
   const auto losses = train_pipeline(pipeline, kSteps, global_batch, replica, num_replicas);
   EXPECT_LT(max_difference(pipeline, *reference), kTolerance) << pipeline.describe();
   if (num_replicas == 1) { // with replicas each sees half the batch: another loss
@@ -85,8 +93,12 @@ TEST(PipelineParallelTest, EveryScheduleOnFourRanksTrainsLikeOneProcess) {
   run_on_ranks(4, [](comm::ProcessGroup& world) {
     for (const auto& schedule : kSchedules) {
       // 8 blocks: 4 stages of 2 blocks, or 8 stages of one (interleaved, 2 per rank).
-      expect_like_one_process(borrow(world), nullptr, schedule, /*global_batch=*/16,
-                              /*microbatches=*/schedule.virtual_stages > 1 ? 8 : 6);
+      expect_like_one_process(
+          borrow(world),
+          nullptr,
+          schedule,
+          /*global_batch=*/16,
+          /*microbatches=*/schedule.virtual_stages > 1 ? 8 : 6);
     }
   });
 }
@@ -107,16 +119,23 @@ TEST(PipelineParallelTest, EveryScheduleOnTwoRanksAndTwoStagesTimesTwoReplicas) 
     // 2 stages x 2 replicas: each replica's pipeline runs half of a batch of 16.
     const PipelineMesh mesh = make_pipeline_mesh(world, 2);
     for (const auto& schedule : kSchedules) {
-      expect_like_one_process(mesh.pipeline, mesh.data_parallel, schedule, /*global_batch=*/16,
-                              /*microbatches=*/4);
+      expect_like_one_process(
+          mesh.pipeline,
+          mesh.data_parallel,
+          schedule,
+          /*global_batch=*/16,
+          /*microbatches=*/4);
     }
     // ZeRO-1 within each stage's replicas: a ShardedOptimizer over the data-parallel group
     // steps this replica's half of the stage's parameters after reduce_gradients().
     auto reference = make_model();
     train_reference(reference, kSteps, 16);
     auto model = make_model();
-    PipelineParallel pipeline(pipeline_blocks(*model), mesh.pipeline, mesh.data_parallel,
-                              PipelineParallelOptions().num_microbatches(4));
+    PipelineParallel pipeline(
+        pipeline_blocks(*model),
+        mesh.pipeline,
+        mesh.data_parallel,
+        PipelineParallelOptions().num_microbatches(4));
     train_pipeline(pipeline, kSteps, 16, mesh.replica, 2, [&](const torch::nn::Module& module) {
       ShardedOptimizerOptions options;
       options.make_base_optimizer = [](std::vector<optim::ParamGroup> groups) {
@@ -127,8 +146,8 @@ TEST(PipelineParallelTest, EveryScheduleOnTwoRanksAndTwoStagesTimesTwoReplicas) 
       optim::ParamGroupOptions groups;
       groups.lr = 0.1;
       groups.weight_decay = 1e-3;
-      return std::make_unique<ShardedOptimizer>(optim::build_param_groups(module, groups),
-                                                mesh.data_parallel, options);
+      return std::make_unique<ShardedOptimizer>(
+          optim::build_param_groups(module, groups), mesh.data_parallel, options);
     });
     EXPECT_LT(max_difference(pipeline, *reference), kTolerance) << "ZeRO-1";
   });

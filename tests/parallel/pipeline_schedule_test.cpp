@@ -25,8 +25,8 @@ struct Case {
 };
 
 std::string name_of(const Case& c) {
-  return fmt::format("{}_S{}_M{}_V{}", to_string(c.kind), c.ranks, c.microbatches,
-                     c.virtual_stages);
+  return fmt::format(
+      "{}_S{}_M{}_V{}", to_string(c.kind), c.ranks, c.microbatches, c.virtual_stages);
 }
 
 std::vector<Case> all_cases() {
@@ -89,25 +89,24 @@ TEST(ScheduleTest, BubbleEqualsTheClosedForm) {
 TEST(ScheduleTest, PeakActivationsInFlight) {
   for (const Case& c : all_cases()) {
     SCOPED_TRACE(name_of(c));
-    const auto simulation =
-        simulate_schedule(pipeline_schedule(c.kind, shape_of(c)), shape_of(c));
+    const auto simulation = simulate_schedule(pipeline_schedule(c.kind, shape_of(c)), shape_of(c));
     for (int r = 0; r < c.ranks; ++r) {
       int expected = 0;
       switch (c.kind) {
-        case Schedule::kGPipe:
-          expected = c.microbatches;
-          break;
-        case Schedule::kOneFOneB:
-          expected = std::min(c.ranks - r, c.microbatches);
-          break;
-        case Schedule::kZeroBubbleH1:
-          expected = std::min(c.ranks, c.microbatches);
-          break;
-        case Schedule::kInterleaved1F1B:
-          expected = c.microbatches == c.ranks
-              ? c.microbatches * c.virtual_stages
-              : (c.ranks - r - 1) * 2 + (c.virtual_stages - 1) * c.ranks + 1;
-          break;
+      case Schedule::kGPipe:
+        expected = c.microbatches;
+        break;
+      case Schedule::kOneFOneB:
+        expected = std::min(c.ranks - r, c.microbatches);
+        break;
+      case Schedule::kZeroBubbleH1:
+        expected = std::min(c.ranks, c.microbatches);
+        break;
+      case Schedule::kInterleaved1F1B:
+        expected = c.microbatches == c.ranks
+                       ? c.microbatches * c.virtual_stages
+                       : (c.ranks - r - 1) * 2 + (c.virtual_stages - 1) * c.ranks + 1;
+        break;
       }
       EXPECT_EQ(simulation.peak_in_flight[r], expected) << "rank " << r;
     }
@@ -132,8 +131,6 @@ TEST(ScheduleTest, SendsAreWaitedForEarly) {
     }
   }
 }
-
-
 
 TEST(ScheduleShapeTest, ShapesASheduleCannotTakeAreConfigErrors) {
   EXPECT_THROW(compute_schedule(Schedule::kOneFOneB, {2, 0, 1}), ConfigError);
@@ -205,9 +202,10 @@ TEST(ScheduleSimulationTest, CrossedWaitsAreADeadlock) {
 TEST(ScheduleSimulationTest, TimelineOfGPipeOnTwoRanks) {
   const PipelineShape shape{2, 2, 1};
   const auto simulation = simulate_schedule(pipeline_schedule(Schedule::kGPipe, shape), shape);
-  EXPECT_EQ(render_timeline(simulation, shape),
-            "rank 0 |F0 F1 .  .  .  B0 B0 B1 B1 \n"
-            "rank 1 |.  F0 F1 B0 B0 B1 B1 .  .  \n");
+  EXPECT_EQ(
+      render_timeline(simulation, shape),
+      "rank 0 |F0 F1 .  .  .  B0 B0 B1 B1 \n"
+      "rank 1 |.  F0 F1 B0 B0 B1 B1 .  .  \n");
   EXPECT_DOUBLE_EQ(simulation.makespan, 9.0);
   EXPECT_DOUBLE_EQ(simulation.mean_idle_fraction(), 1.0 / 3.0); // (S-1)/(M+S-1)
 }

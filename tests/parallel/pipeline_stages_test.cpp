@@ -52,8 +52,9 @@ TEST(PipelineStagesTest, CutsBalanceTheCostOrFollowTheBoundaries) {
   EXPECT_EQ(counts.back(), 12 * kClasses + kClasses);
   // 204, 156 x 6, 52: the cheapest largest stage of 2 is blocks [0, 4) (672) vs 520.
   EXPECT_EQ(balanced_stage_boundaries(counts, 2), (std::vector<int64_t>{0, 4, 8}));
-  EXPECT_EQ(balanced_stage_boundaries(std::vector<double>(8, 1.0), 4),
-            (std::vector<int64_t>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(
+      balanced_stage_boundaries(std::vector<double>(8, 1.0), 4),
+      (std::vector<int64_t>{0, 2, 4, 6, 8}));
   EXPECT_THROW(balanced_stage_boundaries(counts, 9), ConfigError);
   EXPECT_NO_THROW(check_stage_boundaries({0, 1, 8}, 8, 2));
   EXPECT_THROW(check_stage_boundaries({0, 8}, 8, 2), ConfigError);
@@ -87,8 +88,8 @@ TEST(PipelineMemoryTest, PeakActivationsAreStagesInFlightTimesOneMicroBatch) {
       estimate_pipeline_memory(blocks, boundaries, PipelineScheduleKind::kGPipe, shape, images);
   const auto one_f_one_b =
       estimate_pipeline_memory(blocks, boundaries, PipelineScheduleKind::kOneFOneB, shape, images);
-  const auto doubled = estimate_pipeline_memory(blocks, boundaries, PipelineScheduleKind::kGPipe,
-                                                shape, at::cat({images, images}));
+  const auto doubled = estimate_pipeline_memory(
+      blocks, boundaries, PipelineScheduleKind::kGPipe, shape, at::cat({images, images}));
   ASSERT_EQ(gpipe.size(), 2u);
   EXPECT_EQ(gpipe[0].parameter_count, 204 + 3 * 156);
   EXPECT_EQ(gpipe[1].parameter_count, 3 * 156 + 52);
@@ -100,16 +101,18 @@ TEST(PipelineMemoryTest, PeakActivationsAreStagesInFlightTimesOneMicroBatch) {
     EXPECT_EQ(one_f_one_b[r].peak_stages_in_flight, 2 - r);
     EXPECT_EQ(one_f_one_b[r].peak_activation_bytes, (2 - r) * per_microbatch);
   }
-  EXPECT_THROW(estimate_pipeline_memory(blocks, {0, 8}, PipelineScheduleKind::kGPipe, shape,
-                                        images),
-               ConfigError);
+  EXPECT_THROW(
+      estimate_pipeline_memory(blocks, {0, 8}, PipelineScheduleKind::kGPipe, shape, images),
+      ConfigError);
 }
 
 // Gradients of `module` (input [batch, ...] -> output) for seed `grad_output`, by an ordinary
 // backward and by the split one; they must agree.
-void expect_split_backward_equals_backward(torch::nn::Module& module,
-                                           const std::function<at::Tensor(at::Tensor)>& forward,
-                                           const at::Tensor& sample, bool input_requires_grad) {
+void expect_split_backward_equals_backward(
+    torch::nn::Module& module,
+    const std::function<at::Tensor(at::Tensor)>& forward,
+    const at::Tensor& sample,
+    bool input_requires_grad) {
   auto run = [&](bool split) {
     for (auto& parameter : module.parameters()) {
       parameter.mutable_grad() = at::Tensor();
@@ -119,7 +122,8 @@ void expect_split_backward_equals_backward(torch::nn::Module& module,
     at::Tensor seed = at::linspace(-1, 1, output.numel()).view(output.sizes());
     at::Tensor input_grad;
     if (split) {
-      auto backward = SplitBackward::input_pass(output, seed, input, module.parameters(), input_grad);
+      auto backward =
+          SplitBackward::input_pass(output, seed, input, module.parameters(), input_grad);
       for (const auto& parameter : module.parameters()) { // nothing yet
         EXPECT_FALSE(parameter.grad().defined());
       }
@@ -155,16 +159,16 @@ TEST(SplitBackwardTest, EqualsAnOrdinaryBackwardOnVitLayersAndBatchNorm) {
   layer_options.num_heads = 2;
   layer_options.mlp_dim = 32;
   layer_options.qkv_bias = true;
-  auto vit = torch::nn::Sequential(models::VitEncoderLayer(layer_options),
-                                   models::VitEncoderLayer(layer_options));
+  auto vit = torch::nn::Sequential(
+      models::VitEncoderLayer(layer_options), models::VitEncoderLayer(layer_options));
   const at::Tensor tokens = at::randn({3, 5, 16});
   auto vit_forward = [&](at::Tensor x) { return vit->forward(x); };
   expect_split_backward_equals_backward(*vit, vit_forward, tokens, true);
   expect_split_backward_equals_backward(*vit, vit_forward, tokens, false); // a first stage
 
   // BatchNorm, and a weight used twice (tied): its two uses share one group.
-  auto net = torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::BatchNorm1d(6),
-                                   torch::nn::Tanh());
+  auto net =
+      torch::nn::Sequential(torch::nn::Linear(6, 6), torch::nn::BatchNorm1d(6), torch::nn::Tanh());
   auto tied = torch::nn::Linear(6, 6);
   auto net_forward = [&](at::Tensor x) { return tied->forward(net->forward(tied->forward(x))); };
   torch::nn::Module both;
@@ -177,8 +181,8 @@ TEST(SplitBackwardTest, WeightPassRunsOnce) {
   auto linear = torch::nn::Linear(3, 2);
   at::Tensor input = at::randn({2, 3}).requires_grad_(true);
   at::Tensor input_grad;
-  auto backward = SplitBackward::input_pass(linear->forward(input), at::ones({2, 2}), input,
-                                            linear->parameters(), input_grad);
+  auto backward = SplitBackward::input_pass(
+      linear->forward(input), at::ones({2, 2}), input, linear->parameters(), input_grad);
   EXPECT_TRUE(input_grad.defined());
   backward.weight_pass();
   EXPECT_THROW(backward.weight_pass(), Error);

@@ -28,8 +28,8 @@ inline models::TrunkHeadModel make_model(uint64_t seed = 3) {
   mlp.hidden_dims = {12, 12, 12, 12, 12, 12, 12};
   auto trunk = models::build_mlp_trunk(mlp, /*in_channels=*/1, /*image_size=*/4);
   const int64_t width = trunk.output_dim;
-  return models::TrunkHeadModel(std::move(trunk),
-                                torch::nn::Sequential(torch::nn::Linear(width, kClasses)));
+  return models::TrunkHeadModel(
+      std::move(trunk), torch::nn::Sequential(torch::nn::Linear(width, kClasses)));
 }
 
 // Batch `step` of the global stream: images [batch, 1, 4, 4], labels [batch].
@@ -59,8 +59,8 @@ inline std::unique_ptr<optim::SGD> make_sgd(const torch::nn::Module& module) {
 
 // The reference: `steps` SGD steps on the whole global batch in this process. Returns the
 // per-step losses; `model` holds the trained weights.
-inline std::vector<double> train_reference(models::TrunkHeadModel& model, int steps,
-                                           int64_t batch) {
+inline std::vector<double>
+train_reference(models::TrunkHeadModel& model, int steps, int64_t batch) {
   auto sgd = make_sgd(*model);
   std::vector<double> losses;
   for (int step = 0; step < steps; ++step) {
@@ -77,7 +77,11 @@ inline std::vector<double> train_reference(models::TrunkHeadModel& model, int st
 // The same steps through a pipeline, this replica's part of each global batch, with the
 // optimizer `make_optimizer` builds over this rank's stages (make_sgd by default).
 inline std::vector<double> train_pipeline(
-    PipelineParallel& pipeline, int steps, int64_t batch, int replica = 0, int replicas = 1,
+    PipelineParallel& pipeline,
+    int steps,
+    int64_t batch,
+    int replica = 0,
+    int replicas = 1,
     const std::function<std::unique_ptr<optim::Optimizer>(const torch::nn::Module&)>&
         make_optimizer = {}) {
   auto sgd = make_optimizer ? make_optimizer(*pipeline.module()) : make_sgd(*pipeline.module());
@@ -85,9 +89,10 @@ inline std::vector<double> train_pipeline(
   for (int step = 0; step < steps; ++step) {
     auto [images, labels] = global_batch(step, batch);
     sgd->zero_grad();
-    losses.push_back(pipeline.forward_backward(replica_slice(images, replica, replicas),
-                                               replica_slice(labels, replica, replicas),
-                                               cross_entropy));
+    losses.push_back(pipeline.forward_backward(
+        replica_slice(images, replica, replicas),
+        replica_slice(labels, replica, replicas),
+        cross_entropy));
     pipeline.reduce_gradients();
     sgd->step();
   }
@@ -124,8 +129,8 @@ inline std::map<std::string, at::Tensor> reference_gradients(int64_t batch) {
 // The largest difference between this rank's gradients and the reference's, each divided
 // by the largest magnitude in the reference tensor (so that layers with tiny gradients
 // count as much as the others).
-inline double max_relative_gradient_difference(const PipelineParallel& pipeline,
-                                               const std::map<std::string, at::Tensor>& expected) {
+inline double max_relative_gradient_difference(
+    const PipelineParallel& pipeline, const std::map<std::string, at::Tensor>& expected) {
   double most = 0.0;
   for (const auto& item : pipeline.module()->named_parameters()) {
     const at::Tensor& reference = expected.at(item.key());

@@ -30,8 +30,8 @@ namespace largo::parallel {
 // Every rank's `value` on `root`, in rank order (pickled, sent as bytes; the root's own a
 // copy too, so the result is a snapshot that training does not change); an empty list on
 // the other ranks. Collective.
-std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IValue& value,
-                                        int root = 0);
+std::vector<c10::IValue>
+gather_to_root(comm::ProcessGroup& group, const c10::IValue& value, int root = 0);
 
 // One optimizer state from the states of optimizers over disjoint parameter sets (the
 // stages): the per-parameter states united, the groups matched by name (in the order they
@@ -39,20 +39,21 @@ std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IV
 // `parameter_order` (the full model's parameter names), the other group entries and the
 // top-level ones taken from the first part that has them. Throws CheckpointError when the
 // parts disagree about the optimizer type or name a parameter twice.
-c10::IValue merge_optimizer_state_dicts(const std::vector<c10::IValue>& parts,
-                                        const std::vector<std::string>& parameter_order,
-                                        const std::vector<std::string>& group_order = {});
+c10::IValue merge_optimizer_state_dicts(
+    const std::vector<c10::IValue>& parts,
+    const std::vector<std::string>& parameter_order,
+    const std::vector<std::string>& group_order = {});
 
 // The part of a (full) optimizer state that concerns `parameter_names`: their states, and
 // the groups restricted to them (groups left empty are dropped, as build_param_groups drops
 // them). Throws CheckpointError when a name is in none of the groups.
-c10::IValue select_optimizer_state(const c10::IValue& full,
-                                   const std::vector<std::string>& parameter_names);
+c10::IValue
+select_optimizer_state(const c10::IValue& full, const std::vector<std::string>& parameter_names);
 
 // The full optimizer state of a pipeline on pipeline rank 0 (None on the others): every
 // rank's optimizer.state_dict() gathered and merged in the full model's parameter order (a
 // snapshot). Collective (pipeline).
-c10::IValue full_optimizer_state_dict(const PipelineParallel& pipeline,
-                                      const optim::Optimizer& optimizer);
+c10::IValue
+full_optimizer_state_dict(const PipelineParallel& pipeline, const optim::Optimizer& optimizer);
 
 } // namespace largo::parallel

@@ -22,21 +22,22 @@ namespace largo::parallel {
 
 struct PipelineRankMemory {
   int rank = 0;
-  std::vector<int> stages;              // this rank's stages (global indices)
-  int64_t parameter_count = 0;          // elements of its stages' parameters
+  std::vector<int> stages;                     // this rank's stages (global indices)
+  int64_t parameter_count = 0;                 // elements of its stages' parameters
   int64_t activation_bytes_per_microbatch = 0; // the largest of its stages'
-  int peak_stages_in_flight = 0;        // simulated, for the schedule
-  int64_t peak_activation_bytes = 0;    // the two above multiplied
+  int peak_stages_in_flight = 0;               // simulated, for the schedule
+  int64_t peak_activation_bytes = 0;           // the two above multiplied
 };
 
 // `sample`: one micro-batch of model inputs. `boundaries`: the cut (num_stages + 1 block
 // indices). Runs every block forward once on the sample (with gradients, then frees them).
 // Throws ConfigError for a shape the schedule does not take or boundaries that do not cut
 // `blocks` into shape.num_stages() stages.
-std::vector<PipelineRankMemory> estimate_pipeline_memory(const std::vector<PipelineBlock>& blocks,
-                                                         const std::vector<int64_t>& boundaries,
-                                                         PipelineScheduleKind kind,
-                                                         const PipelineShape& shape,
-                                                         const at::Tensor& sample);
+std::vector<PipelineRankMemory> estimate_pipeline_memory(
+    const std::vector<PipelineBlock>& blocks,
+    const std::vector<int64_t>& boundaries,
+    PipelineScheduleKind kind,
+    const PipelineShape& shape,
+    const at::Tensor& sample);
 
 } // namespace largo::parallel

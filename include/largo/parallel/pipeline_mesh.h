@@ -24,10 +24,10 @@ namespace largo::parallel {
 struct PipelineMesh {
   std::shared_ptr<comm::ProcessGroup> pipeline;      // this rank's pipeline: rank = stage
   std::shared_ptr<comm::ProcessGroup> data_parallel; // this stage's replicas: rank = replica
-  int pipeline_size = 1;      // P (DISTRIBUTED.PIPELINE_SIZE)
-  int data_parallel_size = 1; // D = world / P
-  int stage = 0;              // this rank's pipeline rank
-  int replica = 0;            // this rank's data-parallel rank
+  int pipeline_size = 1;                             // P (DISTRIBUTED.PIPELINE_SIZE)
+  int data_parallel_size = 1;                        // D = world / P
+  int stage = 0;                                     // this rank's pipeline rank
+  int replica = 0;                                   // this rank's data-parallel rank
 
   // "world 4 = pipeline 2 x data parallel 2 (world rank = stage * 2 + replica); this rank 3:
   // stage 1, replica 1"

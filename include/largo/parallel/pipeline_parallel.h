@@ -85,7 +85,8 @@ class PipelineParallel {
  public:
   // output [micro-batch, ...], target [micro-batch, ...] -> a 0-d loss (mean over the
   // micro-batch).
-  using LossFunction = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+  using LossFunction =
+      std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
   // A weighted micro-batch loss -> what backward starts from (e.g. scaler.scale(loss)).
   using LossScaling = std::function<at::Tensor(const at::Tensor& loss)>;
 
@@ -95,10 +96,11 @@ class PipelineParallel {
   // virtual stages); `data_parallel_group`: this stage's replicas (null or of size 1: none).
   // Throws ConfigError for a shape the schedule does not take, bad boundaries, fewer blocks
   // than stages, balance = time without a sample, or checkpoint_stages with zb_h1.
-  PipelineParallel(std::vector<PipelineBlock> blocks,
-                   std::shared_ptr<comm::ProcessGroup> pipeline_group,
-                   std::shared_ptr<comm::ProcessGroup> data_parallel_group = nullptr,
-                   PipelineParallelOptions options = {});
+  PipelineParallel(
+      std::vector<PipelineBlock> blocks,
+      std::shared_ptr<comm::ProcessGroup> pipeline_group,
+      std::shared_ptr<comm::ProcessGroup> data_parallel_group = nullptr,
+      PipelineParallelOptions options = {});
   ~PipelineParallel();
   PipelineParallel(const PipelineParallel&) = delete;
   PipelineParallel& operator=(const PipelineParallel&) = delete;
@@ -107,8 +109,11 @@ class PipelineParallel {
   // Returns the batch's mean loss (unscaled), the same on every pipeline rank. Gradients add
   // into .grad. Throws ConfigError for a batch smaller than the number of micro-batches or
   // inputs/targets missing where needed.
-  double forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
-                          const LossFunction& loss, const LossScaling& scale_loss = {});
+  double forward_backward(
+      const at::Tensor& inputs,
+      const at::Tensor& targets,
+      const LossFunction& loss,
+      const LossScaling& scale_loss = {});
 
   // Forward only, without gradients (evaluation): the model's outputs for the whole batch
   // on the last stage's rank. Other ranks get an undefined tensor, or with

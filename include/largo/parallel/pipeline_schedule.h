@@ -84,8 +84,8 @@ struct PipelineMessage {
   int to_stage = 0;   // the stage that consumes it (from_stage +- 1)
 
   bool operator==(const PipelineMessage& other) const {
-    return kind == other.kind && microbatch == other.microbatch &&
-        from_stage == other.from_stage && to_stage == other.to_stage;
+    return kind == other.kind && microbatch == other.microbatch && from_stage == other.from_stage &&
+           to_stage == other.to_stage;
   }
 };
 
@@ -110,7 +110,7 @@ struct PipelineAction {
 
   bool is_compute() const {
     return kind == Kind::kForward || kind == Kind::kBackward || kind == Kind::kBackwardInput ||
-        kind == Kind::kBackwardWeight;
+           kind == Kind::kBackwardWeight;
   }
   bool operator==(const PipelineAction& other) const;
 };
@@ -124,8 +124,8 @@ std::vector<RankSchedule> compute_schedule(PipelineScheduleKind kind, const Pipe
 // Adds the communication to compute-only lists (see the top of this file): Send after the
 // producing pass, PostRecv one compute action early, WaitRecv just before the consumer,
 // WaitSend where it cannot block.
-std::vector<RankSchedule> add_communication(const std::vector<RankSchedule>& compute,
-                                            const PipelineShape& shape);
+std::vector<RankSchedule>
+add_communication(const std::vector<RankSchedule>& compute, const PipelineShape& shape);
 
 // compute_schedule then add_communication: what the executor runs.
 std::vector<RankSchedule> pipeline_schedule(PipelineScheduleKind kind, const PipelineShape& shape);

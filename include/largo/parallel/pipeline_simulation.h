@@ -34,10 +34,10 @@ struct PipelineSimulation {
     double end = 0.0;
   };
   bool completed = false;
-  std::string deadlock;              // when not completed: where each stuck rank waits
-  double makespan = 0.0;             // when the last rank finishes
-  std::vector<double> busy;          // per rank: time spent in passes
-  std::vector<int> peak_in_flight;   // per rank: most stages' activations alive at once
+  std::string deadlock;                  // when not completed: where each stuck rank waits
+  double makespan = 0.0;                 // when the last rank finishes
+  std::vector<double> busy;              // per rank: time spent in passes
+  std::vector<int> peak_in_flight;       // per rank: most stages' activations alive at once
   std::vector<std::vector<Pass>> passes; // per rank, the compute actions with their times
 
   // Per rank 1 - busy / makespan, and their mean.
@@ -45,22 +45,25 @@ struct PipelineSimulation {
   double mean_idle_fraction() const;
 };
 
-PipelineSimulation simulate_schedule(const std::vector<RankSchedule>& schedule,
-                                     const PipelineShape& shape,
-                                     const PipelinePassCosts& costs = {});
+PipelineSimulation simulate_schedule(
+    const std::vector<RankSchedule>& schedule,
+    const PipelineShape& shape,
+    const PipelinePassCosts& costs = {});
 
 // The bubble the schedule's closed form predicts (every rank does the same work):
 // gpipe, 1f1b, interleaved_1f1b: (S-1) / (V*M + S-1); with V = 1 this is the usual
 // (S-1)/(M+S-1), and for V > 1 about that divided by V.
 // zb_h1: (S-1)(F+I-W) / (M(F+I+W) + (S-1)(F+I-W)) when W <= F + I and M >= S (with fewer
 // micro-batches than ranks the weight passes have no bubble to fill and it idles more).
-double bubble_fraction_formula(PipelineScheduleKind kind, const PipelineShape& shape,
-                               const PipelinePassCosts& costs = {});
+double bubble_fraction_formula(
+    PipelineScheduleKind kind, const PipelineShape& shape, const PipelinePassCosts& costs = {});
 
 // The simulated timeline as text, one row per rank and one cell per time unit of
 // min(pass cost) / V: "F3" forward of micro-batch 3, "B3" backward, "I3"/"W3" its halves,
 // ". " idle; with V > 1 a stage letter follows the micro-batch (F3a, F3b: local stage 0, 1).
-std::string render_timeline(const PipelineSimulation& simulation, const PipelineShape& shape,
-                            const PipelinePassCosts& costs = {});
+std::string render_timeline(
+    const PipelineSimulation& simulation,
+    const PipelineShape& shape,
+    const PipelinePassCosts& costs = {});
 
 } // namespace largo::parallel

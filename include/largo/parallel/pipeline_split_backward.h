@@ -37,10 +37,12 @@ class SplitBackward {
   // Runs the input pass from `output` (seeded with `grad_output`; undefined for a scalar
   // loss) to `input`, and prepares the weight pass for `parameters`. Returns the
   // input's gradient (undefined when `input` does not require grad).
-  static SplitBackward input_pass(const at::Tensor& output, const at::Tensor& grad_output,
-                                  const at::Tensor& input,
-                                  const std::vector<at::Tensor>& parameters,
-                                  at::Tensor& input_grad);
+  static SplitBackward input_pass(
+      const at::Tensor& output,
+      const at::Tensor& grad_output,
+      const at::Tensor& input,
+      const std::vector<at::Tensor>& parameters,
+      at::Tensor& input_grad);
 
   // Adds the parameters' gradients into their .grad (allocating it when undefined) and
   // releases the graph. Once.

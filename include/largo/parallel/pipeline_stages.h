@@ -41,8 +41,8 @@ struct PipelineBlock {
 // The trunk's blocks ("trunk.<i>"), then the head's elements ("head.<j>").
 std::vector<PipelineBlock> pipeline_blocks(models::TrunkHeadModelImpl& model);
 // The elements of `sequential`, named "<prefix>.<i>" ("<i>" when prefix is empty).
-std::vector<PipelineBlock> pipeline_blocks(const torch::nn::Sequential& sequential,
-                                           const std::string& prefix = "");
+std::vector<PipelineBlock>
+pipeline_blocks(const torch::nn::Sequential& sequential, const std::string& prefix = "");
 
 enum class StageBalance { kParameters, kTime, kBlocks };
 // "parameters", "time", "blocks" (MODEL.PIPELINE.BALANCE).
@@ -56,8 +56,8 @@ std::vector<double> block_parameter_counts(const std::vector<PipelineBlock>& blo
 // micro-batch of model inputs), the median of `repeats` runs after one warm-up run. Leaves
 // the blocks' gradients as they were (parameters' .grad are saved and restored), but
 // BatchNorm running statistics see the sample.
-std::vector<double> measure_block_seconds(const std::vector<PipelineBlock>& blocks,
-                                          const at::Tensor& sample, int repeats = 3);
+std::vector<double> measure_block_seconds(
+    const std::vector<PipelineBlock>& blocks, const at::Tensor& sample, int repeats = 3);
 
 // Cuts blocks with `costs` into `num_stages` contiguous non-empty stages minimising the
 // largest stage cost; returns {0, b_1, ..., num_blocks}: stage i is blocks [b_i, b_{i+1}).
@@ -66,8 +66,8 @@ std::vector<int64_t> balanced_stage_boundaries(const std::vector<double>& costs,
 
 // Throws ConfigError (naming MODEL.PIPELINE.BOUNDARIES) unless `boundaries` has
 // num_stages + 1 strictly increasing entries from 0 to num_blocks.
-void check_stage_boundaries(const std::vector<int64_t>& boundaries, int64_t num_blocks,
-                            int num_stages);
+void check_stage_boundaries(
+    const std::vector<int64_t>& boundaries, int64_t num_blocks, int num_stages);
 
 // One stage: blocks run in order. Its children are the blocks' paths ("trunk" -> "3"), so
 // parameters and buffers are named as in the full model.

@@ -42,10 +42,11 @@ std::vector<std::string> names_of(const c10::IValue& params) {
 
 } // namespace
 
-std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IValue& value,
-                                        int root) {
+std::vector<c10::IValue>
+gather_to_root(comm::ProcessGroup& group, const c10::IValue& value, int root) {
   // NCCL moves only CUDA tensors; Gloo CPU ones.
-  const at::Device device = group.backend() == "nccl" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  const at::Device device =
+      group.backend() == "nccl" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
   if (group.rank() != root) {
     std::vector<char> bytes = torch::pickle_save(value);
     at::Tensor data = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
@@ -62,7 +63,8 @@ std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IV
     }
     at::Tensor size = at::empty({1}, at::TensorOptions(at::kLong).device(device));
     group.recv(size, rank, kGatherSizeTag);
-    at::Tensor data = at::empty({size.item<int64_t>()}, at::TensorOptions(at::kByte).device(device));
+    at::Tensor data =
+        at::empty({size.item<int64_t>()}, at::TensorOptions(at::kByte).device(device));
     group.recv(data, rank, kGatherBytesTag);
     data = data.cpu();
     const char* begin = reinterpret_cast<const char*>(data.data_ptr<uint8_t>());
@@ -71,9 +73,10 @@ std::vector<c10::IValue> gather_to_root(comm::ProcessGroup& group, const c10::IV
   return values;
 }
 
-c10::IValue merge_optimizer_state_dicts(const std::vector<c10::IValue>& parts,
-                                        const std::vector<std::string>& parameter_order,
-                                        const std::vector<std::string>& group_order) {
+c10::IValue merge_optimizer_state_dicts(
+    const std::vector<c10::IValue>& parts,
+    const std::vector<std::string>& parameter_order,
+    const std::vector<std::string>& group_order) {
   std::unordered_map<std::string, size_t> position;
   for (size_t i = 0; i < parameter_order.size(); ++i) {
     position[parameter_order[i]] = i;
@@ -81,7 +84,7 @@ c10::IValue merge_optimizer_state_dicts(const std::vector<c10::IValue>& parts,
   GenericDict root = string_dict();
   GenericDict state = string_dict();
   std::vector<std::string> order = group_order;
-  std::map<std::string, GenericDict> groups;             // by name: entries but "params"
+  std::map<std::string, GenericDict> groups;              // by name: entries but "params"
   std::map<std::string, std::vector<std::string>> params; // by group name
   for (const c10::IValue& part_value : parts) {
     const GenericDict part = as_dict(part_value, "each part");
@@ -96,8 +99,8 @@ c10::IValue merge_optimizer_state_dicts(const std::vector<c10::IValue>& parts,
     }
     for (const auto& entry : as_dict(part.at("state"), "'state'")) {
       if (!state.insert(entry.key(), entry.value()).second) {
-        throw CheckpointError(fmt::format("optimizer state: parameter '{}' is in two parts",
-                                          entry.key().toStringRef()));
+        throw CheckpointError(fmt::format(
+            "optimizer state: parameter '{}' is in two parts", entry.key().toStringRef()));
       }
     }
     for (const c10::IValue& group_value : part.at("param_groups").toListRef()) {
@@ -128,7 +131,7 @@ c10::IValue merge_optimizer_state_dicts(const std::vector<c10::IValue>& parts,
     std::stable_sort(names.begin(), names.end(), [&](const auto& a, const auto& b) {
       auto pa = position.find(a), pb = position.find(b);
       return (pa == position.end() ? SIZE_MAX : pa->second) <
-          (pb == position.end() ? SIZE_MAX : pb->second);
+             (pb == position.end() ? SIZE_MAX : pb->second);
     });
     GenericDict group = groups.at(name);
     group.insert_or_assign("params", c10::List<std::string>(names));
@@ -139,8 +142,8 @@ c10::IValue merge_optimizer_state_dicts(const std::vector<c10::IValue>& parts,
   return root;
 }
 
-c10::IValue select_optimizer_state(const c10::IValue& full,
-                                   const std::vector<std::string>& parameter_names) {
+c10::IValue
+select_optimizer_state(const c10::IValue& full, const std::vector<std::string>& parameter_names) {
   const GenericDict root = as_dict(full, "the top level");
   const std::unordered_set<std::string> wanted(parameter_names.begin(), parameter_names.end());
   std::unordered_set<std::string> found;
@@ -187,8 +190,8 @@ c10::IValue select_optimizer_state(const c10::IValue& full,
   return result;
 }
 
-c10::IValue full_optimizer_state_dict(const PipelineParallel& pipeline,
-                                      const optim::Optimizer& optimizer) {
+c10::IValue
+full_optimizer_state_dict(const PipelineParallel& pipeline, const optim::Optimizer& optimizer) {
   auto parts = gather_to_root(pipeline.pipeline_group(), optimizer.state_dict(), 0);
   if (pipeline.pipeline_rank() != 0) {
     return c10::IValue();

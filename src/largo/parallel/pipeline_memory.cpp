@@ -12,8 +12,8 @@ namespace largo::parallel {
 namespace {
 
 // Bytes a stage's forward leaves alive (saved for backward, and its output) on `input`.
-int64_t stage_activation_bytes(PipelineStage& stage, const at::Tensor& input,
-                               MemoryTracker& memory) {
+int64_t
+stage_activation_bytes(PipelineStage& stage, const at::Tensor& input, MemoryTracker& memory) {
   at::Tensor x = input.detach().requires_grad_(input.is_floating_point());
   memory.start_window();
   at::Tensor output = stage->forward(x);
@@ -23,11 +23,12 @@ int64_t stage_activation_bytes(PipelineStage& stage, const at::Tensor& input,
 
 } // namespace
 
-std::vector<PipelineRankMemory> estimate_pipeline_memory(const std::vector<PipelineBlock>& blocks,
-                                                         const std::vector<int64_t>& boundaries,
-                                                         PipelineScheduleKind kind,
-                                                         const PipelineShape& shape,
-                                                         const at::Tensor& sample) {
+std::vector<PipelineRankMemory> estimate_pipeline_memory(
+    const std::vector<PipelineBlock>& blocks,
+    const std::vector<int64_t>& boundaries,
+    PipelineScheduleKind kind,
+    const PipelineShape& shape,
+    const at::Tensor& sample) {
   check_pipeline_shape(kind, shape);
   check_stage_boundaries(boundaries, static_cast<int64_t>(blocks.size()), shape.num_stages());
   MemoryTracker memory(torch::kCPU);
@@ -35,8 +36,8 @@ std::vector<PipelineRankMemory> estimate_pipeline_memory(const std::vector<Pipel
   std::vector<int64_t> parameter_counts;
   at::Tensor input = sample;
   for (int stage = 0; stage < shape.num_stages(); ++stage) {
-    PipelineStage module(std::vector<PipelineBlock>(blocks.begin() + boundaries[stage],
-                                                    blocks.begin() + boundaries[stage + 1]));
+    PipelineStage module(std::vector<PipelineBlock>(
+        blocks.begin() + boundaries[stage], blocks.begin() + boundaries[stage + 1]));
     activation_bytes.push_back(stage_activation_bytes(module, input, memory));
     int64_t count = 0;
     for (const auto& parameter : module->parameters()) {

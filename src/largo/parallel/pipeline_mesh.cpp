@@ -10,10 +10,16 @@ namespace largo::parallel {
 
 std::string PipelineMesh::describe() const {
   const int world = pipeline_size * data_parallel_size;
-  return fmt::format("world {} = pipeline {} x data parallel {} (world rank = stage * {} + "
-                     "replica); this rank {}: stage {}, replica {}",
-                     world, pipeline_size, data_parallel_size, data_parallel_size,
-                     stage * data_parallel_size + replica, stage, replica);
+  return fmt::format(
+      "world {} = pipeline {} x data parallel {} (world rank = stage * {} + "
+      "replica); this rank {}: stage {}, replica {}",
+      world,
+      pipeline_size,
+      data_parallel_size,
+      data_parallel_size,
+      stage * data_parallel_size + replica,
+      stage,
+      replica);
 }
 
 PipelineMesh make_pipeline_mesh(comm::ProcessGroup& world, int pipeline_size) {
@@ -23,7 +29,8 @@ PipelineMesh make_pipeline_mesh(comm::ProcessGroup& world, int pipeline_size) {
         "DISTRIBUTED.PIPELINE_SIZE = {} with {} ranks: the pipeline size must be >= 1 and divide "
         "the number of ranks (nnodes x nproc_per_node), which it splits into pipeline size x "
         "data-parallel replicas",
-        pipeline_size, world_size));
+        pipeline_size,
+        world_size));
   }
   PipelineMesh mesh;
   mesh.pipeline_size = pipeline_size;

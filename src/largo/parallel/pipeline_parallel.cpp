@@ -19,13 +19,13 @@ struct PipelineParallel::Impl {
   std::shared_ptr<comm::ProcessGroup> pipeline;
   std::shared_ptr<comm::ProcessGroup> data_parallel; // null without replicas
   std::vector<int64_t> boundaries;
-  std::vector<std::string> block_names;           // every block of the full model
-  std::vector<std::string> full_names;            // parameters, then buffers
+  std::vector<std::string> block_names; // every block of the full model
+  std::vector<std::string> full_names;  // parameters, then buffers
   std::vector<std::string> full_parameter_names;
   PipelineStepContext context;
   std::shared_ptr<torch::nn::Module> module; // this rank's blocks under full-model names
-  RankSchedule schedule;                      // this rank's list of a training step
-  RankSchedule forward_schedule;              // and of a forward-only step
+  RankSchedule schedule;                     // this rank's list of a training step
+  RankSchedule forward_schedule;             // and of a forward-only step
   std::unique_ptr<DistributedDataParallel> ddp;
   StepTimes last_step;
 };
@@ -34,10 +34,11 @@ namespace {
 
 // Block costs measured on pipeline rank 0 and broadcast (over the pipeline, then over the
 // replicas), so that every rank of the mesh cuts the model alike.
-std::vector<double> shared_block_seconds(const std::vector<PipelineBlock>& blocks,
-                                         const PipelineParallelOptions& options,
-                                         comm::ProcessGroup& pipeline,
-                                         comm::ProcessGroup* data_parallel) {
+std::vector<double> shared_block_seconds(
+    const std::vector<PipelineBlock>& blocks,
+    const PipelineParallelOptions& options,
+    comm::ProcessGroup& pipeline,
+    comm::ProcessGroup* data_parallel) {
   if (!options.balance_sample().defined()) {
     throw ConfigError("MODEL.PIPELINE.BALANCE = time needs a sample micro-batch to time the "
                       "blocks on (PipelineParallelOptions::balance_sample)");
@@ -51,28 +52,31 @@ std::vector<double> shared_block_seconds(const std::vector<PipelineBlock>& block
   if (data_parallel) {
     data_parallel->broadcast(seconds, 0);
   }
-  return std::vector<double>(seconds.data_ptr<double>(),
-                             seconds.data_ptr<double>() + seconds.numel());
+  return std::vector<double>(
+      seconds.data_ptr<double>(), seconds.data_ptr<double>() + seconds.numel());
 }
 
-std::vector<int64_t> cut_model(const std::vector<PipelineBlock>& blocks, int num_stages,
-                               const PipelineParallelOptions& options,
-                               comm::ProcessGroup& pipeline, comm::ProcessGroup* data_parallel) {
+std::vector<int64_t> cut_model(
+    const std::vector<PipelineBlock>& blocks,
+    int num_stages,
+    const PipelineParallelOptions& options,
+    comm::ProcessGroup& pipeline,
+    comm::ProcessGroup* data_parallel) {
   if (!options.boundaries().empty()) {
     check_stage_boundaries(options.boundaries(), static_cast<int64_t>(blocks.size()), num_stages);
     return options.boundaries();
   }
   std::vector<double> costs;
   switch (options.balance()) {
-    case StageBalance::kParameters:
-      costs = block_parameter_counts(blocks);
-      break;
-    case StageBalance::kBlocks:
-      costs.assign(blocks.size(), 1.0);
-      break;
-    case StageBalance::kTime:
-      costs = shared_block_seconds(blocks, options, pipeline, data_parallel);
-      break;
+  case StageBalance::kParameters:
+    costs = block_parameter_counts(blocks);
+    break;
+  case StageBalance::kBlocks:
+    costs.assign(blocks.size(), 1.0);
+    break;
+  case StageBalance::kTime:
+    costs = shared_block_seconds(blocks, options, pipeline, data_parallel);
+    break;
   }
   return balanced_stage_boundaries(costs, num_stages);
 }
@@ -95,10 +99,11 @@ std::vector<RankSchedule> forward_only_schedule(const PipelineShape& shape) {
 
 } // namespace
 
-PipelineParallel::PipelineParallel(std::vector<PipelineBlock> blocks,
-                                   std::shared_ptr<comm::ProcessGroup> pipeline_group,
-                                   std::shared_ptr<comm::ProcessGroup> data_parallel_group,
-                                   PipelineParallelOptions options)
+PipelineParallel::PipelineParallel(
+    std::vector<PipelineBlock> blocks,
+    std::shared_ptr<comm::ProcessGroup> pipeline_group,
+    std::shared_ptr<comm::ProcessGroup> data_parallel_group,
+    PipelineParallelOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& impl = *impl_;
   impl.options = std::move(options);
@@ -107,8 +112,8 @@ PipelineParallel::PipelineParallel(std::vector<PipelineBlock> blocks,
     impl.data_parallel = std::move(data_parallel_group);
   }
   PipelineShape& shape = impl.context.shape;
-  shape = {impl.pipeline->world_size(), impl.options.num_microbatches(),
-           impl.options.virtual_stages()};
+  shape = {
+      impl.pipeline->world_size(), impl.options.num_microbatches(), impl.options.virtual_stages()};
   check_pipeline_shape(impl.options.schedule(), shape);
   if (impl.options.checkpoint_stages() &&
       impl.options.schedule() == PipelineScheduleKind::kZeroBubbleH1) {
@@ -117,8 +122,8 @@ PipelineParallel::PipelineParallel(std::vector<PipelineBlock> blocks,
                       "recompute the stage a second time; use 1f1b or interleaved_1f1b with "
                       "checkpointing");
   }
-  impl.boundaries = cut_model(blocks, shape.num_stages(), impl.options, *impl.pipeline,
-                              impl.data_parallel.get());
+  impl.boundaries =
+      cut_model(blocks, shape.num_stages(), impl.options, *impl.pipeline, impl.data_parallel.get());
   std::vector<std::string> buffer_names;
   for (const auto& block : blocks) {
     impl.block_names.push_back(block.name);
@@ -137,8 +142,8 @@ PipelineParallel::PipelineParallel(std::vector<PipelineBlock> blocks,
   impl.context.checkpoint_stages = impl.options.checkpoint_stages();
   std::vector<PipelineBlock> local_blocks;
   for (int stage : stages()) {
-    std::vector<PipelineBlock> stage_blocks(blocks.begin() + impl.boundaries[stage],
-                                            blocks.begin() + impl.boundaries[stage + 1]);
+    std::vector<PipelineBlock> stage_blocks(
+        blocks.begin() + impl.boundaries[stage], blocks.begin() + impl.boundaries[stage + 1]);
     local_blocks.insert(local_blocks.end(), stage_blocks.begin(), stage_blocks.end());
     PipelineStage module(std::move(stage_blocks));
     impl.context.stage_parameters.push_back(module->parameters());
@@ -156,16 +161,18 @@ PipelineParallel::PipelineParallel(std::vector<PipelineBlock> blocks,
   if (impl.data_parallel) {
     DistributedDataParallelOptions ddp_options = impl.options.data_parallel();
     ddp_options.manual_reduction = true; // gradients come from many backward calls per step
-    impl.ddp = std::make_unique<DistributedDataParallel>(impl.module, impl.data_parallel,
-                                                         ddp_options);
+    impl.ddp =
+        std::make_unique<DistributedDataParallel>(impl.module, impl.data_parallel, ddp_options);
   }
 }
 
 PipelineParallel::~PipelineParallel() = default;
 
-double PipelineParallel::forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
-                                          const LossFunction& loss,
-                                          const LossScaling& scale_loss) {
+double PipelineParallel::forward_backward(
+    const at::Tensor& inputs,
+    const at::Tensor& targets,
+    const LossFunction& loss,
+    const LossScaling& scale_loss) {
   Impl& impl = *impl_;
   if (impl.ddp) {
     impl.ddp->before_forward(); // replica 0's BatchNorm statistics, when broadcast_buffers
@@ -176,8 +183,10 @@ double PipelineParallel::forward_backward(const at::Tensor& inputs, const at::Te
   impl.last_step.step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   impl.last_step.busy_seconds = step.busy_seconds();
-  at::Tensor mean_loss = at::full({1}, step.weighted_loss_sum(),
-                                  at::TensorOptions().dtype(at::kDouble).device(impl.context.device));
+  at::Tensor mean_loss = at::full(
+      {1},
+      step.weighted_loss_sum(),
+      at::TensorOptions().dtype(at::kDouble).device(impl.context.device));
   impl.pipeline->broadcast(mean_loss, pipeline_size() - 1);
   return mean_loss.item<double>();
 }
@@ -208,10 +217,11 @@ at::Tensor PipelineParallel::forward(const at::Tensor& inputs, bool broadcast_ou
   if (pipeline_rank() != root) {
     const at::Tensor host = header.cpu();
     const auto* received = host.data_ptr<int64_t>();
-    outputs = at::empty(std::vector<int64_t>(received + 2, received + 2 + received[1]),
-                        at::TensorOptions()
-                            .dtype(static_cast<at::ScalarType>(received[0]))
-                            .device(impl.context.device));
+    outputs = at::empty(
+        std::vector<int64_t>(received + 2, received + 2 + received[1]),
+        at::TensorOptions()
+            .dtype(static_cast<at::ScalarType>(received[0]))
+            .device(impl.context.device));
   }
   impl.pipeline->broadcast(outputs, root);
   return outputs;
@@ -232,7 +242,8 @@ optim::PartialNormReducer PipelineParallel::norm_reducer(bool over_replicas) con
   auto replicas = over_replicas ? impl_->data_parallel : nullptr;
   return [pipeline, replicas](const at::Tensor& partials, optim::NormReduceOp op) {
     at::Tensor total = partials.clone();
-    const auto reduce = op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum : comm::ReduceOp::kMax;
+    const auto reduce =
+        op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum : comm::ReduceOp::kMax;
     pipeline->all_reduce(total, reduce);
     if (replicas) {
       replicas->all_reduce(total, reduce);
@@ -286,15 +297,19 @@ void PipelineParallel::load_state_dict(const c10::impl::GenericDict& state) {
     auto it = state.find(entry.key());
     if (it == state.end()) {
       problems.push_back(fmt::format("'{}' missing", entry.key().toStringRef()));
-    } else if (!it->value().isTensor() ||
-               it->value().toTensor().sizes() != entry.value().toTensor().sizes()) {
+    } else if (
+        !it->value().isTensor() ||
+        it->value().toTensor().sizes() != entry.value().toTensor().sizes()) {
       problems.push_back(fmt::format("'{}' has another shape", entry.key().toStringRef()));
     }
   }
   if (!problems.empty()) {
     throw CheckpointError(fmt::format(
         "the model state does not fit pipeline rank {}'s stages ({} of its {} entries): {}",
-        pipeline_rank(), problems.size(), own.size(), fmt::join(problems, ", ")));
+        pipeline_rank(),
+        problems.size(),
+        own.size(),
+        fmt::join(problems, ", ")));
   }
   torch::NoGradGuard no_grad;
   for (const auto& entry : own) {
@@ -378,9 +393,11 @@ std::string PipelineParallel::describe() const {
   const PipelineShape& shape = impl.context.shape;
   std::vector<std::string> own;
   for (int stage : stages()) {
-    own.push_back(fmt::format("stage {} = blocks {}..{}", stage,
-                              impl.block_names[static_cast<size_t>(impl.boundaries[stage])],
-                              impl.block_names[static_cast<size_t>(impl.boundaries[stage + 1] - 1)]));
+    own.push_back(fmt::format(
+        "stage {} = blocks {}..{}",
+        stage,
+        impl.block_names[static_cast<size_t>(impl.boundaries[stage])],
+        impl.block_names[static_cast<size_t>(impl.boundaries[stage + 1] - 1)]));
   }
   int64_t count = 0;
   for (const auto& parameter : parameters()) {
@@ -389,14 +406,20 @@ std::string PipelineParallel::describe() const {
   return fmt::format(
       "pipeline parallel: schedule {}, {} micro-batches, {} ranks x {} stage(s) over {} blocks "
       "cut at [{}]{}{}; pipeline rank {}: {}, {} parameters{}",
-      to_string(impl.options.schedule()), shape.num_microbatches, shape.num_ranks,
-      shape.virtual_stages, impl.block_names.size(), fmt::join(impl.boundaries, ", "),
+      to_string(impl.options.schedule()),
+      shape.num_microbatches,
+      shape.num_ranks,
+      shape.virtual_stages,
+      impl.block_names.size(),
+      fmt::join(impl.boundaries, ", "),
       impl.options.boundaries().empty() ? " balanced by " + to_string(impl.options.balance()) : "",
-      impl.options.checkpoint_stages() ? ", stages checkpointed" : "", pipeline_rank(),
-      fmt::join(own, ", "), count,
-      impl.data_parallel ? fmt::format("; data parallel over {} replicas (DDP)",
-                                       impl.data_parallel->world_size())
-                         : "");
+      impl.options.checkpoint_stages() ? ", stages checkpointed" : "",
+      pipeline_rank(),
+      fmt::join(own, ", "),
+      count,
+      impl.data_parallel
+          ? fmt::format("; data parallel over {} replicas (DDP)", impl.data_parallel->world_size())
+          : "");
 }
 
 } // namespace largo::parallel

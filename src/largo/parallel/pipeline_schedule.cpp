@@ -16,27 +16,30 @@ using MessageKind = PipelineMessage::Kind;
 
 std::string to_string(PipelineScheduleKind kind) {
   switch (kind) {
-    case PipelineScheduleKind::kGPipe:
-      return "gpipe";
-    case PipelineScheduleKind::kOneFOneB:
-      return "1f1b";
-    case PipelineScheduleKind::kInterleaved1F1B:
-      return "interleaved_1f1b";
-    case PipelineScheduleKind::kZeroBubbleH1:
-      return "zb_h1";
+  case PipelineScheduleKind::kGPipe:
+    return "gpipe";
+  case PipelineScheduleKind::kOneFOneB:
+    return "1f1b";
+  case PipelineScheduleKind::kInterleaved1F1B:
+    return "interleaved_1f1b";
+  case PipelineScheduleKind::kZeroBubbleH1:
+    return "zb_h1";
   }
   return "?";
 }
 
 PipelineScheduleKind parse_pipeline_schedule(const std::string& name) {
-  for (auto kind : {PipelineScheduleKind::kGPipe, PipelineScheduleKind::kOneFOneB,
-                    PipelineScheduleKind::kInterleaved1F1B, PipelineScheduleKind::kZeroBubbleH1}) {
+  for (auto kind :
+       {PipelineScheduleKind::kGPipe,
+        PipelineScheduleKind::kOneFOneB,
+        PipelineScheduleKind::kInterleaved1F1B,
+        PipelineScheduleKind::kZeroBubbleH1}) {
     if (name == to_string(kind)) {
       return kind;
     }
   }
-  throw ConfigError(fmt::format(
-      "pipeline schedule = {}: expected gpipe, 1f1b, interleaved_1f1b or zb_h1", name));
+  throw ConfigError(
+      fmt::format("pipeline schedule = {}: expected gpipe, 1f1b, interleaved_1f1b or zb_h1", name));
 }
 
 void check_pipeline_shape(PipelineScheduleKind kind, const PipelineShape& shape) {
@@ -47,7 +50,9 @@ void check_pipeline_shape(PipelineScheduleKind kind, const PipelineShape& shape)
     throw ConfigError(fmt::format(
         "pipeline shape: ranks = {}, micro-batches (NUM_MICROBATCHES) = {}, virtual stages "
         "(VIRTUAL_STAGES) = {}: each must be >= 1",
-        S, M, V));
+        S,
+        M,
+        V));
   }
   if (kind != PipelineScheduleKind::kInterleaved1F1B) {
     if (V != 1) {
@@ -55,7 +60,8 @@ void check_pipeline_shape(PipelineScheduleKind kind, const PipelineShape& shape)
           "pipeline virtual stages (VIRTUAL_STAGES) = {} with schedule {}: only "
           "interleaved_1f1b runs several stages per rank; set it to 1 or choose "
           "interleaved_1f1b",
-          V, to_string(kind)));
+          V,
+          to_string(kind)));
     }
     return;
   }
@@ -64,7 +70,10 @@ void check_pipeline_shape(PipelineScheduleKind kind, const PipelineShape& shape)
         "schedule interleaved_1f1b with {} pipeline ranks, VIRTUAL_STAGES = {} and "
         "NUM_MICROBATCHES = {}: it needs >= 2 ranks, VIRTUAL_STAGES >= 2 and a number of "
         "micro-batches that is a multiple of the pipeline size (e.g. {})",
-        S, V, M, std::max(S, M - M % std::max(S, 1))));
+        S,
+        V,
+        M,
+        std::max(S, M - M % std::max(S, 1))));
   }
 }
 
@@ -79,31 +88,34 @@ bool PipelineAction::operator==(const PipelineAction& other) const {
 int message_tag(const PipelineMessage& message, const PipelineShape& shape) {
   const int kind = message.kind == MessageKind::kActivation ? 0 : 1;
   return (kind * shape.num_stages() + message.from_stage) * shape.num_microbatches +
-      message.microbatch;
+         message.microbatch;
 }
 
 std::string describe(const PipelineAction& action) {
   const auto& m = action.message;
-  const std::string message = fmt::format("{}{} {}->{}",
-                                          m.kind == MessageKind::kActivation ? "A" : "G",
-                                          m.microbatch, m.from_stage, m.to_stage);
+  const std::string message = fmt::format(
+      "{}{} {}->{}",
+      m.kind == MessageKind::kActivation ? "A" : "G",
+      m.microbatch,
+      m.from_stage,
+      m.to_stage);
   switch (action.kind) {
-    case Kind::kForward:
-      return fmt::format("F{}@{}", action.microbatch, action.stage);
-    case Kind::kBackward:
-      return fmt::format("B{}@{}", action.microbatch, action.stage);
-    case Kind::kBackwardInput:
-      return fmt::format("I{}@{}", action.microbatch, action.stage);
-    case Kind::kBackwardWeight:
-      return fmt::format("W{}@{}", action.microbatch, action.stage);
-    case Kind::kSend:
-      return "Send(" + message + ")";
-    case Kind::kWaitSend:
-      return "WaitSend(" + message + ")";
-    case Kind::kPostRecv:
-      return "PostRecv(" + message + ")";
-    case Kind::kWaitRecv:
-      return "WaitRecv(" + message + ")";
+  case Kind::kForward:
+    return fmt::format("F{}@{}", action.microbatch, action.stage);
+  case Kind::kBackward:
+    return fmt::format("B{}@{}", action.microbatch, action.stage);
+  case Kind::kBackwardInput:
+    return fmt::format("I{}@{}", action.microbatch, action.stage);
+  case Kind::kBackwardWeight:
+    return fmt::format("W{}@{}", action.microbatch, action.stage);
+  case Kind::kSend:
+    return "Send(" + message + ")";
+  case Kind::kWaitSend:
+    return "WaitSend(" + message + ")";
+  case Kind::kPostRecv:
+    return "PostRecv(" + message + ")";
+  case Kind::kWaitRecv:
+    return "WaitRecv(" + message + ")";
   }
   return "?";
 }
@@ -180,7 +192,8 @@ RankSchedule interleaved_rank(int rank, int S, int M, int V) {
     actions.push_back(compute(Kind::kForward, microbatch_of(k), forward_stage(k)));
   }
   for (int k = 0; k < total - warmup; ++k) {
-    actions.push_back(compute(Kind::kForward, microbatch_of(k + warmup), forward_stage(k + warmup)));
+    actions.push_back(
+        compute(Kind::kForward, microbatch_of(k + warmup), forward_stage(k + warmup)));
     actions.push_back(compute(Kind::kBackward, microbatch_of(k), backward_stage(k)));
   }
   for (int k = std::max(total - warmup, 0); k < total; ++k) {
@@ -198,18 +211,18 @@ std::vector<RankSchedule> compute_schedule(PipelineScheduleKind kind, const Pipe
   std::vector<RankSchedule> ranks;
   for (int rank = 0; rank < S; ++rank) {
     switch (kind) {
-      case PipelineScheduleKind::kGPipe:
-        ranks.push_back(gpipe_rank(rank, M));
-        break;
-      case PipelineScheduleKind::kOneFOneB:
-        ranks.push_back(one_f_one_b_rank(rank, S, M, /*split=*/false));
-        break;
-      case PipelineScheduleKind::kZeroBubbleH1:
-        ranks.push_back(one_f_one_b_rank(rank, S, M, /*split=*/true));
-        break;
-      case PipelineScheduleKind::kInterleaved1F1B:
-        ranks.push_back(interleaved_rank(rank, S, M, shape.virtual_stages));
-        break;
+    case PipelineScheduleKind::kGPipe:
+      ranks.push_back(gpipe_rank(rank, M));
+      break;
+    case PipelineScheduleKind::kOneFOneB:
+      ranks.push_back(one_f_one_b_rank(rank, S, M, /*split=*/false));
+      break;
+    case PipelineScheduleKind::kZeroBubbleH1:
+      ranks.push_back(one_f_one_b_rank(rank, S, M, /*split=*/true));
+      break;
+    case PipelineScheduleKind::kInterleaved1F1B:
+      ranks.push_back(interleaved_rank(rank, S, M, shape.virtual_stages));
+      break;
     }
   }
   return ranks;
@@ -228,8 +241,8 @@ PipelineAction communication(Kind kind, const PipelineMessage& message) {
 }
 
 // The message a compute action needs from another rank, if any.
-std::optional<PipelineMessage> needed_message(const PipelineAction& action,
-                                              const PipelineShape& shape) {
+std::optional<PipelineMessage>
+needed_message(const PipelineAction& action, const PipelineShape& shape) {
   const int s = action.stage;
   const int rank = shape.rank_of_stage(s);
   if (action.kind == Kind::kForward && s > 0 && shape.rank_of_stage(s - 1) != rank) {
@@ -243,8 +256,8 @@ std::optional<PipelineMessage> needed_message(const PipelineAction& action,
 }
 
 // The message a compute action produces for another rank, if any.
-std::optional<PipelineMessage> produced_message(const PipelineAction& action,
-                                                const PipelineShape& shape) {
+std::optional<PipelineMessage>
+produced_message(const PipelineAction& action, const PipelineShape& shape) {
   const int s = action.stage;
   const int rank = shape.rank_of_stage(s);
   if (action.kind == Kind::kForward && s + 1 < shape.num_stages() &&
@@ -286,8 +299,8 @@ RankSchedule with_sends_and_receives(const RankSchedule& compute, const Pipeline
 // clock (entry j: how many of rank j's actions have happened before), advanced along each
 // rank's list and merged at every WaitRecv with the sender's clock at its Send. Throws when
 // the lists cannot run to the end (a receive whose send never comes).
-std::vector<std::vector<std::vector<int>>> vector_clocks(const std::vector<RankSchedule>& lists,
-                                                         const PipelineShape& shape) {
+std::vector<std::vector<std::vector<int>>>
+vector_clocks(const std::vector<RankSchedule>& lists, const PipelineShape& shape) {
   const size_t S = lists.size();
   std::vector<std::vector<std::vector<int>>> clocks(S);
   std::vector<std::vector<int>> now(S, std::vector<int>(S, 0));
@@ -320,9 +333,12 @@ std::vector<std::vector<std::vector<int>>> vector_clocks(const std::vector<RankS
   }
   for (size_t r = 0; r < S; ++r) {
     if (next[r] < lists[r].size()) {
-      throw Error(fmt::format("pipeline schedule deadlocks: rank {} waits forever at action {} "
-                              "({})",
-                              r, next[r], describe(lists[r][next[r]])));
+      throw Error(fmt::format(
+          "pipeline schedule deadlocks: rank {} waits forever at action {} "
+          "({})",
+          r,
+          next[r],
+          describe(lists[r][next[r]])));
     }
   }
   return clocks;
@@ -330,8 +346,8 @@ std::vector<std::vector<std::vector<int>>> vector_clocks(const std::vector<RankS
 
 } // namespace
 
-std::vector<RankSchedule> add_communication(const std::vector<RankSchedule>& compute,
-                                            const PipelineShape& shape) {
+std::vector<RankSchedule>
+add_communication(const std::vector<RankSchedule>& compute, const PipelineShape& shape) {
   std::vector<RankSchedule> lists;
   for (const auto& rank_compute : compute) {
     lists.push_back(with_sends_and_receives(rank_compute, shape));
@@ -384,19 +400,23 @@ namespace {
 
 // Where each pass and message event happened: (rank, index in its list), per key.
 struct ScheduleIndex {
-  std::map<std::pair<int, int>, std::map<Kind, int>> passes;  // (mb, stage) -> kind -> index
+  std::map<std::pair<int, int>, std::map<Kind, int>> passes;   // (mb, stage) -> kind -> index
   std::map<int, std::map<Kind, std::pair<int, int>>> messages; // tag -> kind -> (rank, index)
 };
 
-[[noreturn]] void broken(int rank, size_t index, const PipelineAction& action,
-                         const std::string& rule) {
-  throw Error(fmt::format("pipeline schedule: rank {} action {} ({}): {}", rank, index,
-                          describe(action), rule));
+[[noreturn]] void
+broken(int rank, size_t index, const PipelineAction& action, const std::string& rule) {
+  throw Error(fmt::format(
+      "pipeline schedule: rank {} action {} ({}): {}", rank, index, describe(action), rule));
 }
 
 // Records one action, checking the rules that concern it alone and its predecessors.
-void index_action(ScheduleIndex& index, int rank, size_t i, const PipelineAction& action,
-                  const PipelineShape& shape) {
+void index_action(
+    ScheduleIndex& index,
+    int rank,
+    size_t i,
+    const PipelineAction& action,
+    const PipelineShape& shape) {
   const int at = static_cast<int>(i);
   if (action.is_compute()) {
     if (action.stage < 0 || action.stage >= shape.num_stages() ||
@@ -426,8 +446,8 @@ void index_action(ScheduleIndex& index, int rank, size_t i, const PipelineAction
   }
   const PipelineMessage& m = action.message;
   const bool activation = m.kind == MessageKind::kActivation;
-  if (m.to_stage != m.from_stage + (activation ? 1 : -1) || m.from_stage < 0 ||
-      m.to_stage < 0 || m.from_stage >= shape.num_stages() || m.to_stage >= shape.num_stages()) {
+  if (m.to_stage != m.from_stage + (activation ? 1 : -1) || m.from_stage < 0 || m.to_stage < 0 ||
+      m.from_stage >= shape.num_stages() || m.to_stage >= shape.num_stages()) {
     broken(rank, i, action, "names stages that are not neighbours in the message's direction");
   }
   const bool sender_side = action.kind == Kind::kSend || action.kind == Kind::kWaitSend;
@@ -459,21 +479,26 @@ void check_complete(const ScheduleIndex& index, const PipelineShape& shape) {
     for (int stage = 0; stage < shape.num_stages(); ++stage) {
       auto it = index.passes.find({mb, stage});
       const bool full = it != index.passes.end() && it->second.count(Kind::kForward) &&
-          (it->second.count(Kind::kBackward) != 0) !=
-              (it->second.count(Kind::kBackwardInput) != 0 &&
-               it->second.count(Kind::kBackwardWeight) != 0);
+                        (it->second.count(Kind::kBackward) != 0) !=
+                            (it->second.count(Kind::kBackwardInput) != 0 &&
+                             it->second.count(Kind::kBackwardWeight) != 0);
       if (!full) {
-        throw Error(fmt::format("pipeline schedule: micro-batch {} at stage {} (rank {}) lacks a "
-                                "forward or a backward (B, or both I and W)",
-                                mb, stage, shape.rank_of_stage(stage)));
+        throw Error(fmt::format(
+            "pipeline schedule: micro-batch {} at stage {} (rank {}) lacks a "
+            "forward or a backward (B, or both I and W)",
+            mb,
+            stage,
+            shape.rank_of_stage(stage)));
       }
     }
   }
   for (const auto& [tag, events] : index.messages) {
     if (events.size() != 4) {
-      throw Error(fmt::format("pipeline schedule: message tag {} has {} of its 4 events (Send, "
-                              "WaitSend, PostRecv, WaitRecv)",
-                              tag, events.size()));
+      throw Error(fmt::format(
+          "pipeline schedule: message tag {} has {} of its 4 events (Send, "
+          "WaitSend, PostRecv, WaitRecv)",
+          tag,
+          events.size()));
     }
   }
 }
@@ -494,9 +519,12 @@ void check_channel_order(const std::vector<RankSchedule>& schedule, const Pipeli
   }
   for (const auto& [channel, tags] : sends) {
     if (posts[channel] != tags) {
-      throw Error(fmt::format("pipeline schedule: rank {} sends to rank {} in another order than "
-                              "rank {} posts the receives",
-                              channel.first, channel.second, channel.second));
+      throw Error(fmt::format(
+          "pipeline schedule: rank {} sends to rank {} in another order than "
+          "rank {} posts the receives",
+          channel.first,
+          channel.second,
+          channel.second));
     }
   }
 }
@@ -505,8 +533,10 @@ void check_channel_order(const std::vector<RankSchedule>& schedule, const Pipeli
 
 void validate_schedule(const std::vector<RankSchedule>& schedule, const PipelineShape& shape) {
   if (static_cast<int>(schedule.size()) != shape.num_ranks) {
-    throw Error(fmt::format("pipeline schedule: {} ranks' lists for a pipeline of {} ranks",
-                            schedule.size(), shape.num_ranks));
+    throw Error(fmt::format(
+        "pipeline schedule: {} ranks' lists for a pipeline of {} ranks",
+        schedule.size(),
+        shape.num_ranks));
   }
   ScheduleIndex index;
   // Each rank's rules are checked along its own list; the pairing of a message's events

@@ -32,20 +32,20 @@ namespace {
 double pass_cost(Kind kind, const PipelinePassCosts& costs, int virtual_stages) {
   double cost = 0.0;
   switch (kind) {
-    case Kind::kForward:
-      cost = costs.forward;
-      break;
-    case Kind::kBackward:
-      cost = costs.backward_input + costs.backward_weight;
-      break;
-    case Kind::kBackwardInput:
-      cost = costs.backward_input;
-      break;
-    case Kind::kBackwardWeight:
-      cost = costs.backward_weight;
-      break;
-    default:
-      break;
+  case Kind::kForward:
+    cost = costs.forward;
+    break;
+  case Kind::kBackward:
+    cost = costs.backward_input + costs.backward_weight;
+    break;
+  case Kind::kBackwardInput:
+    cost = costs.backward_input;
+    break;
+  case Kind::kBackwardWeight:
+    cost = costs.backward_weight;
+    break;
+  default:
+    break;
   }
   return cost / virtual_stages;
 }
@@ -61,9 +61,10 @@ struct RankState {
 
 } // namespace
 
-PipelineSimulation simulate_schedule(const std::vector<RankSchedule>& schedule,
-                                     const PipelineShape& shape,
-                                     const PipelinePassCosts& costs) {
+PipelineSimulation simulate_schedule(
+    const std::vector<RankSchedule>& schedule,
+    const PipelineShape& shape,
+    const PipelinePassCosts& costs) {
   const size_t S = schedule.size();
   std::vector<RankState> ranks(S);
   std::map<int, double> sent_at, posted_at; // by message tag
@@ -94,9 +95,9 @@ PipelineSimulation simulate_schedule(const std::vector<RankSchedule>& schedule,
           result.passes[r].push_back({action, state.time, state.time + cost});
           state.time += cost;
           state.busy += cost;
-          state.in_flight += action.kind == Kind::kForward ? 1
-              : action.kind == Kind::kBackwardInput        ? 0
-                                                           : -1;
+          state.in_flight += action.kind == Kind::kForward         ? 1
+                             : action.kind == Kind::kBackwardInput ? 0
+                                                                   : -1;
           state.peak = std::max(state.peak, state.in_flight);
         }
         ++state.next;
@@ -111,15 +112,18 @@ PipelineSimulation simulate_schedule(const std::vector<RankSchedule>& schedule,
     result.peak_in_flight.push_back(ranks[r].peak);
     if (ranks[r].next < schedule[r].size()) {
       result.completed = false;
-      result.deadlock += fmt::format("rank {} waits at action {} ({}); ", r, ranks[r].next,
-                                     describe(schedule[r][ranks[r].next]));
+      result.deadlock += fmt::format(
+          "rank {} waits at action {} ({}); ",
+          r,
+          ranks[r].next,
+          describe(schedule[r][ranks[r].next]));
     }
   }
   return result;
 }
 
-double bubble_fraction_formula(PipelineScheduleKind kind, const PipelineShape& shape,
-                               const PipelinePassCosts& costs) {
+double bubble_fraction_formula(
+    PipelineScheduleKind kind, const PipelineShape& shape, const PipelinePassCosts& costs) {
   const double S = shape.num_ranks;
   const double M = shape.num_microbatches;
   const double V = shape.virtual_stages;
@@ -132,17 +136,18 @@ double bubble_fraction_formula(PipelineScheduleKind kind, const PipelineShape& s
   return (S - 1) / (V * M + S - 1);
 }
 
-std::string render_timeline(const PipelineSimulation& simulation, const PipelineShape& shape,
-                            const PipelinePassCosts& costs) {
+std::string render_timeline(
+    const PipelineSimulation& simulation,
+    const PipelineShape& shape,
+    const PipelinePassCosts& costs) {
   const double unit =
-      std::min({costs.forward, costs.backward_input, costs.backward_weight}) /
-      shape.virtual_stages;
+      std::min({costs.forward, costs.backward_input, costs.backward_weight}) / shape.virtual_stages;
   const auto cells = static_cast<size_t>(std::ceil(simulation.makespan / unit - 1e-9));
   auto token = [&](const PipelineAction& action) {
-    const char* letter = action.kind == Kind::kForward ? "F"
-        : action.kind == Kind::kBackward               ? "B"
-        : action.kind == Kind::kBackwardInput          ? "I"
-                                                       : "W";
+    const char* letter = action.kind == Kind::kForward         ? "F"
+                         : action.kind == Kind::kBackward      ? "B"
+                         : action.kind == Kind::kBackwardInput ? "I"
+                                                               : "W";
     std::string text = fmt::format("{}{}", letter, action.microbatch);
     if (shape.virtual_stages > 1) {
       text += static_cast<char>('a' + shape.local_index_of_stage(action.stage));

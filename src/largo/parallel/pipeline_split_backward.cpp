@@ -74,9 +74,11 @@ Graph walk_graph(const std::shared_ptr<Node>& root) {
 
 // `start` and every node above it (towards the root); with `stop`, the walk does not enter
 // nodes of `stop` but returns those it reached.
-std::unordered_set<Node*> walk_up(const Graph& graph, Node* start,
-                                  const std::unordered_set<Node*>* stop,
-                                  std::vector<Node*>* reached) {
+std::unordered_set<Node*> walk_up(
+    const Graph& graph,
+    Node* start,
+    const std::unordered_set<Node*>* stop,
+    std::vector<Node*>* reached) {
   std::unordered_set<Node*> seen{start};
   std::deque<Node*> queue{start};
   while (!queue.empty()) {
@@ -100,9 +102,10 @@ std::unordered_set<Node*> walk_up(const Graph& graph, Node* start,
 }
 
 // Groups the parameters by shared intermediates and hooks a capture on each intermediate.
-std::vector<ParameterGroup> plan_weight_pass(const Graph& graph,
-                                             const std::unordered_set<Node*>& input_closure,
-                                             const std::vector<at::Tensor>& parameters) {
+std::vector<ParameterGroup> plan_weight_pass(
+    const Graph& graph,
+    const std::unordered_set<Node*>& input_closure,
+    const std::vector<at::Tensor>& parameters) {
   std::vector<ParameterGroup> groups;
   std::unordered_map<Node*, size_t> group_of; // intermediate -> index into groups
   for (const auto& parameter : parameters) {
@@ -125,10 +128,10 @@ std::vector<ParameterGroup> plan_weight_pass(const Graph& graph,
           merged.intermediates.push_back(old.intermediates[i]);
           merged.captured.push_back(old.captured[i]);
         }
-        merged.accumulators.insert(merged.accumulators.end(), old.accumulators.begin(),
-                                   old.accumulators.end());
-        merged.parameters.insert(merged.parameters.end(), old.parameters.begin(),
-                                 old.parameters.end());
+        merged.accumulators.insert(
+            merged.accumulators.end(), old.accumulators.begin(), old.accumulators.end());
+        merged.parameters.insert(
+            merged.parameters.end(), old.parameters.begin(), old.parameters.end());
         merged.parameter_side.insert(old.parameter_side.begin(), old.parameter_side.end());
         old = ParameterGroup{};
       } else if (it == group_of.end()) {
@@ -150,8 +153,8 @@ std::vector<ParameterGroup> plan_weight_pass(const Graph& graph,
 // neither repeats the input pass's work nor walks down the input path to another
 // intermediate (which would count that one's gradient twice, e.g. for a weight used by two
 // layers). Returns those edges and their gradients.
-std::pair<torch::autograd::edge_list, torch::autograd::variable_list> parameter_side_gradients(
-    const ParameterGroup& group) {
+std::pair<torch::autograd::edge_list, torch::autograd::variable_list>
+parameter_side_gradients(const ParameterGroup& group) {
   torch::autograd::edge_list edges;
   torch::autograd::variable_list grads;
   for (size_t i = 0; i < group.intermediates.size(); ++i) {
@@ -174,8 +177,12 @@ std::pair<torch::autograd::edge_list, torch::autograd::variable_list> parameter_
       continue;
     }
     auto results = torch::autograd::Engine::get_default_engine().execute(
-        roots, root_grads, /*keep_graph=*/true, /*create_graph=*/false,
-        /*accumulate_grad=*/false, outputs);
+        roots,
+        root_grads,
+        /*keep_graph=*/true,
+        /*create_graph=*/false,
+        /*accumulate_grad=*/false,
+        outputs);
     for (size_t k = 0; k < outputs.size(); ++k) {
       if (results[k].defined()) {
         edges.push_back(outputs[k]);
@@ -209,8 +216,8 @@ void weight_pass_of(ParameterGroup& group) {
   for (size_t k = 0; k < edges.size(); ++k) {
     auto it = std::find(group.accumulators.begin(), group.accumulators.end(), edges[k].function);
     if (it != group.accumulators.end()) {
-      accumulate_grad(group.parameters[static_cast<size_t>(it - group.accumulators.begin())],
-                      grads[k]);
+      accumulate_grad(
+          group.parameters[static_cast<size_t>(it - group.accumulators.begin())], grads[k]);
     } else {
       roots.push_back(edges[k]);
       root_grads.push_back(grads[k]);
@@ -223,8 +230,12 @@ void weight_pass_of(ParameterGroup& group) {
     outputs.emplace_back(accumulator, 0);
   }
   auto results = torch::autograd::Engine::get_default_engine().execute(
-      roots, root_grads, /*keep_graph=*/true, /*create_graph=*/false,
-      /*accumulate_grad=*/false, outputs);
+      roots,
+      root_grads,
+      /*keep_graph=*/true,
+      /*create_graph=*/false,
+      /*accumulate_grad=*/false,
+      outputs);
   for (size_t k = 0; k < group.parameters.size(); ++k) {
     accumulate_grad(group.parameters[k], results[k]);
   }
@@ -245,17 +256,18 @@ SplitBackward::SplitBackward(SplitBackward&&) noexcept = default;
 SplitBackward& SplitBackward::operator=(SplitBackward&&) noexcept = default;
 SplitBackward::~SplitBackward() = default;
 
-SplitBackward SplitBackward::input_pass(const at::Tensor& output, const at::Tensor& grad_output,
-                                        const at::Tensor& input,
-                                        const std::vector<at::Tensor>& parameters,
-                                        at::Tensor& input_grad) {
+SplitBackward SplitBackward::input_pass(
+    const at::Tensor& output,
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const std::vector<at::Tensor>& parameters,
+    at::Tensor& input_grad) {
   auto state = std::make_unique<State>();
   state->output = output;
   state->grad_output = grad_output;
   input_grad = at::Tensor();
-  const auto input_node = input.requires_grad()
-      ? torch::autograd::impl::gradient_edge(input).function
-      : nullptr;
+  const auto input_node =
+      input.requires_grad() ? torch::autograd::impl::gradient_edge(input).function : nullptr;
   if (!output.grad_fn() || !input_node) {
     state->full_backward = true;
     return SplitBackward(std::move(state));
@@ -271,8 +283,13 @@ SplitBackward SplitBackward::input_pass(const at::Tensor& output, const at::Tens
   if (grad_output.defined()) {
     seeds.push_back(grad_output);
   }
-  input_grad = torch::autograd::grad({output}, {input}, seeds, /*retain_graph=*/true,
-                                     /*create_graph=*/false, /*allow_unused=*/true)[0];
+  input_grad = torch::autograd::grad(
+      {output},
+      {input},
+      seeds,
+      /*retain_graph=*/true,
+      /*create_graph=*/false,
+      /*allow_unused=*/true)[0];
   return SplitBackward(std::move(state));
 }
 

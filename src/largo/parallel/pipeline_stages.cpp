@@ -14,8 +14,8 @@
 
 namespace largo::parallel {
 
-std::vector<PipelineBlock> pipeline_blocks(const torch::nn::Sequential& sequential,
-                                           const std::string& prefix) {
+std::vector<PipelineBlock>
+pipeline_blocks(const torch::nn::Sequential& sequential, const std::string& prefix) {
   std::vector<PipelineBlock> blocks;
   size_t index = 0;
   for (const auto& element : *sequential) {
@@ -34,12 +34,12 @@ std::vector<PipelineBlock> pipeline_blocks(models::TrunkHeadModelImpl& model) {
 
 std::string to_string(StageBalance balance) {
   switch (balance) {
-    case StageBalance::kParameters:
-      return "parameters";
-    case StageBalance::kTime:
-      return "time";
-    case StageBalance::kBlocks:
-      return "blocks";
+  case StageBalance::kParameters:
+    return "parameters";
+  case StageBalance::kTime:
+    return "time";
+  case StageBalance::kBlocks:
+    return "blocks";
   }
   return "?";
 }
@@ -50,8 +50,8 @@ StageBalance parse_stage_balance(const std::string& name) {
       return balance;
     }
   }
-  throw ConfigError(fmt::format(
-      "MODEL.PIPELINE.BALANCE = {}: expected parameters, time or blocks", name));
+  throw ConfigError(
+      fmt::format("MODEL.PIPELINE.BALANCE = {}: expected parameters, time or blocks", name));
 }
 
 std::vector<double> block_parameter_counts(const std::vector<PipelineBlock>& blocks) {
@@ -90,8 +90,8 @@ std::vector<double> time_blocks_once(const std::vector<PipelineBlock>& blocks, a
 
 } // namespace
 
-std::vector<double> measure_block_seconds(const std::vector<PipelineBlock>& blocks,
-                                          const at::Tensor& sample, int repeats) {
+std::vector<double> measure_block_seconds(
+    const std::vector<PipelineBlock>& blocks, const at::Tensor& sample, int repeats) {
   std::vector<std::pair<at::Tensor, at::Tensor>> saved_grads; // (parameter, its .grad)
   for (const auto& block : blocks) {
     for (auto& parameter : block.module.ptr()->parameters()) {
@@ -123,15 +123,16 @@ std::vector<int64_t> balanced_stage_boundaries(const std::vector<double>& costs,
     throw ConfigError(fmt::format(
         "cannot cut a model of {} blocks into {} pipeline stages (pipeline size x "
         "MODEL.PIPELINE.VIRTUAL_STAGES): every stage needs at least one block",
-        costs.size(), num_stages));
+        costs.size(),
+        num_stages));
   }
   return balanced_segment_boundaries(costs, num_stages);
 }
 
-void check_stage_boundaries(const std::vector<int64_t>& boundaries, int64_t num_blocks,
-                            int num_stages) {
+void check_stage_boundaries(
+    const std::vector<int64_t>& boundaries, int64_t num_blocks, int num_stages) {
   bool ok = static_cast<int>(boundaries.size()) == num_stages + 1 && boundaries.front() == 0 &&
-      boundaries.back() == num_blocks;
+            boundaries.back() == num_blocks;
   for (size_t i = 1; ok && i < boundaries.size(); ++i) {
     ok = boundaries[i] > boundaries[i - 1];
   }
@@ -139,9 +140,14 @@ void check_stage_boundaries(const std::vector<int64_t>& boundaries, int64_t num_
     throw ConfigError(fmt::format(
         "MODEL.PIPELINE.BOUNDARIES = [{}]: expected {} strictly increasing block indices from 0 "
         "to {} (the model has {} blocks; {} stages = pipeline size x VIRTUAL_STAGES), e.g. [{}]",
-        fmt::join(boundaries, ", "), num_stages + 1, num_blocks, num_blocks, num_stages,
+        fmt::join(boundaries, ", "),
+        num_stages + 1,
+        num_blocks,
+        num_blocks,
+        num_stages,
         num_stages <= num_blocks
-            ? fmt::format("{}", fmt::join(segment_boundaries_by_count(num_blocks, num_stages), ", "))
+            ? fmt::format(
+                  "{}", fmt::join(segment_boundaries_by_count(num_blocks, num_stages), ", "))
             : std::string("fewer stages")));
   }
 }

@@ -30,16 +30,21 @@ int header_tag(int to_stage, const PipelineShape& shape) {
 }
 
 std::string message_name(const PipelineMessage& message) {
-  return fmt::format("the {} of micro-batch {}",
-                     message.kind == MessageKind::kActivation ? "activation" : "gradient",
-                     message.microbatch);
+  return fmt::format(
+      "the {} of micro-batch {}",
+      message.kind == MessageKind::kActivation ? "activation" : "gradient",
+      message.microbatch);
 }
 
 } // namespace
 
-PipelineStep::PipelineStep(const PipelineStepContext& context, const at::Tensor& inputs,
-                           const at::Tensor& targets, const PipelineParallel::LossFunction* loss,
-                           const PipelineParallel::LossScaling* scale_loss, bool forward_only)
+PipelineStep::PipelineStep(
+    const PipelineStepContext& context,
+    const at::Tensor& inputs,
+    const at::Tensor& targets,
+    const PipelineParallel::LossFunction* loss,
+    const PipelineParallel::LossScaling* scale_loss,
+    bool forward_only)
     : context_(context),
       loss_(loss),
       scale_loss_(scale_loss),
@@ -58,9 +63,10 @@ PipelineStep::PipelineStep(const PipelineStepContext& context, const at::Tensor&
   }
   if (context.rank == S - 1 && !forward_only) {
     if (!targets.defined() || targets.dim() == 0) {
-      throw ConfigError(fmt::format("pipeline: the last stage's rank (pipeline rank {}) needs the "
-                                    "batch's targets (a tensor with a batch dimension); got none",
-                                    S - 1));
+      throw ConfigError(fmt::format(
+          "pipeline: the last stage's rank (pipeline rank {}) needs the "
+          "batch's targets (a tensor with a batch dimension); got none",
+          S - 1));
     }
     set_batch_size(targets.size(0), "the targets");
   }
@@ -70,9 +76,12 @@ void PipelineStep::set_batch_size(int64_t batch_size, const char* from) {
   const int M = context_.shape.num_microbatches;
   if (batch_size_ >= 0) {
     if (batch_size != batch_size_) {
-      throw ConfigError(fmt::format("pipeline: {} hold a batch of {} but this stage's batch is "
-                                    "{}; every rank of a pipeline must pass the same batch",
-                                    from, batch_size, batch_size_));
+      throw ConfigError(fmt::format(
+          "pipeline: the batch in {} has {} rows but this rank's has {}; every rank of a "
+          "pipeline must pass the same batch",
+          from,
+          batch_size,
+          batch_size_));
     }
     return;
   }
@@ -80,7 +89,9 @@ void PipelineStep::set_batch_size(int64_t batch_size, const char* from) {
     throw ConfigError(fmt::format(
         "pipeline: a batch of {} cannot be split into NUM_MICROBATCHES = {} micro-batches; use "
         "a batch of at least {} or fewer micro-batches",
-        batch_size, M, M));
+        batch_size,
+        M,
+        M));
   }
   batch_size_ = batch_size;
   for (int i = 0; i < M; ++i) {
@@ -104,26 +115,26 @@ at::Tensor microbatch(const at::Tensor& batch, const std::vector<int64_t>& sizes
 void PipelineStep::run(const RankSchedule& actions) {
   for (const PipelineAction& action : actions) {
     switch (action.kind) {
-      case Kind::kForward:
-        forward(action);
-        break;
-      case Kind::kBackward:
-      case Kind::kBackwardInput:
-      case Kind::kBackwardWeight:
-        backward(action);
-        break;
-      case Kind::kSend:
-        send(action.message);
-        break;
-      case Kind::kWaitSend:
-        wait_send(action.message);
-        break;
-      case Kind::kPostRecv:
-        post_receive(action.message);
-        break;
-      case Kind::kWaitRecv:
-        wait_receive(action.message);
-        break;
+    case Kind::kForward:
+      forward(action);
+      break;
+    case Kind::kBackward:
+    case Kind::kBackwardInput:
+    case Kind::kBackwardWeight:
+      backward(action);
+      break;
+    case Kind::kSend:
+      send(action.message);
+      break;
+    case Kind::kWaitSend:
+      wait_send(action.message);
+      break;
+    case Kind::kPostRecv:
+      post_receive(action.message);
+      break;
+    case Kind::kWaitRecv:
+      wait_receive(action.message);
+      break;
     }
   }
   // Every send has been waited for by its WaitSend; the headers are tiny and their receivers
@@ -132,14 +143,18 @@ void PipelineStep::run(const RankSchedule& actions) {
     work.wait();
   }
   if (!sends_.empty() || !receives_.empty()) {
-    throw Error(fmt::format("pipeline: rank {} ended a step with {} sends and {} receives "
-                            "pending; the schedule is inconsistent",
-                            context_.rank, sends_.size(), receives_.size()));
+    throw Error(fmt::format(
+        "pipeline: rank {} ended a step with {} sends and {} receives "
+        "pending; the schedule is inconsistent",
+        context_.rank,
+        sends_.size(),
+        receives_.size()));
   }
 }
 
 at::Tensor PipelineStep::run_stage(int stage, const at::Tensor& input) {
-  PipelineStage module = context_.stages[static_cast<size_t>(context_.shape.local_index_of_stage(stage))];
+  PipelineStage module =
+      context_.stages[static_cast<size_t>(context_.shape.local_index_of_stage(stage))];
   if (!context_.checkpoint_stages || forward_only_ || !torch::GradMode::is_enabled()) {
     return module->forward(input);
   }
@@ -176,7 +191,7 @@ void PipelineStep::forward(const PipelineAction& action) {
   } else {
     const at::Tensor target = microbatch(targets_, microbatch_sizes_, mb);
     const double share = static_cast<double>(microbatch_sizes_[static_cast<size_t>(mb)]) /
-        static_cast<double>(batch_size_);
+                         static_cast<double>(batch_size_);
     at::Tensor weighted = (*loss_)(output, target) * share;
     loss_sum_ += weighted.detach().item<double>();
     slot.output = (scale_loss_ && *scale_loss_) ? (*scale_loss_)(weighted) : weighted;
@@ -221,8 +236,8 @@ void PipelineStep::backward(const PipelineAction& action) {
     slot.input_grad = stage > 0 ? slot.input.grad() : at::Tensor();
   } else {
     const auto local = static_cast<size_t>(context_.shape.local_index_of_stage(stage));
-    slot.split = SplitBackward::input_pass(slot.output, grad, slot.input,
-                                           context_.stage_parameters[local], slot.input_grad);
+    slot.split = SplitBackward::input_pass(
+        slot.output, grad, slot.input, context_.stage_parameters[local], slot.input_grad);
   }
   if (stage > 0 && !slot.input_grad.defined()) {
     slot.input_grad = at::zeros_like(slot.input); // the stage ignored its input
@@ -248,7 +263,10 @@ void PipelineStep::send(const PipelineMessage& message) {
           "pipeline stage {} returned a tensor of shape [{}] for micro-batch {} of {} samples: "
           "stage outputs must be batch-first (dimension 0 = the micro-batch) with at most {} "
           "dimensions",
-          message.from_stage, fmt::join(tensor.sizes(), ", "), message.microbatch, rows,
+          message.from_stage,
+          fmt::join(tensor.sizes(), ", "),
+          message.microbatch,
+          rows,
           kHeaderLength - 3));
     }
     if (!header_sent_[static_cast<size_t>(message.from_stage)]) {
@@ -262,8 +280,8 @@ void PipelineStep::send(const PipelineMessage& message) {
       // On the stages' device: NCCL moves only CUDA tensors.
       at::Tensor header = at::tensor(values, at::kLong).to(context_.device);
       with_stage_names(message, /*sending=*/true, [&] {
-        header_sends_.push_back(context_.group->send_async(
-            header, peer, header_tag(message.to_stage, context_.shape)));
+        header_sends_.push_back(
+            context_.group->send_async(header, peer, header_tag(message.to_stage, context_.shape)));
       });
       header_sent_[static_cast<size_t>(message.from_stage)] = true;
     }
@@ -279,8 +297,9 @@ void PipelineStep::send(const PipelineMessage& message) {
   }
   Transfer& transfer = sends_[tag];
   transfer.tensor = tensor;
-  with_stage_names(message, /*sending=*/true,
-                   [&] { transfer.work = context_.group->send_async(tensor, peer, tag); });
+  with_stage_names(message, /*sending=*/true, [&] {
+    transfer.work = context_.group->send_async(tensor, peer, tag);
+  });
 }
 
 void PipelineStep::wait_send(const PipelineMessage& message) {
@@ -304,7 +323,7 @@ void PipelineStep::read_header(int stage) {
   wait_named(header.work, PipelineMessage{MessageKind::kActivation, 0, stage - 1, stage}, false);
   const at::Tensor host = header.data.cpu();
   const auto* values = host.data_ptr<int64_t>();
-  set_batch_size(values[0], "the stage before");
+  set_batch_size(values[0], "the previous stage's header");
   header.dtype = static_cast<at::ScalarType>(values[1]);
   header.sample_shape.assign(values + 3, values + 3 + values[2]);
   header.read = true;
@@ -331,9 +350,10 @@ bool PipelineStep::post_if_shape_known(const PipelineMessage& message, Transfer&
   }
   transfer.tensor = at::empty(shape, at::TensorOptions().dtype(dtype).device(context_.device));
   with_stage_names(message, /*sending=*/false, [&] {
-    transfer.work = context_.group->recv_async(transfer.tensor,
-                                               context_.shape.rank_of_stage(message.from_stage),
-                                               message_tag(message, context_.shape));
+    transfer.work = context_.group->recv_async(
+        transfer.tensor,
+        context_.shape.rank_of_stage(message.from_stage),
+        message_tag(message, context_.shape));
   });
   transfer.posted = true;
   return true;
@@ -348,7 +368,8 @@ void PipelineStep::post_receive(const PipelineMessage& message) {
           at::empty({kHeaderLength}, at::TensorOptions(at::kLong).device(context_.device));
       with_stage_names(message, /*sending=*/false, [&] {
         header.work = context_.group->recv_async(
-            header.data, context_.shape.rank_of_stage(message.from_stage),
+            header.data,
+            context_.shape.rank_of_stage(message.from_stage),
             header_tag(message.to_stage, context_.shape));
       });
       header.posted = true;
@@ -364,8 +385,10 @@ at::Tensor PipelineStep::wait_receive(const PipelineMessage& message) {
     read_header(message.to_stage);
   }
   if (!transfer.posted && !post_if_shape_known(message, transfer)) {
-    throw Error(fmt::format("pipeline: stage {} cannot receive {} before its forward ran",
-                            message.to_stage, message_name(message)));
+    throw Error(fmt::format(
+        "pipeline: stage {} cannot receive {} before its forward ran",
+        message.to_stage,
+        message_name(message)));
   }
   wait_named(transfer.work, message, /*sending=*/false);
   return transfer.tensor;
@@ -375,8 +398,8 @@ void PipelineStep::wait_named(comm::Work& work, const PipelineMessage& message, 
   with_stage_names(message, sending, [&] { work.wait(); });
 }
 
-void PipelineStep::with_stage_names(const PipelineMessage& message, bool sending,
-                                    const std::function<void()>& communicate) {
+void PipelineStep::with_stage_names(
+    const PipelineMessage& message, bool sending, const std::function<void()>& communicate) {
   try {
     communicate();
   } catch (const CommError& e) {
@@ -386,8 +409,15 @@ void PipelineStep::with_stage_names(const PipelineMessage& message, bool sending
     throw CommError(fmt::format(
         "pipeline stage {} (pipeline rank {}) {} {} {} stage {} (pipeline rank {}, job rank {}), "
         "which failed; stage {} has probably died or stalled, see its output. {}",
-        own, context_.rank, sending ? "sending" : "waiting for", message_name(message),
-        sending ? "to" : "from", peer, peer_rank, context_.group->global_rank(peer_rank), peer,
+        own,
+        context_.rank,
+        sending ? "sending" : "waiting for",
+        message_name(message),
+        sending ? "to" : "from",
+        peer,
+        peer_rank,
+        context_.group->global_rank(peer_rank),
+        peer,
         e.what()));
   }
 }

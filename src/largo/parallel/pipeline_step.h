@@ -19,8 +19,8 @@ namespace largo::parallel {
 // What a step needs from the pipeline that owns it.
 struct PipelineStepContext {
   PipelineShape shape;
-  int rank = 0;                            // pipeline rank
-  std::vector<PipelineStage> stages;       // this rank's stages, by local index
+  int rank = 0;                                          // pipeline rank
+  std::vector<PipelineStage> stages;                     // this rank's stages, by local index
   std::vector<std::vector<at::Tensor>> stage_parameters; // by local index
   comm::ProcessGroup* group = nullptr;
   at::Device device = at::kCPU; // where the stages' parameters live: messages land there
@@ -30,9 +30,13 @@ struct PipelineStepContext {
 class PipelineStep {
  public:
   // forward_only: no gradients; the last stage keeps the outputs (outputs()).
-  PipelineStep(const PipelineStepContext& context, const at::Tensor& inputs,
-               const at::Tensor& targets, const PipelineParallel::LossFunction* loss,
-               const PipelineParallel::LossScaling* scale_loss, bool forward_only);
+  PipelineStep(
+      const PipelineStepContext& context,
+      const at::Tensor& inputs,
+      const at::Tensor& targets,
+      const PipelineParallel::LossFunction* loss,
+      const PipelineParallel::LossScaling* scale_loss,
+      bool forward_only);
 
   // Runs every action of this rank's list, then waits for the sends still in flight.
   void run(const RankSchedule& actions);
@@ -82,8 +86,8 @@ class PipelineStep {
   void wait_named(comm::Work& work, const PipelineMessage& message, bool sending);
   // Runs `communicate`, turning a CommError into one that names both stages and the peer's
   // job rank (a dead stage is then named by its neighbours).
-  void with_stage_names(const PipelineMessage& message, bool sending,
-                        const std::function<void()>& communicate);
+  void with_stage_names(
+      const PipelineMessage& message, bool sending, const std::function<void()>& communicate);
   at::Tensor run_stage(int stage, const at::Tensor& input);
   bool is_last_stage(int stage) const {
     return stage == context_.shape.num_stages() - 1;
@@ -97,11 +101,11 @@ class PipelineStep {
   std::vector<int64_t> microbatch_sizes_;
   at::Tensor inputs_, targets_;
   std::map<std::pair<int, int>, Slot> slots_; // (stage, micro-batch)
-  std::map<int, Transfer> receives_, sends_;   // by message tag
-  std::map<int, Header> headers_;              // by receiving stage
+  std::map<int, Transfer> receives_, sends_;  // by message tag
+  std::map<int, Header> headers_;             // by receiving stage
   std::vector<comm::Work> header_sends_;
-  std::vector<bool> header_sent_;              // by sending stage
-  std::vector<at::Tensor> outputs_;            // forward_only, last stage, by micro-batch
+  std::vector<bool> header_sent_;   // by sending stage
+  std::vector<at::Tensor> outputs_; // forward_only, last stage, by micro-batch
   double loss_sum_ = 0.0;
   double busy_seconds_ = 0.0;
 };
