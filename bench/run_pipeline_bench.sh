@@ -136,9 +136,8 @@ for model in ("mlp", "vit"):
         state = max(rs[0]["model_state_bytes"]) / 2**20
         print(f"    {label:26} {ips:9.1f} {ips / med(single, 'images_per_sec'):8.2f}"
               f" {ips / med(ddp, 'images_per_sec'):6.2f} {state:15.1f}")
-PY
 
-print("\npasses: one stage (half the blocks), one micro-batch of M = 8; ms (1 process)")
+print("\npasses: one stage (the second half of the blocks), one micro-batch of M = 8; ms (1 process)")
 print(f"  {'model':5} {'rows':>5} {'F':>7} {'B':>7} {'I':>7} {'W':>7} {'(I+W)/B':>8}"
       f" {'zb_h1 gain':>11} {'zb_h1 cost':>11} (per step, S = 2, M = 8)")
 for key, rs in sorted((k, v) for k, v in runs.items() if k[0] == "passes"):
