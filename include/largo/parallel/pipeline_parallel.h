@@ -46,6 +46,13 @@
 // Every rank of a group must make the same calls in the same order. A stage that dies makes
 // its neighbours' waits fail with CommError naming it (after the process group's timeout at
 // the latest; the launcher stops the job on the dead process itself).
+//
+// Backends: tested on Gloo, where messages pair by tag. The CUDA/NCCL path compiles (tensors
+// move on the stages' device) but has not run: NCCL pairs messages by issue order, and the
+// executor posts a step's first activation receive per boundary only once its header has
+// arrived, and a gradient receive only once the forward it belongs to has run, which can
+// reorder receives from one peer relative to the schedule's list (interleaved_1f1b on 2
+// ranks, where both directions of traffic share a peer).
 #pragma once
 
 #include <largo/comm/process_group.h>
