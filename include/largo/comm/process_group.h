@@ -17,6 +17,10 @@
 //
 // A world of one process (single_process()) needs no rendezvous: its collectives are
 // identities, so code written for N ranks runs unchanged on one.
+//
+// Point to point (send/recv, for pipeline parallelism) is not a collective: only the two
+// ranks take part. Sub-groups (new_group) share the job's store; creating one is a
+// collective of the parent group (see new_group).
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -26,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace largo::comm {
 
@@ -121,10 +126,40 @@ class ProcessGroup {
 
   void barrier();
 
+  // ---- point to point (pipeline parallelism) ----------------------------------------
+  // Not collectives: only this rank and the peer take part. A send to `dst` pairs with the
+  // recv from this rank with the same tag on `dst`; messages between two ranks with the same
+  // tag pair in the order they were issued. `tensor` must be contiguous and stay alive, and
+  // unmodified (send) or unread (recv), until the Work is waited for. recv writes into
+  // `tensor`, which must have the sender's numel and dtype (nothing describes the message
+  // but its bytes). Tags are in [0, 2^30); they never meet the messages reduce() sends.
+  // On Gloo, a send completes only once the peer has posted the matching recv, so waiting
+  // for a send can block until then; on NCCL tags are ignored and the sends and recvs
+  // between two ranks pair in issue order.
+  Work send_async(const at::Tensor& tensor, int dst, int tag = 0);
+  void send(const at::Tensor& tensor, int dst, int tag = 0);
+  Work recv_async(const at::Tensor& tensor, int src, int tag = 0);
+  void recv(const at::Tensor& tensor, int src, int tag = 0);
+
+  // ---- sub-groups -------------------------------------------------------------------
+  // A process group of the ranks `ranks` (ranks of this group, distinct, in the order that
+  // numbers them in the new group: ranks[i] becomes its rank i), on this group's backend and
+  // store. Every rank of this group must call new_group, with the same `ranks`, in the same
+  // order as its other new_group calls (as torch.distributed.new_group): ranks outside
+  // `ranks` get nullptr. The members' call is a rendezvous of the new group (its backend
+  // connects); it issues no collective on this group. A group of one rank is a world of one.
+  // Throws ConfigError for an empty list, a repeated rank or one outside [0, world_size()).
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+
+  // The job-wide rank (the rank in the group made by create()) of this group's rank `rank`:
+  // what error messages name. The identity for a group made by create().
+  int global_rank(int rank) const;
+
  private:
   struct Impl;
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
   Work launch(const std::string& what, const std::function<Work()>& start);
+  Work point_to_point(bool sending, const at::Tensor& tensor, int peer, int tag);
   std::unique_ptr<Impl> impl_;
 };
 

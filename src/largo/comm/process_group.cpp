@@ -8,6 +8,7 @@
 #include <largo/core/torch_compat.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -18,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
@@ -136,6 +138,13 @@ struct ProcessGroup::Impl {
   // Tag of the next point-to-point message pair (Gloo's sum reduce): every rank issues the
   // same collectives in the same order, so the counters agree.
   int next_p2p_tag = 1;
+  // For sub-groups (new_group): how this group's backend was made, how many new_group calls
+  // it has seen (every rank counts them alike, so each sub-group gets the same store prefix
+  // on all its members), and the job-wide rank of each of its ranks (empty: the identity).
+  std::string master_addr = "127.0.0.1";
+  int gloo_threads = 2;
+  int next_group_id = 0;
+  std::vector<int> global_ranks;
 };
 
 ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -292,6 +301,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& op
   impl->world_size = options.world_size;
   impl->backend_name = options.backend;
   impl->collective_timeout = options.collective_timeout;
+  impl->master_addr = options.master_addr;
+  impl->gloo_threads = options.gloo_threads;
   auto tcp_store = connect_store(options);
   check_world(*tcp_store, options);
   impl->store = c10::make_intrusive<c10d::PrefixStore>("largo/" + options.backend, tcp_store);
@@ -563,6 +574,135 @@ void ProcessGroup::barrier() {
   // On Gloo, a one-element all-reduce: it gets the same timeout and error reporting as every
   // other collective.
   all_reduce(at::zeros({1}, at::kFloat));
+}
+
+// ---- point to point ------------------------------------------------------------------
+
+namespace {
+
+// Point-to-point tags live above the ones reduce() numbers from 1, so the two never pair.
+constexpr int kPointToPointTagBase = 1 << 30;
+
+} // namespace
+
+int ProcessGroup::global_rank(int rank) const {
+  if (rank < 0 || rank >= impl_->world_size) {
+    throw Error(fmt::format("global_rank({}): expected a rank in [0, {})", rank,
+                            impl_->world_size));
+  }
+  return impl_->global_ranks.empty() ? rank : impl_->global_ranks[rank];
+}
+
+// A send or a receive: checks the peer and the tag, names the Work, starts it.
+Work ProcessGroup::point_to_point(bool sending, const at::Tensor& tensor, int peer, int tag) {
+  const char* what = sending ? "send" : "recv";
+  if (peer < 0 || peer >= impl_->world_size || peer == impl_->rank) {
+    throw Error(fmt::format("{} on rank {} of {}: peer rank {} must be another rank of the group",
+                            what, impl_->rank, impl_->world_size, peer));
+  }
+  if (tag < 0 || tag >= kPointToPointTagBase) {
+    throw Error(fmt::format("{}: tag {} is outside [0, 2^30)", what, tag));
+  }
+  TORCH_CHECK(tensor.is_contiguous(), what, ": the tensor must be contiguous");
+  auto state = std::make_shared<Work::State>();
+  state->what = fmt::format("{} of {} {} rank {} (job rank {}) on rank {} of {} ({})", what,
+                            describe_bytes(tensor), sending ? "to" : "from", peer,
+                            global_rank(peer), impl_->rank, impl_->world_size,
+                            impl_->backend_name);
+  state->timeout = impl_->collective_timeout;
+  return launch(state->what, [&] {
+    std::vector<at::Tensor> tensors{
+        impl_->backend_name == "gloo" ? as_gloo_payload(tensor) : tensor};
+    state->work = sending ? impl_->backend->send(tensors, peer, kPointToPointTagBase + tag)
+                          : impl_->backend->recv(tensors, peer, kPointToPointTagBase + tag);
+    return Work(state);
+  });
+}
+
+Work ProcessGroup::send_async(const at::Tensor& tensor, int dst, int tag) {
+  return point_to_point(/*sending=*/true, tensor, dst, tag);
+}
+
+void ProcessGroup::send(const at::Tensor& tensor, int dst, int tag) {
+  send_async(tensor, dst, tag).wait();
+}
+
+Work ProcessGroup::recv_async(const at::Tensor& tensor, int src, int tag) {
+  return point_to_point(/*sending=*/false, tensor, src, tag);
+}
+
+void ProcessGroup::recv(const at::Tensor& tensor, int src, int tag) {
+  recv_async(tensor, src, tag).wait();
+}
+
+// ---- sub-groups ---------------------------------------------------------------------
+
+namespace {
+
+void check_group_ranks(const std::vector<int>& ranks, int world_size) {
+  std::vector<bool> seen(static_cast<size_t>(world_size), false);
+  if (ranks.empty()) {
+    throw ConfigError("new_group: the list of ranks is empty; name at least one rank");
+  }
+  for (int rank : ranks) {
+    if (rank < 0 || rank >= world_size) {
+      throw ConfigError(fmt::format("new_group: rank {} is outside the group's ranks [0, {})",
+                                    rank, world_size));
+    }
+    if (seen[static_cast<size_t>(rank)]) {
+      throw ConfigError(fmt::format("new_group: rank {} is listed twice", rank));
+    }
+    seen[static_cast<size_t>(rank)] = true;
+  }
+}
+
+} // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+  check_group_ranks(ranks, impl_->world_size);
+  const int group_id = impl_->next_group_id++;
+  const auto own = std::find(ranks.begin(), ranks.end(), impl_->rank);
+  if (own == ranks.end()) {
+    return nullptr;
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->rank = static_cast<int>(own - ranks.begin());
+  impl->world_size = static_cast<int>(ranks.size());
+  impl->collective_timeout = impl_->collective_timeout;
+  impl->master_addr = impl_->master_addr;
+  impl->gloo_threads = impl_->gloo_threads;
+  for (int rank : ranks) {
+    impl->global_ranks.push_back(global_rank(rank));
+  }
+  if (ranks.size() == 1 || !impl_->backend) {
+    return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+  }
+  impl->backend_name = impl_->backend_name;
+  impl->store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("group{}", group_id),
+                                                       impl_->store);
+  try {
+    if (impl->backend_name == "gloo") {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(impl->collective_timeout);
+      gloo_options->devices.push_back(gloo_device(impl->master_addr));
+      gloo_options->threads = impl->gloo_threads;
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          impl->store, impl->rank, impl->world_size, gloo_options);
+    } else {
+#if defined(LARGO_WITH_NCCL)
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = impl->collective_timeout;
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          impl->store, impl->rank, impl->world_size, nccl_options);
+#endif
+    }
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format(
+        "rank {} could not connect the sub-group of ranks [{}] (group {} of its parent) to its "
+        "peers: {}. Every rank of the parent group must call new_group with the same ranks in "
+        "the same order",
+        impl_->rank, fmt::join(ranks, ", "), group_id, e.what()));
+  }
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 
 } // namespace largo::comm
