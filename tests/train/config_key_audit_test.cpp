@@ -62,9 +62,17 @@ std::vector<WiredKey> wired_keys() {
     const std::string p = "DATA." + split + ".";
     std::vector<WiredKey> data{
         {p + "DROP_LAST", "drop each rank's last short batch", "DataLoader.DropLastDropsOnlyTheShortBatch"},
-        {p + "DATA_SOURCES", "torchvision_dataset or synthetic", "TrainerTest.ResumeIsBitExact"},
+        {p + "DATA_SOURCES", "torchvision_dataset, synthetic, disk_folder or disk_filelist", "DatasetFactory.OpensEverySourceWithItsOutputShape"},
         {p + "DATASET_NAMES", "MNIST, FashionMNIST or CIFAR10", "TrainerTest.ShortFashionMnistRunLearns"},
-        {p + "DATA_PATHS", "the dataset's directory", "TrainerTest.MissingDatasetIsAClearError"},
+        {p + "DATA_PATHS", "the dataset's directory, image folder or .npy list of image paths", "TrainerTest.MissingDatasetIsAClearError"},
+        {p + "LABEL_SOURCES", "[disk_filelist] with LABEL_PATHS, or [] / [disk_folder] (class folders)", "DataConfig.DiskFilelistNeedsItsLabelFile"},
+        {p + "LABEL_PATHS", "the .npy of a file list's labels", "ImageFilelist.ReadsVisslsNpyPair"},
+        {p + "LABEL_TYPE", "standard (other label types are refused)", "DataConfig.BadValuesNameTheirKey"},
+        {p + "REMOVE_IMG_PATH_PREFIX", "a file list's path prefix to replace", "DataConfig.DiskFilelistNeedsItsLabelFile"},
+        {p + "NEW_IMG_PATH_PREFIX", "what replaces it", "DataConfig.DiskFilelistNeedsItsLabelFile"},
+        {p + "SKIP_BAD_SAMPLES", "Largo extension: skip and count unreadable images instead of stopping", "ImageDataset.ABadFileStopsTheEpochWithItsNameOrIsSkippedAndCounted"},
+        {p + "MAX_IMAGE_PIXELS", "Largo extension: refuse larger images (PIL's decompression-bomb limit)", "ImageDecoder.RefusesDecompressionBombs"},
+        {p + "DCT_SCALING", "Largo extension: decode JPEGs at 1/2, 1/4 or 1/8 size when the crop allows", "ImageDecoder.RegionsEqualTheFullDecodeAtEveryScale"},
         {p + "BATCHSIZE_PER_REPLICA", "batch per process", "TrainerDistributedTest.GradientAccumulationEqualsTheLargerBatchInOneProcess"},
         {p + "TRANSFORMS", "the augmentation pipeline", "TransformPipeline.AppliesInOrderAndIsDeterministicPerSeed"},
         {p + "DATA_LIMIT", "use a random subset of N samples", "SeededRandperm.MatchesPythonTorchRandperm"},
@@ -136,6 +144,17 @@ std::vector<WiredKey> wired_keys() {
       {"LOSS.name", "CrossEntropyLoss or cross_entropy_multiple_output_single_target", "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64"},
       {"LOSS.CrossEntropyLoss.ignore_index", "target value that does not count", "ClassificationLossTest.SumReductionAddsTheCountedSamples"},
       {"LOSS.cross_entropy_multiple_output_single_target.ignore_index", "target value that does not count", "ClassificationLossTest.SumReductionAddsTheCountedSamples", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
+      {"LOSS.cross_entropy_multiple_output_single_target.temperature", "logits divided by it", "TrainerModelSetupTest.LossTemperatureReachesTheTrainingStep", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
+      {"LOSS.cross_entropy_multiple_output_single_target.normalize_output", "L2-normalize the logits first", "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
+      {"LOSS.cross_entropy_multiple_output_single_target.weight", "per-class weights (null: all 1)", "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
+      {"MODEL.WEIGHTS_INIT.PARAMS_FILE", "initial weights from a file on a fresh start", "TrainerModelSetupTest.WeightsInitStartsAFreshRunFromTheFileAndIsNotReadOnResume"},
+      {"MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME", "the key holding the state dict", "WeightsInitTest.TorchvisionStateDictAndVisslCheckpointGiveTorchvisionsLogits"},
+      {"MODEL.WEIGHTS_INIT.SKIP_LAYERS", "name substrings not loaded", "WeightsInitTest.PrefixesSkippedLayersAndFrozenHeads"},
+      {"MODEL.WEIGHTS_INIT.REMOVE_PREFIX", "prefix removed from the file's names", "WeightsInitTest.PrefixesSkippedLayersAndFrozenHeads"},
+      {"MODEL.WEIGHTS_INIT.APPEND_PREFIX", "prefix added to the file's names", "WeightsInitTest.PrefixesSkippedLayersAndFrozenHeads"},
+      {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN", "BatchNorm2d statistics over the ranks", "TrainerModelSetupTest.SyncBatchNormSharesTheStatisticsOfTheRanks"},
+      {"MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE", "pytorch or apex (the same statistics)", "SyncBatchNormTest.TwoRanksTrainLikeOneProcessWithBatchNormOnTheGlobalBatch"},
+      {"MODEL.SYNC_BN_CONFIG.GROUP_SIZE", "-1 a machine's ranks, 0 all, N consecutive ranks", "SyncBatchNormTest.GroupsOfConsecutiveRanksSynchronizeWithinTheGroup"},
       {opt + "name", "sgd, adamw, lamb or zero", "OptimizerFactory.BuildsEveryOptimizerAndWrapsLarc"},
       {opt + "use_zero", "ZeRO stage 1", "TrainerZeroTest.StagesOneAndTwoTrainLikeDdp"},
       {opt + "base_optimizer", "the optimizer ZeRO shards", "TrainerZeroConfigTest.TheSeedsYamlRunsVerbatim", {opt + "use_zero=True"}},
@@ -246,8 +265,8 @@ std::vector<NoEffectKey> no_effect_keys() {
       {"CHECKPOINT.USE_SYMLINK_CHECKPOINT_FOR_RESUME", "Largo always resumes through the checkpoint.torch link to the newest complete checkpoint, what either value finds"},
   };
   for (const std::string split : {"TRAIN", "TEST"}) {
-    keys.push_back({"DATA." + split + ".MMAP_MODE", "how .npy filelists are read; Largo's sources have none"});
-    keys.push_back({"DATA." + split + ".DEFAULT_GRAY_IMG_SIZE", "replaces unreadable image files, which Largo's sources (idx, CIFAR binaries, synthetic) do not have"});
+    keys.push_back({"DATA." + split + ".MMAP_MODE", "how .npy file lists are read; Largo reads them whole (they hold paths, not images)"});
+    keys.push_back({"DATA." + split + ".DEFAULT_GRAY_IMG_SIZE", "VISSL's gray stand-in for unreadable images; Largo stops naming the file or, with SKIP_BAD_SAMPLES, skips and counts it"});
   }
   return keys;
 }

@@ -11,24 +11,29 @@
 #include <string>
 #include <vector>
 
+#include <largo/train/classification_loss.h>
+
 namespace largo::train {
 
 struct EvaluationResult {
-  double loss = 0.0;                 // mean cross-entropy over the test samples
-  std::vector<int64_t> topk;         // e.g. {1, 5}
-  std::vector<double> topk_percent;  // the accuracy for each k, percent
-  int64_t num_samples = 0;           // over every rank
+  double loss = 0.0;                // mean cross-entropy over the test samples
+  std::vector<int64_t> topk;        // e.g. {1, 5}
+  std::vector<double> topk_percent; // the accuracy for each k, percent
+  int64_t num_samples = 0;          // over every rank
   std::optional<double> top(int64_t k) const;
 };
 
 struct EvaluationOptions {
-  std::vector<int64_t> topk_values{1, 5};  // METERS.accuracy_list_meter.topk_values
-  int64_t loss_ignore_index = -1;
-  std::vector<int64_t> sample_shape;       // [C, H, W] of the test samples
+  std::vector<int64_t> topk_values{1, 5}; // METERS.accuracy_list_meter.topk_values
+  ClassificationLossOptions loss;         // LOSS (summed over the test samples, then averaged)
+  std::vector<int64_t> sample_shape;      // [C, H, W] of the test samples
 };
 
 // Collective. Leaves the model in training mode.
-EvaluationResult evaluate(parallel::ParallelModel& model, TrainingData& data,
-                          torch::Device device, const EvaluationOptions& options);
+EvaluationResult evaluate(
+    parallel::ParallelModel& model,
+    TrainingData& data,
+    torch::Device device,
+    const EvaluationOptions& options);
 
 } // namespace largo::train

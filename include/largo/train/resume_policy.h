@@ -28,9 +28,6 @@
 
 namespace largo::train {
 
-
-
-
 // Throws CheckpointError naming `path` and the entry unless `state` has what the trainer
 // reads from a training checkpoint: model (a dict of name -> tensor), optimizer (a dict),
 // epoch, iteration_in_epoch, iteration, iterations_per_epoch (integers), complete (a

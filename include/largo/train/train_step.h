@@ -8,6 +8,7 @@
 
 #include <largo/data/dataset.h>
 #include <largo/parallel/parallelize.h>
+#include <largo/train/classification_loss.h>
 
 #include <cstdint>
 #include <functional>
@@ -16,15 +17,15 @@
 namespace largo::train {
 
 struct TrainStepOptions {
-  int64_t loss_ignore_index = -1; // targets with this value do not count
+  ClassificationLossOptions loss; // LOSS: the mean over a micro-batch's counted samples
   bool clip_gradients = false;    // MODEL.GRAD_CLIP
   double max_norm = 1.0;
   double norm_type = 2.0;
 };
 
 struct StepResult {
-  float loss = 0.0f;        // mean over the micro-steps, on this rank
-  int64_t num_images = 0;   // on this rank
+  float loss = 0.0f;      // mean over the micro-steps, on this rank
+  int64_t num_images = 0; // on this rank
   // Every gradient was finite on every rank (and this rank's losses were finite). False with
   // loss scaling: the step was skipped; without it the run has diverged.
   bool finite = true;

@@ -24,16 +24,12 @@ models::ModelOptions model_options_from(const Config& config);
 
 // MODEL.SYNC_BN_CONFIG: parallel::convert_sync_batchnorm with
 // parallel::sync_bn_group_size(group_size, NUM_PROC_PER_NODE, world size).
-struct SyncBatchNormSettings {
-  bool convert = false;    // CONVERT_BN_TO_SYNC_BN (SYNC_BN_TYPE pytorch and apex alike)
-  int64_t group_size = -1; // GROUP_SIZE
-};
 SyncBatchNormSettings sync_batch_norm_settings_from(const Config& config);
 
 // HOOKS.EMA_MODEL: an optim::ModelEma when save or meters.
 struct ModelEmaSettings {
-  bool save = false;   // SAVE_EMA_MODEL: checkpoint the average
-  bool meters = false; // ENABLE_EMA_METERS: evaluate the average too
+  bool save = false;              // SAVE_EMA_MODEL: checkpoint the average
+  bool meters = false;            // ENABLE_EMA_METERS: evaluate the average too
   optim::ModelEmaOptions average; // DECAY, UPDATE_ITER, WARMUP, EMA_DEVICE (cpu: device kCPU)
   bool enabled() const {
     return save || meters;
@@ -43,8 +39,8 @@ ModelEmaSettings model_ema_settings_from(const Config& config);
 
 // MODEL.WEIGHTS_INIT for `model` (its feature evaluation settings decide whether the head is
 // loaded; a ResNet gets torchvision's and VISSL's names mapped to Largo's).
-checkpoint::WeightsInitOptions weights_init_options_from(const Config& config,
-                                                         const models::ModelOptions& model);
+checkpoint::WeightsInitOptions
+weights_init_options_from(const Config& config, const models::ModelOptions& model);
 
 // LOSS.<name>: ignore_index, and for cross_entropy_multiple_output_single_target temperature,
 // normalize_output and weight.

@@ -2,6 +2,7 @@
 // (train/trainer_config.h); library users can fill them directly.
 #pragma once
 
+#include <largo/checkpoint/weights_init.h>
 #include <largo/data/dataset_factory.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/lr_schedule.h>
@@ -10,6 +11,7 @@
 #include <largo/precision/grad_scaler.h>
 #include <largo/precision/precision_policy.h>
 #include <largo/precision/tf32.h>
+#include <largo/train/classification_loss.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -50,9 +52,9 @@ struct OptimizerOptions {
 struct CheckpointOptions {
   std::filesystem::path dir = ".";
   bool auto_resume = true;
-  int64_t frequency_epochs = 1; // save every N epochs (and always at the end)
+  int64_t frequency_epochs = 1;      // save every N epochs (and always at the end)
   int64_t frequency_iterations = -1; // also every N iterations; -1 = off
-  bool overwrite_existing = false; // train again even if a final checkpoint exists
+  bool overwrite_existing = false;   // train again even if a final checkpoint exists
 };
 
 // MODEL.ACTIVATION_CHECKPOINTING: the trunk's blocks are cut into num_splits segments of
@@ -109,6 +111,13 @@ struct FsdpOptions {
   }
 };
 
+// MODEL.SYNC_BN_CONFIG: the model's BatchNorm2d layers replaced by parallel::SyncBatchNorm
+// (statistics over the ranks of a group) before it is wrapped for data parallelism.
+struct SyncBatchNormSettings {
+  bool convert = false;    // CONVERT_BN_TO_SYNC_BN (SYNC_BN_TYPE pytorch and apex alike)
+  int64_t group_size = -1; // GROUP_SIZE: -1 the ranks of a machine, 0 all, N > 0 N
+};
+
 struct TrainerOptions {
   // DATA.TRAIN and DATA.TEST (data/dataset_factory.h: source, sampling, batching).
   data::DataSplitOptions train;
@@ -119,8 +128,12 @@ struct TrainerOptions {
   models::ModelOptions model;
   ActivationCheckpointingOptions activation_checkpointing;
   OptimizerOptions optimizer;
+  SyncBatchNormSettings sync_batch_norm;
+  // MODEL.WEIGHTS_INIT: the model's initial weights from a file (empty params_file: none);
+  // applied on a fresh start only, a resumed run continues from its checkpoint.
+  checkpoint::WeightsInitOptions weights_init;
 
-  int64_t loss_ignore_index = -1; // targets with this value do not count
+  ClassificationLossOptions loss; // LOSS.name and LOSS.<name>
   bool use_grad_clip = false;
   double grad_clip_max_norm = 1.0;
   double grad_clip_norm_type = 2.0;
@@ -142,7 +155,7 @@ struct TrainerOptions {
 
   uint64_t seed = 0;
   std::string device = "cpu"; // cpu | gpu
-  int64_t num_threads = 0; // intra-op threads; 0 = every core
+  int64_t num_threads = 0;    // intra-op threads; 0 = every core
 
   DistributedOptions distributed;
   ZeroOptions zero;

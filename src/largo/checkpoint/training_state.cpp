@@ -29,8 +29,11 @@ std::optional<double> optional_double(const StateDict& state, const char* key) {
 
 } // namespace
 
-TrainingState::TrainingState(parallel::ParallelModel& model, SamplerDescription sampler,
-                             std::string config_yaml, uint64_t seed)
+TrainingState::TrainingState(
+    parallel::ParallelModel& model,
+    SamplerDescription sampler,
+    std::string config_yaml,
+    uint64_t seed)
     : model_(model),
       sampler_(std::move(sampler)),
       config_yaml_(std::move(config_yaml)),
@@ -47,7 +50,9 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
   c10::IValue optimizer_entry;
   if (auto shard = model_.optimizer_shard()) {
     optimizer_entry = save_optimizer_shards(
-        dir, file_name, parallel::piece_state_dict(*shard->optimizer, shard->ownership, shard->type),
+        dir,
+        file_name,
+        parallel::piece_state_dict(*shard->optimizer, shard->ownership, shard->type),
         group);
   } else {
     optimizer_entry = model_.optimizer().state_dict();
@@ -62,7 +67,8 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
 }
 
 StateDict TrainingState::state_dict(
-    const c10::IValue& optimizer_entry, const at::Tensor& rng_states,
+    const c10::IValue& optimizer_entry,
+    const at::Tensor& rng_states,
     std::vector<std::pair<std::string, at::Tensor>> model_state) const {
   comm::ProcessGroup& group = model_.process_group();
   StateDict state = make_state_dict();
@@ -120,12 +126,16 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
         "rank(s) and {} iterations per epoch (world size, batch size, accumulation or data "
         "changed), so the rest of that epoch cannot be served exactly; resume with the original "
         "settings, or from an end-of-epoch checkpoint (model_phase*.torch)",
-        where, saved_world_size, saved_iterations_per_epoch, world_size, iterations_per_epoch));
+        where,
+        saved_world_size,
+        saved_iterations_per_epoch,
+        world_size,
+        iterations_per_epoch));
   }
   load_model(state, where);
   auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
-  model_.precision().load_state_dict(precision_state == state.end() ? c10::IValue()
-                                                                    : precision_state->value());
+  model_.precision().load_state_dict(
+      precision_state == state.end() ? c10::IValue() : precision_state->value());
   load_optimizer(state, fs::canonical(path).parent_path(), where);
   load_rng(state, saved_world_size);
   progress.top1 = optional_double(state, "top1");
@@ -138,8 +148,8 @@ void TrainingState::load_model(const StateDict& state, const std::string& where)
   const auto model_state = state_at(state, "model", where).toGenericDict();
   // FSDP's module holds compute copies whose dtype may differ from the float32 masters saved.
   const bool sharded_copies = model_.data_parallelism() == parallel::DataParallelism::kFsdp;
-  check_model_state_dict(*model_.module(), model_state, /*exact_floating_dtypes=*/!sharded_copies,
-                         where);
+  check_model_state_dict(
+      *model_.module(), model_state, /*exact_floating_dtypes=*/!sharded_copies, where);
   std::unordered_map<std::string, at::Tensor> values;
   for (const auto& item : model_state) {
     values.emplace(item.key().toStringRef(), item.value().toTensor());
@@ -147,8 +157,8 @@ void TrainingState::load_model(const StateDict& state, const std::string& where)
   model_.load_model_state_dict(values);
 }
 
-void TrainingState::load_optimizer(const StateDict& state, const fs::path& checkpoint_dir,
-                                   const std::string& where) {
+void TrainingState::load_optimizer(
+    const StateDict& state, const fs::path& checkpoint_dir, const std::string& where) {
   const c10::IValue& entry = state_at(state, "optimizer", where);
   const auto shapes = model_.trained_parameter_shapes();
   if (auto shard = model_.optimizer_shard()) {
@@ -167,8 +177,9 @@ void TrainingState::load_rng(const StateDict& state, int64_t saved_world_size) {
   } else if (group.world_size() == 1 && state.contains("rng_state")) {
     set_cpu_rng_state(state.at("rng_state").toTensor());
   } else {
-    seed_everything(seed_ + static_cast<uint64_t>(group.rank()) +
-                    static_cast<uint64_t>(progress.iteration) * 1000003u);
+    seed_everything(
+        seed_ + static_cast<uint64_t>(group.rank()) +
+        static_cast<uint64_t>(progress.iteration) * 1000003u);
   }
 }
 

@@ -37,12 +37,12 @@ at::Tensor as_gloo_payload(const at::Tensor& tensor) {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum:
-      return c10d::ReduceOp::SUM;
-    case ReduceOp::kMax:
-      return c10d::ReduceOp::MAX;
-    case ReduceOp::kMin:
-      return c10d::ReduceOp::MIN;
+  case ReduceOp::kSum:
+    return c10d::ReduceOp::SUM;
+  case ReduceOp::kMax:
+    return c10d::ReduceOp::MAX;
+  case ReduceOp::kMin:
+    return c10d::ReduceOp::MIN;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -113,12 +113,16 @@ void Work::wait() {
     }
   } catch (const std::exception& e) {
     // Which rank stalled it, and where: the beacons say (a few seconds, on failure only).
-    const std::string diagnosis = state_->beacon
-        ? state_->beacon->diagnose(state_->sequence, state_->operation)
-        : "a peer process has probably died, stalled or is running a different collective";
+    const std::string diagnosis =
+        state_->beacon
+            ? state_->beacon->diagnose(state_->sequence, state_->operation)
+            : "a peer process has probably died, stalled or is running a different collective";
     throw CommError(fmt::format(
         "{} failed: {}. (c10d: {}; the timeout is {} s: DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS)",
-        state_->what, diagnosis, c10d_reason(e), state_->timeout.count() / 1000));
+        state_->what,
+        diagnosis,
+        c10d_reason(e),
+        state_->timeout.count() / 1000));
   }
   if (state_->then) {
     state_->then();
@@ -198,18 +202,26 @@ c10::intrusive_ptr<c10d::Store> connect_store(const ProcessGroupOptions& options
           "rank 0 could not serve the rendezvous at {}: the port is already in use (another "
           "job, or a previous run still exiting); choose another port (largo launch "
           "--master_port, MASTER_PORT, or DISTRIBUTED.RUN_ID=host:port). c10d said: {}",
-          where, message));
+          where,
+          message));
     }
     if (options.rank == 0) {
       throw CommError(fmt::format(
           "rank 0 served the rendezvous at {} but not all {} ranks joined within {} s; start "
           "every rank (world size {}) or check the other ranks' errors. c10d said: {}",
-          where, options.world_size, seconds, options.world_size, message));
+          where,
+          options.world_size,
+          seconds,
+          options.world_size,
+          message));
     }
     throw CommError(fmt::format(
         "rank {} could not reach the rendezvous master at {} within {} s: is rank 0 running, "
         "and are MASTER_ADDR and MASTER_PORT right? c10d said: {}",
-        options.rank, where, seconds, message));
+        options.rank,
+        where,
+        seconds,
+        message));
   }
 }
 
@@ -231,14 +243,18 @@ void check_world(c10d::Store& store, const ProcessGroupOptions& options) {
     return fmt::format(
         "world size mismatch: rank {} was started with world size {} but rank {} with {}; start "
         "every process of the job with the same WORLD_SIZE (nnodes x nproc_per_node)",
-        options.rank, own_size, other_rank, other_size);
+        options.rank,
+        own_size,
+        other_rank,
+        other_size);
   };
   try {
     if (store.add(fmt::format("largo/rank_claimed/{}", options.rank), 1) > 1) {
       throw CommError(fmt::format(
           "two processes claim rank {} of this job; every process needs a distinct RANK in "
           "[0, {})",
-          options.rank, options.world_size));
+          options.rank,
+          options.world_size));
     }
     set_text(fmt::format("largo/world_size/{}", options.rank), own_size);
     if (options.rank == 0) {
@@ -275,7 +291,10 @@ void check_world(c10d::Store& store, const ProcessGroupOptions& options) {
     throw CommError(fmt::format(
         "rank {} lost the rendezvous master at {}:{} while checking the job ({}): rank 0 has "
         "probably stopped with an error; see its output",
-        options.rank, options.master_addr, options.master_port, e.what()));
+        options.rank,
+        options.master_addr,
+        options.master_port,
+        e.what()));
   }
 }
 
@@ -283,8 +302,10 @@ void check_world(c10d::Store& store, const ProcessGroupOptions& options) {
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& options) {
   if (options.world_size < 1 || options.rank < 0 || options.rank >= options.world_size) {
-    throw ConfigError(fmt::format("rank {} of world size {}: expected 0 <= rank < world size >= 1",
-                                  options.rank, options.world_size));
+    throw ConfigError(fmt::format(
+        "rank {} of world size {}: expected 0 <= rank < world size >= 1",
+        options.rank,
+        options.world_size));
   }
   if (options.backend != "gloo" && options.backend != "nccl") {
     throw ConfigError(fmt::format(
@@ -308,38 +329,51 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& op
   impl->store = c10::make_intrusive<c10d::PrefixStore>("largo/" + options.backend, tcp_store);
   try {
     impl->beacon = std::make_shared<detail::ProgressBeacon>(
-        options.master_addr, options.master_port, options.rank, options.world_size,
+        options.master_addr,
+        options.master_port,
+        options.rank,
+        options.world_size,
         options.heartbeat_interval);
   } catch (const std::exception& e) {
-    throw CommError(fmt::format("rank {} lost the rendezvous master at {}:{}: {}", options.rank,
-                                options.master_addr, options.master_port, c10d_reason(e)));
+    throw CommError(fmt::format(
+        "rank {} lost the rendezvous master at {}:{}: {}",
+        options.rank,
+        options.master_addr,
+        options.master_port,
+        c10d_reason(e)));
   }
   try {
     if (options.backend == "gloo") {
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.collective_timeout);
       gloo_options->devices.push_back(gloo_device(options.master_addr));
       gloo_options->threads = options.gloo_threads;
-      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(impl->store, options.rank,
-                                                                   options.world_size, gloo_options);
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          impl->store, options.rank, options.world_size, gloo_options);
     } else {
 #if defined(LARGO_WITH_NCCL)
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = options.collective_timeout;
-      impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(impl->store, options.rank,
-                                                                   options.world_size, nccl_options);
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          impl->store, options.rank, options.world_size, nccl_options);
 #else
-      throw OptionError("ProcessGroupOptions::backend", "nccl",
-                        "gloo: this build of Largo has no NCCL, having been built against a "
-                        "libtorch without CUDA (docs/distributed.md, GPUs and NCCL, says how to "
-                        "build against a CUDA libtorch)");
+      throw OptionError(
+          "ProcessGroupOptions::backend",
+          "nccl",
+          "gloo: this build of Largo has no NCCL, having been built against a "
+          "libtorch without CUDA (docs/distributed.md, GPUs and NCCL, says how to "
+          "build against a CUDA libtorch)");
 #endif
     }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw CommError(fmt::format("rank {} of {} could not connect its {} process group to its "
-                                "peers: {}",
-                                options.rank, options.world_size, options.backend, e.what()));
+    throw CommError(fmt::format(
+        "rank {} of {} could not connect its {} process group to its "
+        "peers: {}",
+        options.rank,
+        options.world_size,
+        options.backend,
+        e.what()));
   }
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
@@ -367,7 +401,8 @@ Work ProcessGroup::launch(const std::string& what, const std::function<Work()>& 
     throw CommError(fmt::format(
         "{} failed: {}. A peer process has probably died or stalled; check the other ranks' "
         "logs",
-        what, c10d_reason(e)));
+        what,
+        c10d_reason(e)));
   }
 }
 
@@ -379,14 +414,18 @@ std::string operation_of(const char* collective, const at::Tensor& tensor) {
 
 } // namespace
 
-#define LARGO_WORK_STATE(collective, tensor)                                             \
-  auto state = std::make_shared<Work::State>();                                          \
-  state->operation = operation_of(collective, tensor);                                   \
-  state->beacon = impl_->beacon;                                                         \
-  state->sequence = impl_->beacon ? impl_->beacon->enter(state->operation) : 0;          \
-  state->what = fmt::format("{} (collective #{}) on rank {} of {} ({})", state->operation, \
-                            state->sequence, impl_->rank, impl_->world_size,             \
-                            impl_->backend_name);                                        \
+#define LARGO_WORK_STATE(collective, tensor)                                                       \
+  auto state = std::make_shared<Work::State>();                                                    \
+  state->operation = operation_of(collective, tensor);                                             \
+  state->beacon = impl_->beacon;                                                                   \
+  state->sequence = impl_->beacon ? impl_->beacon->enter(state->operation) : 0;                    \
+  state->what = fmt::format(                                                                       \
+      "{} (collective #{}) on rank {} of {} ({})",                                                 \
+      state->operation,                                                                            \
+      state->sequence,                                                                             \
+      impl_->rank,                                                                                 \
+      impl_->world_size,                                                                           \
+      impl_->backend_name);                                                                        \
   state->timeout = impl_->collective_timeout
 
 Work ProcessGroup::all_reduce_async(const at::Tensor& tensor, ReduceOp op) {
@@ -482,8 +521,9 @@ void ProcessGroup::reduce(const at::Tensor& tensor, int root, ReduceOp op) {
 }
 
 Work ProcessGroup::all_gather_async(const at::Tensor& output, const at::Tensor& input) {
-  TORCH_CHECK(output.is_contiguous() && output.numel() == input.numel() * impl_->world_size,
-              "all_gather: output must be contiguous with world_size * input.numel() elements");
+  TORCH_CHECK(
+      output.is_contiguous() && output.numel() == input.numel() * impl_->world_size,
+      "all_gather: output must be contiguous with world_size * input.numel() elements");
   if (!impl_->backend) {
     output.view_as(input).copy_(input);
     return Work();
@@ -524,11 +564,12 @@ void ProcessGroup::all_gather(const at::Tensor& output, const at::Tensor& input)
   all_gather_async(output, input).wait();
 }
 
-Work ProcessGroup::reduce_scatter_async(const at::Tensor& output, const at::Tensor& input,
-                                        ReduceOp op) {
-  TORCH_CHECK(input.is_contiguous() && input.numel() == output.numel() * impl_->world_size,
-              "reduce_scatter: input must be contiguous with world_size * output.numel() "
-              "elements");
+Work ProcessGroup::reduce_scatter_async(
+    const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
+  TORCH_CHECK(
+      input.is_contiguous() && input.numel() == output.numel() * impl_->world_size,
+      "reduce_scatter: input must be contiguous with world_size * output.numel() "
+      "elements");
   const int64_t n = output.numel();
   if (!impl_->backend) {
     output.copy_(input.view({-1}).narrow(0, 0, n).view_as(output));
@@ -587,8 +628,8 @@ constexpr int kPointToPointTagBase = 1 << 30;
 
 int ProcessGroup::global_rank(int rank) const {
   if (rank < 0 || rank >= impl_->world_size) {
-    throw Error(fmt::format("global_rank({}): expected a rank in [0, {})", rank,
-                            impl_->world_size));
+    throw Error(
+        fmt::format("global_rank({}): expected a rank in [0, {})", rank, impl_->world_size));
   }
   return impl_->global_ranks.empty() ? rank : impl_->global_ranks[rank];
 }
@@ -597,18 +638,28 @@ int ProcessGroup::global_rank(int rank) const {
 Work ProcessGroup::point_to_point(bool sending, const at::Tensor& tensor, int peer, int tag) {
   const char* what = sending ? "send" : "recv";
   if (peer < 0 || peer >= impl_->world_size || peer == impl_->rank) {
-    throw Error(fmt::format("{} on rank {} of {}: peer rank {} must be another rank of the group",
-                            what, impl_->rank, impl_->world_size, peer));
+    throw Error(fmt::format(
+        "{} on rank {} of {}: peer rank {} must be another rank of the group",
+        what,
+        impl_->rank,
+        impl_->world_size,
+        peer));
   }
   if (tag < 0 || tag >= kPointToPointTagBase) {
     throw Error(fmt::format("{}: tag {} is outside [0, 2^30)", what, tag));
   }
   TORCH_CHECK(tensor.is_contiguous(), what, ": the tensor must be contiguous");
   auto state = std::make_shared<Work::State>();
-  state->what = fmt::format("{} of {} {} rank {} (job rank {}) on rank {} of {} ({})", what,
-                            describe_bytes(tensor), sending ? "to" : "from", peer,
-                            global_rank(peer), impl_->rank, impl_->world_size,
-                            impl_->backend_name);
+  state->what = fmt::format(
+      "{} of {} {} rank {} (job rank {}) on rank {} of {} ({})",
+      what,
+      describe_bytes(tensor),
+      sending ? "to" : "from",
+      peer,
+      global_rank(peer),
+      impl_->rank,
+      impl_->world_size,
+      impl_->backend_name);
   state->timeout = impl_->collective_timeout;
   return launch(state->what, [&] {
     std::vector<at::Tensor> tensors{
@@ -646,8 +697,8 @@ void check_group_ranks(const std::vector<int>& ranks, int world_size) {
   }
   for (int rank : ranks) {
     if (rank < 0 || rank >= world_size) {
-      throw ConfigError(fmt::format("new_group: rank {} is outside the group's ranks [0, {})",
-                                    rank, world_size));
+      throw ConfigError(
+          fmt::format("new_group: rank {} is outside the group's ranks [0, {})", rank, world_size));
     }
     if (seen[static_cast<size_t>(rank)]) {
       throw ConfigError(fmt::format("new_group: rank {} is listed twice", rank));
@@ -678,8 +729,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
     return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
   }
   impl->backend_name = impl_->backend_name;
-  impl->store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("group{}", group_id),
-                                                       impl_->store);
+  impl->store =
+      c10::make_intrusive<c10d::PrefixStore>(fmt::format("group{}", group_id), impl_->store);
   try {
     if (impl->backend_name == "gloo") {
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(impl->collective_timeout);
@@ -700,7 +751,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
         "rank {} could not connect the sub-group of ranks [{}] (group {} of its parent) to its "
         "peers: {}. Every rank of the parent group must call new_group with the same ranks in "
         "the same order",
-        impl_->rank, fmt::join(ranks, ", "), group_id, e.what()));
+        impl_->rank,
+        fmt::join(ranks, ", "),
+        group_id,
+        e.what()));
   }
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }

@@ -47,11 +47,12 @@ register_norm(torch::nn::Module& parent, const std::string& name, torch::nn::Any
 
 // SwappableChildren for the blocks: `name` is one of the norm `members` (swapped for a plain
 // module) or the "downsample" Sequential.
-void swap_member(torch::nn::Module& parent,
-                 const std::string& name,
-                 const SwappedModule& replacement,
-                 std::initializer_list<std::pair<const char*, torch::nn::AnyModule*>> members,
-                 torch::nn::Sequential* downsample = nullptr) {
+void swap_member(
+    torch::nn::Module& parent,
+    const std::string& name,
+    const SwappedModule& replacement,
+    std::initializer_list<std::pair<const char*, torch::nn::AnyModule*>> members,
+    torch::nn::Sequential* downsample = nullptr) {
   if (name == "downsample" && downsample != nullptr && *downsample && replacement.sequential) {
     parent.replace_module(name, replacement.sequential.ptr());
     *downsample = replacement.sequential;
@@ -64,8 +65,8 @@ void swap_member(torch::nn::Module& parent,
       return;
     }
   }
-  throw Error(fmt::format("{} cannot swap its child {} for a {}", parent.name(), name,
-                          replacement.module()->name()));
+  throw Error(fmt::format(
+      "{} cannot swap its child {} for a {}", parent.name(), name, replacement.module()->name()));
 }
 
 at::Tensor shortcut(torch::nn::Sequential& downsample, const at::Tensor& x) {
@@ -189,8 +190,8 @@ BasicBlockImpl::BasicBlockImpl(
   bn2_ = register_norm(*this, "bn2", make_norm2d(norm, planes));
   const int64_t out_channels = planes * kExpansion;
   if (needs_projection(in_channels, out_channels, stride)) {
-    downsample_ = register_module(
-        "downsample", projection_shortcut(in_channels, out_channels, stride, norm));
+    downsample_ =
+        register_module("downsample", projection_shortcut(in_channels, out_channels, stride, norm));
   }
 }
 
@@ -223,8 +224,8 @@ BottleneckImpl::BottleneckImpl(
   conv3_ = register_module("conv3", conv(width, out_channels, 1, 1));
   bn3_ = register_norm(*this, "bn3", make_norm2d(norm, out_channels));
   if (needs_projection(in_channels, out_channels, stride)) {
-    downsample_ = register_module(
-        "downsample", projection_shortcut(in_channels, out_channels, stride, norm));
+    downsample_ =
+        register_module("downsample", projection_shortcut(in_channels, out_channels, stride, norm));
   }
 }
 
@@ -238,8 +239,8 @@ at::Tensor BottleneckImpl::forward(at::Tensor x) {
 }
 
 void BottleneckImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
-  swap_member(*this, name, replacement, {{"bn1", &bn1_}, {"bn2", &bn2_}, {"bn3", &bn3_}},
-              &downsample_);
+  swap_member(
+      *this, name, replacement, {{"bn1", &bn1_}, {"bn2", &bn2_}, {"bn3", &bn3_}}, &downsample_);
 }
 
 at::Tensor GlobalAvgPoolImpl::forward(at::Tensor x) {
@@ -260,8 +261,8 @@ std::string resnet_name_from_torchvision(const std::string& name, int64_t depth)
     return "head." + rest; // VISSL's mlp head: the same flat layer list as Largo's
   }
   const bool in_trunk = strip(name, "trunk._feature_blocks.", rest) ||
-      strip(name, "trunk.base_model._feature_blocks.", rest) ||
-      strip(name, "_feature_blocks.", rest);
+                        strip(name, "trunk.base_model._feature_blocks.", rest) ||
+                        strip(name, "_feature_blocks.", rest);
   const std::string torchvision = in_trunk ? rest : name;
   if (strip(torchvision, "conv1.", rest) || strip(torchvision, "bn1.", rest)) {
     return "trunk.0." + torchvision;
@@ -314,14 +315,19 @@ Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels) {
   const bool bottleneck = expansion == BottleneckImpl::kExpansion;
 
   torch::nn::Sequential blocks;
-  blocks->push_back(ResNetStem(in_channels, resnet_stem_channels(options),
-                               options.stem == "imagenet", options.norm));
+  blocks->push_back(ResNetStem(
+      in_channels, resnet_stem_channels(options), options.stem == "imagenet", options.norm));
   std::vector<at::Tensor> last_norm_weights;
   int64_t channels = resnet_stem_channels(options);
   for (const ResNetBlockSpec& spec : resnet_blocks(options)) {
     if (bottleneck) {
-      Bottleneck block(spec.in_channels, spec.planes, spec.stride, options.groups,
-                       options.width_per_group, options.norm);
+      Bottleneck block(
+          spec.in_channels,
+          spec.planes,
+          spec.stride,
+          options.groups,
+          options.width_per_group,
+          options.norm);
       last_norm_weights.push_back(norm_weight(block->last_norm()));
       blocks->push_back(block);
     } else {

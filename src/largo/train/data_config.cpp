@@ -50,9 +50,12 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
   if (kind != "disk_filelist") { // keys only a file list reads: refused rather than ignored
     for (const char* key : {".LABEL_PATHS", ".REMOVE_IMG_PATH_PREFIX", ".NEW_IMG_PATH_PREFIX"}) {
       const YAML::Node value = config.node(prefix + key);
-      require(value.IsNull() || (value.IsScalar() && value.Scalar().empty()) ||
-                  (value.IsSequence() && value.size() == 0),
-              prefix + key, "(given)", "unset: it applies to DATA_SOURCES [disk_filelist] only");
+      require(
+          value.IsNull() || (value.IsScalar() && value.Scalar().empty()) ||
+              (value.IsSequence() && value.size() == 0),
+          prefix + key,
+          "(given)",
+          "unset: it applies to DATA_SOURCES [disk_filelist] only");
     }
   }
   if (kind == "synthetic") {
@@ -162,19 +165,33 @@ void check_synthetic_fits_machine(const data::DataSplitOptions& split, const std
   const auto& shape = source.synthetic_image_shape;
   const auto batch = static_cast<uint64_t>(split.batch_size);
   require_memory(
-      saturating_product({batch, static_cast<uint64_t>(shape[0]), static_cast<uint64_t>(shape[1]),
-                          static_cast<uint64_t>(shape[2]), 1 + 4}),
-      fmt::format("a batch of {}.BATCHSIZE_PER_REPLICA = {} images of {}.SYNTHETIC.IMAGE_SHAPE = "
-                  "[{}]", prefix, split.batch_size, prefix, fmt::join(shape, ", ")));
+      saturating_product(
+          {batch,
+           static_cast<uint64_t>(shape[0]),
+           static_cast<uint64_t>(shape[1]),
+           static_cast<uint64_t>(shape[2]),
+           1 + 4}),
+      fmt::format(
+          "a batch of {}.BATCHSIZE_PER_REPLICA = {} images of {}.SYNTHETIC.IMAGE_SHAPE = "
+          "[{}]",
+          prefix,
+          split.batch_size,
+          prefix,
+          fmt::join(shape, ", ")));
   require_memory(
       saturating_product({static_cast<uint64_t>(source.synthetic_num_samples), 16}),
-      fmt::format("the samplers' index order over {}.SYNTHETIC.NUM_SAMPLES = {}", prefix,
-                  source.synthetic_num_samples));
+      fmt::format(
+          "the samplers' index order over {}.SYNTHETIC.NUM_SAMPLES = {}",
+          prefix,
+          source.synthetic_num_samples));
   // A batch's logits, their gradient and the softmax: one float per class and sample each.
   require_memory(
       saturating_product({batch, static_cast<uint64_t>(source.synthetic_num_classes), 4 * 3}),
-      fmt::format("the logits of a batch of {} for {}.SYNTHETIC.NUM_CLASSES = {}",
-                  split.batch_size, prefix, source.synthetic_num_classes));
+      fmt::format(
+          "the logits of a batch of {} for {}.SYNTHETIC.NUM_CLASSES = {}",
+          split.batch_size,
+          prefix,
+          source.synthetic_num_classes));
 }
 
 } // namespace
@@ -227,7 +244,9 @@ DataLoadingOptions data_loading_from(const Config& config) {
     throw ResourceError(fmt::format(
         "config key DATA.NUM_DATALOADER_WORKERS = {}: this machine gives the process {} cores, "
         "so at most {} (4 per core)",
-        loading.num_workers, available_cpu_cores(), limit));
+        loading.num_workers,
+        available_cpu_cores(),
+        limit));
   }
   loading.pin_memory = config.get_bool("DATA.PIN_MEMORY");
   loading.async_gpu_copy = config.get_bool("DATA.ENABLE_ASYNC_GPU_COPY");

@@ -17,8 +17,11 @@ namespace {
 
 // Under FSDP an evaluation forward gathers units (collectives), so every rank must run as
 // many as the rank with the most test batches: the others run forwards on zeros.
-void pad_collective_forwards(parallel::ParallelModel& model, int64_t num_batches,
-                             const std::vector<int64_t>& sample_shape, torch::Device device) {
+void pad_collective_forwards(
+    parallel::ParallelModel& model,
+    int64_t num_batches,
+    const std::vector<int64_t>& sample_shape,
+    torch::Device device) {
   if (!model.forward_communicates_without_grad()) {
     return;
   }
@@ -33,11 +36,16 @@ void pad_collective_forwards(parallel::ParallelModel& model, int64_t num_batches
 
 } // namespace
 
-EvaluationResult evaluate(parallel::ParallelModel& model, TrainingData& data,
-                          torch::Device device, const EvaluationOptions& options) {
+EvaluationResult evaluate(
+    parallel::ParallelModel& model,
+    TrainingData& data,
+    torch::Device device,
+    const EvaluationOptions& options) {
   model.module()->eval();
   torch::NoGradGuard no_grad;
   AccuracyMeter meter(options.topk_values);
+  ClassificationLossOptions summed = options.loss;
+  summed.sum = true; // the batches' and ranks' sums, divided once by the sample count
   double loss_sum = 0.0;
   data::DataLoader& loader = data.test_loader();
   loader.start_epoch(data.test_order(), /*epoch=*/0, /*start_batch=*/0);
@@ -46,12 +54,7 @@ EvaluationResult evaluate(parallel::ParallelModel& model, TrainingData& data,
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
     at::Tensor logits = model.forward(images);
-    loss_sum += torch::nn::functional::cross_entropy(
-                    logits, labels,
-                    torch::nn::functional::CrossEntropyFuncOptions()
-                        .ignore_index(options.loss_ignore_index)
-                        .reduction(torch::kSum))
-                    .item<double>();
+    loss_sum += classification_loss(logits, labels, summed).item<double>();
     meter.update(logits, labels);
   }
   pad_collective_forwards(model, num_batches, options.sample_shape, device);

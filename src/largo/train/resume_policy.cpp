@@ -2,7 +2,7 @@
 
 #include <largo/checkpoint/zip_archive.h>
 #include <largo/core/error.h>
-#include <largo/train/sharded_checkpoint.h>
+#include <largo/checkpoint/sharded_checkpoint.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -57,7 +57,7 @@ void require_entry(
 // The shard files a ZeRO checkpoint's optimizer entry lists must be beside it and intact.
 void check_shards(const checkpoint::StateDict& state, const fs::path& path) {
   const c10::IValue& optimizer = state.at("optimizer");
-  if (!is_sharded_optimizer_entry(optimizer)) {
+  if (!checkpoint::is_sharded_optimizer_entry(optimizer)) {
     return;
   }
   auto files = optimizer.toGenericDict().find("shard_files");
@@ -139,8 +139,8 @@ std::vector<fs::path> checkpoint_files(const fs::path& run_dir) {
   std::error_code ec;
   for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (!ends_with(name, ".torch") || name == checkpoint::kLatestCheckpointName || is_shard_file(name) ||
-        !it->is_regular_file(ec)) {
+    if (!ends_with(name, ".torch") || name == checkpoint::kLatestCheckpointName ||
+        is_shard_file(name) || !it->is_regular_file(ec)) {
       continue;
     }
     found.emplace_back(fs::last_write_time(it->path(), ec), it->path());
@@ -211,10 +211,14 @@ std::optional<ResumeChoice> choose_resume_checkpoint(const fs::path& run_dir) {
       while (!reasons.empty() && reasons.back() == '.') {
         reasons.pop_back();
       }
-      return ResumeChoice{candidate, std::move(state),
-                          fmt::format("resuming from {}, the newest intact checkpoint, because "
-                                      "{}. What was trained after it is trained again.",
-                                      candidate.string(), reasons)};
+      return ResumeChoice{
+          candidate,
+          std::move(state),
+          fmt::format(
+              "resuming from {}, the newest intact checkpoint, because "
+              "{}. What was trained after it is trained again.",
+              candidate.string(),
+              reasons)};
     } catch (const CheckpointError& e) {
       refused.push_back(e.what());
     }

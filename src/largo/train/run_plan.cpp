@@ -76,7 +76,8 @@ parallel::DataParallelism data_parallelism_of(const TrainerOptions& options) {
 parallel::FullyShardedDataParallelOptions fully_sharded_options(const TrainerOptions& options) {
   parallel::FullyShardedDataParallelOptions fsdp;
   // VISSL wraps the trunk's blocks that reach AUTO_WRAP_THRESHOLD; the head stays in the root.
-  fsdp.wrap_policy = parallel::WrapPolicy::elements_of("trunk") &&
+  fsdp.wrap_policy =
+      parallel::WrapPolicy::elements_of("trunk") &&
       parallel::WrapPolicy::min_trainable_parameters(options.fsdp.auto_wrap_threshold);
   fsdp.reshard_after_forward = options.fsdp.reshard_after_forward;
   fsdp.prefetch = options.fsdp.prefetch;
@@ -122,7 +123,7 @@ parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
 
 c10::Device device_of(const TrainerOptions& options) {
   return options.device == "gpu" && torch::cuda::is_available() ? c10::Device(c10::kCUDA)
-                                                                 : c10::Device(c10::kCPU);
+                                                                : c10::Device(c10::kCPU);
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
@@ -140,14 +141,16 @@ void check_data_fits_model(const RunPlan& plan) {
     throw ConfigError(fmt::format(
         "MODEL.TRUNK.NAME = {} takes square images, but DATA.TRAIN yields {} images (after "
         "DATA.TRAIN.TRANSFORMS); add a crop with a square size to DATA.TRAIN.TRANSFORMS",
-        trunk, shape_text(train)));
+        trunk,
+        shape_text(train)));
   }
   if (test != train) {
     throw ConfigError(fmt::format(
         "DATA.TEST yields {} images but the model is built for DATA.TRAIN's {} images (both "
         "after their TRANSFORMS){}; make them agree (e.g. the same crop size in "
         "DATA.TEST.TRANSFORMS, or the same dataset)",
-        shape_text(test), shape_text(train),
+        shape_text(test),
+        shape_text(train),
         test[0] != train[0] ? ": the channel counts differ" : ""));
   }
   if (plan.test_shape.num_classes > plan.model.num_classes) {
@@ -155,8 +158,11 @@ void check_data_fits_model(const RunPlan& plan) {
         "DATA.TEST has {} classes but the model's head has {} outputs; labels {}..{} could not "
         "be scored. Use the training classes in the test split (or a head with MODEL.HEAD.PARAMS "
         "dims ending in {})",
-        plan.test_shape.num_classes, plan.model.num_classes, plan.model.num_classes,
-        plan.test_shape.num_classes - 1, plan.test_shape.num_classes));
+        plan.test_shape.num_classes,
+        plan.model.num_classes,
+        plan.model.num_classes,
+        plan.test_shape.num_classes - 1,
+        plan.test_shape.num_classes));
   }
 }
 
@@ -166,18 +172,22 @@ void check_mlp_fits_machine(const RunPlan& plan) {
     return;
   }
   const std::vector<int64_t>& shape = plan.train_shape.sample_shape;
-  uint64_t inputs = saturating_product({static_cast<uint64_t>(shape[0]),
-                                        static_cast<uint64_t>(shape[1]),
-                                        static_cast<uint64_t>(shape[2])});
+  uint64_t inputs = saturating_product(
+      {static_cast<uint64_t>(shape[0]),
+       static_cast<uint64_t>(shape[1]),
+       static_cast<uint64_t>(shape[2])});
   uint64_t bytes = 0;
   for (int64_t width : plan.model.mlp.hidden_dims) {
     const uint64_t layer = saturating_product({inputs + 1, static_cast<uint64_t>(width), 4});
     bytes = __builtin_add_overflow(bytes, layer, &bytes) ? UINT64_MAX : bytes;
     inputs = static_cast<uint64_t>(width);
   }
-  require_memory(bytes, fmt::format("MODEL.TRUNK.MLP.HIDDEN_DIMS = [{}] (the MLP's float32 "
-                                    "parameters alone)",
-                                    fmt::join(plan.model.mlp.hidden_dims, ", ")));
+  require_memory(
+      bytes,
+      fmt::format(
+          "MODEL.TRUNK.MLP.HIDDEN_DIMS = [{}] (the MLP's float32 "
+          "parameters alone)",
+          fmt::join(plan.model.mlp.hidden_dims, ", ")));
 }
 
 void fill_model_from_data(RunPlan& plan) {
@@ -193,8 +203,14 @@ void fill_model_from_data(RunPlan& plan) {
   }
   check_data_fits_model(plan);
   check_mlp_fits_machine(plan);
+  const std::vector<double>& weight = plan.options.loss.weight;
+  if (!weight.empty() && static_cast<int64_t>(weight.size()) != model.num_classes) {
+    throw config_error(
+        "LOSS.cross_entropy_multiple_output_single_target.weight",
+        fmt::format("{} values", weight.size()),
+        fmt::format("one weight per class: {} values", model.num_classes));
+  }
 }
-
 
 // Splits larger than the trunk can only be found with the model in hand.
 void check_checkpointing_splits(const RunPlan& plan) {
@@ -204,24 +220,28 @@ void check_checkpointing_splits(const RunPlan& plan) {
   const int64_t blocks = models::build_model(plan.model)->num_trunk_blocks();
   const int64_t splits = plan.options.activation_checkpointing.num_splits;
   if (splits < 1 || splits > blocks) {
-    throw config_error("MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS",
-                       std::to_string(splits),
-                       fmt::format("a number of segments from 1 to {} (the {} trunk has {} "
-                                   "blocks)",
-                                   blocks, plan.model.trunk_name, blocks));
+    throw config_error(
+        "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS",
+        std::to_string(splits),
+        fmt::format(
+            "a number of segments from 1 to {} (the {} trunk has {} "
+            "blocks)",
+            blocks,
+            plan.model.trunk_name,
+            blocks));
   }
 }
 
 void scale_learning_rates(RunPlan& plan) {
   const OptimizerOptions& optimizer = plan.options.optimizer;
   plan.lr = optimizer.lr;
-  optim::apply_auto_lr_scaling(plan.lr, optimizer.lr_scaling, plan.global_batch,
-                               plan.batch_per_node);
+  optim::apply_auto_lr_scaling(
+      plan.lr, optimizer.lr_scaling, plan.global_batch, plan.batch_per_node);
   plan.lr_head = plan.lr;
   if (optimizer.head_use_different_lr) {
     plan.lr_head = optimizer.lr_head;
-    optim::apply_auto_lr_scaling(plan.lr_head, optimizer.lr_head_scaling, plan.global_batch,
-                                 plan.batch_per_node);
+    optim::apply_auto_lr_scaling(
+        plan.lr_head, optimizer.lr_head_scaling, plan.global_batch, plan.batch_per_node);
   }
 }
 
@@ -249,9 +269,11 @@ RunPlan resolve_run(const Config& config) {
   }
   world.backend = process_group_backend(options);
   if (world.backend == "nccl" && world.world_size > 1 && !comm::ProcessGroup::nccl_built()) {
-    throw config_error("DISTRIBUTED.BACKEND", "nccl",
-                       "gloo: this build of Largo has no NCCL, having been built against a "
-                       "libtorch without CUDA (docs/distributed.md, GPUs and NCCL)");
+    throw config_error(
+        "DISTRIBUTED.BACKEND",
+        "nccl",
+        "gloo: this build of Largo has no NCCL, having been built against a "
+        "libtorch without CUDA (docs/distributed.md, GPUs and NCCL)");
   }
   return resolve_run(std::move(options), world);
 }
@@ -280,18 +302,23 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   scale_learning_rates(plan);
 
   plan.parallel = parallel_options_of(plan);
-  rethrow_with_yaml_keys([&] {
-    parallel::check_parallel_options(plan.parallel, world.world_size, world.backend);
-  });
+  rethrow_with_yaml_keys(
+      [&] { parallel::check_parallel_options(plan.parallel, world.world_size, world.backend); });
   return plan;
 }
 
 std::string RunPlan::describe() const {
-  return fmt::format("{}, {} over {} rank(s) ({}), global batch {} = {} per rank x {} rank(s) "
-                     "x {} accumulation step(s)",
-                     precision.describe(), parallel::to_string(parallel.data_parallelism),
-                     world.world_size, world.backend, global_batch, batch_per_rank,
-                     world.world_size, options.gradient_accumulation_steps);
+  return fmt::format(
+      "{}, {} over {} rank(s) ({}), global batch {} = {} per rank x {} rank(s) "
+      "x {} accumulation step(s)",
+      precision.describe(),
+      parallel::to_string(parallel.data_parallelism),
+      world.world_size,
+      world.backend,
+      global_batch,
+      batch_per_rank,
+      world.world_size,
+      options.gradient_accumulation_steps);
 }
 
 } // namespace largo::train

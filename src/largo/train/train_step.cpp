@@ -4,12 +4,11 @@
 
 namespace largo::train {
 
-TrainStep::TrainStep(parallel::ParallelModel& model, torch::Device device,
-                     TrainStepOptions options)
+TrainStep::TrainStep(parallel::ParallelModel& model, torch::Device device, TrainStepOptions options)
     : model_(model), device_(device), options_(options) {}
 
-StepResult TrainStep::run(const std::function<data::Batch()>& next_batch,
-                          int64_t num_micro_batches) {
+StepResult
+TrainStep::run(const std::function<data::Batch()>& next_batch, int64_t num_micro_batches) {
   model_.zero_grad();
   StepResult result;
   float loss_sum = 0.0f;
@@ -19,9 +18,7 @@ StepResult TrainStep::run(const std::function<data::Batch()>& next_batch,
     at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
     at::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
     auto scope = model_.micro_step(/*synchronize=*/micro + 1 == num_micro_batches);
-    at::Tensor loss = torch::nn::functional::cross_entropy(
-        model_.forward(images), labels,
-        torch::nn::functional::CrossEntropyFuncOptions().ignore_index(options_.loss_ignore_index));
+    at::Tensor loss = classification_loss(model_.forward(images), labels, options_.loss);
     const float loss_value = loss.item<float>();
     // Not thrown here: the ranks decide together in finish_backward, so that a NaN on one
     // rank stops (or, with loss scaling, skips) every rank at the same step.

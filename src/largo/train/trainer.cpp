@@ -2,15 +2,18 @@
 
 #include <largo/checkpoint/run_directory.h>
 #include <largo/checkpoint/training_state.h>
+#include <largo/checkpoint/weights_init.h>
 #include <largo/comm/world_info.h>
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
+#include <largo/core/machine_report.h>
 #include <largo/core/malloc_tuning.h>
 #include <largo/core/rng_state.h>
 #include <largo/models/model_factory.h>
 #include <largo/models/parameter_count.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
+#include <largo/parallel/sync_batch_norm.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>
 #include <largo/train/train_step.h>
@@ -29,13 +32,14 @@ namespace fs = std::filesystem;
 namespace {
 
 // The process group of this run: one from the launcher's environment, or a single process.
-std::shared_ptr<comm::ProcessGroup> join_world(const DistributedOptions& options,
-                                               const std::string& backend) {
+std::shared_ptr<comm::ProcessGroup>
+join_world(const DistributedOptions& options, const std::string& backend) {
   comm::ProcessGroupOptions group_options;
   group_options.backend = backend;
   group_options.rendezvous_timeout = std::chrono::seconds(options.rendezvous_timeout_seconds);
   group_options.collective_timeout = std::chrono::seconds(options.collective_timeout_seconds);
-  return rethrow_with_yaml_keys([&] { return comm::ProcessGroup::from_environment(group_options); });
+  return rethrow_with_yaml_keys(
+      [&] { return comm::ProcessGroup::from_environment(group_options); });
 }
 
 RunWorld world_of(const comm::ProcessGroup& group) {
@@ -43,7 +47,8 @@ RunWorld world_of(const comm::ProcessGroup& group) {
   world.world_size = group.world_size();
   world.backend = group.backend();
   auto environment = group.world_size() > 1 ? comm::world_from_environment() : std::nullopt;
-  world.procs_per_node = environment ? std::max(1, environment->local_world_size) : world.world_size;
+  world.procs_per_node =
+      environment ? std::max(1, environment->local_world_size) : world.world_size;
   return world;
 }
 
@@ -52,8 +57,8 @@ RunWorld world_of(const comm::ProcessGroup& group) {
 int64_t set_threads(int64_t configured, int procs_per_node) {
   int64_t threads = configured;
   if (threads == 0) {
-    threads = std::max<int64_t>(1, std::max(1u, std::thread::hardware_concurrency()) /
-                                       std::max(1, procs_per_node));
+    threads = std::max<int64_t>(
+        1, std::max(1u, std::thread::hardware_concurrency()) / std::max(1, procs_per_node));
   }
   torch::set_num_threads(static_cast<int>(threads));
   return threads;
@@ -70,8 +75,8 @@ torch::Device pick_device(const TrainerOptions& options) {
   // One GPU per process: the launcher's LOCAL_RANK picks it.
   auto world = comm::world_from_environment();
   const int local_rank = world ? world->local_rank : 0;
-  return torch::Device(torch::kCUDA,
-                       static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
+  return torch::Device(
+      torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
 }
 
 } // namespace
@@ -105,6 +110,7 @@ struct Trainer::State {
   }
   void setup();
   void build_model();
+  bool will_resume() const;
   void parallelize_model();
   void open_records();
   void add_hooks();
@@ -118,18 +124,21 @@ struct Trainer::State {
   [[noreturn]] void throw_diverged(const StepResult& result) const;
 };
 
-Trainer::Trainer(TrainerOptions options, std::string effective_config_yaml,
-                 std::shared_ptr<comm::ProcessGroup> group)
+Trainer::Trainer(
+    TrainerOptions options,
+    std::string effective_config_yaml,
+    std::shared_ptr<comm::ProcessGroup> group)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
-  s.group = group ? std::move(group) : join_world(options.distributed, process_group_backend(options));
+  s.group =
+      group ? std::move(group) : join_world(options.distributed, process_group_backend(options));
   s.plan = resolve_run(std::move(options), world_of(*s.group));
   s.config_yaml = std::move(effective_config_yaml);
   s.setup();
 }
 
-Trainer::Trainer(RunPlan plan, std::string effective_config_yaml,
-                 std::shared_ptr<comm::ProcessGroup> group)
+Trainer::Trainer(
+    RunPlan plan, std::string effective_config_yaml, std::shared_ptr<comm::ProcessGroup> group)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.group = group ? std::move(group) : join_world(plan.options.distributed, plan.world.backend);
@@ -164,21 +173,27 @@ void Trainer::State::setup() {
     throw DataError(fmt::format(
         "the training data delivers samples of [{}], but the model was planned for [{}] from "
         "the config; the data changed between the two (DATA.TRAIN.DATA_PATHS)",
-        fmt::join(data->train_sample_shape(), ", "), fmt::join(plan.train_shape.sample_shape, ", ")));
+        fmt::join(data->train_sample_shape(), ", "),
+        fmt::join(plan.train_shape.sample_shape, ", ")));
   }
   build_model();
   parallelize_model();
   checkpoint::SamplerDescription sampler{
       options().train.use_stateful_sampler ? "StatefulDistributedSampler" : "DistributedSampler",
-      options().train.batch_size, options().gradient_accumulation_steps};
-  state = std::make_unique<checkpoint::TrainingState>(*parallel, sampler, config_yaml,
-                                                      options().seed);
+      options().train.batch_size,
+      options().gradient_accumulation_steps};
+  state =
+      std::make_unique<checkpoint::TrainingState>(*parallel, sampler, config_yaml, options().seed);
   progress().iterations_per_epoch = data->iterations_per_epoch();
   progress().num_epochs = options().optimizer.num_epochs;
   step = std::make_unique<TrainStep>(
-      *parallel, device,
-      TrainStepOptions{options().loss_ignore_index, options().use_grad_clip,
-                       options().grad_clip_max_norm, options().grad_clip_norm_type});
+      *parallel,
+      device,
+      TrainStepOptions{
+          options().loss,
+          options().use_grad_clip,
+          options().grad_clip_max_norm,
+          options().grad_clip_norm_type});
   lr_schedule = optim::make_schedule(plan.lr);
   lr_head_schedule = optim::make_schedule(plan.lr_head);
   open_records();
@@ -186,18 +201,43 @@ void Trainer::State::setup() {
   log_start();
 }
 
-// Initialized from SEED_VALUE, so every run (and every rank) starts the same.
+// Initialized from SEED_VALUE, or from MODEL.WEIGHTS_INIT on a fresh start (every rank reads
+// the file: FSDP shards what each rank holds); then SyncBatchNorm in place of BatchNorm2d,
+// before the model is wrapped for data parallelism.
 void Trainer::State::build_model() {
   seed_everything(options().seed);
   model = models::build_model(plan.model);
+  const checkpoint::WeightsInitOptions& weights = options().weights_init;
+  if (!weights.params_file.empty() && !will_resume()) {
+    const checkpoint::WeightsInitReport report =
+        checkpoint::init_weights_from_file(*model, weights);
+    if (group->rank() == 0) {
+      spdlog::info("{}", report.describe(weights.params_file.string()));
+    }
+  }
+  const SyncBatchNormSettings& sync = options().sync_batch_norm;
+  if (sync.convert) {
+    parallel::convert_sync_batchnorm(
+        model.ptr(),
+        group,
+        parallel::sync_bn_group_size(
+            sync.group_size, plan.world.procs_per_node, group->world_size()));
+  }
   model->to(device);
+}
+
+// Whether this run continues from a checkpoint of its directory (train/resume_policy.h).
+bool Trainer::State::will_resume() const {
+  return options().checkpoint.auto_resume && fs::is_directory(run_dir()) &&
+         !checkpoint_files(run_dir()).empty();
 }
 
 void Trainer::State::parallelize_model() {
   const OptimizerOptions& optimizer = options().optimizer;
   optim::OptimizerSpec spec = optimizer.spec;
   if (spec.use_larc && optimizer.larc_exclude_bias_and_norm) {
-    for (auto& name : optim::bias_and_norm_parameter_names(*model, optimizer.param_groups.is_norm_layer)) {
+    for (auto& name :
+         optim::bias_and_norm_parameter_names(*model, optimizer.param_groups.is_norm_layer)) {
       spec.larc.excluded_from_adaptation.insert(std::move(name));
     }
   }
@@ -205,8 +245,12 @@ void Trainer::State::parallelize_model() {
     return optim::make_optimizer(std::move(groups), spec);
   };
   parallel = rethrow_with_yaml_keys([&] {
-    return parallel::parallelize(model, optim::build_param_groups(*model, optimizer.param_groups),
-                                 make_optimizer, group, plan.parallel);
+    return parallel::parallelize(
+        model,
+        optim::build_param_groups(*model, optimizer.param_groups),
+        make_optimizer,
+        group,
+        plan.parallel);
   });
   if (parallel->activation_memory_report()) {
     step_memory.emplace(device);
@@ -230,25 +274,36 @@ void Trainer::State::open_records() {
 }
 
 void Trainer::State::add_hooks() {
-  hooks.push_back(std::make_unique<LoggingHook>(*parallel, data->train_loader(), records,
-                                                options().log_frequency));
+  hooks.push_back(std::make_unique<LoggingHook>(
+      *parallel, data->train_loader(), records, options().log_frequency));
   if (options().test_model) {
-    EvaluationOptions evaluation{options().topk_values, options().loss_ignore_index,
-                                 plan.test_shape.sample_shape};
-    hooks.push_back(std::make_unique<EvaluationHook>(*parallel, *data, device, evaluation,
-                                                     options().test_every_num_epoch, records));
+    EvaluationOptions evaluation{
+        options().topk_values, options().loss, plan.test_shape.sample_shape};
+    hooks.push_back(std::make_unique<EvaluationHook>(
+        *parallel, *data, device, evaluation, options().test_every_num_epoch, records));
   }
-  hooks.push_back(std::make_unique<CheckpointHook>(*state, run_dir(),
-                                                   options().checkpoint.frequency_epochs,
-                                                   options().checkpoint.frequency_iterations,
-                                                   records));
+  hooks.push_back(std::make_unique<CheckpointHook>(
+      *state,
+      run_dir(),
+      options().checkpoint.frequency_epochs,
+      options().checkpoint.frequency_iterations,
+      records));
 }
 
 void Trainer::State::log_start() const {
-  spdlog::info("model {}: {} parameters; {} training samples, {} test samples; {} iterations/epoch; "
-               "{} threads on {}",
-               plan.model.trunk_name, models::count_parameters(*model), data->num_train_samples(),
-               data->num_test_samples(), data->iterations_per_epoch(), threads, device.str());
+  spdlog::info(
+      "model {}: {} parameters; {} training samples, {} test samples; {} iterations/epoch; "
+      "{} threads on {}",
+      plan.model.trunk_name,
+      models::count_parameters(*model),
+      data->num_train_samples(),
+      data->num_test_samples(),
+      data->iterations_per_epoch(),
+      threads,
+      device.str());
+  if (group->rank() == 0) { // the BLAS, ISA and thread counts, warnings that say how to fix them
+    log_machine_report(describe_machine({plan.world.procs_per_node}));
+  }
   spdlog::info("run: {}", plan.describe());
   spdlog::info("parallel: {}", parallel->describe());
   if (const auto& report = parallel->activation_memory_report()) {
@@ -271,15 +326,19 @@ bool Trainer::State::resume() {
     spdlog::warn("{}", choice->warning);
   }
   if (!state->load(choice->path, /*unless_final=*/options().checkpoint.overwrite_existing)) {
-    spdlog::info("{} is a final checkpoint; CHECKPOINT.OVERWRITE_EXISTING is set, so training "
-                 "starts again from scratch",
-                 fs::canonical(choice->path).string());
+    spdlog::info(
+        "{} is a final checkpoint; CHECKPOINT.OVERWRITE_EXISTING is set, so training "
+        "starts again from scratch",
+        fs::canonical(choice->path).string());
     start_fresh(/*overwrite_existing=*/true);
     return false;
   }
-  spdlog::info("resuming from {} (epoch {}, iteration {} of the epoch, {} iterations in all)",
-               fs::canonical(choice->path).string(), progress().epoch,
-               progress().iteration_in_epoch, progress().iteration);
+  spdlog::info(
+      "resuming from {} (epoch {}, iteration {} of the epoch, {} iterations in all)",
+      fs::canonical(choice->path).string(),
+      progress().epoch,
+      progress().iteration_in_epoch,
+      progress().iteration);
   return true;
 }
 
@@ -295,8 +354,12 @@ void Trainer::State::start_fresh(bool overwrite_existing) {
 void Trainer::State::set_learning_rates() {
   const checkpoint::TrainingProgress& p = progress();
   auto lr_at = [&](const optim::LrSchedule& schedule, const optim::ScheduleOptions& options) {
-    const double where = optim::where_for(p.epoch, p.iteration_in_epoch, p.iterations_per_epoch,
-                                          p.num_epochs, options.update_interval);
+    const double where = optim::where_for(
+        p.epoch,
+        p.iteration_in_epoch,
+        p.iterations_per_epoch,
+        p.num_epochs,
+        options.update_interval);
     return schedule.value_at(std::min(where, 1.0));
   };
   const double trunk_lr = lr_at(*lr_schedule, plan.lr);
@@ -323,33 +386,42 @@ StepResult Trainer::State::run_step() {
     return step->run(next_batch, std::min(options().gradient_accumulation_steps, batches_left));
   } catch (const TrainingError& error) { // the loss scale cannot back off any further
     records.progress_bar.clear();
-    throw TrainingError(fmt::format("at epoch {} iteration {} (global iteration {}): {}",
-                                    progress().epoch + 1, progress().iteration_in_epoch + 1,
-                                    progress().iteration + 1, error.what()));
+    throw TrainingError(fmt::format(
+        "at epoch {} iteration {} (global iteration {}): {}",
+        progress().epoch + 1,
+        progress().iteration_in_epoch + 1,
+        progress().iteration + 1,
+        error.what()));
   }
 }
 
 void Trainer::State::throw_diverged(const StepResult& result) const {
   const checkpoint::TrainingProgress& p = state->progress;
   const std::string where = fmt::format(
-      "at epoch {} iteration {} (global iteration {}{})", p.epoch + 1, p.iteration_in_epoch + 1,
+      "at epoch {} iteration {} (global iteration {}{})",
+      p.epoch + 1,
+      p.iteration_in_epoch + 1,
       p.iteration + 1,
       group->world_size() > 1 ? fmt::format(", rank {} of {}", group->rank(), group->world_size())
                               : "");
-  const std::string what = !std::isfinite(result.non_finite_loss)
-      ? fmt::format("the training loss is {} {}", result.non_finite_loss, where)
-      : fmt::format("a gradient is inf or NaN {} (on this rank or another)", where);
+  const std::string what =
+      !std::isfinite(result.non_finite_loss)
+          ? fmt::format("the training loss is {} {}", result.non_finite_loss, where)
+          : fmt::format("a gradient is inf or NaN {} (on this rank or another)", where);
   throw TrainingError(fmt::format(
       "{}; training stopped without writing a checkpoint, so {} still holds the last good "
       "state. Lower the learning rate or check the data, then resume.",
-      what, (run_dir() / checkpoint::kLatestCheckpointName).string()));
+      what,
+      (run_dir() / checkpoint::kLatestCheckpointName).string()));
 }
 
 bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
   checkpoint::TrainingProgress& p = progress();
   model->train();
-  data->train_loader().start_epoch(data->train_epoch_order(p.epoch), p.epoch,
-                                   p.iteration_in_epoch * options().gradient_accumulation_steps);
+  data->train_loader().start_epoch(
+      data->train_epoch_order(p.epoch),
+      p.epoch,
+      p.iteration_in_epoch * options().gradient_accumulation_steps);
   while (p.iteration_in_epoch < p.iterations_per_epoch) {
     set_learning_rates();
     const StepResult result = run_step();
@@ -362,7 +434,8 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     summary.iteration_losses.push_back(result.loss);
     if (!model_state_logged) { // after the first step, when the optimizer state exists
       model_state_logged = true;
-      spdlog::info("{}", parallel->memory_report(&options().optimizer.spec).describe(group->rank()));
+      spdlog::info(
+          "{}", parallel->memory_report(&options().optimizer.spec).describe(group->rank()));
     }
     std::optional<int64_t> peak;
     if (step_memory) {
@@ -397,9 +470,11 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   summary.resumed = s.resume();
   if (p.complete) {
-    spdlog::info("training is already complete in {} (final checkpoint, {} epochs); set "
-                 "CHECKPOINT.OVERWRITE_EXISTING=True to train again",
-                 s.run_dir().string(), p.epoch);
+    spdlog::info(
+        "training is already complete in {} (final checkpoint, {} epochs); set "
+        "CHECKPOINT.OVERWRITE_EXISTING=True to train again",
+        s.run_dir().string(),
+        p.epoch);
     summary.already_complete = true;
   }
   int64_t iterations_left = s.options().stop_after_iterations;

@@ -1,11 +1,11 @@
 #include <largo/train/trainer_config.h>
 
-#include <largo/train/data_config.h>
-#include <largo/models/resnet.h>
 #include <largo/core/resources.h>
+#include <largo/models/resnet.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/sync_batch_norm.h>
 #include <largo/precision/model_cast.h>
+#include <largo/train/data_config.h>
 #include <largo/train/unavailable_keys.h>
 
 #include <fmt/format.h>
@@ -17,7 +17,8 @@
 namespace largo::train {
 namespace {
 
-void require(bool ok, const std::string& key, const std::string& value, const std::string& expected) {
+void require(
+    bool ok, const std::string& key, const std::string& value, const std::string& expected) {
   if (!ok) {
     throw config_error(key, value, expected);
   }
@@ -30,12 +31,16 @@ int64_t positive_int(const Config& config, const std::string& key) {
 }
 
 // Process and thread counts beyond the machine are refused before anything starts them.
-void require_count_within_machine(const std::string& key, int64_t value, int64_t limit,
-                                  const std::string& rule) {
+void require_count_within_machine(
+    const std::string& key, int64_t value, int64_t limit, const std::string& rule) {
   if (value > limit) {
     throw ResourceError(fmt::format(
         "config key {} = {}: this machine gives the process {} cores, so at most {} ({})",
-        key, value, available_cpu_cores(), limit, rule));
+        key,
+        value,
+        available_cpu_cores(),
+        limit,
+        rule));
   }
 }
 
@@ -50,22 +55,26 @@ double non_negative(const Config& config, const std::string& key) {
 void check_base_optimizer_keys(const Config& config) {
   const YAML::Node base = config.node("OPTIMIZER.base_optimizer");
   if (!base.IsMap()) {
-    throw config_error("OPTIMIZER.base_optimizer", "(not a map)",
-                       "a map of optimizer settings, e.g. {name: sgd, momentum: 0.9}");
+    throw config_error(
+        "OPTIMIZER.base_optimizer",
+        "(not a map)",
+        "a map of optimizer settings, e.g. {name: sgd, momentum: 0.9}");
   }
   for (const auto& item : base) {
     const std::string key = item.first.as<std::string>();
     if (key == "base_optimizer" || !config.has("OPTIMIZER." + key)) {
-      throw config_error("OPTIMIZER.base_optimizer." + key, "(given)",
-                         "a key of OPTIMIZER: name, momentum, nesterov, dampening, weight_decay, "
-                         "betas, eps, amsgrad, use_larc or larc_config");
+      throw config_error(
+          "OPTIMIZER.base_optimizer." + key,
+          "(given)",
+          "a key of OPTIMIZER: name, momentum, nesterov, dampening, weight_decay, "
+          "betas, eps, amsgrad, use_larc or larc_config");
     }
     if (item.second.IsMap()) {
       for (const auto& nested : item.second) {
         const std::string nested_key = key + "." + nested.first.as<std::string>();
         if (!config.has("OPTIMIZER." + nested_key)) {
-          throw config_error("OPTIMIZER.base_optimizer." + nested_key, "(given)",
-                             "a key of OPTIMIZER." + key);
+          throw config_error(
+              "OPTIMIZER.base_optimizer." + nested_key, "(given)", "a key of OPTIMIZER." + key);
         }
       }
     }
@@ -78,15 +87,18 @@ optim::AutoLrScaling auto_scaling_from(const Config& config, const std::string& 
   scaling.base_value = non_negative(config, prefix + ".base_value");
   scaling.base_lr_batch_size = positive_int(config, prefix + ".base_lr_batch_size");
   scaling.scaling_type = config.get_string(prefix + ".scaling_type");
-  require(scaling.scaling_type == "linear" || scaling.scaling_type == "sqrt",
-          prefix + ".scaling_type", scaling.scaling_type, "linear or sqrt");
+  require(
+      scaling.scaling_type == "linear" || scaling.scaling_type == "sqrt",
+      prefix + ".scaling_type",
+      scaling.scaling_type,
+      "linear or sqrt");
   return scaling;
 }
 
 // A schedule node (param_schedulers.lr or one entry of its `schedulers` list). Missing
 // keys keep the ScheduleOptions defaults, so composite entries can be short.
-optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& key,
-                                     int64_t num_epochs) {
+optim::ScheduleOptions
+schedule_from(const YAML::Node& node, const std::string& key, int64_t num_epochs) {
   optim::ScheduleOptions schedule;
   schedule.num_epochs = num_epochs;
   if (!node.IsMap()) {
@@ -96,8 +108,17 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
   // Sub-schedules of a composite are not in the defaults' tree, so the config layer cannot
   // check their keys: a misspelled start_value would be ignored without a word.
   static const std::vector<std::string> known = {
-      "name", "update_interval", "value", "start_value", "end_value", "values", "milestones",
-      "lengths", "interval_scaling", "schedulers", "auto_lr_scaling"};
+      "name",
+      "update_interval",
+      "value",
+      "start_value",
+      "end_value",
+      "values",
+      "milestones",
+      "lengths",
+      "interval_scaling",
+      "schedulers",
+      "auto_lr_scaling"};
   for (const auto& entry : node) {
     const std::string name = entry.first.as<std::string>();
     if (std::find(known.begin(), known.end(), name) == known.end()) {
@@ -107,8 +128,8 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
           closest = candidate;
         }
       }
-      throw ConfigError(fmt::format("unknown config key {}.{}; did you mean {}.{}?", key,
-                                    abbreviate(name), key, closest));
+      throw ConfigError(fmt::format(
+          "unknown config key {}.{}; did you mean {}.{}?", key, abbreviate(name), key, closest));
     }
   }
   auto number_list = [&](const char* name) {
@@ -118,24 +139,21 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
     }
     return values;
   };
-  // Entries of `schedulers` have no defaults to check their keys against: do it here.
-  static const std::vector<std::string> known{
-      "name",        "update_interval", "value",   "start_value",      "end_value", "values",
-      "milestones",  "lengths",         "interval_scaling", "schedulers", "auto_lr_scaling"};
-  for (const auto& entry : node) {
-    const std::string name = entry.first.as<std::string>();
-    require(std::find(known.begin(), known.end(), name) != known.end(), child_key(name.c_str()),
-            "(given)", fmt::format("a schedule key: {}", fmt::join(known, ", ")));
-  }
   if (node["name"]) {
-    require(node["name"].IsScalar(), child_key("name"), "(not a name)",
-            "a schedule name such as cosine or multistep");
+    require(
+        node["name"].IsScalar(),
+        child_key("name"),
+        "(not a name)",
+        "a schedule name such as cosine or multistep");
     schedule.name = node["name"].Scalar();
   }
   if (node["update_interval"]) {
     schedule.update_interval = node["update_interval"].Scalar();
-    require(schedule.update_interval == "epoch" || schedule.update_interval == "step",
-            child_key("update_interval"), schedule.update_interval, "epoch or step");
+    require(
+        schedule.update_interval == "epoch" || schedule.update_interval == "step",
+        child_key("update_interval"),
+        schedule.update_interval,
+        "epoch or step");
   }
   if (node["value"]) {
     schedule.value = yaml_to_double(node["value"], child_key("value"));
@@ -161,8 +179,11 @@ optim::ScheduleOptions schedule_from(const YAML::Node& node, const std::string& 
   if (node["interval_scaling"]) {
     schedule.interval_scaling.clear();
     for (const auto& element : node["interval_scaling"]) {
-      require(element.IsScalar() && (element.Scalar() == "rescaled" || element.Scalar() == "fixed"),
-              child_key("interval_scaling"), "(given)", "a list of rescaled / fixed");
+      require(
+          element.IsScalar() && (element.Scalar() == "rescaled" || element.Scalar() == "fixed"),
+          child_key("interval_scaling"),
+          "(given)",
+          "a list of rescaled / fixed");
       schedule.interval_scaling.push_back(element.Scalar());
     }
   }
@@ -192,9 +213,8 @@ void amp_options_from(const Config& config, TrainerOptions& options) {
   grad_scaler.min_loss_scale = config.get_double(scaler + "MIN_LOSS_SCALE");
   // Apex caps its dynamic scale at 2^24 (a larger INIT_SCALE raises the cap to it);
   // PyTorch's GradScaler has no cap.
-  grad_scaler.max_loss_scale = amp.amp_type == "apex"
-      ? std::max(16777216.0, grad_scaler.init_scale)
-      : std::numeric_limits<double>::infinity();
+  grad_scaler.max_loss_scale = amp.amp_type == "apex" ? std::max(16777216.0, grad_scaler.init_scale)
+                                                      : std::numeric_limits<double>::infinity();
 
   const std::string args_key = "MODEL.AMP_PARAMS.AMP_ARGS";
   const YAML::Node args = config.node(args_key);
@@ -220,10 +240,12 @@ void amp_options_from(const Config& config, TrainerOptions& options) {
     } else if (name == "max_loss_scale") {
       grad_scaler.max_loss_scale = yaml_to_double(value, key);
     } else {
-      throw config_error(key, "(given)",
-                         "one of the Apex options Largo implements: opt_level, "
-                         "keep_batchnorm_fp32, master_weights, loss_scale, min_loss_scale, "
-                         "max_loss_scale");
+      throw config_error(
+          key,
+          "(given)",
+          "one of the Apex options Largo implements: opt_level, "
+          "keep_batchnorm_fp32, master_weights, loss_scale, min_loss_scale, "
+          "max_loss_scale");
     }
   }
   options.tf32.matmul = config.get_bool("MACHINE.ALLOW_TF32_MATMUL");
@@ -265,8 +287,8 @@ void vit_options_from(const Config& config, models::VitOptions& vit) {
 
 // MODEL.HEAD.PARAMS: VISSL's [[name, {kwargs}], ...], one entry per head (mlp or eval_mlp).
 // `defaults` carries MODEL.HEAD.BATCHNORM_EPS / MOMENTUM.
-std::vector<models::EvalHeadOptions> heads_from(const Config& config,
-                                                const models::MlpHeadOptions& defaults) {
+std::vector<models::EvalHeadOptions>
+heads_from(const Config& config, const models::MlpHeadOptions& defaults) {
   const std::string key = "MODEL.HEAD.PARAMS";
   const YAML::Node list = config.node(key);
   require(list.IsSequence(), key, "(not a list)", "a list of [name, {kwargs}] heads");
@@ -275,14 +297,20 @@ std::vector<models::EvalHeadOptions> heads_from(const Config& config,
     const YAML::Node head = list[i];
     const std::string head_key = fmt::format("{}[{}]", key, i);
     const bool well_formed = head.IsSequence() && head.size() == 2 && head[0].IsScalar() &&
-        head[1].IsMap() && head[1]["dims"] && head[1]["dims"].IsSequence();
-    require(well_formed, head_key, "(given)",
-            "a head written as [\"mlp\", {\"dims\": [in, ..., num_classes]}] or [\"eval_mlp\", "
-            "{\"in_channels\": C, \"dims\": [in, ..., num_classes]}]");
+                             head[1].IsMap() && head[1]["dims"] && head[1]["dims"].IsSequence();
+    require(
+        well_formed,
+        head_key,
+        "(given)",
+        "a head written as [\"mlp\", {\"dims\": [in, ..., num_classes]}] or [\"eval_mlp\", "
+        "{\"in_channels\": C, \"dims\": [in, ..., num_classes]}]");
     models::EvalHeadOptions options;
     options.name = head[0].Scalar();
-    require(options.name == "mlp" || options.name == "eval_mlp", head_key, options.name,
-            "mlp or eval_mlp");
+    require(
+        options.name == "mlp" || options.name == "eval_mlp",
+        head_key,
+        options.name,
+        "mlp or eval_mlp");
     options.mlp = defaults;
     const YAML::Node kwargs = head[1];
     for (const auto& entry : kwargs) {
@@ -306,11 +334,13 @@ std::vector<models::EvalHeadOptions> heads_from(const Config& config,
       } else if (name == "skip_last_layer_relu_bn" && options.name == "mlp") {
         options.mlp.skip_last_layer_relu_bn = yaml_to_bool(value, arg_key);
       } else {
-        throw config_error(arg_key, "(given)",
-                           options.name == "mlp"
-                               ? "an mlp argument: dims, use_bn, use_relu, use_dropout, use_bias, "
-                                 "skip_last_layer_relu_bn"
-                               : "an eval_mlp argument: in_channels, dims, use_bn, use_relu");
+        throw config_error(
+            arg_key,
+            "(given)",
+            options.name == "mlp"
+                ? "an mlp argument: dims, use_bn, use_relu, use_dropout, use_bias, "
+                  "skip_last_layer_relu_bn"
+                : "an eval_mlp argument: in_channels, dims, use_bn, use_relu");
       }
     }
     heads.push_back(options);
@@ -323,10 +353,14 @@ std::vector<models::EvalHeadOptions> heads_from(const Config& config,
 // Adaptive(Avg|Max)Pool2d [output_size], Identity [].
 models::FeatureTap feature_tap_from(const YAML::Node& entry, const std::string& key) {
   const bool well_formed = entry.IsSequence() && entry.size() == 2 && entry[0].IsScalar() &&
-      entry[1].IsSequence() && entry[1].size() >= 1 && entry[1][0].IsScalar() &&
-      (entry[1].size() == 1 || entry[1][1].IsSequence());
-  require(well_formed, key, "(given)",
-          "[feature, [pool op, [args]]], e.g. [\"res5\", [\"AvgPool2d\", [[6, 6], 1, 0]]]");
+                           entry[1].IsSequence() && entry[1].size() >= 1 &&
+                           entry[1][0].IsScalar() &&
+                           (entry[1].size() == 1 || entry[1][1].IsSequence());
+  require(
+      well_formed,
+      key,
+      "(given)",
+      "[feature, [pool op, [args]]], e.g. [\"res5\", [\"AvgPool2d\", [[6, 6], 1, 0]]]");
   models::FeatureTap tap;
   tap.feature = entry[0].Scalar();
   tap.pool = entry[1][0].Scalar();
@@ -351,8 +385,11 @@ models::FeatureTap feature_tap_from(const YAML::Node& entry, const std::string& 
   if (args.size() > 2) {
     tap.padding = yaml_to_int(args[2], key);
   }
-  require(args.size() <= 3, key, fmt::format("{} arguments", args.size()),
-          "at most [kernel_size, stride, padding]");
+  require(
+      args.size() <= 3,
+      key,
+      fmt::format("{} arguments", args.size()),
+      "at most [kernel_size, stride, padding]");
   return tap;
 }
 
@@ -393,17 +430,25 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
     return;
   }
   fsdp.auto_wrap_threshold = config.get_int(prefix + "AUTO_WRAP_THRESHOLD");
-  require(fsdp.auto_wrap_threshold >= 0, prefix + "AUTO_WRAP_THRESHOLD",
-          std::to_string(fsdp.auto_wrap_threshold),
-          "an integer >= 0 (0 wraps every trunk block that has parameters)");
+  require(
+      fsdp.auto_wrap_threshold >= 0,
+      prefix + "AUTO_WRAP_THRESHOLD",
+      std::to_string(fsdp.auto_wrap_threshold),
+      "an integer >= 0 (0 wraps every trunk block that has parameters)");
   const std::string amp_type = config.get_string(prefix + "AMP_TYPE");
-  require(amp_type == "01" || amp_type == "O1" || amp_type == "O2", prefix + "AMP_TYPE", amp_type,
-          "O1 (float32 compute; VISSL's default \"01\" reads the same) or O2 (compute copies in "
-          "MODEL.AMP_PARAMS.DTYPE)");
+  require(
+      amp_type == "01" || amp_type == "O1" || amp_type == "O2",
+      prefix + "AMP_TYPE",
+      amp_type,
+      "O1 (float32 compute; VISSL's default \"01\" reads the same) or O2 (compute copies in "
+      "MODEL.AMP_PARAMS.DTYPE)");
   fsdp.compute_dtype = config.get_string(prefix + "compute_dtype");
-  require(fsdp.compute_dtype == "float32" || fsdp.compute_dtype == "float16" ||
-              fsdp.compute_dtype == "bfloat16",
-          prefix + "compute_dtype", fsdp.compute_dtype, "float32, float16 or bfloat16");
+  require(
+      fsdp.compute_dtype == "float32" || fsdp.compute_dtype == "float16" ||
+          fsdp.compute_dtype == "bfloat16",
+      prefix + "compute_dtype",
+      fsdp.compute_dtype,
+      "float32, float16 or bfloat16");
   fsdp.reshard_after_forward = config.get_bool(prefix + "reshard_after_forward");
   fsdp.prefetch = config.get_bool(prefix + "prefetch");
   fsdp.mixed_precision = options.amp.use_amp;
@@ -421,8 +466,11 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
   // clear_autocast_cache: autocast's cache is dropped when each forward's autocast region
   // ends. verbose: the units are always logged. Read so that a wrong type is reported.
   config.get_bool(prefix + "flatten_parameters");
-  require(config.get_int(prefix + "bucket_cap_mb") >= 0, prefix + "bucket_cap_mb", "(given)",
-          "an integer >= 0");
+  require(
+      config.get_int(prefix + "bucket_cap_mb") >= 0,
+      prefix + "bucket_cap_mb",
+      "(given)",
+      "an integer >= 0");
   config.get_bool(prefix + "clear_autocast_cache");
   config.get_bool(prefix + "verbose");
 }
@@ -437,13 +485,20 @@ models::ModelOptions model_options_from(const Config& config) {
   resnet_options_from(config, model.resnet);
   vit_options_from(config, model.vit);
   const auto& trunks = models::supported_trunk_names();
-  require(std::find(trunks.begin(), trunks.end(), model.trunk_name) != trunks.end(),
-          "MODEL.TRUNK.NAME", model.trunk_name, fmt::format("one of: {}", fmt::join(trunks, ", ")));
+  require(
+      std::find(trunks.begin(), trunks.end(), model.trunk_name) != trunks.end(),
+      "MODEL.TRUNK.NAME",
+      model.trunk_name,
+      fmt::format("one of: {}", fmt::join(trunks, ", ")));
   model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
-  require(std::all_of(model.mlp.hidden_dims.begin(), model.mlp.hidden_dims.end(),
-                      [](int64_t width) { return width > 0; }),
-          "MODEL.TRUNK.MLP.HIDDEN_DIMS", fmt::format("[{}]", fmt::join(model.mlp.hidden_dims, ", ")),
-          "a list of layer widths, each > 0");
+  require(
+      std::all_of(
+          model.mlp.hidden_dims.begin(),
+          model.mlp.hidden_dims.end(),
+          [](int64_t width) { return width > 0; }),
+      "MODEL.TRUNK.MLP.HIDDEN_DIMS",
+      fmt::format("[{}]", fmt::join(model.mlp.hidden_dims, ", ")),
+      "a list of layer widths, each > 0");
   model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
   model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
   model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
@@ -454,9 +509,12 @@ models::ModelOptions model_options_from(const Config& config) {
     model.feature_eval.heads = heads; // one head per tapped feature
     models::validate_feature_eval_options(model.feature_eval);
   } else if (!heads.empty()) {
-    require(heads.size() == 1 && heads[0].name == "mlp", "MODEL.HEAD.PARAMS", "(given)",
-            "one head written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]] (several heads, "
-            "and eval_mlp heads, need MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+    require(
+        heads.size() == 1 && heads[0].name == "mlp",
+        "MODEL.HEAD.PARAMS",
+        "(given)",
+        "one head written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]] (several heads, "
+        "and eval_mlp heads, need MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
     model.head_dims = heads[0].dims;
     model.head = heads[0].mlp;
   }
@@ -480,9 +538,14 @@ TrainerOptions trainer_options_from_config(const Config& config) {
 
   // Loss.
   const std::string loss = config.get_string("LOSS.name");
-  require(loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target",
-          "LOSS.name", loss, "CrossEntropyLoss or cross_entropy_multiple_output_single_target");
-  options.loss_ignore_index = config.get_int(fmt::format("LOSS.{}.ignore_index", loss));
+  require(
+      loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target",
+      "LOSS.name",
+      loss,
+      "CrossEntropyLoss or cross_entropy_multiple_output_single_target");
+  options.loss = classification_loss_options_from(config);
+  options.sync_batch_norm = sync_batch_norm_settings_from(config);
+  options.weights_init = weights_init_options_from(config, options.model);
 
   // Optimizer. ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True)
   // shards the state of the optimizer that OPTIMIZER.base_optimizer describes; the settings
@@ -495,9 +558,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   zero.shard_optimizer_state =
       zero_by_name || config.get_bool("OPTIMIZER.use_zero") || zero.shard_gradients;
   const int64_t reduce_buffer_size = config.get_int("MODEL.SHARDED_DDP_SETUP.reduce_buffer_size");
-  require(reduce_buffer_size == -1 || reduce_buffer_size > 0,
-          "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size", std::to_string(reduce_buffer_size),
-          "-1 (FairScale's default, 2^23 elements) or a number of elements > 0");
+  require(
+      reduce_buffer_size == -1 || reduce_buffer_size > 0,
+      "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size",
+      std::to_string(reduce_buffer_size),
+      "-1 (FairScale's default, 2^23 elements) or a number of elements > 0");
   if (reduce_buffer_size > 0) {
     zero.reduce_buffer_elements = reduce_buffer_size;
   }
@@ -511,19 +576,27 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   const std::string name_key = optimizer_key("name");
   spec.name = config.get_string(name_key);
   if (zero_by_name && name_key == "OPTIMIZER.name") {
-    throw config_error("OPTIMIZER.base_optimizer.name", "(missing)",
-                       "the optimizer ZeRO shards: sgd, adamw or lamb (OPTIMIZER.name is zero)");
+    throw config_error(
+        "OPTIMIZER.base_optimizer.name",
+        "(missing)",
+        "the optimizer ZeRO shards: sgd, adamw or lamb (OPTIMIZER.name is zero)");
   }
-  require(spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb", name_key, spec.name,
-          zero.shard_optimizer_state ? "sgd, adamw or lamb" : "sgd, adamw, lamb or zero");
+  require(
+      spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb",
+      name_key,
+      spec.name,
+      zero.shard_optimizer_state ? "sgd, adamw or lamb" : "sgd, adamw, lamb or zero");
   spec.sgd.momentum = non_negative(config, optimizer_key("momentum"));
   spec.sgd.dampening = non_negative(config, optimizer_key("dampening"));
   spec.sgd.nesterov = config.get_bool(optimizer_key("nesterov"));
   optimizer.weight_decay = non_negative(config, optimizer_key("weight_decay"));
   const std::string betas_key = optimizer_key("betas");
   const std::vector<double> betas = config.get_double_list(betas_key);
-  require(betas.size() == 2 && betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1,
-          betas_key, "(given)", "two numbers in [0, 1)");
+  require(
+      betas.size() == 2 && betas[0] >= 0 && betas[0] < 1 && betas[1] >= 0 && betas[1] < 1,
+      betas_key,
+      "(given)",
+      "two numbers in [0, 1)");
   spec.adamw.betas = spec.lamb.betas = {betas[0], betas[1]};
   spec.adamw.eps = spec.lamb.eps = non_negative(config, optimizer_key("eps"));
   spec.adamw.amsgrad = config.get_bool(optimizer_key("amsgrad"));
@@ -532,8 +605,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   spec.larc.eps = non_negative(config, optimizer_key("larc_config.eps"));
   const std::string trust_key = optimizer_key("larc_config.trust_coefficient");
   spec.larc.trust_coefficient = config.get_double(trust_key);
-  require(spec.larc.trust_coefficient > 0, trust_key,
-          fmt::format("{}", spec.larc.trust_coefficient), "a number > 0");
+  require(
+      spec.larc.trust_coefficient > 0,
+      trust_key,
+      fmt::format("{}", spec.larc.trust_coefficient),
+      "a number > 0");
   optimizer.larc_exclude_bias_and_norm =
       config.get_bool(optimizer_key("larc_config.exclude_bias_and_norm"));
   optimizer.num_epochs = positive_int(config, "OPTIMIZER.num_epochs");
@@ -541,16 +617,18 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   groups.weight_decay = optimizer.weight_decay;
   groups.regularize_bn = config.get_bool("OPTIMIZER.regularize_bn");
   groups.regularize_bias = config.get_bool("OPTIMIZER.regularize_bias");
-  groups.non_regularized_parameters = config.get_string_list("OPTIMIZER.non_regularized_parameters");
+  groups.non_regularized_parameters =
+      config.get_string_list("OPTIMIZER.non_regularized_parameters");
   groups.use_different_wd = config.get_bool("OPTIMIZER.head_optimizer_params.use_different_wd");
   groups.head_weight_decay = non_negative(config, "OPTIMIZER.head_optimizer_params.weight_decay");
   const std::string schedulers = "OPTIMIZER.param_schedulers.";
-  optimizer.lr = schedule_from(config.node(schedulers + "lr"), schedulers + "lr", optimizer.num_epochs);
+  optimizer.lr =
+      schedule_from(config.node(schedulers + "lr"), schedulers + "lr", optimizer.num_epochs);
   optimizer.lr_scaling = auto_scaling_from(config, schedulers + "lr.auto_lr_scaling");
   optimizer.head_use_different_lr =
       config.get_bool("OPTIMIZER.head_optimizer_params.use_different_lr");
-  optimizer.lr_head =
-      schedule_from(config.node(schedulers + "lr_head"), schedulers + "lr_head", optimizer.num_epochs);
+  optimizer.lr_head = schedule_from(
+      config.node(schedulers + "lr_head"), schedulers + "lr_head", optimizer.num_epochs);
   optimizer.lr_head_scaling = auto_scaling_from(config, schedulers + "lr_head.auto_lr_scaling");
   optim::make_schedule(optimizer.lr, schedulers + "lr"); // the library's validator
   if (optimizer.head_use_different_lr) { // otherwise the trainer uses lr for the head too
@@ -560,8 +638,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.use_grad_clip = config.get_bool("MODEL.GRAD_CLIP.USE_GRAD_CLIP");
   options.grad_clip_max_norm = config.get_double("MODEL.GRAD_CLIP.MAX_NORM");
   options.grad_clip_norm_type = config.get_double("MODEL.GRAD_CLIP.NORM_TYPE");
-  require(options.grad_clip_max_norm > 0, "MODEL.GRAD_CLIP.MAX_NORM",
-          fmt::format("{}", options.grad_clip_max_norm), "a number > 0");
+  require(
+      options.grad_clip_max_norm > 0,
+      "MODEL.GRAD_CLIP.MAX_NORM",
+      fmt::format("{}", options.grad_clip_max_norm),
+      "a number > 0");
 
   // Trainer loop, logging and evaluation.
   options.log_frequency = positive_int(config, "LOG_FREQUENCY");
@@ -569,8 +650,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.test_only = config.get_bool("TEST_ONLY");
   options.test_every_num_epoch = positive_int(config, "TEST_EVERY_NUM_EPOCH");
   options.topk_values = config.get_int_list("METERS.accuracy_list_meter.topk_values");
-  require(!options.topk_values.empty(), "METERS.accuracy_list_meter.topk_values", "[]",
-          "at least one k, e.g. [1, 5]");
+  require(
+      !options.topk_values.empty(),
+      "METERS.accuracy_list_meter.topk_values",
+      "[]",
+      "at least one k, e.g. [1, 5]");
   options.check_nan = config.get_bool("HOOKS.CHECK_NAN");
   amp_options_from(config, options);
   fsdp_options_from(config, options);
@@ -580,13 +664,22 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
 
   options.device = config.get_string("MACHINE.DEVICE");
-  require(options.device == "cpu" || options.device == "gpu", "MACHINE.DEVICE", options.device,
-          "cpu or gpu");
+  require(
+      options.device == "cpu" || options.device == "gpu",
+      "MACHINE.DEVICE",
+      options.device,
+      "cpu or gpu");
   options.num_threads = config.get_int("MACHINE.NUM_THREADS");
-  require(options.num_threads >= 0, "MACHINE.NUM_THREADS", std::to_string(options.num_threads),
-          "an integer >= 0 (0 = every core)");
-  require_count_within_machine("MACHINE.NUM_THREADS", options.num_threads, available_cpu_cores(),
-                               "one per core; 0 = every core");
+  require(
+      options.num_threads >= 0,
+      "MACHINE.NUM_THREADS",
+      std::to_string(options.num_threads),
+      "an integer >= 0 (0 = every core)");
+  require_count_within_machine(
+      "MACHINE.NUM_THREADS",
+      options.num_threads,
+      available_cpu_cores(),
+      "one per core; 0 = every core");
 
   auto& checkpoint = options.checkpoint;
   checkpoint.dir = config.get_string("CHECKPOINT.DIR");
@@ -594,9 +687,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   checkpoint.auto_resume = config.get_bool("CHECKPOINT.AUTO_RESUME");
   checkpoint.frequency_epochs = positive_int(config, "CHECKPOINT.CHECKPOINT_FREQUENCY");
   checkpoint.frequency_iterations = config.get_int("CHECKPOINT.CHECKPOINT_ITER_FREQUENCY");
-  require(checkpoint.frequency_iterations == -1 || checkpoint.frequency_iterations > 0,
-          "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY", std::to_string(checkpoint.frequency_iterations),
-          "-1 (off) or an integer > 0");
+  require(
+      checkpoint.frequency_iterations == -1 || checkpoint.frequency_iterations > 0,
+      "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY",
+      std::to_string(checkpoint.frequency_iterations),
+      "-1 (off) or an integer > 0");
   checkpoint.overwrite_existing = config.get_bool("CHECKPOINT.OVERWRITE_EXISTING");
   options.use_tensorboard = config.get_bool("HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD");
 
@@ -604,8 +699,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   // workers start (train/worker_launch.h); a worker learns its rank from the environment.
   auto& distributed = options.distributed;
   distributed.backend = config.get_string("DISTRIBUTED.BACKEND");
-  require(distributed.backend == "gloo" || distributed.backend == "nccl", "DISTRIBUTED.BACKEND",
-          distributed.backend, "gloo (CPU) or nccl (CUDA)");
+  require(
+      distributed.backend == "gloo" || distributed.backend == "nccl",
+      "DISTRIBUTED.BACKEND",
+      distributed.backend,
+      "gloo (CPU) or nccl (CUDA)");
   distributed.broadcast_buffers = config.get_bool("DISTRIBUTED.BROADCAST_BUFFERS");
   distributed.manual_gradient_reduction = config.get_bool("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION");
   distributed.find_unused_parameters = config.get_bool("DISTRIBUTED.FIND_UNUSED_PARAMETERS");
@@ -621,12 +719,15 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   // Manual reduction is DistributedDataParallel's; ZeRO stage 2 and FSDP reduce (and scatter)
   // gradients from their own hooks, so the switch would change nothing there.
   if (distributed.manual_gradient_reduction && (zero.shard_gradients || options.fsdp.enabled)) {
-    throw config_error("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION", "True",
-                       fmt::format("False with {}: it applies to DistributedDataParallel, and {} "
-                                   "reduces gradients in its own hooks",
-                                   options.fsdp.enabled ? "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP"
-                                                        : "MODEL.SHARDED_DDP_SETUP.USE_SDP",
-                                   options.fsdp.enabled ? "FSDP" : "ZeRO stage 2"));
+    throw config_error(
+        "DISTRIBUTED.MANUAL_GRADIENT_REDUCTION",
+        "True",
+        fmt::format(
+            "False with {}: it applies to DistributedDataParallel, and {} "
+            "reduces gradients in its own hooks",
+            options.fsdp.enabled ? "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP"
+                                 : "MODEL.SHARDED_DDP_SETUP.USE_SDP",
+            options.fsdp.enabled ? "FSDP" : "ZeRO stage 2"));
   }
   return options;
 }
@@ -636,8 +737,11 @@ SyncBatchNormSettings sync_batch_norm_settings_from(const Config& config) {
   SyncBatchNormSettings settings;
   settings.convert = config.get_bool(key + "CONVERT_BN_TO_SYNC_BN");
   const std::string type = config.get_string(key + "SYNC_BN_TYPE");
-  require(type == "pytorch" || type == "apex", key + "SYNC_BN_TYPE", type,
-          "pytorch or apex (both run Largo's SyncBatchNorm: the same statistics)");
+  require(
+      type == "pytorch" || type == "apex",
+      key + "SYNC_BN_TYPE",
+      type,
+      "pytorch or apex (both run Largo's SyncBatchNorm: the same statistics)");
   settings.group_size = config.get_int(key + "GROUP_SIZE");
   // -1 (one machine), 0 (all ranks) or N; checked here so that a bad value fails early.
   parallel::sync_bn_group_size(settings.group_size, 1, 1);
@@ -653,8 +757,11 @@ ModelEmaSettings model_ema_settings_from(const Config& config) {
   settings.average.warmup = config.get_double(key + "WARMUP");
   settings.average.decay = config.get_double(key + "DECAY");
   const std::string device = config.get_string(key + "EMA_DEVICE");
-  require(device == "gpu" || device == "cpu", key + "EMA_DEVICE", device,
-          "gpu (beside the model) or cpu");
+  require(
+      device == "gpu" || device == "cpu",
+      key + "EMA_DEVICE",
+      device,
+      "gpu (beside the model) or cpu");
   if (device == "cpu") {
     settings.average.device = c10::Device(c10::kCPU);
   }
@@ -662,14 +769,14 @@ ModelEmaSettings model_ema_settings_from(const Config& config) {
   return settings;
 }
 
-checkpoint::WeightsInitOptions weights_init_options_from(const Config& config,
-                                                         const models::ModelOptions& model) {
+checkpoint::WeightsInitOptions
+weights_init_options_from(const Config& config, const models::ModelOptions& model) {
   const std::string key = "MODEL.WEIGHTS_INIT.";
   checkpoint::WeightsInitOptions options;
   options.params_file = config.get_string(key + "PARAMS_FILE");
   const std::string state_key = config.get_string(key + "STATE_DICT_KEY_NAME");
-  options.state_dict_key_name = state_key.empty() ? std::vector<std::string>{}
-                                                  : std::vector<std::string>{state_key};
+  options.state_dict_key_name =
+      state_key.empty() ? std::vector<std::string>{} : std::vector<std::string>{state_key};
   options.skip_layers = config.get_string_list(key + "SKIP_LAYERS");
   options.remove_prefix = config.get_string(key + "REMOVE_PREFIX");
   options.append_prefix = config.get_string(key + "APPEND_PREFIX");
@@ -691,8 +798,11 @@ ClassificationLossOptions classification_loss_options_from(const Config& config)
   options.ignore_index = config.get_int(key + "ignore_index");
   if (name == "cross_entropy_multiple_output_single_target") {
     options.temperature = config.get_double(key + "temperature");
-    require(options.temperature > 0, key + "temperature", fmt::format("{}", options.temperature),
-            "a number > 0");
+    require(
+        options.temperature > 0,
+        key + "temperature",
+        fmt::format("{}", options.temperature),
+        "a number > 0");
     options.normalize_output = config.get_bool(key + "normalize_output");
     if (!config.node(key + "weight").IsNull()) {
       options.weight = config.get_double_list(key + "weight");

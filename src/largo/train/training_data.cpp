@@ -32,10 +32,12 @@ uint64_t loader_seed(uint64_t seed, int rank) {
   return seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
 }
 
-std::unique_ptr<data::DataLoader> make_loader(const TrainerOptions& options,
-                                              const data::DataSplitOptions& split,
-                                              data::OpenedDataset opened, int rank,
-                                              torch::Device device) {
+std::unique_ptr<data::DataLoader> make_loader(
+    const TrainerOptions& options,
+    const data::DataSplitOptions& split,
+    data::OpenedDataset opened,
+    int rank,
+    torch::Device device) {
   data::DataLoaderOptions loader_options;
   loader_options.batch_size = split.batch_size;
   loader_options.num_workers = options.loading.num_workers;
@@ -51,12 +53,15 @@ std::unique_ptr<data::DataLoader> make_loader(const TrainerOptions& options,
 // Where a split's samples come from, for messages: the keys that say so.
 std::string source_text(const std::string& key, const data::DataSplitOptions& split) {
   const data::DataSourceOptions& source = split.source;
-  std::string text = source.source == "synthetic"
-      ? fmt::format("synthetic data, {}.SYNTHETIC.NUM_SAMPLES = {}", key,
-                    source.synthetic_num_samples)
-      : fmt::format("{} at {} ({}.DATA_PATHS)",
-                    source.source == "torchvision_dataset" ? source.dataset_name : source.source,
-                    source.path.string(), key);
+  std::string text =
+      source.source == "synthetic"
+          ? fmt::format(
+                "synthetic data, {}.SYNTHETIC.NUM_SAMPLES = {}", key, source.synthetic_num_samples)
+          : fmt::format(
+                "{} at {} ({}.DATA_PATHS)",
+                source.source == "torchvision_dataset" ? source.dataset_name : source.source,
+                source.path.string(),
+                key);
   if (split.data_limit >= 0) {
     text += fmt::format(", {}.DATA_LIMIT = {}", key, split.data_limit);
   }
@@ -65,24 +70,32 @@ std::string source_text(const std::string& key, const data::DataSplitOptions& sp
 
 // A split without samples would train on nothing or report "top-1 0.00 %": refused before
 // the model is built, saying where the samples were to come from.
-void check_not_empty(const std::string& key, const data::DataSplitOptions& split,
-                     size_t num_samples, bool training) {
+void check_not_empty(
+    const std::string& key,
+    const data::DataSplitOptions& split,
+    size_t num_samples,
+    bool training) {
   if (num_samples > 0) {
     return;
   }
   throw DataError(fmt::format(
-      "{} has no samples ({}), so there is nothing to {}; point {}.DATA_PATHS at data{}", key,
-      source_text(key, split), training ? "train on" : "evaluate", key,
+      "{} has no samples ({}), so there is nothing to {}; point {}.DATA_PATHS at data{}",
+      key,
+      source_text(key, split),
+      training ? "train on" : "evaluate",
+      key,
       training ? "" : ", or set TEST_MODEL=False to train without evaluating"));
 }
 
 } // namespace
 
-TrainingData::TrainingData(const TrainerOptions& options, int rank, int world_size,
-                           torch::Device device)
+TrainingData::TrainingData(
+    const TrainerOptions& options, int rank, int world_size, torch::Device device)
     : options_(options), rank_(rank), world_size_(world_size) {
-  data::OpenedDataset train = data::open_dataset(options_.train.source, data::Split::kTrain, options_.seed);
-  data::OpenedDataset test = data::open_dataset(options_.test.source, data::Split::kTest, options_.seed + 1);
+  data::OpenedDataset train =
+      data::open_dataset(options_.train.source, data::Split::kTrain, options_.seed);
+  data::OpenedDataset test =
+      data::open_dataset(options_.test.source, data::Split::kTest, options_.seed + 1);
   train_shape_ = train.sample_shape;
   test_shape_ = test.sample_shape;
   train_data_ = train.dataset;
@@ -99,15 +112,17 @@ TrainingData::TrainingData(const TrainerOptions& options, int rank, int world_si
   const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
   const int64_t batch_size = options_.train.batch_size;
   const int64_t batches_per_epoch = options_.train.drop_last
-      ? samples_per_rank / batch_size
-      : (samples_per_rank + batch_size - 1) / batch_size;
+                                        ? samples_per_rank / batch_size
+                                        : (samples_per_rank + batch_size - 1) / batch_size;
   const int64_t accumulation = options_.gradient_accumulation_steps;
   iterations_per_epoch_ = (batches_per_epoch + accumulation - 1) / accumulation;
   if (iterations_per_epoch_ == 0) {
     throw ConfigError(fmt::format(
         "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {}{} leaves no batch from the {} samples each of the "
         "{} ranks reads",
-        batch_size, options_.train.drop_last ? " with DROP_LAST" : "", samples_per_rank,
+        batch_size,
+        options_.train.drop_last ? " with DROP_LAST" : "",
+        samples_per_rank,
         world_size_));
   }
 }
@@ -116,13 +131,13 @@ std::vector<int64_t> TrainingData::train_epoch_order(int64_t epoch) const {
   const auto size = static_cast<int64_t>(train_subset_.size());
   std::vector<int64_t> positions;
   if (options_.train.use_stateful_sampler) {
-    data::StatefulDistributedSampler sampler(size, world_size_, rank_, options_.train.batch_size,
-                                             options_.seed);
+    data::StatefulDistributedSampler sampler(
+        size, world_size_, rank_, options_.train.batch_size, options_.seed);
     sampler.set_epoch(epoch);
     positions = sampler.epoch_indices();
   } else {
-    data::DistributedSampler sampler(size, world_size_, rank_, /*shuffle=*/true, options_.seed,
-                                     options_.train.drop_last);
+    data::DistributedSampler sampler(
+        size, world_size_, rank_, /*shuffle=*/true, options_.seed, options_.train.drop_last);
     sampler.set_epoch(epoch);
     positions = sampler.indices();
   }

@@ -35,8 +35,6 @@ std::vector<UnavailableKey> build_list() {
     }
   }
   const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
-  const std::string weights = "MODEL.WEIGHTS_INIT.";
-  const std::string sync_bn = "MODEL.SYNC_BN_CONFIG.";
   const std::string eval = "MODEL.FEATURE_EVAL_SETTINGS.";
   const std::string loss = "LOSS.cross_entropy_multiple_output_single_target.";
   const std::string ema = "HOOKS.EMA_MODEL.";
@@ -54,16 +52,8 @@ std::vector<UnavailableKey> build_list() {
        "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
   };
   keys.insert(keys.end(), more.begin(), more.end());
-  // Library pieces exist (checkpoint/weights_init.h, parallel/sync_batch_norm.h,
-  // models/linear_eval.h, optim/model_ema.h, train/classification_loss.h); the trainer's
-  // wiring moves these keys out of this list.
-  for (const char* key :
-       {"PARAMS_FILE", "STATE_DICT_KEY_NAME", "SKIP_LAYERS", "REMOVE_PREFIX", "APPEND_PREFIX"}) {
-    keys.push_back({weights + key, "initializing the model from a weights file", {}, true});
-  }
-  for (const char* key : {"CONVERT_BN_TO_SYNC_BN", "SYNC_BN_TYPE", "GROUP_SIZE"}) {
-    keys.push_back({sync_bn + key, "synchronized BatchNorm", {}, true});
-  }
+  // Library pieces exist (models/linear_eval.h, optim/model_ema.h); the trainer's wiring
+  // moves these keys out of this list.
   for (const char* key :
        {"EVAL_MODE_ON",
         "FREEZE_TRUNK_ONLY",
@@ -74,9 +64,6 @@ std::vector<UnavailableKey> build_list() {
         "SHOULD_FLATTEN_FEATS",
         "LINEAR_EVAL_FEAT_POOL_OPS_MAP"}) {
     keys.push_back({eval + key, "linear evaluation of a frozen trunk", {}, true});
-  }
-  for (const char* key : {"weight", "normalize_output", "temperature"}) {
-    keys.push_back({loss + key, "this cross-entropy option", {}, true});
   }
   keys.push_back(
       {loss + "reduction", "a reduction other than mean (VISSL passes it to nothing either)"});
