@@ -29,7 +29,7 @@ TEST(HardeningWiringTest, ADamagedOrMissingLinkFallsBackToTheNewestIntactCheckpo
   EXPECT_TRUE(output_contains(run.output, "model_final_checkpoint_phase1.torch is corrupt"))
       << run.output;
   EXPECT_TRUE(
-      output_contains(run.output, "resuming from " + (run_dir / "model_phase1.torch").string()))
+      output_contains(run.output, "resuming from " + (run_dir / "model_phase0.torch").string()))
       << run.output;
   EXPECT_FALSE(output_contains(run.output, "epoch 1/3")) << "must not restart from epoch 0:\n"
                                                          << run.output;
@@ -119,7 +119,8 @@ TEST(HardeningWiringTest, EmptySplitsAreRefusedNamingWhereTheSamplesComeFrom) {
        "DATA.TEST.DATA_SOURCES=[torchvision_dataset]",
        "DATA.TEST.DATASET_NAMES=[MNIST]",
        "DATA.TEST.DATA_PATHS=" + path,
-       "DATA.TRAIN.SYNTHETIC.IMAGE_SHAPE=[1,28,28]"});
+       "DATA.TRAIN.SYNTHETIC.IMAGE_SHAPE=[1,28,28]",
+       "DATA.TRAIN.SYNTHETIC.NUM_CLASSES=10"});
   expect_clean_failure(run, 3, "DATA.TEST has no samples");
   run = run_program(
       {largo_program(),

@@ -35,8 +35,9 @@ fs::path test_dir() {
 
 TEST(TrainerFsdpTest, TrainsLikeDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh
-    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False"};
+    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh (OVERWRITE_EXISTING moves the last one's files aside)
+    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False",
+                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
     // Each variant: the job's settings, and the FSDP settings on top of them. Plain SGD comes
     // first: clipping, AdamW and LARC do not see a gradient that is off by a constant factor.
     const std::vector<std::tuple<std::string, Overrides, Overrides>> variants = {
@@ -85,7 +86,7 @@ TEST(TrainerFsdpTest, AutocastWithTheShardedLossScalerTrainsLikeDdp) {
     // bfloat16 autocast (the CPU's low-precision type) with PyTorch's dynamic scaler; AMP on
     // makes AUTO_SETUP_FSDP select mixed_precision with float32 units (VISSL's inference), and
     // fp32_reduce_scatter is then allowed.
-    const Overrides job = {"OPTIMIZER.num_epochs=1",          "CHECKPOINT.AUTO_RESUME=False",
+    const Overrides job = {"OPTIMIZER.num_epochs=1",          "CHECKPOINT.AUTO_RESUME=False", "CHECKPOINT.OVERWRITE_EXISTING=True",
                            "MODEL.AMP_PARAMS.USE_AMP=True",   "MODEL.AMP_PARAMS.AMP_TYPE=pytorch",
                            "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
     const RunResult ddp = train_run(dir / "ddp", job, borrow(group));
@@ -115,7 +116,8 @@ TEST(TrainerFsdpTest, ComputeCopiesComputeLikeApexO2) {
   // that difference. The library test (BFloat16ComputeCopiesTrainFloat32MastersLikeApexO2)
   // checks every step against masters made from the float32 weights.
   const fs::path dir = test_dir();
-  const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False"};
+  const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False",
+                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
   auto single = comm::ProcessGroup::single_process();
   const RunResult apex = train_run(
       dir / "apex",
@@ -138,7 +140,8 @@ TEST(TrainerFsdpTest, ComputeCopiesDoNotDependOnTheUnitLayoutOrCheckpointing) {
     // values meet the same ops, and the float32 sums of two ranks' gradients are exact in
     // any order.
     const fs::path dir = test_dir();
-    const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False"};
+    const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False",
+                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
     const RunResult blocks = train_run(dir / "blocks", job + kFsdpO2, borrow(group));
     expect_same_training(
         train_run(dir / "root",

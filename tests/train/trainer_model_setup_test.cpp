@@ -100,7 +100,10 @@ TEST(TrainerModelSetupTest, SyncBatchNormSharesTheStatisticsOfTheRanks) {
       ASSERT_TRUE(running_mean.defined());
       at::Tensor rank0 = running_mean.clone();
       group.broadcast(rank0, 0);
-      EXPECT_EQ(running_mean.equal(rank0), convert)
+      // Every rank learns whether all ranks hold rank 0's statistics.
+      at::Tensor agreeing = at::tensor({running_mean.equal(rank0) ? 1.0 : 0.0}, at::kDouble);
+      group.all_reduce(agreeing);
+      EXPECT_EQ(agreeing.item<double>() == group.world_size(), convert)
           << (convert ? "SyncBatchNorm: the ranks' statistics must agree"
                       : "BatchNorm2d: the ranks saw different samples");
       group.barrier();

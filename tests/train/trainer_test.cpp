@@ -206,7 +206,7 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 }
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
-  for (const auto& assignment : {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True", "TEST_ONLY=True"}) {
+  for (const auto& assignment : {"HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "TEST_ONLY=True"}) {
     Config config = Config::load({}, {assignment});
     try {
       trainer_options_from_config(config);

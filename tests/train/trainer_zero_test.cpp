@@ -45,8 +45,9 @@ void expect_same_training(const RunResult& actual, const RunResult& expected,
 
 TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh
-    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False"};
+    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh (OVERWRITE_EXISTING moves the last one's files aside)
+    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False",
+                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
     // Plain SGD first: clipping, AdamW and LARC do not see a gradient that is off by a
     // constant factor.
     const std::vector<std::pair<std::string, Overrides>> variants = {
@@ -117,9 +118,11 @@ TEST(TrainerZeroTest, ShardedCheckpointsResumeAtOtherWorldSizesAndConsolidate) {
     const fs::path consolidated = checkpoint::consolidate_checkpoint(root / "zero");
     EXPECT_EQ(consolidated, root / "zero" / "model_phase0_consolidated.torch");
     expect_same_momentum(consolidated, root / "plain" / "model_phase0.torch", kTolerance);
-    // A missing shard is named.
+    // A missing shard is named (without the consolidated copy, which the resume would fall
+    // back to as the newest intact checkpoint).
     copy_run(root / "zero", root / "zero_missing");
     fs::remove(root / "zero_missing" / "model_phase0_shard1.torch");
+    fs::remove(root / "zero_missing" / "model_phase0_consolidated.torch");
     try {
       train(root / "zero_missing", job, single);
       ADD_FAILURE() << "expected a CheckpointError";

@@ -289,8 +289,17 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   // The device the config asks for: a GPU config validates on a machine without one too.
   precision::check_policy_supported_on(
       plan.precision, o.device == "gpu" ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
-  plan.train_shape = data_shape_of(o.train);
-  plan.test_shape = data_shape_of(o.test);
+  // After data_config's checks, what peeking refuses is a split's TRANSFORMS (an unknown
+  // name, arguments that do not fit the images): said with the key.
+  auto shape_of = [](const data::DataSplitOptions& split, const std::string& key) {
+    try {
+      return data_shape_of(split);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("config key {}.TRANSFORMS: {}", key, e.what()));
+    }
+  };
+  plan.train_shape = shape_of(o.train, "DATA.TRAIN");
+  plan.test_shape = shape_of(o.test, "DATA.TEST");
   plan.model = o.model;
   fill_model_from_data(plan);
   check_checkpointing_splits(plan);
