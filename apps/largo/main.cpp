@@ -12,17 +12,17 @@
 #include "commands.h"
 #include "estimate_command.h"
 
+#include <largo/checkpoint/sharded_checkpoint.h>
 #include <largo/comm/world_info.h>
 #include <largo/core/config.h>
 #include <largo/core/embedded_configs.h>
 #include <largo/core/error.h>
 #include <largo/core/error_report.h>
-#include <largo/core/resources.h>
 #include <largo/core/logging.h>
 #include <largo/core/malloc_tuning.h>
-#include <largo/checkpoint/sharded_checkpoint.h>
-#include <largo/train/trainer.h>
+#include <largo/core/resources.h>
 #include <largo/train/run_plan.h>
+#include <largo/train/trainer.h>
 #include <largo/train/worker_launch.h>
 
 #include <CLI/CLI.hpp>
@@ -82,15 +82,19 @@ int run_train(const std::vector<std::string>& arguments) {
     return largo::app::spawn_training_workers(plan, arguments);
   }
   if (plan.kind == Kind::kExternalWorker) {
-    const int64_t configured = config.get_int("DISTRIBUTED.NUM_NODES") *
-        config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
-    spdlog::info("rank {} of {} (from the launcher's {} variables){}", plan.world->rank,
-                 plan.world->world_size, plan.world->source,
-                 configured > 1 && configured != plan.world->world_size
-                     ? fmt::format("; DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = {} is not used: "
-                                   "the launcher defines the world",
-                                   configured)
-                     : "");
+    const int64_t configured =
+        config.get_int("DISTRIBUTED.NUM_NODES") * config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
+    spdlog::info(
+        "rank {} of {} (from the launcher's {} variables){}",
+        plan.world->rank,
+        plan.world->world_size,
+        plan.world->source,
+        configured > 1 && configured != plan.world->world_size
+            ? fmt::format(
+                  "; DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = {} is not used: "
+                  "the launcher defines the world",
+                  configured)
+            : "");
   }
   const std::filesystem::path run_dir = run.options.checkpoint.dir;
   largo::train::Trainer trainer(std::move(run), config.to_yaml());
@@ -99,13 +103,19 @@ int run_train(const std::vector<std::string>& arguments) {
     return 0; // rank 0 reports for the job
   }
   if (summary.final_top1) {
-    std::string top5 = summary.final_top5 ? fmt::format(", top-5 {:.2f} %", *summary.final_top5) : "";
-    std::printf("final test accuracy: top-1 %.2f %%%s (after %lld epochs); run directory %s\n",
-                *summary.final_top1, top5.c_str(), static_cast<long long>(summary.epochs_completed),
-                run_dir.string().c_str());
+    std::string top5 =
+        summary.final_top5 ? fmt::format(", top-5 {:.2f} %", *summary.final_top5) : "";
+    std::printf(
+        "final test accuracy: top-1 %.2f %%%s (after %lld epochs); run directory %s\n",
+        *summary.final_top1,
+        top5.c_str(),
+        static_cast<long long>(summary.epochs_completed),
+        run_dir.string().c_str());
   } else {
-    std::printf("training finished after %lld epochs (no evaluation ran); run directory %s\n",
-                static_cast<long long>(summary.epochs_completed), run_dir.string().c_str());
+    std::printf(
+        "training finished after %lld epochs (no evaluation ran); run directory %s\n",
+        static_cast<long long>(summary.epochs_completed),
+        run_dir.string().c_str());
   }
   return 0;
 }
@@ -151,8 +161,12 @@ int report_errors(const char* program, const std::function<int()>& body) {
     if (report.full_text != report.message) {
       spdlog::debug("the full text of the error below:\n{}", report.full_text);
     }
-    std::fprintf(stderr, "%s: %s: %s\n", who_am_i(program).c_str(), report.label.c_str(),
-                 report.message.c_str());
+    std::fprintf(
+        stderr,
+        "%s: %s: %s\n",
+        who_am_i(program).c_str(),
+        report.label.c_str(),
+        report.message.c_str());
     largo::publish_error_report(report); // for the launcher that started this worker, if any
     return report.exit_code;
   }
@@ -176,15 +190,25 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> train_arguments;
   auto* train = app.add_subcommand("train", "Train a model from a VISSL-style YAML config");
-  train->add_option("args", train_arguments,
-                    "[CONFIG.yaml] [KEY=VALUE ...]; without a config file, the Fashion-MNIST "
-                    "default job runs");
+  train->add_option(
+      "args",
+      train_arguments,
+      "[CONFIG.yaml] [KEY=VALUE ...]; without a config file, the Fashion-MNIST "
+      "default job runs");
+  std::vector<std::string> eval_arguments;
+  auto* eval = app.add_subcommand(
+      "eval",
+      "Evaluate a run's newest checkpoint (or MODEL.WEIGHTS_INIT's weights) on DATA.TEST: "
+      "largo train with TEST_ONLY=True");
+  eval->add_option("args", eval_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
   std::vector<std::string> config_arguments;
   auto* config = app.add_subcommand("config", "Validate a config and print the effective tree");
   config->add_option("args", config_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
   // Listed for --help; run above.
-  app.add_subcommand("launch", "Start the workers of a distributed job: largo launch "
-                               "--nproc_per_node N [...] -- COMMAND (see largo launch --help)");
+  app.add_subcommand(
+      "launch",
+      "Start the workers of a distributed job: largo launch "
+      "--nproc_per_node N [...] -- COMMAND (see largo launch --help)");
 
   auto* inspect = app.add_subcommand("inspect", "Look inside Largo's components");
   inspect->require_subcommand(1);
@@ -197,16 +221,24 @@ int main(int argc, char** argv) {
   sampler->add_option("--rank", sampler_arguments.rank, "the rank to print")->capture_default_str();
   sampler->add_option("--epoch", sampler_arguments.epoch)->capture_default_str();
   sampler->add_option("--seed", sampler_arguments.seed)->capture_default_str();
-  sampler->add_flag("--stateful", sampler_arguments.stateful,
-                    "VISSL's StatefulDistributedSampler (default: PyTorch's DistributedSampler)");
+  sampler->add_flag(
+      "--stateful",
+      sampler_arguments.stateful,
+      "VISSL's StatefulDistributedSampler (default: PyTorch's DistributedSampler)");
   sampler->add_option("--shuffle", sampler_arguments.shuffle, "1 or 0 (DistributedSampler)")
       ->capture_default_str();
-  sampler->add_flag("--drop_last", sampler_arguments.drop_last,
-                    "drop the tail instead of padding (DistributedSampler; implied by --stateful)");
-  sampler->add_option("--batch_size", sampler_arguments.batch_size,
-                      "batch size that --start_iter counts in (--stateful)");
-  sampler->add_option("--start_iter", sampler_arguments.start_iter,
-                      "first batch to serve (--stateful: a resumed epoch)");
+  sampler->add_flag(
+      "--drop_last",
+      sampler_arguments.drop_last,
+      "drop the tail instead of padding (DistributedSampler; implied by --stateful)");
+  sampler->add_option(
+      "--batch_size",
+      sampler_arguments.batch_size,
+      "batch size that --start_iter counts in (--stateful)");
+  sampler->add_option(
+      "--start_iter",
+      sampler_arguments.start_iter,
+      "first batch to serve (--stateful: a resumed epoch)");
 
   auto* checkpoint = app.add_subcommand("checkpoint", "Work on checkpoint files");
   checkpoint->require_subcommand(1);
@@ -214,14 +246,20 @@ int main(int argc, char** argv) {
       "consolidate", "Merge a ZeRO checkpoint's optimizer shards into one plain checkpoint");
   std::string consolidate_path;
   std::string consolidate_output;
-  consolidate->add_option("checkpoint", consolidate_path,
-                          "a checkpoint file, or a run directory (its checkpoint.torch)")
+  consolidate
+      ->add_option(
+          "checkpoint",
+          consolidate_path,
+          "a checkpoint file, or a run directory (its checkpoint.torch)")
       ->required();
-  consolidate->add_option("--output", consolidate_output,
-                          "where to write (default: <checkpoint>_consolidated.torch beside it)");
+  consolidate->add_option(
+      "--output",
+      consolidate_output,
+      "where to write (default: <checkpoint>_consolidated.torch beside it)");
 
   std::vector<std::string> estimate_arguments;
-  auto* estimate = app.add_subcommand("estimate", "Per-rank memory of ZeRO stages 0-3 for a config");
+  auto* estimate =
+      app.add_subcommand("estimate", "Per-rank memory of ZeRO stages 0-3 for a config");
   estimate->add_option("args", estimate_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
 
   try {
@@ -233,13 +271,18 @@ int main(int argc, char** argv) {
   if (train->parsed()) {
     return report_errors("largo", [&] { return run_train(train_arguments); });
   }
+  if (eval->parsed()) {
+    eval_arguments.push_back("TEST_ONLY=True"); // after the user's overrides: it wins
+    return report_errors("largo", [&] { return run_train(eval_arguments); });
+  }
   if (estimate->parsed()) {
     return report_errors("largo", [&] {
       return largo::app::run_estimate_command(config_from_arguments(estimate_arguments));
     });
   }
   if (consolidate->parsed()) {
-    return report_errors("largo", [&] { return run_consolidate(consolidate_path, consolidate_output); });
+    return report_errors(
+        "largo", [&] { return run_consolidate(consolidate_path, consolidate_output); });
   }
   if (sampler->parsed()) {
     return report_errors("largo", [&] {

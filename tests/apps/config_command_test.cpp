@@ -28,7 +28,9 @@ std::vector<RefusedConfig> refused_configs() {
        {fsdp, "MODEL.FSDP_CONFIG.compute_dtype=bfloat16"},
        "compute_dtype bfloat16 needs mixed_precision"},
       {"ZeRO with Apex O2 master weights",
-       {"OPTIMIZER.use_zero=True", "MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+       {"OPTIMIZER.use_zero=True",
+        "MODEL.AMP_PARAMS.USE_AMP=True",
+        "MODEL.AMP_PARAMS.DTYPE=bfloat16",
         "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
        "sharding float32 master weights is not built"},
       {"float16 on the CPU", {"MODEL.AMP_PARAMS.USE_AMP=True"}, "float16 on the CPU"},
@@ -40,7 +42,8 @@ std::vector<RefusedConfig> refused_configs() {
        {"DATA.TRAIN.TRANSFORMS=[{name: RandomCrop, size: 24}, {name: ToTensor}]"},
        "DATA.TEST yields 1x28x28 images but the model is built for DATA.TRAIN's 1x24x24"},
       {"more test classes than the head has",
-       {"DATA.TEST.DATA_SOURCES=[synthetic]", "DATA.TEST.SYNTHETIC.NUM_CLASSES=20",
+       {"DATA.TEST.DATA_SOURCES=[synthetic]",
+        "DATA.TEST.SYNTHETIC.NUM_CLASSES=20",
         "DATA.TEST.SYNTHETIC.IMAGE_SHAPE=[1,28,28]"},
        "DATA.TEST has 20 classes but the model's head has 10 outputs"},
       {"auto LR scaling without a batch to scale by",
@@ -57,14 +60,16 @@ TEST(ConfigCommandTest, RefusesWhatTrainRefusesBeforeReadingData) {
     std::vector<std::string> overrides = {
         "DATA.TRAIN.DATA_PATHS=[" + (dir / "no_data").string() + "]",
         "DATA.TEST.DATA_PATHS=[" + (dir / "no_data").string() + "]",
-        "MODEL.TRUNK.NAME=small_cnn", "CHECKPOINT.DIR=" + (dir / "run").string()};
+        "MODEL.TRUNK.NAME=small_cnn",
+        "CHECKPOINT.DIR=" + (dir / "run").string()};
     overrides.insert(overrides.end(), refused.overrides.begin(), refused.overrides.end());
     for (const std::string command : {"config", "train"}) {
       std::vector<std::string> argv = {largo_program(), command};
       argv.insert(argv.end(), overrides.begin(), overrides.end());
       const ProgramResult run = run_program(argv, {}, std::chrono::seconds(60));
       EXPECT_TRUE(run.exited_with(2)) << command << ": " << run.status() << "\n" << run.output;
-      EXPECT_NE(run.output.find(refused.message), std::string::npos) << command << ":\n" << run.output;
+      EXPECT_NE(run.output.find(refused.message), std::string::npos) << command << ":\n"
+                                                                     << run.output;
       EXPECT_EQ(run.output.find("no_data"), std::string::npos) << command << ":\n" << run.output;
     }
   }

@@ -118,7 +118,8 @@ TEST(HardeningTest, AnIdxHeaderClaimingBillionsOfImagesIsADataError) {
        "DATA.TRAIN.DATA_SOURCES=[torchvision_dataset]",
        "DATA.TRAIN.DATASET_NAMES=[MNIST]",
        "DATA.TRAIN.DATA_PATHS=[" + (dir / "data").string() + "]",
-       "DATA.TEST.SYNTHETIC.IMAGE_SHAPE=[1,28,28]", "DATA.TEST.SYNTHETIC.NUM_CLASSES=10"});
+       "DATA.TEST.SYNTHETIC.IMAGE_SHAPE=[1,28,28]",
+       "DATA.TEST.SYNTHETIC.NUM_CLASSES=10"});
   expect_clean_failure(
       run, 3, "train-images-idx3-ubyte: its header promises 4294967295 images of 28x28");
 }
@@ -130,9 +131,7 @@ TEST(HardeningTest, AFlippedBitInTheCheckpointStopsTheResumeNamingTheFile) {
   flip_bits_in_entry(fs::canonical(dir / "run" / "checkpoint.torch"), "archive/data/0", 5);
   const auto run = run_program({largo_program(), "train", job, "OPTIMIZER.num_epochs=2"});
   expect_clean_failure(
-      run,
-      4,
-      "model_final_checkpoint_phase0.torch is corrupt: its entry 'archive/data/0'");
+      run, 4, "model_final_checkpoint_phase0.torch is corrupt: its entry 'archive/data/0'");
   // The same check guards consolidation.
   expect_clean_failure(
       run_program({largo_program(), "checkpoint", "consolidate", (dir / "run").string()}),

@@ -19,8 +19,8 @@ void write_image_folder(const fs::path& root) {
     fs::create_directories(root / label);
     for (int i = 0; i < 4; ++i, ++seed) {
       const auto image = data::testing::pattern_image(300 + 10 * seed, 240 + 5 * seed, seed);
-      data::testing::write_bytes(root / label / fmt::format("img{}.JPEG", i),
-                                 data::testing::encode_jpeg(image));
+      data::testing::write_bytes(
+          root / label / fmt::format("img{}.JPEG", i), data::testing::encode_jpeg(image));
     }
   }
 }
@@ -30,16 +30,24 @@ TEST(ImageFolderTrainingTest, TheImageNetRecipeRunsAsWritten) {
   write_image_folder(dir / "images");
   const std::string images = "[" + (dir / "images").string() + "]";
   const ProgramResult run = run_program(
-      {largo_program(), "train", std::string(LARGO_TEST_DATA_DIR) + "/../configs/examples/imagenet_resnet50.yaml",
-       "DATA.TRAIN.DATA_PATHS=" + images, "DATA.TEST.DATA_PATHS=" + images,
-       "DATA.TRAIN.BATCHSIZE_PER_REPLICA=2", "DATA.TEST.BATCHSIZE_PER_REPLICA=4",
-       "DATA.NUM_DATALOADER_WORKERS=2", "OPTIMIZER.num_epochs=1", "LOG_FREQUENCY=1",
+      {largo_program(),
+       "train",
+       std::string(LARGO_TEST_DATA_DIR) + "/../configs/examples/imagenet_resnet50.yaml",
+       "DATA.TRAIN.DATA_PATHS=" + images,
+       "DATA.TEST.DATA_PATHS=" + images,
+       "DATA.TRAIN.BATCHSIZE_PER_REPLICA=2",
+       "DATA.TEST.BATCHSIZE_PER_REPLICA=4",
+       "DATA.NUM_DATALOADER_WORKERS=2",
+       "OPTIMIZER.num_epochs=1",
+       "LOG_FREQUENCY=1",
        // The step schedule's milestones (epochs 30, 60, 80 of 90) cannot fall inside one
        // epoch: the warm-up stays, a constant stands in for the steps.
        "OPTIMIZER.param_schedulers.lr.schedulers=[{name: linear, start_value: 0.0, end_value: "
        "0.1}, {name: constant, value: 0.1}]",
-       "MACHINE.DEVICE=cpu", "CHECKPOINT.DIR=" + (dir / "run").string()},
-      {}, std::chrono::seconds(600));
+       "MACHINE.DEVICE=cpu",
+       "CHECKPOINT.DIR=" + (dir / "run").string()},
+      {},
+      std::chrono::seconds(600));
   ASSERT_TRUE(run.succeeded()) << run.status() << "\n" << run.output;
   // 8 images in batches of 2: 4 steps, then the test split, then the final checkpoint.
   EXPECT_NE(run.output.find("iter 4/4"), std::string::npos) << run.output;

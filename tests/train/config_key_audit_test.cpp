@@ -49,6 +49,7 @@ const char* kVitKeys = "TrainerConfigMappingTest.VitDropPathImageSizeAndHeadMult
 std::vector<WiredKey> wired_keys() {
   std::vector<WiredKey> keys{
       {"LOG_FREQUENCY", "iterations between console and metrics.jsonl lines", kMapping},
+      {"TEST_ONLY", "evaluate the newest checkpoint (or WEIGHTS_INIT's weights) without training; largo eval", "TrainerEvaluationTest.TestOnlyEvaluatesTheNewestCheckpointAndWritesNoCheckpoint"},
       {"TEST_MODEL", "evaluate on DATA.TEST during training", "TrainerDistributedTest.RankZeroAloneWritesAndEvaluationCoversTheWholeTestSet"},
       {"TEST_EVERY_NUM_EPOCH", "evaluate after every N-th epoch", kMapping},
       {"SEED_VALUE", "seeds model init, data order and augmentation", "DataLoader.AugmentationDependsOnSeedAndEpoch"},

@@ -6,9 +6,9 @@
 // resume bit-exactly, at other world sizes, into unsharded and ZeRO runs, and consolidate
 // offline; the combinations not built yet are clear errors.
 #include <largo/checkpoint/checkpoint_file.h>
+#include <largo/checkpoint/sharded_checkpoint.h>
 #include <largo/core/error.h>
 #include <largo/core/torch_compat.h>
-#include <largo/checkpoint/sharded_checkpoint.h>
 
 #include "comm/distributed_test_util.h"
 #include "train/trainer_run_util.h"
@@ -29,15 +29,19 @@ const Overrides kFsdp = {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"};
 
 fs::path test_dir() {
   return fs::temp_directory_path() /
-      fmt::format("largo_trainer_fsdp_{}",
-                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+         fmt::format(
+             "largo_trainer_fsdp_{}",
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
 }
 
 TEST(TrainerFsdpTest, TrainsLikeDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh (OVERWRITE_EXISTING moves the last one's files aside)
-    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False",
-                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
+    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh (OVERWRITE_EXISTING
+                                     // moves the last one's files aside)
+    const Overrides job = {
+        "OPTIMIZER.num_epochs=2",
+        "CHECKPOINT.AUTO_RESUME=False",
+        "CHECKPOINT.OVERWRITE_EXISTING=True"};
     // Each variant: the job's settings, and the FSDP settings on top of them. Plain SGD comes
     // first: clipping, AdamW and LARC do not see a gradient that is off by a constant factor.
     const std::vector<std::tuple<std::string, Overrides, Overrides>> variants = {
@@ -61,21 +65,27 @@ TEST(TrainerFsdpTest, TrainsLikeDdp) {
           "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=2"},
          {"MODEL.FSDP_CONFIG.reshard_after_forward=False"}},
         {"resnet18",
-         {"MODEL.TRUNK.NAME=resnet", "MODEL.TRUNK.RESNETS.DEPTH=18", "MODEL.TRUNK.RESNETS.STEM=cifar",
+         {"MODEL.TRUNK.NAME=resnet",
+          "MODEL.TRUNK.RESNETS.DEPTH=18",
+          "MODEL.TRUNK.RESNETS.STEM=cifar",
           "OPTIMIZER.num_epochs=1"},
          {}},
-        {"vit", {"MODEL.TRUNK.NAME=vision_transformer", "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE=6",
-                 "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=2",
-                 "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=32",
-                 "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=64",
-                 "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=2"},
+        {"vit",
+         {"MODEL.TRUNK.NAME=vision_transformer",
+          "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE=6",
+          "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=2",
+          "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=32",
+          "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=64",
+          "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=2"},
          {}},
     };
     for (const auto& [what, settings, fsdp_settings] : variants) {
       const RunResult ddp = train_run(dir / "ddp", job + settings, borrow(group));
       expect_same_training(
-          train_run(dir / "fsdp", job + settings + kFsdp + fsdp_settings, borrow(group)), ddp,
-          kTolerance, "FSDP, " + what);
+          train_run(dir / "fsdp", job + settings + kFsdp + fsdp_settings, borrow(group)),
+          ddp,
+          kTolerance,
+          "FSDP, " + what);
     }
   });
 }
@@ -86,12 +96,17 @@ TEST(TrainerFsdpTest, AutocastWithTheShardedLossScalerTrainsLikeDdp) {
     // bfloat16 autocast (the CPU's low-precision type) with PyTorch's dynamic scaler; AMP on
     // makes AUTO_SETUP_FSDP select mixed_precision with float32 units (VISSL's inference), and
     // fp32_reduce_scatter is then allowed.
-    const Overrides job = {"OPTIMIZER.num_epochs=1",          "CHECKPOINT.AUTO_RESUME=False", "CHECKPOINT.OVERWRITE_EXISTING=True",
-                           "MODEL.AMP_PARAMS.USE_AMP=True",   "MODEL.AMP_PARAMS.AMP_TYPE=pytorch",
-                           "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+    const Overrides job = {
+        "OPTIMIZER.num_epochs=1",
+        "CHECKPOINT.AUTO_RESUME=False",
+        "CHECKPOINT.OVERWRITE_EXISTING=True",
+        "MODEL.AMP_PARAMS.USE_AMP=True",
+        "MODEL.AMP_PARAMS.AMP_TYPE=pytorch",
+        "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
     const RunResult ddp = train_run(dir / "ddp", job, borrow(group));
     const RunResult fsdp = train_run(
-        dir / "fsdp", job + kFsdp + Overrides{"MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"},
+        dir / "fsdp",
+        job + kFsdp + Overrides{"MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"},
         borrow(group));
     // bfloat16 ops round to 8 bits of mantissa: a last-bit difference of a float32 input (the
     // reduction order above) can flip one rounding, so the comparison is at bfloat16's
@@ -102,9 +117,12 @@ TEST(TrainerFsdpTest, AutocastWithTheShardedLossScalerTrainsLikeDdp) {
 
 // FSDP's AMP_TYPE O2 with a bfloat16 AMP: compute copies of float32 shards, BatchNorm in
 // float32, the gradients reduced in float32.
-const Overrides kFsdpO2 = {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "MODEL.AMP_PARAMS.USE_AMP=True",
-                           "MODEL.AMP_PARAMS.DTYPE=bfloat16", "MODEL.FSDP_CONFIG.AMP_TYPE=O2",
-                           "MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"};
+const Overrides kFsdpO2 = {
+    "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+    "MODEL.AMP_PARAMS.USE_AMP=True",
+    "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+    "MODEL.FSDP_CONFIG.AMP_TYPE=O2",
+    "MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"};
 
 TEST(TrainerFsdpTest, ComputeCopiesComputeLikeApexO2) {
   // One process: FSDP's compute copies compute what Apex O2 computes (a bfloat16 model with
@@ -116,13 +134,19 @@ TEST(TrainerFsdpTest, ComputeCopiesComputeLikeApexO2) {
   // that difference. The library test (BFloat16ComputeCopiesTrainFloat32MastersLikeApexO2)
   // checks every step against masters made from the float32 weights.
   const fs::path dir = test_dir();
-  const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False",
-                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
+  const Overrides job = {
+      "OPTIMIZER.num_epochs=1",
+      "CHECKPOINT.AUTO_RESUME=False",
+      "CHECKPOINT.OVERWRITE_EXISTING=True"};
   auto single = comm::ProcessGroup::single_process();
   const RunResult apex = train_run(
       dir / "apex",
-      job + Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_TYPE=apex",
-                      "MODEL.AMP_PARAMS.AMP_ARGS.opt_level=O2", "MODEL.AMP_PARAMS.DTYPE=bfloat16"},
+      job +
+          Overrides{
+              "MODEL.AMP_PARAMS.USE_AMP=True",
+              "MODEL.AMP_PARAMS.AMP_TYPE=apex",
+              "MODEL.AMP_PARAMS.AMP_ARGS.opt_level=O2",
+              "MODEL.AMP_PARAMS.DTYPE=bfloat16"},
       single);
   const RunResult fsdp = train_run(dir / "fsdp", job + kFsdpO2, single);
   ASSERT_FALSE(fsdp.summary.iteration_losses.empty());
@@ -140,26 +164,36 @@ TEST(TrainerFsdpTest, ComputeCopiesDoNotDependOnTheUnitLayoutOrCheckpointing) {
     // values meet the same ops, and the float32 sums of two ranks' gradients are exact in
     // any order.
     const fs::path dir = test_dir();
-    const Overrides job = {"OPTIMIZER.num_epochs=1", "CHECKPOINT.AUTO_RESUME=False",
-                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
+    const Overrides job = {
+        "OPTIMIZER.num_epochs=1",
+        "CHECKPOINT.AUTO_RESUME=False",
+        "CHECKPOINT.OVERWRITE_EXISTING=True"};
     const RunResult blocks = train_run(dir / "blocks", job + kFsdpO2, borrow(group));
     expect_same_training(
-        train_run(dir / "root",
-                  job + kFsdpO2 +
-                      Overrides{"MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=100000000",
-                                "MODEL.FSDP_CONFIG.reshard_after_forward=False",
-                                "MODEL.FSDP_CONFIG.prefetch=False"},
-                  borrow(group)),
-        blocks, kTolerance, "FSDP compute copies, one root unit");
+        train_run(
+            dir / "root",
+            job + kFsdpO2 +
+                Overrides{
+                    "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=100000000",
+                    "MODEL.FSDP_CONFIG.reshard_after_forward=False",
+                    "MODEL.FSDP_CONFIG.prefetch=False"},
+            borrow(group)),
+        blocks,
+        kTolerance,
+        "FSDP compute copies, one root unit");
     // Activation checkpointing: the recompute gathers the bfloat16 copies again and runs the
     // same ops on them.
     expect_same_training(
-        train_run(dir / "checkpointed",
-                  job + kFsdpO2 +
-                      Overrides{"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
-                                "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=3"},
-                  borrow(group)),
-        blocks, kTolerance, "FSDP compute copies with activation checkpointing");
+        train_run(
+            dir / "checkpointed",
+            job + kFsdpO2 +
+                Overrides{
+                    "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+                    "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=3"},
+            borrow(group)),
+        blocks,
+        kTolerance,
+        "FSDP compute copies with activation checkpointing");
   });
 }
 
@@ -224,8 +258,8 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
                                  .toGenericDict();
     ASSERT_EQ(fsdp_model.size(), plain_model.size());
     for (const auto& item : plain_model) {
-      EXPECT_TRUE(torch::allclose(fsdp_model.at(item.key()).toTensor(), item.value().toTensor(),
-                                  kTolerance, kTolerance))
+      EXPECT_TRUE(torch::allclose(
+          fsdp_model.at(item.key()).toTensor(), item.value().toTensor(), kTolerance, kTolerance))
           << item.key().toStringRef();
     }
     // One process: the FSDP checkpoint continues like the plain one in an unsharded run, a
@@ -236,13 +270,21 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
     auto single = comm::ProcessGroup::single_process();
     const RunResult expected = train_run(root / "plain_at1", job, single);
     ASSERT_TRUE(expected.summary.resumed);
-    expect_same_training(train_run(root / "fsdp_at1_plain", job, single), expected, kTolerance,
-                         "FSDP checkpoint of 2 ranks into an unsharded run");
-    expect_same_training(train_run(root / "fsdp_at1_fsdp", job + kFsdp, single), expected,
-                         kTolerance, "FSDP checkpoint of 2 ranks into a 1-rank FSDP run");
+    expect_same_training(
+        train_run(root / "fsdp_at1_plain", job, single),
+        expected,
+        kTolerance,
+        "FSDP checkpoint of 2 ranks into an unsharded run");
+    expect_same_training(
+        train_run(root / "fsdp_at1_fsdp", job + kFsdp, single),
+        expected,
+        kTolerance,
+        "FSDP checkpoint of 2 ranks into a 1-rank FSDP run");
     expect_same_training(
         train_run(root / "fsdp_at1_zero", job + Overrides{"OPTIMIZER.use_zero=True"}, single),
-        expected, kTolerance, "FSDP checkpoint of 2 ranks into a 1-rank ZeRO-1 run");
+        expected,
+        kTolerance,
+        "FSDP checkpoint of 2 ranks into a 1-rank ZeRO-1 run");
 
     // Offline consolidation gives the plain run's optimizer state.
     const fs::path consolidated = checkpoint::consolidate_checkpoint(root / "fsdp");
@@ -255,7 +297,8 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
           "assert all(torch.allclose(d['model'][k].double(), p['model'][k].double(), atol=1e-5) "
           "for k in p['model']); "
           "assert d['optimizer']['state'].keys() == p['optimizer']['state'].keys()\"",
-          consolidated.string(), (root / "plain" / "model_phase0.torch").string());
+          consolidated.string(),
+          (root / "plain" / "model_phase0.torch").string());
       EXPECT_EQ(std::system(command.c_str()), 0) << command;
     }
     copy_run(root / "plain", root / "plain_at3");
@@ -267,17 +310,24 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
   run_on_ranks(3, [&](comm::ProcessGroup& group) {
     const RunResult expected = train_run(root / "plain_at3", job, borrow(group));
     ASSERT_TRUE(expected.summary.resumed);
-    expect_same_training(train_run(root / "fsdp_at3", job + kFsdp, borrow(group)), expected,
-                         kTolerance, "FSDP shards of 2 ranks into 3");
-    expect_same_training(train_run(root / "plain_into_fsdp_at3", job + kFsdp, borrow(group)),
-                         expected, kTolerance, "a DDP checkpoint into a 3-rank FSDP run");
+    expect_same_training(
+        train_run(root / "fsdp_at3", job + kFsdp, borrow(group)),
+        expected,
+        kTolerance,
+        "FSDP shards of 2 ranks into 3");
+    expect_same_training(
+        train_run(root / "plain_into_fsdp_at3", job + kFsdp, borrow(group)),
+        expected,
+        kTolerance,
+        "a DDP checkpoint into a 3-rank FSDP run");
   });
 }
 
 std::string setup_error(const Overrides& overrides) {
   try {
     Trainer trainer(
-        trainer_options_from_config(synthetic_job_config(test_dir(), kFsdp + overrides)), "",
+        trainer_options_from_config(synthetic_job_config(test_dir(), kFsdp + overrides)),
+        "",
         comm::ProcessGroup::single_process());
   } catch (const ConfigError& e) {
     return e.what();
@@ -287,20 +337,23 @@ std::string setup_error(const Overrides& overrides) {
 
 TEST(TrainerFsdpConfigTest, CombinationsNotBuiltAreClearErrors) {
   // fp32_reduce_scatter needs mixed_precision, which AUTO_SETUP_FSDP takes from USE_AMP.
-  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"})
-                .find("fp32_reduce_scatter needs mixed_precision"),
-            std::string::npos);
+  EXPECT_NE(
+      setup_error({"MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"})
+          .find("fp32_reduce_scatter needs mixed_precision"),
+      std::string::npos);
   // Compute copies need mixed precision (USE_AMP); without it FSDP's AMP_TYPE O2 changes
   // nothing (as in VISSL), but an explicit half compute_dtype is an error.
-  EXPECT_NE(setup_error({"MODEL.FSDP_CONFIG.compute_dtype=bfloat16"})
-                .find("compute_dtype bfloat16 needs mixed_precision"),
-            std::string::npos);
+  EXPECT_NE(
+      setup_error({"MODEL.FSDP_CONFIG.compute_dtype=bfloat16"})
+          .find("compute_dtype bfloat16 needs mixed_precision"),
+      std::string::npos);
   EXPECT_EQ(setup_error({"MODEL.FSDP_CONFIG.AMP_TYPE=O2"}), "(no error)");
   // float16 compute copies need float16 kernels, which libtorch 1.13's CPU lacks.
 #if !LARGO_TORCH_AT_LEAST(2, 0)
-  EXPECT_NE(setup_error({"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.FSDP_CONFIG.AMP_TYPE=O2"})
-                .find("float16 on the CPU"),
-            std::string::npos);
+  EXPECT_NE(
+      setup_error({"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.FSDP_CONFIG.AMP_TYPE=O2"})
+          .find("float16 on the CPU"),
+      std::string::npos);
 #endif
   // bfloat16 gradients cannot be reduced by 1.13's Gloo: fp32_reduce_scatter is required
   // (checked when the group has more than one rank, in the distributed tests).
@@ -344,7 +397,8 @@ MODEL:
   EXPECT_TRUE(options.fsdp.reshard_after_forward);
   EXPECT_EQ(options.amp.amp_type, "pytorch");
   // AMP off: mixed_precision off whatever the key says.
-  const TrainerOptions no_amp = trainer_options_from_config(synthetic_job_config(test_dir(), kFsdp));
+  const TrainerOptions no_amp =
+      trainer_options_from_config(synthetic_job_config(test_dir(), kFsdp));
   EXPECT_FALSE(no_amp.fsdp.mixed_precision);
 }
 

@@ -26,7 +26,8 @@ class TrainerTest : public ::testing::Test {
  public:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-        fmt::format("largo_trainer_{}", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+           fmt::format(
+               "largo_trainer_{}", ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
   }
   void TearDown() override {
@@ -49,8 +50,11 @@ TEST_F(TrainerTest, ShortFashionMnistRunLearns) {
   // In one process (no launcher variables here: the Trainer does not spawn), with the default
   // job's global batch (2 workers x 64) as one batch of 128.
   for (const auto& assignment :
-       {"OPTIMIZER.num_epochs=1", "DATA.TRAIN.DATA_LIMIT=6000", "DATA.TEST.DATA_LIMIT=2000",
-        "LOG_FREQUENCY=10", "DATA.TRAIN.BATCHSIZE_PER_REPLICA=128"}) {
+       {"OPTIMIZER.num_epochs=1",
+        "DATA.TRAIN.DATA_LIMIT=6000",
+        "DATA.TEST.DATA_LIMIT=2000",
+        "LOG_FREQUENCY=10",
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA=128"}) {
     config.apply_override(assignment);
   }
   config.apply_override("CHECKPOINT.DIR=" + dir_.string());
@@ -71,8 +75,8 @@ TEST_F(TrainerTest, ShortFashionMnistRunLearns) {
 }
 
 // Uninterrupted vs interrupted + resumed, with `extra` config overrides on both.
-void expect_resume_is_bit_exact(TrainerTest& test, const fs::path& dir,
-                                const std::vector<std::string>& extra);
+void expect_resume_is_bit_exact(
+    TrainerTest& test, const fs::path& dir, const std::vector<std::string>& extra);
 
 TEST_F(TrainerTest, ResumeIsBitExact) {
   expect_resume_is_bit_exact(*this, dir_, {});
@@ -82,15 +86,20 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
 // config keys: the whole optimizer state resumes bit-exactly through the trainer.
 TEST_F(TrainerTest, LarcLambWithClippingResumeIsBitExact) {
   expect_resume_is_bit_exact(
-      *this, dir_,
-      {"OPTIMIZER.name=lamb", "OPTIMIZER.use_larc=True", "OPTIMIZER.larc_config.clip=True",
+      *this,
+      dir_,
+      {"OPTIMIZER.name=lamb",
+       "OPTIMIZER.use_larc=True",
+       "OPTIMIZER.larc_config.clip=True",
        "OPTIMIZER.larc_config.trust_coefficient=0.02",
-       "OPTIMIZER.larc_config.exclude_bias_and_norm=True", "MODEL.GRAD_CLIP.USE_GRAD_CLIP=True",
-       "MODEL.GRAD_CLIP.MAX_NORM=0.5", "OPTIMIZER.param_schedulers.lr.start_value=0.01"});
+       "OPTIMIZER.larc_config.exclude_bias_and_norm=True",
+       "MODEL.GRAD_CLIP.USE_GRAD_CLIP=True",
+       "MODEL.GRAD_CLIP.MAX_NORM=0.5",
+       "OPTIMIZER.param_schedulers.lr.start_value=0.01"});
 }
 
-void expect_resume_is_bit_exact(TrainerTest& test, const fs::path& dir,
-                                const std::vector<std::string>& extra) {
+void expect_resume_is_bit_exact(
+    TrainerTest& test, const fs::path& dir, const std::vector<std::string>& extra) {
   // Uninterrupted: 3 epochs x 6 iterations.
   Config full = test.synthetic_config(dir / "full", extra);
   Trainer uninterrupted(trainer_options_from_config(full));
@@ -115,7 +124,8 @@ void expect_resume_is_bit_exact(TrainerTest& test, const fs::path& dir,
   ASSERT_EQ(resumed.iteration_losses.size(), 10u);
   for (size_t i = 0; i < resumed.iteration_losses.size(); ++i) {
     // Bitwise: the same float, not merely close.
-    EXPECT_EQ(resumed.iteration_losses[i], reference.iteration_losses[8 + i]) << "iteration " << 8 + i;
+    EXPECT_EQ(resumed.iteration_losses[i], reference.iteration_losses[8 + i])
+        << "iteration " << 8 + i;
   }
   auto reference_params = uninterrupted.model()->named_parameters();
   auto resumed_params = second.model()->named_parameters();
@@ -174,7 +184,8 @@ TEST_F(TrainerTest, RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint) {
 
 TEST_F(TrainerTest, NonFiniteLossStopsWithoutWritingACheckpoint) {
   Config config = synthetic_config(
-      dir_, {"OPTIMIZER.param_schedulers.lr.start_value=1e30", "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"});
+      dir_,
+      {"OPTIMIZER.param_schedulers.lr.start_value=1e30", "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"});
   Trainer trainer(trainer_options_from_config(config));
   try {
     trainer.run();
@@ -195,8 +206,11 @@ TEST_F(TrainerTest, NonFiniteLossStopsWithoutWritingACheckpoint) {
 }
 
 TEST_F(TrainerTest, MissingDatasetIsAClearError) {
-  Config config = Config::load({}, {"DATA.TRAIN.DATA_PATHS=[/nonexistent/fmnist]",
-                                    "CHECKPOINT.DIR=" + dir_.string(), "MACHINE.DEVICE=cpu"});
+  Config config = Config::load(
+      {},
+      {"DATA.TRAIN.DATA_PATHS=[/nonexistent/fmnist]",
+       "CHECKPOINT.DIR=" + dir_.string(),
+       "MACHINE.DEVICE=cpu"});
   try {
     Trainer trainer(trainer_options_from_config(config));
     FAIL() << "expected a DataError";
@@ -206,7 +220,8 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 }
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
-  for (const auto& assignment : {"HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "TEST_ONLY=True"}) {
+  for (const auto& assignment :
+       {"HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True"}) {
     Config config = Config::load({}, {assignment});
     try {
       trainer_options_from_config(config);
@@ -226,7 +241,8 @@ TEST_F(TrainerTest, ActivationCheckpointingLeavesTheLossesUnchanged) {
                            .run();
   Config config = synthetic_config(
       dir_ / "checkpointed",
-      {"OPTIMIZER.num_epochs=1", "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+      {"OPTIMIZER.num_epochs=1",
+       "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
        "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=3"});
   TrainSummary checkpointed = Trainer(trainer_options_from_config(config)).run();
   ASSERT_EQ(plain.iteration_losses.size(), 6u);
@@ -251,13 +267,15 @@ TEST_F(TrainerTest, ActivationCheckpointingLeavesTheLossesUnchanged) {
 
 TEST_F(TrainerTest, MoreCheckpointingSplitsThanTrunkBlocksIsAConfigError) {
   Config config = synthetic_config(
-      dir_, {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
-             "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=4"});
+      dir_,
+      {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+       "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=4"});
   try {
     Trainer trainer(trainer_options_from_config(config));
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("NUM_ACTIVATION_CHECKPOINTING_SPLITS = 4"), std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("NUM_ACTIVATION_CHECKPOINTING_SPLITS = 4"), std::string::npos)
         << e.what();
   }
 }

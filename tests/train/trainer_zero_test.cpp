@@ -3,8 +3,8 @@
 // checkpoints resume bit-exactly, at other world sizes and into unsharded runs, and
 // consolidate offline into a plain checkpoint; the seed's YAML configures it verbatim.
 #include <largo/checkpoint/checkpoint_file.h>
-#include <largo/core/error.h>
 #include <largo/checkpoint/sharded_checkpoint.h>
+#include <largo/core/error.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
@@ -24,30 +24,37 @@ constexpr double kTolerance = 1e-5;
 
 const Overrides kStage1 = {"OPTIMIZER.use_zero=True"};
 // A small reduce buffer, so buckets straddle the two ranks' shards.
-const Overrides kStage2 = {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
-                           "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=3000"};
+const Overrides kStage2 = {
+    "MODEL.SHARDED_DDP_SETUP.USE_SDP=True", "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=3000"};
 
 fs::path test_dir() {
   return fs::temp_directory_path() /
-      fmt::format("largo_trainer_zero_{}",
-                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+         fmt::format(
+             "largo_trainer_zero_{}",
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
 }
 
-RunResult train(const fs::path& dir, const Overrides& overrides,
-                std::shared_ptr<comm::ProcessGroup> group, int64_t stop_after = -1) {
+RunResult train(
+    const fs::path& dir,
+    const Overrides& overrides,
+    std::shared_ptr<comm::ProcessGroup> group,
+    int64_t stop_after = -1) {
   return train_run(dir, overrides, std::move(group), stop_after);
 }
 
-void expect_same_training(const RunResult& actual, const RunResult& expected,
-                          const std::string& what) {
+void expect_same_training(
+    const RunResult& actual, const RunResult& expected, const std::string& what) {
   train::expect_same_training(actual, expected, kTolerance, what);
 }
 
 TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh (OVERWRITE_EXISTING moves the last one's files aside)
-    const Overrides job = {"OPTIMIZER.num_epochs=2", "CHECKPOINT.AUTO_RESUME=False",
-                           "CHECKPOINT.OVERWRITE_EXISTING=True"};
+    const fs::path dir = test_dir(); // AUTO_RESUME off: every run starts afresh (OVERWRITE_EXISTING
+                                     // moves the last one's files aside)
+    const Overrides job = {
+        "OPTIMIZER.num_epochs=2",
+        "CHECKPOINT.AUTO_RESUME=False",
+        "CHECKPOINT.OVERWRITE_EXISTING=True"};
     // Plain SGD first: clipping, AdamW and LARC do not see a gradient that is off by a
     // constant factor.
     const std::vector<std::pair<std::string, Overrides>> variants = {
@@ -61,10 +68,10 @@ TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
     };
     for (const auto& [what, variant] : variants) {
       const RunResult ddp = train(dir / "ddp", job + variant, borrow(group));
-      expect_same_training(train(dir / "zero1", job + variant + kStage1, borrow(group)), ddp,
-                           "stage 1, " + what);
-      expect_same_training(train(dir / "zero2", job + variant + kStage2, borrow(group)), ddp,
-                           "stage 2, " + what);
+      expect_same_training(
+          train(dir / "zero1", job + variant + kStage1, borrow(group)), ddp, "stage 1, " + what);
+      expect_same_training(
+          train(dir / "zero2", job + variant + kStage2, borrow(group)), ddp, "stage 2, " + what);
     }
   });
 }
@@ -76,12 +83,12 @@ TEST(TrainerZeroTest, ShardedCheckpointResumeIsBitExact) {
       // Each rank wrote its own optimizer shard; rank 0 the manifest naming both.
       EXPECT_TRUE(fs::exists(run / "model_iteration8_shard0.torch"));
       EXPECT_TRUE(fs::exists(run / "model_iteration8_shard1.torch"));
-      auto manifest =
-          nlohmann::json::parse(std::ifstream(run / "model_iteration8.manifest.json"));
+      auto manifest = nlohmann::json::parse(std::ifstream(run / "model_iteration8.manifest.json"));
       EXPECT_EQ(manifest["world_size"], 2);
       EXPECT_EQ(manifest["shards"][1]["file"], "model_iteration8_shard1.torch");
-      EXPECT_EQ(manifest["shards"][1]["bytes"],
-                static_cast<int64_t>(fs::file_size(run / "model_iteration8_shard1.torch")));
+      EXPECT_EQ(
+          manifest["shards"][1]["bytes"],
+          static_cast<int64_t>(fs::file_size(run / "model_iteration8_shard1.torch")));
     });
   });
 }
@@ -109,10 +116,14 @@ TEST(TrainerZeroTest, ShardedCheckpointsResumeAtOtherWorldSizesAndConsolidate) {
     auto single = comm::ProcessGroup::single_process();
     const RunResult expected = train(root / "plain_at1", job, single);
     ASSERT_TRUE(expected.summary.resumed);
-    expect_same_training(train(root / "zero_at1_plain", job, single), expected,
-                         "ZeRO shards of 2 ranks into an unsharded run");
-    expect_same_training(train(root / "zero_at1_zero", job + kStage1, single), expected,
-                         "ZeRO shards of 2 ranks into a 1-rank ZeRO run");
+    expect_same_training(
+        train(root / "zero_at1_plain", job, single),
+        expected,
+        "ZeRO shards of 2 ranks into an unsharded run");
+    expect_same_training(
+        train(root / "zero_at1_zero", job + kStage1, single),
+        expected,
+        "ZeRO shards of 2 ranks into a 1-rank ZeRO run");
 
     // Offline consolidation gives the plain run's optimizer state.
     const fs::path consolidated = checkpoint::consolidate_checkpoint(root / "zero");
@@ -137,8 +148,10 @@ TEST(TrainerZeroTest, ShardedCheckpointsResumeAtOtherWorldSizesAndConsolidate) {
   run_on_ranks(3, [&](comm::ProcessGroup& group) {
     const RunResult expected = train(root / "plain_at3", job, borrow(group));
     ASSERT_TRUE(expected.summary.resumed);
-    expect_same_training(train(root / "zero_at3", job + kStage2, borrow(group)), expected,
-                         "ZeRO shards of 2 ranks into 3");
+    expect_same_training(
+        train(root / "zero_at3", job + kStage2, borrow(group)),
+        expected,
+        "ZeRO shards of 2 ranks into 3");
   });
 }
 
@@ -188,18 +201,20 @@ TEST(TrainerZeroConfigTest, IncompleteOrMistypedBaseOptimizersAreClearErrors) {
     }
     return "(no error)";
   };
-  EXPECT_NE(error_of({"OPTIMIZER.name=zero"}).find("OPTIMIZER.base_optimizer.name"),
-            std::string::npos);
-  EXPECT_NE(error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: sgd, momentun: 0.9}"})
-                .find("OPTIMIZER.base_optimizer.momentun"),
-            std::string::npos);
-  EXPECT_NE(error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: rmsprop}"})
-                .find("rmsprop"),
-            std::string::npos);
-  EXPECT_NE(error_of({"MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
-                      "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=0"})
-                .find("reduce_buffer_size"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of({"OPTIMIZER.name=zero"}).find("OPTIMIZER.base_optimizer.name"), std::string::npos);
+  EXPECT_NE(
+      error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: sgd, momentun: 0.9}"})
+          .find("OPTIMIZER.base_optimizer.momentun"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: rmsprop}"}).find("rmsprop"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(
+          {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True", "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=0"})
+          .find("reduce_buffer_size"),
+      std::string::npos);
 }
 
 } // namespace

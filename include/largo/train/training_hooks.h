@@ -28,8 +28,8 @@ namespace largo::train {
 struct StepEvent {
   const checkpoint::TrainingProgress& progress;
   const StepResult& step;
-  double lr = 0.0;                          // the first group's learning rate of the step
-  std::optional<int64_t> step_peak_bytes;   // measured with activation checkpointing
+  double lr = 0.0;                        // the first group's learning rate of the step
+  std::optional<int64_t> step_peak_bytes; // measured with activation checkpointing
 };
 
 class TrainingHook {
@@ -44,8 +44,8 @@ class TrainingHook {
 // Rank 0's records of a run, shared by the hooks: metrics.jsonl, TensorBoard (tb_logs/) and
 // the console's progress bar (cleared before any other line is printed).
 struct RunRecords {
-  std::unique_ptr<MetricsWriter> metrics;          // null on other ranks
-  std::unique_ptr<TensorBoardWriter> tensorboard;  // null unless HOOKS.TENSORBOARD_SETUP
+  std::unique_ptr<MetricsWriter> metrics;         // null on other ranks
+  std::unique_ptr<TensorBoardWriter> tensorboard; // null unless HOOKS.TENSORBOARD_SETUP
   ProgressBar progress_bar;
 };
 
@@ -56,8 +56,11 @@ struct RunRecords {
 // samples skipped), so a step starved by data is visible.
 class LoggingHook : public TrainingHook {
  public:
-  LoggingHook(parallel::ParallelModel& model, const data::DataLoader& loader,
-              RunRecords& records, int64_t log_frequency);
+  LoggingHook(
+      parallel::ParallelModel& model,
+      const data::DataLoader& loader,
+      RunRecords& records,
+      int64_t log_frequency);
   void on_step_end(const StepEvent& event) override;
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
 
@@ -81,9 +84,17 @@ class LoggingHook : public TrainingHook {
 // (top1, top5, best_top1, which checkpoints keep).
 class EvaluationHook : public TrainingHook {
  public:
-  EvaluationHook(parallel::ParallelModel& model, TrainingData& data, torch::Device device,
-                 EvaluationOptions options, int64_t every_num_epochs, RunRecords& records);
+  EvaluationHook(
+      parallel::ParallelModel& model,
+      TrainingData& data,
+      torch::Device device,
+      EvaluationOptions options,
+      int64_t every_num_epochs,
+      RunRecords& records);
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
+  // Evaluates now (collective) and records the result in `progress` and the run's records:
+  // what on_epoch_end does every TEST_EVERY_NUM_EPOCH epochs, and a TEST_ONLY run once.
+  void report(checkpoint::TrainingProgress& progress);
 
  private:
   parallel::ParallelModel& model_;
@@ -98,8 +109,12 @@ class EvaluationHook : public TrainingHook {
 // CHECKPOINT_FREQUENCY epochs, and the final one (collective).
 class CheckpointHook : public TrainingHook {
  public:
-  CheckpointHook(checkpoint::TrainingState& state, std::filesystem::path dir,
-                 int64_t frequency_epochs, int64_t frequency_iterations, RunRecords& records);
+  CheckpointHook(
+      checkpoint::TrainingState& state,
+      std::filesystem::path dir,
+      int64_t frequency_epochs,
+      int64_t frequency_iterations,
+      RunRecords& records);
   void on_step_end(const StepEvent& event) override;
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
 

@@ -284,6 +284,12 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   plan.world = world;
   const TrainerOptions& o = plan.options;
   check_fsdp_keys(o);
+  if (o.test_only && !o.test_model) {
+    throw config_error(
+        "TEST_MODEL",
+        "False",
+        "True with TEST_ONLY = True: an evaluation-only run evaluates DATA.TEST");
+  }
   plan.precision = precision::resolve_precision_policy(o.amp);
   check_precision_keys(o, plan.precision);
   // The device the config asks for: a GPU config validates on a machine without one too.

@@ -96,6 +96,7 @@ struct Trainer::State {
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
   RunRecords records;
   std::vector<std::unique_ptr<TrainingHook>> hooks;
+  EvaluationHook* evaluation = nullptr;     // among the hooks when TEST_MODEL
   std::optional<MemoryTracker> step_memory; // peak of each step, with activation checkpointing
   bool model_state_logged = false;
 
@@ -116,6 +117,7 @@ struct Trainer::State {
   void add_hooks();
   void log_start() const;
   bool resume();
+  bool load_for_evaluation();
   void start_fresh(bool overwrite_existing);
   void set_learning_rates();
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
@@ -228,7 +230,7 @@ void Trainer::State::build_model() {
 
 // Whether this run continues from a checkpoint of its directory (train/resume_policy.h).
 bool Trainer::State::will_resume() const {
-  return options().checkpoint.auto_resume && fs::is_directory(run_dir()) &&
+  return (options().checkpoint.auto_resume || options().test_only) && fs::is_directory(run_dir()) &&
          !checkpoint_files(run_dir()).empty();
 }
 
@@ -264,8 +266,9 @@ void Trainer::State::open_records() {
     return;
   }
   fs::create_directories(run_dir());
-  if (!config_yaml.empty()) {
-    write_file_atomically(run_dir() / "train_config.yaml", config_yaml);
+  if (!config_yaml.empty()) { // an evaluation keeps the training run's config beside its own
+    write_file_atomically(
+        run_dir() / (options().test_only ? "test_config.yaml" : "train_config.yaml"), config_yaml);
   }
   records.metrics = std::make_unique<MetricsWriter>(run_dir() / "metrics.jsonl");
   if (options().use_tensorboard) {
@@ -279,8 +282,10 @@ void Trainer::State::add_hooks() {
   if (options().test_model) {
     EvaluationOptions evaluation{
         options().topk_values, options().loss, plan.test_shape.sample_shape};
-    hooks.push_back(std::make_unique<EvaluationHook>(
-        *parallel, *data, device, evaluation, options().test_every_num_epoch, records));
+    auto hook = std::make_unique<EvaluationHook>(
+        *parallel, *data, device, evaluation, options().test_every_num_epoch, records);
+    this->evaluation = hook.get();
+    hooks.push_back(std::move(hook));
   }
   hooks.push_back(std::make_unique<CheckpointHook>(
       *state,
@@ -340,6 +345,37 @@ bool Trainer::State::resume() {
       progress().iteration_in_epoch,
       progress().iteration);
   return true;
+}
+
+// TEST_ONLY: the newest intact checkpoint of CHECKPOINT.DIR (final ones too), else the
+// weights MODEL.WEIGHTS_INIT gave the model; nothing in the directory is moved or written
+// but the evaluation's records.
+bool Trainer::State::load_for_evaluation() {
+  std::optional<ResumeChoice> choice;
+  if (fs::is_directory(run_dir())) {
+    choice = choose_resume_checkpoint(run_dir());
+  }
+  if (choice) {
+    if (!choice->warning.empty() && group->rank() == 0) {
+      spdlog::warn("{}", choice->warning);
+    }
+    state->load(choice->path);
+    spdlog::info(
+        "evaluating {} (trained {} epochs, {} iterations)",
+        fs::canonical(choice->path).string(),
+        progress().epoch,
+        progress().iteration);
+    return true;
+  }
+  if (options().weights_init.params_file.empty()) {
+    throw ConfigError(fmt::format(
+        "TEST_ONLY = True evaluates a trained model, but CHECKPOINT.DIR ({}) holds no checkpoint "
+        "and MODEL.WEIGHTS_INIT.PARAMS_FILE is empty; point CHECKPOINT.DIR at the run to "
+        "evaluate, or PARAMS_FILE at the weights",
+        run_dir().string()));
+  }
+  spdlog::info("evaluating the weights of {}", options().weights_init.params_file.string());
+  return false;
 }
 
 void Trainer::State::start_fresh(bool overwrite_existing) {
@@ -468,6 +504,15 @@ TrainSummary Trainer::run() {
   State& s = *state_;
   checkpoint::TrainingProgress& p = s.progress();
   TrainSummary summary;
+  if (s.options().test_only) {
+    summary.resumed = s.load_for_evaluation();
+    s.evaluation->report(p);
+    summary.epochs_completed = p.epoch;
+    summary.iterations = p.iteration;
+    summary.final_top1 = p.top1;
+    summary.final_top5 = p.top5;
+    return summary;
+  }
   summary.resumed = s.resume();
   if (p.complete) {
     spdlog::info(

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace largo::train {
 namespace {
 
@@ -28,8 +30,11 @@ TrainingHook::~TrainingHook() = default;
 
 // ---- logging -------------------------------------------------------------------------
 
-LoggingHook::LoggingHook(parallel::ParallelModel& model, const data::DataLoader& loader,
-                         RunRecords& records, int64_t log_frequency)
+LoggingHook::LoggingHook(
+    parallel::ParallelModel& model,
+    const data::DataLoader& loader,
+    RunRecords& records,
+    int64_t log_frequency)
     : model_(model), loader_(loader), records_(records), log_frequency_(log_frequency) {}
 
 void LoggingHook::on_step_end(const StepEvent& event) {
@@ -45,9 +50,11 @@ void LoggingHook::on_step_end(const StepEvent& event) {
     log_window(event);
   }
   if (model_.process_group().rank() == 0) {
-    records_.progress_bar.update(progress.iteration_in_epoch, progress.iterations_per_epoch,
-                         fmt::format("epoch {}/{} loss {:.4f}", progress.epoch + 1,
-                                     progress.num_epochs, event.step.loss));
+    records_.progress_bar.update(
+        progress.iteration_in_epoch,
+        progress.iterations_per_epoch,
+        fmt::format(
+            "epoch {}/{} loss {:.4f}", progress.epoch + 1, progress.num_epochs, event.step.loss));
   }
 }
 
@@ -61,20 +68,25 @@ void LoggingHook::log_window(const StepEvent& event) {
   const double seconds = seconds_since(window_start_);
   const double images_per_sec = seconds > 0 ? totals[1].item<double>() / seconds : 0.0;
   const int64_t steps = std::max<int64_t>(window_steps_, 1);
-  const int64_t remaining = progress.num_epochs * progress.iterations_per_epoch - progress.iteration;
+  const int64_t remaining =
+      progress.num_epochs * progress.iterations_per_epoch - progress.iteration;
   const double mean_loss = totals[0].item<double>() / steps / group.world_size();
   records_.progress_bar.clear();
-  nlohmann::json record = {{"phase", "train"}, {"epoch", progress.epoch},
-                           {"iteration", progress.iteration}, {"loss", mean_loss},
-                           {"lr", event.lr}, {"images_per_sec", images_per_sec},
-                           {"wall_time", wall_time()}};
+  nlohmann::json record = {
+      {"phase", "train"},
+      {"epoch", progress.epoch},
+      {"iteration", progress.iteration},
+      {"loss", mean_loss},
+      {"lr", event.lr},
+      {"images_per_sec", images_per_sec},
+      {"wall_time", wall_time()}};
   std::string scaling;
   const precision::MixedPrecision& precision = model_.precision();
   if (precision.has_loss_scaling()) {
     record["loss_scale"] = precision.loss_scale();
     record["skipped_steps"] = precision.skipped_steps(); // since the run started
-    scaling = fmt::format(" loss scale {:g} skipped steps {}", precision.loss_scale(),
-                          precision.skipped_steps());
+    scaling = fmt::format(
+        " loss scale {:g} skipped steps {}", precision.loss_scale(), precision.skipped_steps());
   }
   if (event.step_peak_bytes) {
     record["step_peak_bytes"] = window_peak_bytes_; // this rank's (rank 0's)
@@ -89,18 +101,28 @@ void LoggingHook::log_window(const StepEvent& event) {
     record["bad_samples"] = now.num_bad_samples; // this epoch's, on this rank
     bad = fmt::format(", {} bad samples skipped", now.num_bad_samples);
   }
-  spdlog::info("train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {} "
-               "(data: {:.0f} img/s, waited {:.0f}%{})",
-               progress.epoch + 1, progress.num_epochs, progress.iteration_in_epoch,
-               progress.iterations_per_epoch, mean_loss, event.lr, scaling, images_per_sec,
-               format_duration(remaining * seconds / steps), loader.images_per_second(),
-               100.0 * loader.wait_fraction(), bad);
+  spdlog::info(
+      "train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {} "
+      "(data: {:.0f} img/s, waited {:.0f}%{})",
+      progress.epoch + 1,
+      progress.num_epochs,
+      progress.iteration_in_epoch,
+      progress.iterations_per_epoch,
+      mean_loss,
+      event.lr,
+      scaling,
+      images_per_sec,
+      format_duration(remaining * seconds / steps),
+      loader.images_per_second(),
+      100.0 * loader.wait_fraction(),
+      bad);
   if (records_.metrics) {
     records_.metrics->write(record);
   }
   if (records_.tensorboard) {
     if (precision.has_loss_scaling()) {
-      records_.tensorboard->add_scalar("train/loss_scale", precision.loss_scale(), progress.iteration);
+      records_.tensorboard->add_scalar(
+          "train/loss_scale", precision.loss_scale(), progress.iteration);
     }
     records_.tensorboard->add_scalar("train/loss", mean_loss, progress.iteration);
     records_.tensorboard->add_scalar("train/lr", event.lr, progress.iteration);
@@ -120,9 +142,13 @@ void LoggingHook::on_epoch_end(checkpoint::TrainingProgress&) {
 
 // ---- evaluation ----------------------------------------------------------------------
 
-EvaluationHook::EvaluationHook(parallel::ParallelModel& model, TrainingData& data,
-                               torch::Device device, EvaluationOptions options,
-                               int64_t every_num_epochs, RunRecords& records)
+EvaluationHook::EvaluationHook(
+    parallel::ParallelModel& model,
+    TrainingData& data,
+    torch::Device device,
+    EvaluationOptions options,
+    int64_t every_num_epochs,
+    RunRecords& records)
     : model_(model),
       data_(data),
       device_(device),
@@ -134,11 +160,19 @@ void EvaluationHook::on_epoch_end(checkpoint::TrainingProgress& progress) {
   if (progress.epoch % every_num_epochs_ != 0 && progress.epoch != progress.num_epochs) {
     return;
   }
+  report(progress);
+}
+
+void EvaluationHook::report(checkpoint::TrainingProgress& progress) {
   const EvaluationResult result = evaluate(model_, data_, device_, options_);
-  const int64_t epoch_index = progress.epoch - 1; // the epoch just trained, from 0
-  nlohmann::json record = {{"phase", "test"}, {"epoch", epoch_index},
-                           {"iteration", progress.iteration}, {"loss", result.loss},
-                           {"wall_time", wall_time()}};
+  // The epoch just trained, from 0 (0 too for a TEST_ONLY run of weights never trained here).
+  const int64_t epoch_index = std::max<int64_t>(progress.epoch - 1, 0);
+  nlohmann::json record = {
+      {"phase", "test"},
+      {"epoch", epoch_index},
+      {"iteration", progress.iteration},
+      {"loss", result.loss},
+      {"wall_time", wall_time()}};
   std::string line =
       fmt::format("test epoch {}/{} loss {:.4f}", progress.epoch, progress.num_epochs, result.loss);
   for (size_t i = 0; i < result.topk.size(); ++i) {
@@ -167,9 +201,12 @@ void EvaluationHook::on_epoch_end(checkpoint::TrainingProgress& progress) {
 
 // ---- checkpoints ---------------------------------------------------------------------
 
-CheckpointHook::CheckpointHook(checkpoint::TrainingState& state, std::filesystem::path dir,
-                               int64_t frequency_epochs, int64_t frequency_iterations,
-                               RunRecords& records)
+CheckpointHook::CheckpointHook(
+    checkpoint::TrainingState& state,
+    std::filesystem::path dir,
+    int64_t frequency_epochs,
+    int64_t frequency_iterations,
+    RunRecords& records)
     : state_(state),
       dir_(std::move(dir)),
       frequency_epochs_(frequency_epochs),

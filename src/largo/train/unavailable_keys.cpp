@@ -39,7 +39,6 @@ std::vector<UnavailableKey> build_list() {
   const std::string loss = "LOSS.cross_entropy_multiple_output_single_target.";
   const std::string ema = "HOOKS.EMA_MODEL.";
   std::vector<UnavailableKey> more{
-      {"TEST_ONLY", "evaluation-only runs", {}, true},
       {"MODEL.INPUT_TYPE", "an input type other than rgb"},
       {"MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS",
        "weight standardization of the convolutions"},
