@@ -43,7 +43,8 @@ std::unique_ptr<optim::Optimizer> make_larc(const torch::nn::Module& module) {
 
 // Poisons the gradient of parameter `name` with an infinity, where this rank holds it.
 void poison(const torch::nn::Module& module, const std::string& name) {
-  if (const auto* parameter = module.named_parameters().find(name)) {
+  const auto parameters = module.named_parameters(); // find() points into this dict
+  if (const auto* parameter = parameters.find(name)) {
     parameter->grad().view({-1})[0] = std::numeric_limits<float>::infinity();
   }
 }
