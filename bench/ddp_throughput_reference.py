@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_throughput_reference import param_groups, resnet18_cifar, small_cnn  # noqa: E402
+from train_throughput_reference import param_groups, resnet, small_cnn  # noqa: E402
 
 # Keep in sync with the defaults in ddp_throughput_bench.cpp.
 DEFAULTS = {
@@ -51,7 +51,7 @@ def worker(rank, procs, args, port, queue):
     images = torch.randn(shape)[rank * per_rank:(rank + 1) * per_rank].contiguous()
     labels = torch.randint(0, 10, (args.batch,), dtype=torch.long)[
         rank * per_rank:(rank + 1) * per_rank].contiguous()
-    model = small_cnn() if args.model == "small_cnn" else resnet18_cifar()
+    model = small_cnn() if args.model == "small_cnn" else resnet(18, cifar_stem=True)
     model.train()
     num_parameters = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.SGD(param_groups(model, 0.05, 5e-4), lr=0.05, momentum=0.9,

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_throughput_reference import param_groups, resnet18_cifar, small_cnn  # noqa: E402
+from train_throughput_reference import param_groups, resnet, small_cnn  # noqa: E402
 
 
 def defaults(model, cuda):
@@ -94,7 +94,7 @@ def main():
     if args.model == "small_cnn":
         model = small_cnn()
     elif args.model == "resnet18":
-        model = resnet18_cifar()
+        model = resnet(18, cifar_stem=True)
     else:
         model = torchvision.models.resnet50(num_classes=1000)
     model.to(device).train()

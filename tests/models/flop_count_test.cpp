@@ -166,5 +166,14 @@ TEST(FlopCountTest, CountsEveryConvAndLinearModuleOnce) {
   }
 }
 
+TEST(FlopCountTest, FormatsCountsWithAnSiPrefix) {
+  EXPECT_EQ(format_flops(0), "0 FLOP");
+  EXPECT_EQ(format_flops(999), "999 FLOP");
+  EXPECT_EQ(format_flops(11546112), "11.5 MFLOP");
+  EXPECT_EQ(format_flops(999.9e6), "1 GFLOP"); // rounds up into the next prefix
+  EXPECT_EQ(format_flops(7.11e10), "71.1 GFLOP");
+  EXPECT_EQ(format_flops(2.5e21), "2.5e+03 EFLOP"); // past the last prefix
+}
+
 } // namespace
 } // namespace largo::models

@@ -142,6 +142,11 @@ TEST_F(TrainerTest, RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint) {
   Config reread = Config::load({dir_ / "train_config.yaml"});
   EXPECT_EQ(reread.get_string("MODEL.TRUNK.NAME"), "small_cnn");
 
+  // The small CNN on 1x24x24 images, by hand: 3x3 convolutions 1->16 at 24x24, 16->32 at
+  // 12x12, 32->64 at 6x6, then Linear 64*3*3 -> 10; 2 FLOPs per multiply-accumulate; training
+  // = 3 x forward.
+  const double forward_flops =
+      2.0 * (24 * 24 * 16 * 1 * 9 + 12 * 12 * 32 * 16 * 9 + 6 * 6 * 64 * 32 * 9 + 576 * 10);
   auto events = read_metrics(dir_ / "metrics.jsonl");
   int train_events = 0;
   int test_events = 0;
@@ -151,6 +156,13 @@ TEST_F(TrainerTest, RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint) {
     if (event["phase"] == "train") {
       ++train_events;
       EXPECT_TRUE(event.contains("lr"));
+      ASSERT_TRUE(event.contains("flops_per_sec") && event.contains("images_per_sec"));
+      const double images_per_sec = event["images_per_sec"].get<double>();
+      EXPECT_GT(images_per_sec, 0.0);
+      EXPECT_NEAR(
+          event["flops_per_sec"].get<double>(),
+          3 * forward_flops * images_per_sec,
+          1e-12 * 3 * forward_flops * images_per_sec);
     } else {
       ++test_events;
       EXPECT_EQ(event["phase"], "test");

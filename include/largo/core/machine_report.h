@@ -6,7 +6,7 @@
 // that say how to fix them:
 //   - a reference (netlib) BLAS: Debian's libtorch sends float32 GEMMs to whatever the
 //     libblas.so.3 alternative points to, and on a fresh machine that is the reference BLAS
-//     (~20x slower than OpenBLAS on the 2-core dev machine, docs/performance.md);
+//     (20-40x slower than OpenBLAS on the 2-core dev machine, docs/performance.md);
 //   - more threads than cores (intra-op threads x ranks on this machine, or a pthreads
 //     OpenBLAS that keeps its own pool beside OpenMP's): every parallel region then waits for
 //     a descheduled thread.

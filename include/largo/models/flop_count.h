@@ -67,4 +67,8 @@ ModelFlops count_model_flops(const ModelOptions& options);
 // images per second to print achieved FLOP/s.
 int64_t training_flops_per_sample(const ModelOptions& options);
 
+// A FLOP count with an SI prefix and three significant digits, for the console:
+// 11546112 -> "11.5 MFLOP", 7.11e10 -> "71.1 GFLOP" (append "/s" for a rate).
+std::string format_flops(double flops);
+
 } // namespace largo::models

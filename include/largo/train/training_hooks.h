@@ -53,25 +53,30 @@ struct RunRecords {
 // iterations and at the end of each epoch: the mean loss and the images/s of every rank (an
 // all-reduce), the learning rate, the loss scale with skipped steps, the ETA, and this rank's
 // loader (images/s it can build, the share of the time the step waited for data, bad
-// samples skipped), so a step starved by data is visible.
+// samples skipped), so a step starved by data is visible. Given the model's training FLOPs
+// per sample (models/flop_count.h; 0: unknown, not printed), also the achieved model FLOP/s:
+// that count times the images/s of all ranks.
 class LoggingHook : public TrainingHook {
  public:
   LoggingHook(
       parallel::ParallelModel& model,
       const data::DataLoader& loader,
       RunRecords& records,
-      int64_t log_frequency);
+      int64_t log_frequency,
+      int64_t training_flops_per_sample = 0);
   void on_step_end(const StepEvent& event) override;
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
 
  private:
   void log_window(const StepEvent& event);
+  void write_records(const nlohmann::json& record, int64_t iteration);
 
   parallel::ParallelModel& model_;
   const data::DataLoader& loader_;
   data::LoaderStats last_loader_stats_; // at the previous log line of this epoch
   RunRecords& records_;
   int64_t log_frequency_;
+  int64_t training_flops_per_sample_;
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
   int64_t window_images_ = 0;
   double window_loss_ = 0.0;

@@ -218,7 +218,7 @@ std::vector<std::string> machine_warnings(const MachineReport& report) {
   if (report.blas.kind == BlasKind::kReference) {
     warnings.push_back(fmt::format(
         "float32 matrix multiplies (Linear layers, attention) run on the reference BLAS {}, "
-        "about 20x slower than an optimised one: install OpenBLAS (`bash "
+        "20-40x slower than an optimised one: install OpenBLAS (`bash "
         "scripts/install_deps.sh`, or `apt-get install libopenblas0-openmp`) or select it with "
         "`update-alternatives --set libblas.so.3-x86_64-linux-gnu "
         "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3`",

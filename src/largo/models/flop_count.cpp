@@ -6,6 +6,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+#include <iterator>
+
 namespace largo::models {
 namespace {
 
@@ -186,6 +189,16 @@ ModelFlops count_model_flops(const ModelOptions& options) {
 
 int64_t training_flops_per_sample(const ModelOptions& options) {
   return count_model_flops(options).training_per_sample();
+}
+
+std::string format_flops(double flops) {
+  static const char* const prefixes[] = {"", "k", "M", "G", "T", "P", "E"};
+  size_t prefix = 0;
+  while (std::abs(flops) >= 999.5 && prefix + 1 < std::size(prefixes)) {
+    flops /= 1000.0;
+    ++prefix;
+  }
+  return fmt::format("{:.3g} {}FLOP", flops, prefixes[prefix]);
 }
 
 } // namespace largo::models

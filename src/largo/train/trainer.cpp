@@ -9,6 +9,7 @@
 #include <largo/core/machine_report.h>
 #include <largo/core/malloc_tuning.h>
 #include <largo/core/rng_state.h>
+#include <largo/models/flop_count.h>
 #include <largo/models/model_factory.h>
 #include <largo/models/parameter_count.h>
 #include <largo/optim/optimizer_factory.h>
@@ -225,7 +226,11 @@ void Trainer::State::open_records() {
 
 void Trainer::State::add_hooks() {
   hooks.push_back(std::make_unique<LoggingHook>(
-      *parallel, data->train_loader(), records, options().log_frequency));
+      *parallel,
+      data->train_loader(),
+      records,
+      options().log_frequency,
+      models::training_flops_per_sample(plan.model)));
   if (options().test_model) {
     EvaluationOptions evaluation{
         options().topk_values, options().loss, plan.test_shape.sample_shape};
@@ -244,10 +249,11 @@ void Trainer::State::add_hooks() {
 
 void Trainer::State::log_start() const {
   spdlog::info(
-      "model {}: {} parameters; {} training samples, {} test samples; {} iterations/epoch; "
-      "{} threads on {}",
+      "model {}: {} parameters, {} per training sample (3 x forward); {} training samples, "
+      "{} test samples; {} iterations/epoch; {} threads on {}",
       plan.model.trunk_name,
       models::count_parameters(*model),
+      models::format_flops(static_cast<double>(models::training_flops_per_sample(plan.model))),
       data->num_train_samples(),
       data->num_test_samples(),
       data->iterations_per_epoch(),

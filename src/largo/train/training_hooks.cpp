@@ -1,5 +1,7 @@
 #include <largo/train/training_hooks.h>
 
+#include <largo/models/flop_count.h>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -34,8 +36,13 @@ LoggingHook::LoggingHook(
     parallel::ParallelModel& model,
     const data::DataLoader& loader,
     RunRecords& records,
-    int64_t log_frequency)
-    : model_(model), loader_(loader), records_(records), log_frequency_(log_frequency) {}
+    int64_t log_frequency,
+    int64_t training_flops_per_sample)
+    : model_(model),
+      loader_(loader),
+      records_(records),
+      log_frequency_(log_frequency),
+      training_flops_per_sample_(training_flops_per_sample) {}
 
 void LoggingHook::on_step_end(const StepEvent& event) {
   const checkpoint::TrainingProgress& progress = event.progress;
@@ -80,6 +87,12 @@ void LoggingHook::log_window(const StepEvent& event) {
       {"lr", event.lr},
       {"images_per_sec", images_per_sec},
       {"wall_time", wall_time()}};
+  std::string flops;
+  if (training_flops_per_sample_ > 0) {
+    const double flops_per_sec = images_per_sec * static_cast<double>(training_flops_per_sample_);
+    record["flops_per_sec"] = flops_per_sec;
+    flops = fmt::format(" {}/s", models::format_flops(flops_per_sec));
+  }
   std::string scaling;
   const precision::MixedPrecision& precision = model_.precision();
   if (precision.has_loss_scaling()) {
@@ -102,7 +115,7 @@ void LoggingHook::log_window(const StepEvent& event) {
     bad = fmt::format(", {} bad samples skipped", now.num_bad_samples);
   }
   spdlog::info(
-      "train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s eta {} "
+      "train epoch {}/{} iter {}/{} loss {:.4f} lr {:.5g}{} {:.0f} img/s{} eta {} "
       "(data: {:.0f} img/s, waited {:.0f}%{})",
       progress.epoch + 1,
       progress.num_epochs,
@@ -112,27 +125,37 @@ void LoggingHook::log_window(const StepEvent& event) {
       event.lr,
       scaling,
       images_per_sec,
+      flops,
       format_duration(remaining * seconds / steps),
       loader.images_per_second(),
       100.0 * loader.wait_fraction(),
       bad);
-  if (records_.metrics) {
-    records_.metrics->write(record);
-  }
-  if (records_.tensorboard) {
-    if (precision.has_loss_scaling()) {
-      records_.tensorboard->add_scalar(
-          "train/loss_scale", precision.loss_scale(), progress.iteration);
-    }
-    records_.tensorboard->add_scalar("train/loss", mean_loss, progress.iteration);
-    records_.tensorboard->add_scalar("train/lr", event.lr, progress.iteration);
-    records_.tensorboard->add_scalar("train/images_per_sec", images_per_sec, progress.iteration);
-  }
+  write_records(record, progress.iteration);
   window_start_ = std::chrono::steady_clock::now();
   window_images_ = 0;
   window_loss_ = 0.0;
   window_steps_ = 0;
   window_peak_bytes_ = 0;
+}
+
+// metrics.jsonl gets the whole record; TensorBoard the scalars worth plotting.
+void LoggingHook::write_records(const nlohmann::json& record, int64_t iteration) {
+  if (records_.metrics) {
+    records_.metrics->write(record);
+  }
+  if (!records_.tensorboard) {
+    return;
+  }
+  for (const auto& [key, tag] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"loss_scale", "train/loss_scale"},
+           {"loss", "train/loss"},
+           {"lr", "train/lr"},
+           {"images_per_sec", "train/images_per_sec"},
+           {"flops_per_sec", "train/flops_per_sec"}}) {
+    if (record.contains(key)) {
+      records_.tensorboard->add_scalar(tag, record.at(key).get<double>(), iteration);
+    }
+  }
 }
 
 void LoggingHook::on_epoch_end(checkpoint::TrainingProgress&) {
