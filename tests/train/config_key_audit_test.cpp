@@ -44,6 +44,7 @@ struct NoEffectKey {
 
 const char* kMapping = "TrainerConfigMappingTest.RunKeysReachTheTrainerOptions";
 const char* kResNetKeys = "TrainerConfigMappingTest.ResNetNormGroupsAndStrideKeysChangeTheModel";
+const char* kEma = "TrainerModelEmaTest.TheCheckpointedAverageIsVisslsUpdateOverTheRunsWeights";
 const char* kVitKeys = "TrainerConfigMappingTest.VitDropPathImageSizeAndHeadMultiplierReachTheModel";
 
 std::vector<WiredKey> wired_keys() {
@@ -55,6 +56,12 @@ std::vector<WiredKey> wired_keys() {
       {"SEED_VALUE", "seeds model init, data order and augmentation", "DataLoader.AugmentationDependsOnSeedAndEpoch"},
       {"HOOKS.CHECK_NAN", "a non-finite loss or gradient stops the run (or skips the step under loss scaling)", "TrainerTest.NonFiniteLossStopsWithoutWritingACheckpoint"},
       {"HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD", "write TensorBoard event files", "TrainerTest.RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint"},
+      {"HOOKS.EMA_MODEL.SAVE_EMA_MODEL", "keep the weights' moving average and checkpoint it (ema_model)", kEma},
+      {"HOOKS.EMA_MODEL.ENABLE_EMA_METERS", "keep the average and evaluate it beside the model (phase test_ema)", "TrainerModelEmaTest.MetersEvaluateTheAverageAndTrainingContinuesUntouched"},
+      {"HOOKS.EMA_MODEL.UPDATE_ITER", "update the average after every N-th step", kEma},
+      {"HOOKS.EMA_MODEL.WARMUP", "fraction of training during which the average is a copy of the model", kEma},
+      {"HOOKS.EMA_MODEL.DECAY", "average = DECAY x average + (1 - DECAY) x weights", kEma},
+      {"HOOKS.EMA_MODEL.EMA_DEVICE", "cpu keeps the average on the CPU, gpu beside the model", kMapping},
       {"DATA.NUM_DATALOADER_WORKERS", "loader threads per process (the batches do not depend on it)", "DataLoader.SameBatchesForAnyNumberOfWorkers"},
       {"DATA.DDP_BUCKET_CAP_MB", "DDP gradient bucket size", "DistributedDataParallelTest.BucketsCoverEveryParameterOnce"},
       {"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER", "VISSL's stateful sampler order (mid-epoch resume)", "TrainerDistributedTest.MidEpochResumeWithStatefulSamplerIsBitExact"},
@@ -246,7 +253,7 @@ std::vector<NoEffectKey> no_effect_keys() {
       {"HOOKS.MEMORY_SUMMARY.PRINT_MEMORY_SUMMARY", logging},
       {"HOOKS.MEMORY_SUMMARY.LOG_ITERATION_NUM", logging},
       {"HOOKS.MEMORY_SUMMARY.DUMP_MEMORY_ON_EXCEPTION", logging},
-      {"HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY", "logging only: the FLOP count is not logged (largo estimate sizes memory)"},
+      {"HOOKS.MODEL_COMPLEXITY.COMPUTE_COMPLEXITY", "logging only: largo train always logs the model's FLOPs per sample and achieved FLOP/s"},
       {"HOOKS.MODEL_COMPLEXITY.INPUT_SHAPE", "the input shape of that FLOP count"},
       {"DATA.PIN_MEMORY", "speed only (host-to-GPU copies); the batches are the same"},
       {"DATA.ENABLE_ASYNC_GPU_COPY", "speed only (host-to-GPU copies); the batches are the same"},

@@ -185,6 +185,29 @@ TEST_F(RunDirectoryTest, AFreshStartNeverOverwritesCheckpoints) {
   EXPECT_TRUE(checkpoint_files(dir_).empty());
 }
 
+TEST_F(RunDirectoryTest, TheBestModelIsNeverResumedButIsNeverOverwritten) {
+  // model_best.torch holds weights only: newer than every checkpoint, it must not be taken
+  // for one when checkpoint.torch is missing.
+  const fs::path phase0 = write(0, 20);
+  checkpoint::StateDict best = checkpoint::make_state_dict();
+  best.insert("model", training_state(0).at("model"));
+  checkpoint::save_checkpoint(dir_ / checkpoint::kBestModelName, best);
+  EXPECT_EQ(checkpoint_files(dir_), std::vector<fs::path>{phase0});
+  fs::remove(dir_ / checkpoint::kLatestCheckpointName);
+  auto choice = choose_resume_checkpoint(dir_);
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_EQ(choice->path, phase0);
+  EXPECT_EQ(choice->warning.find(checkpoint::kBestModelName), std::string::npos) << choice->warning;
+
+  // Alone in the directory, it is still history a fresh start must not overwrite.
+  fs::remove(phase0);
+  EXPECT_FALSE(choose_resume_checkpoint(dir_).has_value());
+  EXPECT_THROW(prepare_fresh_start(dir_, /*overwrite_existing=*/false), CheckpointError);
+  const auto aside = prepare_fresh_start(dir_, /*overwrite_existing=*/true);
+  ASSERT_TRUE(aside.has_value());
+  EXPECT_TRUE(fs::exists(*aside / checkpoint::kBestModelName));
+}
+
 TEST_F(RunDirectoryTest, TemporariesOfDeadWritersAreRemoved) {
   const pid_t child = ::fork();
   if (child == 0) {

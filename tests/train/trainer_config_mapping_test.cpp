@@ -30,7 +30,10 @@ TEST(TrainerConfigMappingTest, RunKeysReachTheTrainerOptions) {
        "CHECKPOINT.OVERWRITE_EXISTING=True",
        "MACHINE.DEVICE=cpu",
        "MACHINE.NUM_THREADS=1", // at most the cores (the default is 0: every core)
-       "METERS.accuracy_list_meter.topk_values=[1, 3]"});
+       "METERS.accuracy_list_meter.topk_values=[1, 3]",
+       "HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True",
+       "HOOKS.EMA_MODEL.EMA_DEVICE=cpu",
+       "HOOKS.EMA_MODEL.DECAY=0.5"});
   EXPECT_EQ(options.log_frequency, 3);
   EXPECT_FALSE(options.test_model);
   EXPECT_EQ(options.test_every_num_epoch, 2);
@@ -43,6 +46,10 @@ TEST(TrainerConfigMappingTest, RunKeysReachTheTrainerOptions) {
   EXPECT_EQ(options.device, "cpu");
   EXPECT_EQ(options.num_threads, 1);
   EXPECT_EQ(options.topk_values, (std::vector<int64_t>{1, 3}));
+  EXPECT_TRUE(options.model_ema.enabled());
+  EXPECT_EQ(options.model_ema.average.device, c10::Device(c10::kCPU));
+  EXPECT_EQ(options.model_ema.average.decay, 0.5);
+  EXPECT_FALSE(options_with({}).model_ema.average.device.has_value()) << "gpu: beside the model";
 }
 
 int64_t count_modules_of_type(models::TrunkHeadModel& model, const std::string& type) {
@@ -137,8 +144,9 @@ TEST(TrainerConfigMappingTest, ManualGradientReductionUnderZeroStageTwoIsRefused
   }
 }
 
-// The settings the trainer is to wire: read and validated here, refused in a run until then.
-TEST(TrainerConfigMappingTest, SettingsForTheTrainerToWireAreReadAndChecked) {
+// The settings of SyncBatchNorm, the model EMA, weights init and the loss: read, validated
+// and carried into the trainer's options.
+TEST(TrainerConfigMappingTest, SyncBnEmaWeightsInitAndLossSettingsAreReadAndChecked) {
   Config config = Config::load(
       {},
       {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
@@ -156,7 +164,10 @@ TEST(TrainerConfigMappingTest, SettingsForTheTrainerToWireAreReadAndChecked) {
        "LOSS.cross_entropy_multiple_output_single_target.temperature=0.1",
        "LOSS.cross_entropy_multiple_output_single_target.normalize_output=True",
        "LOSS.cross_entropy_multiple_output_single_target.weight=[1.0, 2.0]"});
-  EXPECT_THROW(trainer_options_from_config(config), ConfigError); // not wired yet
+  const TrainerOptions options = trainer_options_from_config(config);
+  EXPECT_TRUE(options.sync_batch_norm.convert);
+  EXPECT_TRUE(options.model_ema.save);
+  EXPECT_EQ(options.weights_init.params_file, "/w.pth");
 
   SyncBatchNormSettings sync_bn = sync_batch_norm_settings_from(config);
   EXPECT_TRUE(sync_bn.convert);

@@ -16,9 +16,7 @@ namespace fs = std::filesystem;
 using largo::testing::run_on_ranks;
 
 fs::path test_dir() {
-  return fs::temp_directory_path() /
-      fmt::format("largo_trainer_ddp_{}",
-                  ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  return test_dir_for("ddp");
 }
 
 std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {

@@ -1,5 +1,7 @@
 // Evaluation-only runs (TEST_ONLY, `largo eval`): the newest checkpoint of CHECKPOINT.DIR is
 // evaluated on DATA.TEST without training, and the run directory keeps every checkpoint.
+// Training runs keep the best model so far in model_best.torch.
+#include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
@@ -8,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 namespace largo::train {
@@ -64,6 +67,45 @@ TEST(TrainerEvaluationTest, TestOnlyEvaluatesTheNewestCheckpointAndWritesNoCheck
   evaluation.push_back("TEST_MODEL=False");
   EXPECT_THROW(
       Trainer(trainer_options_from_config(synthetic_job_config(dir, evaluation))), ConfigError);
+  fs::remove_all(dir);
+}
+
+// The Apex ImageNet example's model_best file: after each evaluation that beats every earlier
+// one, the model is written beside the checkpoints; its weights are those of that epoch's
+// checkpoint, and a later, worse epoch leaves it alone.
+TEST(TrainerEvaluationTest, TrainingKeepsTheBestModelBesideTheCheckpoints) {
+  const fs::path dir = fs::temp_directory_path() / "largo_trainer_best_model_test";
+  fs::remove_all(dir);
+  const TrainSummary trained = Trainer(trainer_options_from_config(synthetic_job_config(
+                                           dir, {"DATA.TEST.SYNTHETIC.NUM_SAMPLES=64"})))
+                                   .run();
+  ASSERT_EQ(trained.epochs_completed, 3);
+  std::vector<double> top1; // per epoch
+  for (const auto& record : read_metrics(dir / "metrics.jsonl")) {
+    if (record["phase"] == "test") {
+      top1.push_back(record["top1"].get<double>());
+    }
+  }
+  ASSERT_EQ(top1.size(), 3u);
+  const auto best = std::max_element(top1.begin(), top1.end()); // the first of equal ones
+  const int64_t best_epoch = best - top1.begin();
+
+  const checkpoint::StateDict saved = checkpoint::load_checkpoint(dir / "model_best.torch");
+  EXPECT_EQ(saved.at("epoch").toInt(), best_epoch + 1) << "epochs done when it was evaluated";
+  EXPECT_EQ(saved.at("best_top1").toDouble(), *best);
+  EXPECT_EQ(saved.at("top1").toDouble(), *best);
+  EXPECT_FALSE(saved.contains("optimizer")) << "weights only: not a checkpoint to resume";
+  const std::string checkpoint_name = best_epoch == 2
+                                          ? "model_final_checkpoint_phase2.torch"
+                                          : fmt::format("model_phase{}.torch", best_epoch);
+  const auto expected =
+      checkpoint::load_checkpoint(dir / checkpoint_name).at("model").toGenericDict();
+  const auto weights = saved.at("model").toGenericDict();
+  ASSERT_EQ(weights.size(), expected.size());
+  for (const auto& entry : expected) {
+    EXPECT_TRUE(torch::equal(weights.at(entry.key()).toTensor(), entry.value().toTensor()))
+        << entry.key().toStringRef();
+  }
   fs::remove_all(dir);
 }
 

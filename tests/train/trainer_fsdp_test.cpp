@@ -28,10 +28,7 @@ constexpr double kTolerance = 1e-5;
 const Overrides kFsdp = {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"};
 
 fs::path test_dir() {
-  return fs::temp_directory_path() /
-         fmt::format(
-             "largo_trainer_fsdp_{}",
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  return test_dir_for("fsdp");
 }
 
 TEST(TrainerFsdpTest, TrainsLikeDdp) {

@@ -233,7 +233,7 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
   for (const auto& assignment :
-       {"HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True"}) {
+       {"DATA.TRAIN.COPY_TO_LOCAL_DISK=True", "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True"}) {
     Config config = Config::load({}, {assignment});
     try {
       trainer_options_from_config(config);

@@ -3,6 +3,7 @@
 
 #include <largo/core/config.h>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -31,6 +32,13 @@ inline Config synthetic_job_config(const std::filesystem::path& run_dir,
       "MACHINE.NUM_THREADS=1", "LOG_FREQUENCY=4", "CHECKPOINT.DIR=" + run_dir.string()};
   overrides.insert(overrides.end(), extra.begin(), extra.end());
   return Config::load({}, overrides);
+}
+
+// A directory under /tmp named after `suite` and the running test.
+inline std::filesystem::path test_dir_for(const std::string& suite) {
+  return std::filesystem::temp_directory_path() /
+         ("largo_trainer_" + suite + "_" +
+          ::testing::UnitTest::GetInstance()->current_test_info()->name());
 }
 
 inline std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path) {

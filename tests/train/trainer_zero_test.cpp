@@ -28,10 +28,7 @@ const Overrides kStage2 = {
     "MODEL.SHARDED_DDP_SETUP.USE_SDP=True", "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=3000"};
 
 fs::path test_dir() {
-  return fs::temp_directory_path() /
-         fmt::format(
-             "largo_trainer_zero_{}",
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  return test_dir_for("zero");
 }
 
 RunResult train(

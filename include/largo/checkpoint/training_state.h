@@ -14,12 +14,19 @@
 //   rng_state            this rank's CPU generator; rng_states: every rank's
 //   world_size, train_sampler (VISSL's view of the position), top1, top5, best_top1,
 //   largo_version, config (the effective YAML)
+//   ema_model            with HOOKS.EMA_MODEL.SAVE_EMA_MODEL: the model's average
+//                        (optim::ModelEma::state_dict(), rank 0's)
+//
+// save_model() writes the model alone: "model", the progress entries (epoch, iteration,
+// top1, top5, best_top1), largo_version and config; MODEL.WEIGHTS_INIT and torch.load read it.
 //
 // Collectives: save() (every rank's RNG state and optimizer shard; FSDP gathers the model
-// unit by unit onto rank 0, which alone writes the main file). load() issues none.
+// unit by unit onto rank 0, which alone writes the main file) and save_model() (the model's
+// gather). load() issues none.
 #pragma once
 
 #include <largo/checkpoint/checkpoint_file.h>
+#include <largo/optim/model_ema.h>
 #include <largo/parallel/parallelize.h>
 
 #include <cstdint>
@@ -55,8 +62,11 @@ class TrainingState {
  public:
   // `config_yaml` is stored as the checkpoint's "config"; `seed` re-seeds ranks that have no
   // saved stream to continue (a resume at another world size).
-  TrainingState(parallel::ParallelModel& model, SamplerDescription sampler,
-                std::string config_yaml, uint64_t seed);
+  TrainingState(
+      parallel::ParallelModel& model,
+      SamplerDescription sampler,
+      std::string config_yaml,
+      uint64_t seed);
 
   TrainingProgress progress;
 
@@ -64,6 +74,11 @@ class TrainingState {
   // `dir/checkpoint.torch` at it. Collective. Throws CheckpointError (on every rank) when a
   // rank cannot write its shard; the previous checkpoint then stays the latest.
   void save(const std::filesystem::path& dir, const std::string& file_name);
+
+  // Writes the model's weights and where the run stands to `dir/file_name`, atomically, and
+  // leaves checkpoint.torch as it is: a file to evaluate or initialize from, not to resume.
+  // Collective.
+  void save_model(const std::filesystem::path& dir, const std::string& file_name);
 
   // Restores a checkpoint written by save() at any world size and ZeRO stage (sharded
   // optimizer state is resharded or consolidated). Mid-epoch, the world size and iterations
@@ -73,18 +88,33 @@ class TrainingState {
   // (CHECKPOINT.OVERWRITE_EXISTING: train again from scratch).
   bool load(const std::filesystem::path& path, bool unless_final = false);
 
+  // HOOKS.EMA_MODEL: the average of `model_tensors` the run keeps (both outlive this object).
+  // save() writes it as "ema_model" when `save_average` (SAVE_EMA_MODEL); load() restores it
+  // from a checkpoint that has one, and otherwise restarts it from the loaded weights, as
+  // VISSL does.
+  void attach_model_ema(optim::ModelEma& ema, optim::NamedTensors model_tensors, bool save_average);
+
  private:
-  StateDict state_dict(const c10::IValue& optimizer_entry, const at::Tensor& rng_states,
-                       std::vector<std::pair<std::string, at::Tensor>> model_state) const;
+  void insert_progress(StateDict& state) const;
+  StateDict state_dict(
+      const c10::IValue& optimizer_entry,
+      const at::Tensor& rng_states,
+      std::vector<std::pair<std::string, at::Tensor>> model_state) const;
   void load_model(const StateDict& state, const std::string& where);
-  void load_optimizer(const StateDict& state, const std::filesystem::path& checkpoint_dir,
-                      const std::string& where);
+  void load_optimizer(
+      const StateDict& state,
+      const std::filesystem::path& checkpoint_dir,
+      const std::string& where);
   void load_rng(const StateDict& state, int64_t saved_world_size);
+  void load_model_ema(const StateDict& state, const std::string& where);
 
   parallel::ParallelModel& model_;
   SamplerDescription sampler_;
   std::string config_yaml_;
   uint64_t seed_;
+  optim::ModelEma* ema_ = nullptr;
+  optim::NamedTensors ema_tensors_;
+  bool save_ema_ = false;
 };
 
 } // namespace largo::checkpoint

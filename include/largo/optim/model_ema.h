@@ -72,7 +72,8 @@ class ModelEma {
     return options_;
   }
 
-  // {"decay", "update_iter", "warmup", "averages": {name: tensor}}; torch.load reads it.
+  // {"decay", "update_iter", "warmup", "averages": {name: tensor}}, the averages on the CPU
+  // (the tensors themselves when they are there); torch.load reads it.
   c10::IValue state_dict() const;
   // Restores state_dict() output (the averages are copied). Throws CheckpointError when the
   // names or shapes differ from this average's.

@@ -36,8 +36,8 @@ namespace largo::train {
 void check_training_checkpoint(
     const checkpoint::StateDict& state, const std::filesystem::path& path);
 
-// The checkpoint files in `run_dir` (*.torch except checkpoint.torch, ZeRO shard files and
-// temporaries), newest first by modification time.
+// The checkpoint files in `run_dir` (*.torch except checkpoint.torch, model_best.torch, ZeRO
+// shard files and temporaries), newest first by modification time: what a run may resume from.
 std::vector<std::filesystem::path> checkpoint_files(const std::filesystem::path& run_dir);
 
 // Loads `path` and checks it is intact (see above). Throws CheckpointError saying why not.

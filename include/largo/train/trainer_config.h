@@ -18,23 +18,15 @@ TrainerOptions trainer_options_from_config(const Config& config);
 // refuses unavailable keys first). in_channels, image_size and num_classes are 0: the data's.
 models::ModelOptions model_options_from(const Config& config);
 
-// The options of features the library has and the trainer is to use (their keys stay in
-// train/unavailable_keys.h until it does). Each validates its keys (ConfigError naming them).
-// MODEL.FEATURE_EVAL_SETTINGS is read into TrainerOptions::model.feature_eval.
+// Parts of the above, each validating its keys (ConfigError naming them).
+// MODEL.FEATURE_EVAL_SETTINGS is read into TrainerOptions::model.feature_eval, though the
+// trainer does not use it yet (its keys stay in train/unavailable_keys.h until it does).
 
 // MODEL.SYNC_BN_CONFIG: parallel::convert_sync_batchnorm with
 // parallel::sync_bn_group_size(group_size, NUM_PROC_PER_NODE, world size).
 SyncBatchNormSettings sync_batch_norm_settings_from(const Config& config);
 
-// HOOKS.EMA_MODEL: an optim::ModelEma when save or meters.
-struct ModelEmaSettings {
-  bool save = false;              // SAVE_EMA_MODEL: checkpoint the average
-  bool meters = false;            // ENABLE_EMA_METERS: evaluate the average too
-  optim::ModelEmaOptions average; // DECAY, UPDATE_ITER, WARMUP, EMA_DEVICE (cpu: device kCPU)
-  bool enabled() const {
-    return save || meters;
-  }
-};
+// HOOKS.EMA_MODEL (TrainerOptions::model_ema).
 ModelEmaSettings model_ema_settings_from(const Config& config);
 
 // MODEL.WEIGHTS_INIT for `model` (its feature evaluation settings decide whether the head is

@@ -6,6 +6,7 @@
 #include <largo/data/dataset_factory.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/lr_schedule.h>
+#include <largo/optim/model_ema.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
 #include <largo/precision/grad_scaler.h>
@@ -118,6 +119,17 @@ struct SyncBatchNormSettings {
   int64_t group_size = -1; // GROUP_SIZE: -1 the ranks of a machine, 0 all, N > 0 N
 };
 
+// HOOKS.EMA_MODEL: VISSL's exponential moving average of the weights (optim/model_ema.h),
+// kept when it is saved or evaluated.
+struct ModelEmaSettings {
+  bool save = false;              // SAVE_EMA_MODEL: checkpoint the average ("ema_model")
+  bool meters = false;            // ENABLE_EMA_METERS: evaluate the average beside the model
+  optim::ModelEmaOptions average; // DECAY, UPDATE_ITER, WARMUP, EMA_DEVICE (cpu: device kCPU)
+  bool enabled() const {
+    return save || meters;
+  }
+};
+
 struct TrainerOptions {
   // DATA.TRAIN and DATA.TEST (data/dataset_factory.h: source, sampling, batching).
   data::DataSplitOptions train;
@@ -129,6 +141,7 @@ struct TrainerOptions {
   ActivationCheckpointingOptions activation_checkpointing;
   OptimizerOptions optimizer;
   SyncBatchNormSettings sync_batch_norm;
+  ModelEmaSettings model_ema;
   // MODEL.WEIGHTS_INIT: the model's initial weights from a file (empty params_file: none);
   // applied on a fresh start only, a resumed run continues from its checkpoint.
   checkpoint::WeightsInitOptions weights_init;

@@ -9,6 +9,7 @@
 
 #include <largo/checkpoint/training_state.h>
 #include <largo/core/memory_tracker.h>
+#include <largo/optim/model_ema.h>
 #include <largo/train/evaluator.h>
 #include <largo/train/metrics_writer.h>
 #include <largo/train/progress_bar.h>
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -86,28 +88,45 @@ class LoggingHook : public TrainingHook {
 
 // Evaluation on the test split every TEST_EVERY_NUM_EPOCH epochs and after the last one
 // (TEST_MODEL); the result goes to the console, metrics.jsonl, TensorBoard and the progress
-// (top1, top5, best_top1, which checkpoints keep).
+// (top1, top5, best_top1, which checkpoints keep). `on_new_best` runs on every rank (it may
+// gather the model) after an evaluation whose top-1 beats every earlier one of the run:
+// training writes model_best.torch there.
 class EvaluationHook : public TrainingHook {
  public:
+  using NewBestCallback = std::function<void(const checkpoint::TrainingProgress&)>;
   EvaluationHook(
       parallel::ParallelModel& model,
       TrainingData& data,
       torch::Device device,
       EvaluationOptions options,
       int64_t every_num_epochs,
-      RunRecords& records);
+      RunRecords& records,
+      NewBestCallback on_new_best = {});
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
   // Evaluates now (collective) and records the result in `progress` and the run's records:
   // what on_epoch_end does every TEST_EVERY_NUM_EPOCH epochs, and a TEST_ONLY run once.
   void report(checkpoint::TrainingProgress& progress);
+  // HOOKS.EMA_MODEL.ENABLE_EMA_METERS: each evaluation also evaluates `ema`'s average, put
+  // into `model_tensors` (the module's, by name) for it and their own values back after,
+  // bit for bit; recorded as phase "test_ema". Both outlive this hook.
+  void also_evaluate(const optim::ModelEma& ema, optim::NamedTensors model_tensors);
 
  private:
+  EvaluationResult evaluate_average();
+  void record(
+      const EvaluationResult& result,
+      const checkpoint::TrainingProgress& progress,
+      const std::string& phase);
+
   parallel::ParallelModel& model_;
   TrainingData& data_;
   torch::Device device_;
   EvaluationOptions options_;
   int64_t every_num_epochs_;
   RunRecords& records_;
+  NewBestCallback on_new_best_;
+  const optim::ModelEma* ema_ = nullptr;
+  optim::NamedTensors ema_tensors_;
 };
 
 // Checkpoints every CHECKPOINT_ITER_FREQUENCY iterations inside an epoch, every

@@ -19,6 +19,14 @@ c10::IValue optional_value(const std::optional<double>& value) {
   return value ? c10::IValue(*value) : c10::IValue();
 }
 
+StateDict model_dict(std::vector<std::pair<std::string, at::Tensor>> model_state) {
+  StateDict model(c10::StringType::get(), c10::TensorType::get());
+  for (auto& [name, tensor] : model_state) {
+    model.insert(name, tensor);
+  }
+  return model;
+}
+
 std::optional<double> optional_double(const StateDict& state, const char* key) {
   auto it = state.find(key);
   if (it == state.end() || it->value().isNone()) {
@@ -66,25 +74,46 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
   spdlog::info("checkpoint written: {}", (dir / file_name).string());
 }
 
-StateDict TrainingState::state_dict(
-    const c10::IValue& optimizer_entry,
-    const at::Tensor& rng_states,
-    std::vector<std::pair<std::string, at::Tensor>> model_state) const {
-  comm::ProcessGroup& group = model_.process_group();
-  StateDict state = make_state_dict();
-  StateDict model(c10::StringType::get(), c10::TensorType::get());
-  for (auto& [name, tensor] : model_state) {
-    model.insert(name, tensor);
+void TrainingState::save_model(const fs::path& dir, const std::string& file_name) {
+  auto model_state = model_.model_state_dict(/*root=*/0); // FSDP: gathered unit by unit
+  if (model_.process_group().rank() != 0) {
+    return;
   }
-  state.insert("model", model);
-  state.insert("optimizer", optimizer_entry);
-  state.insert("precision", model_.precision().state_dict()); // loss scale, O2 masters
+  StateDict state = make_state_dict();
+  state.insert("model", model_dict(std::move(model_state)));
+  insert_progress(state);
+  state.insert("largo_version", std::string(kLargoVersion));
+  state.insert("config", config_yaml_);
+  save_checkpoint(dir / file_name, state);
+  spdlog::info(
+      "best model so far (top-1 {:.2f} %) written: {}",
+      progress.best_top1.value_or(0.0),
+      (dir / file_name).string());
+}
+
+// Where the run stands and its last evaluation, as every file of the run records it.
+void TrainingState::insert_progress(StateDict& state) const {
   state.insert("epoch", progress.epoch);
   state.insert("iteration_in_epoch", progress.iteration_in_epoch);
   state.insert("iteration", progress.iteration);
   state.insert("iterations_per_epoch", progress.iterations_per_epoch);
   state.insert("num_epochs", progress.num_epochs);
   state.insert("complete", progress.complete);
+  state.insert("top1", optional_value(progress.top1));
+  state.insert("top5", optional_value(progress.top5));
+  state.insert("best_top1", optional_value(progress.best_top1));
+}
+
+StateDict TrainingState::state_dict(
+    const c10::IValue& optimizer_entry,
+    const at::Tensor& rng_states,
+    std::vector<std::pair<std::string, at::Tensor>> model_state) const {
+  comm::ProcessGroup& group = model_.process_group();
+  StateDict state = make_state_dict();
+  state.insert("model", model_dict(std::move(model_state)));
+  state.insert("optimizer", optimizer_entry);
+  state.insert("precision", model_.precision().state_dict()); // loss scale, O2 masters
+  insert_progress(state);
   state.insert("rng_state", rng_states[group.rank()].clone());
   state.insert("rng_states", rng_states);
   state.insert("world_size", static_cast<int64_t>(group.world_size()));
@@ -96,9 +125,9 @@ StateDict TrainingState::state_dict(
   sampler.insert("batch_size", sampler_.batch_size);
   sampler.insert("num_replicas", static_cast<int64_t>(group.world_size()));
   state.insert("train_sampler", sampler);
-  state.insert("top1", optional_value(progress.top1));
-  state.insert("top5", optional_value(progress.top5));
-  state.insert("best_top1", optional_value(progress.best_top1));
+  if (ema_ && save_ema_) {
+    state.insert("ema_model", ema_->state_dict());
+  }
   state.insert("largo_version", std::string(kLargoVersion));
   state.insert("config", config_yaml_);
   return state;
@@ -138,6 +167,7 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
       precision_state == state.end() ? c10::IValue() : precision_state->value());
   load_optimizer(state, fs::canonical(path).parent_path(), where);
   load_rng(state, saved_world_size);
+  load_model_ema(state, where);
   progress.top1 = optional_double(state, "top1");
   progress.top5 = optional_double(state, "top5");
   progress.best_top1 = optional_double(state, "best_top1");
@@ -180,6 +210,33 @@ void TrainingState::load_rng(const StateDict& state, int64_t saved_world_size) {
     seed_everything(
         seed_ + static_cast<uint64_t>(group.rank()) +
         static_cast<uint64_t>(progress.iteration) * 1000003u);
+  }
+}
+
+void TrainingState::attach_model_ema(
+    optim::ModelEma& ema, optim::NamedTensors model_tensors, bool save_average) {
+  ema_ = &ema;
+  ema_tensors_ = std::move(model_tensors);
+  save_ema_ = save_average;
+}
+
+void TrainingState::load_model_ema(const StateDict& state, const std::string& where) {
+  if (!ema_) {
+    return;
+  }
+  auto entry = state.find("ema_model");
+  if (entry == state.end()) {
+    ema_->set(ema_tensors_);
+    spdlog::info(
+        "{} holds no model EMA (HOOKS.EMA_MODEL.SAVE_EMA_MODEL was False): the average "
+        "starts again from its weights",
+        where);
+    return;
+  }
+  try {
+    ema_->load_state_dict(entry->value());
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(fmt::format("{}: its ema_model: {}", where, e.what()));
   }
 }
 

@@ -1,8 +1,8 @@
 #include <largo/train/resume_policy.h>
 
+#include <largo/checkpoint/sharded_checkpoint.h>
 #include <largo/checkpoint/zip_archive.h>
 #include <largo/core/error.h>
-#include <largo/checkpoint/sharded_checkpoint.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -140,7 +140,7 @@ std::vector<fs::path> checkpoint_files(const fs::path& run_dir) {
   for (fs::directory_iterator it(run_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (!ends_with(name, ".torch") || name == checkpoint::kLatestCheckpointName ||
-        is_shard_file(name) || !it->is_regular_file(ec)) {
+        name == checkpoint::kBestModelName || is_shard_file(name) || !it->is_regular_file(ec)) {
       continue;
     }
     found.emplace_back(fs::last_write_time(it->path(), ec), it->path());
@@ -241,7 +241,11 @@ std::optional<ResumeChoice> choose_resume_checkpoint(const fs::path& run_dir) {
 
 std::optional<fs::path> prepare_fresh_start(const fs::path& run_dir, bool overwrite_existing) {
   check_link_name_is_free(run_dir);
-  const std::vector<fs::path> files = checkpoint_files(run_dir);
+  std::vector<fs::path> files = checkpoint_files(run_dir);
+  std::error_code ec;
+  if (fs::is_regular_file(run_dir / checkpoint::kBestModelName, ec)) {
+    files.push_back(run_dir / checkpoint::kBestModelName); // history too: never overwritten
+  }
   if (files.empty()) {
     return std::nullopt;
   }

@@ -42,6 +42,26 @@ void check_fsdp_keys(const TrainerOptions& options) {
   }
 }
 
+// The average is kept over the module's whole tensors, which FSDP's ranks do not hold; its
+// evaluation runs on the test split.
+void check_model_ema_keys(const TrainerOptions& options) {
+  if (!options.model_ema.enabled()) {
+    return;
+  }
+  if (options.fsdp.enabled) {
+    throw ConfigError(
+        "HOOKS.EMA_MODEL (SAVE_EMA_MODEL or ENABLE_EMA_METERS) with FSDP "
+        "(MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP) is not available yet: the average is kept over "
+        "whole weights, which FSDP's ranks do not hold. Use DDP or ZeRO-1/2 with the average, "
+        "or turn it off");
+  }
+  if (options.model_ema.meters && !options.test_model) {
+    throw ConfigError(
+        "HOOKS.EMA_MODEL.ENABLE_EMA_METERS evaluates the average on DATA.TEST beside the model, "
+        "but TEST_MODEL is False: set TEST_MODEL True, or ENABLE_EMA_METERS False");
+  }
+}
+
 // The precision combinations a sharded run cannot take, in the config's words (the library
 // refuses the same in its own: parallel::check_parallel_options).
 void check_precision_keys(const TrainerOptions& options, const precision::PrecisionPolicy& policy) {
@@ -284,6 +304,7 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   plan.world = world;
   const TrainerOptions& o = plan.options;
   check_fsdp_keys(o);
+  check_model_ema_keys(o);
   if (o.test_only && !o.test_model) {
     throw config_error(
         "TEST_MODEL",

@@ -1,6 +1,7 @@
 #include <largo/train/trainer.h>
 
 #include "run_environment.h"
+#include "run_start.h"
 #include <largo/checkpoint/run_directory.h>
 #include <largo/checkpoint/training_state.h>
 #include <largo/checkpoint/weights_init.h>
@@ -15,6 +16,7 @@
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/sync_batch_norm.h>
+#include <largo/train/model_ema_hook.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>
 #include <largo/train/train_step.h>
@@ -44,8 +46,9 @@ struct Trainer::State {
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
   RunRecords records;
   std::vector<std::unique_ptr<TrainingHook>> hooks;
-  EvaluationHook* evaluation = nullptr;     // among the hooks when TEST_MODEL
-  std::optional<MemoryTracker> step_memory; // peak of each step, with activation checkpointing
+  std::unique_ptr<optim::ModelEma> model_ema; // HOOKS.EMA_MODEL
+  EvaluationHook* evaluation = nullptr;       // among the hooks when TEST_MODEL
+  std::optional<MemoryTracker> step_memory;   // peak of each step, with activation checkpointing
   bool model_state_logged = false;
 
   const TrainerOptions& options() const {
@@ -63,10 +66,8 @@ struct Trainer::State {
   void parallelize_model();
   void open_records();
   void add_hooks();
+  void keep_model_ema();
   void log_start() const;
-  bool resume();
-  bool load_for_evaluation();
-  void start_fresh(bool overwrite_existing);
   void set_learning_rates();
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
   StepResult run_step();
@@ -148,6 +149,7 @@ void Trainer::State::setup() {
   lr_head_schedule = optim::make_schedule(plan.lr_head);
   open_records();
   add_hooks();
+  keep_model_ema();
   log_start();
 }
 
@@ -234,8 +236,17 @@ void Trainer::State::add_hooks() {
   if (options().test_model) {
     EvaluationOptions evaluation{
         options().topk_values, options().loss, plan.test_shape.sample_shape};
+    auto save_best = [this](const checkpoint::TrainingProgress&) {
+      state->save_model(run_dir(), checkpoint::kBestModelName);
+    };
     auto hook = std::make_unique<EvaluationHook>(
-        *parallel, *data, device, evaluation, options().test_every_num_epoch, records);
+        *parallel,
+        *data,
+        device,
+        evaluation,
+        options().test_every_num_epoch,
+        records,
+        options().test_only ? EvaluationHook::NewBestCallback() : save_best); // writes nothing
     this->evaluation = hook.get();
     hooks.push_back(std::move(hook));
   }
@@ -245,6 +256,22 @@ void Trainer::State::add_hooks() {
       options().checkpoint.frequency_epochs,
       options().checkpoint.frequency_iterations,
       records));
+}
+
+// The average is updated before the other hooks see the step (a checkpoint then holds it),
+// checkpointed by the state and evaluated beside the model (model_ema_hook.h).
+void Trainer::State::keep_model_ema() {
+  const ModelEmaSettings& settings = options().model_ema;
+  if (!settings.enabled()) {
+    return;
+  }
+  const optim::NamedTensors tensors = parameters_and_buffers(*parallel->module());
+  model_ema = std::make_unique<optim::ModelEma>(tensors, settings.average);
+  state->attach_model_ema(*model_ema, tensors, settings.save);
+  hooks.insert(hooks.begin(), std::make_unique<ModelEmaHook>(*model_ema, tensors));
+  if (settings.meters) {
+    evaluation->also_evaluate(*model_ema, tensors);
+  }
 }
 
 void Trainer::State::log_start() const {
@@ -267,77 +294,6 @@ void Trainer::State::log_start() const {
   if (const auto& report = parallel->activation_memory_report()) {
     spdlog::info("activation checkpointing: {}", report->describe());
   }
-}
-
-// The run directory's policy (train/resume_policy.h): resume from the newest intact
-// checkpoint, and never overwrite checkpoints on a fresh start. Rank 0 alone moves files.
-bool Trainer::State::resume() {
-  if (!options().checkpoint.auto_resume) {
-    start_fresh(options().checkpoint.overwrite_existing);
-    return false;
-  }
-  const std::optional<ResumeChoice> choice = choose_resume_checkpoint(run_dir());
-  if (!choice) {
-    return false;
-  }
-  if (!choice->warning.empty() && group->rank() == 0) {
-    spdlog::warn("{}", choice->warning);
-  }
-  if (!state->load(choice->path, /*unless_final=*/options().checkpoint.overwrite_existing)) {
-    spdlog::info(
-        "{} is a final checkpoint; CHECKPOINT.OVERWRITE_EXISTING is set, so training "
-        "starts again from scratch",
-        fs::canonical(choice->path).string());
-    start_fresh(/*overwrite_existing=*/true);
-    return false;
-  }
-  spdlog::info(
-      "resuming from {} (epoch {}, iteration {} of the epoch, {} iterations in all)",
-      fs::canonical(choice->path).string(),
-      progress().epoch,
-      progress().iteration_in_epoch,
-      progress().iteration);
-  return true;
-}
-
-// TEST_ONLY: the newest intact checkpoint of CHECKPOINT.DIR (final ones too), else the
-// weights MODEL.WEIGHTS_INIT gave the model; nothing in the directory is moved or written
-// but the evaluation's records.
-bool Trainer::State::load_for_evaluation() {
-  std::optional<ResumeChoice> choice;
-  if (fs::is_directory(run_dir())) {
-    choice = choose_resume_checkpoint(run_dir());
-  }
-  if (choice) {
-    if (!choice->warning.empty() && group->rank() == 0) {
-      spdlog::warn("{}", choice->warning);
-    }
-    state->load(choice->path);
-    spdlog::info(
-        "evaluating {} (trained {} epochs, {} iterations)",
-        fs::canonical(choice->path).string(),
-        progress().epoch,
-        progress().iteration);
-    return true;
-  }
-  if (options().weights_init.params_file.empty()) {
-    throw ConfigError(fmt::format(
-        "TEST_ONLY = True evaluates a trained model, but CHECKPOINT.DIR ({}) holds no checkpoint "
-        "and MODEL.WEIGHTS_INIT.PARAMS_FILE is empty; point CHECKPOINT.DIR at the run to "
-        "evaluate, or PARAMS_FILE at the weights",
-        run_dir().string()));
-  }
-  spdlog::info("evaluating the weights of {}", options().weights_init.params_file.string());
-  return false;
-}
-
-void Trainer::State::start_fresh(bool overwrite_existing) {
-  if (group->rank() == 0) {
-    if (auto moved = prepare_fresh_start(run_dir(), overwrite_existing)) {
-      spdlog::info("the checkpoints of the earlier run were moved to {}", moved->string());
-    }
-  }
-  group->barrier();
 }
 
 void Trainer::State::set_learning_rates() {
@@ -426,10 +382,7 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       spdlog::info(
           "{}", parallel->memory_report(&options().optimizer.spec).describe(group->rank()));
     }
-    std::optional<int64_t> peak;
-    if (step_memory) {
-      peak = step_memory->window_peak_bytes();
-    }
+    const auto peak = step_memory ? std::optional(step_memory->window_peak_bytes()) : std::nullopt;
     const StepEvent event{p, result, parallel->optimizer().param_groups().front().lr, peak};
     for (auto& hook : hooks) {
       hook->on_step_end(event);
@@ -458,7 +411,8 @@ TrainSummary Trainer::run() {
   checkpoint::TrainingProgress& p = s.progress();
   TrainSummary summary;
   if (s.options().test_only) {
-    summary.resumed = s.load_for_evaluation();
+    summary.resumed =
+        load_for_evaluation(*s.state, s.run_dir(), s.options().weights_init.params_file, *s.group);
     s.evaluation->report(p);
     summary.epochs_completed = p.epoch;
     summary.iterations = p.iteration;
@@ -466,7 +420,7 @@ TrainSummary Trainer::run() {
     summary.final_top5 = p.top5;
     return summary;
   }
-  summary.resumed = s.resume();
+  summary.resumed = resume_or_start_fresh(*s.state, s.options().checkpoint, *s.group);
   if (p.complete) {
     spdlog::info(
         "training is already complete in {} (final checkpoint, {} epochs); set "

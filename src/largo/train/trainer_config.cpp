@@ -545,6 +545,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       "CrossEntropyLoss or cross_entropy_multiple_output_single_target");
   options.loss = classification_loss_options_from(config);
   options.sync_batch_norm = sync_batch_norm_settings_from(config);
+  options.model_ema = model_ema_settings_from(config);
   options.weights_init = weights_init_options_from(config, options.model);
 
   // Optimizer. ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True)

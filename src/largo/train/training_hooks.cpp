@@ -171,13 +171,15 @@ EvaluationHook::EvaluationHook(
     torch::Device device,
     EvaluationOptions options,
     int64_t every_num_epochs,
-    RunRecords& records)
+    RunRecords& records,
+    NewBestCallback on_new_best)
     : model_(model),
       data_(data),
       device_(device),
       options_(std::move(options)),
       every_num_epochs_(every_num_epochs),
-      records_(records) {}
+      records_(records),
+      on_new_best_(std::move(on_new_best)) {}
 
 void EvaluationHook::on_epoch_end(checkpoint::TrainingProgress& progress) {
   if (progress.epoch % every_num_epochs_ != 0 && progress.epoch != progress.num_epochs) {
@@ -186,30 +188,80 @@ void EvaluationHook::on_epoch_end(checkpoint::TrainingProgress& progress) {
   report(progress);
 }
 
+void EvaluationHook::also_evaluate(const optim::ModelEma& ema, optim::NamedTensors model_tensors) {
+  ema_ = &ema;
+  ema_tensors_ = std::move(model_tensors);
+}
+
 void EvaluationHook::report(checkpoint::TrainingProgress& progress) {
   const EvaluationResult result = evaluate(model_, data_, device_, options_);
+  progress.top1 = result.top(1);
+  progress.top5 = result.top(5);
+  const bool new_best =
+      progress.top1 && (!progress.best_top1 || *progress.top1 > *progress.best_top1);
+  if (new_best) {
+    progress.best_top1 = progress.top1;
+  }
+  record(result, progress, "test");
+  if (ema_) {
+    record(evaluate_average(), progress, "test_ema");
+  }
+  if (new_best && on_new_best_) {
+    on_new_best_(progress);
+  }
+}
+
+EvaluationResult EvaluationHook::evaluate_average() {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> own;
+  for (const auto& item : ema_tensors_) {
+    own.push_back(item.value().clone());
+  }
+  auto put_back = [&] {
+    size_t i = 0;
+    for (const auto& item : ema_tensors_) {
+      item.value().copy_(own[i++]);
+    }
+  };
+  ema_->copy_to(ema_tensors_);
+  try {
+    EvaluationResult result = evaluate(model_, data_, device_, options_);
+    put_back();
+    return result;
+  } catch (...) {
+    put_back();
+    throw;
+  }
+}
+
+// The console line, the metrics.jsonl record and the TensorBoard scalars of one evaluation:
+// phase "test" (the model) or "test_ema" (its average).
+void EvaluationHook::record(
+    const EvaluationResult& result,
+    const checkpoint::TrainingProgress& progress,
+    const std::string& phase) {
   // The epoch just trained, from 0 (0 too for a TEST_ONLY run of weights never trained here).
   const int64_t epoch_index = std::max<int64_t>(progress.epoch - 1, 0);
   nlohmann::json record = {
-      {"phase", "test"},
+      {"phase", phase},
       {"epoch", epoch_index},
       {"iteration", progress.iteration},
       {"loss", result.loss},
       {"wall_time", wall_time()}};
-  std::string line =
-      fmt::format("test epoch {}/{} loss {:.4f}", progress.epoch, progress.num_epochs, result.loss);
+  std::string line = fmt::format(
+      "{} epoch {}/{} loss {:.4f}",
+      phase == "test" ? "test" : "test (EMA)",
+      progress.epoch,
+      progress.num_epochs,
+      result.loss);
   for (size_t i = 0; i < result.topk.size(); ++i) {
     const std::string name = fmt::format("top{}", result.topk[i]);
     record[name] = result.topk_percent[i];
     line += fmt::format(" {} {:.2f}%", name, result.topk_percent[i]);
     if (records_.tensorboard) {
-      records_.tensorboard->add_scalar("test/" + name, result.topk_percent[i], progress.iteration);
+      records_.tensorboard->add_scalar(
+          phase + "/" + name, result.topk_percent[i], progress.iteration);
     }
-  }
-  progress.top1 = result.top(1);
-  progress.top5 = result.top(5);
-  if (progress.top1 && (!progress.best_top1 || *progress.top1 > *progress.best_top1)) {
-    progress.best_top1 = progress.top1;
   }
   records_.progress_bar.clear();
   spdlog::info("{}", line);
@@ -217,7 +269,7 @@ void EvaluationHook::report(checkpoint::TrainingProgress& progress) {
     records_.metrics->write(record);
   }
   if (records_.tensorboard) {
-    records_.tensorboard->add_scalar("test/loss", result.loss, progress.iteration);
+    records_.tensorboard->add_scalar(phase + "/loss", result.loss, progress.iteration);
     records_.tensorboard->flush();
   }
 }

@@ -37,7 +37,6 @@ std::vector<UnavailableKey> build_list() {
   const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
   const std::string eval = "MODEL.FEATURE_EVAL_SETTINGS.";
   const std::string loss = "LOSS.cross_entropy_multiple_output_single_target.";
-  const std::string ema = "HOOKS.EMA_MODEL.";
   std::vector<UnavailableKey> more{
       {"MODEL.INPUT_TYPE", "an input type other than rgb"},
       {"MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS",
@@ -51,8 +50,8 @@ std::vector<UnavailableKey> build_list() {
        "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
   };
   keys.insert(keys.end(), more.begin(), more.end());
-  // Library pieces exist (models/linear_eval.h, optim/model_ema.h); the trainer's wiring
-  // moves these keys out of this list.
+  // The library piece exists (models/linear_eval.h); the trainer's wiring moves these keys
+  // out of this list.
   for (const char* key :
        {"EVAL_MODE_ON",
         "FREEZE_TRUNK_ONLY",
@@ -82,10 +81,6 @@ std::vector<UnavailableKey> build_list() {
        "resuming from an older checkpoint than the newest"},
   };
   keys.insert(keys.end(), rest.begin(), rest.end());
-  for (const char* key :
-       {"SAVE_EMA_MODEL", "ENABLE_EMA_METERS", "UPDATE_ITER", "WARMUP", "DECAY", "EMA_DEVICE"}) {
-    keys.push_back({ema + key, "the model's exponential moving average", {}, true});
-  }
   return keys;
 }
 
