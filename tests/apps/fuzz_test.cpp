@@ -327,6 +327,9 @@ void mutate_config(ConfigCase& c, std::mt19937_64& random) {
   for (std::string line; std::getline(in, line);) {
     lines.push_back(line);
   }
+  while (lines.size() < 3) { // an earlier mutation cut the file short: lines to pick from
+    lines.push_back("  SEED_VALUE: 1");
+  }
   const size_t line = 2 + pick(random, lines.size() - 2);
   const auto join_lines = [&] {
     std::string text;
@@ -352,7 +355,7 @@ void mutate_config(ConfigCase& c, std::mt19937_64& random) {
     c.description += fmt::format(" value of line {} = {}", line + 1, abbreviate(value, 40));
     break;
   case 3:
-    lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(line), lines[line]);
+    lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(line), std::string(lines[line]));
     c.description += fmt::format(" line {} twice", line + 1);
     break;
   case 4:

@@ -86,9 +86,10 @@ void TrainingState::save_model(const fs::path& dir, const std::string& file_name
   state.insert("config", config_yaml_);
   save_checkpoint(dir / file_name, state);
   spdlog::info(
-      "best model so far (top-1 {:.2f} %) written: {}",
-      progress.best_top1.value_or(0.0),
-      (dir / file_name).string());
+      "model written: {} (after epoch {}, test top-1 {:.2f} %)",
+      (dir / file_name).string(),
+      progress.epoch,
+      progress.top1.value_or(0.0));
 }
 
 // Where the run stands and its last evaluation, as every file of the run records it.

@@ -344,13 +344,18 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
 }
 
 std::string RunPlan::describe() const {
+  const std::string layout =
+      world.world_size == 1
+          ? "one process"
+          : fmt::format(
+                "{} over {} ranks ({})",
+                parallel::to_string(parallel.data_parallelism),
+                world.world_size,
+                world.backend);
   return fmt::format(
-      "{}, {} over {} rank(s) ({}), global batch {} = {} per rank x {} rank(s) "
-      "x {} accumulation step(s)",
+      "{}, {}, global batch {} = {} per rank x {} rank(s) x {} accumulation step(s)",
       precision.describe(),
-      parallel::to_string(parallel.data_parallelism),
-      world.world_size,
-      world.backend,
+      layout,
       global_batch,
       batch_per_rank,
       world.world_size,

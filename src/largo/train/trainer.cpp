@@ -246,7 +246,7 @@ void Trainer::State::add_hooks() {
         evaluation,
         options().test_every_num_epoch,
         records,
-        options().test_only ? EvaluationHook::NewBestCallback() : save_best); // writes nothing
+        options().test_only ? EvaluationHook::NewBestCallback() : save_best); // TEST_ONLY: none
     this->evaluation = hook.get();
     hooks.push_back(std::move(hook));
   }
