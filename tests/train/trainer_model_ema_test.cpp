@@ -20,10 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 using largo::testing::run_on_ranks;
 
-fs::path test_dir() {
-  return test_dir_for("model_ema");
-}
-
 optim::NamedTensors named(const c10::impl::GenericDict& dict) {
   optim::NamedTensors tensors;
   for (const auto& entry : dict) {
@@ -63,7 +59,7 @@ void expect_equal_tensors(
 // the average that step's checkpoint holds: updated after the right steps (UPDATE_ITER 2),
 // copied during the warm-up, and ahead of every other hook.
 TEST(TrainerModelEmaTest, TheCheckpointedAverageIsVisslsUpdateOverTheRunsWeights) {
-  const fs::path dir = test_dir();
+  const fs::path dir = test_dir_for("model_ema");
   fs::remove_all(dir);
   const Overrides job{
       "HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True",
@@ -95,7 +91,7 @@ TEST(TrainerModelEmaTest, TheCheckpointedAverageIsVisslsUpdateOverTheRunsWeights
 // DECAY 0 makes the average the model itself: its evaluation ("test_ema") equals the model's;
 // and putting the model's weights back after it is exact: the run trains as one without EMA.
 TEST(TrainerModelEmaTest, MetersEvaluateTheAverageAndTrainingContinuesUntouched) {
-  const fs::path dir = test_dir();
+  const fs::path dir = test_dir_for("model_ema");
   fs::remove_all(dir);
   auto single = comm::ProcessGroup::single_process();
   const RunResult plain = train_run(dir / "plain", {}, single);
@@ -128,7 +124,7 @@ TEST(TrainerModelEmaTest, MidEpochResumeContinuesTheAverageBitExactly) {
       "HOOKS.EMA_MODEL.ENABLE_EMA_METERS=True",
       "HOOKS.EMA_MODEL.DECAY=0.9",
       "HOOKS.EMA_MODEL.WARMUP=0.1"};
-  const fs::path dir = test_dir();
+  const fs::path dir = test_dir_for("model_ema");
   run_on_ranks(2, [&](comm::ProcessGroup& group) {
     expect_mid_epoch_resume_bit_exact(dir, job, group);
     if (group.rank() == 0) {
@@ -146,7 +142,7 @@ TEST(TrainerModelEmaTest, MidEpochResumeContinuesTheAverageBitExactly) {
 }
 
 TEST(TrainerModelEmaTest, FsdpAndMetersWithoutATestSplitAreRefused) {
-  const fs::path dir = test_dir();
+  const fs::path dir = test_dir_for("model_ema");
   const std::pair<Overrides, std::string> refused[] = {
       {{"HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"},
        "with FSDP"},

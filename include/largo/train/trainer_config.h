@@ -6,7 +6,6 @@
 
 #include <largo/checkpoint/weights_init.h>
 #include <largo/core/config.h>
-#include <largo/optim/model_ema.h>
 #include <largo/train/classification_loss.h>
 #include <largo/train/trainer_options.h>
 
