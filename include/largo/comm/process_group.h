@@ -71,7 +71,8 @@ class ProcessGroup {
   // TCPStore at master_addr:master_port). Throws CommError when the port is taken, the master
   // cannot be reached, not every rank joined within the rendezvous timeout, two processes
   // claim the same rank, or the ranks disagree about the world size; ConfigError for a bad
-  // backend or rank.
+  // backend or rank. With more than one rank, SIGPIPE is ignored from then on (unless the
+  // program handles it), so a dead peer fails a collective instead of killing this process.
   static std::shared_ptr<ProcessGroup> create(const ProcessGroupOptions& options);
 
   // Whether this build has the NCCL backend (built against a CUDA libtorch: the

@@ -20,6 +20,7 @@
 #endif
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <thread>
 
@@ -33,6 +34,18 @@ namespace {
 // compute copies are all-gathered this way.
 at::Tensor as_gloo_payload(const at::Tensor& tensor) {
   return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
+}
+
+// A peer that died leaves its sockets closed; writing to one must fail the collective with
+// EPIPE (a CommError naming the operation), not kill this process with SIGPIPE. Gloo writes
+// with writev, which cannot pass MSG_NOSIGNAL, so the signal is ignored for the process, as
+// the Python interpreter (and so PyTorch) does at start-up. A handler the program installed
+// is left alone.
+void ignore_broken_pipe_signal() {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    ::signal(SIGPIPE, SIG_IGN);
+  }
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -317,6 +330,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& op
     group->impl_->collective_timeout = options.collective_timeout;
     return group;
   }
+  ignore_broken_pipe_signal();
   auto impl = std::make_unique<Impl>();
   impl->rank = options.rank;
   impl->world_size = options.world_size;
