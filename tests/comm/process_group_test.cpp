@@ -133,8 +133,12 @@ TEST(SingleProcessGroupTest, CollectivesAreIdentities) {
 
 TEST(ProcessGroupFailureTest, DeadPeerRaisesCommErrorInsteadOfHanging) {
   run_on_ranks(2, [](ProcessGroup& group) {
+    // Both ranks finish one collective before rank 1 leaves: leaving while the peer is still
+    // connecting makes a set-up error instead (seen in CI under the sanitizers), and once
+    // rank 1's collective is done rank 0 is past its set-up.
     if (group.rank() == 1) {
-      return; // rank 1 exits without joining the collective: its sockets close
+      group.all_reduce(at::ones({1000}));
+      return; // rank 1 exits without joining the next collective: its sockets close
     }
     const auto start = std::chrono::steady_clock::now();
     std::string message = message_of([&] {
@@ -153,10 +157,11 @@ TEST(ProcessGroupFailureTest, DeadPeerRaisesCommErrorInsteadOfHanging) {
 // with no message (seen once in CI under the sanitizers). A group of several ranks makes the
 // write fail with EPIPE instead, i.e. a CommError.
 TEST(ProcessGroupFailureTest, AGroupOfSeveralRanksIgnoresBrokenPipes) {
-  run_on_ranks(2, [](ProcessGroup&) {
+  run_on_ranks(2, [](ProcessGroup& group) {
     struct sigaction current {};
     ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &current), 0);
     EXPECT_EQ(current.sa_handler, SIG_IGN) << "SIGPIPE would kill a rank whose peer died";
+    group.barrier(); // neither rank leaves while the other is still connecting
   });
 }
 
