@@ -14,10 +14,10 @@ namespace largo::app {
 // Throws ConfigError for bad options, WorkerError when a worker failed.
 int run_launch(const std::vector<std::string>& arguments);
 
-// A self-spawning `largo train`: starts this program again as `plan.launcher`'s workers with
-// `largo train TRAIN_ARGUMENTS...`. Returns like run_launch.
-int spawn_training_workers(const train::TrainLaunchPlan& plan,
-                           const std::vector<std::string>& train_arguments);
+// A self-spawning `largo train` (or `largo extract`): starts this program again as
+// `plan.launcher`'s workers with `largo SUBCOMMAND ARGUMENTS...`. Returns like run_launch.
+int spawn_workers(const train::TrainLaunchPlan& plan, const std::string& subcommand,
+                  const std::vector<std::string>& arguments);
 
 // `largo inspect sampler --size N ...` prints one rank's sample indices on one line.
 struct InspectSamplerArguments {

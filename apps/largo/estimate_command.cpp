@@ -88,14 +88,22 @@ int run_estimate_command(const Config& config) {
   const int stage = parallel::zero_stage(plan.parallel.data_parallelism);
 
   models::TrunkHeadModel model = models::build_model(plan.model);
-  if (precision.parameter_dtype != at::kFloat) {
-    model->to(precision.parameter_dtype);
+  // A linear evaluation trains only its heads: the frozen trunk is counted as frozen.
+  std::shared_ptr<torch::nn::Module> trained = model.ptr();
+  optim::ParamGroupOptions group_options = plan.options.optimizer.param_groups;
+  if (plan.model.feature_eval.enabled()) {
+    models::LinearEvalModel linear_eval(model, plan.model.feature_eval);
+    group_options.head_prefix = linear_eval->head_prefix();
+    trained = linear_eval.ptr();
   }
-  const auto groups = optim::build_param_groups(*model, plan.options.optimizer.param_groups);
-  const std::vector<parallel::ParameterSize> sizes = parallel::parameter_sizes(*model, groups);
-  int64_t trained = 0, frozen = 0;
+  if (precision.parameter_dtype != at::kFloat) {
+    trained->to(precision.parameter_dtype);
+  }
+  const auto groups = optim::build_param_groups(*trained, group_options);
+  const std::vector<parallel::ParameterSize> sizes = parallel::parameter_sizes(*trained, groups);
+  int64_t trained_numel = 0, frozen_numel = 0;
   for (const auto& size : sizes) {
-    (size.trained ? trained : frozen) += size.numel;
+    (size.trained ? trained_numel : frozen_numel) += size.numel;
   }
 
   parallel::MemoryEstimateOptions estimate;
@@ -105,8 +113,9 @@ int run_estimate_command(const Config& config) {
   estimate.rank = 0; // the padding sits in the last shard: rank 0 holds the most
 
   std::printf("model %s: %s parameters (%s trained, %s frozen), %s\n", plan.model.trunk_name.c_str(),
-              with_commas(trained + frozen).c_str(), with_commas(trained).c_str(),
-              with_commas(frozen).c_str(), precision.description.c_str());
+              with_commas(trained_numel + frozen_numel).c_str(),
+              with_commas(trained_numel).c_str(), with_commas(frozen_numel).c_str(),
+              precision.description.c_str());
   std::printf("optimizer %s; world size %lld (DISTRIBUTED.NUM_NODES %lld x NUM_PROC_PER_NODE %lld)\n",
               describe_optimizer(estimate.optimizer).c_str(), static_cast<long long>(world_size),
               static_cast<long long>(config.get_int("DISTRIBUTED.NUM_NODES")),

@@ -106,15 +106,16 @@ int run_launch(const std::vector<std::string>& arguments) {
   return exit_code_of(comm::launch_workers(options, command));
 }
 
-int spawn_training_workers(const train::TrainLaunchPlan& plan,
-                           const std::vector<std::string>& train_arguments) {
-  std::vector<std::string> command = {this_program().string(), "train"};
-  command.insert(command.end(), train_arguments.begin(), train_arguments.end());
-  const auto& launcher = plan.launcher;
-  spdlog::info("largo train: DISTRIBUTED.NUM_NODES = {}, NUM_PROC_PER_NODE = {}: starting this "
+int spawn_workers(const train::TrainLaunchPlan& plan, const std::string& subcommand,
+                  const std::vector<std::string>& arguments) {
+  std::vector<std::string> command = {this_program().string(), subcommand};
+  command.insert(command.end(), arguments.begin(), arguments.end());
+  comm::LauncherOptions launcher = plan.launcher;
+  launcher.name = "largo " + subcommand; // the launcher's messages name the command
+  spdlog::info("largo {}: DISTRIBUTED.NUM_NODES = {}, NUM_PROC_PER_NODE = {}: starting this "
                "node's workers (node {} of {}); master from {}",
-               launcher.nnodes, launcher.nproc_per_node, launcher.node_rank, launcher.nnodes,
-               plan.master_origin);
+               subcommand, launcher.nnodes, launcher.nproc_per_node, launcher.node_rank,
+               launcher.nnodes, plan.master_origin);
   return exit_code_of(comm::launch_workers(launcher, command));
 }
 

@@ -7,10 +7,13 @@
 //                                               start a node's workers (torchrun's contract)
 //   largo inspect sampler --size N ...          print one rank's sample indices
 //   largo estimate [CONFIG.yaml] [KEY=VALUE ...]  per-rank model-state bytes, ZeRO stages 0-3
+//   largo extract CONFIG.yaml [KEY=VALUE ...]   write a model's features of both splits as
+//                                               VISSL's .npy files
 //   largo checkpoint consolidate PATH            merge a ZeRO checkpoint's optimizer shards
 // Only this file turns errors into messages and exit codes.
 #include "commands.h"
 #include "estimate_command.h"
+#include "extract_command.h"
 
 #include <largo/checkpoint/sharded_checkpoint.h>
 #include <largo/comm/world_info.h>
@@ -78,8 +81,9 @@ int run_train(const std::vector<std::string>& arguments) {
   largo::init_logging(rank, config.get_bool("VERBOSE"));
   // Everything the run would refuse is refused here, before workers start or data loads.
   largo::train::RunPlan run = largo::train::resolve_run(config);
+  largo::train::refuse_extraction_keys(run);
   if (plan.kind == Kind::kSpawnWorkers) {
-    return largo::app::spawn_training_workers(plan, arguments);
+    return largo::app::spawn_workers(plan, "train", arguments);
   }
   if (plan.kind == Kind::kExternalWorker) {
     const int64_t configured =
@@ -201,6 +205,12 @@ int main(int argc, char** argv) {
       "Evaluate a run's newest checkpoint (or MODEL.WEIGHTS_INIT's weights) on DATA.TEST: "
       "largo train with TEST_ONLY=True");
   eval->add_option("args", eval_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
+  std::vector<std::string> extract_arguments;
+  auto* extract = app.add_subcommand(
+      "extract",
+      "Write the features of a run's newest checkpoint (or MODEL.WEIGHTS_INIT's weights) for "
+      "DATA.TRAIN and DATA.TEST as VISSL's .npy files in CHECKPOINT.DIR");
+  extract->add_option("args", extract_arguments, "CONFIG.yaml [KEY=VALUE ...]");
   std::vector<std::string> config_arguments;
   auto* config = app.add_subcommand("config", "Validate a config and print the effective tree");
   config->add_option("args", config_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
@@ -274,6 +284,12 @@ int main(int argc, char** argv) {
   if (eval->parsed()) {
     eval_arguments.push_back("TEST_ONLY=True"); // after the user's overrides: it wins
     return report_errors("largo", [&] { return run_train(eval_arguments); });
+  }
+  if (extract->parsed()) {
+    return report_errors("largo", [&] {
+      return largo::app::run_extract_command(
+          config_from_arguments(extract_arguments), extract_arguments);
+    });
   }
   if (estimate->parsed()) {
     return report_errors("largo", [&] {

@@ -21,7 +21,11 @@ std::vector<RefusedConfig> refused_configs() {
   const std::string fsdp = "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True";
   return {
       {"FSDP with ZeRO-1/2", {fsdp, "OPTIMIZER.use_zero=True"}, "are both on"},
-      {"the model EMA with FSDP", {fsdp, "HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True"}, "with FSDP"},
+      {"a linear evaluation with FSDP",
+       {fsdp,
+        "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
+        "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True"},
+       "FSDP shards trained units, and the frozen trunk is none"},
       {"fp32_reduce_scatter without AMP",
        {fsdp, "MODEL.FSDP_CONFIG.fp32_reduce_scatter=True"},
        "fp32_reduce_scatter needs mixed_precision"},

@@ -237,6 +237,33 @@ TEST(WeightsInitTest, PrefixesSkippedLayersAndFrozenHeads) {
   EXPECT_THROW(init_weights(*model, state, options, "w.pth"), CheckpointError);
 }
 
+// MODEL.FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT: a head of another shape in the
+// file (another number of classes) is an error, or, when not asserted, keeps its own init
+// while the trunk loads.
+TEST(WeightsInitTest, AHeadOfAnotherShapeKeepsItsInitUnlessShapesAreAsserted) {
+  torch::manual_seed(0);
+  models::TrunkHeadModel source = torchvision_like_resnet(18, 10);
+  torch::manual_seed(1);
+  models::TrunkHeadModel model = torchvision_like_resnet(18, 5);
+  auto parameter = [&](const std::string& name) { return model->named_parameters()[name].clone(); };
+  const at::Tensor head_before = parameter("head.0.weight");
+  StateDict state = make_state_dict();
+  for (const auto& item : model_state_dict(*source)) {
+    state.insert(item.key(), item.value());
+  }
+  WeightsInitOptions options;
+  options.state_dict_key_name = {};
+  EXPECT_THROW(init_weights(*model, state, options, "w.pth"), CheckpointError);
+  options.check_head_shapes = false;
+  const WeightsInitReport report = init_weights(*model, state, options, "w.pth");
+  EXPECT_TRUE(parameter("head.0.weight").equal(head_before));
+  EXPECT_TRUE(
+      parameter("trunk.3.conv2.weight").equal(source->named_parameters()["trunk.3.conv2.weight"]));
+  EXPECT_NE(
+      std::find(report.skipped.begin(), report.skipped.end(), "head.0.weight"),
+      report.skipped.end());
+}
+
 TEST(WeightsInitTest, AMissingKeyNamesTheKeysTheFileHas) {
   StateDict state = make_state_dict();
   state.insert("state_dict", make_state_dict());

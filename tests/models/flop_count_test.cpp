@@ -49,6 +49,34 @@ TEST(FlopCountTest, TrainingIsThreeForwards) {
   EXPECT_EQ(training_flops_per_sample(options), 3 * forward);
 }
 
+// A linear evaluation: the frozen trunk forward only, up to the deepest tap; the trained heads
+// three times (forward and backward), frozen heads once.
+TEST(FlopCountTest, LinearEvaluationRunsTheFrozenTrunkForwardOnly) {
+  ModelOptions options;
+  options.trunk_name = "mlp";
+  options.in_channels = 1;
+  options.image_size = 28;
+  options.mlp.hidden_dims = {512, 256};
+  options.feature_eval.eval_mode_on = true;
+  options.feature_eval.freeze_trunk_only = true;
+  const int64_t trunk = 2 * (784 * 512 + 512 * 256);
+  EXPECT_EQ(linear_eval_training_flops_per_sample(options, 2), trunk + 3 * 2 * 256 * 10);
+  options.feature_eval.freeze_trunk_only = false;
+  options.feature_eval.freeze_trunk_and_head = true;
+  EXPECT_EQ(linear_eval_training_flops_per_sample(options, 2), trunk + 2 * 256 * 10);
+  // One tap after the first block, with a head of two Linear layers.
+  options.feature_eval.freeze_trunk_and_head = false;
+  options.feature_eval.freeze_trunk_only = true;
+  options.feature_eval.taps = {FeatureTap{"res1"}};
+  EvalHeadOptions head;
+  head.name = "mlp";
+  head.dims = {512, 64, 10};
+  options.feature_eval.heads = {head};
+  EXPECT_EQ(
+      linear_eval_training_flops_per_sample(options, 1),
+      2 * 784 * 512 + 3 * 2 * (512 * 64 + 64 * 10));
+}
+
 TEST(FlopCountTest, MlpHeadCountsEachLinear) {
   ModelOptions options;
   options.trunk_name = "small_cnn";

@@ -57,8 +57,14 @@ TEST(LinearEvalTest, TrunkIsFrozenAndKeepsItsStatisticsWhileTheHeadsTrain) {
   model->train();
   at::Tensor images = torch::randn({4, 3, 16, 16});
   at::Tensor labels = torch::tensor({1, 2, 3, 4});
-  std::vector<at::Tensor> outputs = model->forward(images);
+  std::vector<at::Tensor> outputs = model->forward_outputs(images);
   ASSERT_EQ(outputs.size(), 3u);
+  // The one tensor a parallel model carries splits back into the same outputs.
+  const std::vector<at::Tensor> split = model->split_outputs(model->forward(images));
+  ASSERT_EQ(split.size(), 3u);
+  for (size_t i = 0; i < split.size(); ++i) {
+    EXPECT_TRUE(split[i].equal(outputs[i])) << "output " << i;
+  }
   at::Tensor loss = torch::zeros({});
   for (const auto& output : outputs) {
     EXPECT_EQ(output.sizes(), (std::vector<int64_t>{4, 10}));
@@ -104,7 +110,7 @@ TEST(LinearEvalTest, FeaturesAreTheTrunksStagesPooled) {
   features = flat->forward_features(images);
   at::Tensor res3 = base->forward_trunk_range(images, 0, 1 + 2 + 2);
   EXPECT_TRUE(features[0].equal(at::max_pool2d(res3, {4, 4}, {4, 4}).flatten(1)));
-  EXPECT_EQ(flat->forward(images).size(), 2u);
+  EXPECT_EQ(flat->forward_outputs(images).size(), 2u);
 }
 
 TEST(LinearEvalTest, HeadsAreNamedAsVissl) {
@@ -123,7 +129,7 @@ TEST(LinearEvalTest, WithoutTapsThePretrainedHeadTrainsOnTheFrozenTrunk) {
   LinearEvalModel model(base, options);
   model->train();
   at::Tensor images = torch::randn({2, 3, 16, 16});
-  std::vector<at::Tensor> outputs = model->forward(images);
+  std::vector<at::Tensor> outputs = model->forward_outputs(images);
   ASSERT_EQ(outputs.size(), 1u);
   outputs[0].sum().backward();
   EXPECT_TRUE(model->named_parameters()["head.0.weight"].grad().defined());

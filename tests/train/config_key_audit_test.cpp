@@ -45,6 +45,8 @@ struct NoEffectKey {
 const char* kMapping = "TrainerConfigMappingTest.RunKeysReachTheTrainerOptions";
 const char* kResNetKeys = "TrainerConfigMappingTest.ResNetNormGroupsAndStrideKeysChangeTheModel";
 const char* kEma = "TrainerModelEmaTest.TheCheckpointedAverageIsVisslsUpdateOverTheRunsWeights";
+const char* kLinearEval =
+    "TrainerLinearEvalTest.TheFrozenTrunkKeepsItsWeightsWhileEachHeadTrainsAndIsScored";
 const char* kVitKeys = "TrainerConfigMappingTest.VitDropPathImageSizeAndHeadMultiplierReachTheModel";
 
 std::vector<WiredKey> wired_keys() {
@@ -155,6 +157,14 @@ std::vector<WiredKey> wired_keys() {
       {"LOSS.cross_entropy_multiple_output_single_target.temperature", "logits divided by it", "TrainerModelSetupTest.LossTemperatureReachesTheTrainingStep", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
       {"LOSS.cross_entropy_multiple_output_single_target.normalize_output", "L2-normalize the logits first", "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
       {"LOSS.cross_entropy_multiple_output_single_target.weight", "per-class weights (null: all 1)", "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64", {"LOSS.name=cross_entropy_multiple_output_single_target"}},
+      {"MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON", "evaluation mode: the head is not loaded from WEIGHTS_INIT; with a freeze switch, a linear evaluation", kLinearEval},
+      {"MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY", "train heads on the frozen trunk (no gradients, BatchNorm statistics kept)", kLinearEval},
+      {"MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_AND_HEAD", "freeze the heads too: for TEST_ONLY runs", kLinearEval},
+      {"MODEL.FEATURE_EVAL_SETTINGS.EVAL_TRUNK_AND_HEAD", "load the head from WEIGHTS_INIT too", "WeightsInitTest.PrefixesSkippedLayersAndFrozenHeads"},
+      {"MODEL.FEATURE_EVAL_SETTINGS.ASSERT_HEAD_LAYER_SHAPE_INIT", "a head of another shape in WEIGHTS_INIT's file is an error (else it keeps its init)", "WeightsInitTest.AHeadOfAnotherShapeKeepsItsInitUnlessShapesAreAsserted"},
+      {"MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY", "largo extract writes the trunk's (tapped) features instead of the heads' outputs; refused by largo train", "FeatureExtractionTest.WritesEachSamplesTrunkFeaturesOrHeadOutputsOnce"},
+      {"MODEL.FEATURE_EVAL_SETTINGS.SHOULD_FLATTEN_FEATS", "flatten each tapped feature after its pooling", "LinearEvalTest.FeaturesAreTheTrunksStagesPooled"},
+      {"MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP", "ResNet features to tap and their pooling, one head each", kLinearEval},
       {"MODEL.WEIGHTS_INIT.PARAMS_FILE", "initial weights from a file on a fresh start", "TrainerModelSetupTest.WeightsInitStartsAFreshRunFromTheFileAndIsNotReadOnResume"},
       {"MODEL.WEIGHTS_INIT.STATE_DICT_KEY_NAME", "the key holding the state dict", "WeightsInitTest.TorchvisionStateDictAndVisslCheckpointGiveTorchvisionsLogits"},
       {"MODEL.WEIGHTS_INIT.SKIP_LAYERS", "name substrings not loaded", "WeightsInitTest.PrefixesSkippedLayersAndFrozenHeads"},

@@ -233,7 +233,8 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
   for (const auto& assignment :
-       {"DATA.TRAIN.COPY_TO_LOCAL_DISK=True", "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True"}) {
+       {"DATA.TRAIN.COPY_TO_LOCAL_DISK=True",
+        "MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS=True"}) {
     Config config = Config::load({}, {assignment});
     try {
       trainer_options_from_config(config);

@@ -15,14 +15,16 @@
 //   world_size, train_sampler (VISSL's view of the position), top1, top5, best_top1,
 //   largo_version, config (the effective YAML)
 //   ema_model            with HOOKS.EMA_MODEL.SAVE_EMA_MODEL: the model's average
-//                        (optim::ModelEma::state_dict(), rank 0's)
+//                        (optim::ModelEma::state_dict(), rank 0's; under FSDP, where each
+//                        rank averages its own pieces, gathered as the model is, so the
+//                        entry holds whole tensors by the model's names in every mode)
 //
 // save_model() writes the model alone: "model", the progress entries (epoch, iteration,
 // top1, top5, best_top1), largo_version and config; MODEL.WEIGHTS_INIT and torch.load read it.
 //
-// Collectives: save() (every rank's RNG state and optimizer shard; FSDP gathers the model
-// unit by unit onto rank 0, which alone writes the main file) and save_model() (the model's
-// gather). load() issues none.
+// Collectives: save() (every rank's RNG state and optimizer shard; FSDP gathers the model,
+// and its average, unit by unit onto rank 0, which alone writes the main file) and
+// save_model() (the model's gather). load() issues none.
 #pragma once
 
 #include <largo/checkpoint/checkpoint_file.h>
@@ -88,18 +90,28 @@ class TrainingState {
   // (CHECKPOINT.OVERWRITE_EXISTING: train again from scratch).
   bool load(const std::filesystem::path& path, bool unless_final = false);
 
-  // HOOKS.EMA_MODEL: the average of `model_tensors` the run keeps (both outlive this object).
-  // save() writes it as "ema_model" when `save_average` (SAVE_EMA_MODEL); load() restores it
-  // from a checkpoint that has one, and otherwise restarts it from the loaded weights, as
-  // VISSL does.
+  // What an evaluation needs of such a checkpoint (TEST_ONLY, largo eval): the progress, the
+  // model and its average; not the optimizer (an evaluation may freeze what the checkpoint
+  // trained: FREEZE_TRUNK_AND_HEAD), the RNG or the mid-epoch position, so any world size
+  // evaluates it.
+  void load_for_evaluation(const std::filesystem::path& path);
+
+  // HOOKS.EMA_MODEL: the average of `model_tensors` the run keeps (both outlive this object):
+  // the module's parameters and buffers, under FSDP this rank's pieces of them. save() writes
+  // it as "ema_model" when `save_average` (SAVE_EMA_MODEL); load() restores it from a
+  // checkpoint that has one, and otherwise restarts it from the loaded weights, as VISSL does.
   void attach_model_ema(optim::ModelEma& ema, optim::NamedTensors model_tensors, bool save_average);
 
  private:
   void insert_progress(StateDict& state) const;
+  void load_progress(const StateDict& state, const std::string& where);
   StateDict state_dict(
       const c10::IValue& optimizer_entry,
       const at::Tensor& rng_states,
-      std::vector<std::pair<std::string, at::Tensor>> model_state) const;
+      std::vector<std::pair<std::string, at::Tensor>> model_state,
+      const c10::IValue& ema_entry) const;
+  bool model_is_sharded() const;
+  c10::IValue model_ema_entry();
   void load_model(const StateDict& state, const std::string& where);
   void load_optimizer(
       const StateDict& state,

@@ -67,6 +67,14 @@ ModelFlops count_model_flops(const ModelOptions& options);
 // images per second to print achieved FLOP/s.
 int64_t training_flops_per_sample(const ModelOptions& options);
 
+// A training step of a linear evaluation (models/linear_eval.h, options.feature_eval enabled):
+// the frozen trunk runs forward only, through its first `trunk_blocks_run` blocks
+// (LinearEvalModel::trunk_blocks_run); the heads run forward and backward (3 x forward), or
+// forward only when frozen too (FREEZE_TRUNK_AND_HEAD). The heads are the tapped features'
+// Linear layers, or the pretrained head without taps.
+int64_t
+linear_eval_training_flops_per_sample(const ModelOptions& options, int64_t trunk_blocks_run);
+
 // A FLOP count with an SI prefix and three significant digits, for the console:
 // 11546112 -> "11.5 MFLOP", 7.11e10 -> "71.1 GFLOP" (append "/s" for a rate).
 std::string format_flops(double flops);

@@ -115,7 +115,12 @@ class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
   LinearEvalModelImpl(TrunkHeadModel pretrained, const FeatureEvalOptions& options);
 
   // images -> one output per head ([b, classes] each).
-  std::vector<at::Tensor> forward(at::Tensor images);
+  std::vector<at::Tensor> forward_outputs(at::Tensor images);
+  // images -> the outputs concatenated along dim 1 ([b, sum of the heads' classes]): the one
+  // tensor a parallel model passes on (parallel::parallelize); split_outputs() undoes it.
+  at::Tensor forward(at::Tensor images);
+  // forward()'s result -> forward_outputs()'s (views, one per head).
+  std::vector<at::Tensor> split_outputs(const at::Tensor& concatenated) const;
   // images -> the tapped features after their pooling (and flattening), or the trunk's output
   // without taps: what `largo extract` writes (EXTRACT_TRUNK_FEATURES_ONLY).
   std::vector<at::Tensor> forward_features(at::Tensor images);
@@ -127,6 +132,14 @@ class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
     return options_;
   }
   int64_t num_outputs() const;
+  // The name prefix of the trained head's parameters (optim::ParamGroupOptions::head_prefix):
+  // "heads." with feature taps, "head." (the pretrained head) without.
+  std::string head_prefix() const {
+    return options_.taps.empty() ? "head." : "heads.";
+  }
+  // How many trunk blocks a forward runs: up to the deepest tapped feature (with conv1 only,
+  // the stem), or the whole trunk without taps.
+  int64_t trunk_blocks_run() const;
   void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:

@@ -87,4 +87,20 @@ class ModelEma {
   NamedTensors averages_;
 };
 
+// For the lifetime of this object the average is in the model: the constructor copies it into
+// `model_tensors` (ModelEma::copy_to) after keeping their own values, which the destructor puts
+// back bit for bit, also when what ran in between threw. For evaluating or gathering the
+// average with the model's own machinery (an FSDP gather of each rank's pieces).
+class AverageInModel {
+ public:
+  AverageInModel(const ModelEma& ema, NamedTensors model_tensors);
+  ~AverageInModel();
+  AverageInModel(const AverageInModel&) = delete;
+  AverageInModel& operator=(const AverageInModel&) = delete;
+
+ private:
+  NamedTensors model_tensors_;
+  std::vector<at::Tensor> own_values_;
+};
+
 } // namespace largo::optim

@@ -245,6 +245,12 @@ class ParallelModel {
   virtual std::optional<OptimizerShard> optimizer_shard() {
     return std::nullopt;
   }
+  // This rank's own state of the model by name, the tensors themselves (writing into them
+  // changes the model): every parameter and buffer of the module; under FSDP, whose module
+  // parameters have no memory between steps, this rank's 1-D piece of each trained parameter
+  // (a parameter outside its shard is absent), the frozen parameters and the buffers. What a
+  // per-rank average of the weights is kept over (HOOKS.EMA_MODEL). No collective.
+  virtual torch::OrderedDict<std::string, at::Tensor> local_state() const;
   // Trained parameter name -> its full shape (to consolidate sharded optimizer state).
   virtual std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
 

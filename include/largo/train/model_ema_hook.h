@@ -1,7 +1,8 @@
 // HOOKS.EMA_MODEL in the training loop: VISSL's EmaHook.on_update after every optimizer step.
-// The average (optim/model_ema.h) is kept over the module's parameters and buffers, which are
-// whole on every rank in the modes it is allowed with (not FSDP: train/run_plan.cpp), so every
-// rank holds the same average of the same weights. The trainer also hands it to the
+// The average (optim/model_ema.h) is kept over the parallel model's local_state(): the
+// module's parameters and buffers, whole on every rank under DDP and ZeRO-1/2 (every rank
+// holds the same average); under FSDP this rank's 1-D pieces of the trained parameters (each
+// rank averages its own; the checkpoint gathers them, checkpoint/training_state.h). The trainer also hands it to the
 // checkpoints (checkpoint/training_state.h, SAVE_EMA_MODEL) and to the evaluation
 // (EvaluationHook::also_evaluate, ENABLE_EMA_METERS).
 #pragma once
@@ -13,8 +14,6 @@
 
 namespace largo::train {
 
-// Every parameter and buffer of `module` by name: what the average is kept over.
-optim::NamedTensors parameters_and_buffers(const torch::nn::Module& module);
 
 class ModelEmaHook : public TrainingHook {
  public:

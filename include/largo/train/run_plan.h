@@ -64,6 +64,11 @@ RunPlan resolve_run(const Config& config);
 // The same from typed options (a library user's Trainer): `world` says how many ranks run.
 RunPlan resolve_run(TrainerOptions options, RunWorld world);
 
+// MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY is read by feature extraction only
+// (train/feature_extraction.h, `largo extract`): in a training or evaluation run it would
+// change nothing, so the Trainer and `largo train` refuse it (ConfigError).
+void refuse_extraction_keys(const RunPlan& plan);
+
 // The process group's backend for these options: NCCL moves CUDA tensors only, so a run on
 // the CPU uses Gloo whatever DISTRIBUTED.BACKEND says (its default is VISSL's nccl).
 std::string process_group_backend(const TrainerOptions& options);

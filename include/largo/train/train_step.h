@@ -21,6 +21,7 @@ struct TrainStepOptions {
   bool clip_gradients = false;    // MODEL.GRAD_CLIP
   double max_norm = 1.0;
   double norm_type = 2.0;
+  OutputSplit outputs; // several heads: the loss is summed over them
 };
 
 struct StepResult {

@@ -58,7 +58,9 @@ class Trainer {
   TrainSummary run();
 
   // The model. Under FSDP (MODEL.FSDP_CONFIG) its trainable parameters hold no memory
-  // between steps: read them through full_parameters().
+  // between steps: read them through full_parameters(). In a linear evaluation
+  // (MODEL.FEATURE_EVAL_SETTINGS) it is the model whose frozen trunk the evaluation's heads
+  // train on (models::LinearEvalModel); full_parameters() has the heads.
   models::TrunkHeadModel& model();
 
   // Every parameter's value by name (copies). Collective under FSDP, which gathers the

@@ -31,6 +31,9 @@ class TrainingData {
   // This rank's share of the test set: every world_size-th sample from its rank on, with no
   // padding, so each sample is evaluated exactly once and the summed counts are exact.
   std::vector<int64_t> test_order() const;
+  // The same share of the training set, unshuffled: each training sample read once over the
+  // ranks (feature extraction, train/feature_extraction.h).
+  std::vector<int64_t> train_order() const;
 
   data::DataLoader& train_loader() {
     return *train_loader_;

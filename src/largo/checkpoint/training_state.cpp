@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <unordered_map>
+
 namespace largo::checkpoint {
 namespace fs = std::filesystem;
 namespace {
@@ -25,6 +27,23 @@ StateDict model_dict(std::vector<std::pair<std::string, at::Tensor>> model_state
     model.insert(name, tensor);
   }
   return model;
+}
+
+// The "averages" of a ModelEma::state_dict() entry, by name. Throws CheckpointError for
+// another layout.
+std::unordered_map<std::string, at::Tensor> whole_averages(const c10::IValue& entry) {
+  if (!entry.isGenericDict() || !entry.toGenericDict().contains("averages") ||
+      !entry.toGenericDict().at("averages").isGenericDict()) {
+    throw CheckpointError("expected a dict with an \"averages\" dict (ModelEma::state_dict())");
+  }
+  std::unordered_map<std::string, at::Tensor> averages;
+  for (const auto& item : entry.toGenericDict().at("averages").toGenericDict()) {
+    if (!item.value().isTensor()) {
+      throw CheckpointError(fmt::format("averages[{}] is not a tensor", item.key().toStringRef()));
+    }
+    averages.emplace(item.key().toStringRef(), item.value().toTensor());
+  }
+  return averages;
 }
 
 std::optional<double> optional_double(const StateDict& state, const char* key) {
@@ -66,10 +85,12 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
     optimizer_entry = model_.optimizer().state_dict();
   }
   auto model_state = model_.model_state_dict(/*root=*/0); // FSDP: gathered unit by unit
+  const c10::IValue ema_entry = model_ema_entry();
   if (group.rank() != 0) {
     return;
   }
-  save_checkpoint(dir / file_name, state_dict(optimizer_entry, rng_states, std::move(model_state)));
+  save_checkpoint(
+      dir / file_name, state_dict(optimizer_entry, rng_states, std::move(model_state), ema_entry));
   point_latest_checkpoint_at(dir, file_name);
   spdlog::info("checkpoint written: {}", (dir / file_name).string());
 }
@@ -108,7 +129,8 @@ void TrainingState::insert_progress(StateDict& state) const {
 StateDict TrainingState::state_dict(
     const c10::IValue& optimizer_entry,
     const at::Tensor& rng_states,
-    std::vector<std::pair<std::string, at::Tensor>> model_state) const {
+    std::vector<std::pair<std::string, at::Tensor>> model_state,
+    const c10::IValue& ema_entry) const {
   comm::ProcessGroup& group = model_.process_group();
   StateDict state = make_state_dict();
   state.insert("model", model_dict(std::move(model_state)));
@@ -126,12 +148,31 @@ StateDict TrainingState::state_dict(
   sampler.insert("batch_size", sampler_.batch_size);
   sampler.insert("num_replicas", static_cast<int64_t>(group.world_size()));
   state.insert("train_sampler", sampler);
-  if (ema_ && save_ema_) {
-    state.insert("ema_model", ema_->state_dict());
+  if (!ema_entry.isNone()) {
+    state.insert("ema_model", ema_entry);
   }
   state.insert("largo_version", std::string(kLargoVersion));
   state.insert("config", config_yaml_);
   return state;
+}
+
+void TrainingState::load_progress(const StateDict& state, const std::string& where) {
+  auto entry = [&](const char* key) -> const c10::IValue& { return state_at(state, key, where); };
+  progress.epoch = entry("epoch").toInt();
+  progress.iteration_in_epoch = entry("iteration_in_epoch").toInt();
+  progress.iteration = entry("iteration").toInt();
+  progress.complete = entry("complete").toBool();
+  progress.top1 = optional_double(state, "top1");
+  progress.top5 = optional_double(state, "top5");
+  progress.best_top1 = optional_double(state, "best_top1");
+}
+
+void TrainingState::load_for_evaluation(const fs::path& path) {
+  const StateDict state = load_checkpoint(path, {"model", "epoch", "iteration"});
+  const std::string where = path.string();
+  load_progress(state, where);
+  load_model(state, where);
+  load_model_ema(state, where);
 }
 
 bool TrainingState::load(const fs::path& path, bool unless_final) {
@@ -142,10 +183,7 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
     return false;
   }
   const int64_t iterations_per_epoch = progress.iterations_per_epoch;
-  progress.epoch = entry("epoch").toInt();
-  progress.iteration_in_epoch = entry("iteration_in_epoch").toInt();
-  progress.iteration = entry("iteration").toInt();
-  progress.complete = entry("complete").toBool();
+  load_progress(state, where);
   const int64_t saved_iterations_per_epoch = entry("iterations_per_epoch").toInt();
   const int64_t saved_world_size = state.contains("world_size") ? entry("world_size").toInt() : 1;
   const int world_size = model_.process_group().world_size();
@@ -169,9 +207,6 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
   load_optimizer(state, fs::canonical(path).parent_path(), where);
   load_rng(state, saved_world_size);
   load_model_ema(state, where);
-  progress.top1 = optional_double(state, "top1");
-  progress.top5 = optional_double(state, "top5");
-  progress.best_top1 = optional_double(state, "best_top1");
   return true;
 }
 
@@ -221,6 +256,32 @@ void TrainingState::attach_model_ema(
   save_ema_ = save_average;
 }
 
+bool TrainingState::model_is_sharded() const {
+  return model_.data_parallelism() == parallel::DataParallelism::kFsdp;
+}
+
+// Collective under FSDP: each rank's average of its pieces is put into the model, gathered
+// as the model is, and the model's own values put back.
+c10::IValue TrainingState::model_ema_entry() {
+  if (ema_ == nullptr || !save_ema_) {
+    return {};
+  }
+  c10::IValue entry = ema_->state_dict();
+  if (model_is_sharded()) {
+    std::vector<std::pair<std::string, at::Tensor>> whole;
+    {
+      const optim::AverageInModel average(*ema_, ema_tensors_);
+      whole = model_.model_state_dict(/*root=*/0);
+    }
+    c10::impl::GenericDict averages(c10::StringType::get(), c10::AnyType::get());
+    for (auto& [name, value] : whole) {
+      averages.insert(name, std::move(value));
+    }
+    entry.toGenericDict().insert_or_assign("averages", averages);
+  }
+  return entry;
+}
+
 void TrainingState::load_model_ema(const StateDict& state, const std::string& where) {
   if (!ema_) {
     return;
@@ -235,8 +296,14 @@ void TrainingState::load_model_ema(const StateDict& state, const std::string& wh
     return;
   }
   try {
-    ema_->load_state_dict(entry->value());
-  } catch (const CheckpointError& e) {
+    if (model_is_sharded()) { // whole tensors: each rank keeps its pieces, via the model
+      const optim::AverageInModel keep_own(*ema_, ema_tensors_);
+      model_.load_model_state_dict(whole_averages(entry->value()));
+      ema_->set(ema_tensors_);
+    } else {
+      ema_->load_state_dict(entry->value());
+    }
+  } catch (const Error& e) {
     throw CheckpointError(fmt::format("{}: its ema_model: {}", where, e.what()));
   }
 }

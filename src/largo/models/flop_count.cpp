@@ -191,6 +191,27 @@ int64_t training_flops_per_sample(const ModelOptions& options) {
   return count_model_flops(options).training_per_sample();
 }
 
+int64_t
+linear_eval_training_flops_per_sample(const ModelOptions& options, int64_t trunk_blocks_run) {
+  const FeatureEvalOptions& eval = options.feature_eval;
+  int64_t trunk = 0;
+  int64_t heads = 0;
+  for (const LayerFlops& layer : count_model_flops(options).layers) {
+    if (layer.name.rfind("trunk.", 0) == 0) {
+      const int64_t block = std::stoll(layer.name.substr(6)); // "trunk.<block>.<layer>"
+      trunk += block < trunk_blocks_run ? layer.forward_flops : 0;
+    } else if (eval.taps.empty()) {
+      heads += layer.forward_flops; // the pretrained head
+    }
+  }
+  for (const EvalHeadOptions& head : eval.heads) {
+    for (size_t i = 0; i + 1 < head.dims.size(); ++i) {
+      heads += linear_flops(head.dims[i], head.dims[i + 1]);
+    }
+  }
+  return trunk + (eval.freeze_trunk_and_head ? 1 : 3) * heads;
+}
+
 std::string format_flops(double flops) {
   static const char* const prefixes[] = {"", "k", "M", "G", "T", "P", "E"};
   size_t prefix = 0;

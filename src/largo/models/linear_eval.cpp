@@ -289,7 +289,31 @@ std::vector<at::Tensor> LinearEvalModelImpl::forward_features(at::Tensor x) {
   return features;
 }
 
-std::vector<at::Tensor> LinearEvalModelImpl::forward(at::Tensor images) {
+int64_t LinearEvalModelImpl::trunk_blocks_run() const {
+  if (options_.taps.empty()) {
+    return static_cast<int64_t>(trunk_->size());
+  }
+  const std::vector<int64_t> blocks = tap_blocks();
+  return std::max<int64_t>(1, *std::max_element(blocks.begin(), blocks.end()));
+}
+
+at::Tensor LinearEvalModelImpl::forward(at::Tensor images) {
+  std::vector<at::Tensor> outputs = forward_outputs(std::move(images));
+  return outputs.size() == 1 ? outputs[0] : at::cat(outputs, 1);
+}
+
+std::vector<at::Tensor> LinearEvalModelImpl::split_outputs(const at::Tensor& concatenated) const {
+  if (options_.taps.empty()) {
+    return {concatenated};
+  }
+  std::vector<int64_t> widths;
+  for (const auto& head : options_.heads) {
+    widths.push_back(head.dims.back());
+  }
+  return concatenated.split_with_sizes(widths, 1);
+}
+
+std::vector<at::Tensor> LinearEvalModelImpl::forward_outputs(at::Tensor images) {
   std::vector<at::Tensor> features = forward_features(std::move(images));
   if (options_.taps.empty()) {
     return {head_->forward(features[0])};

@@ -163,4 +163,21 @@ void ModelEma::load_state_dict(const c10::IValue& state) {
   }
 }
 
+AverageInModel::AverageInModel(const ModelEma& ema, NamedTensors model_tensors)
+    : model_tensors_(std::move(model_tensors)) {
+  for (const auto& item : model_tensors_) {
+    own_values_.push_back(item.value().detach().clone());
+  }
+  ema.copy_to(model_tensors_);
+}
+
+AverageInModel::~AverageInModel() {
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (const auto& item : model_tensors_) {
+    at::Tensor target = item.value();
+    target.copy_(own_values_[i++]);
+  }
+}
+
 } // namespace largo::optim

@@ -42,6 +42,24 @@ class FsdpModel : public ParallelModel {
     }
     return values;
   }
+  // The optimizer's pieces (named like their parameters), then what is whole on every rank.
+  torch::OrderedDict<std::string, at::Tensor> local_state() const override {
+    torch::OrderedDict<std::string, at::Tensor> tensors;
+    for (const auto& group : optimizer_->param_groups()) {
+      for (size_t i = 0; i < group.params.size(); ++i) {
+        tensors.insert(group.names.at(i), group.params[i]);
+      }
+    }
+    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+      if (!item.value().requires_grad()) {
+        tensors.insert(item.key(), item.value());
+      }
+    }
+    for (const auto& buffer : module_->named_buffers()) {
+      tensors.insert(buffer.key(), buffer.value());
+    }
+    return tensors;
+  }
   std::optional<OptimizerShard> optimizer_shard() override {
     return OptimizerShard{optimizer_.get(), fsdp_->piece_ownership(), "fsdp"};
   }

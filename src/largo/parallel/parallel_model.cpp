@@ -210,6 +210,17 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_parameters()
   return values;
 }
 
+torch::OrderedDict<std::string, at::Tensor> ParallelModel::local_state() const {
+  torch::OrderedDict<std::string, at::Tensor> tensors;
+  for (const auto& parameter : module_->named_parameters()) {
+    tensors.insert(parameter.key(), parameter.value());
+  }
+  for (const auto& buffer : module_->named_buffers()) {
+    tensors.insert(buffer.key(), buffer.value());
+  }
+  return tensors;
+}
+
 std::map<std::string, std::vector<int64_t>> ParallelModel::trained_parameter_shapes() const {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& group : optimizer_->param_groups()) {

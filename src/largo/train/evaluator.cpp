@@ -1,6 +1,9 @@
 #include <largo/train/evaluator.h>
 
+#include <largo/core/error.h>
 #include <largo/train/accuracy_meter.h>
+
+#include <fmt/format.h>
 
 namespace largo::train {
 
@@ -34,6 +37,29 @@ void pad_collective_forwards(
   }
 }
 
+// The result of one meter per output (one per head).
+EvaluationResult result_of(std::vector<AccuracyMeter>& meters, comm::ProcessGroup& group) {
+  EvaluationResult result;
+  for (AccuracyMeter& meter : meters) {
+    meter.reduce_over(group);
+    result.output_topk_percent.push_back(meter.values());
+  }
+  result.num_samples = meters.front().num_samples();
+  result.topk = meters.front().topk_values();
+  for (size_t i = 1; i < meters.size(); ++i) {
+    if (!result.topk.empty() &&
+        result.output_topk_percent[i][0] >
+            result.output_topk_percent[static_cast<size_t>(result.best_output)][0]) {
+      result.best_output = static_cast<int64_t>(i);
+    }
+  }
+  result.topk_percent = result.output_topk_percent[static_cast<size_t>(result.best_output)];
+  if (meters.size() == 1) {
+    result.output_topk_percent.clear();
+  }
+  return result;
+}
+
 } // namespace
 
 EvaluationResult evaluate(
@@ -43,7 +69,8 @@ EvaluationResult evaluate(
     const EvaluationOptions& options) {
   model.module()->eval();
   torch::NoGradGuard no_grad;
-  AccuracyMeter meter(options.topk_values);
+  std::vector<AccuracyMeter> meters(
+      static_cast<size_t>(options.num_outputs), AccuracyMeter(options.topk_values));
   ClassificationLossOptions summed = options.loss;
   summed.sum = true; // the batches' and ranks' sums, divided once by the sample count
   double loss_sum = 0.0;
@@ -53,19 +80,23 @@ EvaluationResult evaluate(
   while (auto batch = loader.next()) {
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
-    at::Tensor logits = model.forward(images);
-    loss_sum += classification_loss(logits, labels, summed).item<double>();
-    meter.update(logits, labels);
+    const std::vector<at::Tensor> outputs = split_outputs(options.outputs, model.forward(images));
+    if (outputs.size() != meters.size()) {
+      throw Error(fmt::format(
+          "evaluate: the model returned {} outputs, the options said {}",
+          outputs.size(),
+          meters.size()));
+    }
+    loss_sum += classification_loss(outputs, labels, summed).item<double>();
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      meters[i].update(outputs[i], labels);
+    }
   }
   pad_collective_forwards(model, num_batches, options.sample_shape, device);
   at::Tensor total_loss = at::tensor({loss_sum}, at::kDouble);
   model.process_group().all_reduce(total_loss);
-  meter.reduce_over(model.process_group());
-  EvaluationResult result;
-  result.num_samples = meter.num_samples();
+  EvaluationResult result = result_of(meters, model.process_group());
   result.loss = result.num_samples > 0 ? total_loss.item<double>() / result.num_samples : 0.0;
-  result.topk = meter.topk_values();
-  result.topk_percent = meter.values();
   model.module()->train();
   return result;
 }

@@ -2,17 +2,6 @@
 
 namespace largo::train {
 
-optim::NamedTensors parameters_and_buffers(const torch::nn::Module& module) {
-  optim::NamedTensors tensors;
-  for (const auto& parameter : module.named_parameters()) {
-    tensors.insert(parameter.key(), parameter.value());
-  }
-  for (const auto& buffer : module.named_buffers()) {
-    tensors.insert(buffer.key(), buffer.value());
-  }
-  return tensors;
-}
-
 ModelEmaHook::ModelEmaHook(optim::ModelEma& ema, optim::NamedTensors model_tensors)
     : ema_(ema), model_tensors_(std::move(model_tensors)) {}
 

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace largo::train {
 namespace {
 
@@ -42,18 +44,10 @@ void check_fsdp_keys(const TrainerOptions& options) {
   }
 }
 
-// The average is kept over the module's whole tensors, which FSDP's ranks do not hold; its
-// evaluation runs on the test split.
+// The average's evaluation runs on the test split.
 void check_model_ema_keys(const TrainerOptions& options) {
   if (!options.model_ema.enabled()) {
     return;
-  }
-  if (options.fsdp.enabled) {
-    throw ConfigError(
-        "HOOKS.EMA_MODEL (SAVE_EMA_MODEL or ENABLE_EMA_METERS) with FSDP "
-        "(MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP) is not available yet: the average is kept over "
-        "whole weights, which FSDP's ranks do not hold. Use DDP or ZeRO-1/2 with the average, "
-        "or turn it off");
   }
   if (options.model_ema.meters && !options.test_model) {
     throw ConfigError(
@@ -252,6 +246,88 @@ void check_checkpointing_splits(const RunPlan& plan) {
   }
 }
 
+// MODEL.FEATURE_EVAL_SETTINGS without EVAL_MODE_ON, or without a freeze switch, builds no
+// linear evaluation: its other switches would change nothing.
+void check_feature_eval_switches(const models::FeatureEvalOptions& eval) {
+  const std::string key = "MODEL.FEATURE_EVAL_SETTINGS.";
+  const char* lone = !eval.taps.empty()           ? "LINEAR_EVAL_FEAT_POOL_OPS_MAP"
+                     : eval.freeze_trunk_only     ? "FREEZE_TRUNK_ONLY"
+                     : eval.freeze_trunk_and_head ? "FREEZE_TRUNK_AND_HEAD"
+                     : eval.eval_trunk_and_head   ? "EVAL_TRUNK_AND_HEAD"
+                                                  : nullptr;
+  if (!eval.eval_mode_on && lone != nullptr) {
+    throw ConfigError(fmt::format(
+        "{}{} is set but {}EVAL_MODE_ON is False, so it would change nothing: set EVAL_MODE_ON "
+        "True (with FREEZE_TRUNK_ONLY) for a linear evaluation, or unset {}",
+        key,
+        lone,
+        key,
+        lone));
+  }
+  if (eval.freeze_trunk_only && eval.freeze_trunk_and_head) {
+    throw ConfigError(fmt::format(
+        "{0}FREEZE_TRUNK_ONLY and {0}FREEZE_TRUNK_AND_HEAD are both True: choose one (the "
+        "heads train with FREEZE_TRUNK_ONLY, nothing trains with FREEZE_TRUNK_AND_HEAD)",
+        key));
+  }
+  if (eval.eval_mode_on && !eval.enabled() && !eval.taps.empty()) {
+    throw ConfigError(fmt::format(
+        "{0}LINEAR_EVAL_FEAT_POOL_OPS_MAP needs {0}FREEZE_TRUNK_ONLY (or FREEZE_TRUNK_AND_HEAD): "
+        "heads on tapped features of a trunk that trains are not available",
+        key));
+  }
+}
+
+// A linear evaluation (models/linear_eval.h): what it can run with.
+void check_linear_evaluation(const RunPlan& plan) {
+  const TrainerOptions& o = plan.options;
+  const models::FeatureEvalOptions& eval = plan.model.feature_eval;
+  check_feature_eval_switches(eval);
+  if (!eval.enabled()) {
+    return;
+  }
+  const std::string key = "MODEL.FEATURE_EVAL_SETTINGS.";
+  if (eval.freeze_trunk_and_head && !o.test_only) {
+    throw ConfigError(fmt::format(
+        "{}FREEZE_TRUNK_AND_HEAD freezes every parameter, so training would change nothing: "
+        "use it with TEST_ONLY True, or FREEZE_TRUNK_ONLY to train the heads",
+        key));
+  }
+  auto refuse_with = [&](const std::string& what, const std::string& why) {
+    throw ConfigError(fmt::format(
+        "{}EVAL_MODE_ON (a linear evaluation) with {} is not available: {}", key, what, why));
+  };
+  if (o.fsdp.enabled) {
+    refuse_with(
+        "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
+        "FSDP shards trained units, and the frozen trunk is none; use DDP or ZeRO-1/2");
+  }
+  if (o.activation_checkpointing.enabled) {
+    refuse_with(
+        "MODEL.ACTIVATION_CHECKPOINTING",
+        "the frozen trunk runs without gradients and keeps no activations to save");
+  }
+  if (!eval.taps.empty() && plan.model.trunk_name != "resnet") {
+    throw ConfigError(fmt::format(
+        "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP taps a ResNet's stages, but MODEL.TRUNK.NAME is {}: "
+        "use a resnet trunk, or leave the map empty to train the model's own head",
+        key,
+        plan.model.trunk_name));
+  }
+  const int64_t classes = std::max(plan.train_shape.num_classes, plan.test_shape.num_classes);
+  for (size_t i = 0; i < eval.heads.size(); ++i) {
+    if (eval.heads[i].dims.back() < classes) {
+      throw ConfigError(fmt::format(
+          "MODEL.HEAD.PARAMS[{}] ends in {} outputs but the data has {} classes: end its dims in "
+          "{}",
+          i,
+          eval.heads[i].dims.back(),
+          classes,
+          classes));
+    }
+  }
+}
+
 void scale_learning_rates(RunPlan& plan) {
   const OptimizerOptions& optimizer = plan.options.optimizer;
   plan.lr = optimizer.lr;
@@ -330,6 +406,7 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   plan.model = o.model;
   fill_model_from_data(plan);
   check_checkpointing_splits(plan);
+  check_linear_evaluation(plan);
 
   const int64_t accumulation = o.gradient_accumulation_steps;
   plan.batch_per_rank = o.train.batch_size;
@@ -343,15 +420,23 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   return plan;
 }
 
+void refuse_extraction_keys(const RunPlan& plan) {
+  if (plan.model.feature_eval.extract_trunk_features_only) {
+    throw ConfigError(
+        "MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY = True is read by `largo "
+        "extract` (it writes the trunk's features to files); unset it for training or "
+        "evaluation");
+  }
+}
+
 std::string RunPlan::describe() const {
-  const std::string layout =
-      world.world_size == 1
-          ? "one process"
-          : fmt::format(
-                "{} over {} ranks ({})",
-                parallel::to_string(parallel.data_parallelism),
-                world.world_size,
-                world.backend);
+  const std::string layout = world.world_size == 1
+                                 ? "one process"
+                                 : fmt::format(
+                                       "{} over {} ranks ({})",
+                                       parallel::to_string(parallel.data_parallelism),
+                                       world.world_size,
+                                       world.backend);
   return fmt::format(
       "{}, {}, global batch {} = {} per rank x {} rank(s) x {} accumulation step(s)",
       precision.describe(),

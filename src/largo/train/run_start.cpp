@@ -66,7 +66,7 @@ bool load_for_evaluation(
   }
   if (choice) {
     warn_on_rank_zero(*choice, group);
-    state.load(choice->path);
+    state.load_for_evaluation(choice->path);
     spdlog::info(
         "evaluating {} (trained {} epochs, {} iterations)",
         fs::canonical(choice->path).string(),

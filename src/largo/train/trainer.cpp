@@ -39,6 +39,7 @@ struct Trainer::State {
   int64_t threads = 1;
   std::unique_ptr<TrainingData> data;
   models::TrunkHeadModel model{nullptr};
+  models::LinearEvalModel linear_eval{nullptr}; // MODEL.FEATURE_EVAL_SETTINGS: over model's trunk
   std::unique_ptr<parallel::ParallelModel> parallel;
   std::unique_ptr<checkpoint::TrainingState> state;
   std::unique_ptr<TrainStep> step;
@@ -62,6 +63,9 @@ struct Trainer::State {
   }
   void setup();
   void build_model();
+  std::shared_ptr<torch::nn::Module> trained_module() const;
+  OutputSplit output_split() const;
+  int64_t flops_per_sample() const;
   bool will_resume() const;
   void parallelize_model();
   void open_records();
@@ -84,6 +88,7 @@ Trainer::Trainer(
   s.group =
       group ? std::move(group) : join_world(options.distributed, process_group_backend(options));
   s.plan = resolve_run(std::move(options), world_of(*s.group));
+  refuse_extraction_keys(s.plan);
   s.config_yaml = std::move(effective_config_yaml);
   s.setup();
 }
@@ -94,6 +99,7 @@ Trainer::Trainer(
   State& s = *state_;
   s.group = group ? std::move(group) : join_world(plan.options.distributed, plan.world.backend);
   s.plan = std::move(plan);
+  refuse_extraction_keys(s.plan);
   s.config_yaml = std::move(effective_config_yaml);
   s.setup();
 }
@@ -144,7 +150,8 @@ void Trainer::State::setup() {
           options().loss,
           options().use_grad_clip,
           options().grad_clip_max_norm,
-          options().grad_clip_norm_type});
+          options().grad_clip_norm_type,
+          output_split()});
   lr_schedule = optim::make_schedule(plan.lr);
   lr_head_schedule = optim::make_schedule(plan.lr_head);
   open_records();
@@ -159,10 +166,13 @@ void Trainer::State::setup() {
 void Trainer::State::build_model() {
   seed_everything(options().seed);
   model = models::build_model(plan.model);
+  if (plan.model.feature_eval.enabled()) {
+    linear_eval = models::LinearEvalModel(model, plan.model.feature_eval);
+  }
   const checkpoint::WeightsInitOptions& weights = options().weights_init;
   if (!weights.params_file.empty() && !will_resume()) {
     const checkpoint::WeightsInitReport report =
-        checkpoint::init_weights_from_file(*model, weights);
+        checkpoint::init_weights_from_file(*trained_module(), weights);
     if (group->rank() == 0) {
       spdlog::info("{}", report.describe(weights.params_file.string()));
     }
@@ -170,12 +180,36 @@ void Trainer::State::build_model() {
   const SyncBatchNormSettings& sync = options().sync_batch_norm;
   if (sync.convert) {
     parallel::convert_sync_batchnorm(
-        model.ptr(),
+        trained_module(),
         group,
         parallel::sync_bn_group_size(
             sync.group_size, plan.world.procs_per_node, group->world_size()));
   }
-  model->to(device);
+  trained_module()->to(device);
+}
+
+// The module that trains: the model, or its linear evaluation (its trunk frozen).
+std::shared_ptr<torch::nn::Module> Trainer::State::trained_module() const {
+  if (linear_eval) {
+    return linear_eval.ptr();
+  }
+  return model.ptr();
+}
+
+// A linear evaluation's heads travel through the parallel model as one tensor.
+OutputSplit Trainer::State::output_split() const {
+  if (!linear_eval) {
+    return {};
+  }
+  return [eval = linear_eval](const at::Tensor& output) { return eval->split_outputs(output); };
+}
+
+int64_t Trainer::State::flops_per_sample() const {
+  if (linear_eval) {
+    return models::linear_eval_training_flops_per_sample(
+        plan.model, linear_eval->trunk_blocks_run());
+  }
+  return models::training_flops_per_sample(plan.model);
 }
 
 // Whether this run continues from a checkpoint of its directory (train/resume_policy.h).
@@ -188,18 +222,22 @@ void Trainer::State::parallelize_model() {
   const OptimizerOptions& optimizer = options().optimizer;
   optim::OptimizerSpec spec = optimizer.spec;
   if (spec.use_larc && optimizer.larc_exclude_bias_and_norm) {
-    for (auto& name :
-         optim::bias_and_norm_parameter_names(*model, optimizer.param_groups.is_norm_layer)) {
+    for (auto& name : optim::bias_and_norm_parameter_names(
+             *trained_module(), optimizer.param_groups.is_norm_layer)) {
       spec.larc.excluded_from_adaptation.insert(std::move(name));
     }
   }
   auto make_optimizer = [spec](std::vector<optim::ParamGroup> groups) {
     return optim::make_optimizer(std::move(groups), spec);
   };
+  optim::ParamGroupOptions groups = optimizer.param_groups;
+  if (linear_eval) {
+    groups.head_prefix = linear_eval->head_prefix();
+  }
   parallel = rethrow_with_yaml_keys([&] {
     return parallel::parallelize(
-        model,
-        optim::build_param_groups(*model, optimizer.param_groups),
+        linear_eval ? torch::nn::AnyModule(linear_eval) : torch::nn::AnyModule(model),
+        optim::build_param_groups(*trained_module(), groups),
         make_optimizer,
         group,
         plan.parallel);
@@ -228,14 +266,14 @@ void Trainer::State::open_records() {
 
 void Trainer::State::add_hooks() {
   hooks.push_back(std::make_unique<LoggingHook>(
-      *parallel,
-      data->train_loader(),
-      records,
-      options().log_frequency,
-      models::training_flops_per_sample(plan.model)));
+      *parallel, data->train_loader(), records, options().log_frequency, flops_per_sample()));
   if (options().test_model) {
     EvaluationOptions evaluation{
-        options().topk_values, options().loss, plan.test_shape.sample_shape};
+        options().topk_values,
+        options().loss,
+        plan.test_shape.sample_shape,
+        output_split(),
+        linear_eval ? linear_eval->num_outputs() : 1};
     auto save_best = [this](const checkpoint::TrainingProgress&) {
       state->save_model(run_dir(), checkpoint::kBestModelName);
     };
@@ -265,7 +303,7 @@ void Trainer::State::keep_model_ema() {
   if (!settings.enabled()) {
     return;
   }
-  const optim::NamedTensors tensors = parameters_and_buffers(*parallel->module());
+  const optim::NamedTensors tensors = parallel->local_state();
   model_ema = std::make_unique<optim::ModelEma>(tensors, settings.average);
   state->attach_model_ema(*model_ema, tensors, settings.save);
   hooks.insert(hooks.begin(), std::make_unique<ModelEmaHook>(*model_ema, tensors));
@@ -276,11 +314,17 @@ void Trainer::State::keep_model_ema() {
 
 void Trainer::State::log_start() const {
   spdlog::info(
-      "model {}: {} parameters, {} per training sample (3 x forward); {} training samples, "
+      "model {}{}: {} parameters, {} per training sample ({}); {} training samples, "
       "{} test samples; {} iterations/epoch; {} threads on {}",
       plan.model.trunk_name,
-      models::count_parameters(*model),
-      models::format_flops(static_cast<double>(models::training_flops_per_sample(plan.model))),
+      linear_eval ? fmt::format(
+                        ", linear evaluation with {} head{}",
+                        linear_eval->num_outputs(),
+                        linear_eval->num_outputs() == 1 ? "" : "s")
+                  : "",
+      models::count_parameters(*trained_module()),
+      models::format_flops(static_cast<double>(flops_per_sample())),
+      linear_eval ? "the frozen trunk forward, the heads 3 x forward" : "3 x forward",
       data->num_train_samples(),
       data->num_test_samples(),
       data->iterations_per_epoch(),
@@ -362,7 +406,7 @@ void Trainer::State::throw_diverged(const StepResult& result) const {
 
 bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
   checkpoint::TrainingProgress& p = progress();
-  model->train();
+  trained_module()->train(); // a linear evaluation keeps its frozen trunk in eval mode
   data->train_loader().start_epoch(
       data->train_epoch_order(p.epoch),
       p.epoch,

@@ -26,6 +26,17 @@ std::vector<int64_t> subset_indices(int64_t dataset_size, const data::DataSplitO
   return subset;
 }
 
+// Rank `rank`'s unpadded share of `subset`: its entries rank, rank + world_size, ...
+std::vector<int64_t>
+every_world_size_th(const std::vector<int64_t>& subset, int rank, int world_size) {
+  std::vector<int64_t> share;
+  for (size_t i = static_cast<size_t>(rank); i < subset.size();
+       i += static_cast<size_t>(world_size)) {
+    share.push_back(subset[i]);
+  }
+  return share;
+}
+
 // Rank r's loader seed: rank 0 keeps the configured seed (a one-process run is unchanged);
 // the others get distinct streams, so ranks do not augment their samples identically.
 uint64_t loader_seed(uint64_t seed, int rank) {
@@ -148,12 +159,11 @@ std::vector<int64_t> TrainingData::train_epoch_order(int64_t epoch) const {
 }
 
 std::vector<int64_t> TrainingData::test_order() const {
-  std::vector<int64_t> order;
-  for (size_t i = static_cast<size_t>(rank_); i < test_subset_.size();
-       i += static_cast<size_t>(world_size_)) {
-    order.push_back(test_subset_[i]);
-  }
-  return order;
+  return every_world_size_th(test_subset_, rank_, world_size_);
+}
+
+std::vector<int64_t> TrainingData::train_order() const {
+  return every_world_size_th(train_subset_, rank_, world_size_);
 }
 
 } // namespace largo::train

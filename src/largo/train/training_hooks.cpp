@@ -3,6 +3,7 @@
 #include <largo/models/flop_count.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -213,26 +214,33 @@ void EvaluationHook::report(checkpoint::TrainingProgress& progress) {
 
 EvaluationResult EvaluationHook::evaluate_average() {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> own;
-  for (const auto& item : ema_tensors_) {
-    own.push_back(item.value().clone());
-  }
-  auto put_back = [&] {
-    size_t i = 0;
-    for (const auto& item : ema_tensors_) {
-      item.value().copy_(own[i++]);
-    }
-  };
-  ema_->copy_to(ema_tensors_);
-  try {
-    EvaluationResult result = evaluate(model_, data_, device_, options_);
-    put_back();
-    return result;
-  } catch (...) {
-    put_back();
-    throw;
-  }
+  const optim::AverageInModel average(*ema_, ema_tensors_);
+  return evaluate(model_, data_, device_, options_);
 }
+
+namespace {
+
+// Several outputs (a linear evaluation's heads): which one the figures are of, and every
+// output's, e.g. "top1_per_output": [61.2, 70.4] and "(best output 1 of 2; top1 61.20% 70.40%)".
+void record_outputs(const EvaluationResult& result, nlohmann::json& record, std::string& line) {
+  if (result.output_topk_percent.empty()) {
+    return;
+  }
+  record["best_output"] = result.best_output;
+  line +=
+      fmt::format(" (best output {} of {};", result.best_output, result.output_topk_percent.size());
+  for (size_t k = 0; k < result.topk.size(); ++k) {
+    std::vector<double> values;
+    for (const auto& output : result.output_topk_percent) {
+      values.push_back(output[k]);
+    }
+    record[fmt::format("top{}_per_output", result.topk[k])] = values;
+    line += fmt::format(" top{} {:.2f}%", result.topk[k], fmt::join(values, "% "));
+  }
+  line += ")";
+}
+
+} // namespace
 
 // The console line, the metrics.jsonl record and the TensorBoard scalars of one evaluation:
 // phase "test" (the model) or "test_ema" (its average).
@@ -263,6 +271,7 @@ void EvaluationHook::record(
           phase + "/" + name, result.topk_percent[i], progress.iteration);
     }
   }
+  record_outputs(result, record, line);
   records_.progress_bar.clear();
   spdlog::info("{}", line);
   if (records_.metrics) {

@@ -35,7 +35,6 @@ std::vector<UnavailableKey> build_list() {
     }
   }
   const std::string vit = "MODEL.TRUNK.VISION_TRANSFORMERS.";
-  const std::string eval = "MODEL.FEATURE_EVAL_SETTINGS.";
   const std::string loss = "LOSS.cross_entropy_multiple_output_single_target.";
   std::vector<UnavailableKey> more{
       {"MODEL.INPUT_TYPE", "an input type other than rgb"},
@@ -50,19 +49,6 @@ std::vector<UnavailableKey> build_list() {
        "checkpointing inside ViT blocks (use MODEL.ACTIVATION_CHECKPOINTING)"},
   };
   keys.insert(keys.end(), more.begin(), more.end());
-  // The library piece exists (models/linear_eval.h); the trainer's wiring moves these keys
-  // out of this list.
-  for (const char* key :
-       {"EVAL_MODE_ON",
-        "FREEZE_TRUNK_ONLY",
-        "FREEZE_TRUNK_AND_HEAD",
-        "EXTRACT_TRUNK_FEATURES_ONLY",
-        "EVAL_TRUNK_AND_HEAD",
-        "ASSERT_HEAD_LAYER_SHAPE_INIT",
-        "SHOULD_FLATTEN_FEATS",
-        "LINEAR_EVAL_FEAT_POOL_OPS_MAP"}) {
-    keys.push_back({eval + key, "linear evaluation of a frozen trunk", {}, true});
-  }
   keys.push_back(
       {loss + "reduction", "a reduction other than mean (VISSL passes it to nothing either)"});
   std::vector<UnavailableKey> rest{
