@@ -232,6 +232,13 @@ TEST(WeightsInitTest, PrefixesSkippedLayersAndFrozenHeads) {
   EXPECT_NE(
       std::find(report.skipped.begin(), report.skipped.end(), "head.0.weight"),
       report.skipped.end());
+  // The log line names the head and counts BatchNorm's counters (one per BatchNorm layer of
+  // the ResNet-18: 20) instead of listing them.
+  const std::string line = report.describe("w.pth");
+  EXPECT_NE(line.find("kept as built: "), std::string::npos) << line;
+  EXPECT_NE(line.find("head.0.weight"), std::string::npos) << line;
+  EXPECT_NE(line.find("20 num_batches_tracked buffers"), std::string::npos) << line;
+  EXPECT_EQ(line.find("bn1.num_batches_tracked"), std::string::npos) << line;
   // Without the skip the file's head entries ("trunk.x.head.0.weight") are reported.
   options.skip_layers = {"num_batches_tracked", "trunk.1."};
   EXPECT_THROW(init_weights(*model, state, options, "w.pth"), CheckpointError);

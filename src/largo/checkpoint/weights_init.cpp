@@ -132,13 +132,36 @@ bool is_head_name(const std::string& name) {
   return starts_with(name, "head.") || starts_with(name, "heads.");
 }
 
+namespace {
+
+// The names, BatchNorm's num_batches_tracked counters (SKIP_LAYERS' default, one per BatchNorm
+// layer) counted rather than listed: "head.0.weight, 20 num_batches_tracked buffers".
+std::string name_list(const std::vector<std::string>& names) {
+  const std::string counter = "num_batches_tracked";
+  std::vector<std::string> listed;
+  int64_t counters = 0;
+  for (const std::string& name : names) {
+    if (name.find(counter) != std::string::npos) { // also "x (file: y)"
+      ++counters;
+    } else {
+      listed.push_back(name);
+    }
+  }
+  if (counters > 0) {
+    listed.push_back(fmt::format("{} {} buffer{}", counters, counter, counters == 1 ? "" : "s"));
+  }
+  return fmt::format("{}", fmt::join(listed, ", "));
+}
+
+} // namespace
+
 std::string WeightsInitReport::describe(const std::string& origin) const {
   std::string text = fmt::format("initialized {} tensors from {} ({})", num_loaded, origin, source);
   if (!skipped.empty()) {
-    text += fmt::format("; kept as built: {}", fmt::join(skipped, ", "));
+    text += fmt::format("; kept as built: {}", name_list(skipped));
   }
   if (!ignored.empty()) {
-    text += fmt::format("; not used from the file: {}", fmt::join(ignored, ", "));
+    text += fmt::format("; not used from the file: {}", name_list(ignored));
   }
   return text;
 }
