@@ -6,11 +6,13 @@
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
+#include "comm/distributed_test_util.h"
 #include "train/trainer_test_util.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 namespace largo::train {
@@ -68,6 +70,41 @@ TEST(TrainerEvaluationTest, TestOnlyEvaluatesTheNewestCheckpointAndWritesNoCheck
   EXPECT_THROW(
       Trainer(trainer_options_from_config(synthetic_job_config(dir, evaluation))), ConfigError);
   fs::remove_all(dir);
+}
+
+// A checkpoint written mid-epoch by one process evaluates on two ranks (training could not
+// resume it there): an evaluation reads the model alone. Both ranks report the figures of the
+// whole test split, those of the one-process evaluation of the same checkpoint.
+TEST(TrainerEvaluationTest, AMidEpochCheckpointEvaluatesAtAnotherWorldSize) {
+  const fs::path dir = test_dir_for("evaluation");
+  const std::vector<std::string> evaluation{"TEST_ONLY=True"};
+  largo::testing::run_on_ranks(2, [&](comm::ProcessGroup& group) {
+    std::optional<double> one_process;
+    if (group.rank() == 0) {
+      fs::remove_all(dir);
+      auto options = trainer_options_from_config(
+          synthetic_job_config(dir, {"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=2"}));
+      options.stop_after_iterations = 3; // mid-epoch 1: the newest checkpoint is iteration 2
+      auto single = comm::ProcessGroup::single_process();
+      Trainer(options, "", single).run();
+      one_process =
+          Trainer(trainer_options_from_config(synthetic_job_config(dir, evaluation)), "", single)
+              .run()
+              .final_top1;
+    }
+    group.barrier();
+    auto borrowed = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+    const TrainSummary evaluated =
+        Trainer(trainer_options_from_config(synthetic_job_config(dir, evaluation)), "", borrowed)
+            .run();
+    EXPECT_TRUE(evaluated.resumed);
+    EXPECT_EQ(evaluated.iterations, 2);
+    ASSERT_TRUE(evaluated.final_top1.has_value());
+    if (group.rank() == 0) {
+      ASSERT_TRUE(one_process.has_value());
+      EXPECT_EQ(*evaluated.final_top1, *one_process);
+    }
+  });
 }
 
 // The Apex ImageNet example's model_best file: after each evaluation that beats every earlier
