@@ -1,10 +1,13 @@
-// SyncBatchNorm: N ranks with SyncBatchNorm (under DistributedDataParallel) train like one
-// process with plain BatchNorm2d on the global batch: outputs, gradients, running statistics.
+// SyncBatchNorm: N ranks with SyncBatchNorm (under DistributedDataParallel, and under FSDP)
+// train like one process with plain BatchNorm2d on the global batch: outputs, gradients,
+// running statistics.
 #include <largo/comm/process_group.h>
 #include <largo/core/error.h>
 #include <largo/models/model_factory.h>
+#include <largo/optim/sgd.h>
 #include <largo/parallel/activation_checkpoint.h>
 #include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/parallelize.h>
 #include <largo/parallel/sync_batch_norm.h>
 #include <largo/precision/autocast.h>
 
@@ -142,6 +145,69 @@ void train_synchronized(comm::ProcessGroup& group) {
 
 TEST(SyncBatchNormTest, TwoRanksTrainLikeOneProcessWithBatchNormOnTheGlobalBatch) {
   run_on_ranks(2, [](comm::ProcessGroup& group) { train_synchronized(group); });
+}
+
+// The CNN as a module with a tensor forward (a Sequential cannot be an AnyModule); its names
+// gain the prefix "body.".
+struct WrappedImpl : torch::nn::Module {
+  explicit WrappedImpl(std::shared_ptr<torch::nn::SequentialImpl> cnn)
+      : body(register_module("body", torch::nn::Sequential(std::move(cnn)))) {}
+  at::Tensor forward(at::Tensor x) {
+    return body->forward(x);
+  }
+  torch::nn::Sequential body;
+};
+TORCH_MODULE(Wrapped);
+
+// Under FSDP (ZeRO-3, through parallelize()): the parameters and running statistics after
+// kSteps SGD steps equal one process's with plain BatchNorm2d on the global batch, within the
+// bound above (the gradients are reduce-scattered instead of all-reduced: another order of the
+// same sums). FSDP's gradients are sharded, so only parameters and buffers are compared.
+TEST(SyncBatchNormTest, UnderFsdpTwoRanksTrainLikeOneProcess) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    auto net = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(
+        convert_sync_batchnorm(make_cnn().ptr(), borrow(group)));
+    ASSERT_TRUE(net);
+    Wrapped wrapped(net);
+    optim::ParamGroup all;
+    for (const auto& item : wrapped->named_parameters()) {
+      all.params.push_back(item.value());
+      all.names.push_back(item.key());
+    }
+    all.lr = kLearningRate;
+    all.name = "all";
+    ParallelOptions options;
+    options.data_parallelism = DataParallelism::kFsdp;
+    auto model = parallelize(
+        torch::nn::AnyModule(wrapped),
+        {all},
+        [](std::vector<optim::ParamGroup> groups) {
+          return std::make_unique<optim::SGD>(std::move(groups), optim::SGDOptions{});
+        },
+        borrow(group),
+        options);
+    for (int step = 0; step < kSteps; ++step) {
+      auto [images, labels] = batch(step, group.rank(), group.world_size());
+      model->zero_grad();
+      model->backward(torch::nn::functional::cross_entropy(model->forward(images), labels));
+      ASSERT_TRUE(model->finish_backward());
+      ASSERT_TRUE(model->step());
+    }
+    Trained trained;
+    for (auto& [name, value] : model->full_parameters()) {
+      trained.tensors[name.substr(std::string("body.").size())] = value;
+    }
+    for (const auto& item : net->named_buffers()) {
+      trained.tensors[item.key()] = item.value().clone();
+    }
+    Trained expected = train_reference();
+    for (auto it = expected.tensors.begin(); it != expected.tensors.end();) {
+      const bool gradient =
+          it->first.size() > 5 && it->first.substr(it->first.size() - 5) == ".grad";
+      it = gradient ? expected.tensors.erase(it) : std::next(it);
+    }
+    expect_close(trained, expected);
+  });
 }
 
 TEST(SyncBatchNormTest, ThreeRanksTrainLikeOneProcessWithBatchNormOnTheGlobalBatch) {
