@@ -87,14 +87,12 @@ int run_estimate_command(const Config& config) {
   const int64_t world_size = plan.world.world_size;
   const int stage = parallel::zero_stage(plan.parallel.data_parallelism);
 
-  models::TrunkHeadModel model = models::build_model(plan.model);
   // A linear evaluation trains only its heads: the frozen trunk is counted as frozen.
-  std::shared_ptr<torch::nn::Module> trained = model.ptr();
+  const models::RunModel run_model = models::build_run_model(plan.model);
+  const std::shared_ptr<torch::nn::Module> trained = run_model.module();
   optim::ParamGroupOptions group_options = plan.options.optimizer.param_groups;
-  if (plan.model.feature_eval.enabled()) {
-    models::LinearEvalModel linear_eval(model, plan.model.feature_eval);
-    group_options.head_prefix = linear_eval->head_prefix();
-    trained = linear_eval.ptr();
+  if (run_model.linear_eval) {
+    group_options.head_prefix = run_model.linear_eval->head_prefix();
   }
   if (precision.parameter_dtype != at::kFloat) {
     trained->to(precision.parameter_dtype);
@@ -142,7 +140,7 @@ int run_estimate_command(const Config& config) {
   int64_t kept_bytes = 0, largest_bytes = 0, num_block_units = 0;
   std::string largest_name = "none";
   std::string kept_names; // "root", or "root and float32"
-  for (const auto& unit : parallel::plan_fsdp_units(model.ptr(), fsdp_options)) {
+  for (const auto& unit : parallel::plan_fsdp_units(run_model.model.ptr(), fsdp_options)) {
     const int64_t bytes = unit.numel * static_cast<int64_t>(c10::elementSize(unit.gathered_dtype));
     if (unit.position < 0) {
       kept_bytes += bytes;

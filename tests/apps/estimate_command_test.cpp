@@ -17,14 +17,13 @@ namespace {
 // A synthetic small-CNN job on 2 ranks with AdamW (Ψ parameters: stage 0 holds 16Ψ bytes per
 // rank, stage 3 16Ψ / 2).
 std::vector<std::string> estimate_command(std::vector<std::string> overrides) {
-  std::vector<std::string> argv = {
-      largo_program(),
-      "estimate",
-      "DATA.TRAIN.DATA_SOURCES=[synthetic]",
-      "DATA.TEST.DATA_SOURCES=[synthetic]",
-      "MODEL.TRUNK.NAME=small_cnn",
-      "OPTIMIZER.name=adamw",
-      "DISTRIBUTED.NUM_PROC_PER_NODE=2"};
+  std::vector<std::string> argv = {largo_program(),
+                                   "estimate",
+                                   "DATA.TRAIN.DATA_SOURCES=[synthetic]",
+                                   "DATA.TEST.DATA_SOURCES=[synthetic]",
+                                   "MODEL.TRUNK.NAME=small_cnn",
+                                   "OPTIMIZER.name=adamw",
+                                   "DISTRIBUTED.NUM_PROC_PER_NODE=2"};
   argv.insert(argv.end(), overrides.begin(), overrides.end());
   return argv;
 }
@@ -32,17 +31,16 @@ std::vector<std::string> estimate_command(std::vector<std::string> overrides) {
 // The total column of a stage's row, in bytes ("  2 ZeRO-2 ... <total> <formula>").
 double stage_total_bytes(const std::string& output, int stage) {
   std::istringstream lines(output);
-  const std::regex row(
-      "^[ *] " + std::to_string(stage) +
-      " .*?([0-9.]+) (B|KiB|MiB|GiB) +([0-9.]+) (B|KiB|MiB|GiB)$");
+  const std::regex row("^[ *] " + std::to_string(stage) +
+                       " .*?([0-9.]+) (B|KiB|MiB|GiB) +([0-9.]+) (B|KiB|MiB|GiB)$");
   for (std::string line; std::getline(lines, line);) {
     std::smatch match;
     if (std::regex_match(line, match, row)) {
       const std::string unit = match[2];
-      const double scale = unit == "GiB"   ? 1024.0 * 1024 * 1024
-                           : unit == "MiB" ? 1024.0 * 1024
-                           : unit == "KiB" ? 1024.0
-                                           : 1.0;
+      const double scale = unit == "GiB" ? 1024.0 * 1024 * 1024
+          : unit == "MiB"                ? 1024.0 * 1024
+          : unit == "KiB"                ? 1024.0
+                                         : 1.0;
       return std::stod(match[1]) * scale;
     }
   }
@@ -63,21 +61,19 @@ TEST(EstimateCommandTest, MarksStageThreeAndItsGatheredUnits) {
       << run.output;
 
   auto one_unit = run_program(estimate_command(
-      {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
-       "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=100000000"}));
+      {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=100000000"}));
   ASSERT_TRUE(one_unit.succeeded()) << one_unit.output;
-  EXPECT_NE(
-      one_unit.output.find("0 block units with AUTO_WRAP_THRESHOLD 100000000"), std::string::npos)
+  EXPECT_NE(one_unit.output.find("0 block units with AUTO_WRAP_THRESHOLD 100000000"),
+            std::string::npos)
       << one_unit.output;
 }
 
 TEST(EstimateCommandTest, StageThreeGathersComputeCopiesWithFsdpO2) {
   // FSDP's AMP_TYPE O2 with a bfloat16 AMP: the block units are gathered as bfloat16 copies,
   // half the bytes of the float32 ones; the BatchNorm parameters are a float32 unit.
-  const std::vector<std::string> amp = {
-      "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
-      "MODEL.AMP_PARAMS.USE_AMP=True",
-      "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+  const std::vector<std::string> amp = {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                                        "MODEL.AMP_PARAMS.USE_AMP=True",
+                                        "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
   std::vector<std::string> o2 = amp;
   o2.push_back("MODEL.FSDP_CONFIG.AMP_TYPE=O2");
   auto copies = run_program(estimate_command(o2));
@@ -106,12 +102,11 @@ TEST(EstimateCommandTest, ALinearEvaluationCountsItsFrozenTrunkAsFrozen) {
   ASSERT_TRUE(plain.succeeded()) << plain.output;
   EXPECT_NE(plain.output.find("29,466 parameters (29,466 trained, 0 frozen)"), std::string::npos)
       << plain.output;
-  auto linear = run_program(estimate_command(
-      {"MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
-       "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True"}));
+  auto linear = run_program(estimate_command({"MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
+                                              "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True"}));
   ASSERT_TRUE(linear.succeeded()) << linear.output;
-  EXPECT_NE(
-      linear.output.find("29,466 parameters (5,770 trained, 23,696 frozen)"), std::string::npos)
+  EXPECT_NE(linear.output.find("29,466 parameters (5,770 trained, 23,696 frozen)"),
+            std::string::npos)
       << linear.output;
   EXPECT_LT(stage_total_bytes(linear.output, 0), stage_total_bytes(plain.output, 0));
 }

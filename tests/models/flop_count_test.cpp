@@ -36,12 +36,18 @@ TEST(FlopCountTest, LinearAndAttentionByHand) {
   EXPECT_EQ(attention_flops(197, 768), 2 * (2LL * 12 * 197 * 197 * 64));
 }
 
-TEST(FlopCountTest, TrainingIsThreeForwards) {
+// An MLP 784 -> 512 -> 256 on 28x28 grayscale images, with a Linear(256 -> 10) head.
+ModelOptions mlp_on_28x28() {
   ModelOptions options;
   options.trunk_name = "mlp";
   options.in_channels = 1;
   options.image_size = 28;
   options.mlp.hidden_dims = {512, 256};
+  return options;
+}
+
+TEST(FlopCountTest, TrainingIsThreeForwards) {
+  const ModelOptions options = mlp_on_28x28();
   const ModelFlops flops = count_model_flops(options);
   const int64_t forward = 2 * (784 * 512 + 512 * 256 + 256 * 10);
   EXPECT_EQ(flops.forward_per_sample(), forward);
@@ -52,11 +58,7 @@ TEST(FlopCountTest, TrainingIsThreeForwards) {
 // A linear evaluation: the frozen trunk forward only, up to the deepest tap; the trained heads
 // three times (forward and backward), frozen heads once.
 TEST(FlopCountTest, LinearEvaluationRunsTheFrozenTrunkForwardOnly) {
-  ModelOptions options;
-  options.trunk_name = "mlp";
-  options.in_channels = 1;
-  options.image_size = 28;
-  options.mlp.hidden_dims = {512, 256};
+  ModelOptions options = mlp_on_28x28();
   options.feature_eval.eval_mode_on = true;
   options.feature_eval.freeze_trunk_only = true;
   const int64_t trunk = 2 * (784 * 512 + 512 * 256);

@@ -121,6 +121,9 @@ class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
   at::Tensor forward(at::Tensor images);
   // forward()'s result -> forward_outputs()'s (views, one per head).
   std::vector<at::Tensor> split_outputs(const at::Tensor& concatenated) const;
+  // Each head's classes, in order: the widths forward() concatenates (empty without taps: the
+  // one output is the pretrained head's).
+  std::vector<int64_t> output_widths() const;
   // images -> the tapped features after their pooling (and flattening), or the trunk's output
   // without taps: what `largo extract` writes (EXTRACT_TRUNK_FEATURES_ONLY).
   std::vector<at::Tensor> forward_features(at::Tensor images);
@@ -154,5 +157,10 @@ class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
   std::vector<torch::nn::AnyModule> head_calls_;
 };
 TORCH_MODULE(LinearEvalModel);
+
+// `concatenated` [b, sum of `widths`] -> one view per width along dim 1, or {concatenated} when
+// `widths` is empty (a model with one output).
+std::vector<at::Tensor>
+split_outputs(const at::Tensor& concatenated, const std::vector<int64_t>& widths);
 
 } // namespace largo::models

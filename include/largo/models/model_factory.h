@@ -12,7 +12,10 @@
 #include <largo/models/trunk_head_model.h>
 #include <largo/models/vit.h>
 
+#include <torch/nn/modules/container/any.h>
+
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,8 +39,8 @@ struct ModelOptions {
   // MODEL.HEAD.PARAMS_MULTIPLIER: the head's Linear weights and biases are multiplied by it
   // after their initialization (VISSL's MLP.scale_weights).
   double head_params_multiplier = 1.0;
-  // MODEL.FEATURE_EVAL_SETTINGS: not used by build_model; LinearEvalModel builds the
-  // evaluation model from build_model's (models/linear_eval.h).
+  // MODEL.FEATURE_EVAL_SETTINGS: not used by build_model; build_run_model builds the
+  // evaluation model over build_model's (models/linear_eval.h).
   FeatureEvalOptions feature_eval;
 };
 
@@ -53,5 +56,25 @@ TrunkHeadModel build_model(const ModelOptions& options);
 
 // Just the trunk (used by build_model; also for heads the caller builds).
 Trunk build_trunk(const ModelOptions& options);
+
+// What a run trains, built from one ModelOptions: build_model's model and, when
+// options.feature_eval is enabled(), the linear evaluation over its trunk (linear_eval.h).
+// The trainer, `largo estimate` and feature extraction build it alike.
+struct RunModel {
+  TrunkHeadModel model{nullptr};
+  LinearEvalModel linear_eval{nullptr}; // empty without a linear evaluation
+
+  // The module that trains, is checkpointed and is initialized from MODEL.WEIGHTS_INIT: the
+  // linear evaluation, or the model.
+  std::shared_ptr<torch::nn::Module> module() const;
+  // The same as parallel::parallelize takes it.
+  torch::nn::AnyModule any_module() const;
+  // The widths of the outputs its forward concatenates (split_outputs); empty: one output.
+  std::vector<int64_t> output_widths() const;
+};
+
+// Initialization draws from the global torch generator, as build_model's does. Throws what
+// build_model and LinearEvalModel throw.
+RunModel build_run_model(const ModelOptions& options);
 
 } // namespace largo::models

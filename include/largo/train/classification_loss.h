@@ -14,18 +14,9 @@
 #include <ATen/Tensor.h>
 
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 namespace largo::train {
-
-// A model's one output tensor -> its outputs, one per head (a linear evaluation's heads travel
-// concatenated through the parallel model: models::LinearEvalModel::split_outputs). Empty: the
-// tensor is the one output.
-using OutputSplit = std::function<std::vector<at::Tensor>(const at::Tensor&)>;
-
-// split(output), or {output} when split is empty.
-std::vector<at::Tensor> split_outputs(const OutputSplit& split, const at::Tensor& output);
 
 struct ClassificationLossOptions {
   double temperature = 1.0;      // LOSS.<name>.temperature (> 0)

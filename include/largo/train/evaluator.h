@@ -32,8 +32,7 @@ struct EvaluationOptions {
   std::vector<int64_t> topk_values{1, 5}; // METERS.accuracy_list_meter.topk_values
   ClassificationLossOptions loss;         // LOSS (summed over the test samples, then averaged)
   std::vector<int64_t> sample_shape;      // [C, H, W] of the test samples
-  OutputSplit outputs;                    // several heads: a meter each,
-  int64_t num_outputs = 1;                // as many as `outputs` makes
+  std::vector<int64_t> output_widths;     // several heads (TrainStepOptions'): a meter each
 };
 
 // Collective. Leaves the model in training mode.

@@ -2,18 +2,15 @@
 // The average (optim/model_ema.h) is kept over the parallel model's local_state(): the
 // module's parameters and buffers, whole on every rank under DDP and ZeRO-1/2 (every rank
 // holds the same average); under FSDP this rank's 1-D pieces of the trained parameters (each
-// rank averages its own; the checkpoint gathers them, checkpoint/training_state.h). The trainer also hands it to the
-// checkpoints (checkpoint/training_state.h, SAVE_EMA_MODEL) and to the evaluation
-// (EvaluationHook::also_evaluate, ENABLE_EMA_METERS).
+// rank averages its own; the checkpoint gathers them, checkpoint/training_state.h). The
+// trainer also hands it to the checkpoints (checkpoint/training_state.h, SAVE_EMA_MODEL) and
+// to the evaluation (EvaluationHook::also_evaluate, ENABLE_EMA_METERS).
 #pragma once
 
 #include <largo/optim/model_ema.h>
 #include <largo/train/training_hooks.h>
 
-#include <torch/nn/module.h>
-
 namespace largo::train {
-
 
 class ModelEmaHook : public TrainingHook {
  public:

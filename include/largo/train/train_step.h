@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <vector>
 
 namespace largo::train {
 
@@ -21,7 +22,9 @@ struct TrainStepOptions {
   bool clip_gradients = false;    // MODEL.GRAD_CLIP
   double max_norm = 1.0;
   double norm_type = 2.0;
-  OutputSplit outputs; // several heads: the loss is summed over them
+  // Several heads (a linear evaluation): each one's classes; the model's output is their
+  // concatenation (models::split_outputs) and the loss is summed over them. Empty: one output.
+  std::vector<int64_t> output_widths;
 };
 
 struct StepResult {

@@ -303,14 +303,17 @@ at::Tensor LinearEvalModelImpl::forward(at::Tensor images) {
 }
 
 std::vector<at::Tensor> LinearEvalModelImpl::split_outputs(const at::Tensor& concatenated) const {
-  if (options_.taps.empty()) {
-    return {concatenated};
-  }
+  return models::split_outputs(concatenated, output_widths());
+}
+
+std::vector<int64_t> LinearEvalModelImpl::output_widths() const {
   std::vector<int64_t> widths;
-  for (const auto& head : options_.heads) {
-    widths.push_back(head.dims.back());
+  if (!options_.taps.empty()) {
+    for (const auto& head : options_.heads) {
+      widths.push_back(head.dims.back());
+    }
   }
-  return concatenated.split_with_sizes(widths, 1);
+  return widths;
 }
 
 std::vector<at::Tensor> LinearEvalModelImpl::forward_outputs(at::Tensor images) {
@@ -346,6 +349,14 @@ std::vector<at::Tensor> LinearEvalModelImpl::forward_outputs(at::Tensor images) 
     outputs.push_back(head_calls_[i].forward(feature));
   }
   return outputs;
+}
+
+std::vector<at::Tensor>
+split_outputs(const at::Tensor& concatenated, const std::vector<int64_t>& widths) {
+  if (widths.empty()) {
+    return {concatenated};
+  }
+  return concatenated.split_with_sizes(widths, 1);
 }
 
 void LinearEvalModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {

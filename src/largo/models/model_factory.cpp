@@ -85,4 +85,28 @@ TrunkHeadModel build_model(const ModelOptions& options) {
   return TrunkHeadModel(std::move(trunk), std::move(head));
 }
 
+std::shared_ptr<torch::nn::Module> RunModel::module() const {
+  if (linear_eval) {
+    return linear_eval.ptr();
+  }
+  return model.ptr();
+}
+
+torch::nn::AnyModule RunModel::any_module() const {
+  return linear_eval ? torch::nn::AnyModule(linear_eval) : torch::nn::AnyModule(model);
+}
+
+std::vector<int64_t> RunModel::output_widths() const {
+  return linear_eval ? linear_eval->output_widths() : std::vector<int64_t>{};
+}
+
+RunModel build_run_model(const ModelOptions& options) {
+  RunModel run;
+  run.model = build_model(options);
+  if (options.feature_eval.enabled()) {
+    run.linear_eval = LinearEvalModel(run.model, options.feature_eval);
+  }
+  return run;
+}
+
 } // namespace largo::models

@@ -9,10 +9,6 @@
 
 namespace largo::train {
 
-std::vector<at::Tensor> split_outputs(const OutputSplit& split, const at::Tensor& output) {
-  return split ? split(output) : std::vector<at::Tensor>{output};
-}
-
 at::Tensor classification_loss(
     const at::Tensor& output, const at::Tensor& targets, const ClassificationLossOptions& options) {
   return classification_loss(std::vector<at::Tensor>{output}, targets, options);

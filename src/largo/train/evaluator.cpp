@@ -1,9 +1,9 @@
 #include <largo/train/evaluator.h>
 
-#include <largo/core/error.h>
+#include <largo/models/linear_eval.h>
 #include <largo/train/accuracy_meter.h>
 
-#include <fmt/format.h>
+#include <algorithm>
 
 namespace largo::train {
 
@@ -70,7 +70,7 @@ EvaluationResult evaluate(
   model.module()->eval();
   torch::NoGradGuard no_grad;
   std::vector<AccuracyMeter> meters(
-      static_cast<size_t>(options.num_outputs), AccuracyMeter(options.topk_values));
+      std::max<size_t>(options.output_widths.size(), 1), AccuracyMeter(options.topk_values));
   ClassificationLossOptions summed = options.loss;
   summed.sum = true; // the batches' and ranks' sums, divided once by the sample count
   double loss_sum = 0.0;
@@ -80,13 +80,8 @@ EvaluationResult evaluate(
   while (auto batch = loader.next()) {
     at::Tensor images = batch->images.to(device);
     at::Tensor labels = batch->labels.to(device);
-    const std::vector<at::Tensor> outputs = split_outputs(options.outputs, model.forward(images));
-    if (outputs.size() != meters.size()) {
-      throw Error(fmt::format(
-          "evaluate: the model returned {} outputs, the options said {}",
-          outputs.size(),
-          meters.size()));
-    }
+    const std::vector<at::Tensor> outputs =
+        models::split_outputs(model.forward(images), options.output_widths);
     loss_sum += classification_loss(outputs, labels, summed).item<double>();
     for (size_t i = 0; i < outputs.size(); ++i) {
       meters[i].update(outputs[i], labels);

@@ -38,32 +38,27 @@ std::vector<std::string> unique_names(const std::vector<std::string>& names) {
   return unique;
 }
 
-// The model as the trainer builds it (trainer.cpp, State::build_model; its few lines are
-// repeated here so that the trainer need not change for extraction): seeded with SEED_VALUE,
-// then a linear evaluation over it when MODEL.FEATURE_EVAL_SETTINGS enables one.
+// The model as the trainer builds it (models::build_run_model, seeded with SEED_VALUE), and
+// what extraction reads of it.
 struct ExtractionModel {
-  models::TrunkHeadModel model{nullptr};
-  models::LinearEvalModel linear_eval{nullptr};
+  models::RunModel run;
 
   explicit ExtractionModel(const RunPlan& plan) {
     seed_everything(plan.options.seed);
-    model = models::build_model(plan.model);
-    if (plan.model.feature_eval.enabled()) {
-      linear_eval = models::LinearEvalModel(model, plan.model.feature_eval);
-    }
+    run = models::build_run_model(plan.model);
   }
 
   torch::nn::Module& module() {
-    return linear_eval ? static_cast<torch::nn::Module&>(*linear_eval) : *model;
+    return *run.module();
   }
 
   // images -> the outputs extracted_feature_names() names, in its order.
   std::vector<at::Tensor> outputs(const at::Tensor& images, bool trunk_only) {
-    if (linear_eval) {
-      return trunk_only ? linear_eval->forward_features(images)
-                        : linear_eval->forward_outputs(images);
+    if (run.linear_eval) {
+      return trunk_only ? run.linear_eval->forward_features(images)
+                        : run.linear_eval->forward_outputs(images);
     }
-    return {trunk_only ? model->forward_trunk(images) : model->forward(images)};
+    return {trunk_only ? run.model->forward_trunk(images) : run.model->forward(images)};
   }
 };
 

@@ -246,10 +246,12 @@ void check_checkpointing_splits(const RunPlan& plan) {
   }
 }
 
+const std::string kFeatureEvalKey = "MODEL.FEATURE_EVAL_SETTINGS.";
+
 // MODEL.FEATURE_EVAL_SETTINGS without EVAL_MODE_ON, or without a freeze switch, builds no
 // linear evaluation: its other switches would change nothing.
 void check_feature_eval_switches(const models::FeatureEvalOptions& eval) {
-  const std::string key = "MODEL.FEATURE_EVAL_SETTINGS.";
+  const std::string& key = kFeatureEvalKey;
   const char* lone = !eval.taps.empty()           ? "LINEAR_EVAL_FEAT_POOL_OPS_MAP"
                      : eval.freeze_trunk_only     ? "FREEZE_TRUNK_ONLY"
                      : eval.freeze_trunk_and_head ? "FREEZE_TRUNK_AND_HEAD"
@@ -286,7 +288,7 @@ void check_linear_evaluation(const RunPlan& plan) {
   if (!eval.enabled()) {
     return;
   }
-  const std::string key = "MODEL.FEATURE_EVAL_SETTINGS.";
+  const std::string& key = kFeatureEvalKey;
   if (eval.freeze_trunk_and_head && !o.test_only) {
     throw ConfigError(fmt::format(
         "{}FREEZE_TRUNK_AND_HEAD freezes every parameter, so training would change nothing: "
@@ -430,13 +432,14 @@ void refuse_extraction_keys(const RunPlan& plan) {
 }
 
 std::string RunPlan::describe() const {
-  const std::string layout = world.world_size == 1
-                                 ? "one process"
-                                 : fmt::format(
-                                       "{} over {} ranks ({})",
-                                       parallel::to_string(parallel.data_parallelism),
-                                       world.world_size,
-                                       world.backend);
+  const std::string layout =
+      world.world_size == 1
+          ? "one process"
+          : fmt::format(
+                "{} over {} ranks ({})",
+                parallel::to_string(parallel.data_parallelism),
+                world.world_size,
+                world.backend);
   return fmt::format(
       "{}, {}, global batch {} = {} per rank x {} rank(s) x {} accumulation step(s)",
       precision.describe(),

@@ -1,5 +1,7 @@
 #include <largo/train/train_step.h>
 
+#include <largo/models/linear_eval.h>
+
 #include <cmath>
 
 namespace largo::train {
@@ -19,7 +21,9 @@ TrainStep::run(const std::function<data::Batch()>& next_batch, int64_t num_micro
     at::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
     auto scope = model_.micro_step(/*synchronize=*/micro + 1 == num_micro_batches);
     at::Tensor loss = classification_loss(
-        split_outputs(options_.outputs, model_.forward(images)), labels, options_.loss);
+        models::split_outputs(model_.forward(images), options_.output_widths),
+        labels,
+        options_.loss);
     const float loss_value = loss.item<float>();
     // Not thrown here: the ranks decide together in finish_backward, so that a NaN on one
     // rank stops (or, with loss scaling, skips) every rank at the same step.

@@ -38,8 +38,7 @@ struct Trainer::State {
   torch::Device device{torch::kCPU};
   int64_t threads = 1;
   std::unique_ptr<TrainingData> data;
-  models::TrunkHeadModel model{nullptr};
-  models::LinearEvalModel linear_eval{nullptr}; // MODEL.FEATURE_EVAL_SETTINGS: over model's trunk
+  models::RunModel model; // with a linear evaluation over its trunk (FEATURE_EVAL_SETTINGS)
   std::unique_ptr<parallel::ParallelModel> parallel;
   std::unique_ptr<checkpoint::TrainingState> state;
   std::unique_ptr<TrainStep> step;
@@ -63,8 +62,6 @@ struct Trainer::State {
   }
   void setup();
   void build_model();
-  std::shared_ptr<torch::nn::Module> trained_module() const;
-  OutputSplit output_split() const;
   int64_t flops_per_sample() const;
   bool will_resume() const;
   void parallelize_model();
@@ -107,7 +104,7 @@ Trainer::Trainer(
 Trainer::~Trainer() = default;
 
 models::TrunkHeadModel& Trainer::model() {
-  return state_->model;
+  return state_->model.model;
 }
 
 std::map<std::string, at::Tensor> Trainer::full_parameters() {
@@ -151,7 +148,7 @@ void Trainer::State::setup() {
           options().use_grad_clip,
           options().grad_clip_max_norm,
           options().grad_clip_norm_type,
-          output_split()});
+          model.output_widths()});
   lr_schedule = optim::make_schedule(plan.lr);
   lr_head_schedule = optim::make_schedule(plan.lr_head);
   open_records();
@@ -165,14 +162,11 @@ void Trainer::State::setup() {
 // before the model is wrapped for data parallelism.
 void Trainer::State::build_model() {
   seed_everything(options().seed);
-  model = models::build_model(plan.model);
-  if (plan.model.feature_eval.enabled()) {
-    linear_eval = models::LinearEvalModel(model, plan.model.feature_eval);
-  }
+  model = models::build_run_model(plan.model);
   const checkpoint::WeightsInitOptions& weights = options().weights_init;
   if (!weights.params_file.empty() && !will_resume()) {
     const checkpoint::WeightsInitReport report =
-        checkpoint::init_weights_from_file(*trained_module(), weights);
+        checkpoint::init_weights_from_file(*model.module(), weights);
     if (group->rank() == 0) {
       spdlog::info("{}", report.describe(weights.params_file.string()));
     }
@@ -180,34 +174,18 @@ void Trainer::State::build_model() {
   const SyncBatchNormSettings& sync = options().sync_batch_norm;
   if (sync.convert) {
     parallel::convert_sync_batchnorm(
-        trained_module(),
+        model.module(),
         group,
         parallel::sync_bn_group_size(
             sync.group_size, plan.world.procs_per_node, group->world_size()));
   }
-  trained_module()->to(device);
-}
-
-// The module that trains: the model, or its linear evaluation (its trunk frozen).
-std::shared_ptr<torch::nn::Module> Trainer::State::trained_module() const {
-  if (linear_eval) {
-    return linear_eval.ptr();
-  }
-  return model.ptr();
-}
-
-// A linear evaluation's heads travel through the parallel model as one tensor.
-OutputSplit Trainer::State::output_split() const {
-  if (!linear_eval) {
-    return {};
-  }
-  return [eval = linear_eval](const at::Tensor& output) { return eval->split_outputs(output); };
+  model.module()->to(device);
 }
 
 int64_t Trainer::State::flops_per_sample() const {
-  if (linear_eval) {
+  if (model.linear_eval) {
     return models::linear_eval_training_flops_per_sample(
-        plan.model, linear_eval->trunk_blocks_run());
+        plan.model, model.linear_eval->trunk_blocks_run());
   }
   return models::training_flops_per_sample(plan.model);
 }
@@ -223,7 +201,7 @@ void Trainer::State::parallelize_model() {
   optim::OptimizerSpec spec = optimizer.spec;
   if (spec.use_larc && optimizer.larc_exclude_bias_and_norm) {
     for (auto& name : optim::bias_and_norm_parameter_names(
-             *trained_module(), optimizer.param_groups.is_norm_layer)) {
+             *model.module(), optimizer.param_groups.is_norm_layer)) {
       spec.larc.excluded_from_adaptation.insert(std::move(name));
     }
   }
@@ -231,13 +209,13 @@ void Trainer::State::parallelize_model() {
     return optim::make_optimizer(std::move(groups), spec);
   };
   optim::ParamGroupOptions groups = optimizer.param_groups;
-  if (linear_eval) {
-    groups.head_prefix = linear_eval->head_prefix();
+  if (model.linear_eval) {
+    groups.head_prefix = model.linear_eval->head_prefix();
   }
   parallel = rethrow_with_yaml_keys([&] {
     return parallel::parallelize(
-        linear_eval ? torch::nn::AnyModule(linear_eval) : torch::nn::AnyModule(model),
-        optim::build_param_groups(*trained_module(), groups),
+        model.any_module(),
+        optim::build_param_groups(*model.module(), groups),
         make_optimizer,
         group,
         plan.parallel);
@@ -269,11 +247,7 @@ void Trainer::State::add_hooks() {
       *parallel, data->train_loader(), records, options().log_frequency, flops_per_sample()));
   if (options().test_model) {
     EvaluationOptions evaluation{
-        options().topk_values,
-        options().loss,
-        plan.test_shape.sample_shape,
-        output_split(),
-        linear_eval ? linear_eval->num_outputs() : 1};
+        options().topk_values, options().loss, plan.test_shape.sample_shape, model.output_widths()};
     auto save_best = [this](const checkpoint::TrainingProgress&) {
       state->save_model(run_dir(), checkpoint::kBestModelName);
     };
@@ -317,14 +291,14 @@ void Trainer::State::log_start() const {
       "model {}{}: {} parameters, {} per training sample ({}); {} training samples, "
       "{} test samples; {} iterations/epoch; {} threads on {}",
       plan.model.trunk_name,
-      linear_eval ? fmt::format(
-                        ", linear evaluation with {} head{}",
-                        linear_eval->num_outputs(),
-                        linear_eval->num_outputs() == 1 ? "" : "s")
-                  : "",
-      models::count_parameters(*trained_module()),
+      model.linear_eval ? fmt::format(
+                              ", linear evaluation with {} head{}",
+                              model.linear_eval->num_outputs(),
+                              model.linear_eval->num_outputs() == 1 ? "" : "s")
+                        : "",
+      models::count_parameters(*model.module()),
       models::format_flops(static_cast<double>(flops_per_sample())),
-      linear_eval ? "the frozen trunk forward, the heads 3 x forward" : "3 x forward",
+      model.linear_eval ? "the frozen trunk forward, the heads 3 x forward" : "3 x forward",
       data->num_train_samples(),
       data->num_test_samples(),
       data->iterations_per_epoch(),
@@ -406,7 +380,7 @@ void Trainer::State::throw_diverged(const StepResult& result) const {
 
 bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
   checkpoint::TrainingProgress& p = progress();
-  trained_module()->train(); // a linear evaluation keeps its frozen trunk in eval mode
+  model.module()->train(); // a linear evaluation keeps its frozen trunk in eval mode
   data->train_loader().start_epoch(
       data->train_epoch_order(p.epoch),
       p.epoch,
