@@ -1,6 +1,7 @@
-// A libtorch user's own model and training loop, trained data parallel by Largo:
-//   largo launch --nproc_per_node 2 -- ./custom_training_loop ddp|zero2|fsdp
-// bfloat16 autocast and activation checkpointing of every block in all three modes.
+// A libtorch user's own model and training loop, trained in parallel by Largo:
+//   largo launch --nproc_per_node 2 -- ./custom_training_loop ddp|zero2|fsdp|pipeline
+// bfloat16 autocast and activation checkpointing of every block (of every stage with a
+// pipeline: 2 stages, each step's batch in 4 micro-batches) in all four modes.
 #include <largo/comm/process_group.h>
 #include <largo/optim/adamw.h>
 #include <largo/parallel/parallelize.h>
@@ -31,6 +32,10 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+torch::Tensor cross_entropy(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::nn::functional::cross_entropy(output, target);
+}
+
 int main(int argc, char** argv) {
   namespace parallel = largo::parallel;
   const std::string mode = argc > 1 ? argv[1] : "ddp";
@@ -44,25 +49,38 @@ int main(int argc, char** argv) {
   }
   all.lr = 3e-3;
 
+  // A pipeline cuts the model's chain of blocks, named as the model names them.
+  std::vector<parallel::PipelineBlock> blocks{{"embed", torch::nn::AnyModule(net->embed)}};
+  for (auto& block : parallel::pipeline_blocks(net->blocks, "blocks")) {
+    blocks.push_back(block);
+  }
+  blocks.push_back({"head", torch::nn::AnyModule(net->head)});
+
   parallel::ParallelOptions options;
   options.data_parallelism = mode == "fsdp" ? parallel::DataParallelism::kFsdp
       : mode == "zero2"                     ? parallel::DataParallelism::kZero2
                                             : parallel::DataParallelism::kDdp;
   options.fsdp.wrap_policy = parallel::WrapPolicy::of_type<BlockImpl>("Block"); // a unit each
-  options.activation_checkpointing.modules = parallel::WrapPolicy::of_type<BlockImpl>("Block");
+  if (mode == "pipeline") {
+    options.pipeline.size = 2;
+    options.pipeline.stages.num_microbatches(4).checkpoint_stages(true);
+  } else {
+    options.activation_checkpointing.modules = parallel::WrapPolicy::of_type<BlockImpl>("Block");
+  }
   largo::precision::PrecisionPolicyOptions amp;
   amp.use_amp = true;
   amp.amp_type = "pytorch";
   amp.dtype = "bfloat16";
   options.precision = largo::precision::resolve_precision_policy(amp);
-  auto model = parallel::parallelize(
-      net, {all},
-      [](auto groups) { return std::make_unique<largo::optim::AdamW>(std::move(groups)); },
-      group, options);
+  auto adamw = [](auto groups) { return std::make_unique<largo::optim::AdamW>(std::move(groups)); };
+  auto model = mode == "pipeline"
+      ? parallel::parallelize(std::move(blocks), {all}, adamw, group, options)
+      : parallel::parallelize(net, {all}, adamw, group, options);
 
-  // The task: labels from a fixed random linear teacher; each rank draws its own samples.
+  // The task: labels from a fixed random linear teacher; each replica draws its own samples
+  // (a pipeline's stages draw the same ones: there is one replica).
   const torch::Tensor teacher = torch::randn({32, 10});
-  torch::manual_seed(1 + group->rank());
+  torch::manual_seed(1 + model->data_parallel_group().rank());
   double first = 0, last = 0;
   const int steps = 40, micro_steps = 2;
   for (int step = 0; step < steps; ++step) {
@@ -72,9 +90,8 @@ int main(int argc, char** argv) {
       torch::Tensor x = torch::randn({16, 32});
       torch::Tensor y = x.matmul(teacher).argmax(1);
       auto scope = model->micro_step(/*synchronize=*/k + 1 == micro_steps);
-      torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
-      model->backward(loss / micro_steps);
-      loss_sum += loss.item<double>() / micro_steps;
+      // forward, loss / micro_steps, backward (a pipeline: its schedule over the micro-batches)
+      loss_sum += model->forward_backward(x, y, cross_entropy, micro_steps) / micro_steps;
     }
     if (model->finish_backward()) {
       model->clip_grad_norm(1.0);

@@ -1,11 +1,13 @@
 // `largo estimate`: per-rank model-state bytes of ZeRO stages 0-3 for a config, the
-// configured stage marked, and stage 3's gathered units. The numbers themselves are checked
+// configured stage marked, and stage 3's gathered units; with a pipeline, per pipeline rank
+// its stages' model state and peak activations. The numbers themselves are checked
 // against measurements in tests/parallel/memory_estimate_test.cpp; here the program's
 // reading of the config and its report.
 #include "apps/program_runner.h"
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -28,6 +30,15 @@ std::vector<std::string> estimate_command(std::vector<std::string> overrides) {
   return argv;
 }
 
+// "15.25" "MiB" -> bytes (to the rounding of the printed figure).
+double to_bytes(const std::string& value, const std::string& unit) {
+  const double scale = unit == "GiB" ? 1024.0 * 1024 * 1024
+      : unit == "MiB"                ? 1024.0 * 1024
+      : unit == "KiB"                ? 1024.0
+                                     : 1.0;
+  return std::stod(value) * scale;
+}
+
 // The total column of a stage's row, in bytes ("  2 ZeRO-2 ... <total> <formula>").
 double stage_total_bytes(const std::string& output, int stage) {
   std::istringstream lines(output);
@@ -36,12 +47,7 @@ double stage_total_bytes(const std::string& output, int stage) {
   for (std::string line; std::getline(lines, line);) {
     std::smatch match;
     if (std::regex_match(line, match, row)) {
-      const std::string unit = match[2];
-      const double scale = unit == "GiB" ? 1024.0 * 1024 * 1024
-          : unit == "MiB"                ? 1024.0 * 1024
-          : unit == "KiB"                ? 1024.0
-                                         : 1.0;
-      return std::stod(match[1]) * scale;
+      return to_bytes(match[1], match[2]);
     }
   }
   ADD_FAILURE() << "no row for stage " << stage << " in:\n" << output;
@@ -116,6 +122,80 @@ TEST(EstimateCommandTest, ABadFsdpKeyIsAClearError) {
       {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=-1"}));
   EXPECT_FALSE(run.succeeded()) << run.output;
   EXPECT_NE(run.output.find("AUTO_WRAP_THRESHOLD"), std::string::npos) << run.output;
+}
+
+// "model small_cnn: 29,466 parameters (...)" -> 29466.
+int64_t model_parameter_count(const std::string& output) {
+  std::smatch match;
+  if (!std::regex_search(output, match, std::regex("model [a-z_0-9]+: ([0-9,]+) parameters"))) {
+    ADD_FAILURE() << "no model line in:\n" << output;
+    return 0;
+  }
+  return std::stoll(std::regex_replace(match[1].str(), std::regex(","), ""));
+}
+
+// One row of the pipeline table: "  <rank> <stages> <parameters> ... <in flight> <peak>".
+struct PipelineRow {
+  int rank = 0;
+  int64_t parameters = 0;
+  int in_flight = 0;
+  double peak_activation_bytes = 0.0;
+};
+
+std::vector<PipelineRow> pipeline_rows(const std::string& output) {
+  const std::regex row(
+      "^  ([0-9]+) +([0-9,]+) +([0-9,]+) .* ([0-9]+) +([0-9.]+) (B|KiB|MiB|GiB)$");
+  std::vector<PipelineRow> rows;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch match;
+    if (std::regex_match(line, match, row)) {
+      rows.push_back({std::stoi(match[1]),
+                      std::stoll(std::regex_replace(match[3].str(), std::regex(","), "")),
+                      std::stoi(match[4]), to_bytes(match[5], match[6])});
+    }
+  }
+  return rows;
+}
+
+constexpr int kPipelineSize = 2;
+constexpr int kMicrobatches = 4;
+
+std::vector<std::string> pipeline_estimate(const std::string& schedule) {
+  return estimate_command({"DISTRIBUTED.PIPELINE_SIZE=" + std::to_string(kPipelineSize),
+                           "MODEL.PIPELINE.SCHEDULE=" + schedule,
+                           "MODEL.PIPELINE.NUM_MICROBATCHES=" + std::to_string(kMicrobatches)});
+}
+
+// With a pipeline the table is per pipeline rank, its stages' parameters covering the model
+// once; gpipe keeps all M micro-batches in flight on rank 0, 1f1b only S (pipeline_schedule.h),
+// so on the same cut 1f1b's peak is S / M of gpipe's.
+TEST(EstimateCommandTest, APipelineReportsEachRanksStagesAndScheduleMemory) {
+  auto gpipe = run_program(pipeline_estimate("gpipe"));
+  ASSERT_TRUE(gpipe.succeeded()) << gpipe.status() << "\n" << gpipe.output;
+  auto one_f_one_b = run_program(pipeline_estimate("1f1b"));
+  ASSERT_TRUE(one_f_one_b.succeeded()) << one_f_one_b.status() << "\n" << one_f_one_b.output;
+  EXPECT_EQ(gpipe.output.find("0 DDP"), std::string::npos) << "no ZeRO table:\n" << gpipe.output;
+
+  const auto rows = pipeline_rows(gpipe.output);
+  ASSERT_EQ(rows.size(), static_cast<size_t>(kPipelineSize)) << gpipe.output;
+  int64_t parameters = 0;
+  for (int rank = 0; rank < kPipelineSize; ++rank) {
+    EXPECT_EQ(rows[static_cast<size_t>(rank)].rank, rank);
+    EXPECT_GT(rows[static_cast<size_t>(rank)].parameters, 0) << "rank " << rank << " holds a stage";
+    parameters += rows[static_cast<size_t>(rank)].parameters;
+  }
+  EXPECT_EQ(parameters, model_parameter_count(gpipe.output)) << gpipe.output;
+
+  const auto one_f_one_b_rows = pipeline_rows(one_f_one_b.output);
+  ASSERT_EQ(one_f_one_b_rows.size(), static_cast<size_t>(kPipelineSize)) << one_f_one_b.output;
+  EXPECT_EQ(one_f_one_b_rows[0].parameters, rows[0].parameters) << "the same cut";
+  EXPECT_EQ(rows[0].in_flight, kMicrobatches) << gpipe.output;
+  EXPECT_EQ(one_f_one_b_rows[0].in_flight, kPipelineSize) << one_f_one_b.output;
+  EXPECT_LT(one_f_one_b_rows[0].peak_activation_bytes, rows[0].peak_activation_bytes);
+  EXPECT_NEAR(one_f_one_b_rows[0].peak_activation_bytes / rows[0].peak_activation_bytes,
+              static_cast<double>(kPipelineSize) / kMicrobatches, 0.01)
+      << gpipe.output << one_f_one_b.output;
 }
 
 } // namespace

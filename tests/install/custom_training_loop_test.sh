@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs Largo from a build tree into a temporary prefix, builds
 # examples/custom_training_loop against it with find_package(largo), and trains it at 2 ranks
-# (started by the installed `largo launch`) in each mode: DDP, ZeRO-2 and FSDP, all with
-# bfloat16 autocast and activation checkpointing. Each run's loss must fall.
+# (started by the installed `largo launch`) in each mode: DDP, ZeRO-2, FSDP and a pipeline of
+# 2 stages, all with bfloat16 autocast and activation checkpointing. Each run's loss must fall.
 # Usage: custom_training_loop_test.sh SOURCE_DIR BUILD_DIR
 set -euo pipefail
 source_dir="$1"; build_dir="$2"
@@ -13,7 +13,7 @@ cmake -S "$source_dir/examples/custom_training_loop" -B "$work/build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" > "$work/configure.log" 2>&1 \
   || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
-for mode in ddp zero2 fsdp; do
+for mode in ddp zero2 fsdp pipeline; do
   OMP_NUM_THREADS=1 "$work/prefix/bin/largo" launch --nproc_per_node 2 -- \
     "$work/build/custom_training_loop" "$mode" > "$work/$mode.log" 2>&1 \
     || { cat "$work/$mode.log"; exit 1; }

@@ -47,6 +47,7 @@ const char* kResNetKeys = "TrainerConfigMappingTest.ResNetNormGroupsAndStrideKey
 const char* kEma = "TrainerModelEmaTest.TheCheckpointedAverageIsVisslsUpdateOverTheRunsWeights";
 const char* kLinearEval =
     "TrainerLinearEvalTest.TheFrozenTrunkKeepsItsWeightsWhileEachHeadTrainsAndIsScored";
+const char* kPipeline = "TrainerPipelineTest.TwoStagesTrainLikeOneProcessAccumulatingTheMicroBatches";
 const char* kVitKeys = "TrainerConfigMappingTest.VitDropPathImageSizeAndHeadMultiplierReachTheModel";
 
 std::vector<WiredKey> wired_keys() {
@@ -235,6 +236,13 @@ std::vector<WiredKey> wired_keys() {
       {"DISTRIBUTED.DELAY_ALLREDUCE", "Largo extension: all buckets after backward", "DistributedDataParallelTest.DelayAllreduceAndManualReductionEqualTheOverlappedPath"},
       {"DISTRIBUTED.RENDEZVOUS_TIMEOUT_SECONDS", "Largo extension: rendezvous timeout", "ProcessGroupFailureTest.UnreachableMasterIsNamed"},
       {"DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS", "Largo extension: collective timeout", "ProcessGroupFailureTest.StalledPeerTimesOutWithAClearError"},
+      {"DISTRIBUTED.PIPELINE_SIZE", "Largo extension: pipeline ranks; the world is PIPELINE_SIZE x data-parallel replicas", kPipeline},
+      {"MODEL.PIPELINE.SCHEDULE", "Largo extension: gpipe, 1f1b, interleaved_1f1b or zb_h1", kPipeline},
+      {"MODEL.PIPELINE.NUM_MICROBATCHES", "Largo extension: micro-batches each step's batch is split into", kPipeline},
+      {"MODEL.PIPELINE.VIRTUAL_STAGES", "Largo extension: stages per pipeline rank (interleaved_1f1b)", kPipeline},
+      {"MODEL.PIPELINE.BOUNDARIES", "Largo extension: the block indices where stages start ([] = balanced)", kPipeline},
+      {"MODEL.PIPELINE.BALANCE", "Largo extension: balance the stages by parameters, measured time or blocks", kPipeline},
+      {"MODEL.PIPELINE.CHECKPOINT_STAGES", "Largo extension: recompute each stage's forward in its backward", kPipeline},
       {"CHECKPOINT.DIR", "output folder", kMapping},
       {"CHECKPOINT.AUTO_RESUME", "resume from the newest checkpoint", "TrainerTest.ResumeIsBitExact"},
       {"CHECKPOINT.CHECKPOINT_FREQUENCY", "save every N-th epoch", kMapping},

@@ -18,6 +18,13 @@
 //   local (one process), DDP, ZeRO-1 (sharded optimizer state), ZeRO-2 (+ gradients),
 //   FSDP / ZeRO-3 (+ parameters). Precision (Apex O0-O3 or autocast, float16/bfloat16, a
 //   GradScaler) and activation checkpointing compose with each of them.
+// Pipeline parallelism (ParallelOptions::pipeline, pipeline_parallel.h) is the overload of
+// parallelize() over a model's blocks: stages over pipeline ranks, DDP over each stage's
+// replicas. Its step is one forward_backward() per micro-step (the schedule interleaves
+// forwards and backwards), which every mode offers, so a loop written with forward_backward
+// runs unchanged on all of them:
+//     auto scope = model->micro_step(k + 1 == K);
+//     model->forward_backward(x_k, y_k, cross_entropy, /*loss_divisor=*/K);
 //
 // The order that makes them compose is fixed here, in parallelize():
 //   1. activation checkpointing is planned: its probe steps run forward and backward on the
@@ -52,6 +59,7 @@
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
 #include <largo/parallel/piece_optimizer_state.h>
+#include <largo/parallel/pipeline_parallel.h>
 #include <largo/parallel/sequential_checkpoint_plan.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/wrap_policy.h>
@@ -110,8 +118,21 @@ struct ActivationCheckpointingOptions {
   }
 };
 
+// Pipeline parallelism: the world is `size` pipeline ranks x data-parallel replicas
+// (pipeline_mesh.h's layout); `stages` says how the blocks are cut and scheduled.
+struct PipelineOptions {
+  int size = 1; // DISTRIBUTED.PIPELINE_SIZE; 1: no pipeline
+  PipelineParallelOptions stages;
+
+  bool enabled() const {
+    return size > 1;
+  }
+};
+
 struct ParallelOptions {
   DataParallelism data_parallelism = DataParallelism::kDdp;
+  // With the blocks overload of parallelize(): DDP over each stage's replicas (kDdp only).
+  PipelineOptions pipeline;
   DistributedDataParallelOptions ddp;   // kDdp
   ShardedDataParallelOptions zero;      // kZero2's gradient reduction
   FullyShardedDataParallelOptions fsdp; // kFsdp (its compute_dtype: FSDP's own mixed precision)
@@ -178,6 +199,16 @@ class ParallelModel {
   // loss.backward(), on the loss scaled by the loss scaler when there is one.
   void backward(const at::Tensor& loss);
 
+  // output [batch, ...], target [batch, ...] -> the batch's 0-d mean loss.
+  using LossFunction =
+      std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+  // One micro-step: loss(forward(inputs), targets) / loss_divisor (gradient accumulation's
+  // micro-step count), backward. Returns the loss before the division (the same on every
+  // rank of a pipeline). A pipeline runs its whole schedule here, splitting the batch into
+  // its micro-batches. Collective as forward() and backward() are.
+  virtual double forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
+                                  const LossFunction& loss, int64_t loss_divisor = 1);
+
   // After the last micro-step: manual gradient reduction (DDP's manual_reduction), then the
   // gradients unscaled (O2: copied to the float32 masters first) and checked for inf/NaN, with
   // every rank agreeing. loss_is_finite = false (this rank's loss was inf/NaN) counts as an
@@ -211,6 +242,16 @@ class ParallelModel {
   comm::ProcessGroup& process_group() const {
     return *group_;
   }
+  // The ranks that read different data, over which per-rank sums (images, losses, meters)
+  // add up to the global batch's: every rank, except in a pipeline, whose stages share
+  // their replica's batch: there, this stage's replicas.
+  virtual comm::ProcessGroup& data_parallel_group() const {
+    return *group_;
+  }
+  // The pipeline of the pipeline mode; null in the others.
+  virtual const PipelineParallel* pipeline() const {
+    return nullptr;
+  }
   DataParallelism data_parallelism() const {
     return options_.data_parallelism;
   }
@@ -231,20 +272,29 @@ class ParallelModel {
 
   // ---- state ----
   // Every parameter and buffer by name, in the module's order (a checkpoint's "model"),
-  // as CPU copies on `root`; other ranks may get an empty list. Collective under FSDP.
+  // as CPU copies on `root`; other ranks may get an empty list. Collective under FSDP and
+  // with a pipeline (root 0 only: its rank 0 gathers the stages).
   virtual std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root = 0);
   // Loads whole values by name (every parameter and buffer of the module, each with its
   // shape; FSDP keeps this rank's shard). O2: the masters are set from them. Throws
   // largo::Error naming a missing entry. No collective.
   virtual void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state);
   // Every parameter's whole value by name (copies; FSDP gathers them unit by unit on every
-  // rank: a collective, for tests and small models).
+  // rank: a collective, for tests and small models; a pipeline gathers them on its rank 0,
+  // and its other ranks get their stages').
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   // ZeRO 1-3: this rank's piece of the optimizer state; nullopt when the optimizer is whole
-  // (optimizer().state_dict()).
+  // (optimizer_state_dict()).
   virtual std::optional<OptimizerShard> optimizer_shard() {
     return std::nullopt;
   }
+  // Without a shard: the whole model's optimizer state (optim/optimizer.h's format) on rank
+  // 0: optimizer().state_dict(); a pipeline gathers every stage's on pipeline rank 0 (None
+  // elsewhere; collective over the pipeline).
+  virtual c10::IValue optimizer_state_dict();
+  // Without a shard: loads a whole model's optimizer state (a pipeline stage takes its
+  // parameters' part). No collective.
+  virtual void load_optimizer_state_dict(const c10::IValue& state);
   // This rank's own state of the model by name, the tensors themselves (writing into them
   // changes the model): every parameter and buffer of the module; under FSDP, whose module
   // parameters have no memory between steps, this rank's 1-D piece of each trained parameter
@@ -257,6 +307,10 @@ class ParallelModel {
  protected:
   ParallelModel(torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
                 ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision);
+  // A module whose forward the mode runs itself (run_forward; the pipeline's stages).
+  ParallelModel(std::shared_ptr<torch::nn::Module> module,
+                std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
+                std::unique_ptr<precision::MixedPrecision> precision);
 
   // What differs between the modes.
   virtual void before_forward() {}
@@ -303,6 +357,20 @@ void check_parallel_options(const ParallelOptions& options, int world_size,
 // a cast of the module, a mode that needs more than one rank's process group...).
 // Collective.
 std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
+                                           std::vector<optim::ParamGroup> param_groups,
+                                           const OptimizerFactory& make_optimizer,
+                                           std::shared_ptr<comm::ProcessGroup> group,
+                                           ParallelOptions options);
+
+// Pipeline parallelism (ParallelOptions::pipeline): `blocks` (pipeline_blocks(), the same
+// model on every rank) cut into stages over the pipeline ranks of `group`, DDP over each
+// stage's replicas; `param_groups` (over the whole model) keep this rank's parameters, and
+// the optimizer steps those. The returned model's forward_backward runs the schedule;
+// forward() gives every rank the outputs; model_state_dict() and optimizer_state_dict() are
+// the whole model's, gathered on rank 0. Throws OptionError for what does not compose with
+// a pipeline (ZeRO, FSDP, activation checkpointing: use PipelineParallelOptions::
+// checkpoint_stages, a cast of the model). Collective.
+std::unique_ptr<ParallelModel> parallelize(std::vector<PipelineBlock> blocks,
                                            std::vector<optim::ParamGroup> param_groups,
                                            const OptimizerFactory& make_optimizer,
                                            std::shared_ptr<comm::ProcessGroup> group,

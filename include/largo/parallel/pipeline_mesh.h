@@ -34,6 +34,11 @@ struct PipelineMesh {
   std::string describe() const;
 };
 
+// The replica (data-parallel rank) of world rank `world_rank`, and the number of replicas,
+// under the layout above; known before any group exists (to build the data loaders).
+int replica_of(int world_rank, int world_size, int pipeline_size);
+int num_replicas(int world_size, int pipeline_size);
+
 // Splits `world` into pipelines of `pipeline_size` ranks. Throws ConfigError (naming
 // DISTRIBUTED.PIPELINE_SIZE) unless pipeline_size >= 1 divides the world size. Collective.
 PipelineMesh make_pipeline_mesh(comm::ProcessGroup& world, int pipeline_size);

@@ -54,8 +54,8 @@ std::vector<double> block_parameter_counts(const std::vector<PipelineBlock>& blo
 
 // Seconds of one forward and backward of each block, run in sequence on `sample` (a
 // micro-batch of model inputs), the median of `repeats` runs after one warm-up run. Leaves
-// the blocks' gradients as they were (parameters' .grad are saved and restored), but
-// BatchNorm running statistics see the sample.
+// the blocks as they were: the parameters' .grad and the buffers (BatchNorm's running
+// statistics) are saved and restored.
 std::vector<double> measure_block_seconds(
     const std::vector<PipelineBlock>& blocks, const at::Tensor& sample, int repeats = 3);
 

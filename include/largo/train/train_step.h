@@ -1,5 +1,6 @@
 // One optimizer step of a parallel model, as llm.c's training step reads:
-//   zero_grad -> micro-steps (forward, loss, backward; only the last synchronizes) ->
+//   zero_grad -> micro-steps (forward, loss, backward: the parallel model's forward_backward,
+//   a whole schedule in a pipeline; only the last synchronizes) ->
 //   finish_backward (unscale, inf/NaN agreed by every rank) -> clip -> step.
 // Gradients of the micro-steps are summed (each loss divided by their number), so a step
 // equals one batch of them all. Collective (the parallel model's collectives, in the same
@@ -29,7 +30,7 @@ struct TrainStepOptions {
 
 struct StepResult {
   float loss = 0.0f;      // mean over the micro-steps, on this rank
-  int64_t num_images = 0; // on this rank
+  int64_t num_images = 0; // on this rank (a pipeline's stages each count their replica's)
   // Every gradient was finite on every rank (and this rank's losses were finite). False with
   // loss scaling: the step was skipped; without it the run has diverged.
   bool finite = true;

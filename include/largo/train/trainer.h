@@ -58,13 +58,15 @@ class Trainer {
   TrainSummary run();
 
   // The model. Under FSDP (MODEL.FSDP_CONFIG) its trainable parameters hold no memory
-  // between steps: read them through full_parameters(). In a linear evaluation
+  // between steps, and with a pipeline only this rank's stages train: read them through
+  // full_parameters(). In a linear evaluation
   // (MODEL.FEATURE_EVAL_SETTINGS) it is the model whose frozen trunk the evaluation's heads
   // train on (models::LinearEvalModel); full_parameters() has the heads.
   models::TrunkHeadModel& model();
 
   // Every parameter's value by name (copies). Collective under FSDP, which gathers the
-  // units one at a time.
+  // units one at a time, and with a pipeline, whose rank 0 gathers the stages (the other
+  // ranks get their stages' parameters).
   std::map<std::string, at::Tensor> full_parameters();
 
  private:

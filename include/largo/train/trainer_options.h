@@ -9,6 +9,7 @@
 #include <largo/optim/model_ema.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
+#include <largo/parallel/parallelize.h>
 #include <largo/precision/grad_scaler.h>
 #include <largo/precision/precision_policy.h>
 #include <largo/precision/tf32.h>
@@ -173,6 +174,8 @@ struct TrainerOptions {
   DistributedOptions distributed;
   ZeroOptions zero;
   FsdpOptions fsdp;
+  // Pipeline parallelism (docs/pipeline.md): DISTRIBUTED.PIPELINE_SIZE and MODEL.PIPELINE.*.
+  parallel::PipelineOptions pipeline;
   // Micro-batches of BATCHSIZE_PER_REPLICA whose gradients are summed into one optimizer
   // step (TRAINER.GRADIENT_ACCUMULATION_STEPS); the loss of each is divided by their count.
   int64_t gradient_accumulation_steps = 1;

@@ -9,6 +9,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <fmt/ranges.h>
+
+#include <set>
 #include <unordered_map>
 
 namespace largo::checkpoint {
@@ -44,6 +47,47 @@ std::unordered_map<std::string, at::Tensor> whole_averages(const c10::IValue& en
     averages.emplace(item.key().toStringRef(), item.value().toTensor());
   }
   return averages;
+}
+
+// How many ranks read data in the run that wrote `state`: its sampler's replicas (a
+// pipeline's stages share theirs), else every rank.
+int64_t saved_data_replicas(const StateDict& state, int64_t saved_world_size) {
+  auto sampler = state.find("train_sampler");
+  if (sampler == state.end() || !sampler->value().isGenericDict()) {
+    return saved_world_size;
+  }
+  const auto entries = sampler->value().toGenericDict();
+  return entries.contains("num_replicas") ? entries.at("num_replicas").toInt() : saved_world_size;
+}
+
+// A pipeline stage's part of a whole model's state, after checking that the state has no
+// entry the whole model lacks (the stage's own entries are checked against it by the caller).
+StateDict stage_entries(const parallel::PipelineParallel& pipeline, const StateDict& state,
+                        const std::string& where) {
+  const auto& names = pipeline.full_model_names();
+  const std::set<std::string> model_names(names.begin(), names.end());
+  const auto own_names = pipeline.module()->named_parameters().keys();
+  std::set<std::string> own(own_names.begin(), own_names.end());
+  for (const auto& buffer : pipeline.module()->named_buffers()) {
+    own.insert(buffer.key());
+  }
+  StateDict part(c10::StringType::get(), c10::AnyType::get());
+  std::vector<std::string> unexpected;
+  for (const auto& item : state) {
+    const std::string name = item.key().isString() ? item.key().toStringRef() : "?";
+    if (model_names.count(name) == 0) {
+      unexpected.push_back(name);
+    } else if (own.count(name) > 0) {
+      part.insert(item.key(), item.value());
+    }
+  }
+  if (!unexpected.empty()) {
+    throw CheckpointError(fmt::format(
+        "{}: the model has no entries named {}; the checkpoint is of another model",
+        where,
+        fmt::join(unexpected, ", ")));
+  }
+  return part;
 }
 
 std::optional<double> optional_double(const StateDict& state, const char* key) {
@@ -82,7 +126,7 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
         parallel::piece_state_dict(*shard->optimizer, shard->ownership, shard->type),
         group);
   } else {
-    optimizer_entry = model_.optimizer().state_dict();
+    optimizer_entry = model_.optimizer_state_dict(); // a pipeline: gathered over the stages
   }
   auto model_state = model_.model_state_dict(/*root=*/0); // FSDP: gathered unit by unit
   const c10::IValue ema_entry = model_ema_entry();
@@ -146,7 +190,7 @@ StateDict TrainingState::state_dict(
   sampler.insert("epoch", progress.epoch);
   sampler.insert("start_iter", progress.iteration_in_epoch * sampler_.micro_steps_per_iteration);
   sampler.insert("batch_size", sampler_.batch_size);
-  sampler.insert("num_replicas", static_cast<int64_t>(group.world_size()));
+  sampler.insert("num_replicas", static_cast<int64_t>(model_.data_parallel_group().world_size()));
   state.insert("train_sampler", sampler);
   if (!ema_entry.isNone()) {
     state.insert("ema_model", ema_entry);
@@ -187,17 +231,23 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
   const int64_t saved_iterations_per_epoch = entry("iterations_per_epoch").toInt();
   const int64_t saved_world_size = state.contains("world_size") ? entry("world_size").toInt() : 1;
   const int world_size = model_.process_group().world_size();
+  const int64_t saved_replicas = saved_data_replicas(state, saved_world_size);
+  const int replicas = model_.data_parallel_group().world_size();
   if (progress.iteration_in_epoch > 0 &&
-      (saved_iterations_per_epoch != iterations_per_epoch || saved_world_size != world_size)) {
+      (saved_iterations_per_epoch != iterations_per_epoch || saved_world_size != world_size ||
+       saved_replicas != replicas)) {
     throw CheckpointError(fmt::format(
-        "{} was written mid-epoch by {} rank(s) with {} iterations per epoch, but this run has {} "
-        "rank(s) and {} iterations per epoch (world size, batch size, accumulation or data "
-        "changed), so the rest of that epoch cannot be served exactly; resume with the original "
-        "settings, or from an end-of-epoch checkpoint (model_phase*.torch)",
+        "{} was written mid-epoch by {} rank(s) ({} reading data) with {} iterations per epoch, "
+        "but this run has {} rank(s) ({} reading data) and {} iterations per epoch (world size, "
+        "pipeline size, batch size, accumulation or data changed), so the rest of that epoch "
+        "cannot be served exactly; resume with the original settings, or from an end-of-epoch "
+        "checkpoint (model_phase*.torch)",
         where,
         saved_world_size,
+        saved_replicas,
         saved_iterations_per_epoch,
         world_size,
+        replicas,
         iterations_per_epoch));
   }
   load_model(state, where);
@@ -211,7 +261,10 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
 }
 
 void TrainingState::load_model(const StateDict& state, const std::string& where) {
-  const auto model_state = state_at(state, "model", where).toGenericDict();
+  auto model_state = state_at(state, "model", where).toGenericDict();
+  if (const parallel::PipelineParallel* pipeline = model_.pipeline()) {
+    model_state = stage_entries(*pipeline, model_state, where);
+  }
   // FSDP's module holds compute copies whose dtype may differ from the float32 masters saved.
   const bool sharded_copies = model_.data_parallelism() == parallel::DataParallelism::kFsdp;
   check_model_state_dict(
@@ -229,6 +282,14 @@ void TrainingState::load_optimizer(
   const auto shapes = model_.trained_parameter_shapes();
   if (auto shard = model_.optimizer_shard()) {
     load_piece_optimizer_state(checkpoint_dir, entry, *shard->optimizer, shard->ownership, shapes);
+  } else if (!is_sharded_optimizer_entry(entry)) {
+    model_.load_optimizer_state_dict(entry); // a pipeline stage takes its parameters' part
+  } else if (model_.pipeline() != nullptr) {
+    throw CheckpointError(fmt::format(
+        "{} holds ZeRO optimizer shards, which a pipeline cannot split by stage; consolidate "
+        "it first (largo checkpoint consolidate {}) and resume from the consolidated file",
+        where,
+        where));
   } else {
     load_optimizer_state(checkpoint_dir, entry, model_.optimizer(), shapes);
   }

@@ -74,6 +74,14 @@ ParallelModel::ParallelModel(torch::nn::AnyModule model,
       options_(std::move(options)),
       precision_(std::move(precision)) {}
 
+ParallelModel::ParallelModel(std::shared_ptr<torch::nn::Module> module,
+                             std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
+                             std::unique_ptr<precision::MixedPrecision> precision)
+    : module_(std::move(module)),
+      group_(std::move(group)),
+      options_(std::move(options)),
+      precision_(std::move(precision)) {}
+
 ParallelModel::~ParallelModel() = default;
 
 at::Tensor ParallelModel::forward(const at::Tensor& input) {
@@ -97,6 +105,13 @@ ParallelModel::MicroStep ParallelModel::micro_step(bool synchronize) {
 
 void ParallelModel::backward(const at::Tensor& loss) {
   precision_->backward(loss);
+}
+
+double ParallelModel::forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
+                                       const LossFunction& loss, int64_t loss_divisor) {
+  const at::Tensor value = loss(forward(inputs), targets);
+  backward(loss_divisor > 1 ? value / static_cast<double>(loss_divisor) : value);
+  return value.item<double>();
 }
 
 bool ParallelModel::finish_backward(bool loss_is_finite) {
@@ -208,6 +223,14 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_parameters()
     values.emplace_back(item.key(), item.value().detach().clone());
   }
   return values;
+}
+
+c10::IValue ParallelModel::optimizer_state_dict() {
+  return optimizer_->state_dict();
+}
+
+void ParallelModel::load_optimizer_state_dict(const c10::IValue& state) {
+  optimizer_->load_state_dict(state);
 }
 
 torch::OrderedDict<std::string, at::Tensor> ParallelModel::local_state() const {

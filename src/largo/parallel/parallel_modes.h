@@ -26,4 +26,10 @@ std::unique_ptr<ParallelModel> make_fsdp_model(
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
+// Pipeline stages over the pipeline ranks, DDP over each stage's replicas.
+std::unique_ptr<ParallelModel> make_pipeline_model(
+    std::vector<PipelineBlock> blocks, std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options, std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer);
+
 } // namespace largo::parallel

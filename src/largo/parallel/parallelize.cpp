@@ -18,6 +18,43 @@ torch::Device module_device(const torch::nn::Module& module) {
 
 } // namespace
 
+namespace {
+
+// What composes with a pipeline: DDP over the stages' replicas (ZeRO-2 and FSDP reduce inside
+// every backward, which the schedule interleaves; ZeRO-1 over the replicas is a library
+// composition, pipeline_parallel.h, not a mode here), recomputation per stage, autocast.
+void check_pipeline_options(const ParallelOptions& options, int world_size) {
+  const PipelineOptions& pipeline = options.pipeline;
+  if (!pipeline.enabled()) {
+    return;
+  }
+  const std::string size = std::to_string(pipeline.size);
+  if (world_size % pipeline.size != 0) {
+    throw OptionError("ParallelOptions::pipeline.size", size,
+                      fmt::format("a divisor of the {} ranks (pipeline ranks x data-parallel "
+                                  "replicas)",
+                                  world_size));
+  }
+  if (options.data_parallelism != DataParallelism::kDdp) {
+    throw OptionError("ParallelOptions::pipeline.size", size,
+                      fmt::format("1 with {}: a pipeline composes with DDP over each stage's "
+                                  "replicas only",
+                                  to_string(options.data_parallelism)));
+  }
+  if (options.activation_checkpointing.enabled()) {
+    throw OptionError("ParallelOptions::pipeline.size", size,
+                      "1 with ActivationCheckpointingOptions: a pipeline recomputes per stage "
+                      "(PipelineParallelOptions::checkpoint_stages)");
+  }
+  if (options.precision.cast_model) {
+    throw OptionError("ParallelOptions::precision", options.precision.describe(),
+                      "autocast (O1, pytorch) or float32 with a pipeline: a cast of the stages "
+                      "(O2, O3) is not built");
+  }
+}
+
+} // namespace
+
 void check_parallel_options(const ParallelOptions& options, int world_size,
                             const std::string& backend) {
   const DataParallelism mode = options.data_parallelism;
@@ -48,6 +85,7 @@ void check_parallel_options(const ParallelOptions& options, int world_size,
                       "0 when ActivationCheckpointingOptions::modules selects modules (one "
                       "way of cutting at a time)");
   }
+  check_pipeline_options(options, world_size);
   if (world_size > 1) {
     precision::check_policy_supported_by_backend(options.precision, backend);
   }
@@ -170,6 +208,24 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
         parallel->module_, checkpointing.modules, checkpointing.preserve_rng_state);
   }
   return parallel;
+}
+
+std::unique_ptr<ParallelModel> parallelize(std::vector<PipelineBlock> blocks,
+                                           std::vector<optim::ParamGroup> param_groups,
+                                           const OptimizerFactory& make_optimizer,
+                                           std::shared_ptr<comm::ProcessGroup> group,
+                                           ParallelOptions options) {
+  if (!group) {
+    throw OptionError("parallelize's process group", "null", "the world's process group");
+  }
+  if (!options.pipeline.enabled()) {
+    throw OptionError("ParallelOptions::pipeline.size", std::to_string(options.pipeline.size),
+                      "> 1 with the blocks overload (without a pipeline, parallelize the "
+                      "module)");
+  }
+  check_parallel_options(options, group->world_size(), group->backend());
+  return make_pipeline_model(std::move(blocks), std::move(group), std::move(options),
+                             std::move(param_groups), make_optimizer);
 }
 
 } // namespace largo::parallel

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace largo::parallel {
@@ -22,6 +23,14 @@ std::string PipelineMesh::describe() const {
       replica);
 }
 
+int num_replicas(int world_size, int pipeline_size) {
+  return world_size / std::max(pipeline_size, 1);
+}
+
+int replica_of(int world_rank, int world_size, int pipeline_size) {
+  return world_rank % std::max(num_replicas(world_size, pipeline_size), 1);
+}
+
 PipelineMesh make_pipeline_mesh(comm::ProcessGroup& world, int pipeline_size) {
   const int world_size = world.world_size();
   if (pipeline_size < 1 || world_size % pipeline_size != 0) {
@@ -37,7 +46,7 @@ PipelineMesh make_pipeline_mesh(comm::ProcessGroup& world, int pipeline_size) {
   mesh.data_parallel_size = world_size / pipeline_size;
   const int D = mesh.data_parallel_size;
   mesh.stage = world.rank() / D;
-  mesh.replica = world.rank() % D;
+  mesh.replica = replica_of(world.rank(), world_size, pipeline_size);
   // Every rank creates every group, in the same order (new_group's contract).
   for (int replica = 0; replica < D; ++replica) {
     std::vector<int> ranks;

@@ -93,9 +93,13 @@ std::vector<double> time_blocks_once(const std::vector<PipelineBlock>& blocks, a
 std::vector<double> measure_block_seconds(
     const std::vector<PipelineBlock>& blocks, const at::Tensor& sample, int repeats) {
   std::vector<std::pair<at::Tensor, at::Tensor>> saved_grads; // (parameter, its .grad)
+  std::vector<std::pair<at::Tensor, at::Tensor>> saved_buffers; // (buffer, a copy)
   for (const auto& block : blocks) {
     for (auto& parameter : block.module.ptr()->parameters()) {
       saved_grads.emplace_back(parameter, parameter.grad());
+    }
+    for (auto& buffer : block.module.ptr()->buffers()) { // BatchNorm's running statistics
+      saved_buffers.emplace_back(buffer, buffer.clone());
     }
   }
   time_blocks_once(blocks, sample); // warm-up: first-call allocations and kernel choices
@@ -105,6 +109,12 @@ std::vector<double> measure_block_seconds(
   }
   for (auto& [parameter, grad] : saved_grads) {
     parameter.mutable_grad() = grad;
+  }
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [buffer, copy] : saved_buffers) {
+      buffer.copy_(copy);
+    }
   }
   std::vector<double> medians;
   for (size_t b = 0; b < blocks.size(); ++b) {

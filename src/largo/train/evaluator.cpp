@@ -89,8 +89,9 @@ EvaluationResult evaluate(
   }
   pad_collective_forwards(model, num_batches, options.sample_shape, device);
   at::Tensor total_loss = at::tensor({loss_sum}, at::kDouble);
-  model.process_group().all_reduce(total_loss);
-  EvaluationResult result = result_of(meters, model.process_group());
+  // A pipeline's stages all saw their replica's outputs: the replicas' sums are the test set's.
+  model.data_parallel_group().all_reduce(total_loss);
+  EvaluationResult result = result_of(meters, model.data_parallel_group());
   result.loss = result.num_samples > 0 ? total_loss.item<double>() / result.num_samples : 0.0;
   model.module()->train();
   return result;

@@ -332,6 +332,13 @@ ExtractionResult extract_features(
   prepare_output_dir(result.output_dir, output_dir.empty());
   if (result.rank == 0) {
     remove_stale_temporaries(result.output_dir); // of an extraction killed while writing
+    if (plan.parallel.pipeline.enabled()) { // the checkpoint holds the whole model
+      spdlog::info(
+          "extraction runs the whole model on each of the {} ranks, each on its share of the "
+          "data; DISTRIBUTED.PIPELINE_SIZE = {} applies to training",
+          result.world_size,
+          plan.parallel.pipeline.size);
+    }
   }
 
   const bool trunk_only = plan.model.feature_eval.extract_trunk_features_only;

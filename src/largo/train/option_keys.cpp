@@ -13,6 +13,7 @@ std::string yaml_key_for(const std::string& option) {
        "MODEL.FSDP_CONFIG.fp32_reduce_scatter"},
       {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
       {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
+      {"ParallelOptions::pipeline.size", "DISTRIBUTED.PIPELINE_SIZE"},
       {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},
   };
   auto found = keys.find(option);

@@ -1,5 +1,7 @@
 #include <largo/train/run_plan.h>
 
+#include "pipeline_plan.h"
+
 #include <largo/comm/process_group.h>
 #include <largo/comm/world_info.h>
 #include <largo/core/error.h>
@@ -129,6 +131,7 @@ parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
     checkpointing.probe_input_shape = plan.train_shape.sample_shape;
     checkpointing.report_batch_size = options.train.batch_size;
   }
+  parallel.pipeline = options.pipeline;
   parallel.precision = plan.precision;
   parallel.grad_scaler = options.grad_scaler;
   parallel.check_finite = options.check_nan;
@@ -409,11 +412,15 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   fill_model_from_data(plan);
   check_checkpointing_splits(plan);
   check_linear_evaluation(plan);
+  check_pipeline_keys(plan);
 
+  // A pipeline's stages share their replica's batch: the replicas make the global batch, and
+  // a node holds procs_per_node / PIPELINE_SIZE of them (at least a part of one).
   const int64_t accumulation = o.gradient_accumulation_steps;
+  const int64_t replicas_per_node = std::max(1, world.procs_per_node / o.pipeline.size);
   plan.batch_per_rank = o.train.batch_size;
-  plan.batch_per_node = plan.batch_per_rank * world.procs_per_node * accumulation;
-  plan.global_batch = plan.batch_per_rank * world.world_size * accumulation;
+  plan.batch_per_node = plan.batch_per_rank * replicas_per_node * accumulation;
+  plan.global_batch = plan.batch_per_rank * data_replicas(plan) * accumulation;
   scale_learning_rates(plan);
 
   plan.parallel = parallel_options_of(plan);
@@ -432,21 +439,31 @@ void refuse_extraction_keys(const RunPlan& plan) {
 }
 
 std::string RunPlan::describe() const {
-  const std::string layout =
+  const int replicas = data_replicas(*this);
+  std::string layout =
       world.world_size == 1
           ? "one process"
           : fmt::format(
                 "{} over {} ranks ({})",
                 parallel::to_string(parallel.data_parallelism),
-                world.world_size,
+                replicas,
                 world.backend);
+  if (parallel.pipeline.enabled()) {
+    layout = fmt::format(
+        "pipeline of {} stages ({}, {} micro-batches) x {}",
+        parallel.pipeline.size,
+        parallel::to_string(parallel.pipeline.stages.schedule()),
+        parallel.pipeline.stages.num_microbatches(),
+        replicas == 1 ? std::string("1 replica") : layout);
+  }
   return fmt::format(
-      "{}, {}, global batch {} = {} per rank x {} rank(s) x {} accumulation step(s)",
+      "{}, {}, global batch {} = {} per rank x {} {} x {} accumulation step(s)",
       precision.describe(),
       layout,
       global_batch,
       batch_per_rank,
-      world.world_size,
+      replicas,
+      parallel.pipeline.enabled() ? "replica(s)" : "rank(s)",
       options.gradient_accumulation_steps);
 }
 

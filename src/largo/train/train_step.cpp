@@ -15,23 +15,23 @@ TrainStep::run(const std::function<data::Batch()>& next_batch, int64_t num_micro
   StepResult result;
   float loss_sum = 0.0f;
   bool losses_finite = true;
+  const auto loss = [this](const at::Tensor& output, const at::Tensor& labels) {
+    return classification_loss(
+        models::split_outputs(output, options_.output_widths), labels, options_.loss);
+  };
   for (int64_t micro = 0; micro < num_micro_batches; ++micro) {
     data::Batch batch = next_batch();
     at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
     at::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
     auto scope = model_.micro_step(/*synchronize=*/micro + 1 == num_micro_batches);
-    at::Tensor loss = classification_loss(
-        models::split_outputs(model_.forward(images), options_.output_widths),
-        labels,
-        options_.loss);
-    const float loss_value = loss.item<float>();
+    const auto loss_value =
+        static_cast<float>(model_.forward_backward(images, labels, loss, num_micro_batches));
     // Not thrown here: the ranks decide together in finish_backward, so that a NaN on one
     // rank stops (or, with loss scaling, skips) every rank at the same step.
     if (!std::isfinite(loss_value) && losses_finite) {
       losses_finite = false;
       result.non_finite_loss = loss_value;
     }
-    model_.backward(num_micro_batches > 1 ? loss / static_cast<double>(num_micro_batches) : loss);
     loss_sum += loss_value;
     result.num_images += images.size(0);
   }

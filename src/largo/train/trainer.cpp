@@ -15,6 +15,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
+#include <largo/parallel/pipeline_mesh.h>
 #include <largo/parallel/sync_batch_norm.h>
 #include <largo/train/model_ema_hook.h>
 #include <largo/train/option_keys.h>
@@ -65,6 +66,7 @@ struct Trainer::State {
   int64_t flops_per_sample() const;
   bool will_resume() const;
   void parallelize_model();
+  parallel::ParallelOptions pipeline_options() const;
   void open_records();
   void add_hooks();
   void keep_model_ema();
@@ -122,7 +124,13 @@ void Trainer::State::setup() {
   }
   threads = set_threads(options().num_threads, plan.world.procs_per_node);
   device = pick_device(options());
-  data = std::make_unique<TrainingData>(options(), group->rank(), group->world_size(), device);
+  // A pipeline's stages read their replica's batches (every stage the same ones).
+  const int pipeline_size = plan.parallel.pipeline.size;
+  data = std::make_unique<TrainingData>(
+      options(),
+      parallel::replica_of(group->rank(), group->world_size(), pipeline_size),
+      parallel::num_replicas(group->world_size(), pipeline_size),
+      device);
   if (data->train_sample_shape() != plan.train_shape.sample_shape) {
     throw DataError(fmt::format(
         "the training data delivers samples of [{}], but the model was planned for [{}] from "
@@ -213,6 +221,14 @@ void Trainer::State::parallelize_model() {
     groups.head_prefix = model.linear_eval->head_prefix();
   }
   parallel = rethrow_with_yaml_keys([&] {
+    if (plan.parallel.pipeline.enabled()) {
+      return parallel::parallelize(
+          parallel::pipeline_blocks(*model.model),
+          optim::build_param_groups(*model.module(), groups),
+          make_optimizer,
+          group,
+          pipeline_options());
+    }
     return parallel::parallelize(
         model.any_module(),
         optim::build_param_groups(*model.module(), groups),
@@ -225,6 +241,18 @@ void Trainer::State::parallelize_model() {
   }
   // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
   seed_everything(options().seed + static_cast<uint64_t>(group->rank()));
+}
+
+// MODEL.PIPELINE.BALANCE time measures the blocks on one micro-batch of zeros.
+parallel::ParallelOptions Trainer::State::pipeline_options() const {
+  parallel::ParallelOptions options = plan.parallel;
+  parallel::PipelineParallelOptions& stages = options.pipeline.stages;
+  if (stages.balance() == parallel::StageBalance::kTime) {
+    std::vector<int64_t> shape = plan.train_shape.sample_shape;
+    shape.insert(shape.begin(), std::max<int64_t>(plan.batch_per_rank / stages.num_microbatches(), 1));
+    stages.balance_sample(at::zeros(shape, at::TensorOptions().device(device)));
+  }
+  return options;
 }
 
 void Trainer::State::open_records() {

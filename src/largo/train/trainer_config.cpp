@@ -475,6 +475,26 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
   config.get_bool(prefix + "verbose");
 }
 
+// DISTRIBUTED.PIPELINE_SIZE and MODEL.PIPELINE (docs/pipeline.md).
+parallel::PipelineOptions pipeline_options_from(const Config& config) {
+  parallel::PipelineOptions pipeline;
+  pipeline.size = static_cast<int>(positive_int(config, "DISTRIBUTED.PIPELINE_SIZE"));
+  const std::string key = "MODEL.PIPELINE.";
+  parallel::PipelineParallelOptions& stages = pipeline.stages;
+  const std::string schedule = config.get_string(key + "SCHEDULE");
+  try {
+    stages.schedule(parallel::parse_pipeline_schedule(schedule));
+  } catch (const ConfigError&) {
+    throw config_error(key + "SCHEDULE", schedule, "gpipe, 1f1b, interleaved_1f1b or zb_h1");
+  }
+  stages.num_microbatches(static_cast<int>(positive_int(config, key + "NUM_MICROBATCHES")));
+  stages.virtual_stages(static_cast<int>(positive_int(config, key + "VIRTUAL_STAGES")));
+  stages.boundaries(config.get_int_list(key + "BOUNDARIES"));
+  stages.balance(parallel::parse_stage_balance(config.get_string(key + "BALANCE")));
+  stages.checkpoint_stages(config.get_bool(key + "CHECKPOINT_STAGES"));
+  return pipeline;
+}
+
 models::ModelOptions model_options_from(const Config& config) {
   // in_channels / image_size / num_classes come from the data (0 = infer).
   models::ModelOptions model;
@@ -530,6 +550,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.loading = data_loading_from(config);
 
   options.model = model_options_from(config);
+  options.pipeline = pipeline_options_from(config);
   const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
   options.activation_checkpointing.enabled =
       config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING");

@@ -67,10 +67,11 @@ void LoggingHook::on_step_end(const StepEvent& event) {
 }
 
 // The mean loss and the images of all ranks (a collective, at the same iterations on every
-// rank), printed and recorded by rank 0.
+// rank; over the data-parallel group, which a pipeline's stages share), printed and recorded
+// by rank 0.
 void LoggingHook::log_window(const StepEvent& event) {
   const checkpoint::TrainingProgress& progress = event.progress;
-  comm::ProcessGroup& group = model_.process_group();
+  comm::ProcessGroup& group = model_.data_parallel_group();
   at::Tensor totals = at::tensor({window_loss_, static_cast<double>(window_images_)}, at::kDouble);
   group.all_reduce(totals);
   const double seconds = seconds_since(window_start_);

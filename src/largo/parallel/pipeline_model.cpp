@@ -1,0 +1,211 @@
+// Pipeline parallelism as a mode of parallelize(): PipelineParallel's stages behind the
+// ParallelModel interface, so the trainer's step, evaluation and checkpoints run it like any
+// other mode. What differs: a micro-step is the whole schedule (forward_backward), evaluation
+// forwards go through the pipeline and every rank gets the outputs, the data-parallel group
+// is the stage's replicas, and model and optimizer states are the whole model's, gathered on
+// pipeline rank 0.
+#include "parallel_modes.h"
+
+#include <largo/core/error.h>
+#include <largo/parallel/pipeline_checkpoint.h>
+#include <largo/parallel/pipeline_mesh.h>
+#include <largo/precision/autocast.h>
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <unordered_set>
+
+namespace largo::parallel {
+namespace {
+
+torch::Device blocks_device(const std::vector<PipelineBlock>& blocks) {
+  for (const auto& block : blocks) {
+    for (const auto& parameter : block.module.ptr()->parameters()) {
+      return parameter.device();
+    }
+  }
+  return torch::Device(torch::kCPU);
+}
+
+// The entries of `groups` whose tensors are `module`'s parameters (this rank's stages);
+// groups left empty are dropped, as optim::build_param_groups drops them.
+std::vector<optim::ParamGroup> groups_of(std::vector<optim::ParamGroup> groups,
+                                         const torch::nn::Module& module) {
+  std::unordered_set<const void*> own;
+  for (const auto& parameter : module.parameters()) {
+    own.insert(parameter.unsafeGetTensorImpl());
+  }
+  std::vector<optim::ParamGroup> kept;
+  for (auto& group : groups) {
+    optim::ParamGroup part = group;
+    part.params.clear();
+    part.names.clear();
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      if (own.count(group.params[i].unsafeGetTensorImpl()) > 0) {
+        part.params.push_back(group.params[i]);
+        part.names.push_back(group.names.at(i));
+      }
+    }
+    if (!part.params.empty()) {
+      kept.push_back(std::move(part));
+    }
+  }
+  return kept;
+}
+
+// The leading rows of `batch` padded with zero rows to `rows`.
+at::Tensor pad_rows(const at::Tensor& batch, int64_t rows) {
+  std::vector<int64_t> shape = batch.sizes().vec();
+  shape[0] = rows - batch.size(0);
+  return at::cat({batch, at::zeros(shape, batch.options())});
+}
+
+class PipelineModel : public ParallelModel {
+ public:
+  PipelineModel(PipelineMesh mesh, std::unique_ptr<PipelineParallel> pipeline,
+                std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
+                std::unique_ptr<precision::MixedPrecision> precision,
+                std::vector<optim::ParamGroup> param_groups,
+                const OptimizerFactory& make_optimizer)
+      : ParallelModel(pipeline->module(), std::move(group), std::move(options),
+                      std::move(precision)),
+        mesh_(std::move(mesh)),
+        pipeline_(std::move(pipeline)) {
+    optimizer_ = make_optimizer(groups_of(std::move(param_groups), *module_));
+    for (const auto& param_group : optimizer_->param_groups()) {
+      trained_parameters_.insert(trained_parameters_.end(), param_group.params.begin(),
+                                 param_group.params.end());
+    }
+  }
+
+  double forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
+                          const LossFunction& loss, int64_t loss_divisor) override {
+    const precision::PrecisionPolicy& policy = precision_->policy();
+    const bool autocast = policy.enabled && policy.autocast;
+    const c10::DeviceType device_type = module_device().type();
+    std::optional<precision::AutocastGuard> guard;
+    if (autocast) {
+      guard.emplace(device_type, policy.low_precision);
+    }
+    // The loss in float32 outside autocast, as the other modes compute it.
+    auto float32_loss = [&](const at::Tensor& output, const at::Tensor& target) {
+      std::optional<precision::AutocastGuard> off;
+      if (autocast) {
+        off.emplace(device_type, policy.low_precision, /*enabled=*/false);
+      }
+      return loss(output.is_floating_point() ? output.to(at::kFloat) : output, target);
+    };
+    precision::GradScaler* scaler = precision_->grad_scaler();
+    auto scale = [scaler, loss_divisor](const at::Tensor& weighted) {
+      at::Tensor divided = loss_divisor > 1 ? weighted / static_cast<double>(loss_divisor)
+                                            : weighted;
+      return scaler != nullptr ? scaler->scale(divided) : divided;
+    };
+    return pipeline_->forward_backward(inputs, targets, float32_loss, scale);
+  }
+
+  bool forward_communicates_without_grad() const override {
+    return true; // every forward runs the pipeline
+  }
+  comm::ProcessGroup& data_parallel_group() const override {
+    return *mesh_.data_parallel;
+  }
+  const PipelineParallel* pipeline() const override {
+    return pipeline_.get();
+  }
+
+  // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).
+  std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
+    if (root != 0) {
+      throw OptionError("model_state_dict's root", std::to_string(root),
+                        "0 with a pipeline (its rank 0 gathers the stages)");
+    }
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    for (const auto& item : pipeline_->full_state_dict()) {
+      state.emplace_back(item.key().toStringRef(), item.value().toTensor().cpu());
+    }
+    return state;
+  }
+  // Pipeline rank 0 gets every parameter; the others their stages' (a collective).
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
+    auto state = model_state_dict(0);
+    if (state.empty()) {
+      return ParallelModel::full_parameters();
+    }
+    const auto& names = pipeline_->full_parameter_names();
+    const std::unordered_set<std::string> parameters(names.begin(), names.end());
+    std::vector<std::pair<std::string, at::Tensor>> values;
+    for (auto& [name, value] : state) {
+      if (parameters.count(name) > 0) {
+        values.emplace_back(name, std::move(value));
+      }
+    }
+    return values;
+  }
+  c10::IValue optimizer_state_dict() override {
+    return full_optimizer_state_dict(*pipeline_, *optimizer_);
+  }
+  void load_optimizer_state_dict(const c10::IValue& state) override {
+    std::vector<std::string> names;
+    for (const auto& param_group : optimizer_->param_groups()) {
+      names.insert(names.end(), param_group.names.begin(), param_group.names.end());
+    }
+    optimizer_->load_state_dict(select_optimizer_state(state, names));
+  }
+
+ protected:
+  // Evaluation: every rank gets the outputs. A batch smaller than the number of
+  // micro-batches (a test set's last) is padded with zero rows, which are dropped again.
+  at::Tensor run_forward(const at::Tensor& input) override {
+    const int64_t rows = input.size(0);
+    const int64_t microbatches = pipeline_->options().num_microbatches();
+    if (rows >= microbatches) {
+      return pipeline_->forward(input, /*broadcast_outputs=*/true);
+    }
+    return pipeline_->forward(pad_rows(input, microbatches), /*broadcast_outputs=*/true)
+        .narrow(0, 0, rows);
+  }
+  void reduce_gradients() override {
+    pipeline_->reduce_gradients();
+  }
+  double clip_gradients(double max_norm, double norm_type) override {
+    return pipeline_->clip_grad_norm(max_norm, norm_type);
+  }
+  std::string describe_mode() const override {
+    return fmt::format("pipeline: {}; {}", mesh_.describe(), pipeline_->describe());
+  }
+
+ private:
+  torch::Device module_device() const {
+    auto parameters = module_->parameters();
+    return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
+  }
+
+  PipelineMesh mesh_;
+  std::unique_ptr<PipelineParallel> pipeline_;
+};
+
+} // namespace
+
+std::unique_ptr<ParallelModel> make_pipeline_model(
+    std::vector<PipelineBlock> blocks, std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options, std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer) {
+  const torch::Device device = blocks_device(blocks);
+  PipelineMesh mesh = make_pipeline_mesh(*group, options.pipeline.size);
+  PipelineParallelOptions stages = options.pipeline.stages;
+  stages.data_parallel(options.ddp); // manual reduction is forced over the replicas
+  auto pipeline = std::make_unique<PipelineParallel>(std::move(blocks), mesh.pipeline,
+                                                     mesh.data_parallel, stages);
+  // Every stage and replica skips (or stops) together.
+  precision::GradScalerOptions scaler_options = options.grad_scaler;
+  scaler_options.found_inf_reducer = pipeline->found_inf_reducer();
+  auto precision = std::make_unique<precision::MixedPrecision>(
+      options.precision, *pipeline->module(), device, scaler_options, options.check_finite);
+  return std::make_unique<PipelineModel>(std::move(mesh), std::move(pipeline), std::move(group),
+                                         std::move(options), std::move(precision),
+                                         std::move(param_groups), make_optimizer);
+}
+
+} // namespace largo::parallel

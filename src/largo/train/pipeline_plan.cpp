@@ -1,0 +1,140 @@
+#include "pipeline_plan.h"
+
+#include <largo/core/error.h>
+#include <largo/parallel/pipeline_mesh.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::train {
+namespace {
+
+const char* kSizeKey = "DISTRIBUTED.PIPELINE_SIZE";
+
+// MODEL.PIPELINE's keys that differ from their defaults.
+std::vector<std::string> changed_stage_keys(const parallel::PipelineParallelOptions& stages) {
+  const parallel::PipelineParallelOptions defaults;
+  std::vector<std::string> changed;
+  auto note = [&](bool differs, const char* key) {
+    if (differs) {
+      changed.push_back(std::string("MODEL.PIPELINE.") + key);
+    }
+  };
+  note(stages.schedule() != defaults.schedule(), "SCHEDULE");
+  note(stages.num_microbatches() != defaults.num_microbatches(), "NUM_MICROBATCHES");
+  note(stages.virtual_stages() != defaults.virtual_stages(), "VIRTUAL_STAGES");
+  note(!stages.boundaries().empty(), "BOUNDARIES");
+  note(stages.balance() != defaults.balance(), "BALANCE");
+  note(stages.checkpoint_stages() != defaults.checkpoint_stages(), "CHECKPOINT_STAGES");
+  return changed;
+}
+
+// What else the run switches on that a pipeline does not compose with: the key and why.
+std::vector<std::pair<std::string, std::string>> conflicts(const RunPlan& plan) {
+  const TrainerOptions& o = plan.options;
+  std::vector<std::pair<std::string, std::string>> found;
+  if (o.fsdp.enabled) {
+    found.emplace_back("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP",
+                       "FSDP gathers and scatters inside every forward and backward, which the "
+                       "schedule interleaves across micro-batches");
+  }
+  if (o.zero.shard_optimizer_state) {
+    found.emplace_back("OPTIMIZER.use_zero / OPTIMIZER.name zero / MODEL.SHARDED_DDP_SETUP.USE_SDP",
+                       "the stages' replicas run DDP (ZeRO over them is a library composition, "
+                       "docs/pipeline.md, not a config yet)");
+  }
+  if (o.activation_checkpointing.enabled) {
+    found.emplace_back("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING",
+                       "a pipeline recomputes stage by stage: use MODEL.PIPELINE.CHECKPOINT_STAGES");
+  }
+  if (plan.precision.cast_model) {
+    found.emplace_back("MODEL.AMP_PARAMS.AMP_ARGS.opt_level " + plan.precision.describe(),
+                       "a cast of the stages is not built: use O1 or AMP_TYPE pytorch (autocast)");
+  }
+  if (o.sync_batch_norm.convert) {
+    found.emplace_back("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN",
+                       "a pipeline normalises each micro-batch on its own (docs/pipeline.md)");
+  }
+  if (o.model_ema.enabled()) {
+    found.emplace_back("HOOKS.EMA_MODEL", "the average of a model cut into stages is not built");
+  }
+  if (plan.model.feature_eval.enabled()) {
+    found.emplace_back("MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON",
+                       "a linear evaluation trains heads only; it needs no pipeline");
+  }
+  return found;
+}
+
+// The schedule's shape, the stage recomputation it allows and the boundaries' count (their
+// end, the model's block count, is checked when the model is cut).
+void check_schedule(const parallel::PipelineOptions& pipeline) {
+  const parallel::PipelineParallelOptions& stages = pipeline.stages;
+  try {
+    parallel::check_pipeline_shape(
+        stages.schedule(),
+        parallel::PipelineShape{pipeline.size, stages.num_microbatches(), stages.virtual_stages()});
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("MODEL.PIPELINE: {}", e.what()));
+  }
+  if (stages.checkpoint_stages() &&
+      stages.schedule() == parallel::PipelineScheduleKind::kZeroBubbleH1) {
+    throw ConfigError(
+        "MODEL.PIPELINE.CHECKPOINT_STAGES = True with SCHEDULE zb_h1: zb_h1's weight pass would "
+        "recompute each stage a second time; use 1f1b with CHECKPOINT_STAGES, or zb_h1 without");
+  }
+  const std::vector<int64_t>& boundaries = stages.boundaries();
+  const size_t expected = static_cast<size_t>(pipeline.size * stages.virtual_stages()) + 1;
+  bool increasing = true;
+  for (size_t i = 1; i < boundaries.size(); ++i) {
+    increasing = increasing && boundaries[i] > boundaries[i - 1];
+  }
+  if (!boundaries.empty() &&
+      (boundaries.size() != expected || boundaries.front() != 0 || !increasing)) {
+    throw ConfigError(fmt::format(
+        "MODEL.PIPELINE.BOUNDARIES = [{}]: expected {} strictly increasing block indices from "
+        "0 to the model's number of blocks (PIPELINE_SIZE x VIRTUAL_STAGES + 1), or [] to "
+        "balance the stages",
+        fmt::join(boundaries, ", "), expected));
+  }
+}
+
+} // namespace
+
+void check_pipeline_keys(const RunPlan& plan) {
+  const parallel::PipelineOptions& pipeline = plan.options.pipeline;
+  if (!pipeline.enabled()) {
+    const auto changed = changed_stage_keys(pipeline.stages);
+    if (!changed.empty()) {
+      throw ConfigError(fmt::format(
+          "{} is set, but {} is 1, so there is no pipeline for it to change: set {} > 1 or "
+          "leave MODEL.PIPELINE at its defaults",
+          fmt::join(changed, ", "), kSizeKey, kSizeKey));
+    }
+    return;
+  }
+  const int world = plan.world.world_size;
+  if (world % pipeline.size != 0) {
+    throw ConfigError(fmt::format(
+        "{} = {} with {} ranks: the pipeline size must divide the number of ranks "
+        "(DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = pipeline size x data-parallel replicas)",
+        kSizeKey, pipeline.size, world));
+  }
+  check_schedule(pipeline);
+  for (const auto& [key, why] : conflicts(plan)) {
+    throw ConfigError(fmt::format("{} = {} (a pipeline) with {}: not available, {}", kSizeKey,
+                                  pipeline.size, key, why));
+  }
+  const int microbatches = pipeline.stages.num_microbatches();
+  if (plan.options.train.batch_size < microbatches) {
+    throw ConfigError(fmt::format(
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} cannot be split into MODEL.PIPELINE."
+        "NUM_MICROBATCHES = {} micro-batches: use a batch of at least {} or fewer micro-batches",
+        plan.options.train.batch_size, microbatches, microbatches));
+  }
+}
+
+int data_replicas(const RunPlan& plan) {
+  return parallel::num_replicas(plan.world.world_size, plan.options.pipeline.size);
+}
+
+} // namespace largo::train
