@@ -3,7 +3,8 @@
 // 2 stages train like one process that runs the micro-batches as accumulation steps (in
 // float32 and under bfloat16 autocast), evaluation forwards give every rank the outputs (also
 // for a batch smaller than the number of micro-batches), the model and optimizer states are
-// the whole model's on rank 0 and load back per stage, and what does not compose is refused.
+// the whole model's on rank 0 and load back per stage, the replicas end each step with the
+// same BatchNorm statistics, and what does not compose is refused.
 #include <largo/core/error.h>
 #include <largo/optim/sgd.h>
 #include <largo/parallel/parallelize.h>
@@ -237,6 +238,57 @@ TEST(PipelineModelTest, StatesAreTheWholeModelsOnRankZeroAndLoadBackPerStage) {
                                       .at("momentum_buffer")
                                       .toTensor();
       EXPECT_TRUE(torch::equal(momentum, expected)) << item.key().toStringRef();
+    }
+  });
+}
+
+// Layers with BatchNorm, whose running statistics each replica updates on its own data.
+struct NormNetImpl : torch::nn::Module {
+  NormNetImpl()
+      : layers(register_module(
+            "layers",
+            torch::nn::Sequential(torch::nn::Linear(kInputs, kWidth), torch::nn::BatchNorm1d(kWidth),
+                                  torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth),
+                                  torch::nn::BatchNorm1d(kWidth),
+                                  torch::nn::Linear(kWidth, kClasses)))) {}
+  torch::nn::Sequential layers;
+};
+TORCH_MODULE(NormNet);
+
+// Whether every buffer of this rank's stage equals the other replica's (2 replicas).
+bool buffers_agree_with_the_other_replica(ParallelModel& model) {
+  bool agree = true;
+  for (const auto& buffer : model.module()->buffers()) {
+    const at::Tensor flat = buffer.reshape({-1}).to(at::kDouble);
+    at::Tensor both = at::empty({2, flat.numel()}, flat.options());
+    model.data_parallel_group().all_gather(both, flat);
+    agree = agree && torch::equal(both[0], both[1]);
+  }
+  return agree;
+}
+
+TEST(PipelineModelTest, ReplicasEndEveryStepWithReplicaZerosBuffers) {
+  run_on_ranks(4, [](comm::ProcessGroup& group) {
+    auto world = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+    for (const bool broadcast : {true, false}) {
+      torch::manual_seed(5);
+      NormNet net;
+      ParallelOptions options = pipeline_options(false);
+      options.ddp.broadcast_buffers = broadcast;
+      auto model = parallelize(pipeline_blocks(net->layers, "layers"), groups_of(*net),
+                               sgd_momentum(), world, options);
+      ASSERT_EQ(model->data_parallel_group().world_size(), 2); // 2 stages x 2 replicas
+      for (int step = 0; step < 2; ++step) { // each replica its own batch
+        auto [x, y] = batch_of(10 * step + model->data_parallel_group().rank());
+        model->zero_grad();
+        model->forward_backward(x, y, cross_entropy);
+        EXPECT_TRUE(model->finish_backward());
+        EXPECT_TRUE(model->step());
+      }
+      // Stage 1 holds the second BatchNorm, stage 0 the first: every rank has buffers.
+      EXPECT_FALSE(model->module()->buffers().empty());
+      EXPECT_EQ(buffers_agree_with_the_other_replica(*model), broadcast)
+          << "broadcast_buffers " << broadcast;
     }
   });
 }

@@ -230,7 +230,7 @@ std::vector<WiredKey> wired_keys() {
       {"DISTRIBUTED.NUM_PROC_PER_NODE", "processes per machine", "WorkerLaunchTest.TwoProcessesPerNodeSpawnWithAFreeLocalPort"},
       {"DISTRIBUTED.INIT_METHOD", "tcp or env", "WorkerLaunchTest.EnvInitMethodReadsMasterAddrAndPort", {"DISTRIBUTED.NUM_PROC_PER_NODE=2"}},
       {"DISTRIBUTED.RUN_ID", "auto or host:port", "WorkerLaunchTest.RunIdHostAndPortIsTheMaster", {"DISTRIBUTED.NUM_PROC_PER_NODE=2"}},
-      {"DISTRIBUTED.BROADCAST_BUFFERS", "DDP broadcasts rank 0's buffers before each forward", "DistributedDataParallelTest.BroadcastsBuffersFromRankZeroBeforeEachForward"},
+      {"DISTRIBUTED.BROADCAST_BUFFERS", "DDP broadcasts rank 0's buffers before each forward (a pipeline: replica 0's after each step)", "DistributedDataParallelTest.BroadcastsBuffersFromRankZeroBeforeEachForward"},
       {"DISTRIBUTED.MANUAL_GRADIENT_REDUCTION", "DDP reduces after backward (DDP only)", "DistributedDataParallelTest.DelayAllreduceAndManualReductionEqualTheOverlappedPath"},
       {"DISTRIBUTED.FIND_UNUSED_PARAMETERS", "Largo extension: unused parameters count as zero", "DistributedDataParallelTest.UnusedParametersAreNamedOrHandled"},
       {"DISTRIBUTED.DELAY_ALLREDUCE", "Largo extension: all buckets after backward", "DistributedDataParallelTest.DelayAllreduceAndManualReductionEqualTheOverlappedPath"},

@@ -166,8 +166,17 @@ class PipelineModel : public ParallelModel {
     return pipeline_->forward(pad_rows(input, microbatches), /*broadcast_outputs=*/true)
         .narrow(0, 0, rows);
   }
+  // The replicas' gradients averaged; with broadcast_buffers their buffers (BatchNorm's
+  // running statistics) then become replica 0's, so that every replica evaluates and
+  // checkpoints with the same ones (DDP broadcasts them before each forward instead; here a
+  // step's micro-batches each update them).
   void reduce_gradients() override {
     pipeline_->reduce_gradients();
+    if (options_.ddp.broadcast_buffers && mesh_.data_parallel_size > 1) {
+      for (const auto& buffer : module_->buffers()) {
+        mesh_.data_parallel->broadcast(buffer, /*root=*/0);
+      }
+    }
   }
   double clip_gradients(double max_norm, double norm_type) override {
     return pipeline_->clip_grad_norm(max_norm, norm_type);
