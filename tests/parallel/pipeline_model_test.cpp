@@ -34,10 +34,13 @@ struct NetImpl : torch::nn::Module {
   NetImpl()
       : layers(register_module(
             "layers",
-            torch::nn::Sequential(torch::nn::Linear(kInputs, kWidth), torch::nn::ReLU(),
-                                  torch::nn::Linear(kWidth, kWidth), torch::nn::Tanh(),
-                                  torch::nn::Linear(kWidth, kWidth),
-                                  torch::nn::Linear(kWidth, kClasses)))) {}
+            torch::nn::Sequential(
+                torch::nn::Linear(kInputs, kWidth),
+                torch::nn::ReLU(),
+                torch::nn::Linear(kWidth, kWidth),
+                torch::nn::Tanh(),
+                torch::nn::Linear(kWidth, kWidth),
+                torch::nn::Linear(kWidth, kClasses)))) {}
   at::Tensor forward(at::Tensor x) {
     return layers->forward(x);
   }
@@ -75,8 +78,7 @@ OptimizerFactory sgd_momentum() {
 
 std::pair<at::Tensor, at::Tensor> batch_of(int step) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(700 + step);
-  return {at::randn({kBatch, kInputs}, generator),
-          at::randint(0, kClasses, {kBatch}, generator)};
+  return {at::randn({kBatch, kInputs}, generator), at::randint(0, kClasses, {kBatch}, generator)};
 }
 
 at::Tensor cross_entropy(const at::Tensor& output, const at::Tensor& target) {
@@ -109,9 +111,9 @@ std::vector<double> train(ParallelModel& model, int calls) {
     double loss = 0.0;
     for (int k = 0; k < calls; ++k) {
       auto scope = model.micro_step(/*synchronize=*/k + 1 == calls);
-      loss += model.forward_backward(x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows),
-                                     cross_entropy, calls) /
-          calls;
+      loss += model.forward_backward(
+                  x.narrow(0, k * rows, rows), y.narrow(0, k * rows, rows), cross_entropy, calls) /
+              calls;
     }
     EXPECT_TRUE(model.finish_backward());
     model.clip_grad_norm(0.5);
@@ -126,8 +128,8 @@ std::pair<std::vector<double>, Net> train_reference(bool autocast) {
   Net net = make_net();
   ParallelOptions options = pipeline_options(autocast);
   options.pipeline = {};
-  auto model = parallelize(net, groups_of(*net), sgd_momentum(),
-                           comm::ProcessGroup::single_process(), options);
+  auto model = parallelize(
+      net, groups_of(*net), sgd_momentum(), comm::ProcessGroup::single_process(), options);
   return {train(*model, kMicroBatches), net};
 }
 
@@ -142,10 +144,12 @@ TEST(PipelineModelTest, TwoStagesTrainLikeOneProcessAccumulatingTheMicroBatches)
       SCOPED_TRACE(autocast ? "bfloat16 autocast" : "float32");
       const auto [expected_losses, reference] = train_reference(autocast);
       Net net = make_net();
-      auto model =
-          parallelize(blocks_of(net), groups_of(*net), sgd_momentum(),
-                      std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {}),
-                      pipeline_options(autocast));
+      auto model = parallelize(
+          blocks_of(net),
+          groups_of(*net),
+          sgd_momentum(),
+          std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {}),
+          pipeline_options(autocast));
       const std::vector<double> losses = train(*model, /*calls=*/1);
       for (int step = 0; step < kSteps; ++step) {
         EXPECT_NEAR(losses[step], expected_losses[step], kTolerance) << "step " << step;
@@ -158,7 +162,7 @@ TEST(PipelineModelTest, TwoStagesTrainLikeOneProcessAccumulatingTheMicroBatches)
         ++own;
       }
       EXPECT_GT(own, 0u);
-      EXPECT_LT(own, expected.size()); // only this stage's
+      EXPECT_LT(own, expected.size());                         // only this stage's
       EXPECT_EQ(model->data_parallel_group().world_size(), 1); // 2 ranks = 2 stages x 1
       ASSERT_NE(model->pipeline(), nullptr);
       EXPECT_NE(model->describe().find("pipeline"), std::string::npos) << model->describe();
@@ -170,9 +174,12 @@ TEST(PipelineModelTest, ForwardGivesEveryRankTheOutputsOfAnyBatch) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     Net reference = make_net();
     Net net = make_net();
-    auto model = parallelize(blocks_of(net), groups_of(*net), sgd_momentum(),
-                             std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {}),
-                             pipeline_options(false));
+    auto model = parallelize(
+        blocks_of(net),
+        groups_of(*net),
+        sgd_momentum(),
+        std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {}),
+        pipeline_options(false));
     EXPECT_TRUE(model->forward_communicates_without_grad());
     torch::NoGradGuard no_grad;
     for (const int64_t rows : {kBatch, int64_t{1}, int64_t{kMicroBatches - 1}}) {
@@ -189,8 +196,8 @@ TEST(PipelineModelTest, StatesAreTheWholeModelsOnRankZeroAndLoadBackPerStage) {
     auto world = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
     const auto [losses, reference] = train_reference(false);
     Net net = make_net();
-    auto model = parallelize(blocks_of(net), groups_of(*net), sgd_momentum(), world,
-                             pipeline_options(false));
+    auto model = parallelize(
+        blocks_of(net), groups_of(*net), sgd_momentum(), world, pipeline_options(false));
     train(*model, 1);
     const auto state = model->model_state_dict(0);
     const c10::IValue optimizer_state = model->optimizer_state_dict();
@@ -201,16 +208,20 @@ TEST(PipelineModelTest, StatesAreTheWholeModelsOnRankZeroAndLoadBackPerStage) {
         EXPECT_EQ(state[i].first, expected.keys()[i]);
         expect_close(state[i].second, expected.values()[i], state[i].first);
       }
-      EXPECT_EQ(optimizer_state.toGenericDict().at("state").toGenericDict().size(),
-                expected.size());
+      EXPECT_EQ(
+          optimizer_state.toGenericDict().at("state").toGenericDict().size(), expected.size());
     } else {
       EXPECT_TRUE(state.empty());
       EXPECT_TRUE(optimizer_state.isNone());
     }
     // A fresh pipeline takes its stage's part of whole states.
     Net fresh_net = make_net();
-    auto fresh = parallelize(blocks_of(fresh_net), groups_of(*fresh_net), sgd_momentum(),
-                             world, pipeline_options(false));
+    auto fresh = parallelize(
+        blocks_of(fresh_net),
+        groups_of(*fresh_net),
+        sgd_momentum(),
+        world,
+        pipeline_options(false));
     std::unordered_map<std::string, at::Tensor> values;
     for (const auto& item : reference->named_parameters()) {
       values.emplace(item.key(), item.value().detach());
@@ -222,21 +233,19 @@ TEST(PipelineModelTest, StatesAreTheWholeModelsOnRankZeroAndLoadBackPerStage) {
     // The reference's own optimizer state (one process, whole) into each stage.
     Net one_net = make_net();
     ParallelOptions local;
-    auto one = parallelize(one_net, groups_of(*one_net), sgd_momentum(),
-                           comm::ProcessGroup::single_process(), local);
+    auto one = parallelize(
+        one_net, groups_of(*one_net), sgd_momentum(), comm::ProcessGroup::single_process(), local);
     train(*one, kMicroBatches);
     fresh->load_optimizer_state_dict(one->optimizer_state_dict());
     const auto stage_state = fresh->optimizer().state_dict().toGenericDict().at("state");
     const auto one_state = one->optimizer().state_dict().toGenericDict().at("state");
-    EXPECT_EQ(stage_state.toGenericDict().size(),
-              static_cast<size_t>(fresh->module()->parameters().size()));
+    EXPECT_EQ(
+        stage_state.toGenericDict().size(),
+        static_cast<size_t>(fresh->module()->parameters().size()));
     for (const auto& item : stage_state.toGenericDict()) {
       const at::Tensor momentum = item.value().toGenericDict().at("momentum_buffer").toTensor();
-      const at::Tensor expected = one_state.toGenericDict()
-                                      .at(item.key())
-                                      .toGenericDict()
-                                      .at("momentum_buffer")
-                                      .toTensor();
+      const at::Tensor expected =
+          one_state.toGenericDict().at(item.key()).toGenericDict().at("momentum_buffer").toTensor();
       EXPECT_TRUE(torch::equal(momentum, expected)) << item.key().toStringRef();
     }
   });
@@ -247,10 +256,13 @@ struct NormNetImpl : torch::nn::Module {
   NormNetImpl()
       : layers(register_module(
             "layers",
-            torch::nn::Sequential(torch::nn::Linear(kInputs, kWidth), torch::nn::BatchNorm1d(kWidth),
-                                  torch::nn::ReLU(), torch::nn::Linear(kWidth, kWidth),
-                                  torch::nn::BatchNorm1d(kWidth),
-                                  torch::nn::Linear(kWidth, kClasses)))) {}
+            torch::nn::Sequential(
+                torch::nn::Linear(kInputs, kWidth),
+                torch::nn::BatchNorm1d(kWidth),
+                torch::nn::ReLU(),
+                torch::nn::Linear(kWidth, kWidth),
+                torch::nn::BatchNorm1d(kWidth),
+                torch::nn::Linear(kWidth, kClasses)))) {}
   torch::nn::Sequential layers;
 };
 TORCH_MODULE(NormNet);
@@ -275,10 +287,10 @@ TEST(PipelineModelTest, ReplicasEndEveryStepWithReplicaZerosBuffers) {
       NormNet net;
       ParallelOptions options = pipeline_options(false);
       options.ddp.broadcast_buffers = broadcast;
-      auto model = parallelize(pipeline_blocks(net->layers, "layers"), groups_of(*net),
-                               sgd_momentum(), world, options);
+      auto model = parallelize(
+          pipeline_blocks(net->layers, "layers"), groups_of(*net), sgd_momentum(), world, options);
       ASSERT_EQ(model->data_parallel_group().world_size(), 2); // 2 stages x 2 replicas
-      for (int step = 0; step < 2; ++step) { // each replica its own batch
+      for (int step = 0; step < 2; ++step) {                   // each replica its own batch
         auto [x, y] = batch_of(10 * step + model->data_parallel_group().rank());
         model->zero_grad();
         model->forward_backward(x, y, cross_entropy);
@@ -321,8 +333,12 @@ TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
   Net net = make_net();
   ParallelOptions none;
   try {
-    parallelize(blocks_of(net), groups_of(*net), sgd_momentum(),
-                comm::ProcessGroup::single_process(), none);
+    parallelize(
+        blocks_of(net),
+        groups_of(*net),
+        sgd_momentum(),
+        comm::ProcessGroup::single_process(),
+        none);
     ADD_FAILURE() << "expected an OptionError";
   } catch (const OptionError& error) {
     EXPECT_EQ(error.option(), "ParallelOptions::pipeline.size");

@@ -30,36 +30,45 @@ TEST(PipelinePlanTest, WhatDoesNotComposeWithAPipelineIsRefusedByItsKey) {
   expect_refused({"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
   expect_refused({"OPTIMIZER.use_zero=True"}, "OPTIMIZER.use_zero");
   expect_refused({"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}, "MODEL.SHARDED_DDP_SETUP.USE_SDP");
-  expect_refused({"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"},
-                 "use MODEL.PIPELINE.CHECKPOINT_STAGES");
-  expect_refused({"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.DTYPE=bfloat16",
-                  "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
-                 "a cast of the stages is not built");
-  expect_refused({"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True"},
-                 "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN");
+  expect_refused(
+      {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"},
+      "use MODEL.PIPELINE.CHECKPOINT_STAGES");
+  expect_refused(
+      {"MODEL.AMP_PARAMS.USE_AMP=True",
+       "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+       "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
+      "a cast of the stages is not built");
+  expect_refused(
+      {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True"},
+      "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN");
   expect_refused({"HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True"}, "HOOKS.EMA_MODEL");
-  expect_refused({"MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
-                  "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True"},
-                 "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON");
-  expect_refused({"MODEL.PIPELINE.NUM_MICROBATCHES=32"},
-                 "BATCHSIZE_PER_REPLICA = 16 cannot be split into MODEL.PIPELINE.NUM_MICROBATCHES "
-                 "= 32");
+  expect_refused(
+      {"MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
+       "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True"},
+      "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON");
+  expect_refused(
+      {"MODEL.PIPELINE.NUM_MICROBATCHES=32"},
+      "BATCHSIZE_PER_REPLICA = 16 cannot be split into MODEL.PIPELINE.NUM_MICROBATCHES "
+      "= 32");
   expect_refused({"DISTRIBUTED.PIPELINE_SIZE=3"}, "DISTRIBUTED.PIPELINE_SIZE = 3 with 4 ranks");
   expect_refused({"MODEL.PIPELINE.SCHEDULE=pipedream"}, "MODEL.PIPELINE.SCHEDULE");
   expect_refused({"MODEL.PIPELINE.BALANCE=flops"}, "MODEL.PIPELINE.BALANCE");
   expect_refused({"MODEL.PIPELINE.VIRTUAL_STAGES=2"}, "only interleaved_1f1b runs several");
   expect_refused({"MODEL.PIPELINE.SCHEDULE=interleaved_1f1b"}, "VIRTUAL_STAGES >= 2");
-  expect_refused({"MODEL.PIPELINE.SCHEDULE=zb_h1", "MODEL.PIPELINE.CHECKPOINT_STAGES=True"},
-                 "CHECKPOINT_STAGES = True with SCHEDULE zb_h1");
+  expect_refused(
+      {"MODEL.PIPELINE.SCHEDULE=zb_h1", "MODEL.PIPELINE.CHECKPOINT_STAGES=True"},
+      "CHECKPOINT_STAGES = True with SCHEDULE zb_h1");
   expect_refused({"MODEL.PIPELINE.BOUNDARIES=[0,2]"}, "MODEL.PIPELINE.BOUNDARIES = [0, 2]");
   expect_refused({"MODEL.PIPELINE.BOUNDARIES=[0,3,2]"}, "strictly increasing");
 }
 
 TEST(PipelinePlanTest, PipelineKeysWithoutAPipelineAreRefused) {
-  expect_refused({"DISTRIBUTED.PIPELINE_SIZE=1", "MODEL.PIPELINE.SCHEDULE=gpipe",
-                  "MODEL.PIPELINE.CHECKPOINT_STAGES=True"},
-                 "MODEL.PIPELINE.SCHEDULE, MODEL.PIPELINE.CHECKPOINT_STAGES is set, but "
-                 "DISTRIBUTED.PIPELINE_SIZE is 1");
+  expect_refused(
+      {"DISTRIBUTED.PIPELINE_SIZE=1",
+       "MODEL.PIPELINE.SCHEDULE=gpipe",
+       "MODEL.PIPELINE.CHECKPOINT_STAGES=True"},
+      "MODEL.PIPELINE.SCHEDULE, MODEL.PIPELINE.CHECKPOINT_STAGES is set, but "
+      "DISTRIBUTED.PIPELINE_SIZE is 1");
 }
 
 TEST(PipelinePlanTest, TheReplicasMakeTheGlobalBatch) {
@@ -68,8 +77,7 @@ TEST(PipelinePlanTest, TheReplicasMakeTheGlobalBatch) {
   EXPECT_EQ(plan.global_batch, 16 * 2 * 2);
   EXPECT_EQ(plan.batch_per_node, 16 * 2 * 2); // one node holds both replicas
   EXPECT_EQ(plan.parallel.pipeline.size, 2);
-  EXPECT_NE(plan.describe().find("pipeline of 2 stages (1f1b, 4 micro-batches)"),
-            std::string::npos)
+  EXPECT_NE(plan.describe().find("pipeline of 2 stages (1f1b, 4 micro-batches)"), std::string::npos)
       << plan.describe();
   const RunPlan without = plan_of({"DISTRIBUTED.PIPELINE_SIZE=1"});
   EXPECT_EQ(without.global_batch, 16 * 4);

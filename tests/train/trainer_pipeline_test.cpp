@@ -27,31 +27,36 @@ constexpr double kTolerance = 1e-5;
 // order.
 // No flips either: the in-memory dataset draws its augmentation per batch, and the batches
 // differ (16 against 8).
-const Overrides kModel = {"MODEL.TRUNK.SMALL_CNN.DROPOUT=0.0", "OPTIMIZER.num_epochs=2",
-                          "DATA.TRAIN.TRANSFORMS=[{name: ToTensor}]"};
+const Overrides kModel = {
+    "MODEL.TRUNK.SMALL_CNN.DROPOUT=0.0",
+    "OPTIMIZER.num_epochs=2",
+    "DATA.TRAIN.TRANSFORMS=[{name: ToTensor}]"};
 // Every run starts afresh (the last one's files are moved aside).
-const Overrides kJob = kModel + Overrides{"CHECKPOINT.AUTO_RESUME=False",
-                                          "CHECKPOINT.OVERWRITE_EXISTING=True"};
+const Overrides kJob =
+    kModel + Overrides{"CHECKPOINT.AUTO_RESUME=False", "CHECKPOINT.OVERWRITE_EXISTING=True"};
 
 // A pipeline of 2 stages over a batch of 16 split into 2 micro-batches of 8 ...
 const Overrides kPipeline = {"DISTRIBUTED.PIPELINE_SIZE=2", "MODEL.PIPELINE.NUM_MICROBATCHES=2"};
 // ... computes what one process computes on batches of 8 accumulated 2 at a time.
-const Overrides kAccumulated = {"DATA.TRAIN.BATCHSIZE_PER_REPLICA=8",
-                                "TRAINER.GRADIENT_ACCUMULATION_STEPS=2"};
+const Overrides kAccumulated = {
+    "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8", "TRAINER.GRADIENT_ACCUMULATION_STEPS=2"};
 
 fs::path test_dir() {
   return test_dir_for("pipeline");
 }
 
-RunResult train(const fs::path& dir, const Overrides& overrides,
-                std::shared_ptr<comm::ProcessGroup> group, int64_t stop_after = -1) {
+RunResult train(
+    const fs::path& dir,
+    const Overrides& overrides,
+    std::shared_ptr<comm::ProcessGroup> group,
+    int64_t stop_after = -1) {
   return train_run(dir, overrides, std::move(group), stop_after);
 }
 
 // The same losses, parameters and test accuracy (the evaluation forwards run through the
 // pipeline and are counted over the replicas).
-void expect_same_run(const RunResult& pipeline, const RunResult& reference,
-                     const std::string& what) {
+void expect_same_run(
+    const RunResult& pipeline, const RunResult& reference, const std::string& what) {
   expect_same_training(pipeline, reference, kTolerance, what);
   ASSERT_TRUE(pipeline.summary.final_top1.has_value()) << what;
   EXPECT_NEAR(*pipeline.summary.final_top1, reference.summary.final_top1.value_or(-1.0), 1e-9)
@@ -85,11 +90,11 @@ TEST(TrainerPipelineTest, TwoStagesTrainLikeOneProcessAccumulatingTheMicroBatche
         {"1f1b balanced by measured block time", {}, {"MODEL.PIPELINE.BALANCE=time"}},
     };
     for (const Variant& variant : variants) {
-      const RunResult pipeline =
-          train(dir / "pipeline", kJob + kPipeline + variant.both + variant.schedule, borrow(group));
+      const RunResult pipeline = train(
+          dir / "pipeline", kJob + kPipeline + variant.both + variant.schedule, borrow(group));
       if (group.rank() == 0) { // pipeline rank 0 holds the gathered model
-        const RunResult one = train(dir / "one", kJob + kAccumulated + variant.both,
-                                    comm::ProcessGroup::single_process());
+        const RunResult one = train(
+            dir / "one", kJob + kAccumulated + variant.both, comm::ProcessGroup::single_process());
         expect_same_run(pipeline, one, variant.what);
       }
       group.barrier();
@@ -110,8 +115,8 @@ TEST(TrainerPipelineTest, TwoStagesTimesTwoReplicasTrainLikeDdpAccumulatingTheMi
         // Not the test accuracy: replica 1 evaluates with replica 0's BatchNorm statistics
         // (taken at the end of every step), DDP's rank 1 with rank 0's of before its last
         // forward, updated by that forward.
-        expect_same_training(pipeline, ddp, kTolerance,
-                             "2 stages x 2 replicas against DDP over 2 ranks");
+        expect_same_training(
+            pipeline, ddp, kTolerance, "2 stages x 2 replicas against DDP over 2 ranks");
         // The checkpoints too, BatchNorm's running statistics included (replica 0's and
         // DDP's rank 0's: the buffers' root in both).
         const auto saved = checkpoint::load_checkpoint(dir / "pipeline" / "checkpoint.torch");
@@ -120,8 +125,8 @@ TEST(TrainerPipelineTest, TwoStagesTimesTwoReplicasTrainLikeDdpAccumulatingTheMi
         ASSERT_EQ(model.size(), expected.at("model").toGenericDict().size());
         for (const auto& item : expected.at("model").toGenericDict()) {
           const at::Tensor value = model.at(item.key()).toTensor().to(at::kDouble);
-          EXPECT_TRUE(torch::allclose(value, item.value().toTensor().to(at::kDouble), kTolerance,
-                                      kTolerance))
+          EXPECT_TRUE(torch::allclose(
+              value, item.value().toTensor().to(at::kDouble), kTolerance, kTolerance))
               << item.key().toStringRef();
         }
       }
@@ -132,20 +137,19 @@ TEST(TrainerPipelineTest, TwoStagesTimesTwoReplicasTrainLikeDdpAccumulatingTheMi
 
 TEST(TrainerPipelineTest, MidEpochResumeIsBitExact) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    expect_mid_epoch_resume_bit_exact(
-        test_dir(), kPipeline, group, [&](const fs::path& run) {
-          // One file, written by rank 0: the whole model, as a run without a pipeline has it.
-          const auto state = checkpoint::load_checkpoint(run / "model_iteration8.torch");
-          size_t trunk = 0;
-          size_t head = 0;
-          for (const auto& item : state.at("model").toGenericDict()) {
-            trunk += item.key().toStringRef().rfind("trunk.", 0) == 0 ? 1 : 0;
-            head += item.key().toStringRef().rfind("head.", 0) == 0 ? 1 : 0;
-          }
-          EXPECT_GT(trunk, 0u);
-          EXPECT_GT(head, 0u);
-          EXPECT_EQ(state.at("train_sampler").toGenericDict().at("num_replicas").toInt(), 1);
-        });
+    expect_mid_epoch_resume_bit_exact(test_dir(), kPipeline, group, [&](const fs::path& run) {
+      // One file, written by rank 0: the whole model, as a run without a pipeline has it.
+      const auto state = checkpoint::load_checkpoint(run / "model_iteration8.torch");
+      size_t trunk = 0;
+      size_t head = 0;
+      for (const auto& item : state.at("model").toGenericDict()) {
+        trunk += item.key().toStringRef().rfind("trunk.", 0) == 0 ? 1 : 0;
+        head += item.key().toStringRef().rfind("head.", 0) == 0 ? 1 : 0;
+      }
+      EXPECT_GT(trunk, 0u);
+      EXPECT_GT(head, 0u);
+      EXPECT_EQ(state.at("train_sampler").toGenericDict().at("num_replicas").toInt(), 1);
+    });
   });
 }
 

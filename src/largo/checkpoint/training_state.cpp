@@ -7,9 +7,8 @@
 #include <largo/core/rng_state.h>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
-
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <set>
 #include <unordered_map>

@@ -30,8 +30,8 @@ torch::Device blocks_device(const std::vector<PipelineBlock>& blocks) {
 
 // The entries of `groups` whose tensors are `module`'s parameters (this rank's stages);
 // groups left empty are dropped, as optim::build_param_groups drops them.
-std::vector<optim::ParamGroup> groups_of(std::vector<optim::ParamGroup> groups,
-                                         const torch::nn::Module& module) {
+std::vector<optim::ParamGroup>
+groups_of(std::vector<optim::ParamGroup> groups, const torch::nn::Module& module) {
   std::unordered_set<const void*> own;
   for (const auto& parameter : module.parameters()) {
     own.insert(parameter.unsafeGetTensorImpl());
@@ -63,24 +63,30 @@ at::Tensor pad_rows(const at::Tensor& batch, int64_t rows) {
 
 class PipelineModel : public ParallelModel {
  public:
-  PipelineModel(PipelineMesh mesh, std::unique_ptr<PipelineParallel> pipeline,
-                std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
-                std::unique_ptr<precision::MixedPrecision> precision,
-                std::vector<optim::ParamGroup> param_groups,
-                const OptimizerFactory& make_optimizer)
-      : ParallelModel(pipeline->module(), std::move(group), std::move(options),
-                      std::move(precision)),
+  PipelineModel(
+      PipelineMesh mesh,
+      std::unique_ptr<PipelineParallel> pipeline,
+      std::shared_ptr<comm::ProcessGroup> group,
+      ParallelOptions options,
+      std::unique_ptr<precision::MixedPrecision> precision,
+      std::vector<optim::ParamGroup> param_groups,
+      const OptimizerFactory& make_optimizer)
+      : ParallelModel(
+            pipeline->module(), std::move(group), std::move(options), std::move(precision)),
         mesh_(std::move(mesh)),
         pipeline_(std::move(pipeline)) {
     optimizer_ = make_optimizer(groups_of(std::move(param_groups), *module_));
     for (const auto& param_group : optimizer_->param_groups()) {
-      trained_parameters_.insert(trained_parameters_.end(), param_group.params.begin(),
-                                 param_group.params.end());
+      trained_parameters_.insert(
+          trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
     }
   }
 
-  double forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
-                          const LossFunction& loss, int64_t loss_divisor) override {
+  double forward_backward(
+      const at::Tensor& inputs,
+      const at::Tensor& targets,
+      const LossFunction& loss,
+      int64_t loss_divisor) override {
     const precision::PrecisionPolicy& policy = precision_->policy();
     const bool autocast = policy.enabled && policy.autocast;
     const c10::DeviceType device_type = module_device().type();
@@ -98,8 +104,8 @@ class PipelineModel : public ParallelModel {
     };
     precision::GradScaler* scaler = precision_->grad_scaler();
     auto scale = [scaler, loss_divisor](const at::Tensor& weighted) {
-      at::Tensor divided = loss_divisor > 1 ? weighted / static_cast<double>(loss_divisor)
-                                            : weighted;
+      at::Tensor divided =
+          loss_divisor > 1 ? weighted / static_cast<double>(loss_divisor) : weighted;
       return scaler != nullptr ? scaler->scale(divided) : divided;
     };
     return pipeline_->forward_backward(inputs, targets, float32_loss, scale);
@@ -118,8 +124,10 @@ class PipelineModel : public ParallelModel {
   // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
     if (root != 0) {
-      throw OptionError("model_state_dict's root", std::to_string(root),
-                        "0 with a pipeline (its rank 0 gathers the stages)");
+      throw OptionError(
+          "model_state_dict's root",
+          std::to_string(root),
+          "0 with a pipeline (its rank 0 gathers the stages)");
     }
     std::vector<std::pair<std::string, at::Tensor>> state;
     for (const auto& item : pipeline_->full_state_dict()) {
@@ -198,23 +206,30 @@ class PipelineModel : public ParallelModel {
 } // namespace
 
 std::unique_ptr<ParallelModel> make_pipeline_model(
-    std::vector<PipelineBlock> blocks, std::shared_ptr<comm::ProcessGroup> group,
-    ParallelOptions options, std::vector<optim::ParamGroup> param_groups,
+    std::vector<PipelineBlock> blocks,
+    std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options,
+    std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer) {
   const torch::Device device = blocks_device(blocks);
   PipelineMesh mesh = make_pipeline_mesh(*group, options.pipeline.size);
   PipelineParallelOptions stages = options.pipeline.stages;
   stages.data_parallel(options.ddp); // manual reduction is forced over the replicas
-  auto pipeline = std::make_unique<PipelineParallel>(std::move(blocks), mesh.pipeline,
-                                                     mesh.data_parallel, stages);
+  auto pipeline = std::make_unique<PipelineParallel>(
+      std::move(blocks), mesh.pipeline, mesh.data_parallel, stages);
   // Every stage and replica skips (or stops) together.
   precision::GradScalerOptions scaler_options = options.grad_scaler;
   scaler_options.found_inf_reducer = pipeline->found_inf_reducer();
   auto precision = std::make_unique<precision::MixedPrecision>(
       options.precision, *pipeline->module(), device, scaler_options, options.check_finite);
-  return std::make_unique<PipelineModel>(std::move(mesh), std::move(pipeline), std::move(group),
-                                         std::move(options), std::move(precision),
-                                         std::move(param_groups), make_optimizer);
+  return std::make_unique<PipelineModel>(
+      std::move(mesh),
+      std::move(pipeline),
+      std::move(group),
+      std::move(options),
+      std::move(precision),
+      std::move(param_groups),
+      make_optimizer);
 }
 
 } // namespace largo::parallel

@@ -34,33 +34,39 @@ std::vector<std::pair<std::string, std::string>> conflicts(const RunPlan& plan) 
   const TrainerOptions& o = plan.options;
   std::vector<std::pair<std::string, std::string>> found;
   if (o.fsdp.enabled) {
-    found.emplace_back("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP",
-                       "FSDP gathers and scatters inside every forward and backward, which the "
-                       "schedule interleaves across micro-batches");
+    found.emplace_back(
+        "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP",
+        "FSDP gathers and scatters inside every forward and backward, which the "
+        "schedule interleaves across micro-batches");
   }
   if (o.zero.shard_optimizer_state) {
-    found.emplace_back("OPTIMIZER.use_zero / OPTIMIZER.name zero / MODEL.SHARDED_DDP_SETUP.USE_SDP",
-                       "the stages' replicas run DDP (ZeRO over them is a library composition, "
-                       "docs/pipeline.md, not a config yet)");
+    found.emplace_back(
+        "OPTIMIZER.use_zero / OPTIMIZER.name zero / MODEL.SHARDED_DDP_SETUP.USE_SDP",
+        "the stages' replicas run DDP (ZeRO over them is a library composition, "
+        "docs/pipeline.md, not a config yet)");
   }
   if (o.activation_checkpointing.enabled) {
-    found.emplace_back("MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING",
-                       "a pipeline recomputes stage by stage: use MODEL.PIPELINE.CHECKPOINT_STAGES");
+    found.emplace_back(
+        "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING",
+        "a pipeline recomputes stage by stage: use MODEL.PIPELINE.CHECKPOINT_STAGES");
   }
   if (plan.precision.cast_model) {
-    found.emplace_back("MODEL.AMP_PARAMS.AMP_ARGS.opt_level " + plan.precision.describe(),
-                       "a cast of the stages is not built: use O1 or AMP_TYPE pytorch (autocast)");
+    found.emplace_back(
+        "MODEL.AMP_PARAMS.AMP_ARGS.opt_level " + plan.precision.describe(),
+        "a cast of the stages is not built: use O1 or AMP_TYPE pytorch (autocast)");
   }
   if (o.sync_batch_norm.convert) {
-    found.emplace_back("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN",
-                       "a pipeline normalises each micro-batch on its own (docs/pipeline.md)");
+    found.emplace_back(
+        "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN",
+        "a pipeline normalises each micro-batch on its own (docs/pipeline.md)");
   }
   if (o.model_ema.enabled()) {
     found.emplace_back("HOOKS.EMA_MODEL", "the average of a model cut into stages is not built");
   }
   if (plan.model.feature_eval.enabled()) {
-    found.emplace_back("MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON",
-                       "a linear evaluation trains heads only; it needs no pipeline");
+    found.emplace_back(
+        "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON",
+        "a linear evaluation trains heads only; it needs no pipeline");
   }
   return found;
 }
@@ -94,7 +100,8 @@ void check_schedule(const parallel::PipelineOptions& pipeline) {
         "MODEL.PIPELINE.BOUNDARIES = [{}]: expected {} strictly increasing block indices from "
         "0 to the model's number of blocks (PIPELINE_SIZE x VIRTUAL_STAGES + 1), or [] to "
         "balance the stages",
-        fmt::join(boundaries, ", "), expected));
+        fmt::join(boundaries, ", "),
+        expected));
   }
 }
 
@@ -108,7 +115,9 @@ void check_pipeline_keys(const RunPlan& plan) {
       throw ConfigError(fmt::format(
           "{} is set, but {} is 1, so there is no pipeline for it to change: set {} > 1 or "
           "leave MODEL.PIPELINE at its defaults",
-          fmt::join(changed, ", "), kSizeKey, kSizeKey));
+          fmt::join(changed, ", "),
+          kSizeKey,
+          kSizeKey));
     }
     return;
   }
@@ -117,19 +126,23 @@ void check_pipeline_keys(const RunPlan& plan) {
     throw ConfigError(fmt::format(
         "{} = {} with {} ranks: the pipeline size must divide the number of ranks "
         "(DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = pipeline size x data-parallel replicas)",
-        kSizeKey, pipeline.size, world));
+        kSizeKey,
+        pipeline.size,
+        world));
   }
   check_schedule(pipeline);
   for (const auto& [key, why] : conflicts(plan)) {
-    throw ConfigError(fmt::format("{} = {} (a pipeline) with {}: not available, {}", kSizeKey,
-                                  pipeline.size, key, why));
+    throw ConfigError(fmt::format(
+        "{} = {} (a pipeline) with {}: not available, {}", kSizeKey, pipeline.size, key, why));
   }
   const int microbatches = pipeline.stages.num_microbatches();
   if (plan.options.train.batch_size < microbatches) {
     throw ConfigError(fmt::format(
         "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {} cannot be split into MODEL.PIPELINE."
         "NUM_MICROBATCHES = {} micro-batches: use a batch of at least {} or fewer micro-batches",
-        plan.options.train.batch_size, microbatches, microbatches));
+        plan.options.train.batch_size,
+        microbatches,
+        microbatches));
   }
 }
 

@@ -248,8 +248,9 @@ parallel::ParallelOptions Trainer::State::pipeline_options() const {
   parallel::ParallelOptions options = plan.parallel;
   parallel::PipelineParallelOptions& stages = options.pipeline.stages;
   if (stages.balance() == parallel::StageBalance::kTime) {
+    const int64_t rows = std::max<int64_t>(plan.batch_per_rank / stages.num_microbatches(), 1);
     std::vector<int64_t> shape = plan.train_shape.sample_shape;
-    shape.insert(shape.begin(), std::max<int64_t>(plan.batch_per_rank / stages.num_microbatches(), 1));
+    shape.insert(shape.begin(), rows);
     stages.balance_sample(at::zeros(shape, at::TensorOptions().device(device)));
   }
   return options;
