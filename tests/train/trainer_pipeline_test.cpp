@@ -2,7 +2,8 @@
 // 127.0.0.1): 2 stages train like one process that runs the micro-batches as gradient
 // accumulation steps (BatchNorm normalises each micro-batch either way), 2 stages x 2
 // replicas like DDP over 2 ranks with the same accumulation; a mid-epoch resume is bit-exact;
-// a pipeline's checkpoint resumes in a run without one.
+// a pipeline's checkpoint resumes in a run without one; each rank keeps only its stages'
+// weights.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
 #include <largo/train/trainer.h>
@@ -192,6 +193,31 @@ TEST(TrainerPipelineTest, AnEvaluationOnlyRunScoresThroughThePipelineAsOneProces
       const RunResult one = train(run, kModel + evaluate, comm::ProcessGroup::single_process());
       EXPECT_NEAR(one.summary.final_top1.value_or(-1.0), *scored.summary.final_top1, 1e-9);
     }
+  });
+}
+
+TEST(TrainerPipelineTest, EachRankHoldsOnlyItsStagesWeights) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    auto options =
+        trainer_options_from_config(synthetic_job_config(test_dir(), kJob + kPipeline));
+    Trainer trainer(options, "", borrow(group));
+    trainer.run();
+    int64_t own = 0;
+    for (const auto& parameter : trainer.model()->parameters()) {
+      own += parameter.numel();
+    }
+    at::Tensor total = at::tensor({own}, at::kLong);
+    group.all_reduce(total);
+    const auto whole = trainer.full_parameters(); // rank 0: gathered from both stages
+    if (group.rank() == 0) {
+      int64_t expected = 0;
+      for (const auto& [name, value] : whole) {
+        expected += value.numel();
+      }
+      EXPECT_EQ(total.item<int64_t>(), expected); // each parameter on exactly one rank
+    }
+    EXPECT_GT(own, 0);
+    EXPECT_LT(own, total.item<int64_t>());
   });
 }
 

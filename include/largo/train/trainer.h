@@ -58,8 +58,8 @@ class Trainer {
   TrainSummary run();
 
   // The model. Under FSDP (MODEL.FSDP_CONFIG) its trainable parameters hold no memory
-  // between steps, and with a pipeline only this rank's stages train: read them through
-  // full_parameters(). In a linear evaluation
+  // between steps, and with a pipeline only this rank's stages keep their tensors (the
+  // others' are emptied): read them through full_parameters(). In a linear evaluation
   // (MODEL.FEATURE_EVAL_SETTINGS) it is the model whose frozen trunk the evaluation's heads
   // train on (models::LinearEvalModel); full_parameters() has the heads.
   models::TrunkHeadModel& model();

@@ -29,6 +29,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <unordered_set>
 
 namespace largo::train {
 namespace fs = std::filesystem;
@@ -51,6 +52,7 @@ struct Trainer::State {
   EvaluationHook* evaluation = nullptr;       // among the hooks when TEST_MODEL
   std::optional<MemoryTracker> step_memory;   // peak of each step, with activation checkpointing
   bool model_state_logged = false;
+  int64_t num_parameters = 0; // the whole model's, counted before a pipeline empties the rest
 
   const TrainerOptions& options() const {
     return plan.options;
@@ -67,6 +69,7 @@ struct Trainer::State {
   bool will_resume() const;
   void parallelize_model();
   parallel::ParallelOptions pipeline_options() const;
+  void release_other_stages();
   void open_records();
   void add_hooks();
   void keep_model_ema();
@@ -171,6 +174,7 @@ void Trainer::State::setup() {
 void Trainer::State::build_model() {
   seed_everything(options().seed);
   model = models::build_run_model(plan.model);
+  num_parameters = models::count_parameters(*model.module());
   const checkpoint::WeightsInitOptions& weights = options().weights_init;
   if (!weights.params_file.empty() && !will_resume()) {
     const checkpoint::WeightsInitReport report =
@@ -239,8 +243,36 @@ void Trainer::State::parallelize_model() {
   if (parallel->activation_memory_report()) {
     step_memory.emplace(device);
   }
+  if (plan.parallel.pipeline.enabled()) {
+    release_other_stages();
+  }
   // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
   seed_everything(options().seed + static_cast<uint64_t>(group->rank()));
+}
+
+// With a pipeline this rank keeps only its stages' weights: every other parameter and buffer
+// of the model built here is emptied, so that a rank holds about 1/PIPELINE_SIZE of the
+// model (the stages share their tensors with the model, and keep them).
+void Trainer::State::release_other_stages() {
+  std::unordered_set<const void*> kept;
+  for (const auto& tensor : parallel->module()->parameters()) {
+    kept.insert(tensor.unsafeGetTensorImpl());
+  }
+  for (const auto& tensor : parallel->module()->buffers()) {
+    kept.insert(tensor.unsafeGetTensorImpl());
+  }
+  torch::NoGradGuard no_grad;
+  auto release = [&](at::Tensor tensor) {
+    if (kept.count(tensor.unsafeGetTensorImpl()) == 0) {
+      tensor.set_data(at::empty({0}, tensor.options()));
+    }
+  };
+  for (auto& tensor : model.module()->parameters()) {
+    release(tensor);
+  }
+  for (auto& tensor : model.module()->buffers()) {
+    release(tensor);
+  }
 }
 
 // MODEL.PIPELINE.BALANCE time measures the blocks on one micro-batch of zeros.
@@ -325,7 +357,7 @@ void Trainer::State::log_start() const {
                               model.linear_eval->num_outputs(),
                               model.linear_eval->num_outputs() == 1 ? "" : "s")
                         : "",
-      models::count_parameters(*model.module()),
+      num_parameters,
       models::format_flops(static_cast<double>(flops_per_sample())),
       model.linear_eval ? "the frozen trunk forward, the heads 3 x forward" : "3 x forward",
       data->num_train_samples(),
