@@ -54,6 +54,7 @@ def render():
         "|---|---|---|",
     ]
     for key, value, note in rows:
+        note = note.replace("|", "\\|")  # a "|" in a comment (a | b) would split the cell
         out.append(f"| `{key}` | `{value}` | {note} |")
     return "\n".join(out) + "\n"
 
