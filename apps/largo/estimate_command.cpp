@@ -178,8 +178,11 @@ void print_pipeline_header(const train::RunPlan& plan, const PipelineEstimate& e
   std::printf("stages %s, boundaries [%s]: %s\n", cut.c_str(),
               fmt::format("{}", fmt::join(estimate.boundaries, ", ")).c_str(),
               describe_stages(estimate).c_str());
-  std::printf("ZeRO and FSDP do not compose with a pipeline: each stage's replicas run DDP (ZeRO "
-              "stage 0), so the ZeRO table is replaced by this one, per pipeline rank\n");
+  std::printf("each stage's replicas run %s (ZeRO-2 and FSDP do not compose with a pipeline), "
+              "so the ZeRO table is replaced by this one, per pipeline rank\n",
+              plan.parallel.data_parallelism == parallel::DataParallelism::kZero1
+                  ? "ZeRO-1 (optimizer state sharded over them)"
+                  : "DDP");
 }
 
 // How the activation columns were obtained, so that nobody reads more into them.

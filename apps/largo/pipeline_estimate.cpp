@@ -160,9 +160,10 @@ PipelineEstimate estimate_pipeline(
   }
   estimate.boundaries = cut_as_the_trainer(plan, blocks, estimate.shape.num_stages());
 
-  // Every stage's replicas run DDP: ZeRO stage 0 over the rank's own parameters.
+  // Every stage's replicas run DDP, or ZeRO-1 over them: stage 0 or 1 of the ZeRO accounting
+  // over the rank's own parameters, sharded over the replicas.
   state_options.world_size = estimate.num_replicas;
-  state_options.stage = 0;
+  state_options.stage = parallel::zero_stage(plan.parallel.data_parallelism);
   state_options.rank = 0;
   for (int rank = 0; rank < estimate.shape.num_ranks; ++rank) {
     PipelineRankEstimate entry;

@@ -3,8 +3,8 @@
 // balanced by MODEL.PIPELINE.BALANCE into PIPELINE_SIZE x VIRTUAL_STAGES stages, stage s on
 // pipeline rank s % PIPELINE_SIZE); each rank's stages then give:
 //   - model state: its stages' parameters, gradients and optimizer state. A stage's replicas
-//     run DDP (ZeRO and FSDP do not compose with a pipeline), so this is ZeRO stage 0's
-//     accounting (parallel/memory_estimate.h) over that rank's parameters only;
+//     run DDP or ZeRO-1 (ZeRO-2 and FSDP do not compose with a pipeline), so this is ZeRO
+//     stage 0's or 1's accounting (parallel/memory_estimate.h) over that rank's parameters;
 //   - activations: what one micro-batch leaves alive in its stages, measured on a micro-batch
 //     of zeros, times the most stage passes the schedule keeps in flight on that rank
 //     (parallel/pipeline_memory.h). Measured on the CPU only (core/memory_tracker.h).

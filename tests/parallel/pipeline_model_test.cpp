@@ -305,6 +305,89 @@ TEST(PipelineModelTest, ReplicasEndEveryStepWithReplicaZerosBuffers) {
   });
 }
 
+// 2 stages x 2 replicas with ZeRO-1 over each stage's replicas: each replica trains on its
+// half of every batch, in 2 micro-batches of 4 rows (no BatchNorm: the micro-batches are
+// not visible in the result).
+TEST(PipelineModelTest, ZeroOneOverTheReplicasTrainsLikeOneProcessAndCheckpointsWhole) {
+  run_on_ranks(4, [](comm::ProcessGroup& group) {
+    auto world = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+    const auto [losses, reference] = train_reference(false);
+    ParallelOptions options = pipeline_options(false);
+    options.data_parallelism = DataParallelism::kZero1;
+    options.pipeline.stages.num_microbatches(2);
+    Net net = make_net();
+    auto model = parallelize(blocks_of(net), groups_of(*net), sgd_momentum(), world, options);
+    ASSERT_NE(model->describe().find("ZeRO-1"), std::string::npos) << model->describe();
+    const int replica = model->data_parallel_group().rank();
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = batch_of(step);
+      model->zero_grad();
+      const double loss = model->forward_backward(
+          x.narrow(0, replica * kBatch / 2, kBatch / 2),
+          y.narrow(0, replica * kBatch / 2, kBatch / 2),
+          cross_entropy);
+      EXPECT_TRUE(model->finish_backward());
+      model->clip_grad_norm(0.5); // over every rank's pieces
+      EXPECT_TRUE(model->step());
+      EXPECT_TRUE(std::isfinite(loss));
+    }
+    const auto expected = reference->named_parameters();
+    for (const auto& item : model->module()->named_parameters()) {
+      expect_close(item.value(), expected[item.key()], item.key());
+    }
+    // The whole optimizer state, consolidated over the replicas and merged over the stages,
+    // is the one process's (rank 0); loaded back, every rank steps its pieces as before.
+    const c10::IValue whole = model->optimizer_state_dict();
+    Net one_net = make_net();
+    auto one = parallelize(
+        one_net,
+        groups_of(*one_net),
+        sgd_momentum(),
+        comm::ProcessGroup::single_process(),
+        ParallelOptions{});
+    train(*one, kMicroBatches);
+    const auto one_state = one->optimizer_state_dict().toGenericDict().at("state").toGenericDict();
+    if (group.rank() == 0) {
+      const auto state = whole.toGenericDict().at("state").toGenericDict();
+      ASSERT_EQ(state.size(), one_state.size());
+      for (const auto& item : state) {
+        expect_close(
+            item.value().toGenericDict().at("momentum_buffer").toTensor(),
+            one_state.at(item.key()).toGenericDict().at("momentum_buffer").toTensor(),
+            item.key().toStringRef());
+      }
+    } else {
+      EXPECT_TRUE(whole.isNone());
+    }
+    // A fresh ZeRO-1 pipeline given the one process's weights and optimizer state steps on
+    // as the one process does (with the momentum lost, the step would differ).
+    Net fresh_net = make_net();
+    auto fresh =
+        parallelize(blocks_of(fresh_net), groups_of(*fresh_net), sgd_momentum(), world, options);
+    std::unordered_map<std::string, at::Tensor> weights;
+    for (const auto& item : one_net->named_parameters()) {
+      weights.emplace(item.key(), item.value().detach().clone());
+    }
+    fresh->load_model_state_dict(weights);
+    fresh->load_optimizer_state_dict(one->optimizer_state_dict());
+    auto [x, y] = batch_of(kSteps);
+    for (ParallelModel* stepped : {one.get(), fresh.get()}) {
+      const bool pipelined = stepped == fresh.get();
+      stepped->zero_grad();
+      stepped->forward_backward(
+          pipelined ? x.narrow(0, replica * kBatch / 2, kBatch / 2) : x,
+          pipelined ? y.narrow(0, replica * kBatch / 2, kBatch / 2) : y,
+          cross_entropy);
+      EXPECT_TRUE(stepped->finish_backward());
+      EXPECT_TRUE(stepped->step());
+    }
+    const auto stepped_reference = one_net->named_parameters();
+    for (const auto& item : fresh->module()->named_parameters()) {
+      expect_close(item.value(), stepped_reference[item.key()], "after loading: " + item.key());
+    }
+  });
+}
+
 TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
   auto expect_option_error = [](ParallelOptions options, int world, const std::string& option) {
     try {
@@ -314,9 +397,9 @@ TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
       EXPECT_EQ(error.option(), option) << error.what();
     }
   };
-  ParallelOptions zero = pipeline_options(false);
-  zero.data_parallelism = DataParallelism::kZero1;
-  expect_option_error(zero, 4, "ParallelOptions::pipeline.size");
+  ParallelOptions zero2 = pipeline_options(false);
+  zero2.data_parallelism = DataParallelism::kZero2;
+  expect_option_error(zero2, 4, "ParallelOptions::pipeline.size");
   ParallelOptions checkpointing = pipeline_options(false);
   checkpointing.activation_checkpointing.sequential = "blocks";
   checkpointing.activation_checkpointing.num_splits = 2;

@@ -28,7 +28,6 @@ void expect_refused(const Overrides& overrides, const std::string& message) {
 
 TEST(PipelinePlanTest, WhatDoesNotComposeWithAPipelineIsRefusedByItsKey) {
   expect_refused({"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
-  expect_refused({"OPTIMIZER.use_zero=True"}, "OPTIMIZER.use_zero");
   expect_refused({"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}, "MODEL.SHARDED_DDP_SETUP.USE_SDP");
   expect_refused(
       {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"},
@@ -79,6 +78,10 @@ TEST(PipelinePlanTest, TheReplicasMakeTheGlobalBatch) {
   EXPECT_EQ(plan.parallel.pipeline.size, 2);
   EXPECT_NE(plan.describe().find("pipeline of 2 stages (1f1b, 4 micro-batches)"), std::string::npos)
       << plan.describe();
+  // ZeRO-1 shards the optimizer state over each stage's replicas.
+  const RunPlan zero = plan_of({"OPTIMIZER.use_zero=True"});
+  EXPECT_EQ(zero.parallel.data_parallelism, parallel::DataParallelism::kZero1);
+  EXPECT_NE(zero.describe().find("x ZeRO-1 over 2 ranks"), std::string::npos) << zero.describe();
   const RunPlan without = plan_of({"DISTRIBUTED.PIPELINE_SIZE=1"});
   EXPECT_EQ(without.global_batch, 16 * 4);
 }

@@ -1,7 +1,8 @@
 // Pipeline parallelism in the trainer (DISTRIBUTED.PIPELINE_SIZE, MODEL.PIPELINE; Gloo over
 // 127.0.0.1): 2 stages train like one process that runs the micro-batches as gradient
 // accumulation steps (BatchNorm normalises each micro-batch either way), 2 stages x 2
-// replicas like DDP over 2 ranks with the same accumulation; a mid-epoch resume is bit-exact;
+// replicas like DDP over 2 ranks with the same accumulation, and with ZeRO-1 over the replicas
+// like without; a mid-epoch resume is bit-exact;
 // a pipeline's checkpoint resumes in a run without one; each rank keeps only its stages'
 // weights.
 #include <largo/checkpoint/checkpoint_file.h>
@@ -133,6 +134,23 @@ TEST(TrainerPipelineTest, TwoStagesTimesTwoReplicasTrainLikeDdpAccumulatingTheMi
       }
     }
     group.barrier();
+  });
+}
+
+TEST(TrainerPipelineTest, ZeroOneOverTheReplicasTrainsLikeDdpAndResumesBitExactly) {
+  run_on_ranks(4, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    const Overrides zero = {"OPTIMIZER.use_zero=True"};
+    const Overrides clipped = {
+        "MODEL.GRAD_CLIP.USE_GRAD_CLIP=True", "MODEL.GRAD_CLIP.MAX_NORM=0.5"};
+    expect_same_training(
+        train(dir / "zero1", kJob + kPipeline + clipped + zero, borrow(group)),
+        train(dir / "ddp", kJob + kPipeline + clipped, borrow(group)),
+        kTolerance,
+        "ZeRO-1 against DDP over 2 stages x 2 replicas, rank " + std::to_string(group.rank()));
+    // The checkpoint holds the whole optimizer state (consolidated and merged), from which
+    // each replica takes its pieces again.
+    expect_mid_epoch_resume_bit_exact(dir / "resume", kPipeline + zero, group);
   });
 }
 

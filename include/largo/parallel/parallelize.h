@@ -19,8 +19,8 @@
 //   FSDP / ZeRO-3 (+ parameters). Precision (Apex O0-O3 or autocast, float16/bfloat16, a
 //   GradScaler) and activation checkpointing compose with each of them.
 // Pipeline parallelism (ParallelOptions::pipeline, pipeline_parallel.h) is the overload of
-// parallelize() over a model's blocks: stages over pipeline ranks, DDP over each stage's
-// replicas. Its step is one forward_backward() per micro-step (the schedule interleaves
+// parallelize() over a model's blocks: stages over pipeline ranks, DDP or ZeRO-1 over each
+// stage's replicas. Its step is one forward_backward() per micro-step (the schedule interleaves
 // forwards and backwards), which every mode offers, so a loop written with forward_backward
 // runs unchanged on all of them:
 //     auto scope = model->micro_step(k + 1 == K);
@@ -131,7 +131,8 @@ struct PipelineOptions {
 
 struct ParallelOptions {
   DataParallelism data_parallelism = DataParallelism::kDdp;
-  // With the blocks overload of parallelize(): DDP over each stage's replicas (kDdp only).
+  // With the blocks overload of parallelize(): DDP (kDdp) or ZeRO-1 (kZero1) over each stage's
+  // replicas.
   PipelineOptions pipeline;
   DistributedDataParallelOptions ddp;   // kDdp
   ShardedDataParallelOptions zero;      // kZero2's gradient reduction
@@ -363,12 +364,12 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
                                            ParallelOptions options);
 
 // Pipeline parallelism (ParallelOptions::pipeline): `blocks` (pipeline_blocks(), the same
-// model on every rank) cut into stages over the pipeline ranks of `group`, DDP over each
-// stage's replicas; `param_groups` (over the whole model) keep this rank's parameters, and
+// model on every rank) cut into stages over the pipeline ranks of `group`, DDP (or ZeRO-1)
+// over each stage's replicas; `param_groups` (over the whole model) keep this rank's parameters, and
 // the optimizer steps those. The returned model's forward_backward runs the schedule;
 // forward() gives every rank the outputs; model_state_dict() and optimizer_state_dict() are
 // the whole model's, gathered on rank 0. Throws OptionError for what does not compose with
-// a pipeline (ZeRO, FSDP, activation checkpointing: use PipelineParallelOptions::
+// a pipeline (ZeRO-2, FSDP, activation checkpointing: use PipelineParallelOptions::
 // checkpoint_stages, a cast of the model). Collective.
 std::unique_ptr<ParallelModel> parallelize(std::vector<PipelineBlock> blocks,
                                            std::vector<optim::ParamGroup> param_groups,

@@ -54,6 +54,12 @@ void load_resharded_piece_state(optim::Optimizer& base, const PieceOwnership& ow
                                 int old_world_size,
                                 const std::function<c10::IValue(int old_rank)>& shards);
 
+// A whole (unsharded) optimizer state as the shard of a world of one rank, each parameter of
+// `param_shapes` (name -> shape) one piece: what load_resharded_piece_state() takes to load a
+// whole state into an optimizer over pieces.
+c10::IValue whole_state_as_single_shard(
+    const c10::IValue& whole, const std::map<std::string, std::vector<int64_t>>& param_shapes);
+
 // Merges the shards of every rank (yielded in rank order) into the state_dict of an
 // unsharded base optimizer over the whole parameters, with the shapes given by
 // `param_shapes` (name -> shape): what an unsharded run, or torch.load, reads.

@@ -57,26 +57,6 @@ c10::IValue read_shard(const fs::path& dir, const ShardedEntry& entry, int rank)
   return checkpoint::state_at(shard, "optimizer", path.string());
 }
 
-// An unsharded optimizer state_dict seen as the single shard of a one-rank ZeRO run: every
-// parameter is one whole piece.
-c10::IValue as_single_shard(const c10::IValue& plain,
-                            const std::map<std::string, std::vector<int64_t>>& param_shapes) {
-  auto pieces = checkpoint::make_state_dict();
-  for (const auto& [name, shape] : param_shapes) {
-    int64_t numel = 1;
-    for (int64_t size : shape) {
-      numel *= size;
-    }
-    pieces.insert(name, c10::List<int64_t>({0, numel}));
-  }
-  auto shard = checkpoint::make_state_dict();
-  shard.insert("base", plain);
-  shard.insert("pieces", pieces);
-  shard.insert("rank", int64_t{0});
-  shard.insert("world_size", int64_t{1});
-  return shard;
-}
-
 } // namespace
 
 std::string shard_file_name(const std::string& checkpoint_file_name, int rank) {
@@ -169,7 +149,8 @@ void load_piece_optimizer_state(const fs::path& dir, const c10::IValue& entry,
                                 const std::map<std::string, std::vector<int64_t>>& param_shapes) {
   if (!is_sharded_optimizer_entry(entry)) {
     parallel::load_resharded_piece_state(
-        base, ownership, 1, [&](int) { return as_single_shard(entry, param_shapes); });
+        base, ownership, 1,
+        [&](int) { return parallel::whole_state_as_single_shard(entry, param_shapes); });
     return;
   }
   const ShardedEntry parsed = parse_entry(entry);

@@ -158,8 +158,8 @@ void ParallelModel::measure(ModelStateReport& report, const optim::OptimizerSpec
   }
   MemoryEstimateOptions estimate;
   estimate.optimizer = *spec;
-  estimate.world_size = group_->world_size();
-  estimate.rank = group_->rank();
+  estimate.world_size = data_parallel_group().world_size(); // what ZeRO shards over
+  estimate.rank = data_parallel_group().rank();
   estimate.stage = report.zero_stage;
   // O2: the optimizer's groups hold the float32 masters, which are not the module's tensors.
   const bool masters = precision_->master_weights() != nullptr;

@@ -20,9 +20,9 @@ torch::Device module_device(const torch::nn::Module& module) {
 
 namespace {
 
-// What composes with a pipeline: DDP over the stages' replicas (ZeRO-2 and FSDP reduce inside
-// every backward, which the schedule interleaves; ZeRO-1 over the replicas is a library
-// composition, pipeline_parallel.h, not a mode here), recomputation per stage, autocast.
+// What composes with a pipeline: DDP or ZeRO-1 over the stages' replicas (ZeRO-2 and FSDP
+// reduce inside every backward, which the schedule interleaves), recomputation per stage,
+// autocast.
 void check_pipeline_options(const ParallelOptions& options, int world_size) {
   const PipelineOptions& pipeline = options.pipeline;
   if (!pipeline.enabled()) {
@@ -35,10 +35,11 @@ void check_pipeline_options(const ParallelOptions& options, int world_size) {
                                   "replicas)",
                                   world_size));
   }
-  if (options.data_parallelism != DataParallelism::kDdp) {
+  if (options.data_parallelism != DataParallelism::kDdp &&
+      options.data_parallelism != DataParallelism::kZero1) {
     throw OptionError("ParallelOptions::pipeline.size", size,
-                      fmt::format("1 with {}: a pipeline composes with DDP over each stage's "
-                                  "replicas only",
+                      fmt::format("1 with {}: a pipeline composes with DDP or ZeRO-1 over each "
+                                  "stage's replicas",
                                   to_string(options.data_parallelism)));
   }
   if (options.activation_checkpointing.enabled()) {

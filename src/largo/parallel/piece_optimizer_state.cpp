@@ -268,4 +268,22 @@ c10::IValue consolidate_sharded_optimizer_state(
   return root;
 }
 
+IValue whole_state_as_single_shard(
+    const IValue& whole, const std::map<std::string, std::vector<int64_t>>& param_shapes) {
+  GenericDict pieces = make_string_dict();
+  for (const auto& [name, shape] : param_shapes) {
+    int64_t numel = 1;
+    for (int64_t size : shape) {
+      numel *= size;
+    }
+    pieces.insert(name, c10::List<int64_t>({0, numel}));
+  }
+  GenericDict shard = make_string_dict();
+  shard.insert("base", whole);
+  shard.insert("pieces", pieces);
+  shard.insert("rank", int64_t{0});
+  shard.insert("world_size", int64_t{1});
+  return shard;
+}
+
 } // namespace largo::parallel

@@ -3,12 +3,15 @@
 // other mode. What differs: a micro-step is the whole schedule (forward_backward), evaluation
 // forwards go through the pipeline and every rank gets the outputs, the data-parallel group
 // is the stage's replicas, and model and optimizer states are the whole model's, gathered on
-// pipeline rank 0.
+// pipeline rank 0. With ZeRO-1 each replica steps its shard of the stage's parameters; the
+// checkpoint still holds the whole optimizer state (consolidated over the replicas, merged
+// over the stages), so every layout reads it.
 #include "parallel_modes.h"
 
 #include <largo/core/error.h>
 #include <largo/parallel/pipeline_checkpoint.h>
 #include <largo/parallel/pipeline_mesh.h>
+#include <largo/parallel/sharded_optimizer.h>
 #include <largo/precision/autocast.h>
 
 #include <fmt/format.h>
@@ -75,7 +78,17 @@ class PipelineModel : public ParallelModel {
             pipeline->module(), std::move(group), std::move(options), std::move(precision)),
         mesh_(std::move(mesh)),
         pipeline_(std::move(pipeline)) {
-    optimizer_ = make_optimizer(groups_of(std::move(param_groups), *module_));
+    auto own_groups = groups_of(std::move(param_groups), *module_);
+    if (options_.data_parallelism == DataParallelism::kZero1) {
+      ShardedOptimizerOptions zero;
+      zero.make_base_optimizer = make_optimizer;
+      auto sharded =
+          std::make_unique<ShardedOptimizer>(std::move(own_groups), mesh_.data_parallel, zero);
+      sharded_ = sharded.get();
+      optimizer_ = std::move(sharded);
+    } else {
+      optimizer_ = make_optimizer(std::move(own_groups));
+    }
     for (const auto& param_group : optimizer_->param_groups()) {
       trained_parameters_.insert(
           trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
@@ -152,14 +165,24 @@ class PipelineModel : public ParallelModel {
     return values;
   }
   c10::IValue optimizer_state_dict() override {
-    return full_optimizer_state_dict(*pipeline_, *optimizer_);
+    if (sharded_ == nullptr) {
+      return full_optimizer_state_dict(*pipeline_, *optimizer_);
+    }
+    return merge_over_stages(stage_optimizer_state());
   }
   void load_optimizer_state_dict(const c10::IValue& state) override {
     std::vector<std::string> names;
     for (const auto& param_group : optimizer_->param_groups()) {
       names.insert(names.end(), param_group.names.begin(), param_group.names.end());
     }
-    optimizer_->load_state_dict(select_optimizer_state(state, names));
+    const c10::IValue own = select_optimizer_state(state, names);
+    if (sharded_ == nullptr) {
+      optimizer_->load_state_dict(own);
+      return;
+    }
+    const auto shapes = trained_parameter_shapes();
+    sharded_->load_resharded_state(
+        1, [&](int) { return whole_state_as_single_shard(own, shapes); });
   }
 
  protected:
@@ -186,11 +209,23 @@ class PipelineModel : public ParallelModel {
       }
     }
   }
+  // ZeRO-1: only this replica's pieces are unscaled, checked and clipped; the pieces of all
+  // ranks tile the whole model once, so their norms add up over the world.
+  std::vector<at::Tensor> gradient_holders() const override {
+    return sharded_ != nullptr ? sharded_->shard_parameters() : trained_parameters_;
+  }
   double clip_gradients(double max_norm, double norm_type) override {
+    if (sharded_ != nullptr) {
+      return clip_grad_norm_of_pieces(sharded_->shard_parameters(), *group_, max_norm, norm_type);
+    }
     return pipeline_->clip_grad_norm(max_norm, norm_type);
   }
   std::string describe_mode() const override {
-    return fmt::format("pipeline: {}; {}", mesh_.describe(), pipeline_->describe());
+    return fmt::format(
+        "pipeline: {}; {}{}",
+        mesh_.describe(),
+        pipeline_->describe(),
+        sharded_ != nullptr ? "; ZeRO-1 over each stage's replicas" : "");
   }
 
  private:
@@ -199,8 +234,33 @@ class PipelineModel : public ParallelModel {
     return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
   }
 
+  // ZeRO-1: the stage's optimizer state on replica 0, consolidated from every replica's
+  // pieces (None on the other replicas). Collective (replicas).
+  c10::IValue stage_optimizer_state() {
+    const c10::IValue own =
+        piece_state_dict(sharded_->base(), sharded_->piece_ownership(), sharded_->type());
+    const std::vector<c10::IValue> shards = gather_to_root(*mesh_.data_parallel, own);
+    if (shards.empty()) {
+      return {};
+    }
+    return consolidate_sharded_optimizer_state(
+        mesh_.data_parallel_size,
+        [&](int replica) { return shards[static_cast<size_t>(replica)]; },
+        trained_parameter_shapes());
+  }
+  // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that
+  // of another replica, gets None too). Collective (pipeline).
+  c10::IValue merge_over_stages(const c10::IValue& stage_state) {
+    const std::vector<c10::IValue> parts = gather_to_root(pipeline_->pipeline_group(), stage_state);
+    if (parts.empty() || parts.front().isNone()) {
+      return {};
+    }
+    return merge_optimizer_state_dicts(parts, pipeline_->full_parameter_names());
+  }
+
   PipelineMesh mesh_;
   std::unique_ptr<PipelineParallel> pipeline_;
+  ShardedOptimizer* sharded_ = nullptr; // optimizer_, with ZeRO-1
 };
 
 } // namespace

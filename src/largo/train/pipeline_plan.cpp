@@ -39,11 +39,11 @@ std::vector<std::pair<std::string, std::string>> conflicts(const RunPlan& plan) 
         "FSDP gathers and scatters inside every forward and backward, which the "
         "schedule interleaves across micro-batches");
   }
-  if (o.zero.shard_optimizer_state) {
+  if (o.zero.shard_gradients) {
     found.emplace_back(
-        "OPTIMIZER.use_zero / OPTIMIZER.name zero / MODEL.SHARDED_DDP_SETUP.USE_SDP",
-        "the stages' replicas run DDP (ZeRO over them is a library composition, "
-        "docs/pipeline.md, not a config yet)");
+        "MODEL.SHARDED_DDP_SETUP.USE_SDP (ZeRO-2)",
+        "ZeRO-2 reduces gradients inside every backward, which the schedule runs once per "
+        "micro-batch; use ZeRO-1 (OPTIMIZER.use_zero) over the stages' replicas");
   }
   if (o.activation_checkpointing.enabled) {
     found.emplace_back(

@@ -9,7 +9,7 @@ namespace largo::train {
 // Throws ConfigError naming the keys for: MODEL.PIPELINE keys set without a pipeline (they
 // would change nothing), a pipeline size that does not divide the world, a schedule shape
 // the schedule does not take, BOUNDARIES of the wrong count, zb_h1 with CHECKPOINT_STAGES,
-// ZeRO, FSDP, the
+// ZeRO-2, FSDP, the
 // trunk's activation checkpointing (MODEL.PIPELINE.CHECKPOINT_STAGES recomputes per stage),
 // O2/O3, SyncBatchNorm, the model EMA, a linear evaluation, and a batch smaller than the
 // number of micro-batches.
