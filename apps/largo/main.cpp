@@ -7,6 +7,7 @@
 //                                               start a node's workers (torchrun's contract)
 //   largo inspect sampler --size N ...          print one rank's sample indices
 //   largo estimate [CONFIG.yaml] [KEY=VALUE ...]  per-rank model-state bytes, ZeRO stages 0-3
+//                                               (per pipeline rank with a pipeline)
 //   largo extract CONFIG.yaml [KEY=VALUE ...]   write a model's features of both splits as
 //                                               VISSL's .npy files
 //   largo checkpoint consolidate PATH            merge a ZeRO checkpoint's optimizer shards

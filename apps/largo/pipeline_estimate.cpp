@@ -20,32 +20,17 @@ at::Tensor zeros_batch(const train::RunPlan& plan, int64_t rows) {
   return at::zeros(shape);
 }
 
-// The trainer's cut (pipeline_parallel.cpp's cut_model, with the trainer's timing sample).
+// The trainer's cut (the same function, timed on the trainer's sample).
 std::vector<int64_t> cut_as_the_trainer(
     const train::RunPlan& plan,
     const std::vector<parallel::PipelineBlock>& blocks,
     int num_stages) {
   const parallel::PipelineParallelOptions& options = plan.parallel.pipeline.stages;
-  if (!options.boundaries().empty()) {
-    parallel::check_stage_boundaries(
-        options.boundaries(), static_cast<int64_t>(blocks.size()), num_stages);
-    return options.boundaries();
-  }
-  std::vector<double> costs;
-  switch (options.balance()) {
-  case parallel::StageBalance::kParameters:
-    costs = parallel::block_parameter_counts(blocks);
-    break;
-  case parallel::StageBalance::kBlocks:
-    costs.assign(blocks.size(), 1.0);
-    break;
-  case parallel::StageBalance::kTime: // Trainer::State::pipeline_options's sample
-    costs = parallel::measure_block_seconds(
-        blocks,
-        zeros_batch(plan, std::max<int64_t>(plan.batch_per_rank / options.num_microbatches(), 1)));
-    break;
-  }
-  return parallel::balanced_stage_boundaries(costs, num_stages);
+  return parallel::cut_into_stages(
+      blocks, num_stages, options.boundaries(), options.balance(), [&] {
+        return parallel::measure_block_seconds(
+            blocks, at::zeros(train::pipeline_timing_sample_shape(plan)));
+      });
 }
 
 // The parameters of `stages`' blocks, picked from `sizes` by their full-model names.

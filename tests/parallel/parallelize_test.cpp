@@ -8,6 +8,7 @@
 #include <largo/parallel/parallelize.h>
 
 #include "comm/distributed_test_util.h"
+#include "parallel/parallelize_test_util.h"
 
 #include <fmt/format.h>
 
@@ -15,6 +16,9 @@ namespace largo::parallel {
 namespace {
 
 using largo::testing::run_on_ranks;
+using testing::borrow;
+using testing::groups_of;
+using testing::sgd_momentum;
 
 constexpr int64_t kInputs = 12;
 constexpr int64_t kWidth = 16;
@@ -56,33 +60,10 @@ TORCH_MODULE(Net);
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
-std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
-  return std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
-}
-
 // Rank 1 starts from other weights on purpose: parallelize must give every rank rank 0's.
 Net make_net(int rank) {
   torch::manual_seed(rank == 0 ? 3 : 77);
   return Net();
-}
-
-std::vector<optim::ParamGroup> groups_of(torch::nn::Module& net) {
-  optim::ParamGroup group;
-  for (const auto& item : net.named_parameters()) {
-    group.params.push_back(item.value());
-    group.names.push_back(item.key());
-  }
-  group.lr = 0.05;
-  group.name = "all";
-  return {group};
-}
-
-OptimizerFactory sgd_momentum() {
-  return [](std::vector<optim::ParamGroup> groups) {
-    optim::SGDOptions options;
-    options.momentum = 0.9;
-    return std::make_unique<optim::SGD>(std::move(groups), options);
-  };
 }
 
 // Rows [begin, begin + count) of step `step`'s global batch.

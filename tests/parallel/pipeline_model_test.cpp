@@ -10,11 +10,15 @@
 #include <largo/parallel/parallelize.h>
 
 #include "comm/distributed_test_util.h"
+#include "parallel/parallelize_test_util.h"
 
 namespace largo::parallel {
 namespace {
 
 using largo::testing::run_on_ranks;
+using testing::borrow;
+using testing::groups_of;
+using testing::sgd_momentum;
 
 constexpr int64_t kInputs = 12;
 constexpr int64_t kWidth = 16;
@@ -55,25 +59,6 @@ Net make_net() {
 
 std::vector<PipelineBlock> blocks_of(const Net& net) {
   return pipeline_blocks(net->layers, "layers");
-}
-
-std::vector<optim::ParamGroup> groups_of(torch::nn::Module& net) {
-  optim::ParamGroup group;
-  for (const auto& item : net.named_parameters()) {
-    group.params.push_back(item.value());
-    group.names.push_back(item.key());
-  }
-  group.lr = 0.05;
-  group.name = "all";
-  return {group};
-}
-
-OptimizerFactory sgd_momentum() {
-  return [](std::vector<optim::ParamGroup> groups) {
-    optim::SGDOptions options;
-    options.momentum = 0.9;
-    return std::make_unique<optim::SGD>(std::move(groups), options);
-  };
 }
 
 std::pair<at::Tensor, at::Tensor> batch_of(int step) {
@@ -148,7 +133,7 @@ TEST(PipelineModelTest, TwoStagesTrainLikeOneProcessAccumulatingTheMicroBatches)
           blocks_of(net),
           groups_of(*net),
           sgd_momentum(),
-          std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {}),
+          borrow(group),
           pipeline_options(autocast));
       const std::vector<double> losses = train(*model, /*calls=*/1);
       for (int step = 0; step < kSteps; ++step) {
@@ -175,11 +160,7 @@ TEST(PipelineModelTest, ForwardGivesEveryRankTheOutputsOfAnyBatch) {
     Net reference = make_net();
     Net net = make_net();
     auto model = parallelize(
-        blocks_of(net),
-        groups_of(*net),
-        sgd_momentum(),
-        std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {}),
-        pipeline_options(false));
+        blocks_of(net), groups_of(*net), sgd_momentum(), borrow(group), pipeline_options(false));
     EXPECT_TRUE(model->forward_communicates_without_grad());
     torch::NoGradGuard no_grad;
     for (const int64_t rows : {kBatch, int64_t{1}, int64_t{kMicroBatches - 1}}) {
@@ -193,7 +174,7 @@ TEST(PipelineModelTest, ForwardGivesEveryRankTheOutputsOfAnyBatch) {
 
 TEST(PipelineModelTest, StatesAreTheWholeModelsOnRankZeroAndLoadBackPerStage) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    auto world = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+    auto world = borrow(group);
     const auto [losses, reference] = train_reference(false);
     Net net = make_net();
     auto model = parallelize(
@@ -281,7 +262,7 @@ bool buffers_agree_with_the_other_replica(ParallelModel& model) {
 
 TEST(PipelineModelTest, ReplicasEndEveryStepWithReplicaZerosBuffers) {
   run_on_ranks(4, [](comm::ProcessGroup& group) {
-    auto world = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+    auto world = borrow(group);
     for (const bool broadcast : {true, false}) {
       torch::manual_seed(5);
       NormNet net;
@@ -310,7 +291,7 @@ TEST(PipelineModelTest, ReplicasEndEveryStepWithReplicaZerosBuffers) {
 // not visible in the result).
 TEST(PipelineModelTest, ZeroOneOverTheReplicasTrainsLikeOneProcessAndCheckpointsWhole) {
   run_on_ranks(4, [](comm::ProcessGroup& group) {
-    auto world = std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
+    auto world = borrow(group);
     const auto [losses, reference] = train_reference(false);
     ParallelOptions options = pipeline_options(false);
     options.data_parallelism = DataParallelism::kZero1;

@@ -47,14 +47,6 @@ fs::path test_dir() {
   return test_dir_for("pipeline");
 }
 
-RunResult train(
-    const fs::path& dir,
-    const Overrides& overrides,
-    std::shared_ptr<comm::ProcessGroup> group,
-    int64_t stop_after = -1) {
-  return train_run(dir, overrides, std::move(group), stop_after);
-}
-
 // The same losses, parameters and test accuracy (the evaluation forwards run through the
 // pipeline and are counted over the replicas).
 void expect_same_run(
@@ -92,10 +84,10 @@ TEST(TrainerPipelineTest, TwoStagesTrainLikeOneProcessAccumulatingTheMicroBatche
         {"1f1b balanced by measured block time", {}, {"MODEL.PIPELINE.BALANCE=time"}},
     };
     for (const Variant& variant : variants) {
-      const RunResult pipeline = train(
+      const RunResult pipeline = train_run(
           dir / "pipeline", kJob + kPipeline + variant.both + variant.schedule, borrow(group));
       if (group.rank() == 0) { // pipeline rank 0 holds the gathered model
-        const RunResult one = train(
+        const RunResult one = train_run(
             dir / "one", kJob + kAccumulated + variant.both, comm::ProcessGroup::single_process());
         expect_same_run(pipeline, one, variant.what);
       }
@@ -109,10 +101,10 @@ TEST(TrainerPipelineTest, TwoStagesTimesTwoReplicasTrainLikeDdpAccumulatingTheMi
     const fs::path dir = test_dir();
     // World rank = stage x 2 + replica: ranks 0 and 1 are stage 0 of replicas 0 and 1 and
     // read what DDP's ranks 0 and 1 read.
-    const RunResult pipeline = train(dir / "pipeline", kJob + kPipeline, borrow(group));
+    const RunResult pipeline = train_run(dir / "pipeline", kJob + kPipeline, borrow(group));
     auto ddp_group = group.new_group({0, 1});
     if (ddp_group) {
-      const RunResult ddp = train(dir / "ddp", kJob + kAccumulated, ddp_group);
+      const RunResult ddp = train_run(dir / "ddp", kJob + kAccumulated, ddp_group);
       if (group.rank() == 0) {
         // Not the test accuracy: replica 1 evaluates with replica 0's BatchNorm statistics
         // (taken at the end of every step), DDP's rank 1 with rank 0's of before its last
@@ -144,8 +136,8 @@ TEST(TrainerPipelineTest, ZeroOneOverTheReplicasTrainsLikeDdpAndResumesBitExactl
     const Overrides clipped = {
         "MODEL.GRAD_CLIP.USE_GRAD_CLIP=True", "MODEL.GRAD_CLIP.MAX_NORM=0.5"};
     expect_same_training(
-        train(dir / "zero1", kJob + kPipeline + clipped + zero, borrow(group)),
-        train(dir / "ddp", kJob + kPipeline + clipped, borrow(group)),
+        train_run(dir / "zero1", kJob + kPipeline + clipped + zero, borrow(group)),
+        train_run(dir / "ddp", kJob + kPipeline + clipped, borrow(group)),
         kTolerance,
         "ZeRO-1 against DDP over 2 stages x 2 replicas, rank " + std::to_string(group.rank()));
     // The checkpoint holds the whole optimizer state (consolidated and merged), from which
@@ -179,13 +171,13 @@ TEST(TrainerPipelineTest, APipelinesCheckpointResumesWithoutAPipeline) {
   }
   // 6 iterations per epoch; stopped after 8, checkpoint.torch is the end of epoch 0.
   run_on_ranks(2, [&](comm::ProcessGroup& group) {
-    train(root / "pipeline", kModel + kPipeline, borrow(group), /*stop_after=*/8);
+    train_run(root / "pipeline", kModel + kPipeline, borrow(group), /*stop_after=*/8);
   });
   if (largo::testing::is_parent()) {
     auto single = comm::ProcessGroup::single_process();
-    train(root / "one", kModel + kAccumulated, single, /*stop_after=*/8);
-    const RunResult expected = train(root / "one", kModel + kAccumulated, single);
-    const RunResult resumed = train(root / "pipeline", kModel + kAccumulated, single);
+    train_run(root / "one", kModel + kAccumulated, single, /*stop_after=*/8);
+    const RunResult expected = train_run(root / "one", kModel + kAccumulated, single);
+    const RunResult resumed = train_run(root / "pipeline", kModel + kAccumulated, single);
     ASSERT_TRUE(expected.summary.resumed);
     ASSERT_TRUE(resumed.summary.resumed);
     expect_same_training(resumed, expected, kTolerance, "a pipeline's checkpoint, one process");
@@ -200,15 +192,15 @@ TEST(TrainerPipelineTest, AnEvaluationOnlyRunScoresThroughThePipelineAsOneProces
     }
     group.barrier();
     const Overrides evaluate = {"TEST_ONLY=True"};
-    const RunResult trained = train(run, kModel + kPipeline, borrow(group));
-    const RunResult scored = train(run, kModel + kPipeline + evaluate, borrow(group));
+    const RunResult trained = train_run(run, kModel + kPipeline, borrow(group));
+    const RunResult scored = train_run(run, kModel + kPipeline + evaluate, borrow(group));
     ASSERT_TRUE(scored.summary.resumed);
     EXPECT_TRUE(scored.summary.iteration_losses.empty());
     ASSERT_TRUE(scored.summary.final_top1.has_value());
     EXPECT_EQ(*scored.summary.final_top1, trained.summary.final_top1.value_or(-1.0));
     group.barrier();
     if (group.rank() == 0) { // the same checkpoint, evaluated without a pipeline
-      const RunResult one = train(run, kModel + evaluate, comm::ProcessGroup::single_process());
+      const RunResult one = train_run(run, kModel + evaluate, comm::ProcessGroup::single_process());
       EXPECT_NEAR(one.summary.final_top1.value_or(-1.0), *scored.summary.final_top1, 1e-9);
     }
   });

@@ -365,8 +365,10 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
 
 // Pipeline parallelism (ParallelOptions::pipeline): `blocks` (pipeline_blocks(), the same
 // model on every rank) cut into stages over the pipeline ranks of `group`, DDP (or ZeRO-1)
-// over each stage's replicas; `param_groups` (over the whole model) keep this rank's parameters, and
-// the optimizer steps those. The returned model's forward_backward runs the schedule;
+// over each stage's replicas; `param_groups` (over the whole model) keep this rank's
+// parameters, and the optimizer steps those. The other stages' blocks are emptied (their
+// parameters and buffers become empty tensors, in the caller's model too), so a rank holds
+// only its part. The returned model's forward_backward runs the schedule;
 // forward() gives every rank the outputs; model_state_dict() and optimizer_state_dict() are
 // the whole model's, gathered on rank 0. Throws OptionError for what does not compose with
 // a pipeline (ZeRO-2, FSDP, activation checkpointing: use PipelineParallelOptions::

@@ -23,6 +23,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,6 +64,16 @@ std::vector<double> measure_block_seconds(
 // largest stage cost; returns {0, b_1, ..., num_blocks}: stage i is blocks [b_i, b_{i+1}).
 // Throws ConfigError when there are fewer blocks than stages.
 std::vector<int64_t> balanced_stage_boundaries(const std::vector<double>& costs, int num_stages);
+
+// Where a model of `blocks` is cut into `num_stages` stages: at `boundaries` when given
+// (checked), else balanced by `balance`; `block_seconds` is called for StageBalance::kTime
+// only (measure_block_seconds on a sample, or times every rank agrees on).
+std::vector<int64_t> cut_into_stages(
+    const std::vector<PipelineBlock>& blocks,
+    int num_stages,
+    const std::vector<int64_t>& boundaries,
+    StageBalance balance,
+    const std::function<std::vector<double>()>& block_seconds);
 
 // Throws ConfigError (naming MODEL.PIPELINE.BOUNDARIES) unless `boundaries` has
 // num_stages + 1 strictly increasing entries from 0 to num_blocks.

@@ -64,6 +64,10 @@ RunPlan resolve_run(const Config& config);
 // The same from typed options (a library user's Trainer): `world` says how many ranks run.
 RunPlan resolve_run(TrainerOptions options, RunWorld world);
 
+// MODEL.PIPELINE.BALANCE time: the shape of the micro-batch of zeros the blocks are timed on,
+// [BATCHSIZE_PER_REPLICA / NUM_MICROBATCHES (at least 1), sample shape...].
+std::vector<int64_t> pipeline_timing_sample_shape(const RunPlan& plan);
+
 // MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY is read by feature extraction only
 // (train/feature_extraction.h, `largo extract`): in a training or evaluation run it would
 // change nothing, so the Trainer and `largo train` refuse it (ConfigError).

@@ -57,6 +57,33 @@ groups_of(std::vector<optim::ParamGroup> groups, const torch::nn::Module& module
   return kept;
 }
 
+// Empties every parameter and buffer of `blocks` that `own` (this rank's stages) does not
+// hold, so that a rank keeps about 1/S of a model every rank built whole (the caller's
+// model shares these tensors).
+void empty_other_stages(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& blocks, const torch::nn::Module& own) {
+  std::unordered_set<const void*> kept;
+  for (const auto& tensor : own.parameters()) {
+    kept.insert(tensor.unsafeGetTensorImpl());
+  }
+  for (const auto& tensor : own.buffers()) {
+    kept.insert(tensor.unsafeGetTensorImpl());
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& block : blocks) {
+    for (auto tensor : block->parameters()) {
+      if (kept.count(tensor.unsafeGetTensorImpl()) == 0) {
+        tensor.set_data(at::empty({0}, tensor.options()));
+      }
+    }
+    for (auto tensor : block->buffers()) {
+      if (kept.count(tensor.unsafeGetTensorImpl()) == 0) {
+        tensor.set_data(at::empty({0}, tensor.options()));
+      }
+    }
+  }
+}
+
 // The leading rows of `batch` padded with zero rows to `rows`.
 at::Tensor pad_rows(const at::Tensor& batch, int64_t rows) {
   std::vector<int64_t> shape = batch.sizes().vec();
@@ -204,9 +231,7 @@ class PipelineModel : public ParallelModel {
   void reduce_gradients() override {
     pipeline_->reduce_gradients();
     if (options_.ddp.broadcast_buffers && mesh_.data_parallel_size > 1) {
-      for (const auto& buffer : module_->buffers()) {
-        mesh_.data_parallel->broadcast(buffer, /*root=*/0);
-      }
+      broadcast_coalesced(*mesh_.data_parallel, module_->buffers(), /*root=*/0);
     }
   }
   // ZeRO-1: only this replica's pieces are unscaled, checked and clipped; the pieces of all
@@ -272,11 +297,16 @@ std::unique_ptr<ParallelModel> make_pipeline_model(
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer) {
   const torch::Device device = blocks_device(blocks);
+  std::vector<std::shared_ptr<torch::nn::Module>> all_blocks;
+  for (const auto& block : blocks) {
+    all_blocks.push_back(block.module.ptr());
+  }
   PipelineMesh mesh = make_pipeline_mesh(*group, options.pipeline.size);
   PipelineParallelOptions stages = options.pipeline.stages;
   stages.data_parallel(options.ddp); // manual reduction is forced over the replicas
   auto pipeline = std::make_unique<PipelineParallel>(
       std::move(blocks), mesh.pipeline, mesh.data_parallel, stages);
+  empty_other_stages(all_blocks, *pipeline->module());
   // Every stage and replica skips (or stops) together.
   precision::GradScalerOptions scaler_options = options.grad_scaler;
   scaler_options.found_inf_reducer = pipeline->found_inf_reducer();

@@ -62,23 +62,9 @@ std::vector<int64_t> cut_model(
     const PipelineParallelOptions& options,
     comm::ProcessGroup& pipeline,
     comm::ProcessGroup* data_parallel) {
-  if (!options.boundaries().empty()) {
-    check_stage_boundaries(options.boundaries(), static_cast<int64_t>(blocks.size()), num_stages);
-    return options.boundaries();
-  }
-  std::vector<double> costs;
-  switch (options.balance()) {
-  case StageBalance::kParameters:
-    costs = block_parameter_counts(blocks);
-    break;
-  case StageBalance::kBlocks:
-    costs.assign(blocks.size(), 1.0);
-    break;
-  case StageBalance::kTime:
-    costs = shared_block_seconds(blocks, options, pipeline, data_parallel);
-    break;
-  }
-  return balanced_stage_boundaries(costs, num_stages);
+  return cut_into_stages(blocks, num_stages, options.boundaries(), options.balance(), [&] {
+    return shared_block_seconds(blocks, options, pipeline, data_parallel);
+  });
 }
 
 // Forward passes only, micro-batch by micro-batch through this rank's stages in order.

@@ -139,6 +139,31 @@ std::vector<int64_t> balanced_stage_boundaries(const std::vector<double>& costs,
   return balanced_segment_boundaries(costs, num_stages);
 }
 
+std::vector<int64_t> cut_into_stages(
+    const std::vector<PipelineBlock>& blocks,
+    int num_stages,
+    const std::vector<int64_t>& boundaries,
+    StageBalance balance,
+    const std::function<std::vector<double>()>& block_seconds) {
+  if (!boundaries.empty()) {
+    check_stage_boundaries(boundaries, static_cast<int64_t>(blocks.size()), num_stages);
+    return boundaries;
+  }
+  std::vector<double> costs;
+  switch (balance) {
+  case StageBalance::kParameters:
+    costs = block_parameter_counts(blocks);
+    break;
+  case StageBalance::kBlocks:
+    costs.assign(blocks.size(), 1.0);
+    break;
+  case StageBalance::kTime:
+    costs = block_seconds();
+    break;
+  }
+  return balanced_stage_boundaries(costs, num_stages);
+}
+
 void check_stage_boundaries(
     const std::vector<int64_t>& boundaries, int64_t num_blocks, int num_stages) {
   bool ok = static_cast<int>(boundaries.size()) == num_stages + 1 && boundaries.front() == 0 &&

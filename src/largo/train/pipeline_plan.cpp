@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace largo::train {
 namespace {
 
@@ -144,6 +146,13 @@ void check_pipeline_keys(const RunPlan& plan) {
         microbatches,
         microbatches));
   }
+}
+
+std::vector<int64_t> pipeline_timing_sample_shape(const RunPlan& plan) {
+  const int64_t microbatches = plan.parallel.pipeline.stages.num_microbatches();
+  std::vector<int64_t> shape = plan.train_shape.sample_shape;
+  shape.insert(shape.begin(), std::max<int64_t>(plan.batch_per_rank / microbatches, 1));
+  return shape;
 }
 
 int data_replicas(const RunPlan& plan) {

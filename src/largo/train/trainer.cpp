@@ -29,7 +29,6 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
-#include <unordered_set>
 
 namespace largo::train {
 namespace fs = std::filesystem;
@@ -69,7 +68,6 @@ struct Trainer::State {
   bool will_resume() const;
   void parallelize_model();
   parallel::ParallelOptions pipeline_options() const;
-  void release_other_stages();
   void open_records();
   void add_hooks();
   void keep_model_ema();
@@ -243,36 +241,8 @@ void Trainer::State::parallelize_model() {
   if (parallel->activation_memory_report()) {
     step_memory.emplace(device);
   }
-  if (plan.parallel.pipeline.enabled()) {
-    release_other_stages();
-  }
   // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
   seed_everything(options().seed + static_cast<uint64_t>(group->rank()));
-}
-
-// With a pipeline this rank keeps only its stages' weights: every other parameter and buffer
-// of the model built here is emptied, so that a rank holds about 1/PIPELINE_SIZE of the
-// model (the stages share their tensors with the model, and keep them).
-void Trainer::State::release_other_stages() {
-  std::unordered_set<const void*> kept;
-  for (const auto& tensor : parallel->module()->parameters()) {
-    kept.insert(tensor.unsafeGetTensorImpl());
-  }
-  for (const auto& tensor : parallel->module()->buffers()) {
-    kept.insert(tensor.unsafeGetTensorImpl());
-  }
-  torch::NoGradGuard no_grad;
-  auto release = [&](at::Tensor tensor) {
-    if (kept.count(tensor.unsafeGetTensorImpl()) == 0) {
-      tensor.set_data(at::empty({0}, tensor.options()));
-    }
-  };
-  for (auto& tensor : model.module()->parameters()) {
-    release(tensor);
-  }
-  for (auto& tensor : model.module()->buffers()) {
-    release(tensor);
-  }
 }
 
 // MODEL.PIPELINE.BALANCE time measures the blocks on one micro-batch of zeros.
@@ -280,10 +250,8 @@ parallel::ParallelOptions Trainer::State::pipeline_options() const {
   parallel::ParallelOptions options = plan.parallel;
   parallel::PipelineParallelOptions& stages = options.pipeline.stages;
   if (stages.balance() == parallel::StageBalance::kTime) {
-    const int64_t rows = std::max<int64_t>(plan.batch_per_rank / stages.num_microbatches(), 1);
-    std::vector<int64_t> shape = plan.train_shape.sample_shape;
-    shape.insert(shape.begin(), rows);
-    stages.balance_sample(at::zeros(shape, at::TensorOptions().device(device)));
+    stages.balance_sample(at::zeros(
+        pipeline_timing_sample_shape(plan), at::TensorOptions().device(device)));
   }
   return options;
 }
