@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Peak activation memory of every 2-segment activation-checkpointing cut of a trunk.
 
 For one model (the blocks of activation_checkpoint_reference.py, i.e. Largo's trunk blocks),
 batch and image size: the plain step's peak, then for every boundary b in 1..num_blocks-1
 the peak of the step whose trunk runs blocks [0, b) under torch.utils.checkpoint.checkpoint
-(reentrant, as checkpoint_sequential in PyTorch 1.13) and blocks [b, num_blocks) plainly:
+(reentrant, checkpoint_sequential's default in PyTorch 2.11) and blocks [b, num_blocks) plainly:
 checkpoint_sequential's 2-segment semantics with the cut at b. The step and the memory
 figure are exactly those of activation_checkpoint_reference.py (zero_grad(set_to_none=False)
 -> forward -> cross-entropy -> backward; peak of the running sum of the CPU allocator's

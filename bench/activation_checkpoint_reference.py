@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch reference for bench/activation_checkpoint_bench.cpp.
 
 The same model (the same blocks as Largo's trunk, the same ops), batch, image size and
@@ -9,11 +9,11 @@ Usage: activation_checkpoint_reference.py MODEL --splits N [--batch B] [--image 
                                           [--threads T] [--warmup W] [--steps K]
 
 A step is zero_grad(set_to_none=False) -> forward -> cross-entropy -> backward, as on the
-Largo side. PyTorch 1.13's checkpoint_sequential uses the reentrant checkpoint, which gives
-the first segment's parameters no gradient when the segment's input does not require grad;
-so with 2+ segments the images get requires_grad=True (the usual workaround), which costs
-one extra input-gradient of the first conv/patch projection. The run checks that every
-parameter received a gradient.
+Largo side. PyTorch 2.11's checkpoint_sequential uses the reentrant checkpoint by default,
+which gives the first segment's parameters no gradient when the segment's input does not
+require grad; so with 2+ segments the images get requires_grad=True (the usual workaround),
+which costs one extra input-gradient of the first conv/patch projection. The run checks that
+every parameter received a gradient.
 
 Memory: Python cannot replace PyTorch's CPU allocator, but that allocator reports every
 allocation and free (with its size) to the profiler. One more step is run under

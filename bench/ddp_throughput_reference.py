@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch reference for bench/ddp_throughput_bench.cpp: the same models, weights, global batch
 (each rank trains its slice), optimizer and step, with torch.nn.parallel.DistributedDataParallel
 over Gloo (bucket_cap_mb 25, broadcast_buffers on: PyTorch's defaults, which Largo's DDP

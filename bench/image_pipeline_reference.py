@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The reference side of bench/run_image_pipeline_bench.sh: torchvision's ImageFolder +
 torch.utils.data.DataLoader with the ImageNet training or validation transform, the way the
 Apex/PyTorch ImageNet examples load data. Prints one line: images/s over one shuffled epoch,

@@ -1,8 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Builds an ImageNet-like ImageFolder tree for bench/run_image_pipeline_bench.sh: JPEGs of
 ImageNet's typical sizes (about 500x375 or 375x500, some 500x333/400, quality 90, a few
-grayscale ones), cut at random from the real photographs Debian ships with scikit-image
-(skimage/data) and scikit-learn (sklearn/datasets/images), resized with PIL's Lanczos filter.
+grayscale ones), cut at random from the real photographs that scikit-image (skimage/data) and
+scikit-learn (sklearn/datasets/images) ship, installed into LARGO_PYTHON's venv by
+scripts/install_deps.sh --bench, resized with PIL's Lanczos filter.
 Nothing here is committed: the tree is made at bench time.
 
   make_image_folder.py OUT_DIR NUM_IMAGES [--classes 10] [--large]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Optimizer step time over ResNet-50's parameters, PyTorch's side of
 bench/run_optimizer_step_bench.sh (Largo's side: bench/optimizer_step_bench.cpp).
 
@@ -9,7 +9,7 @@ Usage: optimizer_step_reference.py PARAMS_JSON OPTIMIZER [--foreach] [--threads 
   OPTIMIZER:   sgd (torch.optim.SGD, momentum 0.9), sgd_larc (Apex's LARC around it, clip
                mode), adamw (torch.optim.AdamW), lamb (tests/reference/reference_optimizers.py).
   --foreach:   the multi-tensor variants: torch.optim's foreach=True, and for LARC and LAMB
-               the _foreach versions in reference_optimizers.py (PyTorch 1.13 has neither).
+               the _foreach versions in reference_optimizers.py (PyTorch 2.11 has neither).
 
 Parameters and gradients are drawn exactly as the C++ side draws them (manual_seed(0),
 randn in parameter order); only step() is timed; the gradients are restored (untimed)

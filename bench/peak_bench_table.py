@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Prints bench/run_peak_bench.sh's table from its JSON lines (peak_bench_results.jsonl).
 
 Usage: peak_bench_table.py RESULTS.jsonl

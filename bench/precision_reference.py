@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch reference for bench/precision_bench.cpp: the same model, batch, optimizer (SGD,
 Nesterov momentum 0.9, weight decay 5e-4 except on BatchNorm) and precision, one JSON line.
 

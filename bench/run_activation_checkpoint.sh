@@ -31,7 +31,8 @@ models=("$@")
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$build/bench/activation_checkpoint_bench"
 reference="$here/activation_checkpoint_reference.py"
-python=/usr/bin/python3
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON" # the PyTorch Largo is built against
 [ -x "$bin" ] || { echo "no $bin: build the target activation_checkpoint_bench first" >&2; exit 1; }
 
 # src/largo/core/malloc_tuning.cpp's settings as glibc tunables (see run_train_throughput.sh).

@@ -30,7 +30,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$build/bench/ddp_throughput_bench"
 largo="$build/largo"
 reference="$here/ddp_throughput_reference.py"
-python=/usr/bin/python3
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON" # the PyTorch Largo is built against
 [ -x "$bin" ] || { echo "no $bin: build the target ddp_throughput_bench first" >&2; exit 1; }
 [ -x "$largo" ] || { echo "no $largo: build the target largo_app first" >&2; exit 1; }
 

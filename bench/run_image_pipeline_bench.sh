@@ -18,7 +18,8 @@ build="${1:-build}"; count="${2:-3000}"; shift $(( $# < 2 ? $# : 2 ))
 workers=("$@"); [ ${#workers[@]} -gt 0 ] || workers=(1 2)
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$build/bench/image_pipeline_bench"
-python=/usr/bin/python3
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON" # the PyTorch Largo is built against
 batch=32
 [ -x "$bin" ] || { echo "no $bin: build the target image_pipeline_bench first" >&2; exit 1; }
 bash "$here/../scripts/install_deps.sh" --bench

@@ -27,7 +27,8 @@ optimizers=("$@")
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$build/bench/optimizer_step_bench"
 reference="$here/optimizer_step_reference.py"
-python=/usr/bin/python3
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON" # the PyTorch Largo is built against
 [ -x "$bin" ] || { echo "no $bin: build the target optimizer_step_bench first" >&2; exit 1; }
 
 # The values of src/largo/core/malloc_tuning.cpp, as glibc tunables.

@@ -23,7 +23,8 @@ models=("$@")
 read -r -a precisions <<< "${PRECISIONS:-float32 bfloat16}"
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-python=/usr/bin/python3
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON" # the PyTorch Largo is built against
 for bin in peak_bench train_throughput_bench; do
   [ -x "$build/bench/$bin" ] || { echo "no $build/bench/$bin: build the target $bin" >&2; exit 1; }
 done

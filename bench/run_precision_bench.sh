@@ -18,6 +18,8 @@
 #
 # Usage: bench/run_precision_bench.sh [--device cpu|cuda] [BUILD_DIR] [THREADS] [ROUNDS] [MODEL...]
 #   defaults: cpu, build, 2 threads, 3 rounds, models small_cnn resnet18 (cuda: resnet50)
+#   LARGO_BENCH_WARMUP / LARGO_BENCH_STEPS, when set, replace both sides' warm-up and timed
+#   step counts (scripts/gpu_check.sh shortens the CUDA runs to fit its time budget).
 set -euo pipefail
 device=cpu
 if [ "${1:-}" = "--device" ]; then
@@ -38,7 +40,8 @@ fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$build/bench/precision_bench"
 reference="$here/precision_reference.py"
-python="${LARGO_BENCH_PYTHON:-/usr/bin/python3}"
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON" # the PyTorch Largo is built against
 [ -x "$bin" ] || { echo "no $bin: build the target precision_bench first" >&2; exit 1; }
 
 # Largo's malloc settings (src/largo/core/malloc_tuning.cpp) as glibc tunables.
@@ -52,6 +55,8 @@ run() { # impl model precision [extra flags...]
   local impl="$1" model="$2" precision="$3"
   shift 3
   local flags=(--precision "$precision" --device "$device" --threads "$threads" "$@")
+  if [ -n "${LARGO_BENCH_WARMUP:-}" ]; then flags+=(--warmup "$LARGO_BENCH_WARMUP"); fi
+  if [ -n "${LARGO_BENCH_STEPS:-}" ]; then flags+=(--steps "$LARGO_BENCH_STEPS"); fi
   if [ "$impl" = largo ]; then
     env -u GLIBC_TUNABLES "$bin" "$model" "${flags[@]}"
   else

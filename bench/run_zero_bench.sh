@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # ZeRO stages 0-3 on 2 ranks (2 processes x 1 thread, Gloo on 127.0.0.1), Largo
-# (bench/zero_bench.cpp) and PyTorch (bench/zero_reference.py: DDP and
-# ZeroRedundancyOptimizer) side by side on the same wide MLP (>= 50 M parameters), batch and
-# optimizer. Prints, per stage: per-rank model-state memory measured, estimated
+# (bench/zero_bench.cpp), PyTorch (bench/zero_reference.py: DDP, ZeroRedundancyOptimizer and
+# FSDP2's fully_shard) and FairScale (bench/fairscale_reference.py: OSS, ShardedDataParallel
+# and FullyShardedDataParallel, the seeds' own ZeRO) side by side on the same wide MLP
+# (>= 50 M parameters), batch and optimizer. Prints, per stage: per-rank model-state memory measured, estimated
 # (parallel/memory_estimate.h) and by the ZeRO paper's formula; step time relative to
 # Largo's DDP; Largo's stage 1 against PyTorch's ZeroRedundancyOptimizer; stage 3 (FSDP) with
 # and without prefetch, and with bfloat16 compute copies, and the most full-unit bytes it
-# gathered at once. (PyTorch's FSDP is
-# not run: Debian's 1.13 build cannot import torch.distributed.fsdp on Python 3.11, and 1.13's
-# FSDP needs CUDA.) Each round runs
-# the Largo stages then the PyTorch variants (alternating which side goes first); the table
-# shows medians over the rounds of each run's median step time. Builds nothing.
+# gathered at once. FairScale's FSDP assumes CUDA streams and NCCL's collectives; on the CPU
+# it runs with no-op streams (a shim in fairscale_reference.py, recorded in its output) and
+# FairScale's ENABLE_NCCL_BASE_COLLECTIVES=0. Each round runs Largo's stages, PyTorch's and
+# FairScale's variants (rotating which goes first); the table shows medians over the rounds
+# of each run's median step time. Builds nothing. (Needs FairScale: install_deps.sh --bench.)
 #
 # Targets (issue 6): memory within 5 % of the formula; stage 1 >= 1.2x the throughput of
 # PyTorch's ZeroRedundancyOptimizer; stage 2 no slower than DDP. Issue 7: stage 3 memory
@@ -27,7 +28,9 @@ extra=("$@")
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin="$build/bench/zero_bench"
 reference="$here/zero_reference.py"
-python=/usr/bin/python3
+fairscale="$here/fairscale_reference.py"
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON" # the PyTorch Largo is built against
 [ -x "$bin" ] || { echo "no $bin: build the target zero_bench first" >&2; exit 1; }
 world=2
 
@@ -58,14 +61,18 @@ mkdir -p "$(dirname "$results")"
 : > "$results"
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
   "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $world ranks x 1 thread; rounds $rounds"
+run_side() {
+  case "$1" in
+    largo) run_ranks "$bin" --optimizer "$optimizer" "${extra[@]}" ;;
+    pytorch) run_ranks "$python" "$reference" --variants ddp,zero,fsdp2 --optimizer "$optimizer" "${extra[@]}" ;;
+    fairscale) run_ranks "$python" "$fairscale" --optimizer "$optimizer" "${extra[@]}" ;;
+  esac
+}
+sides=(largo pytorch fairscale)
 for (( round = 0; round < rounds; ++round )); do
-  if (( round % 2 == 0 )); then
-    run_ranks "$bin" --optimizer "$optimizer" "${extra[@]}"
-    run_ranks "$python" "$reference" --optimizer "$optimizer" "${extra[@]}"
-  else
-    run_ranks "$python" "$reference" --optimizer "$optimizer" "${extra[@]}"
-    run_ranks "$bin" --optimizer "$optimizer" "${extra[@]}"
-  fi
+  for (( i = 0; i < ${#sides[@]}; ++i )); do
+    run_side "${sides[(round + i) % ${#sides[@]}]}"
+  done
 done
 echo "load average after:  $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -82,7 +89,7 @@ for line in open(sys.argv[1]):
         key = ("largo", f"stage {r['stage']}" + (" no prefetch" if no_prefetch else "") +
                (" bf16 copies" if copies else ""))
     else:
-        key = ("pytorch", r["variant"])
+        key = (r["impl"], r["variant"])
     runs[key].append(r)
 ms = {k: statistics.median(r["ms_per_step"] for r in v) for k, v in runs.items()}
 first = next(iter(runs.values()))[0]
@@ -109,11 +116,11 @@ for key in sorted(k for k in runs if k[0] == "largo"):
         failed |= not ok
         print(f"largo {key[1]:19} rank {rank}  " + " ".join(f"{c:>24}" for c in cells) +
               f"  {ratio:15.4f} {'ok' if ok else 'OFF'}")
-for key in sorted(k for k in runs if k[0] == "pytorch"):
+for key in sorted(k for k in runs if k[0] != "largo"):
     r = runs[key][-1]
     for rank, b in enumerate(r["ranks"]):
         m = b["measured"]
-        print(f"pytorch {key[1]:16} rank {rank}  " + " ".join(
+        print(f"{key[0]:9} {key[1]:14} rank {rank}  " + " ".join(
             f"{m[c] / MiB:24.1f}" for c in ("parameters", "gradients", "optimizer_state", "total")))
 
 print("\nstep time (median over rounds of each run's median), throughput relative to Largo DDP")

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch reference for bench/train_throughput_bench.cpp.
 
 Builds the same model as Largo (same layers in the same order, same layouts, same parameter
@@ -9,19 +9,56 @@ count, runs the same step (zero_grad(set_to_none) -> forward -> cross-entropy ->
 
 Usage: train_throughput_reference.py MODEL [--batch N] [--threads T] [--warmup W]
                                      [--steps S] [--precision float32|bfloat16] [--foreach]
-                                     [--phases]
+                                     [--phases] [--compile [--compile-warmup C]]
   MODEL: small_cnn, resnet18, resnet50, vit, mlp (shapes as in train_throughput_bench.cpp)
   --precision bfloat16: forward and loss under torch.autocast("cpu", torch.bfloat16).
   --foreach uses torch.optim.SGD(foreach=True) (multi-tensor kernels); without it, the
-  default of PyTorch 1.13 on CPU (one update per parameter).
+  default of PyTorch 2.11 on CPU (one update per parameter).
+  --compile runs forward and loss through torch.compile (default inductor backend, default
+  mode); "impl" becomes pytorch_compile (pytorch_compile_foreach with --foreach).
+
+What --compile compiles: the function images, labels -> cross_entropy(model(images), labels),
+i.e. `torch.compile(model)` as the PyTorch docs recommend, with the loss inside the graph.
+AOTAutograd compiles the matching backward graph from it, so forward, loss and backward run
+inductor's generated C++ (OpenMP, torch.get_num_threads() threads: set before compiling).
+zero_grad, loss.item() and optimizer.step() stay eager, as in the other variants: item() is
+a graph break anyway, loss.backward() inside a compiled function would need compiled
+autograd, and compiling the optimizer (torch.compile(optimizer.step)) would replace ATen's
+SGD arithmetic with a fused kernel -- the step Largo and the eager variants time is
+torch.optim's, so the compiled variant keeps it and differs only in forward and backward.
+
+Compile time stays out of the timed steps: the first --compile-warmup C steps (default 2)
+compile (and recompile, should a guard fail on the second call), then the weights, the
+BatchNorm statistics and the optimizer state are restored in place to their initial values
+(same tensors, so no guard changes), and the usual W warm-up and S timed steps follow, so
+final_loss is the loss after the same W + S updates as in every other variant. Only the
+float rounding differs: inductor fuses pointwise ops and reorders reductions, so the loss
+agrees with eager's to rounding amplified over the steps (relative 1e-7 to 1e-4 in 2-step
+runs of the MLP and the small CNN), not bit for bit. The JSON line adds
+  compile_s                the compile warm-up's wall time minus C timed steps' (~compiling)
+  graphs                   dynamo graphs compiled (frames, graph breaks split them)
+  recompiles_in_warmup, recompiles_in_timed
+                           graphs compiled during the W and the S steps (dynamo's
+                           unique_graphs counter; TORCH_LOGS=recompiles says why): 0 and 0
+                           with the default C on 2.11 (small_cnn and mlp checked)
+  fx_graph_cache_hits / fx_graph_cache_misses
+                           inductor's FX graph cache (/tmp/torchinductor_$USER by default):
+                           all misses = a cold compile, all hits = warm (only the Python
+                           side is retraced; the C++ kernels are loaded, not rebuilt)
+If compiling or running the compiled model fails, the line carries "error" (the exception's
+type and first line) instead of timings, the traceback goes to stderr and the exit status
+stays 0, so that bench/run_train_throughput.sh goes on and its table shows why.
 The JSON line also carries flops_per_sample_profiler: 3 x the forward FLOPs torch.profiler
 counts (with_flops) for one image in aten::conv2d / addmm / mm / bmm, a check on Largo's
 analytic count (largo::models::training_flops_per_sample) that the driver prints.
 """
 import argparse
+import copy
 import json
 import math
+import sys
 import time
+import traceback
 
 import torch
 import torch.nn as nn
@@ -244,7 +281,11 @@ def main():
     parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32")
     parser.add_argument("--foreach", action="store_true")
     parser.add_argument("--phases", action="store_true")
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile-warmup", type=int, default=2)
     args = parser.parse_args()
+    if args.compile and args.compile_warmup < 1:
+        parser.error("--compile-warmup must be at least 1 (the step that compiles)")
     defaults = DEFAULTS[args.model]
     batch = args.batch or defaults["batch"]
     warmup = args.warmup or defaults["warmup"]
@@ -266,6 +307,13 @@ def main():
         foreach=True if args.foreach else None,
     )
 
+    def forward_loss(x, y):
+        return F.cross_entropy(model(x), y)
+
+    loss_fn = torch.compile(forward_loss) if args.compile else forward_loss
+    impl = "pytorch_compile" if args.compile else "pytorch"
+    impl += "_foreach" if args.foreach else ""
+
     timing = {"forward": 0.0, "backward": 0.0, "step": 0.0}
     last_loss = 0.0
 
@@ -274,7 +322,7 @@ def main():
         start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
-            loss = F.cross_entropy(model(images), labels)
+            loss = loss_fn(images, labels)
         last_loss = loss.item()
         if time_phases:
             now = time.perf_counter()
@@ -289,28 +337,69 @@ def main():
         if time_phases:
             timing["step"] += time.perf_counter() - start
 
-    for _ in range(warmup):
-        one_step(False)
-    start = time.perf_counter()
-    cpu_start = time.process_time()  # CPU time of all threads, like std::clock() in C++
-    for _ in range(steps):
-        one_step(args.phases)
-    ms_per_step = (time.perf_counter() - start) * 1000.0 / steps
-    cpu_ms_per_step = (time.process_time() - cpu_start) * 1000.0 / steps
-
     result = {
-        "impl": "pytorch_foreach" if args.foreach else "pytorch",
+        "impl": impl,
         "model": args.model,
         "precision": args.precision,
         "batch": batch,
         "threads": args.threads,
         "steps": steps,
         "num_parameters": num_parameters,
+    }
+    compile_info = {}
+    try:
+        if args.compile:
+            from torch._dynamo.utils import counters
+            initial_model = copy.deepcopy(model.state_dict())
+            start = time.perf_counter()
+            for _ in range(args.compile_warmup):
+                one_step(False)
+            compile_warmup_s = time.perf_counter() - start
+            with torch.no_grad():
+                model.load_state_dict(initial_model)  # copy_ into the same tensors
+            optimizer.zero_grad(set_to_none=True)
+            optimizer.state.clear()  # momentum buffers: recreated by the next step, as at first
+            graphs = counters["stats"]["unique_graphs"]
+            compile_info = {
+                "graphs": graphs,
+                "fx_graph_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+                "fx_graph_cache_misses": counters["inductor"]["fxgraph_cache_miss"],
+            }
+        for _ in range(warmup):
+            one_step(False)
+        if args.compile:
+            graphs_before_timed = counters["stats"]["unique_graphs"]
+        start = time.perf_counter()
+        cpu_start = time.process_time()  # CPU time of all threads, like std::clock() in C++
+        for _ in range(steps):
+            one_step(args.phases)
+        ms_per_step = (time.perf_counter() - start) * 1000.0 / steps
+        cpu_ms_per_step = (time.process_time() - cpu_start) * 1000.0 / steps
+    except Exception as error:  # noqa: BLE001 -- only the compiled variant gets here
+        if not args.compile:
+            raise
+        traceback.print_exc()
+        lines = str(error).strip().splitlines()
+        result["error"] = f"{type(error).__name__}: {lines[0] if lines else ''}"
+        print(json.dumps(result))
+        return
+
+    result.update({
         "ms_per_step": ms_per_step,
         "cpu_ms_per_step": cpu_ms_per_step,
         "images_per_sec": batch * 1000.0 / ms_per_step,
         "final_loss": last_loss,
-    }
+    })
+    if args.compile:
+        result["compile_s"] = compile_warmup_s - args.compile_warmup * ms_per_step / 1000.0
+        result.update(compile_info)
+        result["recompiles_in_warmup"] = graphs_before_timed - graphs
+        result["recompiles_in_timed"] = counters["stats"]["unique_graphs"] - graphs_before_timed
+        if result["recompiles_in_warmup"] or result["recompiles_in_timed"]:
+            print("train_throughput_reference: graphs compiled after the compile warm-up "
+                  f"({result['recompiles_in_warmup']} in the warm-up, "
+                  f"{result['recompiles_in_timed']} in the timed steps): raise --compile-warmup",
+                  file=sys.stderr)
     model.eval()  # after the timed steps: BatchNorm's running statistics are not touched
     result["flops_per_sample_profiler"] = profiler_training_flops(model, defaults["shape"])
     if args.phases:

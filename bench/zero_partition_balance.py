@@ -1,10 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """How evenly whole-parameter partitions spread optimizer state over N ranks, next to
 Largo's flat even slices (docs/zero.md): the largest rank's share divided by the even share.
 
 Greedy largest-first is what FairScale's OSS and PyTorch's ZeroRedundancyOptimizer do;
 greedy in parameter order is shown for contrast. Parameter sizes come from torchvision.
-Run: /usr/bin/python3 bench/zero_partition_balance.py
+Run: $LARGO_PYTHON bench/zero_partition_balance.py
+(LARGO_PYTHON from scripts/torch_env.sh: the venv of scripts/install_deps.sh, PyTorch 2.11)
 """
 import torchvision
 

@@ -38,6 +38,11 @@ function(largo_add_layer name)
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:include>)
   target_link_libraries(${target} PUBLIC ${ARG_DEPS})
+  if(name STREQUAL "core")
+    target_link_options(${target} PUBLIC ${LARGO_LIBSTDCXX_FIRST})
+    target_include_directories(${target} SYSTEM BEFORE PUBLIC
+      $<BUILD_INTERFACE:${LARGO_FMT_FIRST_DIR}> $<INSTALL_INTERFACE:include/largo-fmt-first>)
+  endif()
   largo_apply_flags(${target})
   if(name STREQUAL "core")
     target_precompile_headers(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include/largo/core/pch.h)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Configures and builds Largo (Release) into build/ (or $LARGO_BUILD_DIR). Extra
+# Configures and builds Largo (Release) into build/ (or $LARGO_BUILD_DIR) against the
+# PyTorch of scripts/torch_env.sh. Extra
 # arguments go to CMake's configure step, e.g. -DLARGO_SANITIZE=ON; LARGO_BUILD_TARGETS
 # limits what is built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/torch_env.sh
 build_dir="${LARGO_BUILD_DIR:-build}"
 # ccache: paths under the checkout are hashed relative to it, so every clone (CI's, a
 # worktree) shares one cache; the sloppiness lets it cache compiles that use the
@@ -11,7 +13,7 @@ build_dir="${LARGO_BUILD_DIR:-build}"
 export CCACHE_BASEDIR="$PWD"
 export CCACHE_NOHASHDIR=1
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DLARGO_PYTHON=$LARGO_PYTHON" "$@"
 start=$(date +%s)
 # LARGO_BUILD_TARGETS (space-separated) builds only those targets, e.g. the sanitizer pass's
 # test suites.

@@ -38,7 +38,6 @@ std::vector<RefusedConfig> refused_configs() {
         "MODEL.AMP_PARAMS.DTYPE=bfloat16",
         "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
        "sharding float32 master weights is not built"},
-      {"float16 on the CPU", {"MODEL.AMP_PARAMS.USE_AMP=True"}, "float16 on the CPU"},
       {"more checkpointing splits than trunk blocks",
        {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
         "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=9"},

@@ -70,8 +70,8 @@ TEST_F(CheckpointFileTest, RoundTripIsExact) {
 }
 
 TEST_F(CheckpointFileTest, PythonTorchLoadReadsIt) {
-  if (!fs::exists("/usr/bin/python3")) {
-    GTEST_SKIP() << "no /usr/bin/python3";
+  if (!fs::exists(LARGO_PYTHON)) {
+    GTEST_SKIP() << "no Python with torch (LARGO_PYTHON)";
   }
   StateDict state = make_state_dict();
   StateDict model(c10::StringType::get(), c10::TensorType::get());
@@ -80,7 +80,7 @@ TEST_F(CheckpointFileTest, PythonTorchLoadReadsIt) {
   state.insert("epoch", int64_t{3});
   save_checkpoint(dir_ / "p.torch", state);
   std::string command = fmt::format(
-      "/usr/bin/python3 -c \"import torch; d = torch.load('{}'); "
+      LARGO_PYTHON " -c \"import torch; d = torch.load('{}'); "
       "assert d['epoch'] == 3; assert d['model']['w'].sum().item() == 15.0\"",
       (dir_ / "p.torch").string());
   EXPECT_EQ(std::system(command.c_str()), 0) << command;

@@ -44,9 +44,9 @@ TEST(StreamingCheckpointTest, ReadsBackWithProducersCalledOnceInOrder) {
   EXPECT_TRUE(loaded.at("plain").toTensor().equal(at::full({2}, 1.5, at::kDouble)));
   EXPECT_EQ(loaded.at("epoch").toInt(), 3);
 
-  if (fs::exists("/usr/bin/python3")) {
+  if (fs::exists(LARGO_PYTHON)) {
     const std::string command = fmt::format(
-        "/usr/bin/python3 -c \"import torch; d = torch.load('{}'); "
+        LARGO_PYTHON " -c \"import torch; d = torch.load('{}'); "
         "assert d['model']['weight'].tolist() == torch.arange(12.).view(3, 4).tolist(); "
         "assert int(d['model']['steps']) == 7 and d['epoch'] == 3\"",
         path.string());

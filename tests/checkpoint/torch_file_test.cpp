@@ -40,11 +40,11 @@ class TorchFileTest : public ::testing::Test {
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     save_checkpoint(dir_ / "largo.torch", largo_checkpoint());
-    if (!fs::exists("/usr/bin/python3")) {
+    if (!fs::exists(LARGO_PYTHON)) {
       return;
     }
     const std::string command = fmt::format(
-        "/usr/bin/python3 {}/reference/gen_torch_save_files.py {} {}",
+        LARGO_PYTHON " {}/reference/gen_torch_save_files.py {} {}",
         LARGO_TEST_DATA_DIR,
         dir_.string(),
         (dir_ / "largo.torch").string());
@@ -54,8 +54,8 @@ class TorchFileTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
   void SetUp() override {
-    if (!fs::exists("/usr/bin/python3")) {
-      GTEST_SKIP() << "no /usr/bin/python3 to write the torch.save files";
+    if (!fs::exists(LARGO_PYTHON)) {
+      GTEST_SKIP() << "no Python with torch (LARGO_PYTHON) to write the torch.save files";
     }
     ASSERT_TRUE(generated_) << "tests/reference/gen_torch_save_files.py failed";
   }

@@ -84,11 +84,11 @@ struct ReferenceFiles {
 
 // torchvision's ResNet-18 written by Python (tests/reference/gen_weights_init_files.py).
 std::optional<ReferenceFiles> write_reference_files(const fs::path& dir) {
-  if (!fs::exists("/usr/bin/python3")) {
+  if (!fs::exists(LARGO_PYTHON)) {
     return std::nullopt;
   }
   const std::string command = fmt::format(
-      "/usr/bin/python3 {}/reference/gen_weights_init_files.py --files {}",
+      LARGO_PYTHON " {}/reference/gen_weights_init_files.py --files {}",
       LARGO_TEST_DATA_DIR,
       dir.string());
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
@@ -116,7 +116,7 @@ TEST(WeightsInitTest, TorchvisionStateDictAndVisslCheckpointGiveTorchvisionsLogi
   TempDir dir;
   auto files = write_reference_files(dir.path());
   if (!files) {
-    GTEST_SKIP() << "no /usr/bin/python3";
+    GTEST_SKIP() << "no Python with torch (LARGO_PYTHON)";
   }
   {
     torch::manual_seed(5);

@@ -17,8 +17,22 @@ TEST(RngStateTest, RestoredStateReplaysTheSameDraws) {
   EXPECT_TRUE(torch::equal(dropout_mask, torch::dropout(torch::ones({32}), 0.5, true)));
 }
 
+// A checkpoint keeps every rank's state as a row of one [ranks, n] tensor; each rank restores
+// its row, a view into the middle of that storage (which libtorch 2.11's set_state alone
+// crashes on).
+TEST(RngStateTest, ARowOfSavedStatesReplaysThatRanksDraws) {
+  seed_everything(1);
+  at::Tensor rank0 = cpu_rng_state();
+  seed_everything(2);
+  at::Tensor rank1 = cpu_rng_state();
+  at::Tensor rank1_first = torch::rand({8});
+  const at::Tensor saved = at::stack({rank0, rank1}); // [2, n]
+  set_cpu_rng_state(saved[1]);
+  EXPECT_TRUE(torch::equal(rank1_first, torch::rand({8})));
+}
+
 TEST(RngStateTest, SeedingMatchesPyTorchManualSeed) {
-  // Generated with /usr/bin/python3 (torch 1.13): torch.manual_seed(0); torch.rand(3).
+  // Generated with PyTorch (1.13 and 2.11 agree): torch.manual_seed(0); torch.rand(3).
   // Same generator, same seed: the C++ draws must be the same floats.
   seed_everything(0);
   at::Tensor values = torch::rand({3});

@@ -154,7 +154,7 @@ std::map<std::string, int64_t> by_kind(const ModelFlops& flops) {
 TEST(FlopCountTest, EveryZooModelMatchesPytorchsProfilerCount) {
   std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/flop_baselines.json");
   ASSERT_TRUE(in.good()) << "missing flop_baselines.json; run "
-                            "/usr/bin/python3 tests/reference/gen_flop_baselines.py";
+                            LARGO_PYTHON " tests/reference/gen_flop_baselines.py";
   const nlohmann::json baselines = nlohmann::json::parse(in);
   ASSERT_GE(baselines.at("cases").size(), 20u);
   for (const auto& entry : baselines["cases"]) {

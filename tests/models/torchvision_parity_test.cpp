@@ -22,7 +22,7 @@ const nlohmann::json& baselines() {
   static const nlohmann::json json = [] {
     std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/model_baselines.json");
     EXPECT_TRUE(in.good()) << "missing model_baselines.json; run "
-                              "/usr/bin/python3 tests/reference/gen_model_baselines.py";
+                              LARGO_PYTHON " tests/reference/gen_model_baselines.py";
     return nlohmann::json::parse(in);
   }();
   return json;

@@ -61,7 +61,7 @@ inline nlohmann::json load_baselines() {
   std::ifstream in(path);
   if (!in) {
     ADD_FAILURE() << "cannot open " << path
-                  << "; regenerate it with /usr/bin/python3 tests/reference/gen_optim_baselines.py";
+                  << "; regenerate it with $LARGO_PYTHON tests/reference/gen_optim_baselines.py";
     return nlohmann::json::object();
   }
   return nlohmann::json::parse(in);

@@ -372,7 +372,7 @@ TEST(PipelineModelTest, ZeroOneOverTheReplicasTrainsLikeOneProcessAndCheckpoints
 TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
   auto expect_option_error = [](ParallelOptions options, int world, const std::string& option) {
     try {
-      check_parallel_options(options, world, "gloo");
+      check_parallel_options(options, world);
       ADD_FAILURE() << "expected an OptionError naming " << option;
     } catch (const OptionError& error) {
       EXPECT_EQ(error.option(), option) << error.what();

@@ -1,7 +1,6 @@
 // The precision policy: Apex's opt-level table, the AMP_ARGS overrides, PyTorch AMP, and
 // errors that name the key.
 #include <largo/core/error.h>
-#include <largo/core/torch_compat.h>
 #include <largo/precision/precision_policy.h>
 
 #include <gtest/gtest.h>
@@ -145,48 +144,19 @@ TEST(PrecisionPolicy, DescribeSaysWhatRuns) {
             "scaling");
 }
 
-TEST(PrecisionPolicy, CpuRunsBfloat16) {
-  for (const char* level : {"O1", "O2", "O3"}) {
-    EXPECT_NO_THROW(check_policy_supported_on(resolve_precision_policy(apex(level, "bfloat16")),
-                                              c10::Device(c10::kCPU)));
-  }
-}
-
-TEST(PrecisionPolicy, Float16OnACpuWithoutFloat16KernelsIsAClearError) {
-  // Whether the CPU has float16 kernels depends on the libtorch build: 1.13 has none.
-  bool cpu_has_float16_conv = true;
-  try {
-    at::conv2d(at::ones({1, 1, 3, 3}, at::kHalf), at::ones({1, 1, 3, 3}, at::kHalf));
-  } catch (const c10::Error&) {
-    cpu_has_float16_conv = false;
-  }
-  auto policy = resolve_precision_policy(apex("O1", "float16"));
-  if (cpu_has_float16_conv) {
-    GTEST_SKIP() << "this libtorch has float16 CPU kernels; float16 on the CPU is allowed";
-  }
-  try {
-    check_policy_supported_on(policy, c10::Device(c10::kCPU));
-    FAIL() << "expected a ConfigError";
-  } catch (const ConfigError& error) {
-    const std::string message = error.what();
-    EXPECT_NE(message.find("DTYPE=bfloat16"), std::string::npos) << message;
-    EXPECT_NE(message.find("conv2d"), std::string::npos) << message;
-  }
-}
-
-TEST(PrecisionPolicy, DataParallelBackendMustReduceTheGradientDtype) {
-  auto o2 = resolve_precision_policy(apex("O2", "bfloat16"));
-  auto o1 = resolve_precision_policy(apex("O1", "bfloat16"));
-  EXPECT_NO_THROW(check_policy_supported_by_backend(o1, "gloo")); // float32 gradients
-  EXPECT_NO_THROW(check_policy_supported_by_backend(o2, "nccl"));
-  if (compat::kGlooReducesBFloat16) {
-    EXPECT_NO_THROW(check_policy_supported_by_backend(o2, "gloo"));
-  } else {
-    try {
-      check_policy_supported_by_backend(o2, "gloo");
-      FAIL() << "expected a ConfigError";
-    } catch (const ConfigError& error) {
-      EXPECT_NE(std::string(error.what()).find("opt_level O1"), std::string::npos) << error.what();
+TEST(PrecisionPolicy, CpuAndCudaRunBothDtypesAndOtherDevicesAreRefused) {
+  for (const char* dtype : {"bfloat16", "float16"}) {
+    for (const char* level : {"O1", "O2", "O3"}) {
+      const PrecisionPolicy policy = resolve_precision_policy(apex(level, dtype));
+      EXPECT_NO_THROW(check_policy_supported_on(policy, c10::Device(c10::kCPU)));
+      EXPECT_NO_THROW(check_policy_supported_on(policy, c10::Device(c10::kCUDA, 0)));
+      try {
+        check_policy_supported_on(policy, c10::Device(c10::kMPS));
+        ADD_FAILURE() << "expected a ConfigError for mps";
+      } catch (const ConfigError& error) {
+        EXPECT_NE(std::string(error.what()).find("got device mps"), std::string::npos)
+            << error.what();
+      }
     }
   }
 }

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/train/baselines/classification_loss_baselines.json: VISSL's
 cross_entropy_multiple_output_single_target (vissl/losses/
 cross_entropy_multiple_output_single_target.py at 09270ed: for each output,
@@ -6,7 +6,9 @@ normalize?(output) / temperature, then torch's cross_entropy with the class weig
 ignore_index, summed over the outputs) on fixed float64 logits, with the loss and its
 gradient with respect to every output, for tests/train/classification_loss_test.cpp.
 
-    /usr/bin/python3 tests/reference/gen_classification_loss_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11):
+    $LARGO_PYTHON tests/reference/gen_classification_loss_baselines.py
 """
 
 import json

@@ -1,9 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/models/baselines/flop_baselines.json: PyTorch's own count of each zoo model's
 forward FLOPs, for tests/models/flop_count_test.cpp.
 
-Run with Debian's Python (torch 1.13, torchvision 0.14) from the repository root:
-    /usr/bin/python3 tests/reference/gen_flop_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11, torchvision 0.26):
+    $LARGO_PYTHON tests/reference/gen_flop_baselines.py
 
 Each case builds the model in PyTorch (torchvision's ResNets with Largo's "cifar" stem and
 layer-4 stride where asked; the small CNN, the MLP and the ViT written out layer by layer
@@ -192,7 +193,7 @@ def main():
         print(f"{name:28} {flops['total'] / 1e9:10.4f} GFLOP forward per sample")
     with open(OUTPUT, "w") as f:
         json.dump({"_generated_by": "tests/reference/gen_flop_baselines.py",
-                   "_note": "GENERATED FILE, do not edit. Regenerate with /usr/bin/python3 "
+                   "_note": "GENERATED FILE, do not edit. Regenerate with $LARGO_PYTHON "
                             "tests/reference/gen_flop_baselines.py",
                    "torch_version": torch.__version__,
                    "torchvision_version": torchvision.__version__,

@@ -1,17 +1,20 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/precision/baselines/grad_scaler_baselines.json: the reference answers for
 Largo's GradScaler tests (tests/precision/grad_scaler_test.cpp).
 
-Run with Debian's Python and torch 1.13 from the repository root:
-    /usr/bin/python3 tests/reference/gen_grad_scaler_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11):
+    $LARGO_PYTHON tests/reference/gen_grad_scaler_baselines.py
 
-1. "pytorch_runs": PyTorch's own torch.cuda.amp.GradScaler class drives short training runs.
-   Debian's torch is a CPU build, where GradScaler disables itself and its two CUDA-only
-   kernels (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_) have no CPU
-   implementation. So the script (a) constructs the scaler as if CUDA were available, (b)
-   multiplies the loss by scaler._scale itself (what scale() does after asserting a CUDA
-   tensor), (c) drops the same CUDA assertion from its per-device copy helper, and (d)
-   replaces the two kernels with Python versions of what they compute:
+1. "pytorch_runs": PyTorch's own GradScaler class (torch.amp.GradScaler("cuda"), formerly
+   torch.cuda.amp.GradScaler) drives short training runs on CPU tensors, so no GPU is needed.
+   Without CUDA that scaler disables itself, and in torch 1.13, where this script was
+   written, its two kernels (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_)
+   were CUDA-only. So the script (a) constructs the scaler as if CUDA were available, (b)
+   multiplies the loss by scaler._scale itself (what scale() does; torch 1.13 asserted a
+   CUDA tensor there), (c) drops that CUDA assertion from its per-device copy helper (torch
+   2.11's has none), and (d) replaces the two kernels with Python versions of what they
+   compute (PyTorch 2.11 has CPU kernels for both; with them the baselines are bit-identical):
      unscale:  found_inf = 1 if any element of any gradient is inf/NaN; grad *= inv_scale
                (inv_scale = float32(1 / float64(scale)), computed by GradScaler itself)
      update:   found_inf: scale = float32(scale * backoff), tracker = 0
@@ -41,8 +44,8 @@ import os
 import warnings
 
 import torch
-from torch.cuda.amp import GradScaler
-from torch.cuda.amp import grad_scaler as grad_scaler_module
+from torch.amp import GradScaler
+from torch.amp import grad_scaler as grad_scaler_module
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "precision", "baselines",
                       "grad_scaler_baselines.json")
@@ -96,7 +99,7 @@ def make_scaler(**kwargs):
     real_is_available = torch.cuda.is_available
     torch.cuda.is_available = lambda: True  # so that __init__ keeps the scaler enabled
     try:
-        scaler = GradScaler(**kwargs)
+        scaler = GradScaler("cuda", **kwargs)
     finally:
         torch.cuda.is_available = real_is_available
     scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
@@ -290,7 +293,7 @@ def main():
     baselines = {
         "_generated_by": "tests/reference/gen_grad_scaler_baselines.py",
         "_note": "GENERATED FILE, do not edit. Regenerate with "
-                 "/usr/bin/python3 tests/reference/gen_grad_scaler_baselines.py",
+                 "$LARGO_PYTHON tests/reference/gen_grad_scaler_baselines.py",
         "torch_version": torch.__version__,
         "pytorch_runs": runs,
         "rule_sequences": rules,

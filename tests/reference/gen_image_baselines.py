@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/data/baselines/images/: small images and what torchvision (PIL path) makes of
 them, for Largo's image pipeline tests (tests/data/image_*_test.cpp, sample_transforms_test.cpp).
 
@@ -10,8 +10,9 @@ them, for Largo's image pipeline tests (tests/data/image_*_test.cpp, sample_tran
   image_baselines.json  the cases, RandomResizedCrop boxes per seed, ImageFolder's sample
                         order for a tree of paths, the .npy files NumPy writes
 
-Run with Debian's python3 (torch 1.13, torchvision 0.14, Pillow 9.4):
-  /usr/bin/python3 tests/reference/gen_image_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11, torchvision 0.26, Pillow 13.0, NumPy 2.4):
+  $LARGO_PYTHON tests/reference/gen_image_baselines.py
 """
 import base64
 import io

@@ -1,9 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/models/baselines/model_baselines.json: torchvision's answers for Largo's
 model zoo tests (tests/models/torchvision_parity_test.cpp).
 
-Run with Debian's Python (torch 1.13, torchvision 0.14) from the repository root:
-    /usr/bin/python3 tests/reference/gen_model_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11, torchvision 0.26):
+    $LARGO_PYTHON tests/reference/gen_model_baselines.py
 
 Two kinds of cases:
   "structure": torchvision resnet18 / resnet50 with 1000 classes: every parameter and
@@ -185,7 +186,7 @@ def main():
     baselines = {
         "_generated_by": "tests/reference/gen_model_baselines.py",
         "_note": "GENERATED FILE, do not edit. Regenerate with "
-                 "/usr/bin/python3 tests/reference/gen_model_baselines.py",
+                 "$LARGO_PYTHON tests/reference/gen_model_baselines.py",
         "torch_version": torch.__version__,
         "torchvision_version": torchvision.__version__,
         "structure": structures,

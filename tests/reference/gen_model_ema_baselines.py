@@ -1,10 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/optim/baselines/model_ema_baselines.json: VISSL's exponential moving average
 of a model (HOOKS.EMA_MODEL) over a sequence of model states, for
 tests/optim/model_ema_test.cpp.
 
-Run with Debian's Python and torch 1.13 from the repository root:
-    /usr/bin/python3 tests/reference/gen_model_ema_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11):
+    $LARGO_PYTHON tests/reference/gen_model_ema_baselines.py
 
 The update is VISSL's, written from vissl/utils/ema_model.py (ModelEmaV2) and
 vissl/hooks/ema_hooks.py (EmaHook) at 09270ed:

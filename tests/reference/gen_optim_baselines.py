@@ -1,14 +1,15 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/optim/baselines/optim_baselines.json: PyTorch's answers for Largo's optimizer
 and learning-rate schedule tests (tests/optim/optimizer_baseline_test.cpp,
 tests/optim/lr_schedule_test.cpp).
 
-Run with Debian's Python and torch 1.13 from the repository root:
-    /usr/bin/python3 tests/reference/gen_optim_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11):
+    $LARGO_PYTHON tests/reference/gen_optim_baselines.py
 
 Optimizers: float64 parameters, replayed for NUM_STEPS steps with torch.optim.SGD / AdamW,
 and with LAMB and LARC as written from their published algorithms in
-tests/reference/reference_optimizers.py (PyTorch 1.13 has neither).
+tests/reference/reference_optimizers.py (PyTorch 2.11 has neither).
 Everything the C++ test needs to replay the same run is a closed-form formula, evaluated
 the same way on both sides (scalar libm calls, then the same tensor ops):
   initial parameter k, flat element i:  0.5 * cos(0.37 * i + k)
@@ -265,7 +266,7 @@ def main():
     baselines = {
         "_generated_by": "tests/reference/gen_optim_baselines.py",
         "_note": "GENERATED FILE, do not edit. Regenerate with "
-                 "/usr/bin/python3 tests/reference/gen_optim_baselines.py",
+                 "$LARGO_PYTHON tests/reference/gen_optim_baselines.py",
         "torch_version": torch.__version__,
         "optimizers": [run_optimizer_case(case) for case in OPTIMIZER_CASES],
         "schedules": schedule_cases(),

@@ -1,11 +1,13 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/data/baselines/sampler_baselines.json: the indices PyTorch's
 torch.utils.data.DistributedSampler yields for a set of cases, the indices VISSL's
 StatefulDistributedSampler yields (its formula, restated below on top of PyTorch's sampler, as
 VISSL builds it), and a few raw torch.randperm permutations, which largo::data's samplers (and
 `largo inspect sampler`) must reproduce exactly.
 
-Run with Debian's python3 (torch 1.13):  /usr/bin/python3 tests/reference/gen_sampler_baselines.py
+Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
+scripts/install_deps.sh, PyTorch 2.11):
+    $LARGO_PYTHON tests/reference/gen_sampler_baselines.py
 """
 import json
 import os

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes the torch files that tests/checkpoint/torch_file_test.cpp reads with Largo.
 
-Usage: /usr/bin/python3 tests/reference/gen_torch_save_files.py OUT_DIR [LARGO_CHECKPOINT]
+Usage: $LARGO_PYTHON tests/reference/gen_torch_save_files.py OUT_DIR [LARGO_CHECKPOINT]
+(LARGO_PYTHON from scripts/torch_env.sh: the venv of scripts/install_deps.sh, PyTorch 2.11)
 
 What Python's torch.save writes is the format users hand to Largo: a module's state_dict
 (an OrderedDict with _metadata), dicts of tensors of every dtype, views sharing one storage,
@@ -95,7 +96,10 @@ def main():
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), os.path.join(out_dir, "script.pt"))
 
     if len(sys.argv) > 2:
-        state = torch.load(sys.argv[2])
+        # Largo writes with torch::pickle_save, whose typed dicts and lists go through
+        # torch.jit._pickle.restore_type_tag / build_intlist, globals that PyTorch >= 2.6's
+        # default torch.load (weights_only=True) refuses: load it as a trusted file.
+        state = torch.load(sys.argv[2], weights_only=False)
         torch.save(state, os.path.join(out_dir, "resaved.torch"))
 
 

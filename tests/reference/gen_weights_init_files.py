@@ -1,10 +1,11 @@
-#!/usr/bin/python3
-"""Weights files for tests/checkpoint/weights_init_test.cpp (MODEL.WEIGHTS_INIT).
+#!/usr/bin/env python3
+"""Weights files for tests/checkpoint/weights_init_test.cpp (MODEL.WEIGHTS_INIT). Run with
+LARGO_PYTHON (scripts/torch_env.sh: the venv of scripts/install_deps.sh, PyTorch 2.11):
 
-  /usr/bin/python3 tests/reference/gen_weights_init_files.py
+  $LARGO_PYTHON tests/reference/gen_weights_init_files.py
       rewrites tests/checkpoint/baselines/torchvision_resnet_names.json: the state_dict names
       and shapes of torchvision's ResNet-18 and ResNet-50 (checked in, small)
-  /usr/bin/python3 tests/reference/gen_weights_init_files.py --files DIR
+  $LARGO_PYTHON tests/reference/gen_weights_init_files.py --files DIR
       writes into DIR (the test does this at run time; the files are ~45 MB):
         torchvision_resnet18.pth  torch.save(model.state_dict()) of a torchvision ResNet-18
                                   with random weights and BatchNorm statistics

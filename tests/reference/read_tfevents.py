@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Independent reader for TensorBoard event files, used by the C++ tests to check that
 largo::train::TensorBoardWriter writes what TensorBoard reads.
 

@@ -1,6 +1,6 @@
 """LAMB and LARC in PyTorch, written from their published algorithms: the references that
 Largo's LAMB and LARC are tested (tests/reference/gen_optim_baselines.py) and benchmarked
-(bench/optimizer_step_reference.py) against. PyTorch 1.13 has neither.
+(bench/optimizer_step_reference.py) against. PyTorch 2.11 has neither.
 
 LAMB: You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes"
 (ICLR 2020), Algorithm 2, with Adam's bias correction and decoupled weight decay:

@@ -146,7 +146,7 @@ std::vector<WiredKey> wired_keys() {
       {fsdp + "AUTO_WRAP_THRESHOLD", "parameters that make a block its own unit", "TrainerFsdpConfigTest.TheSeedsKeysConfigureIt", with_fsdp},
       {fsdp + "AMP_TYPE", "O1 (float32 compute) or O2 (compute copies)", "TrainerFsdpTest.ComputeCopiesComputeLikeApexO2", with_fsdp},
       {fsdp + "compute_dtype", "float32, or float16/bfloat16 compute copies", "TrainerFsdpTest.ComputeCopiesComputeLikeApexO2", with_fsdp},
-      {fsdp + "fp32_reduce_scatter", "reduce-scatter gradients in float32", "FullyShardedDataParallelTest.BFloat16GradientsOnGlooNeedFp32ReduceScatterOnOldLibtorch", with_fsdp},
+      {fsdp + "fp32_reduce_scatter", "reduce-scatter gradients in float32", "FullyShardedDataParallelTest.Fp32ReduceScatterSumsTheBFloat16GradientsInFloat32", with_fsdp},
       {fsdp + "reshard_after_forward", "free gathered parameters after each unit's forward", "FullyShardedDataParallelTest.KeepingParametersAfterForwardEqualsDdp", with_fsdp},
       {fsdp + "prefetch", "Largo extension: prefetch the next unit's all-gather", "FullyShardedDataParallelTest.WithoutPrefetchEqualsDdp", with_fsdp},
       {"MODEL.GRAD_CLIP.USE_GRAD_CLIP", "global gradient-norm clipping", "TrainerTest.LarcLambWithClippingResumeIsBitExact"},

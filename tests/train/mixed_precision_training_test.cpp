@@ -6,7 +6,6 @@
 #include <largo/core/config.h>
 #include <largo/core/embedded_configs.h>
 #include <largo/core/error.h>
-#include <largo/core/torch_compat.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
@@ -17,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -257,24 +257,23 @@ TEST_F(MixedPrecisionTrainingTest, LossScaleAtItsMinimumStopsTheRun) {
   EXPECT_FALSE(fs::exists(dir_ / "checkpoint.torch"));
 }
 
-TEST_F(MixedPrecisionTrainingTest, Float16OnTheCpuIsAConfigErrorThatSaysWhatToDo) {
-  bool cpu_has_float16_conv = true;
-  try {
-    at::conv2d(at::ones({1, 1, 3, 3}, at::kHalf), at::ones({1, 1, 3, 3}, at::kHalf));
-  } catch (const c10::Error&) {
-    cpu_has_float16_conv = false;
+// VISSL's default DTYPE, float16, runs on the CPU too (libtorch 2.11 has its kernels): O1
+// with the dynamic loss scaler runs every step of the synthetic job with finite losses, and
+// its scale is in the checkpoint. (That float16 O1/O2 learns is checked in the precision
+// suite, MixedPrecision.Float16O1AndO2TrainOnTheCpu.)
+TEST_F(MixedPrecisionTrainingTest, Float16TrainsOnTheCpuWithTheDynamicLossScaler) {
+  Config config = synthetic_config(dir_, {"MODEL.AMP_PARAMS.DTYPE=float16",
+                                          "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1}"});
+  Trainer trainer(trainer_options_from_config(config));
+  TrainSummary summary = trainer.run();
+  ASSERT_EQ(summary.iteration_losses.size(), 18u);
+  for (const float loss : summary.iteration_losses) {
+    EXPECT_TRUE(std::isfinite(loss)) << loss;
   }
-  if (cpu_has_float16_conv) {
-    GTEST_SKIP() << "this libtorch has float16 CPU kernels";
-  }
-  Config config = synthetic_config(dir_, {"MODEL.AMP_PARAMS.DTYPE=float16"});
-  try {
-    Trainer trainer(trainer_options_from_config(config));
-    FAIL() << "expected a ConfigError";
-  } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("MODEL.AMP_PARAMS.DTYPE=bfloat16"), std::string::npos)
-        << error.what();
-  }
+  auto latest = checkpoint::load_checkpoint(dir_ / "checkpoint.torch");
+  auto precision_state = latest.at("precision").toGenericDict();
+  EXPECT_LT(precision_state.at("skipped_steps").toInt(), 18); // it stepped
+  EXPECT_GT(precision_state.at("grad_scaler").toGenericDict().at("scale").toDouble(), 1.0);
 }
 
 TEST_F(MixedPrecisionTrainingTest, AmpSettingsAreReadAndCheckedFromTheConfig) {
@@ -355,24 +354,6 @@ TEST(MixedPrecisionDistributedTest, RanksSkipTheSameStepsAndStayIdentical) {
     group.barrier();
     if (group.rank() == 0) {
       fs::remove_all(dir);
-    }
-  });
-}
-
-TEST(MixedPrecisionDistributedTest, Bfloat16ModelUnderGlooNeedsAGlooThatReducesIt) {
-  if (compat::kGlooReducesBFloat16) {
-    GTEST_SKIP() << "this libtorch's Gloo reduces bfloat16";
-  }
-  largo::testing::run_on_ranks(2, [](comm::ProcessGroup& group) {
-    Config config = synthetic_job_config(
-        fs::temp_directory_path() / "largo_amp_ddp_o2",
-        {"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.DTYPE=bfloat16",
-         "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"});
-    try {
-      Trainer trainer(trainer_options_from_config(config), "", borrow(group));
-      FAIL() << "expected a ConfigError";
-    } catch (const ConfigError& error) {
-      EXPECT_NE(std::string(error.what()).find("opt_level O1"), std::string::npos) << error.what();
     }
   });
 }

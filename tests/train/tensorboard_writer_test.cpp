@@ -267,7 +267,7 @@ std::vector<DecodedEvent> decode_file(const fs::path& path) {
 
 // ---- the Python checker ------------------------------------------------------------------
 
-constexpr const char* kPython = "/usr/bin/python3";
+constexpr const char* kPython = LARGO_PYTHON;
 
 struct CommandResult {
   int exit_code = -1;

@@ -176,9 +176,9 @@ TEST_F(TrainerTest, RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint) {
   auto latest = checkpoint::load_checkpoint(dir_ / "checkpoint.torch");
   EXPECT_TRUE(latest.at("complete").toBool());
   EXPECT_EQ(latest.at("iteration").toInt(), 18);
-  if (fs::exists("/usr/bin/python3")) {
+  if (fs::exists(LARGO_PYTHON)) {
     std::string command = fmt::format(
-        "/usr/bin/python3 -c \"import torch; d = torch.load('{}'); "
+        LARGO_PYTHON " -c \"import torch; d = torch.load('{}'); "
         "assert d['epoch'] == 3 and d['iteration'] == 18; "
         "assert 'trunk.0.1.weight' in d['model'] or len(d['model']) > 0; "
         "assert isinstance(d['optimizer']['state'], dict)\"",

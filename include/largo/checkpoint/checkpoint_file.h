@@ -1,6 +1,7 @@
 // Reading and writing checkpoint files. A checkpoint is a dict of named values (tensors,
-// numbers, strings, nested dicts and lists) written with torch::pickle_save, so Python's
-// `torch.load(path)` reads it as a plain dict. Writes are atomic (core/atomic_file.h).
+// numbers, strings, nested dicts and lists) in libtorch's file format (torch::pickle_save's
+// zip archive) without TorchScript's type tags, so Python's `torch.load(path)` reads it as a
+// plain dict, in its default weights_only mode too. Writes are atomic (core/atomic_file.h).
 #pragma once
 
 #include <torch/torch.h>

@@ -4,9 +4,11 @@
 // per process and on how many cores, and whether the CPU has the AVX-512 / bfloat16 / AMX
 // units. Two settings cost an order of magnitude without any error, so they become warnings
 // that say how to fix them:
-//   - a reference (netlib) BLAS: Debian's libtorch sends float32 GEMMs to whatever the
-//     libblas.so.3 alternative points to, and on a fresh machine that is the reference BLAS
-//     (20-40x slower than OpenBLAS on the 2-core dev machine, docs/performance.md);
+//   - a reference (netlib) BLAS: a libtorch linked against the system's libblas.so.3 (as
+//     Debian's own libtorch was) sends float32 GEMMs to whatever that alternative points to,
+//     and on a fresh machine that is the reference BLAS (20-40x slower than OpenBLAS on the
+//     2-core dev machine, docs/performance.md). PyTorch's wheels carry MKL inside
+//     libtorch_cpu.so instead;
 //   - more threads than cores (intra-op threads x ranks on this machine, or a pthreads
 //     OpenBLAS that keeps its own pool beside OpenMP's): every parallel region then waits for
 //     a descheduled thread.

@@ -2,13 +2,13 @@
 // peak, so that Largo can report what a feature saves (activation checkpointing) and check
 // its estimates against reality (ZeRO).
 //
-// CPU: libtorch 1.13 keeps no CPU allocator statistics, so install_cpu_memory_counter()
+// CPU: libtorch keeps no statistics of its CPU allocator, so install_cpu_memory_counter()
 // wraps c10's CPU allocator (c10::SetCPUAllocator) in one that counts the bytes of every
 // allocation it serves and of every free. Only allocations made after it is installed are
 // counted (their frees too), so install it before the work to be measured.
 // CUDA: the caching allocator's own statistics (bytes allocated to tensors, not the bytes it
-// reserved from the driver), read through at::accelerator (libtorch >= 2.9); older libtorch
-// builds cannot measure CUDA memory here (MemoryTracker::supported says so).
+// reserved from the driver), read through at::accelerator; without a visible GPU CUDA
+// memory cannot be measured (MemoryTracker::supported says so).
 //
 // Like torch.cuda.max_memory_allocated(), the counts are process-wide: every thread's
 // tensors count (the data loader's prefetched batches too), and the peak is one per device,
@@ -36,8 +36,7 @@ class MemoryTracker {
   // build cannot measure `device` (see supported()).
   explicit MemoryTracker(torch::Device device);
 
-  // Whether this build can measure `device`: always for the CPU; for CUDA, with libtorch
-  // >= 2.9 and a visible device.
+  // Whether `device` can be measured: always for the CPU; for CUDA, when a GPU is visible.
   static bool supported(const torch::Device& device);
 
   const torch::Device& device() const {

@@ -115,8 +115,7 @@ struct FullyShardedDataParallelOptions {
   // parameters' own dtype.
   std::optional<at::ScalarType> compute_dtype;
   // MODEL.FSDP_CONFIG.fp32_reduce_scatter: with compute copies, reduce-scatter the gradients
-  // in the shards' dtype (float32) rather than in compute_dtype. Needed on the Gloo of
-  // libtorch 1.13 for bfloat16, which it cannot reduce.
+  // in the shards' dtype (float32) rather than in compute_dtype.
   bool fp32_reduce_scatter = false;
   // With compute copies: the modules whose parameters compute in float32 (Apex's
   // keep_batchnorm_fp32; precision::is_batchnorm). Unset: none.
@@ -175,8 +174,7 @@ class FullyShardedDataParallel {
 
   // Broadcasts rank 0's parameters and buffers (a collective), cuts `model` into units,
   // intercepts the wrapped units' forwards and keeps this rank's shard of each (the full
-  // buffers start freed). Throws OptionError for bfloat16 gradients to reduce on a Gloo that
-  // cannot (libtorch 1.13 without fp32_reduce_scatter); largo::Error for trainable
+  // buffers start freed). Throws largo::Error for trainable
   // parameters that are not floating point or not all on one device and dtype within a
   // unit, and for frozen parameters outside keeps_fp32 modules with compute copies.
   FullyShardedDataParallel(

@@ -344,13 +344,11 @@ class ParallelModel {
                                                     ParallelOptions);
 };
 
-// The checks parallelize() makes first, for a world of `world_size` ranks on `backend`, so
-// that a configuration can be validated before anything is built: throws OptionError for
+// The checks parallelize() makes first, for a world of `world_size` ranks, so that a
+// configuration can be validated before anything is built: throws OptionError for
 // combinations that do not compose (ZeRO with O2's master weights, FSDP with a cast of the
-// module, compute copies outside FSDP, ...) and ConfigError for a precision the backend
-// cannot reduce.
-void check_parallel_options(const ParallelOptions& options, int world_size,
-                            const std::string& backend);
+// module, compute copies outside FSDP, ...).
+void check_parallel_options(const ParallelOptions& options, int world_size);
 
 // Applies `options` to `model` in the order described at the top, with `make_optimizer`
 // building the optimizer over `param_groups` (or over this rank's pieces of them). Throws

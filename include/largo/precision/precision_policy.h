@@ -75,16 +75,9 @@ struct PrecisionPolicy {
 // change nothing and a warning says so.
 PrecisionPolicy resolve_precision_policy(const PrecisionPolicyOptions& options);
 
-// Throws ConfigError when `device` cannot run `policy`: float16 on a CPU whose libtorch
-// lacks float16 CPU kernels (libtorch 1.13 has none for conv, matmul, pooling, BatchNorm,
-// activations or softmax, and its CPU autocast only accepts bfloat16), or a device kind other
-// than CPU or CUDA. Probes the kernels the models use with tiny tensors, so a libtorch that
-// has them (2.x) is accepted without a version table.
+// Throws ConfigError when `device` cannot run `policy`: a device kind other than CPU or CUDA.
+// (Both dtypes run on both: libtorch 2.11 has float16 CPU kernels and CPU autocast for
+// float16, which 1.13 lacked.)
 void check_policy_supported_on(const PrecisionPolicy& policy, const c10::Device& device);
-
-// Throws ConfigError when a data-parallel run on `backend` ("gloo", "nccl") cannot
-// communicate the gradients `policy` produces: O2/O3 bfloat16 models have bfloat16
-// gradients, which libtorch 1.13's Gloo cannot all-reduce.
-void check_policy_supported_by_backend(const PrecisionPolicy& policy, const std::string& backend);
 
 } // namespace largo::precision

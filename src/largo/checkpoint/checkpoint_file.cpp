@@ -1,5 +1,6 @@
 #include <largo/checkpoint/checkpoint_file.h>
 
+#include <largo/checkpoint/streaming_checkpoint.h>
 #include <largo/checkpoint/torch_file.h>
 #include <largo/core/atomic_file.h>
 #include <largo/core/error.h>
@@ -13,8 +14,7 @@ StateDict make_state_dict() {
 }
 
 void save_checkpoint(const std::filesystem::path& path, const StateDict& state) {
-  std::vector<char> bytes = torch::pickle_save(c10::IValue(state));
-  write_file_atomically(path, std::string_view(bytes.data(), bytes.size()));
+  StreamingCheckpoint().save(path, state); // with nothing deferred: every tensor as it is
 }
 
 StateDict load_checkpoint(const std::filesystem::path& path,

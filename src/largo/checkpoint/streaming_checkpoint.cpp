@@ -9,6 +9,41 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 
 namespace largo::checkpoint {
+namespace {
+
+// `value` with every list as a plain list. libtorch's pickler writes an int, float, bool or
+// tensor list as a call to torch.jit._pickle.build_intlist (…), which torch.load refuses in
+// its default weights_only mode (PyTorch >= 2.6); a plain list pickles as a Python list.
+// Tensors are the same objects (so shared storages stay shared).
+c10::IValue with_plain_lists(const c10::IValue& value) {
+  if (value.isList()) {
+    c10::impl::GenericList plain(c10::AnyType::get());
+    plain.reserve(value.toListRef().size());
+    for (const c10::IValue& element : value.toListRef()) {
+      plain.push_back(with_plain_lists(element));
+    }
+    return plain;
+  }
+  if (value.isGenericDict()) {
+    const c10::impl::GenericDict dict = value.toGenericDict();
+    c10::impl::GenericDict plain(dict.keyType(), c10::AnyType::get());
+    plain.reserve(dict.size());
+    for (const auto& entry : dict) {
+      plain.insert(entry.key(), with_plain_lists(entry.value()));
+    }
+    return plain;
+  }
+  if (value.isTuple()) {
+    std::vector<c10::IValue> elements;
+    for (const c10::IValue& element : value.toTupleRef().elements()) {
+      elements.push_back(with_plain_lists(element));
+    }
+    return c10::ivalue::Tuple::create(std::move(elements));
+  }
+  return value;
+}
+
+} // namespace
 
 at::Tensor StreamingCheckpoint::defer(at::ScalarType dtype, std::vector<int64_t> shape,
                                       Producer produce) {
@@ -30,11 +65,15 @@ at::Tensor StreamingCheckpoint::defer(at::ScalarType dtype, std::vector<int64_t>
 
 void StreamingCheckpoint::save(const std::filesystem::path& path, const StateDict& state) {
   std::vector<char> pickle_bytes;
+  // No TorchScript type tags and no typed lists: the file holds only what torch.load's default
+  // (weights_only) unpickler accepts, dicts, lists, tuples, numbers, strings and tensors.
+  // load_checkpoint gives the containers back their element types (unpickler.h).
   torch::jit::Pickler pickler(
       [&](const char* data, size_t size) { pickle_bytes.insert(pickle_bytes.end(), data, data + size); },
-      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr);
+      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(c10::IValue(state));
+  pickler.pushIValue(with_plain_lists(c10::IValue(state)));
   pickler.stop();
 
   AtomicFileWriter file(path);

@@ -73,7 +73,7 @@ c10::Storage load_storage(
       static_cast<size_t>(nbytes),
       at::getCPUAllocator(),
       /*resizable=*/false);
-  archive.read_into(*entry, storage.data());
+  archive.read_into(*entry, storage.mutable_data());
   return storage;
 }
 

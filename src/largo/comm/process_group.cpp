@@ -5,7 +5,6 @@
 
 #include <largo/core/error.h>
 #include <largo/core/error_report.h>
-#include <largo/core/torch_compat.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -26,15 +25,6 @@
 
 namespace largo::comm {
 namespace {
-
-// What Gloo moves for a collective that only copies (broadcast, all-gather): bfloat16
-// reinterpreted, bit for bit, as float16 (2 bytes too, and a type the Gloo of libtorch 1.13
-// takes, which rejects bfloat16 and 16-bit integers: "Invalid scalar type"). Nothing is
-// computed on the values, so what they mean as float16 does not matter. FSDP's bfloat16
-// compute copies are all-gathered this way.
-at::Tensor as_gloo_payload(const at::Tensor& tensor) {
-  return tensor.scalar_type() == at::kBFloat16 ? tensor.view(at::kHalf) : tensor;
-}
 
 // A peer that died leaves its sockets closed; writing to one must fail the collective with
 // EPIPE (a CommError naming the operation), not kill this process with SIGPIPE. Gloo writes
@@ -150,7 +140,7 @@ struct ProcessGroup::Impl {
   std::string backend_name = "single";
   std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<compat::C10dBackend> backend; // null for a world of one
+  c10::intrusive_ptr<c10d::Backend> backend; // null for a world of one
   std::shared_ptr<detail::ProgressBeacon> beacon;  // null for a world of one
   // Tag of the next point-to-point message pair (Gloo's sum reduce): every rank issues the
   // same collectives in the same order, so the counters agree.
@@ -466,8 +456,7 @@ Work ProcessGroup::broadcast_async(const at::Tensor& tensor, int root) {
   }
   LARGO_WORK_STATE("broadcast", tensor);
   return launch(state->what, [&] {
-    std::vector<at::Tensor> tensors{
-        impl_->backend_name == "gloo" ? as_gloo_payload(tensor) : tensor};
+    std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     state->work = impl_->backend->broadcast(tensors, options);
@@ -560,7 +549,7 @@ Work ProcessGroup::all_gather_async(const at::Tensor& output, const at::Tensor& 
       own.copy_(input.reshape({-1}));
     }
     for (int r = 0; r < impl_->world_size; ++r) {
-      std::vector<at::Tensor> part{as_gloo_payload(flat_output.narrow(0, r * n, n))};
+      std::vector<at::Tensor> part{flat_output.narrow(0, r * n, n)};
       c10d::BroadcastOptions options;
       options.rootRank = r;
       auto work = impl_->backend->broadcast(part, options);
@@ -676,8 +665,7 @@ Work ProcessGroup::point_to_point(bool sending, const at::Tensor& tensor, int pe
       impl_->backend_name);
   state->timeout = impl_->collective_timeout;
   return launch(state->what, [&] {
-    std::vector<at::Tensor> tensors{
-        impl_->backend_name == "gloo" ? as_gloo_payload(tensor) : tensor};
+    std::vector<at::Tensor> tensors{tensor};
     state->work = sending ? impl_->backend->send(tensors, peer, kPointToPointTagBase + tag)
                           : impl_->backend->recv(tensors, peer, kPointToPointTagBase + tag);
     return Work(state);

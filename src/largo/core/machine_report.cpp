@@ -58,8 +58,22 @@ std::string isa_name(std::string isa) {
   return isa.rfind(prefix, 0) == 0 ? isa.substr(prefix.size()) : isa;
 }
 
-// oneDNN is loaded with libtorch (libdnnl.so.2 on Debian); its C API says which instruction
-// set its kernels were generated for (capped by ONEDNN_MAX_CPU_ISA).
+// The text after `key` on its line of at::show_config() ("" when absent), e.g. the version
+// of a library linked into libtorch_cpu.so.
+std::string show_config_value(const std::string& key) {
+  const std::string config = at::show_config();
+  const size_t start = config.find(key);
+  if (start == std::string::npos) {
+    return "";
+  }
+  const size_t begin = start + key.size();
+  return config.substr(begin, config.find_first_of(" \n", begin) - begin);
+}
+
+// oneDNN: a libtorch linked against a shared libdnnl.so (Debian's) exports its C API, which
+// says which instruction set its kernels were generated for (capped by ONEDNN_MAX_CPU_ISA);
+// PyTorch's wheels link it into libtorch_cpu.so, hidden, and at::show_config() gives its
+// version.
 std::string describe_onednn() {
   struct Version { // dnnl_version_t
     int major, minor, patch;
@@ -70,7 +84,8 @@ std::string describe_onednn() {
   const auto effective_isa = find_function<int (*)()>(RTLD_DEFAULT, "dnnl_get_effective_cpu_isa");
   const auto isa_to_string = find_function<const char* (*)(int)>(RTLD_DEFAULT, "dnnl_cpu_isa2str");
   if (version == nullptr || effective_isa == nullptr) {
-    return "";
+    const std::string linked = show_config_value("MKL-DNN v");
+    return linked.empty() ? "" : fmt::format("oneDNN {} (in libtorch_cpu.so)", linked);
   }
   const Version* v = version();
   const int isa = effective_isa();
@@ -83,17 +98,10 @@ std::string describe_onednn() {
 }
 
 // ATen's vectorised kernels (elementwise ops, norms, softmax) run the capability printed by
-// at::show_config(): PyTorch 1.13 uses AVX2 even on AVX-512 CPUs unless ATEN_CPU_CAPABILITY
-// says otherwise.
+// at::show_config() (AVX512 on AVX-512 CPUs with PyTorch 2.x; ATEN_CPU_CAPABILITY can cap
+// it).
 std::string aten_capability() {
-  const std::string config = at::show_config();
-  const std::string key = "CPU capability usage: ";
-  const size_t start = config.find(key);
-  if (start == std::string::npos) {
-    return "";
-  }
-  const size_t begin = start + key.size();
-  return config.substr(begin, config.find('\n', begin) - begin);
+  return show_config_value("CPU capability usage: ");
 }
 
 int64_t usable_cores() {
@@ -148,11 +156,17 @@ BlasInfo describe_blas() {
   void* handle = dlopen(object.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (handle != nullptr && find_function<char* (*)()>(handle, "openblas_get_config") != nullptr) {
     describe_openblas(handle, info);
-  } else if (
-      handle != nullptr &&
-      find_function<void* (*)()>(handle, "mkl_get_version_string") != nullptr) {
+  } else if (handle != nullptr &&
+             (find_function<void* (*)()>(handle, "mkl_get_version_string") != nullptr ||
+              find_function<void* (*)()>(handle, "mkl_serv_get_version_string") != nullptr)) {
+    // PyTorch's x86 wheels link MKL into libtorch_cpu.so, built on GNU OpenMP: its GEMMs run
+    // on libtorch's own threads.
     info.kind = BlasKind::kMkl;
-    info.description = "Intel MKL";
+    info.threading = "OpenMP";
+    const std::string version = show_config_value("Math Kernel Library Version ");
+    info.description = fmt::format(
+        "Intel MKL{} (in {})", version.empty() ? "" : " " + version.substr(0, version.find('-')),
+        std::filesystem::path(info.library_path).filename().string());
   } else {
     info.kind = classify_blas_path(info.library_path);
     const std::string directory = resolved.parent_path().filename().string();
@@ -218,9 +232,9 @@ std::vector<std::string> machine_warnings(const MachineReport& report) {
   if (report.blas.kind == BlasKind::kReference) {
     warnings.push_back(fmt::format(
         "float32 matrix multiplies (Linear layers, attention) run on the reference BLAS {}, "
-        "20-40x slower than an optimised one: install OpenBLAS (`bash "
-        "scripts/install_deps.sh`, or `apt-get install libopenblas0-openmp`) or select it with "
-        "`update-alternatives --set libblas.so.3-x86_64-linux-gnu "
+        "20-40x slower than an optimised one: build against PyTorch's libtorch, which carries "
+        "MKL (`bash scripts/install_deps.sh`), or install OpenBLAS (`apt-get install "
+        "libopenblas0-openmp`) and select it with `update-alternatives --set libblas.so.3-x86_64-linux-gnu "
         "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3`",
         report.blas.library_path));
   }

@@ -6,9 +6,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 
-#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
 #include <ATen/DeviceAccelerator.h>
-#endif
 
 #include <atomic>
 #include <mutex>
@@ -25,7 +23,7 @@ class CountingCpuAllocator final : public c10::Allocator {
  public:
   explicit CountingCpuAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
 
-  c10::DataPtr allocate(size_t num_bytes) LARGO_ALLOCATOR_ALLOCATE_CONST override {
+  c10::DataPtr allocate(size_t num_bytes) override {
     c10::DataPtr inner = wrapped_->allocate(num_bytes);
     void* data = inner.get();
     if (data == nullptr) {
@@ -48,11 +46,9 @@ class CountingCpuAllocator final : public c10::Allocator {
     return &delete_counted;
   }
 
-#if LARGO_ALLOCATOR_HAS_COPY_DATA
   void copy_data(void* destination, const void* source, std::size_t count) const override {
     default_copy_data(destination, source, count);
   }
-#endif
 
   int64_t current() const {
     return current_.load();
@@ -110,12 +106,10 @@ bool is_cpu(const torch::Device& device) {
   return device.type() == c10::DeviceType::CPU;
 }
 
-#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
 constexpr size_t kAggregate = 0; // StatType::AGGREGATE: every pool together
 c10::DeviceIndex cuda_index(const torch::Device& device) {
   return device.has_index() ? device.index() : at::accelerator::getDeviceIndex();
 }
-#endif
 
 } // namespace
 
@@ -138,20 +132,15 @@ bool MemoryTracker::supported(const torch::Device& device) {
   if (is_cpu(device)) {
     return true;
   }
-#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
   return device.is_cuda() && compat::cuda_available();
-#else
-  return false;
-#endif
 }
 
 MemoryTracker::MemoryTracker(torch::Device device) : device_(device) {
   if (!supported(device_)) {
     throw Error(fmt::format(
-        "cannot measure the memory of device {}: this libtorch ({}) offers no allocator "
-        "statistics for it (CUDA needs libtorch >= 2.9 and a visible GPU)",
-        device_.str(),
-        TORCH_VERSION));
+        "cannot measure the memory of device {}: no such device is visible to this process "
+        "(CUDA memory is measured on a visible GPU with a CUDA build of libtorch)",
+        device_.str()));
   }
   if (is_cpu(device_)) {
     install_cpu_memory_counter();
@@ -167,31 +156,21 @@ int64_t MemoryTracker::current_bytes() const {
   if (is_cpu(device_)) {
     return CountingCpuAllocator::instance->current();
   }
-#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
   return at::accelerator::getDeviceStats(cuda_index(device_)).allocated_bytes[kAggregate].current;
-#else
-  return 0; // unreachable: the constructor refused the device
-#endif
 }
 
 int64_t MemoryTracker::peak_bytes() const {
   if (is_cpu(device_)) {
     return CountingCpuAllocator::instance->peak();
   }
-#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
   return at::accelerator::getDeviceStats(cuda_index(device_)).allocated_bytes[kAggregate].peak;
-#else
-  return 0;
-#endif
 }
 
 void MemoryTracker::start_window() {
   if (is_cpu(device_)) {
     CountingCpuAllocator::instance->reset_peak();
   } else {
-#if LARGO_HAS_ACCELERATOR_MEMORY_STATS
     at::accelerator::resetPeakStats(cuda_index(device_));
-#endif
   }
   window_start_bytes_ = current_bytes();
 }

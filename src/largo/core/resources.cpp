@@ -1,6 +1,5 @@
 #include <largo/core/resources.h>
 
-#include <largo/core/torch_compat.h>
 
 #include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
@@ -67,7 +66,7 @@ class GuardedCpuAllocator final : public c10::Allocator {
 
   explicit GuardedCpuAllocator(c10::Allocator* wrapped) : wrapped_(wrapped) {}
 
-  c10::DataPtr allocate(size_t num_bytes) LARGO_ALLOCATOR_ALLOCATE_CONST override {
+  c10::DataPtr allocate(size_t num_bytes) override {
     if (num_bytes >= kCheckedBytes) {
       const std::string context = AllocationContext::current();
       require_memory(num_bytes, context.empty() ? "an allocation" : context);
@@ -79,11 +78,9 @@ class GuardedCpuAllocator final : public c10::Allocator {
     return wrapped_->raw_deleter();
   }
 
-#if LARGO_ALLOCATOR_HAS_COPY_DATA
   void copy_data(void* destination, const void* source, std::size_t count) const override {
     default_copy_data(destination, source, count);
   }
-#endif
 
  private:
   c10::Allocator* wrapped_;

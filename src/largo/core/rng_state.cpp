@@ -1,6 +1,7 @@
 #include <largo/core/rng_state.h>
 
 #include <largo/core/error.h>
+#include <largo/core/torch_compat.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -24,7 +25,7 @@ void set_cpu_rng_state(const at::Tensor& state) {
   }
   auto generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
+  compat::set_generator_state(generator, state);
 }
 
 } // namespace largo

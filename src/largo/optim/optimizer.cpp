@@ -74,6 +74,12 @@ bool same_hyperparameter(const IValue& a, const IValue& b) {
   if (a.isString() && b.isString()) {
     return a.toStringRef() == b.toStringRef();
   }
+  if (a.isList() && b.isList()) { // AdamW's and LAMB's betas
+    const auto& left = a.toListRef();
+    const auto& right = b.toListRef();
+    return left.size() == right.size() &&
+           std::equal(left.begin(), left.end(), right.begin(), same_hyperparameter);
+  }
   return false;
 }
 
@@ -89,6 +95,13 @@ std::string describe(const IValue& value) {
   }
   if (value.isString()) {
     return value.toStringRef();
+  }
+  if (value.isList()) {
+    std::vector<std::string> elements;
+    for (const IValue& element : value.toListRef()) {
+      elements.push_back(describe(element));
+    }
+    return fmt::format("[{}]", fmt::join(elements, ", "));
   }
   return value.tagKind();
 }

@@ -1,7 +1,6 @@
 #include <largo/parallel/fully_sharded_data_parallel.h>
 
 #include <largo/core/error.h>
-#include <largo/core/torch_compat.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/activation_checkpoint.h>
 #include <largo/parallel/grad_ready_hooks.h>
@@ -128,16 +127,6 @@ namespace {
 void check_options(const FullyShardedDataParallelOptions& options, comm::ProcessGroup* group) {
   if (group == nullptr) {
     throw ConfigError("FullyShardedDataParallel needs a process group (got none)");
-  }
-  if (options.compute_dtype && !options.fp32_reduce_scatter &&
-      *options.compute_dtype == at::kBFloat16 && group->world_size() > 1 &&
-      group->backend() == "gloo" && !compat::kGlooReducesBFloat16) {
-    throw OptionError(
-        "FullyShardedDataParallelOptions::fp32_reduce_scatter", "false",
-        fmt::format("true with bfloat16 compute copies on the Gloo backend of this libtorch "
-                    "({}), which cannot reduce bfloat16 gradients (they are then reduced in "
-                    "float32)",
-                    TORCH_VERSION));
   }
 }
 

@@ -56,8 +56,7 @@ void check_pipeline_options(const ParallelOptions& options, int world_size) {
 
 } // namespace
 
-void check_parallel_options(const ParallelOptions& options, int world_size,
-                            const std::string& backend) {
+void check_parallel_options(const ParallelOptions& options, int world_size) {
   const DataParallelism mode = options.data_parallelism;
   const bool sharded_optimizer = mode != DataParallelism::kDdp;
   if (sharded_optimizer && options.precision.master_weights) {
@@ -87,9 +86,6 @@ void check_parallel_options(const ParallelOptions& options, int world_size,
                       "way of cutting at a time)");
   }
   check_pipeline_options(options, world_size);
-  if (world_size > 1) {
-    precision::check_policy_supported_by_backend(options.precision, backend);
-  }
 }
 
 namespace {
@@ -159,7 +155,7 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
     throw OptionError("parallelize's process group", "null",
                       "a process group (comm::ProcessGroup::single_process() for one process)");
   }
-  check_parallel_options(options, group->world_size(), group->backend());
+  check_parallel_options(options, group->world_size());
   auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
 
   // 2. The precision cast, and the tensors the optimizer steps (O2: the float32 masters).
@@ -224,7 +220,7 @@ std::unique_ptr<ParallelModel> parallelize(std::vector<PipelineBlock> blocks,
                       "> 1 with the blocks overload (without a pipeline, parallelize the "
                       "module)");
   }
-  check_parallel_options(options, group->world_size(), group->backend());
+  check_parallel_options(options, group->world_size());
   return make_pipeline_model(std::move(blocks), std::move(group), std::move(options),
                              std::move(param_groups), make_optimizer);
 }

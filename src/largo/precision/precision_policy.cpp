@@ -2,7 +2,6 @@
 
 #include <largo/core/config.h>
 #include <largo/core/error.h>
-#include <largo/core/torch_compat.h>
 
 #include <ATen/ATen.h>
 #include <torch/version.h>
@@ -12,7 +11,6 @@
 
 #include <charconv>
 #include <cmath>
-#include <functional>
 #include <vector>
 
 namespace largo::precision {
@@ -182,54 +180,6 @@ void check_policy_supported_on(const PrecisionPolicy& policy, const c10::Device&
   if (!device.is_cpu() && !device.is_cuda()) {
     throw ConfigError(fmt::format("mixed precision runs on the CPU or CUDA devices; got device {}",
                                   device.str()));
-  }
-  if (!device.is_cpu() || policy.low_precision != at::kHalf) {
-    return; // CUDA runs both dtypes; the CPU runs bfloat16
-  }
-  // float16 on the CPU: try the kernels Largo's models use. libtorch 1.13 has none of them
-  // for float16 on the CPU, and its CPU autocast accepts only bfloat16.
-  auto options = at::TensorOptions().dtype(at::kHalf);
-  at::Tensor images = at::ones({1, 2, 4, 4}, options);
-  at::Tensor features = at::ones({2, 4}, options);
-  at::Tensor channel_params = at::ones({2}, options);
-  const std::pair<const char*, std::function<void()>> probes[] = {
-      {"conv2d", [&] { at::conv2d(images, at::ones({2, 2, 3, 3}, options)); }},
-      {"linear/matmul", [&] { at::linear(features, at::ones({3, 4}, options)); }},
-      {"max_pool2d", [&] { at::max_pool2d(images, {2, 2}); }},
-      {"batch_norm",
-       [&] {
-         at::batch_norm(images, channel_params, channel_params, channel_params, channel_params,
-                        /*training=*/true, 0.1, 1e-5, /*cudnn_enabled=*/false);
-       }},
-      {"relu", [&] { at::relu(features); }},
-      {"log_softmax", [&] { at::log_softmax(features, 1); }},
-  };
-  std::vector<std::string> missing;
-  for (const auto& [name, probe] : probes) {
-    try {
-      probe();
-    } catch (const c10::Error&) {
-      missing.emplace_back(name);
-    }
-  }
-  if (!missing.empty()) {
-    throw ConfigError(fmt::format(
-        "MODEL.AMP_PARAMS.DTYPE = float16 on the CPU: this libtorch ({}) has no float16 CPU "
-        "kernels for {}; use MODEL.AMP_PARAMS.DTYPE=bfloat16 on the CPU (float16 runs on CUDA "
-        "devices)",
-        TORCH_VERSION, fmt::join(missing, ", ")));
-  }
-}
-
-void check_policy_supported_by_backend(const PrecisionPolicy& policy, const std::string& backend) {
-  if (backend == "gloo" && policy.cast_model && policy.low_precision == at::kBFloat16 &&
-      !compat::kGlooReducesBFloat16) {
-    throw ConfigError(fmt::format(
-        "MODEL.AMP_PARAMS.AMP_ARGS.opt_level = {} with bfloat16 casts the model, so its "
-        "gradients are bfloat16, which the Gloo backend of this libtorch ({}) cannot "
-        "all-reduce across ranks. Use opt_level O1 (autocast: float32 weights and gradients), "
-        "or the NCCL backend on GPUs",
-        to_string(policy.opt_level), TORCH_VERSION));
   }
 }
 

@@ -425,7 +425,7 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
 
   plan.parallel = parallel_options_of(plan);
   rethrow_with_yaml_keys(
-      [&] { parallel::check_parallel_options(plan.parallel, world.world_size, world.backend); });
+      [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
   return plan;
 }
 
