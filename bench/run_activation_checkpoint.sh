@@ -8,7 +8,7 @@
 # Variants:
 #   largo           Largo, cut like PyTorch's checkpoint_sequential (equal block counts)
 #   largo_balanced  Largo, cut as the trainer cuts: balanced measured activation bytes
-#   pytorch         torch.utils.checkpoint.checkpoint_sequential (PyTorch 1.13, reentrant),
+#   pytorch         torch.utils.checkpoint.checkpoint_sequential (PyTorch 2.11, reentrant),
 #                   with Largo's malloc settings (GLIBC_TUNABLES), as the Largo side sets them
 # Memory is the peak bytes allocated during a step above those live before it (gradients stay
 # allocated, so this is activations + temporaries): Largo counts them with its counting CPU

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Image loading, Largo against torchvision at equal workers (issue 16): an ImageNet-like
-# ImageFolder of JPEGs is made at bench time from the photographs Debian ships with
-# scikit-image and scikit-learn (bench/make_image_folder.py; nothing committed), then
+# ImageFolder of JPEGs is made at bench time from the photographs scikit-image and
+# scikit-learn ship (bench/make_image_folder.py; installed by install_deps.sh --bench;
+# nothing committed), then
 #   - Largo's disk_folder + DataLoader (bench/image_pipeline_bench.cpp) and torchvision's
 #     ImageFolder + DataLoader (bench/image_pipeline_reference.py), training transform
 #     (RandomResizedCrop 224 + flip + ToTensor + Normalize) and validation transform

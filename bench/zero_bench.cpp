@@ -139,7 +139,7 @@ nlohmann::json run_stage(int stage, bool prefetch, bool bf16_copies, const Bench
     fsdp_options.prefetch = prefetch;
     if (bf16_copies) {
       fsdp_options.compute_dtype = at::kBFloat16;
-      fsdp_options.fp32_reduce_scatter = true; // libtorch 1.13's Gloo cannot reduce bfloat16
+      fsdp_options.fp32_reduce_scatter = true; // gradients summed in float32, as Apex O2 does
     }
     fsdp = std::make_unique<largo::parallel::FullyShardedDataParallel>(as_trunk_and_head(net, o),
                                                                        group, fsdp_options);

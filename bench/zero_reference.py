@@ -7,7 +7,7 @@ plain optimizer ("ddp") or torch.distributed.optim.ZeroRedundancyOptimizer ("zer
 PyTorch's ZeRO stage 1), or with FSDP2, torch.distributed.fsdp.fully_shard ("fsdp2",
 PyTorch >= 2.6: ZeRO stage 3, every Linear but the last its own unit and the last in the
 root unit, as zero_bench.cpp's stage 3 cuts (Linear, ReLU) blocks; not among the default
-variants, to keep run_zero_bench.sh's table as it was). Rank 0 prints one JSON line per variant,
+variants: run_zero_bench.sh asks for it). Rank 0 prints one JSON line per variant,
 in the format of zero_bench.cpp (step times; every rank's bytes of parameters, .grad tensors
 and optimizer state, measured like Largo's measure_model_state_bytes: each storage once, a
 DTensor's local shard), plus images_per_s (both ranks' images per second at the median step

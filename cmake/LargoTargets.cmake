@@ -15,6 +15,14 @@ function(largo_apply_flags target)
   endif()
 endfunction()
 
+# Compiles `target`'s sources in batches (LARGO_UNITY_BUILD, see CMakeLists.txt).
+function(largo_apply_unity_build target)
+  if(LARGO_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON
+                                               UNITY_BUILD_BATCH_SIZE ${LARGO_UNITY_BATCH_SIZE})
+  endif()
+endfunction()
+
 # largo_add_layer(<name> DEPS ...): a static library `largo_<name>` built from
 # src/largo/<name>/*.cpp with public headers in include/largo/<name>/.
 # The first layer (core) owns the precompiled header; the others reuse it, so
@@ -44,6 +52,7 @@ function(largo_add_layer name)
       $<BUILD_INTERFACE:${LARGO_FMT_FIRST_DIR}> $<INSTALL_INTERFACE:include/largo-fmt-first>)
   endif()
   largo_apply_flags(${target})
+  largo_apply_unity_build(${target})
   if(name STREQUAL "core")
     target_precompile_headers(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include/largo/core/pch.h)
   else()

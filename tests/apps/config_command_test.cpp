@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace largo::testing {
+namespace largo::testing::config_command_test {
 namespace {
 
 struct RefusedConfig {
@@ -80,4 +80,4 @@ TEST(ConfigCommandTest, RefusesWhatTrainRefusesBeforeReadingData) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::config_command_test

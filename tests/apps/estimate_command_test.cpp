@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace largo::testing {
+namespace largo::testing::estimate_command_test {
 namespace {
 
 // A synthetic small-CNN job on 2 ranks with AdamW (Ψ parameters: stage 0 holds 16Ψ bytes per
@@ -199,4 +199,4 @@ TEST(EstimateCommandTest, APipelineReportsEachRanksStagesAndScheduleMemory) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::estimate_command_test

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace largo::testing {
+namespace largo::testing::extract_command_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -112,4 +112,4 @@ TEST(ExtractCommandTest, TrainRefusesExtractTrunkFeaturesOnly) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::extract_command_test

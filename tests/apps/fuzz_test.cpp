@@ -32,7 +32,7 @@
 #include <random>
 #include <regex>
 
-namespace largo::testing {
+namespace largo::testing::fuzz_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -641,4 +641,4 @@ TEST(FuzzTest, Checkpoints) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::fuzz_test

@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-namespace largo::testing {
+namespace largo::testing::hardening_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -186,4 +186,4 @@ TEST(HardeningTest, AStoppedRankIsNamedByTheLauncherWithItsOperation) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::hardening_test

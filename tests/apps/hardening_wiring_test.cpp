@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-namespace largo::testing {
+namespace largo::testing::hardening_wiring_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -167,4 +167,4 @@ TEST(HardeningWiringTest, ForeignCheckpointsAreRefusedNamingTheFile) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::hardening_wiring_test

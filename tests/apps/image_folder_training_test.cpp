@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-namespace largo::testing {
+namespace largo::testing::image_folder_training_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -56,4 +56,4 @@ TEST(ImageFolderTrainingTest, TheImageNetRecipeRunsAsWritten) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::image_folder_training_test

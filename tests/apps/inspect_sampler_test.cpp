@@ -16,7 +16,7 @@
 #include <sstream>
 #include <utility>
 
-namespace largo::testing {
+namespace largo::testing::inspect_sampler_test {
 namespace {
 
 const nlohmann::json& baselines() {
@@ -146,4 +146,4 @@ TEST(InspectSamplerTest, BadArgumentsGiveClearErrors) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::inspect_sampler_test

@@ -16,7 +16,7 @@
 #include <map>
 #include <sstream>
 
-namespace largo::testing {
+namespace largo::testing::launch_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -359,4 +359,4 @@ TEST(TrainSpawnTest, BadDistributedKeysGiveClearErrors) {
 }
 
 } // namespace
-} // namespace largo::testing
+} // namespace largo::testing::launch_test

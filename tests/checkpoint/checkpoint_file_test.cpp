@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace largo::checkpoint {
+namespace largo::checkpoint::checkpoint_file_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -81,7 +81,7 @@ TEST_F(CheckpointFileTest, PythonTorchLoadReadsIt) {
   save_checkpoint(dir_ / "p.torch", state);
   std::string command = fmt::format(
       LARGO_PYTHON " -c \"import torch; d = torch.load('{}'); "
-      "assert d['epoch'] == 3; assert d['model']['w'].sum().item() == 15.0\"",
+                   "assert d['epoch'] == 3; assert d['model']['w'].sum().item() == 15.0\"",
       (dir_ / "p.torch").string());
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
 }
@@ -138,4 +138,4 @@ TEST_F(CheckpointFileTest, MismatchedModelNamesTheTensors) {
 }
 
 } // namespace
-} // namespace largo::checkpoint
+} // namespace largo::checkpoint::checkpoint_file_test

@@ -8,7 +8,7 @@
 
 #include <filesystem>
 
-namespace largo::checkpoint {
+namespace largo::checkpoint::streaming_checkpoint_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -46,7 +46,8 @@ TEST(StreamingCheckpointTest, ReadsBackWithProducersCalledOnceInOrder) {
 
   if (fs::exists(LARGO_PYTHON)) {
     const std::string command = fmt::format(
-        LARGO_PYTHON " -c \"import torch; d = torch.load('{}'); "
+        LARGO_PYTHON
+        " -c \"import torch; d = torch.load('{}'); "
         "assert d['model']['weight'].tolist() == torch.arange(12.).view(3, 4).tolist(); "
         "assert int(d['model']['steps']) == 7 and d['epoch'] == 3\"",
         path.string());
@@ -71,4 +72,4 @@ TEST(StreamingCheckpointTest, AWrongProducedShapeFailsAndLeavesNoFile) {
 }
 
 } // namespace
-} // namespace largo::checkpoint
+} // namespace largo::checkpoint::streaming_checkpoint_test

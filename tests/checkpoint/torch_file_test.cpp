@@ -17,7 +17,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace largo::checkpoint {
+namespace largo::checkpoint::torch_file_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -218,4 +218,4 @@ TEST_F(TorchFileTest, UnreadableFilesAreRefusedWithTheReason) {
 }
 
 } // namespace
-} // namespace largo::checkpoint
+} // namespace largo::checkpoint::torch_file_test

@@ -9,7 +9,7 @@
 
 #include "comm/distributed_test_util.h"
 
-namespace largo::checkpoint {
+namespace largo::checkpoint::training_state_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -155,4 +155,4 @@ TEST(TrainingStateTest, MidEpochResumeWithOtherIterationsPerEpochIsAClearError) 
 }
 
 } // namespace
-} // namespace largo::checkpoint
+} // namespace largo::checkpoint::training_state_test

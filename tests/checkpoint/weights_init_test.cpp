@@ -18,7 +18,7 @@
 #include <fstream>
 #include <set>
 
-namespace largo::checkpoint {
+namespace largo::checkpoint::weights_init_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -94,7 +94,7 @@ std::optional<ReferenceFiles> write_reference_files(const fs::path& dir) {
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream file(dir / "reference.json");
   const auto reference = nlohmann::json::parse(file);
-  ReferenceFiles files{dir / "torchvision_resnet18.pth", dir / "vissl_resnet18.torch"};
+  ReferenceFiles files{dir / "torchvision_resnet18.pth", dir / "vissl_resnet18.torch", {}, {}};
   files.images =
       torch::tensor(reference["images"].get<std::vector<float>>()).reshape({2, 3, 32, 32});
   files.logits = torch::tensor(reference["logits"].get<std::vector<float>>()).reshape({2, 10});
@@ -175,7 +175,7 @@ TEST(WeightsInitTest, MismatchesAreListedInOneErrorNamingTheFileAndNothingLoads)
   torch::manual_seed(0);
   models::TrunkHeadModel source = torchvision_like_resnet(18, 10);
   StateDict state = state_of(*source);
-  state.erase("trunk.1.conv1.weight");
+  ASSERT_EQ(state.erase("trunk.1.conv1.weight"), 1u);
   state.insert("trunk.9.extra", at::zeros({2}));
   state.insert_or_assign("head.0.weight", at::zeros({3, 512}));
 
@@ -286,4 +286,4 @@ TEST(WeightsInitTest, AMissingKeyNamesTheKeysTheFileHas) {
 }
 
 } // namespace
-} // namespace largo::checkpoint
+} // namespace largo::checkpoint::weights_init_test

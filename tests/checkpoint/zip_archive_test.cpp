@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace largo::checkpoint {
+namespace largo::checkpoint::zip_archive_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -105,4 +105,4 @@ TEST(Crc32, MatchesTheZipReferenceValue) {
 }
 
 } // namespace
-} // namespace largo::checkpoint
+} // namespace largo::checkpoint::zip_archive_test

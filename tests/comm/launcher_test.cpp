@@ -18,7 +18,7 @@
 #include <map>
 #include <thread>
 
-namespace largo::comm {
+namespace largo::comm::launcher_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -261,4 +261,4 @@ TEST(LauncherTest, ASignalToTheLauncherIsForwardedToTheWorkers) {
 }
 
 } // namespace
-} // namespace largo::comm
+} // namespace largo::comm::launcher_test

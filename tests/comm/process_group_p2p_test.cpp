@@ -5,7 +5,7 @@
 
 #include "comm/distributed_test_util.h"
 
-namespace largo::comm {
+namespace largo::comm::process_group_p2p_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -139,4 +139,4 @@ TEST(SubGroupTest, BadRankListsAreConfigErrors) {
 }
 
 } // namespace
-} // namespace largo::comm
+} // namespace largo::comm::process_group_p2p_test

@@ -14,7 +14,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-namespace largo::comm {
+namespace largo::comm::process_group_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -287,4 +287,4 @@ TEST(ProcessGroupFailureTest, RejectsUnknownBackend) {
 }
 
 } // namespace
-} // namespace largo::comm
+} // namespace largo::comm::process_group_test

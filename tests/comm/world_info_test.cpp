@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-namespace largo::comm {
+namespace largo::comm::world_info_test {
 namespace {
 
 // An environment made of a map, for world_from_environment's getenv hook.
@@ -102,4 +102,4 @@ TEST(WorldInfoTest, FindsAFreePort) {
 }
 
 } // namespace
-} // namespace largo::comm
+} // namespace largo::comm::world_info_test

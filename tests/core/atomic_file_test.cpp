@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-namespace largo {
+namespace largo::atomic_file_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -50,4 +50,4 @@ TEST(AtomicFileTest, FailureNamesThePathAndKeepsTheOldFile) {
 }
 
 } // namespace
-} // namespace largo
+} // namespace largo::atomic_file_test

@@ -8,7 +8,7 @@
 #include <limits>
 #include <fstream>
 
-namespace largo {
+namespace largo::config_test {
 namespace {
 
 // Runs `fn` and returns the ConfigError's message; fails the test if nothing is thrown.
@@ -270,4 +270,4 @@ TEST(ConfigTest, EditDistance) {
 }
 
 } // namespace
-} // namespace largo
+} // namespace largo::config_test

@@ -8,7 +8,7 @@
 
 #include <new>
 
-namespace largo {
+namespace largo::error_report_test {
 namespace {
 
 ErrorReport report_of(const std::function<void()>& fn) {
@@ -82,4 +82,4 @@ TEST(ErrorReportTest, OutOfMemoryIsAResourceError) {
 }
 
 } // namespace
-} // namespace largo
+} // namespace largo::error_report_test

@@ -12,7 +12,7 @@
 #include <set>
 #include <sstream>
 
-namespace largo {
+namespace largo::machine_report_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -163,4 +163,4 @@ TEST(MachineReportTest, WarnsAboutAPthreadsBlasPool) {
 }
 
 } // namespace
-} // namespace largo
+} // namespace largo::machine_report_test

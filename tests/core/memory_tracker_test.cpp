@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo {
+namespace largo::memory_tracker_test {
 namespace {
 
 TEST(MemoryTrackerTest, CountsCpuAllocationsAndFrees) {
@@ -103,4 +103,4 @@ TEST(MemoryTrackerTest, FormatsBytes) {
 }
 
 } // namespace
-} // namespace largo
+} // namespace largo::memory_tracker_test

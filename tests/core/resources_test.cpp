@@ -7,7 +7,7 @@
 
 #include <thread>
 
-namespace largo {
+namespace largo::resources_test {
 namespace {
 
 std::string resource_error(const std::function<void()>& fn) {
@@ -24,7 +24,7 @@ TEST(ResourcesTest, MachineFiguresArePlausible) {
   EXPECT_GE(available_cpu_cores(), 1);
   EXPECT_LE(available_cpu_cores(), static_cast<int64_t>(std::thread::hardware_concurrency()));
   EXPECT_GT(available_memory_bytes(), uint64_t{16} << 20);
-  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(uint64_t{512}), "512 B");
   EXPECT_EQ(format_bytes(uint64_t{3} << 30), "3.0 GiB");
   EXPECT_EQ(saturating_product({1u << 20, 1u << 20}), uint64_t{1} << 40);
   EXPECT_EQ(saturating_product({uint64_t{1} << 40, uint64_t{1} << 40}), UINT64_MAX);
@@ -63,4 +63,4 @@ TEST(ResourcesTest, GuardLetsOrdinaryAllocationsThrough) {
 }
 
 } // namespace
-} // namespace largo
+} // namespace largo::resources_test

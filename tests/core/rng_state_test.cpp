@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace largo {
+namespace largo::rng_state_test {
 namespace {
 
 TEST(RngStateTest, RestoredStateReplaysTheSameDraws) {
@@ -46,4 +46,4 @@ TEST(RngStateTest, RejectsAStateThatIsNotOne) {
 }
 
 } // namespace
-} // namespace largo
+} // namespace largo::rng_state_test

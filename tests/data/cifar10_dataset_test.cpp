@@ -8,7 +8,7 @@
 #include "largo/core/error.h"
 #include "temp_dir.h"
 
-namespace largo::data {
+namespace largo::data::cifar10_dataset_test {
 namespace {
 
 using testing::TempDir;
@@ -111,4 +111,4 @@ TEST(Cifar10Dataset, LabelOutOfRangeIsRejected) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::cifar10_dataset_test

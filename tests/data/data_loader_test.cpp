@@ -11,7 +11,7 @@
 #include "largo/core/error.h"
 #include "largo/data/sampler.h"
 
-namespace largo::data {
+namespace largo::data::data_loader_test {
 namespace {
 
 constexpr int64_t kNumSamples = 50;
@@ -300,4 +300,4 @@ TEST(DataLoader, CudaDeliveryEqualsCpuDelivery) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::data_loader_test

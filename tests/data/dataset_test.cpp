@@ -6,7 +6,7 @@
 #include "largo/core/error.h"
 #include "largo/data/synthetic_dataset.h"
 
-namespace largo::data {
+namespace largo::data::dataset_test {
 namespace {
 
 // 5 images [1, 2, 2] where every pixel of image n equals n.
@@ -86,4 +86,4 @@ TEST(SyntheticDataset, RejectsBadArguments) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::dataset_test

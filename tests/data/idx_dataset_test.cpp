@@ -10,7 +10,7 @@
 #include "largo/core/error.h"
 #include "temp_dir.h"
 
-namespace largo::data {
+namespace largo::data::idx_dataset_test {
 namespace {
 
 using testing::TempDir;
@@ -243,4 +243,4 @@ TEST(IdxDataset, RealFashionMnist) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::idx_dataset_test

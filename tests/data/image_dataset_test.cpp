@@ -13,7 +13,7 @@
 #include "largo/data/dataset_factory.h"
 #include "largo/data/npy.h"
 
-namespace largo::data {
+namespace largo::data::image_dataset_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -205,4 +205,4 @@ TEST(DatasetFactory, OpensEverySourceWithItsOutputShape) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::image_dataset_test

@@ -12,7 +12,7 @@
 #include "data/temp_dir.h"
 #include "largo/core/error.h"
 
-namespace largo::data {
+namespace largo::data::image_decoder_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -201,4 +201,4 @@ TEST(ImageDecoder, UnreadableFilesFailWithoutHanging) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::image_decoder_test

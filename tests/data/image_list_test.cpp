@@ -11,7 +11,7 @@
 #include "largo/core/error.h"
 #include "largo/data/npy.h"
 
-namespace largo::data {
+namespace largo::data::image_list_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -93,4 +93,4 @@ TEST(ImageFilelist, ReadsVisslsNpyPair) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::image_list_test

@@ -13,7 +13,7 @@
 #include "largo/data/data_loader.h"
 #include "largo/data/sample_pipeline.h"
 
-namespace largo::data {
+namespace largo::data::image_parity_test {
 namespace {
 
 using testing::image_baseline_dir;
@@ -143,4 +143,4 @@ TEST(TorchvisionParity, DctScaledDecodingStaysClose) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::image_parity_test

@@ -8,7 +8,7 @@
 #include "data/temp_dir.h"
 #include "largo/core/error.h"
 
-namespace largo::data {
+namespace largo::data::npy_test {
 namespace {
 
 using testing::TempDir;
@@ -102,4 +102,4 @@ TEST_F(NumpyFiles, MalformedFilesNameTheFile) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::npy_test

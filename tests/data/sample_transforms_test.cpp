@@ -13,7 +13,7 @@
 #include "largo/core/error.h"
 #include "largo/data/sample_pipeline.h"
 
-namespace largo::data {
+namespace largo::data::sample_transforms_test {
 namespace {
 
 TEST(RandomResizedCrop, DrawsTorchvisionsBoxForTheSameSeed) {
@@ -131,4 +131,4 @@ TEST(SampleTransforms, FactoryRejectsUnknownNamesAndArguments) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::sample_transforms_test

@@ -12,7 +12,7 @@
 
 #include "largo/core/error.h"
 
-namespace largo::data {
+namespace largo::data::sampler_test {
 namespace {
 
 const nlohmann::json& baselines() {
@@ -187,4 +187,4 @@ TEST(StatefulDistributedSampler, StartIterSkipsWholeBatchesAndStateRoundTrips) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::sampler_test

@@ -7,7 +7,7 @@
 
 #include "largo/core/error.h"
 
-namespace largo::data {
+namespace largo::data::transforms_test {
 namespace {
 
 at::Generator seeded(uint64_t seed) {
@@ -188,4 +188,4 @@ TEST(MakeTransform, BuildsFromSpecsAndRejectsBadOnes) {
 }
 
 } // namespace
-} // namespace largo::data
+} // namespace largo::data::transforms_test

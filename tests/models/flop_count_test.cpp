@@ -11,7 +11,7 @@
 #include <fstream>
 #include <set>
 
-namespace largo::models {
+namespace largo::models::flop_count_test {
 namespace {
 
 TEST(FlopCountTest, ConvolutionByHand) {
@@ -153,8 +153,8 @@ std::map<std::string, int64_t> by_kind(const ModelFlops& flops) {
 
 TEST(FlopCountTest, EveryZooModelMatchesPytorchsProfilerCount) {
   std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/flop_baselines.json");
-  ASSERT_TRUE(in.good()) << "missing flop_baselines.json; run "
-                            LARGO_PYTHON " tests/reference/gen_flop_baselines.py";
+  ASSERT_TRUE(in.good()) << "missing flop_baselines.json; run " LARGO_PYTHON
+                            " tests/reference/gen_flop_baselines.py";
   const nlohmann::json baselines = nlohmann::json::parse(in);
   ASSERT_GE(baselines.at("cases").size(), 20u);
   for (const auto& entry : baselines["cases"]) {
@@ -206,4 +206,4 @@ TEST(FlopCountTest, FormatsCountsWithAnSiPrefix) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::flop_count_test

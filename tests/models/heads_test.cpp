@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::models {
+namespace largo::models::heads_test {
 namespace {
 
 std::vector<std::string> module_names(const torch::nn::Sequential& head) {
@@ -100,4 +100,4 @@ TEST(Heads, HeadDimsMustFitTrunkAndClasses) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::heads_test

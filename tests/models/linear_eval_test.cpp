@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::models {
+namespace largo::models::linear_eval_test {
 namespace {
 
 TrunkHeadModel resnet18() {
@@ -169,4 +169,4 @@ TEST(LinearEvalTest, RejectsUnknownFeaturesMismatchedHeadsAndOtherTrunks) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::linear_eval_test

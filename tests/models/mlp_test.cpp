@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::models {
+namespace largo::models::mlp_test {
 namespace {
 
 ModelOptions mlp_options(std::vector<int64_t> hidden_dims) {
@@ -54,4 +54,4 @@ TEST(Mlp, RejectsNonPositiveWidths) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::mlp_test

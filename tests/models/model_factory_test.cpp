@@ -10,7 +10,7 @@
 
 #include <string>
 
-namespace largo::models {
+namespace largo::models::model_factory_test {
 namespace {
 
 using testing::error_of;
@@ -73,4 +73,4 @@ TEST(ModelFactory, SameSeedSameWeights) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::model_factory_test

@@ -12,7 +12,7 @@
 #include <cmath>
 #include <string>
 
-namespace largo::models {
+namespace largo::models::resnet_test {
 namespace {
 
 ModelOptions resnet_options(int64_t depth, const std::string& stem, int64_t num_classes = 10) {
@@ -224,4 +224,4 @@ TEST(ResNet, Layer4StrideOneKeepsResolution) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::resnet_test

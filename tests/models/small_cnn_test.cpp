@@ -9,7 +9,7 @@
 
 #include <string>
 
-namespace largo::models {
+namespace largo::models::small_cnn_test {
 namespace {
 
 ModelOptions cnn_options(int64_t in_channels, int64_t image_size) {
@@ -110,4 +110,4 @@ TEST(SmallCnn, RejectsBadOptions) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::small_cnn_test

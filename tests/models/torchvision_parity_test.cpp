@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-namespace largo::models {
+namespace largo::models::torchvision_parity_test {
 namespace {
 
 const nlohmann::json& baselines() {
   static const nlohmann::json json = [] {
     std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/model_baselines.json");
-    EXPECT_TRUE(in.good()) << "missing model_baselines.json; run "
-                              LARGO_PYTHON " tests/reference/gen_model_baselines.py";
+    EXPECT_TRUE(in.good()) << "missing model_baselines.json; run " LARGO_PYTHON
+                              " tests/reference/gen_model_baselines.py";
     return nlohmann::json::parse(in);
   }();
   return json;
@@ -190,4 +190,4 @@ TEST(VitNumerics, OutputMatchesTorchvisionVisionTransformer) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::torchvision_parity_test

@@ -10,7 +10,7 @@
 
 #include <string>
 
-namespace largo::models {
+namespace largo::models::trunk_head_model_test {
 namespace {
 
 struct ZooCase {
@@ -136,4 +136,4 @@ TEST(CountParameters, CountsSharedParametersOnce) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::trunk_head_model_test

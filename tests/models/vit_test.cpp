@@ -11,7 +11,7 @@
 
 #include <string>
 
-namespace largo::models {
+namespace largo::models::vit_test {
 namespace {
 
 ModelOptions vit_options() {
@@ -182,4 +182,4 @@ TEST(Vit, WrongInputSizeIsAClearError) {
 }
 
 } // namespace
-} // namespace largo::models
+} // namespace largo::models::vit_test

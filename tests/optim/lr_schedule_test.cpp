@@ -8,7 +8,7 @@
 #include <cmath>
 #include <numbers>
 
-namespace largo::optim {
+namespace largo::optim::lr_schedule_test {
 namespace {
 
 using testing::expect_config_error;
@@ -304,4 +304,4 @@ TEST(AutoLrScaling, CompositeWarmupDroppedOnOneNode) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::lr_schedule_test

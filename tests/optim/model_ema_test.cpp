@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-namespace largo::optim {
+namespace largo::optim::model_ema_test {
 namespace {
 
 nlohmann::json load_baselines() {
@@ -118,4 +118,4 @@ TEST(ModelEmaTest, NamesMismatchesAndBadOptions) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::model_ema_test

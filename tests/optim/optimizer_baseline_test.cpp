@@ -14,7 +14,7 @@
 #include <limits>
 #include <memory>
 
-namespace largo::optim {
+namespace largo::optim::optimizer_baseline_test {
 namespace {
 
 using testing::close;
@@ -217,4 +217,4 @@ TEST(GradClipping, MatchesTorchClipGradNorm) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::optimizer_baseline_test

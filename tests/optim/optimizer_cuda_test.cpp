@@ -6,7 +6,7 @@
 #include <largo/optim/grad_clipping.h>
 #include <largo/optim/optimizer_factory.h>
 
-namespace largo::optim {
+namespace largo::optim::optimizer_cuda_test {
 namespace {
 
 using testing::make_params;
@@ -90,4 +90,4 @@ TEST(OptimizerCuda, ForeachOnCudaMatchesFusedCpu) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::optimizer_cuda_test

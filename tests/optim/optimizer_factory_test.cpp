@@ -3,7 +3,7 @@
 
 #include <largo/optim/optimizer_factory.h>
 
-namespace largo::optim {
+namespace largo::optim::optimizer_factory_test {
 namespace {
 
 std::vector<ParamGroup> one_group() {
@@ -48,4 +48,4 @@ TEST(OptimizerFactory, UnknownNameIsAConfigError) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::optimizer_factory_test

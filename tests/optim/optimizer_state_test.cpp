@@ -21,7 +21,7 @@
 #include <memory>
 #include <sstream>
 
-namespace largo::optim {
+namespace largo::optim::optimizer_state_test {
 namespace {
 
 using testing::make_params;
@@ -236,8 +236,8 @@ TEST(OptimizerState, ADifferentHyperparameterIsNamedAndTheSameIsNot) {
   other_betas.betas = {0.8, 0.999};
   AdamW other(two_groups(clone_params(params)), other_betas);
   const std::string warnings = warnings_during([&] { other.load_state_dict(saved); });
-  EXPECT_NE(warnings.find("betas = [0.9, 0.999] but this optimizer uses [0.8, 0.999]"),
-            std::string::npos)
+  EXPECT_NE(
+      warnings.find("betas = [0.9, 0.999] but this optimizer uses [0.8, 0.999]"), std::string::npos)
       << warnings;
 }
 
@@ -446,4 +446,4 @@ TEST(Optimizer, ZeroGradSetLrAndSkippedParameters) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::optimizer_state_test

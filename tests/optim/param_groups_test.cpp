@@ -9,7 +9,7 @@
 #include <cmath>
 #include <map>
 
-namespace largo::optim {
+namespace largo::optim::param_groups_test {
 namespace {
 
 namespace nn = torch::nn;
@@ -274,4 +274,4 @@ TEST(ParamGroups, BiasAndNormNamesForLarc) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::param_groups_test

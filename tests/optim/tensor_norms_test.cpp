@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-namespace largo::optim {
+namespace largo::optim::tensor_norms_test {
 namespace {
 
 using testing::make_params;
@@ -225,4 +225,4 @@ TEST(ShardedNorms, ReducerGetsOneTensorPerStep) {
 }
 
 } // namespace
-} // namespace largo::optim
+} // namespace largo::optim::tensor_norms_test

@@ -23,7 +23,7 @@
 
 #include "comm/distributed_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::activation_checkpoint_distributed_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -280,4 +280,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::activation_checkpoint_distributed_test

@@ -18,7 +18,7 @@
 #include <map>
 #include <optional>
 
-namespace largo::parallel {
+namespace largo::parallel::activation_checkpoint_test {
 namespace {
 
 using models::ModelOptions;
@@ -616,4 +616,4 @@ TEST_F(ActivationCheckpointTest, CudaDropoutAndAutocastRecomputeIdentically) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::activation_checkpoint_test

@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::parallel {
+namespace largo::parallel::checkpointed_trunk_test {
 namespace {
 
 using models::ModelOptions;
@@ -140,4 +140,4 @@ TEST_F(CheckpointedTrunkTest, MemoryReportShowsTheSaving) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::checkpointed_trunk_test

@@ -1,8 +1,8 @@
 // Mixed precision under 2-rank DistributedDataParallel (Gloo over 127.0.0.1): a NaN produced
 // on one rank only makes both ranks skip the step and back off the loss scale together, and
-// the models stay identical on the ranks. O1 (autocast, float32 weights and gradients):
-// libtorch 1.13's Gloo cannot reduce bfloat16, so O2/O3 bfloat16 buckets cannot be
-// all-reduced here (the trainer refuses that combination with a clear error).
+// the models stay identical on the ranks. O1 (autocast: float32 weights and gradients) and
+// O2 (a bfloat16 model: its gradient buckets are bfloat16, which Gloo reduces since libtorch
+// 2.x; float32 master weights).
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
 #include <largo/parallel/distributed_data_parallel.h>
@@ -12,7 +12,7 @@
 
 #include <limits>
 
-namespace largo::parallel {
+namespace largo::parallel::ddp_mixed_precision_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -38,8 +38,8 @@ bool same_on_every_rank(comm::ProcessGroup& group, const at::Tensor& tensor) {
   return torch::equal(max, min) && torch::equal(max, tensor);
 }
 
-TEST(DdpMixedPrecisionTest, ANanOnOneRankMakesBothRanksSkipTheStep) {
-  run_on_ranks(2, [](comm::ProcessGroup& group) {
+void expect_a_nan_on_one_rank_skips_the_step_on_both(const std::string& opt_level) {
+  run_on_ranks(2, [&](comm::ProcessGroup& group) {
     auto shared = borrow(group);
     torch::manual_seed(group.rank()); // different weights: DDP broadcasts rank 0's
     torch::nn::Sequential net(
@@ -48,7 +48,7 @@ TEST(DdpMixedPrecisionTest, ANanOnOneRankMakesBothRanksSkipTheStep) {
 
     precision::PrecisionPolicyOptions amp;
     amp.use_amp = true;
-    amp.opt_level = "O1";
+    amp.opt_level = opt_level;
     amp.dtype = "bfloat16";
     amp.loss_scale = "dynamic";
     precision::GradScalerOptions scaler;
@@ -106,8 +106,19 @@ TEST(DdpMixedPrecisionTest, ANanOnOneRankMakesBothRanksSkipTheStep) {
                                                  .to(item.value().scalar_type())))
           << item.key();
     }
+    if (opt_level == "O2") { // the buckets DDP reduced were bfloat16
+      EXPECT_EQ(net->named_parameters()["4.weight"].scalar_type(), at::kBFloat16);
+    }
   });
 }
 
+TEST(DdpMixedPrecisionTest, ANanOnOneRankMakesBothRanksSkipTheStepUnderO1) {
+  expect_a_nan_on_one_rank_skips_the_step_on_both("O1");
+}
+
+TEST(DdpMixedPrecisionTest, ANanOnOneRankMakesBothRanksSkipTheStepUnderO2Bfloat16) {
+  expect_a_nan_on_one_rank_skips_the_step_on_both("O2");
+}
+
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::ddp_mixed_precision_test

@@ -11,7 +11,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-namespace largo::parallel {
+namespace largo::parallel::distributed_data_parallel_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -297,4 +297,4 @@ TEST(DistributedDataParallelTest, RejectsNonPositiveBucketCap) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::distributed_data_parallel_test

@@ -29,7 +29,7 @@
 #include <string>
 #include <vector>
 
-namespace largo::parallel {
+namespace largo::parallel::fairscale_oss_parity_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -132,8 +132,8 @@ class AdamWRoundingBound {
   AdamWRoundingBound(double lr, double weight_decay, double beta1, double beta2, double eps)
       : lr_(lr), weight_decay_(weight_decay), beta1_(beta1), beta2_(beta2), eps_(eps) {}
 
-  at::Tensor step(int64_t k, const at::Tensor& before, const at::Tensor& after,
-                  const at::Tensor& grad) {
+  at::Tensor
+  step(int64_t k, const at::Tensor& before, const at::Tensor& after, const at::Tensor& grad) {
     if (!err_p_.defined()) {
       err_p_ = at::zeros_like(before);
       m_ = at::zeros_like(before);
@@ -182,8 +182,8 @@ const nlohmann::json& case_of(const nlohmann::json& baselines, const std::string
   throw std::runtime_error("no " + optimizer + " case in the FairScale baselines");
 }
 
-std::unique_ptr<optim::Optimizer> make_base(const nlohmann::json& c, bool fused,
-                                            std::vector<optim::ParamGroup> groups) {
+std::unique_ptr<optim::Optimizer>
+make_base(const nlohmann::json& c, bool fused, std::vector<optim::ParamGroup> groups) {
   const auto& o = c["options"];
   if (c["optimizer"] == "sgd") {
     optim::SGDOptions sgd;
@@ -225,8 +225,10 @@ TEST_P(FairScaleOssParityTest, ParametersAfterEveryStepEqualFairScales) {
     all.weight_decay = o["weight_decay"].get<double>();
     std::vector<at::Tensor> params;
     for (size_t i = 0; i < names.size(); ++i) {
-      params.push_back(
-          float64_of(baselines["initial_params"][i]).to(at::kFloat).reshape(shapes[i]).requires_grad_());
+      params.push_back(float64_of(baselines["initial_params"][i])
+                           .to(at::kFloat)
+                           .reshape(shapes[i])
+                           .requires_grad_());
       all.params.push_back(params.back());
       all.names.push_back(names[i]);
     }
@@ -255,12 +257,15 @@ TEST_P(FairScaleOssParityTest, ParametersAfterEveryStepEqualFairScales) {
     std::vector<AdamWRoundingBound> adamw_bounds;
     for (size_t i = 0; i < names.size(); ++i) {
       if (is_sgd) {
-        sgd_bounds.emplace_back(o["lr"].get<double>(), o["weight_decay"].get<double>(),
-                                o["momentum"].get<double>());
+        sgd_bounds.emplace_back(
+            o["lr"].get<double>(), o["weight_decay"].get<double>(), o["momentum"].get<double>());
       } else {
-        adamw_bounds.emplace_back(o["lr"].get<double>(), o["weight_decay"].get<double>(),
-                                  o["betas"][0].get<double>(), o["betas"][1].get<double>(),
-                                  o["eps"].get<double>());
+        adamw_bounds.emplace_back(
+            o["lr"].get<double>(),
+            o["weight_decay"].get<double>(),
+            o["betas"][0].get<double>(),
+            o["betas"][1].get<double>(),
+            o["eps"].get<double>());
       }
     }
     std::vector<at::Tensor> before;
@@ -287,10 +292,17 @@ TEST_P(FairScaleOssParityTest, ParametersAfterEveryStepEqualFairScales) {
               "rank {}, step {}, {} element {}: Largo {:.9g}, FairScale {:.9g}, |difference| "
               "{:.3g} > bound {:.3g} ({} of {} elements outside the bound; max |difference| "
               "{:.3g})",
-              group.rank(), k, names[i], worst, actual[worst].item<double>(),
-              expected[worst].item<double>(), difference[worst].item<double>(),
-              bound[worst].item<double>(), difference.gt(bound).sum().item<int64_t>(),
-              difference.numel(), difference.max().item<double>());
+              group.rank(),
+              k,
+              names[i],
+              worst,
+              actual[worst].item<double>(),
+              expected[worst].item<double>(),
+              difference[worst].item<double>(),
+              bound[worst].item<double>(),
+              difference.gt(bound).sum().item<int64_t>(),
+              difference.numel(),
+              difference.max().item<double>());
         }
         before[i] = expected;
       }
@@ -298,10 +310,12 @@ TEST_P(FairScaleOssParityTest, ParametersAfterEveryStepEqualFairScales) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(FairScale, FairScaleOssParityTest,
-                         ::testing::Values(Case{"sgd", true}, Case{"sgd", false},
-                                           Case{"adamw", true}, Case{"adamw", false}),
-                         case_label);
+INSTANTIATE_TEST_SUITE_P(
+    FairScale,
+    FairScaleOssParityTest,
+    ::testing::Values(
+        Case{"sgd", true}, Case{"sgd", false}, Case{"adamw", true}, Case{"adamw", false}),
+    case_label);
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::fairscale_oss_parity_test

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace largo::parallel {
+namespace largo::parallel::flat_layout_test {
 namespace {
 
 TEST(FlatLayoutTest, PadsToAMultipleOfTheWorldSize) {
@@ -80,4 +80,4 @@ TEST(FlatLayoutTest, RejectsBadArguments) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::flat_layout_test

@@ -14,7 +14,7 @@
 
 #include "comm/distributed_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::fully_sharded_data_parallel_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -622,8 +622,7 @@ TEST(FullyShardedDataParallelTest, Fp32ReduceScatterSumsTheBFloat16GradientsInFl
         }
         const at::Tensor grads = unit.grad_shard;
         elements += grads.numel();
-        bfloat16_values +=
-            grads.eq(grads.to(at::kBFloat16).to(at::kFloat)).sum().item<int64_t>();
+        bfloat16_values += grads.eq(grads.to(at::kBFloat16).to(at::kFloat)).sum().item<int64_t>();
       }
       ASSERT_GT(elements, 100) << "too few gradients in the bfloat16 units to tell";
       if (fp32_reduce_scatter) {
@@ -636,4 +635,4 @@ TEST(FullyShardedDataParallelTest, Fp32ReduceScatterSumsTheBFloat16GradientsInFl
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::fully_sharded_data_parallel_test

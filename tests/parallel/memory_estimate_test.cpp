@@ -12,7 +12,7 @@
 
 #include "comm/distributed_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::memory_estimate_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -244,4 +244,4 @@ TEST(MemoryEstimateMeasuredTest, AdamWStages0To2OnTwoRanks) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::memory_estimate_test

@@ -12,7 +12,7 @@
 
 #include <fmt/format.h>
 
-namespace largo::parallel {
+namespace largo::parallel::parallelize_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -279,4 +279,4 @@ TEST(ParallelizeTest, DescribesWhatRunsAndReportsItsMemory) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::parallelize_test

@@ -10,7 +10,7 @@
 #include "comm/distributed_test_util.h"
 #include "parallel/pipeline_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::pipeline_checkpoint_test {
 namespace {
 
 using namespace largo::parallel::testing;
@@ -176,4 +176,4 @@ TEST(PipelineCheckpointTest, ADeadStageIsNamedByItsNeighbour) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::pipeline_checkpoint_test

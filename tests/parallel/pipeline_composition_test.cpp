@@ -16,7 +16,7 @@
 #include "comm/distributed_test_util.h"
 #include "parallel/pipeline_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::pipeline_composition_test {
 namespace {
 
 using namespace largo::parallel::testing;
@@ -278,4 +278,4 @@ TEST(PipelineCompositionTest, BatchNormNormalisesEachMicroBatch) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::pipeline_composition_test

@@ -12,7 +12,7 @@
 #include "comm/distributed_test_util.h"
 #include "parallel/parallelize_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::pipeline_model_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -410,4 +410,4 @@ TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::pipeline_model_test

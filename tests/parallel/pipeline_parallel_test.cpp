@@ -22,7 +22,7 @@
 #include "comm/distributed_test_util.h"
 #include "parallel/pipeline_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::pipeline_parallel_test {
 namespace {
 
 using namespace largo::parallel::testing;
@@ -154,4 +154,4 @@ TEST(PipelineParallelTest, EveryScheduleOnTwoRanksAndTwoStagesTimesTwoReplicas) 
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::pipeline_parallel_test

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <tuple>
 
-namespace largo::parallel {
+namespace largo::parallel::pipeline_schedule_test {
 namespace {
 
 using Kind = PipelineAction::Kind;
@@ -211,4 +211,4 @@ TEST(ScheduleSimulationTest, TimelineOfGPipeOnTwoRanks) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::pipeline_schedule_test

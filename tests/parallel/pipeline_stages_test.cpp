@@ -11,7 +11,7 @@
 
 #include <gtest/gtest.h>
 
-namespace largo::parallel {
+namespace largo::parallel::pipeline_stages_test {
 namespace {
 
 using namespace largo::parallel::testing;
@@ -189,4 +189,4 @@ TEST(SplitBackwardTest, WeightPassRunsOnce) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::pipeline_stages_test

@@ -9,6 +9,8 @@
 #include <largo/optim/sgd.h>
 #include <largo/parallel/pipeline_parallel.h>
 
+#include "parallel/parallelize_test_util.h" // borrow
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -142,11 +144,6 @@ inline double max_relative_gradient_difference(
     }
   }
   return most;
-}
-
-// A process group the caller owns, as the shared_ptr the library takes.
-inline std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
-  return std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
 }
 
 } // namespace largo::parallel::testing

@@ -13,7 +13,7 @@
 
 #include "comm/distributed_test_util.h"
 
-namespace largo::parallel {
+namespace largo::parallel::sharded_optimizer_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -320,4 +320,4 @@ TEST(ShardedMixedPrecisionTest, AnInfInOneRanksShardSkipsTheStepOnEveryRank) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::sharded_optimizer_test

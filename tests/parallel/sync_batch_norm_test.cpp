@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::parallel {
+namespace largo::parallel::sync_batch_norm_test {
 namespace {
 
 using largo::testing::run_on_ranks;
@@ -381,4 +381,4 @@ TEST(SyncBatchNormTest, GroupSizeFollowsVissl) {
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::sync_batch_norm_test

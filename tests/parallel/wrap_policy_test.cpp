@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::parallel {
+namespace largo::parallel::wrap_policy_test {
 namespace {
 
 struct PairImpl : torch::nn::Module {
@@ -138,4 +138,4 @@ TEST(CheckpointedSegmentsTest, GradientsAreBitwiseTheSameAndTheModuleIsRestored)
 }
 
 } // namespace
-} // namespace largo::parallel
+} // namespace largo::parallel::wrap_policy_test

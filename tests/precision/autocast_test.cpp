@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::precision {
+namespace largo::precision::autocast_test {
 namespace {
 
 TEST(AutocastGuard, CpuBfloat16ForMatmulAndConvOnly) {
@@ -97,4 +97,4 @@ TEST(AutocastGuard, CudaFloat16AndBfloat16) {
 }
 
 } // namespace
-} // namespace largo::precision
+} // namespace largo::precision::autocast_test

@@ -16,7 +16,7 @@
 #include <fstream>
 #include <limits>
 
-namespace largo::precision {
+namespace largo::precision::grad_scaler_test {
 namespace {
 
 // The unscaled gradients and the parameters use the same ATen ops in the same order as the
@@ -542,4 +542,4 @@ TEST(GradScaler, InvalidOptionsNameTheConfigKey) {
 }
 
 } // namespace
-} // namespace largo::precision
+} // namespace largo::precision::grad_scaler_test

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::precision {
+namespace largo::precision::master_weights_test {
 namespace {
 
 torch::nn::Sequential small_model() {
@@ -170,4 +170,4 @@ TEST(MasterWeights, StateRoundTripIsBitExactAndChecksNames) {
 }
 
 } // namespace
-} // namespace largo::precision
+} // namespace largo::precision::master_weights_test

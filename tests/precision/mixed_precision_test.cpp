@@ -12,7 +12,7 @@
 
 #include <limits>
 
-namespace largo::precision {
+namespace largo::precision::mixed_precision_test {
 namespace {
 
 torch::nn::Sequential small_model() {
@@ -339,4 +339,4 @@ TEST(Tf32, SwitchesAreStoredAndHarmlessOnTheCpu) {
 }
 
 } // namespace
-} // namespace largo::precision
+} // namespace largo::precision::mixed_precision_test

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::precision {
+namespace largo::precision::precision_policy_test {
 namespace {
 
 PrecisionPolicyOptions apex(const std::string& level, const std::string& dtype = "float16") {
@@ -162,4 +162,4 @@ TEST(PrecisionPolicy, CpuAndCudaRunBothDtypesAndOtherDevicesAreRefused) {
 }
 
 } // namespace
-} // namespace largo::precision
+} // namespace largo::precision::precision_policy_test

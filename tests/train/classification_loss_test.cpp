@@ -10,7 +10,7 @@
 
 #include <fstream>
 
-namespace largo::train {
+namespace largo::train::classification_loss_test {
 namespace {
 
 TEST(ClassificationLossTest, EqualsVisslsLossAndGradientInFloat64) {
@@ -68,4 +68,4 @@ TEST(ClassificationLossTest, RejectsBadTemperatureAndWeights) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::classification_loss_test

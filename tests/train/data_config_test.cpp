@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-namespace largo::train {
+namespace largo::train::data_config_test {
 namespace {
 
 Config load(const std::string& yaml) {
@@ -149,4 +149,4 @@ TEST(DataConfig, LoaderKeys) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::data_config_test

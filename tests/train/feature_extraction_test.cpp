@@ -19,7 +19,7 @@
 #include <map>
 #include <numeric>
 
-namespace largo::train {
+namespace largo::train::feature_extraction_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -345,4 +345,4 @@ TEST(FeatureExtractionTest, WhatCannotBeExtractedIsAClearError) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::feature_extraction_test

@@ -19,6 +19,7 @@ namespace fs = std::filesystem;
 using largo::train::MetricsWriter;
 using nlohmann::json;
 
+namespace metrics_writer_test {
 namespace {
 
 std::vector<std::string> read_lines(const fs::path& path) {
@@ -44,7 +45,6 @@ class MetricsWriterTest : public ::testing::Test {
   fs::path dir_;
 };
 
-} // namespace
 
 TEST_F(MetricsWriterTest, EachWriteIsOneJsonLineOnDiskAtOnce) {
   const fs::path path = dir_ / "run" / "metrics.jsonl"; // parent directory created
@@ -117,3 +117,6 @@ TEST_F(MetricsWriterTest, RejectsNonObjectsAndUnwritablePaths) {
   fs::create_directories(dir_ / "a_directory");
   EXPECT_THROW(MetricsWriter{dir_ / "a_directory"}, largo::Error);
 }
+
+} // namespace
+} // namespace metrics_writer_test

@@ -20,7 +20,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace largo::train {
+namespace largo::train::mixed_precision_training_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -262,8 +262,8 @@ TEST_F(MixedPrecisionTrainingTest, LossScaleAtItsMinimumStopsTheRun) {
 // its scale is in the checkpoint. (That float16 O1/O2 learns is checked in the precision
 // suite, MixedPrecision.Float16O1AndO2TrainOnTheCpu.)
 TEST_F(MixedPrecisionTrainingTest, Float16TrainsOnTheCpuWithTheDynamicLossScaler) {
-  Config config = synthetic_config(dir_, {"MODEL.AMP_PARAMS.DTYPE=float16",
-                                          "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1}"});
+  Config config = synthetic_config(
+      dir_, {"MODEL.AMP_PARAMS.DTYPE=float16", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O1}"});
   Trainer trainer(trainer_options_from_config(config));
   TrainSummary summary = trainer.run();
   ASSERT_EQ(summary.iteration_losses.size(), 18u);
@@ -359,4 +359,4 @@ TEST(MixedPrecisionDistributedTest, RanksSkipTheSameStepsAndStayIdentical) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::mixed_precision_training_test

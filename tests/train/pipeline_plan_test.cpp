@@ -6,7 +6,7 @@
 
 #include "train/trainer_test_util.h"
 
-namespace largo::train {
+namespace largo::train::pipeline_plan_test {
 namespace {
 
 using Overrides = std::vector<std::string>;
@@ -87,4 +87,4 @@ TEST(PipelinePlanTest, TheReplicasMakeTheGlobalBatch) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::pipeline_plan_test

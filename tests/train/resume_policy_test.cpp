@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace largo::train {
+namespace largo::train::resume_policy_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -229,4 +229,4 @@ TEST_F(RunDirectoryTest, TemporariesOfDeadWritersAreRemoved) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::resume_policy_test

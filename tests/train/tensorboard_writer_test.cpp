@@ -31,6 +31,7 @@ namespace fs = std::filesystem;
 namespace wire = largo::train::wire;
 using largo::train::TensorBoardWriter;
 
+namespace tensorboard_writer_test {
 namespace {
 
 // ---- an independent decoder ------------------------------------------------------------
@@ -316,7 +317,6 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-} // namespace
 
 // ---- wire helpers ------------------------------------------------------------------------
 
@@ -585,3 +585,6 @@ TEST_F(TensorBoardWriterTest, PythonCheckerReadsScalarsAndHistograms) {
   EXPECT_EQ(histo["bucket_limit"], (nlohmann::json{1.0, 3.0}));
   EXPECT_EQ(histo["bucket"], (nlohmann::json{2.0, 2.0}));
 }
+
+} // namespace
+} // namespace tensorboard_writer_test

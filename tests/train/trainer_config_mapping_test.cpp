@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-namespace largo::train {
+namespace largo::train::trainer_config_mapping_test {
 namespace {
 
 TrainerOptions options_with(const std::vector<std::string>& overrides) {
@@ -235,4 +235,4 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_config_mapping_test

@@ -9,7 +9,7 @@
 #include "comm/distributed_test_util.h"
 #include "train/trainer_test_util.h"
 
-namespace largo::train {
+namespace largo::train::trainer_distributed_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -238,4 +238,4 @@ TEST(TrainerDistributedTest, AutoLrScalingWarmsUpFromOneNodesBatchOnTwoNodes) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_distributed_test

@@ -15,7 +15,7 @@
 #include <optional>
 #include <set>
 
-namespace largo::train {
+namespace largo::train::trainer_evaluation_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -147,4 +147,4 @@ TEST(TrainerEvaluationTest, TrainingKeepsTheBestModelBesideTheCheckpoints) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_evaluation_test

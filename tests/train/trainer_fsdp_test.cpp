@@ -14,7 +14,7 @@
 
 #include <cstdlib>
 
-namespace largo::train {
+namespace largo::train::trainer_fsdp_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -288,7 +288,8 @@ TEST(TrainerFsdpTest, CheckpointsResumeAtOtherWorldSizesAndStagesAndConsolidate)
     // PyTorch reads the consolidated checkpoint as it reads the plain one.
     if (fs::exists(LARGO_PYTHON)) {
       const std::string command = fmt::format(
-          LARGO_PYTHON " -c \"import torch; d = torch.load('{}'); p = torch.load('{}'); "
+          LARGO_PYTHON
+          " -c \"import torch; d = torch.load('{}'); p = torch.load('{}'); "
           "assert d['model'].keys() == p['model'].keys(); "
           "assert all(torch.allclose(d['model'][k].double(), p['model'][k].double(), atol=1e-5) "
           "for k in p['model']); "
@@ -390,4 +391,4 @@ MODEL:
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_fsdp_test

@@ -17,7 +17,7 @@
 
 #include <map>
 
-namespace largo::train {
+namespace largo::train::trainer_linear_eval_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -302,4 +302,4 @@ TEST(TrainerLinearEvalTest, RefusesWhatALinearEvaluationCannotDo) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_linear_eval_test

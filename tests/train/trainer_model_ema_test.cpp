@@ -15,7 +15,7 @@
 #include <map>
 #include <regex>
 
-namespace largo::train {
+namespace largo::train::trainer_model_ema_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -212,4 +212,4 @@ TEST(TrainerModelEmaTest, MetersWithoutATestSplitAreRefused) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_model_ema_test

@@ -15,7 +15,7 @@
 
 #include <cmath>
 
-namespace largo::train {
+namespace largo::train::trainer_model_setup_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -132,4 +132,4 @@ TEST(TrainerModelSetupTest, LossTemperatureReachesTheTrainingStep) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_model_setup_test

@@ -13,7 +13,7 @@
 #include "comm/distributed_test_util.h"
 #include "train/trainer_run_util.h"
 
-namespace largo::train {
+namespace largo::train::trainer_pipeline_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -232,4 +232,4 @@ TEST(TrainerPipelineTest, EachRankHoldsOnlyItsStagesWeights) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_pipeline_test

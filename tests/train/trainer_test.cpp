@@ -15,7 +15,7 @@
 #include <filesystem>
 #include <fstream>
 
-namespace largo::train {
+namespace largo::train::trainer_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -179,9 +179,9 @@ TEST_F(TrainerTest, RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint) {
   if (fs::exists(LARGO_PYTHON)) {
     std::string command = fmt::format(
         LARGO_PYTHON " -c \"import torch; d = torch.load('{}'); "
-        "assert d['epoch'] == 3 and d['iteration'] == 18; "
-        "assert 'trunk.0.1.weight' in d['model'] or len(d['model']) > 0; "
-        "assert isinstance(d['optimizer']['state'], dict)\"",
+                     "assert d['epoch'] == 3 and d['iteration'] == 18; "
+                     "assert 'trunk.0.1.weight' in d['model'] or len(d['model']) > 0; "
+                     "assert isinstance(d['optimizer']['state'], dict)\"",
         (dir_ / "checkpoint.torch").string());
     EXPECT_EQ(std::system(command.c_str()), 0) << command;
   }
@@ -306,4 +306,4 @@ TEST_F(TrainerTest, CorruptLatestCheckpointIsAClearError) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_test

@@ -11,7 +11,7 @@
 #include "comm/distributed_test_util.h"
 #include "train/trainer_run_util.h"
 
-namespace largo::train {
+namespace largo::train::trainer_zero_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -215,4 +215,4 @@ TEST(TrainerZeroConfigTest, IncompleteOrMistypedBaseOptimizersAreClearErrors) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::trainer_zero_test

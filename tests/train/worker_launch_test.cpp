@@ -9,7 +9,7 @@
 #include <map>
 #include <string>
 
-namespace largo::train {
+namespace largo::train::worker_launch_test {
 namespace {
 
 using Kind = TrainLaunchPlan::Kind;
@@ -145,4 +145,4 @@ TEST(WorkerLaunchTest, LargoConfigValidatesWithoutTheEnvironment) {
 }
 
 } // namespace
-} // namespace largo::train
+} // namespace largo::train::worker_launch_test

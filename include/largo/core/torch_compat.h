@@ -11,7 +11,8 @@
 #include <torch/version.h>
 
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11)
-#error "Largo needs libtorch 2.11 or newer (the libtorch of PyTorch's 2.11 wheel: scripts/install_deps.sh, README.md)"
+// scripts/install_deps.sh installs PyTorch 2.11; README.md says how to name another libtorch.
+#error "Largo needs libtorch 2.11 or newer"
 #endif
 
 namespace largo::compat {

@@ -69,9 +69,14 @@ void StreamingCheckpoint::save(const std::filesystem::path& path, const StateDic
   // (weights_only) unpickler accepts, dicts, lists, tuples, numbers, strings and tensors.
   // load_checkpoint gives the containers back their element types (unpickler.h).
   torch::jit::Pickler pickler(
-      [&](const char* data, size_t size) { pickle_bytes.insert(pickle_bytes.end(), data, data + size); },
-      /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-      /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+      [&](const char* data, size_t size) {
+        pickle_bytes.insert(pickle_bytes.end(), data, data + size);
+      },
+      /*tensor_table=*/nullptr,
+      /*type_renamer=*/nullptr,
+      /*memoized_class_types=*/nullptr,
+      /*get_tensor_id=*/nullptr,
+      /*tag_aggregates=*/false);
   pickler.protocol();
   pickler.pushIValue(with_plain_lists(c10::IValue(state)));
   pickler.stop();

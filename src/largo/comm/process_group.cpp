@@ -140,7 +140,7 @@ struct ProcessGroup::Impl {
   std::string backend_name = "single";
   std::chrono::milliseconds collective_timeout{std::chrono::minutes(30)};
   c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Backend> backend; // null for a world of one
+  c10::intrusive_ptr<c10d::Backend> backend;       // null for a world of one
   std::shared_ptr<detail::ProgressBeacon> beacon;  // null for a world of one
   // Tag of the next point-to-point message pair (Gloo's sum reduce): every rank issues the
   // same collectives in the same order, so the counters agree.

@@ -156,16 +156,18 @@ BlasInfo describe_blas() {
   void* handle = dlopen(object.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
   if (handle != nullptr && find_function<char* (*)()>(handle, "openblas_get_config") != nullptr) {
     describe_openblas(handle, info);
-  } else if (handle != nullptr &&
-             (find_function<void* (*)()>(handle, "mkl_get_version_string") != nullptr ||
-              find_function<void* (*)()>(handle, "mkl_serv_get_version_string") != nullptr)) {
+  } else if (
+      handle != nullptr &&
+      (find_function<void* (*)()>(handle, "mkl_get_version_string") != nullptr ||
+       find_function<void* (*)()>(handle, "mkl_serv_get_version_string") != nullptr)) {
     // PyTorch's x86 wheels link MKL into libtorch_cpu.so, built on GNU OpenMP: its GEMMs run
     // on libtorch's own threads.
     info.kind = BlasKind::kMkl;
     info.threading = "OpenMP";
     const std::string version = show_config_value("Math Kernel Library Version ");
     info.description = fmt::format(
-        "Intel MKL{} (in {})", version.empty() ? "" : " " + version.substr(0, version.find('-')),
+        "Intel MKL{} (in {})",
+        version.empty() ? "" : " " + version.substr(0, version.find('-')),
         std::filesystem::path(info.library_path).filename().string());
   } else {
     info.kind = classify_blas_path(info.library_path);
@@ -234,7 +236,8 @@ std::vector<std::string> machine_warnings(const MachineReport& report) {
         "float32 matrix multiplies (Linear layers, attention) run on the reference BLAS {}, "
         "20-40x slower than an optimised one: build against PyTorch's libtorch, which carries "
         "MKL (`bash scripts/install_deps.sh`), or install OpenBLAS (`apt-get install "
-        "libopenblas0-openmp`) and select it with `update-alternatives --set libblas.so.3-x86_64-linux-gnu "
+        "libopenblas0-openmp`) and select it with `update-alternatives --set "
+        "libblas.so.3-x86_64-linux-gnu "
         "/usr/lib/x86_64-linux-gnu/openblas-openmp/libblas.so.3`",
         report.blas.library_path));
   }

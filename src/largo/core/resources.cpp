@@ -1,6 +1,5 @@
 #include <largo/core/resources.h>
 
-
 #include <c10/core/CPUAllocator.h>
 #include <fmt/format.h>
 

@@ -50,28 +50,28 @@ void on_emit_message(j_common_ptr cinfo, int level) {
 }
 
 // A decompressor over an in-memory file; destroyed with its owner.
-struct Session {
+struct JpegSession {
   jpeg_decompress_struct cinfo{};
   ErrorManager err{};
 
-  Session(const uint8_t* data, size_t size) {
+  JpegSession(const uint8_t* data, size_t size) {
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error_exit;
     err.pub.emit_message = on_emit_message;
     jpeg_create_decompress(&cinfo);
     jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   }
-  ~Session() {
+  ~JpegSession() {
     jpeg_destroy_decompress(&cinfo);
   }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
+  JpegSession(const JpegSession&) = delete;
+  JpegSession& operator=(const JpegSession&) = delete;
 };
 
 // Runs fn() with `session` catching libjpeg errors; false (and the message in
 // session.err.message) when libjpeg raised one.
 template <typename Fn>
-bool run_guarded(Session& session, Fn&& fn) {
+bool run_guarded(JpegSession& session, Fn&& fn) {
   if (setjmp(session.err.jump) != 0) {
     return false;
   }
@@ -79,7 +79,7 @@ bool run_guarded(Session& session, Fn&& fn) {
   return true;
 }
 
-[[noreturn]] void throw_jpeg_error(const Session& session, const std::string& name) {
+[[noreturn]] void throw_jpeg_error(const JpegSession& session, const std::string& name) {
   throw DataError(fmt::format("{}: cannot decode this JPEG: {}", name, session.err.message));
 }
 
@@ -113,7 +113,7 @@ void cmyk_row_to_rgb(const uint8_t* cmyk, int64_t width, bool inverted, uint8_t*
 // The libjpeg calls of one region decode. Reads rows [region.y, region.y + height) of the
 // scaled image into `rows` (one decoded row of `row_stride` bytes each, starting at
 // column *first_column), decoding only the iMCU columns that cover the region.
-struct RegionDecode {
+struct JpegRegionDecode {
   const PixelRegion* region;
   int denominator;
   std::vector<uint8_t>* rows; // decoded rows when they cannot go straight into `out`
@@ -126,7 +126,7 @@ struct RegionDecode {
   bool adobe = false;
 };
 
-void start_region(jpeg_decompress_struct& cinfo, RegionDecode& job) {
+void start_region(jpeg_decompress_struct& cinfo, JpegRegionDecode& job) {
   jpeg_read_header(&cinfo, TRUE);
   job.cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   job.adobe = cinfo.saw_Adobe_marker != 0;
@@ -183,7 +183,7 @@ void start_region(jpeg_decompress_struct& cinfo, RegionDecode& job) {
 } // namespace
 
 ImageSize read_jpeg_size(const uint8_t* data, size_t size, const std::string& name) {
-  Session session(data, size);
+  JpegSession session(data, size);
   ImageSize image_size;
   if (!run_guarded(session, [&session] { jpeg_read_header(&session.cinfo, TRUE); })) {
     throw_jpeg_error(session, name);
@@ -201,8 +201,8 @@ void decode_jpeg(
     int denominator,
     Image& out) {
   thread_local std::vector<uint8_t> rows; // reused: one allocation per loader thread
-  Session session(data, size);
-  RegionDecode job{&region, denominator, &rows, &out};
+  JpegSession session(data, size);
+  JpegRegionDecode job{&region, denominator, &rows, &out};
   if (!run_guarded(session, [&session, &job] { start_region(session.cinfo, job); })) {
     throw_jpeg_error(session, name);
   }

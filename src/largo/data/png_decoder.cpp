@@ -45,27 +45,27 @@ void read_bytes(png_structp png, png_bytep out, png_size_t count) {
 }
 
 // A libpng reader over the file; destroyed with its owner.
-struct Session {
+struct PngSession {
   Reader reader;
   png_structp png = nullptr;
   png_infop info = nullptr;
 
-  Session(const uint8_t* data, size_t size) : reader{data, size} {
+  PngSession(const uint8_t* data, size_t size) : reader{data, size} {
     png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, on_error, on_warning);
     if (png != nullptr) {
       info = png_create_info_struct(png);
       png_set_read_fn(png, &reader, read_bytes);
     }
   }
-  ~Session() {
+  ~PngSession() {
     png_destroy_read_struct(&png, info != nullptr ? &info : nullptr, nullptr);
   }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
+  PngSession(const PngSession&) = delete;
+  PngSession& operator=(const PngSession&) = delete;
 };
 
 template <typename Fn>
-bool run_guarded(Session& session, Fn&& fn) {
+bool run_guarded(PngSession& session, Fn&& fn) {
   if (setjmp(png_jmpbuf(session.png)) != 0) {
     return false;
   }
@@ -73,7 +73,7 @@ bool run_guarded(Session& session, Fn&& fn) {
   return true;
 }
 
-struct RegionDecode {
+struct PngRegionDecode {
   const PixelRegion* region;
   std::vector<uint8_t>* rows;
   Image* out;
@@ -101,7 +101,7 @@ void set_rgb_output(png_structp png, png_infop info) {
   }
 }
 
-void read_region(png_structp png, png_infop info, RegionDecode& job) {
+void read_region(png_structp png, png_infop info, PngRegionDecode& job) {
   png_read_info(png, info);
   set_rgb_output(png, info);
   const int passes = png_set_interlace_handling(png);
@@ -178,12 +178,12 @@ void decode_png(
     const PixelRegion& region,
     Image& out) {
   thread_local std::vector<uint8_t> rows;
-  Session session(data, size);
+  PngSession session(data, size);
   if (session.png == nullptr || session.info == nullptr) {
     throw DataError(
         fmt::format("{}: cannot decode this PNG: libpng could not start (out of memory?)", name));
   }
-  RegionDecode job{&region, &rows, &out};
+  PngRegionDecode job{&region, &rows, &out};
   if (!run_guarded(session, [&session, &job] { read_region(session.png, session.info, job); })) {
     throw DataError(fmt::format("{}: cannot decode this PNG: {}", name, session.reader.message));
   }

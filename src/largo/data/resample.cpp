@@ -92,7 +92,7 @@ int32_t to_fixed_point(double weight) {
       weight < 0 ? -0.5 + weight * (1 << kPrecisionBits) : 0.5 + weight * (1 << kPrecisionBits));
 }
 
-uint8_t clip8(int32_t accumulator) {
+uint8_t fixed_point_to_byte(int32_t accumulator) {
   return static_cast<uint8_t>(std::clamp(accumulator >> kPrecisionBits, 0, 255));
 }
 
@@ -278,9 +278,9 @@ void horizontal_pass(const Image& src, const ResampleAxis& x_axis, Image& out) {
         g += taps[1] * k[t];
         b += taps[2] * k[t];
       }
-      dst[3 * x] = clip8(r);
-      dst[3 * x + 1] = clip8(g);
-      dst[3 * x + 2] = clip8(b);
+      dst[3 * x] = fixed_point_to_byte(r);
+      dst[3 * x + 1] = fixed_point_to_byte(g);
+      dst[3 * x + 2] = fixed_point_to_byte(b);
     }
   }
 }
@@ -309,7 +309,7 @@ void vertical_pass(const Image& src, const ResampleAxis& y_axis, Image& out) {
     }
     uint8_t* dst = out.row(y);
     for (int64_t v = 0; v < values; ++v) {
-      dst[v] = clip8(accumulators[static_cast<size_t>(v)]);
+      dst[v] = fixed_point_to_byte(accumulators[static_cast<size_t>(v)]);
     }
   }
 }

@@ -13,7 +13,7 @@
 namespace largo::models {
 namespace {
 
-const std::string kKey = "MODEL.FEATURE_EVAL_SETTINGS.";
+const std::string kFeatureEvalKeys = "MODEL.FEATURE_EVAL_SETTINGS.";
 const std::vector<std::string> kFeatures{
     "conv1", "res1", "res2", "res3", "res4", "res5", "res5avg", "flatten"};
 const std::vector<std::string> kPools{
@@ -24,7 +24,8 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 }
 
 void validate_tap(const FeatureTap& tap, size_t index) {
-  const std::string key = fmt::format("{}LINEAR_EVAL_FEAT_POOL_OPS_MAP[{}]", kKey, index);
+  const std::string key =
+      fmt::format("{}LINEAR_EVAL_FEAT_POOL_OPS_MAP[{}]", kFeatureEvalKeys, index);
   if (!contains(kFeatures, tap.feature)) {
     throw config_error(
         key, tap.feature, fmt::format("a ResNet feature: {}", fmt::join(kFeatures, ", ")));
@@ -85,7 +86,7 @@ std::vector<int64_t> stage_sizes_of(const torch::nn::Sequential& trunk) {
     }
   }
   throw config_error(
-      kKey + "LINEAR_EVAL_FEAT_POOL_OPS_MAP",
+      kFeatureEvalKeys + "LINEAR_EVAL_FEAT_POOL_OPS_MAP",
       "(features of ResNet stages)",
       "a resnet trunk (MODEL.TRUNK.NAME resnet): the features are named after "
       "its stages; leave the map empty to evaluate another trunk's output");
@@ -103,7 +104,7 @@ void validate_feature_eval_options(const FeatureEvalOptions& options) {
         fmt::format("{} heads", options.heads.size()),
         fmt::format(
             "one head per entry of {}LINEAR_EVAL_FEAT_POOL_OPS_MAP ({})",
-            kKey,
+            kFeatureEvalKeys,
             options.taps.size()));
   }
   if (options.taps.empty() && !options.heads.empty()) {
@@ -113,7 +114,7 @@ void validate_feature_eval_options(const FeatureEvalOptions& options) {
         fmt::format(
             "one [\"mlp\", ...] head (the pretrained model's) when "
             "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP is empty",
-            kKey));
+            kFeatureEvalKeys));
   }
   for (size_t i = 0; i < options.heads.size(); ++i) {
     validate_head(options.heads[i], i);
@@ -158,7 +159,7 @@ LinearEvalModelImpl::LinearEvalModelImpl(
   validate_feature_eval_options(options_);
   if (!options_.enabled()) {
     throw config_error(
-        kKey + "EVAL_MODE_ON",
+        kFeatureEvalKeys + "EVAL_MODE_ON",
         options_.eval_mode_on ? "True" : "False",
         "True, with FREEZE_TRUNK_ONLY or FREEZE_TRUNK_AND_HEAD, to build a linear "
         "evaluation model");

@@ -12,7 +12,7 @@
 namespace largo::models {
 namespace {
 
-const std::string kKey = "MODEL.TRUNK.VISION_TRANSFORMERS.";
+const std::string kVitKeys = "MODEL.TRUNK.VISION_TRANSFORMERS.";
 constexpr double kLayerNormEps = 1e-6; // VISSL's and torchvision's ViT
 
 torch::nn::LayerNorm layer_norm(int64_t dim) {
@@ -21,17 +21,17 @@ torch::nn::LayerNorm layer_norm(int64_t dim) {
 
 void require_positive(int64_t value, const std::string& name) {
   if (value <= 0) {
-    throw config_error(kKey + name, std::to_string(value), "an integer > 0");
+    throw config_error(kVitKeys + name, std::to_string(value), "an integer > 0");
   }
 }
 
 void require_rate(double value, const std::string& name) {
   if (!(value >= 0.0 && value < 1.0)) {
-    throw config_error(kKey + name, fmt::format("{}", value), "a rate in [0, 1)");
+    throw config_error(kVitKeys + name, fmt::format("{}", value), "a rate in [0, 1)");
   }
 }
 
-int64_t validate(const VitOptions& options, int64_t in_channels, int64_t input_size) {
+int64_t validate_vit(const VitOptions& options, int64_t in_channels, int64_t input_size) {
   if (in_channels <= 0 || input_size <= 0) {
     throw ConfigError(fmt::format(
         "vision_transformer needs a positive input shape, got {} channels of {}x{} pixels",
@@ -41,20 +41,20 @@ int64_t validate(const VitOptions& options, int64_t in_channels, int64_t input_s
   }
   if (options.image_size < 0) {
     throw config_error(
-        kKey + "IMAGE_SIZE",
+        kVitKeys + "IMAGE_SIZE",
         std::to_string(options.image_size),
         "an integer > 0 (or 0 = the data's)");
   }
   if (options.image_size > 0 && options.image_size != input_size) {
     throw config_error(
-        kKey + "IMAGE_SIZE",
+        kVitKeys + "IMAGE_SIZE",
         std::to_string(options.image_size),
         fmt::format("the size of the input images, {}", input_size));
   }
   require_positive(options.patch_size, "PATCH_SIZE");
   if (input_size % options.patch_size != 0) {
     throw config_error(
-        kKey + "PATCH_SIZE",
+        kVitKeys + "PATCH_SIZE",
         std::to_string(options.patch_size),
         fmt::format("a divisor of the image size {}", input_size));
   }
@@ -64,7 +64,7 @@ int64_t validate(const VitOptions& options, int64_t in_channels, int64_t input_s
   require_positive(options.mlp_dim, "MLP_DIM");
   if (options.hidden_dim % options.num_heads != 0) {
     throw config_error(
-        kKey + "NUM_HEADS",
+        kVitKeys + "NUM_HEADS",
         std::to_string(options.num_heads),
         fmt::format("a divisor of HIDDEN_DIM {}", options.hidden_dim));
   }
@@ -72,7 +72,7 @@ int64_t validate(const VitOptions& options, int64_t in_channels, int64_t input_s
   require_rate(options.attention_dropout, "ATTENTION_DROPOUT_RATE");
   require_rate(options.drop_path_rate, "DROP_PATH_RATE");
   if (options.classifier != "token" && options.classifier != "gap") {
-    throw config_error(kKey + "CLASSIFIER", options.classifier, "\"token\" or \"gap\"");
+    throw config_error(kVitKeys + "CLASSIFIER", options.classifier, "\"token\" or \"gap\"");
   }
   return input_size;
 }
@@ -210,7 +210,7 @@ at::Tensor VitFinalNormImpl::forward(at::Tensor x) {
 }
 
 Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t image_size) {
-  const int64_t size = validate(options, in_channels, image_size);
+  const int64_t size = validate_vit(options, in_channels, image_size);
   const bool class_token = options.classifier == "token";
   torch::nn::Sequential blocks;
   blocks->push_back(VitPatchEmbedding(

@@ -1,8 +1,8 @@
 #include <largo/parallel/fully_sharded_data_parallel.h>
 
 #include <largo/core/error.h>
-#include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/activation_checkpoint.h>
+#include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/grad_ready_hooks.h>
 #include <largo/parallel/sequential_interception.h>
 #include <largo/parallel/sharded_optimizer.h>

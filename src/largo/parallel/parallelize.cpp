@@ -1,6 +1,7 @@
 #include <largo/parallel/parallelize.h>
 
 #include <largo/core/error.h>
+#include <largo/models/module_device.h>
 #include <largo/parallel/checkpointed_segments.h>
 #include <largo/parallel/sequential_checkpoint_plan.h>
 
@@ -9,15 +10,6 @@
 #include <fmt/format.h>
 
 namespace largo::parallel {
-namespace {
-
-torch::Device module_device(const torch::nn::Module& module) {
-  auto parameters = module.parameters();
-  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
-}
-
-} // namespace
-
 namespace {
 
 // What composes with a pipeline: DDP or ZeRO-1 over the stages' replicas (ZeRO-2 and FSDP
@@ -164,7 +156,10 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
     scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
   }
   auto precision = std::make_unique<precision::MixedPrecision>(
-      effective_policy(options), *model.ptr(), module_device(*model.ptr()), scaler_options,
+      effective_policy(options),
+      *model.ptr(),
+      models::module_device(*model.ptr()),
+      scaler_options,
       options.check_finite);
   for (auto& param_group : param_groups) {
     for (size_t i = 0; i < param_group.params.size(); ++i) {

@@ -9,6 +9,7 @@
 #include "parallel_modes.h"
 
 #include <largo/core/error.h>
+#include <largo/models/module_device.h>
 #include <largo/parallel/pipeline_checkpoint.h>
 #include <largo/parallel/pipeline_mesh.h>
 #include <largo/parallel/sharded_optimizer.h>
@@ -255,8 +256,7 @@ class PipelineModel : public ParallelModel {
 
  private:
   torch::Device module_device() const {
-    auto parameters = module_->parameters();
-    return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
+    return models::module_device(*module_);
   }
 
   // ZeRO-1: the stage's optimizer state on replica 0, consolidated from every replica's

@@ -20,7 +20,7 @@ namespace {
 
 constexpr int64_t kHeaderLength = 16; // batch, dtype, ndim, up to 13 dimensions
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
+double seconds_elapsed_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -199,7 +199,7 @@ void PipelineStep::forward(const PipelineAction& action) {
   if (!forward_only_ && slots_.count({stage, mb})) {
     slot.input = input;
   }
-  busy_seconds_ += seconds_since(start);
+  busy_seconds_ += seconds_elapsed_since(start);
 }
 
 void PipelineStep::backward(const PipelineAction& action) {
@@ -210,7 +210,7 @@ void PipelineStep::backward(const PipelineAction& action) {
   if (action.kind == Kind::kBackwardWeight) {
     slot.split->weight_pass();
     slots_.erase({stage, mb});
-    busy_seconds_ += seconds_since(start);
+    busy_seconds_ += seconds_elapsed_since(start);
     return;
   }
   at::Tensor grad;
@@ -247,7 +247,7 @@ void PipelineStep::backward(const PipelineAction& action) {
   if (stage == 0 && !slot.split) {
     slots_.erase({stage, mb});
   }
-  busy_seconds_ += seconds_since(start);
+  busy_seconds_ += seconds_elapsed_since(start);
 }
 
 void PipelineStep::send(const PipelineMessage& message) {

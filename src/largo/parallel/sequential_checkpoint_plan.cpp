@@ -3,6 +3,7 @@
 #include <largo/core/error.h>
 #include <largo/core/memory_tracker.h>
 #include <largo/core/rng_state.h>
+#include <largo/models/module_device.h>
 #include <largo/parallel/checkpointed_segments.h>
 #include <largo/parallel/sequential_interception.h>
 
@@ -14,11 +15,6 @@
 
 namespace largo::parallel {
 namespace {
-
-torch::Device module_device(const torch::nn::Module& module) {
-  auto parameters = module.parameters();
-  return parameters.empty() ? torch::Device(torch::kCPU) : parameters.front().device();
-}
 
 // Puts back what a probe pass changes: gradients, BatchNorm statistics (every buffer),
 // train/eval mode and the RNG state of the CPU and of the module's CUDA device. During the
@@ -37,7 +33,7 @@ class ProbeGuard {
     for (auto& buffer : module_.buffers()) {
       buffers_.push_back(buffer.clone());
     }
-    const torch::Device device = module_device(module_);
+    const torch::Device device = models::module_device(module_);
     if (device.is_cuda()) {
       cuda_generator_ = at::globalContext().defaultGenerator(device);
       std::lock_guard<std::mutex> lock(cuda_generator_->mutex());
@@ -139,7 +135,7 @@ std::optional<std::vector<int64_t>> measure_sequential_activation_bytes(
     torch::nn::AnyModule model, torch::nn::SequentialImpl& container,
     const at::Tensor& probe_input) {
   torch::nn::Module& module = *model.ptr();
-  const torch::Device device = module_device(module);
+  const torch::Device device = models::module_device(module);
   if (!MemoryTracker::supported(device)) {
     return std::nullopt;
   }
@@ -177,7 +173,7 @@ SequentialCheckpointPlan plan_sequential_checkpointing(
                       std::to_string(probe_batch_size), "an integer >= 1");
   }
   SequentialCheckpointPlan plan;
-  const torch::Device device = module_device(*model.ptr());
+  const torch::Device device = models::module_device(*model.ptr());
   if (cost == SegmentCost::kActivationBytes && !probe_input_shape.empty()) {
     auto measured = measure_sequential_activation_bytes(
         model, container, probe_batch(probe_input_shape, probe_batch_size, device));
@@ -216,7 +212,7 @@ std::optional<ActivationMemoryReport> measure_activation_memory(
     const std::vector<int64_t>& boundaries, const std::vector<int64_t>& sample_shape,
     int64_t batch_size, bool preserve_rng_state) {
   torch::nn::Module& module = *model.ptr();
-  const torch::Device device = module_device(module);
+  const torch::Device device = models::module_device(module);
   if (!MemoryTracker::supported(device)) {
     return std::nullopt;
   }

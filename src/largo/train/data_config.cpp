@@ -1,5 +1,7 @@
 #include <largo/train/data_config.h>
 
+#include "config_checks.h"
+
 #include <largo/core/resources.h>
 
 #include <fmt/format.h>
@@ -10,13 +12,6 @@
 namespace largo::train {
 namespace {
 
-void require(
-    bool ok, const std::string& key, const std::string& value, const std::string& expected) {
-  if (!ok) {
-    throw config_error(key, value, expected);
-  }
-}
-
 std::string list_text(const std::vector<std::string>& values) {
   return fmt::format("[{}]", fmt::join(values, ", "));
 }
@@ -26,12 +21,6 @@ std::string single(const Config& config, const std::string& key, const std::stri
   const std::vector<std::string> values = config.get_string_list(key);
   require(values.size() == 1, key, list_text(values), expected);
   return values[0];
-}
-
-int64_t positive_int(const Config& config, const std::string& key) {
-  const int64_t value = config.get_int(key);
-  require(value > 0, key, std::to_string(value), "an integer > 0");
-  return value;
 }
 
 // DATA_SOURCES, DATASET_NAMES, DATA_PATHS and the label keys.

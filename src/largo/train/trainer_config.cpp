@@ -1,5 +1,7 @@
 #include <largo/train/trainer_config.h>
 
+#include "config_checks.h"
+
 #include <largo/core/resources.h>
 #include <largo/models/resnet.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
@@ -16,19 +18,6 @@
 
 namespace largo::train {
 namespace {
-
-void require(
-    bool ok, const std::string& key, const std::string& value, const std::string& expected) {
-  if (!ok) {
-    throw config_error(key, value, expected);
-  }
-}
-
-int64_t positive_int(const Config& config, const std::string& key) {
-  int64_t value = config.get_int(key);
-  require(value > 0, key, std::to_string(value), "an integer > 0");
-  return value;
-}
 
 // Process and thread counts beyond the machine are refused before anything starts them.
 void require_count_within_machine(
