@@ -44,10 +44,7 @@ Usage: fairscale_reference.py [--variants oss,sdp,fsdp] [--optimizer adamw|sgd] 
                               [--width N] [--depth N] [--classes N] [--batch N]
                               [--warmup W] [--steps S] [--threads T] [--foreach] [--world N]
 """
-import argparse
 import contextlib
-import gc
-import json
 import os
 import statistics
 import sys
@@ -65,8 +62,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from zero_reference import (launch_ranks_if_needed, make_mlp, measured_ranks,  # noqa: E402
-                            optimizer_class_and_args, peak_rss_bytes, reset_peak_rss,
+from zero_reference import (make_mlp, measured_ranks, optimizer_class_and_args,  # noqa: E402
+                            parse_arguments, peak_rss_bytes, reset_peak_rss, run_variants,
                             state_bytes, storage_bytes)
 
 
@@ -176,39 +173,7 @@ def run_variant(variant, a):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--variants", default="oss,sdp,fsdp")
-    p.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
-    p.add_argument("--input", type=int, default=1024)
-    p.add_argument("--width", type=int, default=4096)
-    p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--classes", type=int, default=9)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--foreach", action="store_true")
-    p.add_argument("--world", type=int, default=2,
-                   help="ranks to start when RANK is not set (else WORLD_SIZE decides)")
-    a = p.parse_args()
-    for variant in a.variants.split(","):
-        if variant not in ("oss", "sdp", "fsdp"):
-            p.error(f"unknown variant {variant!r}: oss, sdp or fsdp")
-    launch_ranks_if_needed(a.world)
-    torch.set_num_threads(a.threads)
-    dist.init_process_group("gloo")
-    for variant in a.variants.split(","):
-        result = run_variant(variant, a)
-        if dist.get_rank() == 0:
-            print(json.dumps(result), flush=True)
-        # Free this variant's model, optimizer and wrappers now (they hold reference cycles),
-        # not at interpreter exit after the process group is gone: that teardown aborted
-        # ("terminate called without an active exception", exit status 250) in about 1 run
-        # of 4 after ShardedDataParallel on torch 2.11 + Gloo. Also keeps the next variant's
-        # peak_rss_bytes clear of this one's memory.
-        gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    run_variants(parse_arguments("oss,sdp,fsdp", ("oss", "sdp", "fsdp")), run_variant)
 
 
 if __name__ == "__main__":
