@@ -407,6 +407,22 @@ TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
   } catch (const OptionError& error) {
     EXPECT_EQ(error.option(), "ParallelOptions::pipeline.size");
   }
+  // And the module overload cannot cut stages: a pipeline given there is refused, not
+  // trained as plain data parallelism.
+  ParallelOptions staged;
+  staged.pipeline.size = 2;
+  try {
+    parallelize(
+        torch::nn::AnyModule(net),
+        groups_of(*net),
+        sgd_momentum(),
+        comm::ProcessGroup::single_process(),
+        staged);
+    ADD_FAILURE() << "a pipeline given to the module overload was accepted";
+  } catch (const OptionError& error) {
+    EXPECT_EQ(error.option(), "ParallelOptions::pipeline.size");
+    EXPECT_NE(std::string(error.what()).find("blocks overload"), std::string::npos) << error.what();
+  }
 }
 
 } // namespace

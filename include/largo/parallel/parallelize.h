@@ -132,7 +132,7 @@ struct PipelineOptions {
 struct ParallelOptions {
   DataParallelism data_parallelism = DataParallelism::kDdp;
   // With the blocks overload of parallelize(): DDP (kDdp) or ZeRO-1 (kZero1) over each stage's
-  // replicas.
+  // replicas. The module overload refuses a size > 1 (it cannot cut the module into stages).
   PipelineOptions pipeline;
   DistributedDataParallelOptions ddp;   // kDdp
   ShardedDataParallelOptions zero;      // kZero2's gradient reduction

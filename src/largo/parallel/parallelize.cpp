@@ -147,6 +147,13 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
     throw OptionError("parallelize's process group", "null",
                       "a process group (comm::ProcessGroup::single_process() for one process)");
   }
+  if (options.pipeline.enabled()) { // it would otherwise train as plain data parallelism
+    throw OptionError(
+        "ParallelOptions::pipeline.size",
+        std::to_string(options.pipeline.size),
+        "1 with the module overload: a pipeline cuts the model into stages, so "
+        "give its blocks to the blocks overload (std::vector<PipelineBlock>)");
+  }
   check_parallel_options(options, group->world_size());
   auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
 
