@@ -1,6 +1,7 @@
 // Config parsing, merging, overrides and every error path of the config layer.
 #include <largo/core/config.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -124,12 +125,99 @@ DISTRIBUTED:
 TEST(ConfigTest, OverridesInBothForms) {
   Config config = Config::load({}, {"config.OPTIMIZER.momentum=0.8", "OPTIMIZER.nesterov=true",
                                     "OPTIMIZER.param_schedulers.lr.milestones=[10,20]",
-                                    "+MY.NEW_KEY=42"});
+                                    "+OPTIMIZER.base_optimizer.name=sgd"});
   EXPECT_DOUBLE_EQ(config.get_double("OPTIMIZER.momentum"), 0.8);
   EXPECT_TRUE(config.get_bool("OPTIMIZER.nesterov"));
   EXPECT_EQ(config.get_int_list("OPTIMIZER.param_schedulers.lr.milestones"),
             (std::vector<int64_t>{10, 20}));
-  EXPECT_EQ(config.get_int("MY.NEW_KEY"), 42);
+  EXPECT_EQ(config.get_string("OPTIMIZER.base_optimizer.name"), "sgd"); // a keyword map
+}
+
+// Hydra's "+KEY=VALUE" is checked like any override: a key nothing reads is refused.
+TEST(ConfigTest, AddedKeysNothingReadsAreRefused) {
+  auto message = config_error_message([] { Config::load({}, {"+MY.NEW_KEY=42"}); });
+  EXPECT_NE(message.find("unknown config key MY;"), std::string::npos) << message;
+  message = config_error_message([] { Config::load({}, {"+OPTIMIZER.momentun=0.9"}); });
+  EXPECT_NE(message.find("did you mean OPTIMIZER.momentum"), std::string::npos) << message;
+  EXPECT_DOUBLE_EQ(
+      Config::load({}, {"+OPTIMIZER.momentum=0.5"}).get_double("OPTIMIZER.momentum"), 0.5);
+}
+
+// VISSL's keys that Largo lacks (configs/vissl_keys.yaml) load at VISSL's default, which
+// changes nothing, and are refused at any other value as a VISSL feature, not as unknown.
+TEST(ConfigTest, VisslKeysLargoLacksLoadAtTheirDefaultOnly) {
+  Config config = Config::defaults();
+  config.merge_yaml(
+      R"(config:
+  SLURM:
+    USE_SLURM: false
+    MEM_GB: 250
+  LOSS:
+    dino_loss:
+      momentum: 0.996
+      teacher_temp_min: 0.04
+  MODEL:
+    TRUNK:
+      XCIT: {NUM_LAYERS: 12, QKV_BIAS: True}
+    TEMP_FROZEN_PARAMS_ITER_MAP: []
+)",
+      "vissl.yaml");
+  EXPECT_FALSE(config.has("SLURM.USE_SLURM")) << "accepted, not merged: nothing reads it";
+
+  auto message = config_error_message([] { Config::load({}, {"SLURM.USE_SLURM=true"}); });
+  EXPECT_NE(
+      message.find("SLURM.USE_SLURM = true: VISSL's SLURM is not available"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("VISSL's default, false"), std::string::npos) << message;
+  message = config_error_message([] {
+    Config::load(
+        {}, {"MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[[module.heads.0.prototypes0.weight, 313]]"});
+  });
+  EXPECT_NE(
+      message.find("VISSL's MODEL.TEMP_FROZEN_PARAMS_ITER_MAP is not available"), std::string::npos)
+      << message;
+  message = config_error_message([] {
+    Config defaults = Config::defaults();
+    defaults.merge_yaml("LOSS:\n  dino_loss:\n    momentum: 0.9\n", "user.yaml");
+  });
+  EXPECT_NE(
+      message.find("user.yaml: config key LOSS.dino_loss.momentum = 0.9: VISSL's "
+                   "LOSS.dino_loss is not available"),
+      std::string::npos)
+      << message;
+  message = config_error_message([] { Config::load({}, {"+LOSS.dino_loss.momentm=0.996"}); });
+  EXPECT_NE(message.find("unknown config key LOSS.dino_loss.momentm"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("neither Largo nor VISSL"), std::string::npos) << message;
+}
+
+// "Billion laughs": nine levels of aliases, each a list (or map) of nine of the level below,
+// are 1 KB of YAML and 9^9 values. Refused at once, not walked for hours.
+TEST(ConfigTest, NestedAliasBombsAreRefused) {
+  for (const bool as_map : {false, true}) {
+    std::string text = "a0: &a0 [x, x, x, x, x, x, x, x, x]\n";
+    for (int level = 1; level < 9; ++level) {
+      std::string entries;
+      for (int i = 0; i < 9; ++i) {
+        const std::string alias = fmt::format("*a{}", level - 1);
+        entries += (i ? ", " : "") + (as_map ? fmt::format("k{}: {}", i, alias) : alias);
+      }
+      text += fmt::format(
+          "a{0}: &a{0} {1}{2}{3}\n", level, as_map ? "{" : "[", entries, as_map ? "}" : "]");
+    }
+    ASSERT_LT(text.size(), 2048u);
+    Config config = Config::defaults();
+    const std::string message =
+        config_error_message([&] { config.merge_yaml(text, "laughs.yaml"); });
+    EXPECT_NE(
+        message.find("laughs.yaml: holds more than 262144 values once its YAML aliases"),
+        std::string::npos)
+        << message;
+  }
+  // A few aliases, as configs use them, are fine.
+  Config config = Config::defaults();
+  config.merge_yaml("OPTIMIZER:\n  betas: &b [0.9, 0.99]\n", "anchors.yaml");
+  EXPECT_EQ(config.get_double_list("OPTIMIZER.betas"), (std::vector<double>{0.9, 0.99}));
 }
 
 TEST(ConfigTest, UnknownKeyNamesClosestValidKey) {

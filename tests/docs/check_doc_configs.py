@@ -23,7 +23,9 @@ import yaml
 
 source_dir, largo = pathlib.Path(sys.argv[1]), sys.argv[2]
 configs = sorted(source_dir.glob("configs/**/*.yaml"))
-configs = [c for c in configs if c.name != "defaults.yaml"]  # defaults are the base, not a job
+# The defaults are the base and vissl_keys.yaml VISSL's other keys (tests/core/config_test.cpp
+# loads it), not jobs.
+configs = [c for c in configs if c.name not in ("defaults.yaml", "vissl_keys.yaml")]
 blocks = []
 for page in [source_dir / "README.md", *sorted((source_dir / "docs").glob("*.md"))]:
     for match in re.finditer(r"```yaml\n(.*?)```", page.read_text(), re.S):

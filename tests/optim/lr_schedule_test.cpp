@@ -25,6 +25,17 @@ ScheduleOptions schedule_from_json(const nlohmann::json& j) {
   options.lengths = j.value("lengths", options.lengths);
   options.interval_scaling = j.value("interval_scaling", options.interval_scaling);
   options.update_interval = j.value("update_interval", options.update_interval);
+  options.base_value = j.value("base_value", options.base_value);
+  options.power = j.value("power", options.power);
+  options.num_decays = j.value("num_decays", options.num_decays);
+  options.gamma = j.value("gamma", options.gamma);
+  options.restart_interval_length =
+      j.value("restart_interval_length", options.restart_interval_length);
+  options.wave_type = j.value("wave_type", options.wave_type);
+  options.lr_multiplier = j.value("lr_multiplier", options.lr_multiplier);
+  options.is_adaptive = j.value("is_adaptive", options.is_adaptive);
+  options.warmup_interval_length =
+      j.value("warmup_interval_length", options.warmup_interval_length);
   for (const auto& sub : j.value("schedulers", nlohmann::json::array())) {
     options.schedulers.push_back(schedule_from_json(sub));
   }
@@ -69,6 +80,59 @@ INSTANTIATE_TEST_SUITE_P(
     Torch,
     ScheduleBaselineTest,
     ::testing::Values("cosine", "multistep", "linear", "warmup_cosine"),
+    [](const auto& info) { return info.param; });
+
+class VisslScheduleBaselineTest : public ::testing::TestWithParam<std::string> {};
+
+// Closed forms in float64 on both sides, a handful of operations and libm calls each
+// (agreement to ~1e-15); 1e-12 (absolute below 1) leaves room for sqrt against
+// pow(x, 0.5) and contracted multiply-adds, while a restart or decay taken one step early or
+// late changes a value by more than 1e-3.
+TEST_P(VisslScheduleBaselineTest, MatchesVisslsFormulas) {
+  const nlohmann::json baselines =
+      testing::load_baselines("vissl_schedule_baselines.json", "gen_vissl_schedule_baselines.py");
+  const nlohmann::json* spec = nullptr;
+  for (const auto& candidate : baselines.at("schedules")) {
+    if (candidate["name"] == GetParam()) {
+      spec = &candidate;
+    }
+  }
+  ASSERT_NE(spec, nullptr) << "no baseline named " << GetParam();
+  const ScheduleOptions options = schedule_from_json((*spec)["options"]);
+  const auto schedule = make_schedule(options);
+  const int64_t num_epochs = (*spec)["num_epochs"];
+  const int64_t iterations_per_epoch = (*spec)["iterations_per_epoch"];
+  const std::vector<double> expected = (*spec)["lrs"];
+  ASSERT_EQ(static_cast<int64_t>(expected.size()), num_epochs * iterations_per_epoch);
+  for (size_t t = 0; t < expected.size(); ++t) {
+    const auto step = static_cast<int64_t>(t);
+    const double where = where_for(
+        step / iterations_per_epoch,
+        step % iterations_per_epoch,
+        iterations_per_epoch,
+        num_epochs,
+        options.update_interval);
+    EXPECT_TRUE(testing::close(schedule->value_at(where), expected[t], 1e-12))
+        << GetParam() << " step " << t << ": got " << schedule->value_at(where)
+        << ", the reference gives " << expected[t];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Vissl,
+    VisslScheduleBaselineTest,
+    ::testing::Values(
+        "polynomial_power_2",
+        "polynomial_power_0_9",
+        "step_with_fixed_gamma",
+        "step_with_fixed_gamma_5",
+        "cosine_warm_restart_half",
+        "cosine_warm_restart_half_uneven",
+        "cosine_warm_restart_full",
+        "cosine_warm_restart_half_adaptive",
+        "cosine_warm_restart_full_adaptive",
+        "inverse_sqrt",
+        "inverse_sqrt_no_warmup"),
     [](const auto& info) { return info.param; });
 
 ScheduleOptions named(const std::string& name) {
@@ -194,6 +258,35 @@ TEST(LrSchedule, Validation) {
   expect_config_error([&] { make_schedule(bad_interval); }, {"update_interval", "iteration"});
 }
 
+TEST(LrSchedule, VisslSchedulesValidateTheirFields) {
+  auto polynomial = named("polynomial");
+  polynomial.power = -1.0;
+  expect_config_error([&] { make_schedule(polynomial); }, {"lr.power = -1", ">= 0"});
+  auto step = named("step_with_fixed_gamma");
+  step.num_decays = 0;
+  expect_config_error([&] { make_schedule(step); }, {"lr.num_decays = 0", "> 0"});
+  step.num_decays = 2;
+  step.gamma = 0.0;
+  expect_config_error([&] { make_schedule(step); }, {"lr.gamma = 0", "> 0"});
+  step.gamma = 0.5;
+  step.base_value = -0.1;
+  expect_config_error([&] { make_schedule(step); }, {"lr.base_value = -0.1"});
+  auto restart = named("cosine_warm_restart");
+  restart.restart_interval_length = 1.5;
+  expect_config_error([&] { make_schedule(restart); }, {"restart_interval_length = 1.5", "(0, 1]"});
+  restart.restart_interval_length = 0.0;
+  expect_config_error([&] { make_schedule(restart); }, {"restart_interval_length = 0"});
+  restart.restart_interval_length = 0.5;
+  restart.wave_type = "quarter";
+  expect_config_error([&] { make_schedule(restart); }, {"wave_type = quarter", "half or full"});
+  restart.wave_type = "full";
+  restart.lr_multiplier = 0.0;
+  expect_config_error([&] { make_schedule(restart); }, {"lr_multiplier = 0"});
+  auto inverse_sqrt = named("inverse_sqrt");
+  inverse_sqrt.warmup_interval_length = 1.5;
+  expect_config_error([&] { make_schedule(inverse_sqrt); }, {"warmup_interval_length = 1.5"});
+}
+
 AutoLrScaling auto_scaling(const std::string& type = "linear") {
   AutoLrScaling scaling;
   scaling.auto_scale = true;
@@ -241,6 +334,31 @@ TEST(AutoLrScaling, SimpleSchedules) {
   expect_config_error(
       [&] { apply_auto_lr_scaling(untouched, auto_scaling("cubic"), 512, 512); },
       {"auto_lr_scaling.scaling_type", "cubic"});
+}
+
+// VISSL's rules for the schedules it adds (vissl/utils/hydra_config.py): the value that
+// the schedule starts from becomes lr*; a polynomial schedule has no rule.
+TEST(AutoLrScaling, VisslSchedules) {
+  auto step = named("step_with_fixed_gamma");
+  apply_auto_lr_scaling(step, auto_scaling(), 1024, 256);
+  EXPECT_DOUBLE_EQ(step.base_value, 0.4);
+  EXPECT_EQ(step.gamma, 0.1);
+
+  auto inverse_sqrt = named("inverse_sqrt");
+  apply_auto_lr_scaling(inverse_sqrt, auto_scaling(), 1024, 256);
+  EXPECT_DOUBLE_EQ(inverse_sqrt.start_value, 0.4);
+
+  auto restart = named("cosine_warm_restart");
+  restart.start_value = 0.2;
+  restart.end_value = 0.002;
+  apply_auto_lr_scaling(restart, auto_scaling(), 1024, 256);
+  EXPECT_DOUBLE_EQ(restart.start_value, 0.4);
+  EXPECT_DOUBLE_EQ(restart.end_value, 0.004); // keeps its ratio to start_value
+
+  auto polynomial = named("polynomial");
+  expect_config_error(
+      [&] { apply_auto_lr_scaling(polynomial, auto_scaling(), 1024, 256); },
+      {"polynomial", "auto_scale"});
 }
 
 ScheduleOptions warmup_cosine() {

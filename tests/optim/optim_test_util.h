@@ -55,13 +55,15 @@ inline std::vector<at::Tensor> make_params(const std::vector<std::vector<int64_t
   return params;
 }
 
-inline nlohmann::json load_baselines() {
-  const std::string path =
-      std::string(LARGO_TEST_DATA_DIR) + "/optim/baselines/optim_baselines.json";
+// tests/optim/baselines/<file>, written by tests/reference/<generator>.
+inline nlohmann::json load_baselines(
+    const std::string& file = "optim_baselines.json",
+    const std::string& generator = "gen_optim_baselines.py") {
+  const std::string path = std::string(LARGO_TEST_DATA_DIR) + "/optim/baselines/" + file;
   std::ifstream in(path);
   if (!in) {
-    ADD_FAILURE() << "cannot open " << path
-                  << "; regenerate it with $LARGO_PYTHON tests/reference/gen_optim_baselines.py";
+    ADD_FAILURE() << "cannot open " << path << "; regenerate it with $LARGO_PYTHON tests/reference/"
+                  << generator;
     return nlohmann::json::object();
   }
   return nlohmann::json::parse(in);

@@ -48,6 +48,8 @@ const char* kEma = "TrainerModelEmaTest.TheCheckpointedAverageIsVisslsUpdateOver
 const char* kLinearEval =
     "TrainerLinearEvalTest.TheFrozenTrunkKeepsItsWeightsWhileEachHeadTrainsAndIsScored";
 const char* kPipeline = "TrainerPipelineTest.TwoStagesTrainLikeOneProcessAccumulatingTheMicroBatches";
+const char* kVisslSchedules = "VisslScheduleBaselineTest.MatchesVisslsFormulas";
+const char* kVisslScheduleKeys = "TrainerConfigMappingTest.VisslSchedulesAreReadFromTheConfig";
 const char* kVitKeys = "TrainerConfigMappingTest.VitDropPathImageSizeAndHeadMultiplierReachTheModel";
 
 std::vector<WiredKey> wired_keys() {
@@ -364,6 +366,16 @@ std::vector<WiredKey> wired_keys() {
         {p + "schedulers", "composite: the sub-schedules", "LrSchedule.CompositeRescaledAndFixed"},
         {p + "lengths", "composite: their fractions", "LrSchedule.CompositeRescaledAndFixed"},
         {p + "interval_scaling", "composite: rescaled or fixed", "LrSchedule.CompositeRescaledAndFixed"},
+        {p + "base_value", "polynomial / step_with_fixed_gamma: the first value", kVisslSchedules},
+        {p + "power", "polynomial: the exponent of (1 - progress)", kVisslSchedules},
+        {p + "num_decays", "step_with_fixed_gamma: how many times the value is multiplied by gamma", kVisslSchedules},
+        {p + "gamma", "step_with_fixed_gamma: the factor of each decay", kVisslSchedules},
+        {p + "num_epochs", "step_with_fixed_gamma: must equal OPTIMIZER.num_epochs if given (ClassyVision only checks it)", kVisslScheduleKeys},
+        {p + "restart_interval_length", "cosine_warm_restart: the fraction of training between restarts", kVisslSchedules},
+        {p + "wave_type", "cosine_warm_restart: half (a cosine per interval) or full (a wave of twice its period)", kVisslSchedules},
+        {p + "lr_multiplier", "cosine_warm_restart: each restart's peak is the previous one's times this", kVisslSchedules},
+        {p + "is_adaptive", "cosine_warm_restart: restart at the value of the single cosine instead", kVisslSchedules},
+        {p + "warmup_interval_length", "inverse_sqrt: the progress at which the value is start_value", kVisslSchedules},
     };
     keys.insert(keys.end(), s.begin(), s.end());
   }

@@ -234,5 +234,80 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
       ConfigError);
 }
 
+// The schedules VISSL adds are read from lr, lr_head and composite entries (whose keys the
+// config layer cannot check), and step_with_fixed_gamma's num_epochs is held to the run's.
+TEST(TrainerConfigMappingTest, VisslSchedulesAreReadFromTheConfig) {
+  const std::string lr = "OPTIMIZER.param_schedulers.lr.";
+  TrainerOptions options = options_with(
+      {"OPTIMIZER.num_epochs=40",
+       lr + "name=cosine_warm_restart",
+       lr + "start_value=0.3",
+       lr + "end_value=0.003",
+       lr + "restart_interval_length=0.25",
+       lr + "wave_type=full",
+       lr + "lr_multiplier=0.5",
+       lr + "is_adaptive=True",
+       "OPTIMIZER.param_schedulers.lr_head.name=step_with_fixed_gamma",
+       "OPTIMIZER.param_schedulers.lr_head.base_value=0.2",
+       "OPTIMIZER.param_schedulers.lr_head.num_decays=2",
+       "OPTIMIZER.param_schedulers.lr_head.gamma=0.5",
+       "OPTIMIZER.param_schedulers.lr_head.num_epochs=40"});
+  const optim::ScheduleOptions& restart = options.optimizer.lr;
+  EXPECT_EQ(restart.name, "cosine_warm_restart");
+  EXPECT_EQ(restart.restart_interval_length, 0.25);
+  EXPECT_EQ(restart.wave_type, "full");
+  EXPECT_EQ(restart.lr_multiplier, 0.5);
+  EXPECT_TRUE(restart.is_adaptive);
+  const optim::ScheduleOptions& step = options.optimizer.lr_head;
+  EXPECT_EQ(step.base_value, 0.2);
+  EXPECT_EQ(step.num_decays, 2);
+  EXPECT_EQ(step.gamma, 0.5);
+
+  TrainerOptions composite = options_with(
+      {lr + "name=composite",
+       lr + "schedulers=[{name: linear, start_value: 0.0, end_value: 4.8}, {name: inverse_sqrt, "
+            "start_value: 4.8, warmup_interval_length: 0.1}, {name: polynomial, base_value: "
+            "0.2, power: 2}]",
+       lr + "lengths=[0.1, 0.6, 0.3]",
+       lr + "interval_scaling=[rescaled, fixed, rescaled]"});
+  ASSERT_EQ(composite.optimizer.lr.schedulers.size(), 3u);
+  EXPECT_EQ(composite.optimizer.lr.schedulers[1].warmup_interval_length, 0.1);
+  EXPECT_EQ(composite.optimizer.lr.schedulers[2].power, 2.0);
+
+  try {
+    options_with(
+        {"OPTIMIZER.num_epochs=40", lr + "name=step_with_fixed_gamma", lr + "num_epochs=120"});
+    ADD_FAILURE() << "a num_epochs other than OPTIMIZER.num_epochs was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("lr.num_epochs = 120"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("OPTIMIZER.num_epochs (40)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(
+      options_with(
+          {lr + "name=composite",
+           lr + "schedulers=[{name: polynomial, powr: 2}]",
+           lr + "lengths=[1.0]"}),
+      ConfigError);
+  EXPECT_THROW(
+      options_with({lr + "name=cosine_warm_restart", lr + "wave_type=quarter"}), ConfigError);
+}
+
+// VISSL's self-supervised and distillation losses are refused by name, as features Largo
+// lacks, not as unexpected values.
+TEST(TrainerConfigMappingTest, VisslLossesLargoLacksAreRefusedByName) {
+  for (const char* loss : {"swav_loss", "simclr_info_nce_loss", "dino_loss", "moco_loss"}) {
+    try {
+      options_with({std::string("LOSS.name=") + loss});
+      ADD_FAILURE() << loss << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(
+          std::string(e.what()).find(std::string("VISSL's ") + loss + " is not available"),
+          std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 } // namespace
 } // namespace largo::train::trainer_config_mapping_test

@@ -2,14 +2,17 @@
 // merged with a user's YAML file and then with command-line overrides.
 //
 // Validation happens while merging, so nothing runs on a bad config:
-//  - a key the defaults do not have is an error that names the closest valid key;
+//  - a key the defaults do not have is an error that names the closest valid key, unless
+//    VISSL has it (core/vissl_keys.h): then it is accepted at VISSL's default and refused
+//    at any other value as a VISSL feature Largo lacks;
 //  - a value whose type differs from the default's (bool, int, float, string, list,
 //    map) is an error naming key, value and the expected type.
 // Maps whose default is empty (`{}`, e.g. AMP_ARGS, base_optimizer) and keys whose
 // default is null accept anything. Range checks belong to the components that read
 // the values (see train/trainer_config.h), which report them through config_error().
 // A file or override is refused when it is larger than 256 KiB, holds more than one YAML
-// document, a duplicated key or a key that is not a plain name, and integers must fit in
+// document, a duplicated key or a key that is not a plain name, or expands through nested
+// YAML aliases to more than 262,144 values ("billion laughs"), and integers must fit in
 // 64 bits; errors name the file (with line and column) or the key.
 #pragma once
 
@@ -41,7 +44,9 @@ class Config {
   void merge_file(const std::filesystem::path& yaml_file);
 
   // Apply one command-line override. Forms: "A.B=v", "config.A.B=v" (VISSL/Hydra),
-  // "+A.NEW=v" (adds a key the defaults lack). v is parsed as YAML ("[1,2]", "true").
+  // "+A.B=v" (Hydra's form for a key the defaults lack: checked like the others, so it adds
+  // only entries of keyword maps such as AMP_ARGS, and VISSL keys at VISSL's default).
+  // v is parsed as YAML ("[1,2]", "true").
   void apply_override(const std::string& assignment);
 
   bool has(const std::string& key) const;

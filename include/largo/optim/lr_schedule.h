@@ -16,11 +16,32 @@ namespace largo::optim {
 
 // OPTIMIZER.param_schedulers.lr (and lr_head). Only the fields that `name` uses are read.
 struct ScheduleOptions {
-  // constant | linear | cosine | step | multistep | composite
+  // constant | linear | cosine | step | multistep | composite (ClassyVision), polynomial |
+  // step_with_fixed_gamma (ClassyVision, for VISSL), cosine_warm_restart | inverse_sqrt
+  // (VISSL's own)
   std::string name = "multistep";
-  double value = 0.1;                           // constant
-  double start_value = 0.1;                     // linear, cosine
-  double end_value = 0.0;                       // linear, cosine
+  double value = 0.1;       // constant
+  double start_value = 0.1; // linear, cosine, cosine_warm_restart, inverse_sqrt
+  double end_value = 0.0;   // linear, cosine, cosine_warm_restart
+  // polynomial: base_value * (1 - where)^power
+  double base_value = 0.1; // polynomial, step_with_fixed_gamma
+  double power = 1.0;
+  // step_with_fixed_gamma: base_value * gamma^k over num_decays + 1 equal spans
+  int64_t num_decays = 3;
+  double gamma = 0.1;
+  // cosine_warm_restart: a cosine from the current peak down to end_value over each
+  // restart_interval_length of training ("half"), or a full cosine wave of period twice that
+  // ("full"); the peak after the k-th restart is start_value * lr_multiplier^k, or with
+  // is_adaptive the value the single cosine from start_value to end_value has there.
+  double restart_interval_length = 0.5;
+  std::string wave_type = "half";
+  double lr_multiplier = 1.0;
+  bool is_adaptive = false;
+  // inverse_sqrt: start_value * sqrt(warmup_interval_length) / sqrt(where) (start_value *
+  // sqrt(warmup_interval_length) at where 0; with warmup_interval_length 0, start_value /
+  // sqrt(where)), as VISSL computes it: it reaches start_value at the end of a warm-up of
+  // that length, which a composite schedule puts before it.
+  double warmup_interval_length = 0.0;
   std::vector<double> values{0.1, 0.01, 0.001}; // step, multistep
   // multistep: the epochs at which the next value starts (values.size() - 1 of them,
   // increasing); empty means evenly spaced over num_epochs.
@@ -57,8 +78,10 @@ struct AutoLrScaling {
 
 // VISSL's rule. lr* = base_value * s, s = global_batch_size / base_lr_batch_size (square-
 // rooted for "sqrt"). constant: value = lr*; linear: end_value = lr*; cosine: start_value =
-// lr* and end_value keeps its ratio to start_value; step, multistep: values[i] = lr* *
-// gamma^i with gamma = values[1] / values[0]; composite: every sub-schedule is scaled, then
+// lr* and end_value keeps its ratio to start_value (cosine_warm_restart too); step, multistep:
+// values[i] = lr* * gamma^i with gamma = values[1] / values[0]; step_with_fixed_gamma:
+// base_value = lr*; inverse_sqrt: start_value = lr*; polynomial: a ConfigError (VISSL has no
+// rule for it either); composite: every sub-schedule is scaled, then
 // each linear sub-schedule (a warm-up) starts at base_value * per_node_batch_size /
 // base_lr_batch_size. When that start equals its end (one node with linear scaling) the
 // warm-up is dropped, the remaining lengths are stretched to sum to 1, and a single

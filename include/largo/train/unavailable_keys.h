@@ -12,6 +12,7 @@
 #pragma once
 
 #include <largo/core/config.h>
+#include <largo/core/config_value.h>
 
 #include <string>
 #include <utility>
@@ -43,12 +44,5 @@ const std::vector<UnavailableKey>& unavailable_keys();
 // Throws ConfigError (the message above) for the first listed key whose value in `config`
 // differs from its default and from its also_accepted values.
 void refuse_unavailable_keys(const Config& config);
-
-// Whether two YAML values are the same config value: True == true, 1e-5 == 0.00001, lists
-// and maps element by element, null only equal to null.
-bool same_config_value(const YAML::Node& a, const YAML::Node& b);
-
-// A value as it would be written in a config: True, 0.5, "text", [1, 2], {a: 1}.
-std::string config_value_text(const YAML::Node& value);
 
 } // namespace largo::train

@@ -1,6 +1,7 @@
 #include <largo/core/config.h>
 
 #include <largo/core/embedded_configs.h>
+#include <largo/core/vissl_keys.h>
 
 #include <fmt/format.h>
 
@@ -16,6 +17,12 @@ namespace {
 // The largest config file or override value accepted: VISSL configs are a few KiB, and
 // yaml-cpp needs ~2 KiB of memory per value, so a 50 MB file would take gigabytes.
 constexpr size_t kMaxConfigBytes = 256 * 1024;
+
+// The most values a document may hold once its aliases are expanded. Without aliases a
+// value takes at least 2 bytes, so no config file within kMaxConfigBytes comes near; nine
+// levels of nested aliases ("billion laughs") in 1 KB would expand to 9^9 values, and
+// every walk of the tree (merge, checks, printing) would run for hours.
+constexpr size_t kMaxConfigValues = kMaxConfigBytes;
 
 std::vector<std::string> split_key(const std::string& key) {
   std::vector<std::string> parts;
@@ -214,12 +221,22 @@ std::string suggest_key(const YAML::Node& schema_root, const YAML::Node& schema_
 
 // Every map key in `document` is a plain scalar and appears once per map (yaml-cpp keeps
 // both entries of a duplicated key and reads the first, so the second, usually the intended
-// one, would be ignored without a word).
+// one, would be ignored without a word), and the document holds at most kMaxConfigValues
+// values with its aliases expanded (yaml-cpp shares an alias's node, so parsing is cheap,
+// but every walk of the tree visits it once per alias).
 void check_map_keys(const YAML::Node& document, const std::string& origin) {
   std::vector<YAML::Node> pending = {document};
+  size_t visited = 0;
   while (!pending.empty()) {
     YAML::Node node = pending.back();
     pending.pop_back();
+    if (++visited > kMaxConfigValues) {
+      throw ConfigError(fmt::format(
+          "{}: holds more than {} values once its YAML aliases (*name) are expanded; aliases "
+          "nested in aliases multiply (a config of a few KiB holds a few hundred), so this is "
+          "not a config: write the values out or nest fewer aliases",
+          origin, kMaxConfigValues));
+    }
     if (node.IsSequence()) {
       for (const auto& element : node) {
         pending.push_back(element);
@@ -450,6 +467,11 @@ void Config::merge_node(const YAML::Node& user, YAML::Node& target, const YAML::
     const std::string key = join_key(path, name);
     const YAML::Node& value = entry.second;
     YAML::Node schema_child = schema.IsMap() ? schema[name] : YAML::Node();
+    if (!schema_child.IsDefined() && vissl_only_default(key).IsDefined()) {
+      // A VISSL key Largo lacks: accepted at VISSL's default, where it changes nothing.
+      check_vissl_only_value(key, value, origin);
+      continue;
+    }
     if (!schema_child.IsDefined()) {
       throw ConfigError(fmt::format("{}: unknown config key {}; did you mean {}?", origin,
                                     abbreviate(key), suggest_key(schema_, schema, path, name)));
@@ -488,8 +510,10 @@ void Config::merge_node(const YAML::Node& user, YAML::Node& target, const YAML::
 
 void Config::apply_override(const std::string& assignment) {
   std::string text = assignment;
-  bool adds_key = !text.empty() && text[0] == '+';
-  if (adds_key) {
+  // Hydra's "+KEY=VALUE" adds a key the defaults lack. Here it is checked like any other
+  // override: a key nothing reads would change nothing, so only keys of Largo's tree and
+  // entries of keyword maps (AMP_ARGS, base_optimizer, ...) are taken.
+  if (!text.empty() && text[0] == '+') {
     text.erase(0, 1);
   }
   auto equals = text.find('=');
@@ -507,23 +531,6 @@ void Config::apply_override(const std::string& assignment) {
   YAML::Node value = parse_yaml(value_text, origin);
   auto parts = split_key(key);
 
-  if (adds_key) {
-    // Hydra's "+key=value": the key may be new; the parents are created as maps.
-    YAML::Node node = root_;
-    for (size_t i = 0; i + 1 < parts.size(); ++i) {
-      const YAML::Node& parent = node;
-      YAML::Node existing = parent[parts[i]];
-      if (!existing.IsDefined() || existing.IsNull()) {
-        node[parts[i]] = YAML::Node(YAML::NodeType::Map);
-      } else if (!existing.IsMap()) {
-        throw ConfigError(fmt::format("{}: {} is not a map", origin, parts[i]));
-      }
-      YAML::Node child = node[parts[i]];
-      node.reset(child);
-    }
-    node[parts.back()] = value;
-    return;
-  }
   // Build {A: {B: value}} and merge it like a file, so the same validation applies.
   YAML::Node wrapped = value;
   for (auto it = parts.rbegin(); it != parts.rend(); ++it) {

@@ -84,18 +84,9 @@ optim::AutoLrScaling auto_scaling_from(const Config& config, const std::string& 
   return scaling;
 }
 
-// A schedule node (param_schedulers.lr or one entry of its `schedulers` list). Missing
-// keys keep the ScheduleOptions defaults, so composite entries can be short.
-optim::ScheduleOptions
-schedule_from(const YAML::Node& node, const std::string& key, int64_t num_epochs) {
-  optim::ScheduleOptions schedule;
-  schedule.num_epochs = num_epochs;
-  if (!node.IsMap()) {
-    throw config_error(key, "(not a map)", "a schedule map with a 'name'");
-  }
-  auto child_key = [&](const char* name) { return key + "." + name; };
-  // Sub-schedules of a composite are not in the defaults' tree, so the config layer cannot
-  // check their keys: a misspelled start_value would be ignored without a word.
+// Sub-schedules of a composite are not in the defaults' tree, so the config layer cannot
+// check their keys: a misspelled start_value would be ignored without a word.
+void check_schedule_keys(const YAML::Node& node, const std::string& key) {
   static const std::vector<std::string> known = {
       "name",
       "update_interval",
@@ -107,7 +98,17 @@ schedule_from(const YAML::Node& node, const std::string& key, int64_t num_epochs
       "lengths",
       "interval_scaling",
       "schedulers",
-      "auto_lr_scaling"};
+      "auto_lr_scaling",
+      "base_value",
+      "power",
+      "num_decays",
+      "gamma",
+      "num_epochs",
+      "restart_interval_length",
+      "wave_type",
+      "lr_multiplier",
+      "is_adaptive",
+      "warmup_interval_length"};
   for (const auto& entry : node) {
     const std::string name = entry.first.as<std::string>();
     if (std::find(known.begin(), known.end(), name) == known.end()) {
@@ -121,6 +122,92 @@ schedule_from(const YAML::Node& node, const std::string& key, int64_t num_epochs
           "unknown config key {}.{}; did you mean {}.{}?", key, abbreviate(name), key, closest));
     }
   }
+}
+
+// The fields of the schedules VISSL adds (polynomial, step_with_fixed_gamma,
+// cosine_warm_restart, inverse_sqrt); the library validates their values.
+void read_vissl_schedule_fields(
+    const YAML::Node& node,
+    const std::string& key,
+    int64_t num_epochs,
+    optim::ScheduleOptions& schedule) {
+  auto number = [&](const char* name, double& field) {
+    if (node[name]) {
+      field = yaml_to_double(node[name], key + "." + name);
+    }
+  };
+  number("base_value", schedule.base_value);
+  number("power", schedule.power);
+  number("gamma", schedule.gamma);
+  number("restart_interval_length", schedule.restart_interval_length);
+  number("lr_multiplier", schedule.lr_multiplier);
+  number("warmup_interval_length", schedule.warmup_interval_length);
+  if (node["num_decays"]) {
+    schedule.num_decays = yaml_to_int(node["num_decays"], key + ".num_decays");
+  }
+  if (node["wave_type"]) {
+    require(node["wave_type"].IsScalar(), key + ".wave_type", "(not a name)", "half or full");
+    schedule.wave_type = node["wave_type"].Scalar();
+  }
+  if (node["is_adaptive"]) {
+    schedule.is_adaptive = yaml_to_bool(node["is_adaptive"], key + ".is_adaptive");
+  }
+  // ClassyVision's step_with_fixed_gamma takes num_epochs and only checks it: the decays are
+  // spread over the whole run. Here the run is OPTIMIZER.num_epochs, so another value would
+  // say something the run does not do.
+  if (node["num_epochs"] && !node["num_epochs"].IsNull()) {
+    const int64_t given = yaml_to_int(node["num_epochs"], key + ".num_epochs");
+    require(
+        given == num_epochs,
+        key + ".num_epochs",
+        std::to_string(given),
+        fmt::format(
+            "OPTIMIZER.num_epochs ({}), over which the schedule runs; or remove it", num_epochs));
+  }
+}
+
+// VISSL's other losses (its registry in vissl/losses), named as what they are rather than as
+// an unexpected value.
+void refuse_other_vissl_losses(const std::string& loss) {
+  static const std::vector<std::string> vissl_losses = {
+      "barlow_twins_loss",
+      "bce_logits_multiple_output_single_target",
+      "deepclusterv2_loss",
+      "dino_distillation_loss",
+      "dino_loss",
+      "distillation_loss",
+      "ibot_distillation_loss",
+      "ibot_loss",
+      "moco_loss",
+      "msn_distillation_loss",
+      "msn_loss",
+      "multicrop_simclr_info_nce_loss",
+      "nce_loss_with_memory",
+      "simclr_info_nce_loss",
+      "swav_distillation_loss",
+      "swav_loss",
+      "swav_momentum_loss"};
+  if (std::find(vissl_losses.begin(), vissl_losses.end(), loss) != vissl_losses.end()) {
+    throw ConfigError(fmt::format(
+        "config key LOSS.name = {}: VISSL's {} is not available in this version of Largo "
+        "(it trains classifiers: CrossEntropyLoss or "
+        "cross_entropy_multiple_output_single_target)",
+        loss,
+        loss));
+  }
+}
+
+// A schedule node (param_schedulers.lr or one entry of its `schedulers` list). Missing
+// keys keep the ScheduleOptions defaults, so composite entries can be short.
+optim::ScheduleOptions
+schedule_from(const YAML::Node& node, const std::string& key, int64_t num_epochs) {
+  optim::ScheduleOptions schedule;
+  schedule.num_epochs = num_epochs;
+  if (!node.IsMap()) {
+    throw config_error(key, "(not a map)", "a schedule map with a 'name'");
+  }
+  auto child_key = [&](const char* name) { return key + "." + name; };
+  check_schedule_keys(node, key);
   auto number_list = [&](const char* name) {
     std::vector<double> values;
     for (const auto& element : node[name]) {
@@ -183,6 +270,7 @@ schedule_from(const YAML::Node& node, const std::string& key, int64_t num_epochs
           schedule_from(list[i], fmt::format("{}.schedulers[{}]", key, i), num_epochs));
     }
   }
+  read_vissl_schedule_fields(node, key, num_epochs, schedule);
   return schedule;
 }
 
@@ -548,6 +636,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
 
   // Loss.
   const std::string loss = config.get_string("LOSS.name");
+  refuse_other_vissl_losses(loss);
   require(
       loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target",
       "LOSS.name",
