@@ -3,6 +3,7 @@
 // source model computes; mismatches are listed in one error.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/checkpoint/model_state.h>
+#include <largo/checkpoint/torch_file.h>
 #include <largo/checkpoint/weights_init.h>
 #include <largo/core/error.h>
 #include <largo/models/model_factory.h>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -141,6 +143,74 @@ TEST(WeightsInitTest, TorchvisionStateDictAndVisslCheckpointGiveTorchvisionsLogi
     EXPECT_EQ(report.source, "VISSL checkpoint");
     expect_reference_logits(model, *files);
   }
+}
+
+// A RegNetY (MODEL.TRUNK.REGNET {depth: 6, w_0: 8, w_a: 8, w_m: 2, group_width: 4,
+// stem_width: 8}) initialized from torchvision's state dict of the same network
+// (tests/reference/gen_regnet_baselines.py: random weights and BatchNorm statistics, checked
+// in, ~170 KB) computes torchvision's eval-mode logits on the same two 64x64 images.
+TEST(WeightsInitTest, TorchvisionRegNetStateDictGivesTorchvisionsLogits) {
+  const fs::path dir = fs::path(LARGO_TEST_DATA_DIR) / "checkpoint" / "baselines";
+  models::ModelOptions options;
+  options.trunk_name = "regnet";
+  options.regnet.depth = 6;
+  options.regnet.w_0 = 8;
+  options.regnet.w_a = 8;
+  options.regnet.w_m = 2;
+  options.regnet.group_width = 4;
+  options.regnet.stem_width = 8;
+  options.num_classes = 10;
+  options.image_size = 64;
+  torch::manual_seed(3);
+  models::TrunkHeadModel model = models::build_model(options);
+  WeightsInitOptions init;
+  init.params_file = dir / "torchvision_regnet_small.pth";
+  init.state_dict_key_name = {};
+  init.rename = [&](const std::string& name) {
+    return models::regnet_name_from_torchvision(name, options.regnet);
+  };
+  const WeightsInitReport report = init_weights_from_file(*model, init);
+  // 23 BatchNorms (stem, 4 projections, a / b / c of 6 blocks) of 4 tensors, their 23 convs,
+  // 6 SE layers' 4 tensors, the head's 2; the 23 num_batches_tracked are skipped.
+  EXPECT_EQ(report.skipped.size(), 23u);
+  EXPECT_EQ(report.num_loaded, 4 * 23 + 23 + 6 * 4 + 2);
+
+  const auto reference =
+      read_torch_file(dir / "torchvision_regnet_small_reference.pth").toGenericDict();
+  const at::Tensor images = reference.at("images").toTensor();
+  const at::Tensor expected64 = reference.at("logits_float64").toTensor();
+  const at::Tensor expected32 = reference.at("logits_float32").toTensor();
+  ASSERT_EQ(images.sizes().vec(), (std::vector<int64_t>{2, 3, 64, 64}));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const double scale = expected64.abs().max().item<double>();
+  auto max_error = [](const at::Tensor& a, const at::Tensor& b) {
+    return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+  };
+  // float32: each layer's sums (at most 8 * 9 = 72 products in a grouped 3x3 conv, 64 in a
+  // 1x1) round at 6e-8 relative; through 20 layers the logits agree to ~1e-6 of their scale
+  // in practice, and 1e-4 of it bounds the worst case (as the ResNet parity tests).
+  const at::Tensor logits32 = model->forward(images);
+  const double error32 = max_error(logits32, expected32);
+  EXPECT_LE(error32, 1e-4 * scale);
+  EXPECT_LE(max_error(logits32, expected64), 1e-4 * scale);
+  // float64: the same network with unit roundoff 1.1e-16; ~20 layers of sums of <= 72
+  // products differ only in summation order, far below 1e-10 of the logits' scale.
+  model->to(torch::kFloat64);
+  const at::Tensor logits64 = model->forward(images.to(torch::kFloat64));
+  ASSERT_EQ(logits64.sizes().vec(), (std::vector<int64_t>{2, 10}));
+  const double error64 = max_error(logits64, expected64);
+  EXPECT_LE(error64, 1e-10 * scale);
+  RecordProperty("max_abs_error_float32", std::to_string(error32));
+  RecordProperty("max_abs_error_float64", std::to_string(error64));
+  std::printf(
+      "RegNet vs torchvision: logit scale %.4g, max abs error float32 %.3g (rel %.3g), "
+      "float64 %.3g (rel %.3g)\n",
+      scale,
+      error32,
+      error32 / scale,
+      error64,
+      error64 / scale);
 }
 
 TEST(WeightsInitTest, LargoCheckpointsInitializeFromTheirModelEntry) {

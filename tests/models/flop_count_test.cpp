@@ -36,6 +36,42 @@ TEST(FlopCountTest, LinearAndAttentionByHand) {
   EXPECT_EQ(attention_flops(197, 768), 2 * (2LL * 12 * 197 * 197 * 64));
 }
 
+// A RegNetY of two blocks on 16x16 images, counted by hand: stem_width 8, depth 2, w_0 16,
+// w_a 0 (one stage of width 16), group_width 4, SE ratio 0.25, 10 classes.
+TEST(FlopCountTest, RegNetByHand) {
+  ModelOptions options;
+  options.trunk_name = "regnet";
+  options.in_channels = 3;
+  options.image_size = 16;
+  options.regnet.depth = 2;
+  options.regnet.w_0 = 16;
+  options.regnet.w_a = 0;
+  options.regnet.w_m = 2;
+  options.regnet.group_width = 4;
+  options.regnet.stem_width = 8;
+  const int64_t stem = 2 * 8 * 8 * 8 * 3 * 9; // 3x3/2: 16 -> 8, 8 channels
+  // Block 1 (8 -> 16 channels, stride 2 on the 3x3 conv and the projection: 8 -> 4):
+  const int64_t block1 = 2 * 4 * 4 * 16 * 8        // proj.0: 1x1/2
+                         + 2 * 8 * 8 * 16 * 8      // f.a.0: 1x1 on the 8x8 map
+                         + 2 * 4 * 4 * 16 * 4 * 9  // f.b.0: 3x3/2, 4 groups of 4 channels
+                         + 2 * 16 * 2 + 2 * 2 * 16 // f.se: 16 -> round(0.25 * 8) = 2 -> 16
+                         + 2 * 4 * 4 * 16 * 16;    // f.c.0: 1x1
+  // Block 2 (16 -> 16, stride 1, identity shortcut):
+  const int64_t block2 =
+      2 * 4 * 4 * 16 * 16 + 2 * 4 * 4 * 16 * 4 * 9 + 2 * 16 * 4 + 2 * 4 * 16 + 2 * 4 * 4 * 16 * 16;
+  const int64_t head = 2 * 16 * 10;
+  const ModelFlops flops = count_model_flops(options);
+  EXPECT_EQ(flops.forward_per_sample(), stem + block1 + block2 + head);
+  EXPECT_EQ(flops.layers.front().name, "trunk.0.0");
+  EXPECT_EQ(flops.layers[1].name, "trunk.1.proj.0");
+  EXPECT_EQ(flops.layers[4].name, "trunk.1.f.se.fc1");
+  // res_stem_in: 7x7/2 (16 -> 8), then the max pool (8 -> 4) before the blocks.
+  options.regnet.stem_type = "res_stem_in";
+  options.regnet.use_se = false;
+  EXPECT_EQ(count_model_flops(options).layers.front().forward_flops, 2 * 8 * 8 * 8 * 3 * 49);
+  EXPECT_EQ(count_model_flops(options).layers[2].forward_flops, 2 * 4 * 4 * 16 * 8); // f.a.0
+}
+
 // An MLP 784 -> 512 -> 256 on 28x28 grayscale images, with a Linear(256 -> 10) head.
 ModelOptions mlp_on_28x28() {
   ModelOptions options;
@@ -118,6 +154,19 @@ ModelOptions options_of(const nlohmann::json& json) {
     options.resnet.width_per_group = r.value("width_per_group", int64_t{64});
     options.resnet.layer4_stride = r.value("layer4_stride", int64_t{2});
   }
+  if (json.contains("regnet")) {
+    const auto& r = json["regnet"];
+    if (r.contains("name")) {
+      options.regnet = regnet_preset(r["name"]);
+    } else {
+      options.regnet.depth = r.at("depth");
+      options.regnet.w_0 = r.at("w_0");
+      options.regnet.w_a = r.at("w_a");
+      options.regnet.w_m = r.at("w_m");
+      options.regnet.group_width = r.at("group_width");
+      options.regnet.stem_width = r.at("stem_width");
+    }
+  }
   if (json.contains("small_cnn")) {
     options.small_cnn.channels = json["small_cnn"].at("channels").get<std::vector<int64_t>>();
     options.small_cnn.pooled_size = json["small_cnn"].at("pooled_size");
@@ -139,12 +188,14 @@ ModelOptions options_of(const nlohmann::json& json) {
 }
 
 // Largo's layers grouped like the profiler's ops: convolutions, Linear layers, attention.
-std::map<std::string, int64_t> by_kind(const ModelFlops& flops) {
+// (A RegNet trunk is convolutions only, named as torchvision's: f.a.0, proj.0, f.se.fc1, ...)
+std::map<std::string, int64_t> by_kind(const ModelFlops& flops, const std::string& trunk) {
   std::map<std::string, int64_t> kinds{{"conv", 0}, {"linear", 0}, {"attention", 0}};
   for (const LayerFlops& layer : flops.layers) {
     const std::string& name = layer.name;
-    const bool conv =
-        name.find("conv") != std::string::npos || name.find("downsample") != std::string::npos;
+    const bool conv = name.find("conv") != std::string::npos ||
+                      name.find("downsample") != std::string::npos ||
+                      (trunk == "regnet" && name.rfind("trunk.", 0) == 0);
     const bool attention = name.size() >= 9 && name.substr(name.size() - 9) == "attention";
     kinds[conv ? "conv" : attention ? "attention" : "linear"] += layer.forward_flops;
   }
@@ -156,11 +207,12 @@ TEST(FlopCountTest, EveryZooModelMatchesPytorchsProfilerCount) {
   ASSERT_TRUE(in.good()) << "missing flop_baselines.json; run " LARGO_PYTHON
                             " tests/reference/gen_flop_baselines.py";
   const nlohmann::json baselines = nlohmann::json::parse(in);
-  ASSERT_GE(baselines.at("cases").size(), 20u);
+  ASSERT_GE(baselines.at("cases").size(), 23u);
   for (const auto& entry : baselines["cases"]) {
     const std::string name = entry.at("name");
-    const ModelFlops flops = count_model_flops(options_of(entry.at("options")));
-    const auto kinds = by_kind(flops);
+    const ModelOptions options = options_of(entry.at("options"));
+    const ModelFlops flops = count_model_flops(options);
+    const auto kinds = by_kind(flops, options.trunk_name);
     const auto& expected = entry.at("forward_flops");
     for (const char* kind : {"conv", "linear", "attention"}) {
       EXPECT_EQ(kinds.at(kind), expected.at(kind).get<int64_t>()) << name << ": " << kind;
@@ -172,13 +224,18 @@ TEST(FlopCountTest, EveryZooModelMatchesPytorchsProfilerCount) {
 // The count names a real module for each convolution and Linear layer of the built model,
 // and no other: a layer added to a model but not to its count fails here.
 TEST(FlopCountTest, CountsEveryConvAndLinearModuleOnce) {
-  std::vector<ModelOptions> models(4);
+  std::vector<ModelOptions> models(6);
   models[0].trunk_name = "small_cnn";
   models[1].trunk_name = "mlp";
   models[2].trunk_name = "resnet";
   models[2].resnet.depth = 50;
   models[3].trunk_name = "vision_transformer";
   models[3].vit = {0, 4, 2, 2, 32, 64};
+  models[4].trunk_name = "regnet";
+  models[4].regnet = regnet_preset("regnet_y_400mf");
+  models[5].trunk_name = "regnet";
+  models[5].regnet = regnet_preset("regnet_x_400mf");
+  models[5].regnet.stem_type = "res_stem_in";
   for (const ModelOptions& options : models) {
     std::set<std::string> modules;
     for (const auto& item : build_model(options)->named_modules()) {

@@ -21,6 +21,7 @@ TEST(ModelFactory, BuildsEverySupportedTrunk) {
   options.image_size = 32;
   options.num_classes = 7;
   options.resnet.depth = 18;
+  options.regnet = regnet_preset("regnet_y_400mf");
   options.vit.patch_size = 8;
   options.vit.num_layers = 1;
   options.vit.num_heads = 2;
@@ -39,11 +40,11 @@ TEST(ModelFactory, BuildsEverySupportedTrunk) {
 
 TEST(ModelFactory, UnknownTrunkNamesTheKeyAndTheChoices) {
   ModelOptions options;
-  options.trunk_name = "regnet";
+  options.trunk_name = "alexnet";
   const std::string message = error_of(options);
   EXPECT_NE(message.find("MODEL.TRUNK.NAME"), std::string::npos) << message;
-  EXPECT_NE(message.find("regnet"), std::string::npos) << message;
-  EXPECT_NE(message.find("mlp, small_cnn, resnet, vision_transformer"), std::string::npos)
+  EXPECT_NE(message.find("alexnet"), std::string::npos) << message;
+  EXPECT_NE(message.find("mlp, small_cnn, resnet, regnet, vision_transformer"), std::string::npos)
       << message;
 }
 

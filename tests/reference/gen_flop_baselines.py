@@ -7,7 +7,8 @@ scripts/install_deps.sh, PyTorch 2.11, torchvision 0.26):
     $LARGO_PYTHON tests/reference/gen_flop_baselines.py
 
 Each case builds the model in PyTorch (torchvision's ResNets with Largo's "cifar" stem and
-layer-4 stride where asked; the small CNN, the MLP and the ViT written out layer by layer
+layer-4 stride where asked; torchvision's RegNets, whose widths equal ClassyVision's for the
+presets used here; the small CNN, the MLP and the ViT written out layer by layer
 from their Largo headers), runs one forward pass on one image under torch.profiler with
 with_flops=True, and records the FLOPs the profiler attributes to aten::conv2d
 (convolutions), aten::addmm / aten::mm (Linear layers) and aten::bmm (attention matmuls):
@@ -24,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 from torch.profiler import ProfilerActivity, profile
+from torchvision.models.regnet import BlockParams, RegNet
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 OUTPUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "baselines",
@@ -156,6 +158,19 @@ def cases():
     options = {"trunk": "resnet", "in_channels": 1, "image_size": 28, "num_classes": 10,
                "resnet": {"depth": 18, "stem": "imagenet"}}
     out.append(("resnet18_imagenet_28_gray", options, resnet(18, "imagenet", 10, in_channels=1)))
+
+    # RegNets: presets whose torchvision widths are ClassyVision's (Largo's), and a small
+    # explicit RegNetY on odd-sized maps (28 -> 14 -> 7 -> 4 -> 2 -> 1).
+    for preset in ("regnet_y_400mf", "regnet_x_800mf"):
+        options = {"trunk": "regnet", "in_channels": 3, "image_size": 224, "num_classes": 1000,
+                   "regnet": {"name": preset}}
+        out.append((f"{preset}_224", options, getattr(torchvision.models, preset)()))
+    small = {"depth": 6, "w_0": 8, "w_a": 8.0, "w_m": 2.0, "group_width": 4, "stem_width": 8}
+    options = {"trunk": "regnet", "in_channels": 3, "image_size": 28, "num_classes": 10,
+               "regnet": small}
+    params = BlockParams.from_init_params(depth=6, w_0=8, w_a=8.0, w_m=2.0, group_width=4,
+                                          se_ratio=0.25)
+    out.append(("regnet_small_se_28", options, RegNet(params, num_classes=10, stem_width=8)))
 
     for name, c, size, channels, pooled in (("small_cnn_fashion_mnist", 1, 28, [16, 32, 64], 3),
                                             ("small_cnn_cifar_wide", 3, 32, [32, 64, 128], 2)):

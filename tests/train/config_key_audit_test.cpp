@@ -104,8 +104,12 @@ std::vector<WiredKey> wired_keys() {
   const std::string opt = "OPTIMIZER.";
   std::vector<WiredKey> model{
       {"MODEL.TRUNK.NAME",
-       "resnet, small_cnn, mlp or vision_transformer",
+       "resnet, regnet, small_cnn, mlp or vision_transformer",
        "ModelFactory.BuildsEverySupportedTrunk"},
+      {"MODEL.TRUNK.REGNET",
+       "ClassyVision's RegNet parameters: name (a preset, e.g. regnet_y_400mf) or depth, w_0, "
+       "w_a, w_m, group_width, ...; other entries are refused",
+       "TrainerConfigMappingTest.RegNetKeysReachTheModelAndOtherEntriesAreRefused"},
       {resnet + "DEPTH", "18, 34, 50, 101, 152 or 200", "ResNet.ParameterCountsEqualTorchvision"},
       {resnet + "WIDTH_MULTIPLIER",
        "widens the stem and every stage",

@@ -132,6 +132,96 @@ TEST(TrainerConfigMappingTest, VitDropPathImageSizeAndHeadMultiplierReachTheMode
   EXPECT_TRUE(scaled.equal(plain * 0.5));
 }
 
+// The ConfigError message of the mapping for `overrides`, or "(accepted)".
+std::string mapping_error(const std::vector<std::string>& overrides) {
+  try {
+    options_with(overrides);
+  } catch (const ConfigError& error) {
+    return error.what();
+  }
+  return "(accepted)";
+}
+
+// MODEL.TRUNK.REGNET: VISSL's keyword map of ClassyVision's RegNetParams; a preset by name
+// (with the keyword arguments its constructor takes) or explicit parameters; every other
+// entry is refused by name.
+TEST(TrainerConfigMappingTest, RegNetKeysReachTheModelAndOtherEntriesAreRefused) {
+  const std::string trunk = "MODEL.TRUNK.NAME=regnet";
+  TrainerOptions preset = options_with(
+      {trunk, "MODEL.TRUNK.REGNET={name: regnet_y_1.6gf, bn_epsilon: 1e-3, activation: silu}"});
+  EXPECT_EQ(preset.model.regnet.depth, 27);
+  EXPECT_EQ(preset.model.regnet.group_width, 24);
+  EXPECT_EQ(preset.model.regnet.bn_epsilon, 1e-3);
+  EXPECT_EQ(preset.model.regnet.activation, "silu");
+
+  TrainerOptions explicit_options = options_with(
+      {trunk,
+       "MODEL.TRUNK.REGNET={depth: 6, w_0: 8, w_a: 8.5, w_m: 2, group_width: 4, "
+       "bottleneck_multiplier: 2.0, stem_type: res_stem_cifar, stem_width: 16, use_se: False, "
+       "se_ratio: 0.5, bn_momentum: 0.2, block_type: res_bottleneck_block}"});
+  const models::RegNetOptions& r = explicit_options.model.regnet;
+  EXPECT_EQ(r.depth, 6);
+  EXPECT_EQ(r.w_0, 8);
+  EXPECT_EQ(r.w_a, 8.5);
+  EXPECT_EQ(r.w_m, 2.0);
+  EXPECT_EQ(r.group_width, 4);
+  EXPECT_EQ(r.bottleneck_multiplier, 2.0);
+  EXPECT_EQ(r.stem_type, "res_stem_cifar");
+  EXPECT_EQ(r.stem_width, 16);
+  EXPECT_FALSE(r.use_se);
+  EXPECT_EQ(r.se_ratio, 0.5);
+  EXPECT_EQ(r.bn_momentum, 0.2);
+  // The model is built from them: 16-wide stem, bottlenecks twice the block widths.
+  models::ModelOptions model = explicit_options.model;
+  model.in_channels = 3;
+  model.image_size = 32;
+  model.num_classes = 10;
+  models::TrunkHeadModel built = models::build_model(model);
+  EXPECT_EQ(built->trunk_block(0)->named_parameters()["0.weight"].size(0), 16);
+  EXPECT_EQ(
+      built->trunk_block(1)->named_parameters()["f.a.0.weight"].size(0),
+      2 * models::regnet_stages(r).front().width);
+
+  // MODEL.WEIGHTS_INIT maps torchvision's RegNet names.
+  const Config config = Config::load({}, {trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf}"});
+  const checkpoint::WeightsInitOptions init =
+      weights_init_options_from(config, trainer_options_from_config(config).model);
+  ASSERT_TRUE(init.rename);
+  EXPECT_EQ(init.rename("trunk_output.block2.block2-0.f.b.0.weight"), "trunk.2.f.b.0.weight");
+  EXPECT_EQ(init.rename("fc.bias"), "head.0.bias");
+
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
+      {{trunk}, "MODEL.TRUNK.REGNET sets no RegNet"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, depth: 20}"},
+       "MODEL.TRUNK.REGNET.depth = 20: expected no depth beside name = regnet_y_400mf"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_x_400mf, use_se: True}"},
+       "MODEL.TRUNK.REGNET.use_se = True"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_7gf}"},
+       "MODEL.TRUNK.REGNET.name = regnet_y_7gf"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: anynet, depths: [1, 2]}"},
+       "MODEL.TRUNK.REGNET.name = anynet"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, widths: [8]}"},
+       "MODEL.TRUNK.REGNET.widths = [8]: expected no such RegNet parameter; MODEL.TRUNK.REGNET "
+       "takes name, depth, w_0"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, stage_checkpoints: [[2]]}"},
+       "MODEL.TRUNK.REGNET.stage_checkpoints"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, bn_epsilon: small}"},
+       "MODEL.TRUNK.REGNET.bn_epsilon = small: expected a finite number"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, use_se: 3}"},
+       "MODEL.TRUNK.REGNET.use_se = 3: expected a boolean"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, block_type: res_basic_block}"},
+       "MODEL.TRUNK.REGNET.block_type = res_basic_block: expected res_bottleneck_block"},
+      {{trunk, "MODEL.TRUNK.REGNET={depth: 6, w_0: 12, w_a: 8, w_m: 2, group_width: 4}"},
+       "MODEL.TRUNK.REGNET.w_0 = 12: expected a multiple of 8"},
+      {{"MODEL.TRUNK.NAME=resnet", "MODEL.TRUNK.REGNET={name: regnet_y_400mf}"},
+       "with MODEL.TRUNK.NAME = resnet (the RegNet keys build the regnet trunk only)"},
+  };
+  for (const auto& [overrides, expected] : refused) {
+    const std::string message = mapping_error(overrides);
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+  }
+}
+
 TEST(TrainerConfigMappingTest, ManualGradientReductionUnderZeroStageTwoIsRefused) {
   EXPECT_NO_THROW(options_with({"DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=True"}));
   try {

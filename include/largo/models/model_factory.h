@@ -7,6 +7,7 @@
 #include <largo/models/linear_eval.h>
 #include <largo/models/mlp.h>
 #include <largo/models/parameter_count.h>
+#include <largo/models/regnet.h>
 #include <largo/models/resnet.h>
 #include <largo/models/small_cnn.h>
 #include <largo/models/trunk_head_model.h>
@@ -22,12 +23,13 @@
 namespace largo::models {
 
 struct ModelOptions {
-  // MODEL.TRUNK.NAME: "mlp" | "small_cnn" | "resnet" | "vision_transformer"
+  // MODEL.TRUNK.NAME: "mlp" | "small_cnn" | "resnet" | "regnet" | "vision_transformer"
   std::string trunk_name = "small_cnn";
   int64_t in_channels = 3;   // channels of the input images
   int64_t image_size = 32;   // side of the (square) input images
   int64_t num_classes = 10;  // width of the linear head (and the last head dim)
   ResNetOptions resnet;      // MODEL.TRUNK.RESNETS.*
+  RegNetOptions regnet;      // MODEL.TRUNK.REGNET.*
   VitOptions vit;            // MODEL.TRUNK.VISION_TRANSFORMERS.*
   MlpOptions mlp;            // MODEL.TRUNK.MLP.*
   SmallCnnOptions small_cnn; // MODEL.TRUNK.SMALL_CNN.*

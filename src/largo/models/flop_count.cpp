@@ -77,6 +77,45 @@ count_resnet(Counter& counter, const ResNetOptions& options, int64_t in_channels
   return resnet_blocks(options).back().planes * expansion;
 }
 
+// The stem, then per block: the projection (when the shape changes), a (1x1), b (3x3, stride,
+// groups), the squeeze-excitation's two 1x1 convs on the pooled 1x1 map, c (1x1).
+int64_t
+count_regnet(Counter& counter, const RegNetOptions& options, int64_t in_channels, int64_t size) {
+  const std::vector<RegNetBlockSpec> blocks = regnet_blocks(options); // validates
+  if (options.stem_type == "res_stem_in") {
+    size = conv_output_size(size, 7, 2, 3);
+    counter.conv("trunk.0.0", in_channels, options.stem_width, 7, size);
+    size = conv_output_size(size, 3, 2, 1); // max pool 3x3, stride 2, padding 1
+  } else {
+    const int64_t stride = options.stem_type == "res_stem_cifar" ? 1 : 2;
+    size = conv_output_size(size, 3, stride, 1);
+    counter.conv("trunk.0.0", in_channels, options.stem_width, 3, size);
+  }
+  int64_t index = 1;
+  for (const RegNetBlockSpec& block : blocks) {
+    const std::string prefix = fmt::format("trunk.{}.", index++);
+    const int64_t width = block.bottleneck_width;
+    const int64_t out_size = conv_output_size(size, 3, block.stride, 1);
+    if (block.projection()) {
+      counter.conv(
+          prefix + "proj.0",
+          block.in_channels,
+          block.out_channels,
+          1,
+          conv_output_size(size, 1, block.stride, 0));
+    }
+    counter.conv(prefix + "f.a.0", block.in_channels, width, 1, size);
+    counter.conv(prefix + "f.b.0", width, width, 3, out_size, block.groups);
+    if (block.se_width > 0) {
+      counter.conv(prefix + "f.se.fc1", width, block.se_width, 1, 1);
+      counter.conv(prefix + "f.se.fc2", block.se_width, width, 1, 1);
+    }
+    counter.conv(prefix + "f.c.0", width, block.out_channels, 1, out_size);
+    size = out_size;
+  }
+  return blocks.back().out_channels;
+}
+
 int64_t count_vit(Counter& counter, const VitOptions& options, int64_t in_channels, int64_t size) {
   if (options.patch_size <= 0 || size % options.patch_size != 0) {
     throw config_error(
@@ -122,6 +161,9 @@ int64_t count_trunk(Counter& counter, const ModelOptions& options) {
   const std::string& name = options.trunk_name;
   if (name == "resnet") {
     return count_resnet(counter, options.resnet, in, size);
+  }
+  if (name == "regnet") {
+    return count_regnet(counter, options.regnet, in, size);
   }
   if (name == "vision_transformer") {
     return count_vit(counter, options.vit, in, size);

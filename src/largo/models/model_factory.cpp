@@ -11,7 +11,8 @@
 namespace largo::models {
 
 const std::vector<std::string>& supported_trunk_names() {
-  static const std::vector<std::string> names{"mlp", "small_cnn", "resnet", "vision_transformer"};
+  static const std::vector<std::string> names{
+      "mlp", "small_cnn", "resnet", "regnet", "vision_transformer"};
   return names;
 }
 
@@ -32,6 +33,9 @@ Trunk build_trunk(const ModelOptions& options) {
   }
   if (name == "resnet") {
     return build_resnet_trunk(options.resnet, options.in_channels);
+  }
+  if (name == "regnet") {
+    return build_regnet_trunk(options.regnet, options.in_channels);
   }
   if (name == "vision_transformer") {
     return build_vit_trunk(options.vit, options.in_channels, options.image_size);

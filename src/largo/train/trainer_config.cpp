@@ -1,6 +1,7 @@
 #include <largo/train/trainer_config.h>
 
 #include "config_checks.h"
+#include "regnet_config.h"
 
 #include <largo/core/resources.h>
 #include <largo/models/resnet.h>
@@ -580,6 +581,7 @@ models::ModelOptions model_options_from(const Config& config) {
   model.num_classes = 0;
   model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
   resnet_options_from(config, model.resnet);
+  model.regnet = regnet_options_from(config);
   vit_options_from(config, model.vit);
   const auto& trunks = models::supported_trunk_names();
   require(
@@ -886,6 +888,12 @@ weights_init_options_from(const Config& config, const models::ModelOptions& mode
     const int64_t depth = model.resnet.depth;
     options.rename = [depth](const std::string& name) {
       return models::resnet_name_from_torchvision(name, depth);
+    };
+  }
+  if (model.trunk_name == "regnet") {
+    const models::RegNetOptions regnet = model.regnet;
+    options.rename = [regnet](const std::string& name) {
+      return models::regnet_name_from_torchvision(name, regnet);
     };
   }
   return options;

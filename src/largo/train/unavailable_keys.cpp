@@ -40,7 +40,6 @@ std::vector<UnavailableKey> build_list() {
       {"MODEL.INPUT_TYPE", "an input type other than rgb"},
       {"MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS",
        "weight standardization of the convolutions"},
-      {"MODEL.TRUNK.REGNET", "the RegNet trunk"},
       {vit + "name", "a ViT preset by name (set NUM_LAYERS, HIDDEN_DIM, ... instead)"},
       {vit + "QK_SCALE", "a custom attention scale"},
       {vit + "CHECKPOINT_MLP",
