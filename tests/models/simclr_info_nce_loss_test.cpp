@@ -6,47 +6,23 @@
 #include <largo/models/simclr_info_nce_loss.h>
 
 #include "comm/distributed_test_util.h"
+#include "model_test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include <fstream>
 #include <string>
 
 namespace largo::models::simclr_info_nce_loss_test {
 namespace {
 
 nlohmann::json baseline_case(const std::string& name) {
-  const std::string path =
-      std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/simclr_loss_baselines.json";
-  std::ifstream in(path);
-  if (!in) {
-    ADD_FAILURE()
-        << "cannot open " << path
-        << "; regenerate it with $LARGO_PYTHON tests/reference/gen_simclr_loss_baselines.py";
-    return {};
-  }
-  const nlohmann::json baselines = nlohmann::json::parse(in);
-  for (const auto& entry : baselines.at("cases")) {
-    if (entry.at("name") == name) {
-      return entry;
-    }
-  }
-  ADD_FAILURE() << "no case " << name;
-  return {};
+  return testing::baseline_case("simclr_loss_baselines.json", "gen_simclr_loss_baselines.py", name);
 }
 
 at::Tensor matrix(const nlohmann::json& rows) {
-  std::vector<double> values;
-  int64_t width = 0;
-  for (const auto& row : rows) {
-    width = static_cast<int64_t>(row.size());
-    for (const auto& value : row) {
-      values.push_back(value.get<double>());
-    }
-  }
-  return torch::tensor(values, torch::kFloat64).reshape({-1, width});
+  return testing::json_matrix(rows);
 }
 
 // float64 on both sides; VISSL's way (exp, masked sums, log of a ratio) and Largo's (a

@@ -5,48 +5,24 @@
 #include <largo/models/swav_loss.h>
 
 #include "comm/distributed_test_util.h"
+#include "model_test_util.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include <fstream>
 #include <string>
 
 namespace largo::models::swav_loss_test {
 namespace {
 
 nlohmann::json baseline_case(const std::string& name) {
-  const std::string path =
-      std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/swav_loss_baselines.json";
-  std::ifstream in(path);
-  if (!in) {
-    ADD_FAILURE()
-        << "cannot open " << path
-        << "; regenerate it with $LARGO_PYTHON tests/reference/gen_swav_loss_baselines.py";
-    return {};
-  }
-  const nlohmann::json baselines = nlohmann::json::parse(in);
-  for (const auto& entry : baselines.at("cases")) {
-    if (entry.at("name") == name) {
-      return entry;
-    }
-  }
-  ADD_FAILURE() << "no case " << name;
-  return {};
+  return testing::baseline_case("swav_loss_baselines.json", "gen_swav_loss_baselines.py", name);
 }
 
 // The file's float32 values, exactly (each was a float32 before it was written as a double).
 at::Tensor float_matrix(const nlohmann::json& rows) {
-  std::vector<double> values;
-  int64_t width = 0;
-  for (const auto& row : rows) {
-    width = static_cast<int64_t>(row.size());
-    for (const auto& value : row) {
-      values.push_back(value.get<double>());
-    }
-  }
-  return torch::tensor(values, torch::kFloat64).reshape({-1, width}).to(torch::kFloat32);
+  return testing::json_matrix(rows).to(torch::kFloat32);
 }
 
 SwavLossOptions options_of(const nlohmann::json& entry) {
