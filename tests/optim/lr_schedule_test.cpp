@@ -42,20 +42,20 @@ ScheduleOptions schedule_from_json(const nlohmann::json& j) {
   return options;
 }
 
-class ScheduleBaselineTest : public ::testing::TestWithParam<std::string> {};
-
-// torch's schedulers update the lr recursively (lr_t from lr_{t-1}), which drifts from the
-// closed form by a few ulps per step; 1e-12 relative covers 100 steps of that, while a
-// wrong `where` (off by one step) changes the values by 1e-4 or more.
-TEST_P(ScheduleBaselineTest, MatchesTorchLrScheduler) {
-  const nlohmann::json baselines = testing::load_baselines();
+// The schedule named `name` in `baselines` gives its "lrs" at every step's `where` within
+// `tolerance` (relative above 1, absolute below); `reference` names what made them.
+void expect_schedule_matches(
+    const nlohmann::json& baselines,
+    const std::string& name,
+    double tolerance,
+    const char* reference) {
   const nlohmann::json* spec = nullptr;
   for (const auto& candidate : baselines.at("schedules")) {
-    if (candidate["name"] == GetParam()) {
+    if (candidate["name"] == name) {
       spec = &candidate;
     }
   }
-  ASSERT_NE(spec, nullptr) << "no baseline named " << GetParam();
+  ASSERT_NE(spec, nullptr) << "no baseline named " << name;
   const ScheduleOptions options = schedule_from_json((*spec)["options"]);
   const auto schedule = make_schedule(options);
   const int64_t num_epochs = (*spec)["num_epochs"];
@@ -70,10 +70,19 @@ TEST_P(ScheduleBaselineTest, MatchesTorchLrScheduler) {
         iterations_per_epoch,
         num_epochs,
         options.update_interval);
-    EXPECT_TRUE(testing::close(schedule->value_at(where), expected[t], 1e-12))
-        << GetParam() << " step " << t << ": got " << schedule->value_at(where) << ", torch gives "
-        << expected[t];
+    EXPECT_TRUE(testing::close(schedule->value_at(where), expected[t], tolerance))
+        << name << " step " << t << ": got " << schedule->value_at(where) << ", " << reference
+        << " gives " << expected[t];
   }
+}
+
+class ScheduleBaselineTest : public ::testing::TestWithParam<std::string> {};
+
+// torch's schedulers update the lr recursively (lr_t from lr_{t-1}), which drifts from the
+// closed form by a few ulps per step; 1e-12 relative covers 100 steps of that, while a
+// wrong `where` (off by one step) changes the values by 1e-4 or more.
+TEST_P(ScheduleBaselineTest, MatchesTorchLrScheduler) {
+  expect_schedule_matches(testing::load_baselines(), GetParam(), 1e-12, "torch");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -89,33 +98,11 @@ class VisslScheduleBaselineTest : public ::testing::TestWithParam<std::string> {
 // pow(x, 0.5) and contracted multiply-adds, while a restart or decay taken one step early or
 // late changes a value by more than 1e-3.
 TEST_P(VisslScheduleBaselineTest, MatchesVisslsFormulas) {
-  const nlohmann::json baselines =
-      testing::load_baselines("vissl_schedule_baselines.json", "gen_vissl_schedule_baselines.py");
-  const nlohmann::json* spec = nullptr;
-  for (const auto& candidate : baselines.at("schedules")) {
-    if (candidate["name"] == GetParam()) {
-      spec = &candidate;
-    }
-  }
-  ASSERT_NE(spec, nullptr) << "no baseline named " << GetParam();
-  const ScheduleOptions options = schedule_from_json((*spec)["options"]);
-  const auto schedule = make_schedule(options);
-  const int64_t num_epochs = (*spec)["num_epochs"];
-  const int64_t iterations_per_epoch = (*spec)["iterations_per_epoch"];
-  const std::vector<double> expected = (*spec)["lrs"];
-  ASSERT_EQ(static_cast<int64_t>(expected.size()), num_epochs * iterations_per_epoch);
-  for (size_t t = 0; t < expected.size(); ++t) {
-    const auto step = static_cast<int64_t>(t);
-    const double where = where_for(
-        step / iterations_per_epoch,
-        step % iterations_per_epoch,
-        iterations_per_epoch,
-        num_epochs,
-        options.update_interval);
-    EXPECT_TRUE(testing::close(schedule->value_at(where), expected[t], 1e-12))
-        << GetParam() << " step " << t << ": got " << schedule->value_at(where)
-        << ", the reference gives " << expected[t];
-  }
+  expect_schedule_matches(
+      testing::load_baselines("vissl_schedule_baselines.json", "gen_vissl_schedule_baselines.py"),
+      GetParam(),
+      1e-12,
+      "the reference");
 }
 
 INSTANTIATE_TEST_SUITE_P(

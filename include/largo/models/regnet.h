@@ -134,16 +134,12 @@ TORCH_MODULE(ConvNormActivation);
 
 // The stem: a ConvNormActivation (children "0", "1" as torchvision's stem), then the max pool
 // of res_stem_in.
-class RegNetStemImpl : public torch::nn::Module, public SwappableChildren {
+class RegNetStemImpl : public ConvNormActivationImpl {
  public:
   RegNetStemImpl(int64_t in_channels, const RegNetOptions& options);
   at::Tensor forward(at::Tensor x);
-  void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
-  torch::nn::Conv2d conv_{nullptr};
-  torch::nn::AnyModule norm_;
-  std::string activation_;
   bool max_pool_;
 };
 TORCH_MODULE(RegNetStem);

@@ -89,20 +89,6 @@ torch::nn::AnyModule regnet_batch_norm(int64_t channels, const RegNetOptions& op
                                                          .momentum(options.bn_momentum)));
 }
 
-// The "1" child of the stem and of ConvNormActivation is their norm layer.
-void swap_regnet_norm(
-    torch::nn::Module& parent,
-    const std::string& name,
-    const SwappedModule& replacement,
-    torch::nn::AnyModule& norm) {
-  if (name != "1" || replacement.any.is_empty()) {
-    throw Error(fmt::format(
-        "{} cannot swap its child {} for a {}", parent.name(), name, replacement.module()->name()));
-  }
-  parent.replace_module(name, replacement.any.ptr());
-  norm = replacement.any;
-}
-
 // ClassyVision's (and torchvision's) RegNet init: convs normal(0, sqrt(2 / fan_out)) with
 // fan_out = k * k * out_channels (groups not divided out), BN weight 1, bias 0. SE biases
 // keep their default init, as there.
@@ -402,29 +388,33 @@ at::Tensor ConvNormActivationImpl::forward(at::Tensor x) {
   return activate(norm_.forward(conv_(x)), activation_);
 }
 
+// The "1" child (of the stem too) is the norm layer: the only one to swap.
 void ConvNormActivationImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
-  swap_regnet_norm(*this, name, replacement, norm_);
+  if (name != "1" || replacement.any.is_empty()) {
+    throw Error(fmt::format(
+        "{} cannot swap its child {} for a {}", this->name(), name, replacement.module()->name()));
+  }
+  replace_module(name, replacement.any.ptr());
+  norm_ = replacement.any;
 }
 
 RegNetStemImpl::RegNetStemImpl(int64_t in_channels, const RegNetOptions& options)
-    : activation_(options.activation), max_pool_(options.stem_type == "res_stem_in") {
-  const int64_t kernel = options.stem_type == "res_stem_in" ? 7 : 3;
-  const int64_t stride = options.stem_type == "res_stem_cifar" ? 1 : 2;
-  conv_ = register_module("0", regnet_conv(in_channels, options.stem_width, kernel, stride, 1));
-  norm_ = regnet_batch_norm(options.stem_width, options);
-  register_module("1", norm_.ptr());
-}
+    : ConvNormActivationImpl(
+          in_channels,
+          options.stem_width,
+          /*kernel=*/options.stem_type == "res_stem_in" ? 7 : 3,
+          /*stride=*/options.stem_type == "res_stem_cifar" ? 1 : 2,
+          /*groups=*/1,
+          options,
+          options.activation),
+      max_pool_(options.stem_type == "res_stem_in") {}
 
 at::Tensor RegNetStemImpl::forward(at::Tensor x) {
-  x = activate(norm_.forward(conv_(x)), activation_);
+  x = ConvNormActivationImpl::forward(std::move(x));
   if (max_pool_) {
     x = torch::max_pool2d(x, /*kernel_size=*/3, /*stride=*/2, /*padding=*/1);
   }
   return x;
-}
-
-void RegNetStemImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
-  swap_regnet_norm(*this, name, replacement, norm_);
 }
 
 SqueezeExcitationImpl::SqueezeExcitationImpl(

@@ -11,13 +11,11 @@
 namespace largo::models {
 namespace {
 
-// Infinite entries (exp overflowed) become the largest finite one, as VISSL does.
-void replace_infinities(at::Tensor& values) {
+// Infinite entries (exp overflowed) become the largest of the others and 0, as VISSL's
+// does; without branching on the data, which on a GPU would wait for it every iteration.
+at::Tensor without_infinities(const at::Tensor& values) {
   const at::Tensor infinite = values.isinf();
-  if (infinite.any().item<bool>()) {
-    values.masked_fill_(infinite, 0);
-    values.masked_fill_(infinite, values.max());
-  }
+  return at::where(infinite, values.masked_fill(infinite, 0).max(), values);
 }
 
 void check_swav_options(const SwavLossOptions& options) {
@@ -69,7 +67,7 @@ at::Tensor exponentiated_scores(
 at::Tensor distributed_sinkhorn(
     at::Tensor q, int64_t num_iters, bool hard_assignment, comm::ProcessGroup& group) {
   at::NoGradGuard no_grad;
-  replace_infinities(q);
+  q = without_infinities(q);
   at::Tensor total = q.sum().reshape({1});
   group.all_reduce(total);
   q = q / total;
@@ -80,14 +78,14 @@ at::Tensor distributed_sinkhorn(
   for (int64_t iteration = 0; iteration < num_iters; ++iteration) {
     at::Tensor rows = q.sum(1);
     group.all_reduce(rows);
-    if ((rows == 0).any().item<bool>()) { // every rank sees the same sums, so agrees
+    // Every rank sees the same sums, so all take this branch or none (a wait on the data,
+    // kept: its alternative is a second all-reduce on every iteration).
+    if ((rows == 0).any().item<bool>()) {
       q = q + 1e-12;
       rows = q.sum(1);
       group.all_reduce(rows);
     }
-    at::Tensor row_scale = row_target / rows;
-    replace_infinities(row_scale);
-    q = q * row_scale.unsqueeze(1);
+    q = q * without_infinities(row_target / rows).unsqueeze(1);
     q = q * (column_target / q.sum(0)).unsqueeze(0);
   }
   at::Tensor assignments = (q / q.sum(0, /*keepdim=*/true)).t().to(at::kFloat);
