@@ -2,6 +2,7 @@
 
 #include "pipeline_estimate.h"
 
+#include <largo/core/byte_format.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
@@ -42,20 +43,6 @@ Precision precision_of(const precision::PrecisionPolicy& policy) {
     precision.description = name + " parameters (Apex O3)";
   }
   return precision;
-}
-
-std::string format_bytes(int64_t bytes) {
-  const auto value = static_cast<double>(bytes);
-  if (value >= 1024.0 * 1024 * 1024) {
-    return fmt::format("{:.2f} GiB", value / (1024.0 * 1024 * 1024));
-  }
-  if (value >= 1024.0 * 1024) {
-    return fmt::format("{:.2f} MiB", value / (1024.0 * 1024));
-  }
-  if (value >= 1024.0) {
-    return fmt::format("{:.2f} KiB", value / 1024.0);
-  }
-  return fmt::format("{} B", bytes);
 }
 
 // 25557032 -> "25,557,032"

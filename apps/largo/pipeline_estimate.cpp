@@ -15,7 +15,7 @@ namespace {
 
 // A micro-batch of zeros shaped like the training samples.
 at::Tensor zeros_batch(const train::RunPlan& plan, int64_t rows) {
-  std::vector<int64_t> shape = plan.train_shape.sample_shape;
+  std::vector<int64_t> shape = plan.model_data().sample_shape;
   shape.insert(shape.begin(), rows);
   return at::zeros(shape);
 }

@@ -6,6 +6,7 @@
 #include <largo/checkpoint/training_state.h>
 #include <largo/core/error.h>
 #include <largo/optim/adamw.h>
+#include <largo/optim/sgd.h>
 
 #include "comm/distributed_test_util.h"
 
@@ -53,9 +54,15 @@ std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
   return std::shared_ptr<comm::ProcessGroup>(&group, [](comm::ProcessGroup*) {});
 }
 
-std::unique_ptr<parallel::ParallelModel> parallelize(Net net,
-                                                     comm::ProcessGroup& group,
-                                                     parallel::DataParallelism mode) {
+std::unique_ptr<optim::Optimizer> make_adamw(std::vector<optim::ParamGroup> groups) {
+  return std::make_unique<optim::AdamW>(std::move(groups));
+}
+
+std::unique_ptr<parallel::ParallelModel> parallelize(
+    Net net,
+    comm::ProcessGroup& group,
+    parallel::DataParallelism mode,
+    const parallel::OptimizerFactory& make_optimizer = make_adamw) {
   optim::ParamGroup all;
   for (const auto& item : net->named_parameters()) {
     all.params.push_back(item.value());
@@ -65,12 +72,7 @@ std::unique_ptr<parallel::ParallelModel> parallelize(Net net,
   all.name = "all";
   parallel::ParallelOptions options;
   options.data_parallelism = mode;
-  return parallel::parallelize(
-      net, {all},
-      [](std::vector<optim::ParamGroup> groups) {
-        return std::make_unique<optim::AdamW>(std::move(groups));
-      },
-      borrow(group), options);
+  return parallel::parallelize(net, {all}, make_optimizer, borrow(group), options);
 }
 
 void train_steps(parallel::ParallelModel& model, TrainingProgress& progress, int steps) {
@@ -151,6 +153,31 @@ TEST(TrainingStateTest, MidEpochResumeWithOtherIterationsPerEpochIsAClearError) 
   } catch (const CheckpointError& error) {
     EXPECT_NE(std::string(error.what()).find("10 iterations per epoch"), std::string::npos)
         << error.what();
+  }
+}
+
+// Another optimizer than the checkpoint's: the error names the file it is about.
+TEST(TrainingStateTest, ResumingWithAnotherOptimizerNamesTheCheckpoint) {
+  auto group = comm::ProcessGroup::single_process();
+  const fs::path dir = fresh_test_dir(*group);
+  auto model = parallelize(make_net(0), *group, parallel::DataParallelism::kDdp);
+  TrainingState state(*model, {}, "", 0);
+  train_steps(*model, state.progress, 1);
+  state.save(dir, "model_iteration1.torch");
+  auto make_sgd = [](std::vector<optim::ParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::SGD>(std::move(groups));
+  };
+  auto with_sgd = parallelize(make_net(0), *group, parallel::DataParallelism::kDdp, make_sgd);
+  TrainingState other(*with_sgd, {}, "", 0);
+  const fs::path file = dir / "model_iteration1.torch";
+  try {
+    other.load(file);
+    FAIL() << "expected a CheckpointError";
+  } catch (const CheckpointError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find(file.string() + ": its optimizer state"), std::string::npos) << message;
+    EXPECT_NE(message.find("'adamw' optimizer but this optimizer is 'sgd'"), std::string::npos)
+        << message;
   }
 }
 

@@ -160,10 +160,13 @@ TEST(LauncherTest, AStoppedWorkerIsNamedAsTheCauseWithThePeersReportedError) {
   // out, writing its one-line error where the launcher asked (LARGO_ERROR_REPORT_FILE).
   const auto start = std::chrono::steady_clock::now();
   try {
-    launch_workers(quick(2), {"sh", "-c",
-                              "if [ $RANK = 1 ]; then kill -STOP $$; sleep 60; fi; sleep 1; "
-                              "echo 'communication error: all_reduce of 4.0 KiB (collective #7) "
-                              "failed' > $LARGO_ERROR_REPORT_FILE; exit 6"});
+    launch_workers(
+        quick(2),
+        {"sh",
+         "-c",
+         "if [ $RANK = 1 ]; then kill -STOP $$; sleep 60; fi; sleep 1; "
+         "echo 'communication error: all_reduce of 4.00 KiB (collective #7) "
+         "failed' > $LARGO_ERROR_REPORT_FILE; exit 6"});
     ADD_FAILURE() << "expected a WorkerError";
   } catch (const WorkerError& e) {
     const std::string message = e.what();
@@ -172,8 +175,9 @@ TEST(LauncherTest, AStoppedWorkerIsNamedAsTheCauseWithThePeersReportedError) {
     EXPECT_NE(message.find("stalled the job; then rank 0 (local rank 0"), std::string::npos)
         << message;
     EXPECT_NE(message.find("exited with status 6 after"), std::string::npos) << message;
-    EXPECT_NE(message.find("(communication error: all_reduce of 4.0 KiB (collective #7) failed)"),
-              std::string::npos)
+    EXPECT_NE(
+        message.find("(communication error: all_reduce of 4.00 KiB (collective #7) failed)"),
+        std::string::npos)
         << message;
   }
   // The stopped worker was continued and stopped, not waited for.

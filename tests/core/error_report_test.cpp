@@ -77,7 +77,7 @@ TEST(ErrorReportTest, OutOfMemoryIsAResourceError) {
         false, "DefaultCPUAllocator: not enough memory: you tried to allocate 4294967296 bytes.");
   });
   EXPECT_EQ(report.exit_code, kExitResourceError);
-  EXPECT_NE(report.message.find("an allocation of 4.0 GiB failed"), std::string::npos)
+  EXPECT_NE(report.message.find("an allocation of 4.00 GiB failed"), std::string::npos)
       << report.message;
 }
 

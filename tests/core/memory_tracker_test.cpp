@@ -95,12 +95,5 @@ TEST(MemoryTrackerTest, CudaStatistics) {
   EXPECT_GE(tracker.window_peak_bytes(), 4 << 20);
 }
 
-TEST(MemoryTrackerTest, FormatsBytes) {
-  EXPECT_EQ(format_bytes(512), "512 B");
-  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
-  EXPECT_EQ(format_bytes(12 * 1024 * 1024), "12.0 MiB");
-  EXPECT_EQ(format_bytes(int64_t{3} * 1024 * 1024 * 1024 / 2), "1.50 GiB");
-}
-
 } // namespace
 } // namespace largo::memory_tracker_test

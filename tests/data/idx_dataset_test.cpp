@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "largo/core/error.h"
+#include "largo/data/dataset_factory.h"
 #include "temp_dir.h"
 
 namespace largo::data::idx_dataset_test {
@@ -218,6 +219,28 @@ TEST(IdxDataset, LabelOutOfRangeIsRejected) {
   const std::string message =
       data_error_message([&] { IdxDataset::load(dir.path(), Split::kTrain); });
   EXPECT_NE(message.find("label 10"), std::string::npos) << message;
+}
+
+// The model is planned for MNIST's 28x28 before the files are read: a test split of 27x28
+// images is refused when opened, naming the file (not a shape error in the first layer).
+TEST(IdxDataset, ImagesOfAnotherSizeThanMnistsAreRefusedNamingTheFile) {
+  TempDir dir;
+  write_raw(dir.path() / "t10k-images-idx3-ubyte", image_file_bytes(2, 27, 28));
+  write_raw(dir.path() / "t10k-labels-idx1-ubyte", label_file_bytes({1, 2}));
+  DataSourceOptions options;
+  options.source = "torchvision_dataset";
+  options.dataset_name = "FashionMNIST";
+  options.path = dir.path();
+  const std::string message =
+      data_error_message([&] { open_dataset(options, Split::kTest, /*seed=*/0); });
+  EXPECT_NE(
+      message.find((dir.path() / "t10k-images-idx3-ubyte").string() + " holds 27x28 images"),
+      std::string::npos)
+      << message;
+  EXPECT_NE(message.find("FashionMNIST images are 28x28"), std::string::npos) << message;
+
+  write_raw(dir.path() / "t10k-images-idx3-ubyte", image_file_bytes(2, 28, 28));
+  EXPECT_EQ(open_dataset(options, Split::kTest, 0).sample_shape, (std::vector<int64_t>{1, 28, 28}));
 }
 
 TEST(IdxDataset, RealFashionMnist) {

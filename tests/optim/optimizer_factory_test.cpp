@@ -47,5 +47,25 @@ TEST(OptimizerFactory, UnknownNameIsAConfigError) {
       [&] { (void)make_optimizer(one_group(), spec); }, {"OPTIMIZER.name", "adagrad", "lamb"});
 }
 
+// The start-up log's line: the optimizer, its settings and whether LARC wraps it.
+TEST(OptimizerFactory, DescribeSaysWhatIsBuilt) {
+  OptimizerSpec spec;
+  spec.sgd.momentum = 0.9;
+  spec.sgd.nesterov = true;
+  EXPECT_EQ(describe(spec), "SGD (momentum 0.9, dampening 0, nesterov true); LARC off");
+  spec.name = "adamw";
+  spec.adamw.betas = {0.8, 0.99};
+  spec.use_larc = true;
+  spec.larc.clip = true;
+  spec.larc.excluded_from_adaptation = {"head.bias", "bn.weight"};
+  EXPECT_EQ(
+      describe(spec),
+      "AdamW (betas 0.8/0.99, eps 1e-08, amsgrad false); LARC on (trust_coefficient 0.001, "
+      "clip true, eps 1e-08, 2 parameters not adapted)");
+  spec.name = "lamb";
+  spec.use_larc = false;
+  EXPECT_EQ(describe(spec), "LAMB (betas 0.9/0.999, eps 1e-06); LARC off");
+}
+
 } // namespace
 } // namespace largo::optim::optimizer_factory_test

@@ -3,6 +3,7 @@
 // Training runs keep the best model so far in model_best.torch.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
+#include <largo/train/run_plan.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
@@ -105,6 +106,53 @@ TEST(TrainerEvaluationTest, AMidEpochCheckpointEvaluatesAtAnotherWorldSize) {
       EXPECT_EQ(*evaluated.final_top1, *one_process);
     }
   });
+}
+
+// An evaluation reads DATA.TEST alone: the model is sized from it (DATA.TRAIN may point at
+// nothing), and a head given by MODEL.HEAD.PARAMS keeps its width whatever the test split's
+// class count (a 12-output model is scored on 3 classes), as a torchvision 1000-class model
+// is evaluated on a 2-class folder.
+TEST(TrainerEvaluationTest, AnEvaluationReadsOnlyTheTestSplitAndKeepsTheHeadsWidth) {
+  const fs::path dir = test_dir_for("evaluation");
+  fs::remove_all(dir);
+  const std::vector<std::string> model{
+      "MODEL.TRUNK.NAME=mlp",
+      "MODEL.TRUNK.MLP.HIDDEN_DIMS=[16]",
+      R"(MODEL.HEAD.PARAMS=[["mlp", {"dims": [16, 12]}]])",
+      "OPTIMIZER.num_epochs=1"};
+  const TrainSummary trained =
+      Trainer(trainer_options_from_config(synthetic_job_config(dir, model))).run();
+  ASSERT_TRUE(trained.final_top1.has_value());
+
+  std::vector<std::string> evaluation = model;
+  evaluation.insert(
+      evaluation.end(),
+      {"TEST_ONLY=True",
+       "DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+       "DATA.TRAIN.DATA_PATHS=[" + (dir / "no_such_folder").string() + "]",
+       "DATA.TEST.SYNTHETIC.NUM_CLASSES=3"});
+  const Config config = synthetic_job_config(dir, evaluation);
+  const RunPlan plan = resolve_run(config);
+  EXPECT_TRUE(plan.train_shape.sample_shape.empty()) << "DATA.TRAIN is not read";
+  EXPECT_EQ(plan.model.num_classes, 12) << "the head's own width, not the test split's 3";
+  EXPECT_EQ(plan.model.in_channels, 1);
+  const TrainSummary evaluated = Trainer(trainer_options_from_config(config)).run();
+  EXPECT_TRUE(evaluated.resumed);
+  EXPECT_TRUE(evaluated.final_top1.has_value());
+
+  // Training checks both splits' labels against the head: 10 classes do not fit 8 outputs.
+  std::vector<std::string> narrow = model;
+  narrow[2] = R"(MODEL.HEAD.PARAMS=[["mlp", {"dims": [16, 8]}]])";
+  try {
+    resolve_run(synthetic_job_config(dir / "narrow", narrow));
+    ADD_FAILURE() << "a head narrower than the classes was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("DATA.TRAIN has 10 classes but the model's head has 8"),
+        std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
 }
 
 // The Apex ImageNet example's model_best file: after each evaluation that beats every earlier

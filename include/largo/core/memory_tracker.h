@@ -61,7 +61,4 @@ class MemoryTracker {
   int64_t window_start_bytes_ = 0;
 };
 
-// "1.5 GiB", "12.0 MiB", "512 B": for log lines.
-std::string format_bytes(int64_t bytes);
-
 } // namespace largo

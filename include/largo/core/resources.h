@@ -28,9 +28,6 @@ int64_t available_cpu_cores();
 // from /proc/meminfo, capped by the cgroup memory limit minus its usage.
 uint64_t available_memory_bytes();
 
-// "512 B", "3.0 MiB", "3725.3 GiB".
-std::string format_bytes(uint64_t bytes);
-
 // Throws ResourceError "<what> needs N GiB; this machine has M GiB available" when `bytes`
 // exceeds available_memory_bytes(). `what` names the key or component that asked.
 void require_memory(uint64_t bytes, const std::string& what);

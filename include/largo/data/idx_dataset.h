@@ -17,6 +17,7 @@ inline constexpr const char* kFashionMnistSystemDir = "/usr/share/datasets/fashi
 class IdxDataset : public InMemoryDataset {
  public:
   static constexpr int64_t kNumClasses = 10;
+  static constexpr int64_t kMnistImageSide = 28; // MNIST's and Fashion-MNIST's 28x28 images
   static constexpr uint32_t kImagesMagic = 2051; // idx3, unsigned bytes
   static constexpr uint32_t kLabelsMagic = 2049; // idx1, unsigned bytes
 
@@ -27,6 +28,9 @@ class IdxDataset : public InMemoryDataset {
   // and with `.gz`. Throws DataError for a missing, truncated or malformed file, for
   // image and label counts that differ, and for labels outside [0, 10).
   static IdxDataset load(const std::filesystem::path& root_dir, Split split);
+
+  // The image file load() reads for `split` (DataError when neither name exists).
+  static std::filesystem::path images_file(const std::filesystem::path& root_dir, Split split);
 
   // One idx3 image file -> [N, 1, rows, cols] uint8. gzip or raw (detected by content).
   static at::Tensor read_images(const std::filesystem::path& path);

@@ -21,6 +21,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -123,5 +124,9 @@ class Optimizer {
   std::unordered_map<std::string, ParamState> state_;
   PartialNormReducer norm_reducer_;
 };
+
+// The Adam family's moment settings (AdamW, LAMB): throws ConfigError naming OPTIMIZER.betas
+// or OPTIMIZER.eps for a beta outside [0, 1) or eps < 0 (NaN included).
+void check_adam_moments(const std::array<double, 2>& betas, double eps);
 
 } // namespace largo::optim

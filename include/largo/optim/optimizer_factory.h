@@ -29,4 +29,8 @@ struct OptimizerSpec {
 // ConfigErrors for invalid hyperparameters.
 std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup> param_groups, const OptimizerSpec& spec);
 
+// "SGD (momentum 0.9, nesterov true); LARC on (trust_coefficient 0.001, clip false, ...)"
+// for the start-up log: what make_optimizer builds from `spec`.
+std::string describe(const OptimizerSpec& spec);
+
 } // namespace largo::optim

@@ -96,6 +96,15 @@ std::vector<at::Tensor> checkpoint_modules(
 // [b_i, b_{i+1}). Throws largo::Error unless 1 <= num_segments <= num_blocks.
 std::vector<int64_t> segment_boundaries_by_count(int64_t num_blocks, int64_t num_segments);
 
+// Whether `boundaries` cut `num_blocks` blocks into non-empty segments:
+// 0 = b_0 < b_1 < ... < b_n = num_blocks, n >= 1 (activation checkpointing's segments and a
+// pipeline's stages alike).
+bool is_segmentation(const std::vector<int64_t>& boundaries, int64_t num_blocks);
+// Throws largo::Error "segment boundaries [...] do not cut <what> into non-empty segments"
+// unless is_segmentation(boundaries, num_blocks).
+void check_segmentation(
+    const std::vector<int64_t>& boundaries, int64_t num_blocks, const std::string& what);
+
 // Cuts blocks with the given costs into `num_segments` contiguous, non-empty segments so
 // that the largest segment cost is as small as possible (ties: the earliest such cut).
 // With activation bytes as the cost this minimizes the peak of a checkpointed backward,

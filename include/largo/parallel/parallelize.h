@@ -256,8 +256,8 @@ class ParallelModel {
   DataParallelism data_parallelism() const {
     return options_.data_parallelism;
   }
-  // "ZeRO-2 over 4 ranks (gloo), 3 gradient buckets; precision O1 bfloat16 ...; activation
-  // checkpointing: trunk[0, 4) trunk[4, 9)" for the start-up log.
+  // "ZeRO stage 2: optimizer state and gradients sharded over 4 rank(s) (gloo), 3 gradient
+  // buckets; precision ...; activation checkpointing: ..." for the start-up log.
   std::string describe() const;
   // Measured model-state bytes of this rank, with the estimate for `spec` when given.
   // Measure after a step (before zero_grad frees the gradients).

@@ -40,9 +40,11 @@ struct RunPlan {
   TrainerOptions options; // the config's typed options
   RunWorld world;
   precision::PrecisionPolicy precision;
-  DataShape train_shape;
+  DataShape train_shape; // empty in an evaluation-only run (TEST_ONLY): DATA.TRAIN is not read
   DataShape test_shape;
-  models::ModelOptions model; // with in_channels, image_size and num_classes from the data
+  // With in_channels and image_size from model_data(), num_classes from the head's last dim
+  // (MODEL.HEAD.PARAMS) or else from model_data()'s classes.
+  models::ModelOptions model;
   parallel::ParallelOptions parallel;
 
   int64_t batch_per_rank = 0;  // DATA.TRAIN.BATCHSIZE_PER_REPLICA, one micro-step
@@ -50,6 +52,9 @@ struct RunPlan {
   int64_t global_batch = 0;    // per rank x world size x accumulation steps
   optim::ScheduleOptions lr;      // auto-scaled (OPTIMIZER.param_schedulers.lr)
   optim::ScheduleOptions lr_head; // the head's (lr_head, or lr when not different)
+
+  // The split the model is sized from: DATA.TRAIN, or DATA.TEST in an evaluation-only run.
+  const DataShape& model_data() const;
 
   // "O1 bfloat16 autocast, ZeRO-2 over 4 ranks, global batch 512 = 64 x 4 ranks x 2 steps"
   std::string describe() const;

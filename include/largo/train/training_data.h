@@ -22,7 +22,9 @@ class TrainingData {
  public:
   // Opens both splits (data/dataset_factory.h; DataError naming the file for missing or bad
   // data) and builds the loaders for `rank` of `world_size`, delivering batches on `device`.
-  // Throws ConfigError when an epoch would have no optimizer step.
+  // An evaluation-only run (TEST_ONLY) opens DATA.TEST alone: the training split is empty,
+  // with no loader and no iterations. Throws ConfigError when an epoch would have no
+  // optimizer step.
   TrainingData(const TrainerOptions& options, int rank, int world_size,
                torch::Device device = torch::kCPU);
 
@@ -35,9 +37,7 @@ class TrainingData {
   // ranks (feature extraction, train/feature_extraction.h).
   std::vector<int64_t> train_order() const;
 
-  data::DataLoader& train_loader() {
-    return *train_loader_;
-  }
+  data::DataLoader& train_loader(); // not in an evaluation-only run
   data::DataLoader& test_loader() {
     return *test_loader_;
   }
@@ -61,6 +61,8 @@ class TrainingData {
   }
 
  private:
+  void open_train_split(torch::Device device);
+
   TrainerOptions options_;
   int rank_;
   int world_size_;

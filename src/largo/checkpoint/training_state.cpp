@@ -278,19 +278,26 @@ void TrainingState::load_model(const StateDict& state, const std::string& where)
 void TrainingState::load_optimizer(
     const StateDict& state, const fs::path& checkpoint_dir, const std::string& where) {
   const c10::IValue& entry = state_at(state, "optimizer", where);
-  const auto shapes = model_.trained_parameter_shapes();
-  if (auto shard = model_.optimizer_shard()) {
-    load_piece_optimizer_state(checkpoint_dir, entry, *shard->optimizer, shard->ownership, shapes);
-  } else if (!is_sharded_optimizer_entry(entry)) {
-    model_.load_optimizer_state_dict(entry); // a pipeline stage takes its parameters' part
-  } else if (model_.pipeline() != nullptr) {
+  if (model_.pipeline() != nullptr && !model_.optimizer_shard() &&
+      is_sharded_optimizer_entry(entry)) {
     throw CheckpointError(fmt::format(
         "{} holds ZeRO optimizer shards, which a pipeline cannot split by stage; consolidate "
         "it first (largo checkpoint consolidate {}) and resume from the consolidated file",
         where,
         where));
-  } else {
-    load_optimizer_state(checkpoint_dir, entry, model_.optimizer(), shapes);
+  }
+  const auto shapes = model_.trained_parameter_shapes();
+  try {
+    if (auto shard = model_.optimizer_shard()) {
+      load_piece_optimizer_state(
+          checkpoint_dir, entry, *shard->optimizer, shard->ownership, shapes);
+    } else if (!is_sharded_optimizer_entry(entry)) {
+      model_.load_optimizer_state_dict(entry); // a pipeline stage takes its parameters' part
+    } else {
+      load_optimizer_state(checkpoint_dir, entry, model_.optimizer(), shapes);
+    }
+  } catch (const CheckpointError& e) { // the optimizer's words, with the file they are about
+    throw CheckpointError(fmt::format("{}: its optimizer state: {}", where, e.what()));
   }
 }
 

@@ -3,6 +3,7 @@
 #include "progress_beacon.h"
 #include <largo/comm/world_info.h>
 
+#include <largo/core/byte_format.h>
 #include <largo/core/error.h>
 #include <largo/core/error_report.h>
 
@@ -51,11 +52,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 }
 
 std::string describe_bytes(const at::Tensor& tensor) {
-  const double bytes = static_cast<double>(tensor.numel() * tensor.element_size());
-  if (bytes >= 1024.0 * 1024.0) {
-    return fmt::format("{:.1f} MiB", bytes / (1024.0 * 1024.0));
-  }
-  return fmt::format("{:.1f} KiB", bytes / 1024.0);
+  return format_bytes(static_cast<double>(tensor.numel() * tensor.element_size()));
 }
 
 bool is_loopback(const std::string& address) {

@@ -1,5 +1,6 @@
 #include <largo/core/error_report.h>
 
+#include <largo/core/byte_format.h>
 #include <largo/core/error.h>
 #include <largo/core/resources.h>
 

@@ -183,19 +183,4 @@ int64_t MemoryTracker::window_current_bytes() const {
   return current_bytes() - window_start_bytes_;
 }
 
-std::string format_bytes(int64_t bytes) {
-  const double value = static_cast<double>(bytes);
-  const double magnitude = std::abs(value);
-  if (magnitude >= 1024.0 * 1024.0 * 1024.0) {
-    return fmt::format("{:.2f} GiB", value / (1024.0 * 1024.0 * 1024.0));
-  }
-  if (magnitude >= 1024.0 * 1024.0) {
-    return fmt::format("{:.1f} MiB", value / (1024.0 * 1024.0));
-  }
-  if (magnitude >= 1024.0) {
-    return fmt::format("{:.1f} KiB", value / 1024.0);
-  }
-  return fmt::format("{} B", bytes);
-}
-
 } // namespace largo

@@ -1,3 +1,4 @@
+#include <largo/core/byte_format.h>
 #include <largo/core/resources.h>
 
 #include <c10/core/CPUAllocator.h>
@@ -110,17 +111,6 @@ int64_t available_cpu_cores() {
 uint64_t available_memory_bytes() {
   const uint64_t system = meminfo_bytes("MemAvailable") + meminfo_bytes("SwapFree");
   return std::min(system, cgroup_memory_left());
-}
-
-std::string format_bytes(uint64_t bytes) {
-  constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes);
-  size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < std::size(units)) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", value, units[unit]);
 }
 
 void require_memory(uint64_t bytes, const std::string& what) {

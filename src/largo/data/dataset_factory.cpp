@@ -44,12 +44,33 @@ DatasetShape in_memory_shape(const DataSourceOptions& options) {
     return {{3, 32, 32}, 10};
   }
   if (options.dataset_name == "MNIST" || options.dataset_name == "FashionMNIST") {
-    return {{1, 28, 28}, IdxDataset::kNumClasses};
+    return {{1, IdxDataset::kMnistImageSide, IdxDataset::kMnistImageSide}, IdxDataset::kNumClasses};
   }
   throw ConfigError(fmt::format(
       "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST "
       "or CIFAR10",
       options.dataset_name));
+}
+
+// The model is planned from in_memory_shape() before any file is read: files of another
+// size are refused here, naming them, rather than failing in the model's first layer.
+void check_mnist_image_size(
+    const IdxDataset& dataset, const DataSourceOptions& options, Split split) {
+  const std::vector<int64_t> shape = dataset.sample_shape(); // [1, rows, cols]
+  const int64_t side = IdxDataset::kMnistImageSide;
+  if (shape[1] == side && shape[2] == side) {
+    return;
+  }
+  throw DataError(fmt::format(
+      "{} holds {}x{} images, but {} images are {}x{} (what the model is sized for); use the "
+      "dataset's own files, or store the images as an image folder (DATA_SOURCES: "
+      "[disk_folder])",
+      IdxDataset::images_file(options.path, split).string(),
+      shape[1],
+      shape[2],
+      options.dataset_name,
+      side,
+      side));
 }
 
 // The files of a disk_folder or disk_filelist source and their labels.
@@ -115,8 +136,9 @@ OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64
           std::make_shared<Cifar10Dataset>(Cifar10Dataset::load(options.path, split)), options);
     }
     if (options.dataset_name == "MNIST" || options.dataset_name == "FashionMNIST") {
-      return in_memory(
-          std::make_shared<IdxDataset>(IdxDataset::load(options.path, split)), options);
+      auto dataset = std::make_shared<IdxDataset>(IdxDataset::load(options.path, split));
+      check_mnist_image_size(*dataset, options, split);
+      return in_memory(std::move(dataset), options);
     }
     throw ConfigError(fmt::format(
         "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST "

@@ -249,8 +249,12 @@ at::Tensor IdxDataset::read_labels(const std::filesystem::path& path) {
   return labels.to(at::kLong);
 }
 
+std::filesystem::path IdxDataset::images_file(const std::filesystem::path& root_dir, Split split) {
+  return find_idx_file(root_dir, split, "images-idx3-ubyte");
+}
+
 IdxDataset IdxDataset::load(const std::filesystem::path& root_dir, Split split) {
-  const auto images_path = find_idx_file(root_dir, split, "images-idx3-ubyte");
+  const auto images_path = images_file(root_dir, split);
   const auto labels_path = find_idx_file(root_dir, split, "labels-idx1-ubyte");
   at::Tensor images = read_images(images_path);
   at::Tensor labels = read_labels(labels_path);

@@ -57,16 +57,7 @@ void adamw_kernel(
 
 AdamW::AdamW(std::vector<ParamGroup> param_groups, AdamWOptions options)
     : Optimizer(std::move(param_groups)), options_(options) {
-  for (size_t i = 0; i < options_.betas.size(); ++i) {
-    const double beta = options_.betas[i];
-    if (!(beta >= 0.0 && beta < 1.0)) {
-      throw ConfigError(
-          fmt::format("OPTIMIZER.betas[{}] = {} is invalid; each beta must be in [0, 1)", i, beta));
-    }
-  }
-  if (!(options_.eps >= 0.0)) {
-    throw ConfigError(fmt::format("OPTIMIZER.eps = {} is invalid; use a value >= 0", options_.eps));
-  }
+  check_adam_moments(options_.betas, options_.eps);
 }
 
 std::vector<std::pair<std::string, c10::IValue>> AdamW::hyperparameters() const {

@@ -123,16 +123,7 @@ void lamb_apply_kernel(const LambItem& item, const LAMBOptions& options, int64_t
 
 LAMB::LAMB(std::vector<ParamGroup> param_groups, LAMBOptions options)
     : Optimizer(std::move(param_groups)), options_(options) {
-  for (size_t i = 0; i < options_.betas.size(); ++i) {
-    const double beta = options_.betas[i];
-    if (!(beta >= 0.0 && beta < 1.0)) {
-      throw ConfigError(
-          fmt::format("OPTIMIZER.betas[{}] = {} is invalid; each beta must be in [0, 1)", i, beta));
-    }
-  }
-  if (!(options_.eps >= 0.0)) {
-    throw ConfigError(fmt::format("OPTIMIZER.eps = {} is invalid; use a value >= 0", options_.eps));
-  }
+  check_adam_moments(options_.betas, options_.eps);
 }
 
 std::vector<std::pair<std::string, c10::IValue>> LAMB::hyperparameters() const {

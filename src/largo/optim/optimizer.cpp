@@ -392,4 +392,16 @@ void Optimizer::load_state_dict(const c10::IValue& state_dict) {
   }
 }
 
+void check_adam_moments(const std::array<double, 2>& betas, double eps) {
+  for (size_t i = 0; i < betas.size(); ++i) {
+    if (!(betas[i] >= 0.0 && betas[i] < 1.0)) {
+      throw ConfigError(fmt::format(
+          "OPTIMIZER.betas[{}] = {} is invalid; each beta must be in [0, 1)", i, betas[i]));
+    }
+  }
+  if (!(eps >= 0.0)) {
+    throw ConfigError(fmt::format("OPTIMIZER.eps = {} is invalid; use a value >= 0", eps));
+  }
+}
+
 } // namespace largo::optim

@@ -25,4 +25,42 @@ make_optimizer(std::vector<ParamGroup> param_groups, const OptimizerSpec& spec) 
   return optimizer;
 }
 
+namespace {
+
+std::string describe_base(const OptimizerSpec& spec) {
+  if (spec.name == "sgd") {
+    return fmt::format(
+        "SGD (momentum {}, dampening {}, nesterov {})",
+        spec.sgd.momentum,
+        spec.sgd.dampening,
+        spec.sgd.nesterov);
+  }
+  if (spec.name == "adamw") {
+    const AdamWOptions& o = spec.adamw;
+    return fmt::format(
+        "AdamW (betas {}/{}, eps {}, amsgrad {})", o.betas[0], o.betas[1], o.eps, o.amsgrad);
+  }
+  if (spec.name == "lamb") {
+    const LAMBOptions& o = spec.lamb;
+    return fmt::format("LAMB (betas {}/{}, eps {})", o.betas[0], o.betas[1], o.eps);
+  }
+  return spec.name;
+}
+
+} // namespace
+
+std::string describe(const OptimizerSpec& spec) {
+  if (!spec.use_larc) {
+    return describe_base(spec) + "; LARC off";
+  }
+  const LARCOptions& larc = spec.larc;
+  return fmt::format(
+      "{}; LARC on (trust_coefficient {}, clip {}, eps {}, {} parameters not adapted)",
+      describe_base(spec),
+      larc.trust_coefficient,
+      larc.clip,
+      larc.eps,
+      larc.excluded_from_adaptation.size());
+}
+
 } // namespace largo::optim

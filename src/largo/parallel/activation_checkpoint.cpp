@@ -484,24 +484,25 @@ balanced_segment_boundaries(const std::vector<double>& block_costs, int64_t num_
   return boundaries;
 }
 
-namespace {
-
-void check_boundaries(const std::vector<int64_t>& boundaries, int64_t num_blocks) {
+bool is_segmentation(const std::vector<int64_t>& boundaries, int64_t num_blocks) {
   bool ok = boundaries.size() >= 2 && boundaries.front() == 0 && boundaries.back() == num_blocks;
   for (size_t i = 1; ok && i < boundaries.size(); ++i) {
     ok = boundaries[i] > boundaries[i - 1];
   }
-  if (!ok) {
+  return ok;
+}
+
+void check_segmentation(
+    const std::vector<int64_t>& boundaries, int64_t num_blocks, const std::string& what) {
+  if (!is_segmentation(boundaries, num_blocks)) {
     throw Error(fmt::format(
-        "segment boundaries [{}] do not cut {} blocks into non-empty segments; expected "
+        "segment boundaries [{}] do not cut {} into non-empty segments; expected "
         "0 = b_0 < b_1 < ... < b_n = {}",
         fmt::join(boundaries, ", "),
-        num_blocks,
+        what,
         num_blocks));
   }
 }
-
-} // namespace
 
 at::Tensor checkpoint_sequential(
     const torch::nn::Sequential& sequential,
@@ -509,7 +510,7 @@ at::Tensor checkpoint_sequential(
     at::Tensor input,
     bool preserve_rng_state) {
   const auto num_blocks = static_cast<int64_t>(sequential->size());
-  check_boundaries(boundaries, num_blocks);
+  check_segmentation(boundaries, num_blocks, fmt::format("{} blocks", num_blocks));
   auto run_blocks = [blocks = sequential.ptr()](int64_t begin, int64_t end, at::Tensor x) {
     for (int64_t k = begin; k < end; ++k) {
       x = (blocks->begin() + k)->forward<at::Tensor>(std::move(x));

@@ -24,16 +24,7 @@ std::unique_ptr<CheckpointedSegments> CheckpointedSegments::split_sequential(
     torch::nn::Sequential container, const std::string& container_name,
     std::vector<int64_t> boundaries, bool preserve_rng_state) {
   const auto size = static_cast<int64_t>(container->size());
-  bool ok = boundaries.size() >= 2 && boundaries.front() == 0 && boundaries.back() == size;
-  for (size_t i = 1; ok && i < boundaries.size(); ++i) {
-    ok = boundaries[i] > boundaries[i - 1];
-  }
-  if (!ok) {
-    throw Error(fmt::format(
-        "segment boundaries [{}] do not cut the {} elements of {} into non-empty segments; "
-        "expected 0 = b_0 < b_1 < ... < b_n = {}",
-        fmt::join(boundaries, ", "), size, container_name, size));
-  }
+  check_segmentation(boundaries, size, fmt::format("the {} elements of {}", size, container_name));
   std::unique_ptr<CheckpointedSegments> segments(new CheckpointedSegments());
   for (size_t s = 0; s + 2 < boundaries.size(); ++s) { // the last segment runs normally
     segments->install(

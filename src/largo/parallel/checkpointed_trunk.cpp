@@ -20,16 +20,8 @@ CheckpointedTrunk::CheckpointedTrunk(
       boundaries_(std::move(boundaries)),
       preserve_rng_state_(preserve_rng_state) {
   const int64_t num_blocks = model_->num_trunk_blocks();
-  bool ok = boundaries_.size() >= 2 && boundaries_.front() == 0 && boundaries_.back() == num_blocks;
-  for (size_t i = 1; ok && i < boundaries_.size(); ++i) {
-    ok = boundaries_[i] > boundaries_[i - 1];
-  }
-  if (!ok) {
-    throw Error(fmt::format(
-        "segment boundaries [{}] do not cut the model's {} trunk blocks into non-empty "
-        "segments; expected 0 = b_0 < b_1 < ... < b_n = {}",
-        fmt::join(boundaries_, ", "), num_blocks, num_blocks));
-  }
+  check_segmentation(
+      boundaries_, num_blocks, fmt::format("the model's {} trunk blocks", num_blocks));
 }
 
 CheckpointedTrunk CheckpointedTrunk::plan(

@@ -1,5 +1,6 @@
 #include <largo/parallel/parallelize.h>
 
+#include <largo/core/byte_format.h>
 #include <largo/core/error.h>
 #include <largo/core/memory_tracker.h>
 #include <largo/optim/grad_clipping.h>

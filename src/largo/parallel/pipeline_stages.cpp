@@ -166,12 +166,8 @@ std::vector<int64_t> cut_into_stages(
 
 void check_stage_boundaries(
     const std::vector<int64_t>& boundaries, int64_t num_blocks, int num_stages) {
-  bool ok = static_cast<int>(boundaries.size()) == num_stages + 1 && boundaries.front() == 0 &&
-            boundaries.back() == num_blocks;
-  for (size_t i = 1; ok && i < boundaries.size(); ++i) {
-    ok = boundaries[i] > boundaries[i - 1];
-  }
-  if (!ok) {
+  if (static_cast<int>(boundaries.size()) != num_stages + 1 ||
+      !is_segmentation(boundaries, num_blocks)) {
     throw ConfigError(fmt::format(
         "MODEL.PIPELINE.BOUNDARIES = [{}]: expected {} strictly increasing block indices from 0 "
         "to {} (the model has {} blocks; {} stages = pipeline size x VIRTUAL_STAGES), e.g. [{}]",

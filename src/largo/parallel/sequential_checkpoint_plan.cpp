@@ -1,5 +1,6 @@
 #include <largo/parallel/sequential_checkpoint_plan.h>
 
+#include <largo/core/byte_format.h>
 #include <largo/core/error.h>
 #include <largo/core/memory_tracker.h>
 #include <largo/core/rng_state.h>

@@ -150,7 +150,7 @@ void check_pipeline_keys(const RunPlan& plan) {
 
 std::vector<int64_t> pipeline_timing_sample_shape(const RunPlan& plan) {
   const int64_t microbatches = plan.parallel.pipeline.stages.num_microbatches();
-  std::vector<int64_t> shape = plan.train_shape.sample_shape;
+  std::vector<int64_t> shape = plan.model_data().sample_shape;
   shape.insert(shape.begin(), std::max<int64_t>(plan.batch_per_rank / microbatches, 1));
   return shape;
 }

@@ -128,7 +128,7 @@ parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
     auto& checkpointing = parallel.activation_checkpointing;
     checkpointing.sequential = "trunk";
     checkpointing.num_splits = options.activation_checkpointing.num_splits;
-    checkpointing.probe_input_shape = plan.train_shape.sample_shape;
+    checkpointing.probe_input_shape = plan.model_data().sample_shape;
     checkpointing.report_batch_size = options.train.batch_size;
   }
   parallel.pipeline = options.pipeline;
@@ -147,40 +147,61 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return fmt::format("{}", fmt::join(shape, "x"));
 }
 
-// The model is built for the training batches' samples (after DATA.TRAIN.TRANSFORMS): the
-// test split must give the same, and trunks whose weights fix the input size (an MLP's first
-// layer, a ViT's position embeddings) take square images only.
-void check_data_fits_model(const RunPlan& plan) {
-  const std::vector<int64_t>& train = plan.train_shape.sample_shape;
-  const std::vector<int64_t>& test = plan.test_shape.sample_shape;
-  const std::string& trunk = plan.model.trunk_name;
-  if ((trunk == "mlp" || trunk == "vision_transformer") && train[1] != train[2]) {
-    throw ConfigError(fmt::format(
-        "MODEL.TRUNK.NAME = {} takes square images, but DATA.TRAIN yields {} images (after "
-        "DATA.TRAIN.TRANSFORMS); add a crop with a square size to DATA.TRAIN.TRANSFORMS",
-        trunk,
-        shape_text(train)));
+// The key of the split the model is sized from, for messages.
+const char* model_data_key(const RunPlan& plan) {
+  return plan.options.test_only ? "DATA.TEST" : "DATA.TRAIN";
+}
+
+// A split's labels must be outputs of the head: labels past its width could not be scored.
+void check_classes_fit_head(const RunPlan& plan, const DataShape& split, const char* key) {
+  const int64_t outputs = plan.model.num_classes;
+  if (split.num_classes <= outputs) {
+    return;
   }
-  if (test != train) {
+  throw ConfigError(fmt::format(
+      "{} has {} classes but the model's head has {} outputs; labels {}..{} could not be "
+      "scored. Use data with at most {} classes, or a head with MODEL.HEAD.PARAMS dims ending "
+      "in {} (or more)",
+      key,
+      split.num_classes,
+      outputs,
+      outputs,
+      split.num_classes - 1,
+      outputs,
+      split.num_classes));
+}
+
+// The model is built for the samples of model_data() (after its TRANSFORMS): a training
+// run's test split must give the same, and trunks whose weights fix the input size (an MLP's
+// first layer, a ViT's position embeddings) take square images only.
+void check_data_fits_model(const RunPlan& plan) {
+  const std::vector<int64_t>& input = plan.model_data().sample_shape;
+  const char* key = model_data_key(plan);
+  const std::string& trunk = plan.model.trunk_name;
+  if ((trunk == "mlp" || trunk == "vision_transformer") && input[1] != input[2]) {
+    throw ConfigError(fmt::format(
+        "MODEL.TRUNK.NAME = {} takes square images, but {} yields {} images (after "
+        "{}.TRANSFORMS); add a crop with a square size to {}.TRANSFORMS",
+        trunk,
+        key,
+        shape_text(input),
+        key,
+        key));
+  }
+  const std::vector<int64_t>& test = plan.test_shape.sample_shape;
+  if (!plan.options.test_only && test != input) {
     throw ConfigError(fmt::format(
         "DATA.TEST yields {} images but the model is built for DATA.TRAIN's {} images (both "
         "after their TRANSFORMS){}; make them agree (e.g. the same crop size in "
         "DATA.TEST.TRANSFORMS, or the same dataset)",
         shape_text(test),
-        shape_text(train),
-        test[0] != train[0] ? ": the channel counts differ" : ""));
+        shape_text(input),
+        test[0] != input[0] ? ": the channel counts differ" : ""));
   }
-  if (plan.test_shape.num_classes > plan.model.num_classes) {
-    throw ConfigError(fmt::format(
-        "DATA.TEST has {} classes but the model's head has {} outputs; labels {}..{} could not "
-        "be scored. Use the training classes in the test split (or a head with MODEL.HEAD.PARAMS "
-        "dims ending in {})",
-        plan.test_shape.num_classes,
-        plan.model.num_classes,
-        plan.model.num_classes,
-        plan.test_shape.num_classes - 1,
-        plan.test_shape.num_classes));
+  if (!plan.options.test_only) {
+    check_classes_fit_head(plan, plan.train_shape, "DATA.TRAIN");
   }
+  check_classes_fit_head(plan, plan.test_shape, "DATA.TEST");
 }
 
 // MODEL.TRUNK.MLP.HIDDEN_DIMS: the parameters (float32) within the machine's memory.
@@ -188,7 +209,7 @@ void check_mlp_fits_machine(const RunPlan& plan) {
   if (plan.model.trunk_name != "mlp") {
     return;
   }
-  const std::vector<int64_t>& shape = plan.train_shape.sample_shape;
+  const std::vector<int64_t>& shape = plan.model_data().sample_shape;
   uint64_t inputs = saturating_product(
       {static_cast<uint64_t>(shape[0]),
        static_cast<uint64_t>(shape[1]),
@@ -207,16 +228,19 @@ void check_mlp_fits_machine(const RunPlan& plan) {
           fmt::join(plan.model.mlp.hidden_dims, ", ")));
 }
 
+// The head's width is its own when MODEL.HEAD.PARAMS gives one (a 1000-class model evaluated
+// on a 2-class folder keeps its 1000 outputs), else the data's class count.
 void fill_model_from_data(RunPlan& plan) {
   models::ModelOptions& model = plan.model;
+  const DataShape& data = plan.model_data();
   if (model.in_channels == 0) {
-    model.in_channels = plan.train_shape.sample_shape[0];
+    model.in_channels = data.sample_shape[0];
   }
   if (model.image_size == 0) {
-    model.image_size = plan.train_shape.sample_shape[1];
+    model.image_size = data.sample_shape[1];
   }
   if (model.num_classes == 0) {
-    model.num_classes = plan.train_shape.num_classes;
+    model.num_classes = model.head_dims.empty() ? data.num_classes : model.head_dims.back();
   }
   check_data_fits_model(plan);
   check_mlp_fits_machine(plan);
@@ -406,7 +430,9 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
       throw ConfigError(fmt::format("config key {}.TRANSFORMS: {}", key, e.what()));
     }
   };
-  plan.train_shape = shape_of(o.train, "DATA.TRAIN");
+  if (!o.test_only) { // an evaluation reads DATA.TEST only: DATA.TRAIN need not exist
+    plan.train_shape = shape_of(o.train, "DATA.TRAIN");
+  }
   plan.test_shape = shape_of(o.test, "DATA.TEST");
   plan.model = o.model;
   fill_model_from_data(plan);
@@ -436,6 +462,10 @@ void refuse_extraction_keys(const RunPlan& plan) {
         "extract` (it writes the trunk's features to files); unset it for training or "
         "evaluation");
   }
+}
+
+const DataShape& RunPlan::model_data() const {
+  return options.test_only ? test_shape : train_shape;
 }
 
 std::string RunPlan::describe() const {

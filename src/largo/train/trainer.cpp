@@ -32,6 +32,27 @@
 
 namespace largo::train {
 namespace fs = std::filesystem;
+namespace {
+
+// The split the model was sized from must still deliver what resolve_run peeked.
+void check_data_matches_plan(const TrainingData& data, const RunPlan& plan) {
+  const bool test_only = plan.options.test_only;
+  const std::vector<int64_t>& delivered =
+      test_only ? data.test_sample_shape() : data.train_sample_shape();
+  if (delivered == plan.model_data().sample_shape) {
+    return;
+  }
+  throw DataError(fmt::format(
+      "the {} data delivers samples of [{}], but the model was planned for [{}] from the "
+      "config; the data changed between the two ({}.DATA_PATHS)",
+      test_only ? "test" : "training",
+      fmt::join(delivered, ", "),
+      fmt::join(plan.model_data().sample_shape, ", "),
+      test_only ? "DATA.TEST" : "DATA.TRAIN"));
+}
+
+} // namespace
+
 struct Trainer::State {
   RunPlan plan;
   std::string config_yaml;
@@ -52,6 +73,7 @@ struct Trainer::State {
   std::optional<MemoryTracker> step_memory;   // peak of each step, with activation checkpointing
   bool model_state_logged = false;
   int64_t num_parameters = 0; // the whole model's, counted before a pipeline empties the rest
+  optim::OptimizerSpec optimizer_spec; // with LARC's excluded names filled in
 
   const TrainerOptions& options() const {
     return plan.options;
@@ -72,6 +94,7 @@ struct Trainer::State {
   void add_hooks();
   void keep_model_ema();
   void log_start() const;
+  std::string sync_batch_norm_text() const;
   void set_learning_rates();
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
   StepResult run_step();
@@ -132,13 +155,7 @@ void Trainer::State::setup() {
       parallel::replica_of(group->rank(), group->world_size(), pipeline_size),
       parallel::num_replicas(group->world_size(), pipeline_size),
       device);
-  if (data->train_sample_shape() != plan.train_shape.sample_shape) {
-    throw DataError(fmt::format(
-        "the training data delivers samples of [{}], but the model was planned for [{}] from "
-        "the config; the data changed between the two (DATA.TRAIN.DATA_PATHS)",
-        fmt::join(data->train_sample_shape(), ", "),
-        fmt::join(plan.train_shape.sample_shape, ", ")));
-  }
+  check_data_matches_plan(*data, plan);
   build_model();
   parallelize_model();
   checkpoint::SamplerDescription sampler{
@@ -215,6 +232,7 @@ void Trainer::State::parallelize_model() {
       spec.larc.excluded_from_adaptation.insert(std::move(name));
     }
   }
+  optimizer_spec = spec;
   auto make_optimizer = [spec](std::vector<optim::ParamGroup> groups) {
     return optim::make_optimizer(std::move(groups), spec);
   };
@@ -272,8 +290,10 @@ void Trainer::State::open_records() {
 }
 
 void Trainer::State::add_hooks() {
-  hooks.push_back(std::make_unique<LoggingHook>(
-      *parallel, data->train_loader(), records, options().log_frequency, flops_per_sample()));
+  if (!options().test_only) { // an evaluation takes no training steps to log
+    hooks.push_back(std::make_unique<LoggingHook>(
+        *parallel, data->train_loader(), records, options().log_frequency, flops_per_sample()));
+  }
   if (options().test_model) {
     EvaluationOptions evaluation{
         options().topk_values, options().loss, plan.test_shape.sample_shape, model.output_widths()};
@@ -316,9 +336,14 @@ void Trainer::State::keep_model_ema() {
 }
 
 void Trainer::State::log_start() const {
+  const std::string training = options().test_only ? "evaluation only (DATA.TRAIN not read)"
+                                                   : fmt::format(
+                                                         "{} training samples, {} iterations/epoch",
+                                                         data->num_train_samples(),
+                                                         data->iterations_per_epoch());
   spdlog::info(
-      "model {}{}: {} parameters, {} per training sample ({}); {} training samples, "
-      "{} test samples; {} iterations/epoch; {} threads on {}",
+      "model {}{}: {} parameters, {} per training sample ({}); {}; {} test samples; {} threads "
+      "on {}",
       plan.model.trunk_name,
       model.linear_eval ? fmt::format(
                               ", linear evaluation with {} head{}",
@@ -328,9 +353,8 @@ void Trainer::State::log_start() const {
       num_parameters,
       models::format_flops(static_cast<double>(flops_per_sample())),
       model.linear_eval ? "the frozen trunk forward, the heads 3 x forward" : "3 x forward",
-      data->num_train_samples(),
+      training,
       data->num_test_samples(),
-      data->iterations_per_epoch(),
       threads,
       device.str());
   if (group->rank() == 0) { // the BLAS, ISA and thread counts, warnings that say how to fix them
@@ -338,9 +362,21 @@ void Trainer::State::log_start() const {
   }
   spdlog::info("run: {}", plan.describe());
   spdlog::info("parallel: {}", parallel->describe());
+  spdlog::info("optimizer: {}; {}", optim::describe(optimizer_spec), sync_batch_norm_text());
   if (const auto& report = parallel->activation_memory_report()) {
     spdlog::info("activation checkpointing: {}", report->describe());
   }
+}
+
+std::string Trainer::State::sync_batch_norm_text() const {
+  const SyncBatchNormSettings& sync = options().sync_batch_norm;
+  if (!sync.convert) {
+    return "SyncBatchNorm off";
+  }
+  return fmt::format(
+      "SyncBatchNorm on, statistics over groups of {} rank(s)",
+      parallel::sync_bn_group_size(
+          sync.group_size, plan.world.procs_per_node, group->world_size()));
 }
 
 void Trainer::State::set_learning_rates() {

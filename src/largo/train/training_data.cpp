@@ -103,22 +103,28 @@ void check_not_empty(
 TrainingData::TrainingData(
     const TrainerOptions& options, int rank, int world_size, torch::Device device)
     : options_(options), rank_(rank), world_size_(world_size) {
-  data::OpenedDataset train =
-      data::open_dataset(options_.train.source, data::Split::kTrain, options_.seed);
+  if (!options_.test_only) { // an evaluation reads DATA.TEST only: DATA.TRAIN need not exist
+    open_train_split(device);
+  }
   data::OpenedDataset test =
       data::open_dataset(options_.test.source, data::Split::kTest, options_.seed + 1);
-  train_shape_ = train.sample_shape;
   test_shape_ = test.sample_shape;
-  train_data_ = train.dataset;
   test_data_ = test.dataset;
-  train_subset_ = subset_indices(train_data_->size(), options_.train);
   test_subset_ = subset_indices(test_data_->size(), options_.test);
-  check_not_empty("DATA.TRAIN", options_.train, train_subset_.size(), /*training=*/true);
   if (options_.test_model) {
     check_not_empty("DATA.TEST", options_.test, test_subset_.size(), /*training=*/false);
   }
-  train_loader_ = make_loader(options_, options_.train, std::move(train), rank_, device);
   test_loader_ = make_loader(options_, options_.test, std::move(test), rank_, device);
+}
+
+void TrainingData::open_train_split(torch::Device device) {
+  data::OpenedDataset train =
+      data::open_dataset(options_.train.source, data::Split::kTrain, options_.seed);
+  train_shape_ = train.sample_shape;
+  train_data_ = train.dataset;
+  train_subset_ = subset_indices(train_data_->size(), options_.train);
+  check_not_empty("DATA.TRAIN", options_.train, train_subset_.size(), /*training=*/true);
+  train_loader_ = make_loader(options_, options_.train, std::move(train), rank_, device);
 
   const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
   const int64_t batch_size = options_.train.batch_size;
@@ -136,6 +142,11 @@ TrainingData::TrainingData(
         samples_per_rank,
         world_size_));
   }
+}
+
+data::DataLoader& TrainingData::train_loader() {
+  TORCH_INTERNAL_ASSERT(train_loader_, "an evaluation-only run (TEST_ONLY) has no training data");
+  return *train_loader_;
 }
 
 std::vector<int64_t> TrainingData::train_epoch_order(int64_t epoch) const {
