@@ -4,6 +4,10 @@
 //       images/s of disk_folder + DataLoader over one shuffled epoch (after a warm-up of 2
 //       batches), the ImageNet training transform (RandomResizedCrop 224, flip, ToTensor,
 //       Normalize) or validation transform (Resize 256, CenterCrop 224, ToTensor, Normalize)
+//   image_pipeline_bench multicrop FOLDER WORKERS BATCH
+//       the same for VISSL's SwAV multi-crop recipe: ImgPilToMultiCrop 2 x 224 (scale
+//       0.14-1) + 6 x 96 (scale 0.05-0.14), RandomHorizontalFlip, ImgPilColorDistortion 1.0,
+//       ImgPilGaussianBlur (p 0.5, radius 0.1-2.0), ToTensor, Normalize; one image is 8 views
 //   image_pipeline_bench decode FOLDER WORKERS
 //       libjpeg-turbo's plain full-size decode of every file (read + decode, no transform)
 //       on WORKERS threads: the reference limit
@@ -22,7 +26,9 @@
 #include "largo/core/malloc_tuning.h"
 #include "largo/data/data_loader.h"
 #include "largo/data/dataset_factory.h"
+#include "largo/data/image_dataset.h"
 #include "largo/data/image_list.h"
+#include "largo/data/multi_view_pipeline.h"
 #include "largo/data/sampler.h"
 
 using namespace largo::data;
@@ -90,6 +96,52 @@ int throughput(
       static_cast<long long>(images),
       elapsed,
       100.0 * stats.wait_fraction());
+  return 0;
+}
+
+std::vector<TransformSpec> swav_transforms() {
+  TransformSpec multicrop(
+      "ImgPilToMultiCrop",
+      {{"total_num_crops", {8}}, {"num_crops", {2, 6}}, {"size_crops", {224, 96}}});
+  multicrop.nested_args["crop_scales"] = {{0.14, 1.0}, {0.05, 0.14}};
+  return {
+      multicrop,
+      {"RandomHorizontalFlip", {{"p", {0.5}}}},
+      {"ImgPilColorDistortion", {{"strength", {1.0}}}},
+      {"ImgPilGaussianBlur", {{"p", {0.5}}, {"radius_min", {0.1}}, {"radius_max", {2.0}}}},
+      {"ToTensor", {}},
+      {"Normalize", {{"mean", {0.485, 0.456, 0.406}}, {"std", {0.229, 0.224, 0.225}}}}};
+}
+
+int multicrop(const std::string& folder, int64_t workers, int64_t batch) {
+  MultiViewTransforms transforms = make_multi_view_transforms(swav_transforms());
+  auto dataset =
+      std::make_shared<ImageDataset>(list_image_folder(folder), std::move(transforms.per_sample));
+  DataLoaderOptions options;
+  options.batch_size = batch;
+  options.num_workers = workers;
+  options.transforms = transforms.per_batch;
+  DataLoader loader(dataset, options);
+  DistributedSampler sampler(dataset->size(), 1, 0, /*shuffle=*/true, 0);
+  loader.start_epoch(sampler.indices(), 0);
+  Clock::time_point start;
+  int64_t images = 0;
+  for (int64_t k = 0; auto batch_data = loader.next(); ++k) {
+    if (k == kWarmupBatches) {
+      start = Clock::now();
+    } else if (k > kWarmupBatches) {
+      images += batch_data->views.front().size(0);
+    }
+  }
+  const double elapsed = seconds(start);
+  std::printf(
+      "largo multicrop workers=%lld: %.1f images/s (%lld images of 8 views, %.2f s; consumer "
+      "waited %.0f%%)\n",
+      static_cast<long long>(workers),
+      images / elapsed,
+      static_cast<long long>(images),
+      elapsed,
+      100.0 * loader.stats().wait_fraction());
   return 0;
 }
 
@@ -203,6 +255,9 @@ int main(int argc, char** argv) {
           std::stoll(args[4]),
           !(args.size() > 5 && args[5] == "--no-dct"));
     }
+    if (args.size() == 4 && args[0] == "multicrop") {
+      return multicrop(args[1], std::stoll(args[2]), std::stoll(args[3]));
+    }
     if (args.size() == 3 && args[0] == "decode") {
       return decode(args[1], std::stoll(args[2]));
     }
@@ -216,6 +271,7 @@ int main(int argc, char** argv) {
   std::fprintf(
       stderr,
       "usage: image_pipeline_bench throughput FOLDER train|val WORKERS BATCH [--no-dct]\n"
+      "       image_pipeline_bench multicrop FOLDER WORKERS BATCH\n"
       "       image_pipeline_bench decode FOLDER WORKERS\n"
       "       image_pipeline_bench dct FOLDER train|val SIZE\n");
   return 2;

@@ -7,10 +7,13 @@
 #     ImageFolder + DataLoader (bench/image_pipeline_reference.py), training transform
 #     (RandomResizedCrop 224 + flip + ToTensor + Normalize) and validation transform
 #     (Resize 256 + CenterCrop 224 + ToTensor + Normalize), with 1 and 2 workers, batch 32;
+#   - VISSL's SwAV multi-crop recipe (2 x 224 + 6 x 96 crops, flip, colour distortion 1.0,
+#     PIL Gaussian blur p 0.5, ToTensor, Normalize): Largo's MultiViewPipeline + DataLoader
+#     against torchvision's transforms composed as VISSL composes them (same workers, batch);
 #   - libjpeg-turbo's plain full decode of every file at the same thread counts: the limit;
 #   - what DCT-scaled decoding changes (pixels, time), on full-size photographs.
 # Prints images/s and the ratios. Targets: >= 2x torchvision on training, >= 1.5x on
-# validation, at equal workers.
+# validation, >= 2x on multi-crop, at equal workers.
 #
 # Usage: bench/run_image_pipeline_bench.sh [BUILD_DIR] [NUM_IMAGES] [WORKERS...]
 #   defaults: build 3000 "1 2". Installs the bench packages (scripts/install_deps.sh --bench).
@@ -33,9 +36,13 @@ echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 
 rate() { sed -E 's/.*: ([0-9.]+) images\/s.*/\1/'; }
 printf '\n%-34s %10s %10s %8s\n' "transform / workers" "largo" "torchvision" "ratio"
-for which in train val; do
+for which in train val multicrop; do
   for w in "${workers[@]}"; do
-    largo_line="$("$bin" throughput "$tmp/imagenet_like" "$which" "$w" "$batch")"
+    if [ "$which" = multicrop ]; then
+      largo_line="$("$bin" multicrop "$tmp/imagenet_like" "$w" "$batch")"
+    else
+      largo_line="$("$bin" throughput "$tmp/imagenet_like" "$which" "$w" "$batch")"
+    fi
     torch_line="$("$python" "$here/image_pipeline_reference.py" "$tmp/imagenet_like" "$which" "$w" "$batch")"
     echo "  $largo_line"; echo "  $torch_line"
     l="$(echo "$largo_line" | rate)"; t="$(echo "$torch_line" | rate)"

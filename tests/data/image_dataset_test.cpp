@@ -1,9 +1,10 @@
 // Image folders through open_dataset and the DataLoader: the loader contract (same batches
 // for any worker count, after a mid-epoch restart, per-sample draws independent of the batch
 // size), disk_filelist equal to disk_folder, bad files (an error naming the file, or skipped
-// and counted), and the loader's statistics.
+// and counted), the loader's statistics, and several views per sample (MultiViewPipeline).
 #include "largo/data/image_dataset.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include "data/image_test_util.h"
@@ -202,6 +203,124 @@ TEST(DatasetFactory, OpensEverySourceWithItsOutputShape) {
   DataSourceOptions bad_name;
   bad_name.dataset_name = "ImageNet";
   EXPECT_THROW(open_dataset(bad_name, Split::kTrain, 0), ConfigError);
+}
+
+// ---- several views per sample (MultiViewPipeline) ---------------------------------------
+
+std::shared_ptr<const ImageDataset>
+multi_view_folder(const fs::path& root, MultiViewPipeline pipeline) {
+  return std::make_shared<ImageDataset>(list_image_folder(root), std::move(pipeline));
+}
+
+MultiViewTransforms small_swav() {
+  TransformSpec multicrop(
+      "ImgPilToMultiCrop",
+      {{"total_num_crops", {3}}, {"num_crops", {1, 2}}, {"size_crops", {16, 8}}});
+  multicrop.nested_args["crop_scales"] = {{0.14, 1.0}, {0.05, 0.14}};
+  return make_multi_view_transforms(
+      {multicrop,
+       {"RandomHorizontalFlip", {}},
+       {"ImgPilColorDistortion", {{"strength", {1.0}}}},
+       {"ToTensor", {}},
+       {"Normalize", {{"mean", {0.485, 0.456, 0.406}}, {"std", {0.229, 0.224, 0.225}}}}});
+}
+
+std::vector<Batch> drain_views(
+    const std::shared_ptr<const ImageDataset>& dataset,
+    const TransformPipeline& per_batch,
+    int64_t workers,
+    int64_t batch_size,
+    int64_t epoch) {
+  DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.num_workers = workers;
+  options.transforms = per_batch;
+  options.seed = 5;
+  DataLoader loader(dataset, options);
+  loader.start_epoch(kOrder, epoch);
+  std::vector<Batch> batches;
+  while (auto batch = loader.next()) {
+    batches.push_back(std::move(*batch));
+  }
+  return batches;
+}
+
+TEST(ImageDataset, MultiViewBatchesHoldOneTensorPerCropInCropOrder) {
+  TempDir dir;
+  write_folder(dir.path());
+  const MultiViewTransforms transforms = small_swav();
+  const auto dataset = multi_view_folder(dir.path(), transforms.per_sample);
+  EXPECT_EQ(
+      dataset->view_shapes(),
+      (std::vector<std::vector<int64_t>>{{3, 16, 16}, {3, 8, 8}, {3, 8, 8}}));
+  const auto batches = drain_views(dataset, transforms.per_batch, 0, 5, 1);
+  ASSERT_EQ(batches.size(), 3U);
+  const Batch& first = batches[0];
+  EXPECT_FALSE(first.images.defined());
+  ASSERT_EQ(first.views.size(), 3U);
+  EXPECT_EQ(first.views[0].sizes().vec(), (std::vector<int64_t>{5, 3, 16, 16}));
+  EXPECT_EQ(first.views[1].sizes().vec(), (std::vector<int64_t>{5, 3, 8, 8}));
+  EXPECT_EQ(first.views[2].sizes().vec(), (std::vector<int64_t>{5, 3, 8, 8}));
+  EXPECT_EQ(first.views[0].scalar_type(), at::kFloat);
+  EXPECT_EQ(first.labels.sizes().vec(), (std::vector<int64_t>{5}));
+  EXPECT_EQ(first.labels[0].item<int64_t>(), 1); // sample 7 is bee/img3
+  EXPECT_EQ(batches[2].views[0].size(0), 2);     // 12 samples in batches of 5
+
+  // The loader's ToTensor + Normalize equal the per-batch pipeline on the dataset's uint8
+  // views (the fused table is built by those transforms: exact).
+  BatchRequest request;
+  request.indices.assign(kOrder.begin(), kOrder.begin() + 5);
+  request.seed = 5;
+  request.epoch = 1;
+  const Batch raw = dataset->load_batch(request);
+  at::Generator unused = at::make_generator<at::CPUGeneratorImpl>(0);
+  for (size_t k = 0; k < raw.views.size(); ++k) {
+    EXPECT_EQ(raw.views[k].scalar_type(), at::kByte);
+    EXPECT_TRUE(transforms.per_batch.apply(raw.views[k], unused).equal(first.views[k])) << k;
+  }
+}
+
+TEST(ImageDataset, MultiViewSamplesDrawFromTheirOwnSeedForAnyWorkerCount) {
+  TempDir dir;
+  write_folder(dir.path());
+  const MultiViewTransforms transforms = small_swav();
+  const auto dataset = multi_view_folder(dir.path(), transforms.per_sample);
+  const auto reference = drain_views(dataset, transforms.per_batch, 0, 5, 1);
+  for (const int64_t workers : {1, 3}) {
+    const auto batches = drain_views(dataset, transforms.per_batch, workers, 5, 1);
+    ASSERT_EQ(batches.size(), reference.size());
+    for (size_t b = 0; b < batches.size(); ++b) {
+      for (size_t k = 0; k < 3; ++k) {
+        EXPECT_TRUE(batches[b].views[k].equal(reference[b].views[k]))
+            << workers << " workers, batch " << b << ", view " << k;
+      }
+    }
+  }
+  // Sample 5 is row 4 of batch 0 by fives and row 0 of batch 1 by fours: the same views.
+  const auto by_four = drain_views(dataset, transforms.per_batch, 1, 4, 1);
+  for (size_t k = 0; k < 3; ++k) {
+    EXPECT_TRUE(by_four[1].views[k][0].equal(reference[0].views[k][4])) << "view " << k;
+  }
+  // Another epoch draws other crops; so does another sample, and another crop of a sample.
+  const auto next_epoch = drain_views(dataset, transforms.per_batch, 1, 5, 2);
+  EXPECT_FALSE(next_epoch[0].views[0].equal(reference[0].views[0]));
+  EXPECT_FALSE(reference[0].views[1][0].equal(reference[0].views[1][1]));
+  EXPECT_FALSE(reference[0].views[1][0].equal(reference[0].views[2][0]));
+}
+
+TEST(ImageDataset, MultiViewLoaderRefusesBatchLevelCropsAndFlips) {
+  TempDir dir;
+  write_folder(dir.path());
+  const auto dataset = multi_view_folder(dir.path(), small_swav().per_sample);
+  DataLoaderOptions options;
+  options.transforms = make_pipeline({{"ToTensor", {}}, {"RandomHorizontalFlip", {}}});
+  try {
+    DataLoader loader(dataset, options);
+    ADD_FAILURE() << "a batch-level flip was accepted for a multi-view dataset";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("batch-level RandomHorizontalFlip"), std::string::npos)
+        << error.what();
+  }
 }
 
 } // namespace

@@ -148,5 +148,50 @@ TEST(DataConfig, LoaderKeys) {
       data_loading_from(load("config: {DATA: {NUM_DATALOADER_WORKERS: -1}}")), ConfigError);
 }
 
+TEST(DataConfig, MultiCropTransformsAreRefusedUntilTheTrainerRunsAnSslLoss) {
+  const std::string swav = R"(
+config:
+  DATA:
+    TRAIN:
+      DATA_SOURCES: [disk_folder]
+      DATA_PATHS: ["/datasets/imagenet/train"]
+      TRANSFORMS:
+        - name: ImgPilToMultiCrop
+          total_num_crops: 8
+          size_crops: [224, 96]
+          num_crops: [2, 6]
+          crop_scales: [[0.14, 1], [0.05, 0.14]]
+        - {name: RandomHorizontalFlip, p: 0.5}
+        - {name: ToTensor}
+)";
+  expect_key_error(swav, "DATA.TRAIN.TRANSFORMS[0].name = ImgPilToMultiCrop");
+  expect_key_error(swav, "multi-crop transforms need an SSL loss, which the trainer does not run");
+  expect_key_error(
+      R"(
+config:
+  DATA:
+    TRAIN:
+      DATA_SOURCES: [disk_folder]
+      DATA_PATHS: ["/d"]
+      TRANSFORMS: [{name: RandomResizedCrop, size: 32}, {name: ImgReplicatePil, num_times: 2}]
+)",
+      "DATA.TRAIN.TRANSFORMS[1].name = ImgReplicatePil");
+  // The colour distortion is one image's transform: the trainer's one-view path takes it.
+  const Config config = load(R"(
+config:
+  DATA:
+    TRAIN:
+      DATA_SOURCES: [disk_folder]
+      DATA_PATHS: ["/d"]
+      TRANSFORMS:
+        - {name: RandomResizedCrop, size: 32}
+        - {name: ImgPilColorDistortion, strength: 0.5}
+        - {name: ToTensor}
+)");
+  const data::DataSplitOptions split = data_split_from(config, "DATA.TRAIN");
+  const data::ImageTransforms transforms = data::make_image_transforms(split.source.transforms);
+  EXPECT_EQ(transforms.per_sample.transforms().back()->name(), "ImgPilColorDistortion");
+}
+
 } // namespace
 } // namespace largo::train::data_config_test

@@ -70,4 +70,21 @@ class ImgPilRandomSolarize : public SampleTransform {
   double prob_;
 };
 
+// VISSL's ImgPilColorDistortion(strength), SimCLR's colour distortion:
+// RandomApply([ColorJitter(0.8 s, 0.8 s, 0.8 s, 0.2 s)], p=0.8) then RandomGrayscale(p=0.2),
+// with torchvision's draws (RandomApply: jitter unless 0.8 < torch.rand(1)).
+class ImgPilColorDistortion : public SampleTransform {
+ public:
+  // Throws ConfigError for strength < 0 or above 2.5 (the hue 0.2 * strength must stay
+  // within torchvision's 0.5).
+  explicit ImgPilColorDistortion(double strength = 1.0);
+  void apply(SampleImage& image, at::Generator& gen) const override;
+  std::string name() const override;
+
+ private:
+  static constexpr double kJitterProbability = 0.8;
+  ColorJitter jitter_;
+  RandomGrayscale grayscale_{0.2};
+};
+
 } // namespace largo::data

@@ -7,6 +7,11 @@
 // with sample_seed(seed, epoch, index) (dataset.h), so the output is bit-identical for
 // any num_workers and when an epoch is restarted at start_batch = k (mid-epoch resume).
 //
+// Multi-view datasets (Dataset::view_shapes, e.g. an ImageDataset with a MultiViewPipeline)
+// deliver Batch::views, one float32 tensor [batch, channels, h_k, w_k] per view, each with
+// the elementwise tail applied; the batch-level RandomHorizontalFlip/RandomCrop do not
+// apply to them (the constructor refuses).
+//
 // Memory: each worker decodes into one reused uint8 batch buffer and holds at most
 // prefetch_batches finished batches. The trailing elementwise transforms (ToTensor,
 // Normalize) run fused, as one table lookup per value, on the CPU; for a CUDA device they
@@ -90,7 +95,7 @@ uint64_t batch_seed(uint64_t seed, int64_t epoch, int64_t batch_index);
 class DataLoader {
  public:
   // Throws ConfigError for a null dataset, batch_size < 1, num_workers < 0 or
-  // prefetch_batches < 1.
+  // prefetch_batches < 1, and for batch-level host transforms with a multi-view dataset.
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options);
   // Stops and joins the workers (batches not yet taken are discarded).
   ~DataLoader();
@@ -102,8 +107,8 @@ class DataLoader {
   // Throws DataError for an index outside the dataset, ConfigError for a bad start_batch.
   void start_epoch(const std::vector<int64_t>& indices, int64_t epoch, int64_t start_batch = 0);
 
-  // The next batch of the epoch (images float32 [batch, channels, h, w], labels int64
-  // [batch]), or nullopt when the epoch is done. An exception thrown while building a batch
+  // The next batch of the epoch (images float32 [batch, channels, h, w], or views, labels
+  // int64 [batch]), or nullopt when the epoch is done. An exception thrown while building a batch
   // (by the dataset or a transform) is rethrown here, in batch order, and again on every
   // later call until the next start_epoch.
   std::optional<Batch> next();
@@ -128,6 +133,8 @@ class DataLoader {
   // Builds batch `batch_index` on the host; `buffer` is the calling thread's reusable uint8
   // batch buffer (allocated on first use).
   Batch build_batch(int64_t batch_index, at::Tensor& buffer) const;
+  // A multi-view dataset's batch: each view finished (fused) on the host, or pinned.
+  Batch build_views(const BatchRequest& request) const;
   // The trailing elementwise transforms (ToTensor, Normalize) of a host-built batch: fused
   // on the CPU, or on the device after the copy.
   at::Tensor finish_on_host(const at::Tensor& images) const;
@@ -151,6 +158,7 @@ class DataLoader {
   // options_.transforms split: run on the host by the workers / elementwise tail.
   TransformPipeline host_transforms_;
   TransformPipeline elementwise_transforms_;
+  bool multi_view_ = false;    // the dataset delivers Batch::views
   at::Tensor consumer_buffer_; // num_workers == 0: the consumer's reusable batch buffer
 
   LoaderStats stats_;

@@ -27,6 +27,10 @@ struct Batch {
   at::Tensor labels; // [batch], int64
   // Samples that could not be loaded and were replaced (ImageDataset's skip_bad_samples).
   int64_t num_bad_samples = 0;
+  // A multi-view dataset's samples (Dataset::view_shapes non-empty): one tensor per view k,
+  // [batch, channels, h_k, w_k], in view order -- VISSL's multicrop_collator; images is then
+  // undefined. Empty for one image per sample.
+  std::vector<at::Tensor> views{};
 };
 
 // What a loader asks a dataset for: the samples, and what their per-sample random
@@ -60,6 +64,9 @@ class Dataset {
   // The shape of one image: [channels, h, w].
   virtual std::vector<int64_t> sample_shape() const = 0;
   virtual int64_t num_classes() const = 0;
+  // A dataset whose samples are several views (Batch::views): [channels, h, w] of each view.
+  // Empty (the default) for one image per sample.
+  virtual std::vector<std::vector<int64_t>> view_shapes() const;
 
   // The samples at `indices`, in that order (repeats allowed). Throws DataError for an
   // index outside [0, size()).

@@ -6,6 +6,9 @@
 // sample_seed(seed, e, i) (dataset.h): the result does not depend on the batch size, the
 // number of loader threads or where an epoch was resumed.
 //
+// With a MultiViewPipeline each sample becomes several views (multi_view_pipeline.h), each
+// written into its own uint8 batch: Batch::views[k], [batch, 3, h_k, w_k].
+//
 // Bad files -- missing, unreadable, not a regular file, not JPEG/PNG, truncated or corrupt,
 // more pixels than DecodeOptions::max_pixels -- raise a DataError naming the file. With
 // skip_bad_samples the sample is instead replaced by the next loadable sample in index
@@ -15,12 +18,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "largo/data/dataset.h"
 #include "largo/data/image_decoder.h"
 #include "largo/data/image_list.h"
+#include "largo/data/multi_view_pipeline.h"
 #include "largo/data/sample_pipeline.h"
 
 namespace largo::data {
@@ -38,9 +44,13 @@ class ImageDataset : public Dataset {
   // header (every image must then give the same size). Throws DataError for an empty list
   // or when that first sample cannot be read; ConfigError for bad options.
   ImageDataset(ImageList list, SamplePipeline pipeline, ImageDatasetOptions options = {});
+  // Several views per sample; every view's size must be fixed by the pipeline (as
+  // make_multi_view_transforms ensures). Throws ConfigError otherwise.
+  ImageDataset(ImageList list, MultiViewPipeline pipeline, ImageDatasetOptions options = {});
 
   int64_t size() const override;
-  std::vector<int64_t> sample_shape() const override; // [3, h, w]
+  std::vector<int64_t> sample_shape() const override; // [3, h, w]; multi-view: view 0's
+  std::vector<std::vector<int64_t>> view_shapes() const override;
   int64_t num_classes() const override;
   // Epoch 0 with seed 0 (load_batch with a default request).
   Batch get_batch(const std::vector<int64_t>& indices) const override;
@@ -56,15 +66,23 @@ class ImageDataset : public Dataset {
   int64_t num_bad_samples() const;
 
  private:
-  // Loads sample `index` of the request into `out`; returns the number of bad samples
-  // skipped to find a loadable one.
-  int64_t load_or_replace(int64_t index, const BatchRequest& request, uint8_t* out) const;
+  // Loads sample `index` of the request with `load` (candidate index, its generator);
+  // returns the number of bad samples skipped to find a loadable one.
+  int64_t load_or_replace(
+      int64_t index,
+      const BatchRequest& request,
+      const std::function<void(int64_t, at::Generator&)>& load) const;
+  // Checks the list and options, and reads the labels.
+  void check_and_read_labels();
+  Batch load_views(const BatchRequest& request) const;
   void warn_bad_sample(const std::string& message) const;
 
   ImageList list_;
   SamplePipeline pipeline_;
+  std::optional<MultiViewPipeline> multi_view_;
   ImageDatasetOptions options_;
   ImageSize output_size_;
+  std::vector<ImageSize> view_sizes_; // multi-view only
   at::Tensor labels_; // [N] int64
   mutable std::atomic<int64_t> num_bad_samples_{0};
   mutable std::mutex warn_mutex_;

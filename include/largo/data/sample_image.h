@@ -29,6 +29,12 @@ class SampleImage {
   // Starts from an encoded image (not decoded yet). `encoded` must outlive this object.
   SampleImage(const EncodedImage& encoded, const DecodeOptions& options);
 
+  // A new sample that starts from `base`'s current pixels (base is materialised first),
+  // reading them in place rather than copying: the views of a multi-crop pipeline
+  // (multi_view_pipeline.h) each crop one full decode. `base` must outlive the view and
+  // stay unchanged while it does.
+  static SampleImage view_of(SampleImage& base);
+
   // The size the transforms see now (after the pending geometry).
   int64_t width() const;
   int64_t height() const;
@@ -78,6 +84,8 @@ class SampleImage {
   DecodeOptions options_;
   bool decoded_ = false; // the source is pixels_ (decoded), not encoded_
   Image pixels_;         // the source once decoded
+  // When set, the decoded source is this image of another sample (view_of), not pixels_.
+  const Image* borrowed_ = nullptr;
   int64_t source_width_;
   int64_t source_height_;
 

@@ -61,8 +61,11 @@ class SamplePipeline {
 //   GaussianBlur          kernel_size ([k] or [kx, ky], odd), sigma [0.1, 2.0] (or one value)
 //   ImgPilGaussianBlur    p, radius_min, radius_max
 //   ImgPilRandomSolarize  prob
+//   ImgPilColorDistortion strength 1.0 (color_transforms.h)
 // interpolation: nearest, bilinear, bicubic, box, hamming, lanczos or PIL's code 0-5.
-// Throws ConfigError for an unknown name (listing these) or a bad argument.
+// Throws ConfigError for an unknown name (listing these) or a bad argument, and for the
+// multi-view transforms (ImgPilToMultiCrop, ImgReplicatePil, ImgPilMultiCropRandomApply),
+// whose lists make_multi_view_transforms (multi_view_pipeline.h) builds.
 std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec& spec);
 
 struct ImageTransforms {
@@ -71,7 +74,8 @@ struct ImageTransforms {
 };
 
 // Splits `specs` at the first ToTensor (see the top of this file). Throws ConfigError when
-// a per-sample transform follows ToTensor, or from either factory.
+// a per-sample transform follows ToTensor, for a multi-view transform (see
+// make_sample_transform), or from either factory.
 ImageTransforms make_image_transforms(const std::vector<TransformSpec>& specs);
 
 } // namespace largo::data

@@ -25,6 +25,10 @@ struct TransformSpec {
   std::string name;
   std::map<std::string, std::vector<double>> args;
   std::map<std::string, std::string> text_args;
+  // Lists of lists: ImgPilToMultiCrop's crop_scales [[0.14, 1], [0.05, 0.14]].
+  std::map<std::string, std::vector<std::vector<double>>> nested_args;
+  // Lists of transforms: ImgPilMultiCropRandomApply's transforms.
+  std::map<std::string, std::vector<TransformSpec>> transform_args;
 };
 
 // Reads one spec's arguments. Every error is a ConfigError that names the transform, the
@@ -50,6 +54,10 @@ class TransformArgs {
   std::string text(const std::string& key, const std::string& fallback) const;
   // A number in [0, 1].
   double probability(const std::string& key, double fallback) const;
+  // A list of lists of numbers (nested_args); required.
+  const std::vector<std::vector<double>>& nested_numbers(const std::string& key) const;
+  // A list of transforms (transform_args); required.
+  const std::vector<TransformSpec>& transforms(const std::string& key) const;
 
   // A ConfigError naming this transform and `key`.
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;

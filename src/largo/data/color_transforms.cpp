@@ -276,4 +276,41 @@ std::string ImgPilRandomSolarize::name() const {
   return "ImgPilRandomSolarize";
 }
 
+// ---- ImgPilColorDistortion --------------------------------------------------------------
+
+namespace {
+
+// VISSL's ColorJitter(0.8 s, 0.8 s, 0.8 s, 0.2 s).
+ColorJitter distortion_jitter(double strength) {
+  // torchvision refuses a hue above 0.5: checked here to name the strength, not the hue.
+  if (!(strength >= 0.0 && strength <= 2.5)) {
+    throw ConfigError(fmt::format(
+        "ImgPilColorDistortion: strength must be in [0, 2.5] (hue = 0.2 * strength <= 0.5), "
+        "got {}",
+        strength));
+  }
+  return ColorJitter(
+      ColorJitter::factor_range(0.8 * strength, "brightness"),
+      ColorJitter::factor_range(0.8 * strength, "contrast"),
+      ColorJitter::factor_range(0.8 * strength, "saturation"),
+      ColorJitter::hue_range(0.2 * strength));
+}
+
+} // namespace
+
+ImgPilColorDistortion::ImgPilColorDistortion(double strength)
+    : jitter_(distortion_jitter(strength)) {}
+
+void ImgPilColorDistortion::apply(SampleImage& image, at::Generator& gen) const {
+  // RandomApply: `if self.p < torch.rand(1): return img` (no jitter draws then).
+  if (!at::rand({1}, gen).gt(kJitterProbability).item<bool>()) {
+    jitter_.apply(image, gen);
+  }
+  grayscale_.apply(image, gen);
+}
+
+std::string ImgPilColorDistortion::name() const {
+  return "ImgPilColorDistortion";
+}
+
 } // namespace largo::data

@@ -101,6 +101,16 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
       {transforms.begin(), transforms.begin() + static_cast<std::ptrdiff_t>(tail)});
   elementwise_transforms_ =
       TransformPipeline({transforms.begin() + static_cast<std::ptrdiff_t>(tail), transforms.end()});
+  multi_view_ = !dataset_->view_shapes().empty();
+  for (const auto& transform : host_transforms_.transforms()) {
+    if (multi_view_ && !transform->elementwise()) {
+      throw ConfigError(fmt::format(
+          "DataLoader: the dataset makes several views per sample, but transforms holds the "
+          "batch-level {}; only elementwise transforms (ToTensor, Normalize) apply to each "
+          "view's batch",
+          transform->name()));
+    }
+  }
 }
 
 DataLoader::~DataLoader() {
@@ -238,6 +248,9 @@ Batch DataLoader::build_batch(int64_t batch_index, at::Tensor& buffer) const {
   request.indices.assign(indices_.begin() + begin, indices_.begin() + end);
   request.seed = options_.seed;
   request.epoch = epoch_;
+  if (multi_view_) {
+    return build_views(std::move(request));
+  }
   std::vector<int64_t> shape{options_.batch_size};
   const std::vector<int64_t> sample_shape = dataset_->sample_shape();
   shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
@@ -260,6 +273,21 @@ Batch DataLoader::build_batch(int64_t batch_index, at::Tensor& buffer) const {
     batch.images = finish_on_host(batch.images);
   } else if (options_.pin_memory && compat::cuda_available() && !batch.images.is_pinned()) {
     batch.images = batch.images.pin_memory(); // a host transform made a new tensor
+  }
+  return batch;
+}
+
+Batch DataLoader::build_views(const BatchRequest& request) const {
+  // Each view's batch is allocated by the dataset (no reused buffer: their shapes differ)
+  // and finished on its own: one fused pass per view.
+  Batch batch = dataset_->load_batch(request);
+  const bool pin = delivers_to_cuda() && options_.pin_memory && compat::cuda_available();
+  for (at::Tensor& view : batch.views) {
+    if (!delivers_to_cuda()) {
+      view = finish_on_host(view);
+    } else if (pin) {
+      view = view.pin_memory();
+    }
   }
   return batch;
 }
@@ -291,15 +319,23 @@ Batch DataLoader::finish_on_device(Batch batch) const {
     return batch;
   }
   const bool non_blocking = options_.non_blocking;
-  at::Tensor images = batch.images.to(options_.device, /*non_blocking=*/non_blocking);
   at::Generator unused = at::make_generator<at::CPUGeneratorImpl>(0);
-  images = elementwise_transforms_.apply(images, unused);
-  if (!images.is_floating_point()) {
-    images = images.to(at::kFloat).div_(255.0);
-  } else if (images.scalar_type() != at::kFloat) {
-    images = images.to(at::kFloat);
+  auto finish = [&](const at::Tensor& host) {
+    at::Tensor images = host.to(options_.device, /*non_blocking=*/non_blocking);
+    images = elementwise_transforms_.apply(images, unused);
+    if (!images.is_floating_point()) {
+      images = images.to(at::kFloat).div_(255.0);
+    } else if (images.scalar_type() != at::kFloat) {
+      images = images.to(at::kFloat);
+    }
+    return images;
+  };
+  if (batch.images.defined()) {
+    batch.images = finish(batch.images);
   }
-  batch.images = images;
+  for (at::Tensor& view : batch.views) {
+    view = finish(view);
+  }
   batch.labels = batch.labels.to(options_.device, non_blocking);
   return batch;
 }

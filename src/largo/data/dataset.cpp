@@ -45,6 +45,10 @@ at::Tensor BatchRequest::buffer_for(int64_t count, const std::vector<int64_t>& s
   return buffer.narrow(0, 0, count);
 }
 
+std::vector<std::vector<int64_t>> Dataset::view_shapes() const {
+  return {};
+}
+
 Batch Dataset::load_batch(const BatchRequest& request) const {
   Batch batch = get_batch(request.indices);
   // Copying only pays when the buffer is page-locked (a CUDA copy reads it asynchronously).

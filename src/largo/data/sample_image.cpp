@@ -62,6 +62,18 @@ SampleImage::SampleImage(const EncodedImage& encoded, const DecodeOptions& optio
   reset_geometry(source_width_, source_height_);
 }
 
+SampleImage SampleImage::view_of(SampleImage& base) {
+  const Image& pixels = base.pixels();
+  SampleImage view(*base.encoded_, base.options_); // not a copy: that would copy the pixels
+  view.borrowed_ = &pixels;
+  view.decoded_ = true;
+  view.source_width_ = pixels.width;
+  view.source_height_ = pixels.height;
+  view.flip_ = false;
+  view.reset_geometry(pixels.width, pixels.height);
+  return view;
+}
+
 void SampleImage::reset_geometry(int64_t width, int64_t height) {
   box_ = PixelRegion{0, 0, width, height};
   resize_width_ = width;
@@ -131,9 +143,10 @@ void SampleImage::hflip() {
 }
 
 bool SampleImage::geometry_pending() const {
-  return !decoded_ || has_resize() || box_.x != 0 || box_.y != 0 || box_.width != source_width_ ||
-         box_.height != source_height_ || window_.x != 0 || window_.y != 0 ||
-         window_.width != box_.width || window_.height != box_.height;
+  // A borrowed source is materialised (copied) before anything changes it in place.
+  return !decoded_ || borrowed_ != nullptr || has_resize() || box_.x != 0 || box_.y != 0 ||
+         box_.width != source_width_ || box_.height != source_height_ || window_.x != 0 ||
+         window_.y != 0 || window_.width != box_.width || window_.height != box_.height;
 }
 
 Image& SampleImage::pixels() {
@@ -157,7 +170,7 @@ int SampleImage::scale_denominator() const {
 
 void SampleImage::read_source(const PixelRegion& region, int denominator, Image& out) {
   if (decoded_) {
-    copy_region(pixels_, region, out);
+    copy_region(borrowed_ != nullptr ? *borrowed_ : pixels_, region, out);
     return;
   }
   encoded_->decode(region, denominator, out);
@@ -249,6 +262,7 @@ void SampleImage::materialize(bool apply_flip) {
     place(valid, x0 - window_.x, y0 - window_.y, flip, window_.width, window_.height, pixels_);
   }
   decoded_ = true;
+  borrowed_ = nullptr;
   source_width_ = window_.width;
   source_height_ = window_.height;
   reset_geometry(source_width_, source_height_);

@@ -6,13 +6,15 @@
 #include "largo/core/error.h"
 #include "largo/data/blur_transforms.h"
 #include "largo/data/color_transforms.h"
+#include "largo/data/multi_view_pipeline.h"
 
 namespace largo::data {
 namespace {
 
 constexpr const char* kSampleTransforms =
     "RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale, "
-    "GaussianBlur, ImgPilGaussianBlur, ImgPilRandomSolarize (before ToTensor); ToTensor, "
+    "GaussianBlur, ImgPilGaussianBlur, ImgPilRandomSolarize, ImgPilColorDistortion (before "
+    "ToTensor); ToTensor, "
     "Normalize, RandomHorizontalFlip, RandomCrop (from ToTensor on, on the whole batch)";
 
 ImageSize image_size(const TransformArgs& args, const std::string& key) {
@@ -153,14 +155,36 @@ std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec
     const TransformArgs args(spec, {"prob"});
     return std::make_shared<ImgPilRandomSolarize>(args.probability("prob", 0.5));
   }
+  if (name == "ImgPilColorDistortion") {
+    const TransformArgs args(spec, {"strength"});
+    return std::make_shared<ImgPilColorDistortion>(args.number("strength", 1.0));
+  }
+  if (is_multi_view_transform(name)) {
+    throw ConfigError(fmt::format(
+        "transform {} makes or transforms several views of each image; a list holding it is "
+        "built by make_multi_view_transforms (multi_view_pipeline.h), not as one image's "
+        "transforms",
+        name));
+  }
   throw ConfigError(fmt::format(
-      "unknown transform '{}' for image files; supported: {}", name, kSampleTransforms));
+      "unknown transform '{}' for image files; supported: {}; multi-view lists (built by "
+      "make_multi_view_transforms): ImgPilToMultiCrop, ImgReplicatePil, "
+      "ImgPilMultiCropRandomApply",
+      name,
+      kSampleTransforms));
 }
 
 ImageTransforms make_image_transforms(const std::vector<TransformSpec>& specs) {
   std::vector<std::shared_ptr<const SampleTransform>> per_sample;
   std::vector<TransformSpec> per_batch;
   for (const TransformSpec& spec : specs) {
+    if (is_multi_view_transform(spec.name)) {
+      throw ConfigError(fmt::format(
+          "transform {} makes or transforms several views of each image, which one-view image "
+          "transforms cannot deliver; build the list with make_multi_view_transforms "
+          "(multi_view_pipeline.h)",
+          spec.name));
+    }
     if (spec.name == "ToTensor" || !per_batch.empty()) {
       if (spec.name != "ToTensor" && spec.name != "Normalize" &&
           spec.name != "RandomHorizontalFlip" && spec.name != "RandomCrop") {

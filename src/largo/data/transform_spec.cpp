@@ -27,6 +27,12 @@ TransformArgs::TransformArgs(const TransformSpec& spec, const std::set<std::stri
   for (const auto& [key, value] : spec.text_args) {
     check(key);
   }
+  for (const auto& [key, value] : spec.nested_args) {
+    check(key);
+  }
+  for (const auto& [key, value] : spec.transform_args) {
+    check(key);
+  }
 }
 
 void TransformArgs::fail(const std::string& key, const std::string& message) const {
@@ -34,12 +40,39 @@ void TransformArgs::fail(const std::string& key, const std::string& message) con
 }
 
 bool TransformArgs::has(const std::string& key) const {
-  return spec_->args.count(key) != 0 || spec_->text_args.count(key) != 0;
+  return spec_->args.count(key) != 0 || spec_->text_args.count(key) != 0 ||
+         spec_->nested_args.count(key) != 0 || spec_->transform_args.count(key) != 0;
+}
+
+const std::vector<std::vector<double>>&
+TransformArgs::nested_numbers(const std::string& key) const {
+  const auto it = spec_->nested_args.find(key);
+  if (it == spec_->nested_args.end()) {
+    fail(
+        key,
+        has(key) ? "must be a list of lists of numbers, e.g. [[0.14, 1.0], [0.05, 0.14]]"
+                 : "is required but missing");
+  }
+  return it->second;
+}
+
+const std::vector<TransformSpec>& TransformArgs::transforms(const std::string& key) const {
+  const auto it = spec_->transform_args.find(key);
+  if (it == spec_->transform_args.end()) {
+    fail(
+        key,
+        has(key) ? "must be a list of transforms ({name: ..., ...} maps)"
+                 : "is required but missing");
+  }
+  return it->second;
 }
 
 const std::vector<double>& TransformArgs::numbers(const std::string& key) const {
   const auto it = spec_->args.find(key);
   if (it == spec_->args.end()) {
+    if (spec_->nested_args.count(key) != 0 || spec_->transform_args.count(key) != 0) {
+      fail(key, "must be a number or a flat list of numbers, got a nested list");
+    }
     if (spec_->text_args.count(key) != 0) {
       fail(
           key,

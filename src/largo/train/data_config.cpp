@@ -3,6 +3,7 @@
 #include "config_checks.h"
 
 #include <largo/core/resources.h>
+#include <largo/data/multi_view_pipeline.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -119,6 +120,16 @@ std::vector<data::TransformSpec> transforms_from(const Config& config, const std
     }
     data::TransformSpec spec;
     spec.name = entry["name"].Scalar();
+    if (data::is_multi_view_transform(spec.name)) {
+      // Refused before its arguments are read: nested lists (crop_scales, transforms) have no
+      // reading here, and a list of views would reach a trainer that takes one image each.
+      throw config_error(
+          entry_key + ".name",
+          spec.name,
+          "a one-image transform: multi-crop transforms need an SSL loss, which the trainer "
+          "does not run yet; use the library API (largo::data::make_multi_view_transforms, "
+          "ImageDataset with a MultiViewPipeline; docs/self_supervised.md)");
+    }
     for (const auto& argument : entry) {
       const std::string arg_name = argument.first.as<std::string>();
       if (arg_name == "name") {
