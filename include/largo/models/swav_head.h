@@ -1,0 +1,66 @@
+// VISSL's swav_head (SwAVPrototypesHead, Caron et al. 2020): a projection MLP to a small
+// embedding, L2-normalised, then one or more prototype layers (Linear without bias, one row
+// per cluster centroid) scoring the embedding. forward() returns VISSL's list: the embedding
+// first (return_embeddings), then each prototype set's scores, which swav_loss.h takes.
+//
+// Module names follow VISSL's, so a VISSL checkpoint's head loads by name:
+// projection_head.<i> (Linear, BatchNorm1d, activation in order of creation) and
+// prototypes<j>.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace largo::models {
+
+// MODEL.HEAD.PARAMS [["swav_head", {...}]]: VISSL's arguments, with its defaults.
+struct SwavHeadOptions {
+  std::vector<int64_t> dims;         // [in, ..., embedding], >= 2 entries (e.g. [2048, 2048, 128])
+  bool use_bn = false;               // BatchNorm1d after each hidden Linear
+  std::vector<int64_t> num_clusters; // one prototype set per entry (SwAV: [3000]); may be empty
+  bool use_bias = true;              // bias in the projection's Linear layers
+  bool return_embeddings = true;     // the embedding first in forward()'s list
+  // The projection ends in its last Linear (VISSL's default); false adds BN and activation.
+  bool skip_last_bn = true;
+  bool normalize_feats = true;     // L2-normalise the embedding before the prototypes
+  std::string activation = "ReLU"; // ReLU or GELU (VISSL's activation_name)
+  double batchnorm_eps = 1e-5;     // MODEL.HEAD.BATCHNORM_EPS
+  double batchnorm_momentum = 0.1; // MODEL.HEAD.BATCHNORM_MOMENTUM
+};
+
+class SwavHeadImpl : public torch::nn::Module {
+ public:
+  // Throws ConfigError naming the swav_head argument for fewer than 2 dims, a dim or a
+  // cluster count <= 0, or an activation other than ReLU and GELU.
+  explicit SwavHeadImpl(SwavHeadOptions options);
+
+  // features [batch, dims[0]] -> [embedding [batch, dims.back()] if return_embeddings,
+  // scores [batch, num_clusters[j]] for each prototype set j].
+  std::vector<at::Tensor> forward(const at::Tensor& features);
+
+  // Each prototype (a row of every prototypes<j>.weight) rescaled to unit L2 norm, in place
+  // and outside autograd: what VISSL's SwAV runs before every forward with the loss's
+  // normalize_last_layer, so the scores are cosine similarities.
+  void normalize_prototypes();
+
+  const SwavHeadOptions& options() const {
+    return options_;
+  }
+  const std::vector<torch::nn::Linear>& prototypes() const {
+    return prototypes_;
+  }
+
+ private:
+  SwavHeadOptions options_;
+  torch::nn::Sequential projection_head_;
+  std::vector<torch::nn::Linear> prototypes_;
+};
+TORCH_MODULE(SwavHead);
+
+} // namespace largo::models
