@@ -45,8 +45,9 @@ class SwavHeadImpl : public torch::nn::Module {
   std::vector<at::Tensor> forward(const at::Tensor& features);
 
   // Each prototype (a row of every prototypes<j>.weight) rescaled to unit L2 norm, in place
-  // and outside autograd: what VISSL's SwAV runs before every forward with the loss's
-  // normalize_last_layer, so the scores are cosine similarities.
+  // and outside autograd: what VISSL's SwAV runs after every optimizer step with the loss's
+  // normalize_last_layer (NormalizePrototypesHook.on_update), so the scores are cosine
+  // similarities from the second step on.
   void normalize_prototypes();
 
   const SwavHeadOptions& options() const {
