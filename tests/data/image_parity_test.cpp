@@ -18,26 +18,7 @@ namespace {
 
 using testing::image_baseline_dir;
 using testing::image_baselines;
-
-std::vector<TransformSpec> specs_of(const nlohmann::json& list) {
-  std::vector<TransformSpec> specs;
-  for (const auto& entry : list) {
-    TransformSpec spec;
-    for (const auto& [key, value] : entry.items()) {
-      if (key == "name") {
-        spec.name = value.get<std::string>();
-      } else if (value.is_string()) {
-        spec.text_args[key] = value.get<std::string>();
-      } else if (value.is_array()) {
-        spec.args[key] = value.get<std::vector<double>>();
-      } else {
-        spec.args[key] = {value.get<double>()};
-      }
-    }
-    specs.push_back(spec);
-  }
-  return specs;
-}
+using testing::specs_of;
 
 struct Result {
   Image image;

@@ -16,6 +16,7 @@
 
 #include "largo/data/image.h"
 #include "largo/data/image_decoder.h"
+#include "largo/data/transform_spec.h"
 
 namespace largo::data::testing {
 
@@ -157,6 +158,32 @@ inline Image from_planar(const uint8_t* planar, int64_t width, int64_t height) {
     }
   }
   return image;
+}
+
+// A JSON transform list as the specs a config would give (nested lists and transform lists
+// included).
+inline std::vector<TransformSpec> specs_of(const nlohmann::json& list) {
+  std::vector<TransformSpec> specs;
+  for (const auto& entry : list) {
+    TransformSpec spec;
+    for (const auto& [key, value] : entry.items()) {
+      if (key == "name") {
+        spec.name = value.get<std::string>();
+      } else if (value.is_string()) {
+        spec.text_args[key] = value.get<std::string>();
+      } else if (value.is_array() && !value.empty() && value[0].is_object()) {
+        spec.transform_args[key] = specs_of(value);
+      } else if (value.is_array() && !value.empty() && value[0].is_array()) {
+        spec.nested_args[key] = value.get<std::vector<std::vector<double>>>();
+      } else if (value.is_array()) {
+        spec.args[key] = value.get<std::vector<double>>();
+      } else {
+        spec.args[key] = {value.get<double>()};
+      }
+    }
+    specs.push_back(spec);
+  }
+  return specs;
 }
 
 } // namespace largo::data::testing

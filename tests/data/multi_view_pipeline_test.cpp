@@ -23,6 +23,7 @@ namespace largo::data::multi_view_pipeline_test {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::specs_of;
 
 fs::path baseline_dir() {
   return fs::path(LARGO_TEST_DATA_DIR) / "data" / "baselines" / "multicrop";
@@ -34,32 +35,6 @@ const nlohmann::json& baselines() {
     return nlohmann::json::parse(file);
   }();
   return json;
-}
-
-// A JSON transform list as the specs a config would give (nested lists and transform lists
-// included).
-std::vector<TransformSpec> specs_of(const nlohmann::json& list) {
-  std::vector<TransformSpec> specs;
-  for (const auto& entry : list) {
-    TransformSpec spec;
-    for (const auto& [key, value] : entry.items()) {
-      if (key == "name") {
-        spec.name = value.get<std::string>();
-      } else if (value.is_string()) {
-        spec.text_args[key] = value.get<std::string>();
-      } else if (value.is_array() && !value.empty() && value[0].is_object()) {
-        spec.transform_args[key] = specs_of(value);
-      } else if (value.is_array() && !value.empty() && value[0].is_array()) {
-        spec.nested_args[key] = value.get<std::vector<std::vector<double>>>();
-      } else if (value.is_array()) {
-        spec.args[key] = value.get<std::vector<double>>();
-      } else {
-        spec.args[key] = {value.get<double>()};
-      }
-    }
-    specs.push_back(spec);
-  }
-  return specs;
 }
 
 const std::vector<uint8_t>& fixture(const std::string& name) {
