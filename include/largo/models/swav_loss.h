@@ -9,10 +9,10 @@
 // are all-reduced, so the assignments over 2 ranks are those of one process on the whole
 // batch, and each rank's loss is over its own images.
 //
-// Not here yet: the queue's upkeep (VISSL's loss keeps the last queue_length embeddings and
-// rescoring them with the current prototypes), several prototype heads (VISSL averages this
-// loss over them), the prototypes' normalisation, and the config keys: LOSS.swav_loss is
-// refused by `largo` (docs/self_supervised.md).
+// The queue's upkeep is swav_queue.h's, the prototypes' normalisation swav_head.h's; with
+// several prototype sets VISSL averages this loss over them (swav_queue.h shows the loop).
+// Not here yet: the config keys: LOSS.swav_loss is refused by `largo`
+// (docs/self_supervised.md).
 #pragma once
 
 #include <largo/comm/process_group.h>
