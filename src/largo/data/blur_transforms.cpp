@@ -1,6 +1,6 @@
 // Gaussian blurs: torchvision's float kernel (separable here) and PIL's box-blur
 // approximation (Pillow 9 libImaging/BoxBlur.c's arithmetic: radius from Gwosdek et al.
-// 2011, 8.24 fixed-point weights, edge pixels extended).
+// 2011; the box blurs themselves in pil_box_blur.cpp).
 #include "largo/data/blur_transforms.h"
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "largo/core/error.h"
+#include "pil_box_blur.h"
 
 namespace largo::data {
 namespace {
@@ -76,37 +77,6 @@ float box_radius(float radius, int passes) {
   return l + a;
 }
 
-// One extended box blur along a line of `count` RGB pixels `stride` bytes apart:
-// out[x] = ww * sum(in[x-r .. x+r]) + fw * (in[x-r-1] + in[x+r+1]), edges extended.
-void box_blur_line(
-    uint8_t* line,
-    int64_t count,
-    int64_t stride,
-    float float_radius,
-    std::vector<uint8_t>& scratch) {
-  const auto radius = static_cast<int64_t>(float_radius);
-  const auto ww = static_cast<uint32_t>(static_cast<float>(1 << 24) / (float_radius * 2 + 1));
-  const uint32_t fw = ((1u << 24) - static_cast<uint32_t>(radius * 2 + 1) * ww) / 2;
-  scratch.resize(static_cast<size_t>(count * 3));
-  auto value = [&](int64_t i, int c) -> uint32_t {
-    return line[std::clamp<int64_t>(i, 0, count - 1) * stride + c];
-  };
-  for (int c = 0; c < 3; ++c) {
-    uint32_t acc = 0;
-    for (int64_t k = -radius - 1; k <= radius - 1; ++k) {
-      acc += value(k, c); // the window centred on pixel -1
-    }
-    for (int64_t x = 0; x < count; ++x) {
-      acc += value(x + radius, c) - value(x - radius - 1, c);
-      const uint32_t bulk = acc * ww + (value(x - radius - 1, c) + value(x + radius + 1, c)) * fw;
-      scratch[static_cast<size_t>(x * 3 + c)] = static_cast<uint8_t>((bulk + (1u << 23)) >> 24);
-    }
-  }
-  for (int64_t x = 0; x < count; ++x) {
-    std::copy_n(scratch.data() + x * 3, 3, line + x * stride);
-  }
-}
-
 } // namespace
 
 void gaussian_blur(
@@ -125,19 +95,7 @@ void gaussian_blur(
 
 void pil_gaussian_blur(Image& image, double radius) {
   constexpr int kPasses = 3;
-  const float float_radius = box_radius(static_cast<float>(radius), kPasses);
-  std::vector<uint8_t> scratch;
-  for (int pass = 0; pass < kPasses; ++pass) {
-    for (int64_t y = 0; y < image.height; ++y) {
-      box_blur_line(image.row(y), image.width, 3, float_radius, scratch);
-    }
-  }
-  for (int pass = 0; pass < kPasses; ++pass) {
-    for (int64_t x = 0; x < image.width; ++x) {
-      box_blur_line(
-          image.pixels.data() + x * 3, image.height, image.width * 3, float_radius, scratch);
-    }
-  }
+  detail::pil_box_blur(image, box_radius(static_cast<float>(radius), kPasses), kPasses);
 }
 
 // ---- GaussianBlur -----------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "largo/core/error.h"
+#include "pil_hue_shift.h"
 
 namespace largo::data {
 namespace {
@@ -19,96 +20,28 @@ inline uint8_t luma(const uint8_t* rgb) {
 }
 
 // PIL's Image.blend(degenerate, image, alpha) for one value: interpolation truncates,
-// extrapolation clips then truncates. alpha is a C float in PIL.
+// extrapolation clips then truncates (alpha is a C float in PIL). Clipping first then
+// truncating covers both: an interpolation never leaves [0, 255], even rounded.
 inline uint8_t blend(int degenerate, int value, float alpha) {
   const float mixed =
       static_cast<float>(degenerate) + alpha * static_cast<float>(value - degenerate);
-  if (alpha >= 0 && alpha <= 1.0f) {
-    return static_cast<uint8_t>(mixed);
-  }
-  if (mixed <= 0.0f) {
-    return 0;
-  }
-  if (mixed >= 255.0f) {
-    return 255;
-  }
-  return static_cast<uint8_t>(mixed);
+  return static_cast<uint8_t>(std::clamp(mixed, 0.0f, 255.0f));
 }
 
-// Blends every value of `image` with `degenerate(pixel, channel)`; alpha 0 and 1 are PIL's
-// copy shortcuts.
-template <typename Degenerate>
-void blend_image(Image& image, double factor, Degenerate degenerate) {
-  const auto alpha = static_cast<float>(factor);
+// Blends every value with one `degenerate` value: with it fixed, the blend is a function of
+// the byte alone, a 256-entry table. alpha 1 is PIL's copy shortcut (the table would be the
+// identity).
+void blend_with_constant(Image& image, int degenerate, float alpha) {
   if (alpha == 1.0f) {
     return;
   }
-  const int64_t pixels = image.width * image.height;
-  uint8_t* data = image.pixels.data();
-  for (int64_t i = 0; i < pixels; ++i) {
-    uint8_t* rgb = data + 3 * i;
-    const int base = degenerate(rgb);
-    for (int c = 0; c < 3; ++c) {
-      rgb[c] = alpha == 0.0f ? static_cast<uint8_t>(base) : blend(base, rgb[c], alpha);
-    }
+  uint8_t table[256];
+  for (int value = 0; value < 256; ++value) {
+    table[value] = blend(degenerate, value, alpha);
   }
-}
-
-inline uint8_t clip8(int value) {
-  return static_cast<uint8_t>(std::clamp(value, 0, 255));
-}
-
-void rgb_to_hsv(const uint8_t* rgb, uint8_t* hsv) {
-  const uint8_t r = rgb[0];
-  const uint8_t g = rgb[1];
-  const uint8_t b = rgb[2];
-  const uint8_t maxc = std::max(r, std::max(g, b));
-  const uint8_t minc = std::min(r, std::min(g, b));
-  uint8_t hue = 0;
-  uint8_t saturation = 0;
-  if (minc != maxc) {
-    const auto cr = static_cast<float>(maxc - minc);
-    const float s = cr / static_cast<float>(maxc);
-    const float rc = static_cast<float>(maxc - r) / cr;
-    const float gc = static_cast<float>(maxc - g) / cr;
-    const float bc = static_cast<float>(maxc - b) / cr;
-    float h = 0;
-    if (r == maxc) {
-      h = bc - gc;
-    } else if (g == maxc) {
-      h = static_cast<float>(2.0 + rc - bc);
-    } else {
-      h = static_cast<float>(4.0 + gc - rc);
-    }
-    h = static_cast<float>(std::fmod(h / 6.0 + 1.0, 1.0));
-    hue = clip8(static_cast<int>(h * 255.0));
-    saturation = clip8(static_cast<int>(s * 255.0));
+  for (uint8_t& value : image.pixels) {
+    value = table[value];
   }
-  hsv[0] = hue;
-  hsv[1] = saturation;
-  hsv[2] = maxc;
-}
-
-void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb) {
-  const uint8_t h = hsv[0];
-  const uint8_t s = hsv[1];
-  const uint8_t v = hsv[2];
-  if (s == 0) {
-    rgb[0] = rgb[1] = rgb[2] = v;
-    return;
-  }
-  const int i = static_cast<int>(std::floor(static_cast<float>(h) * 6.0 / 255.0));
-  const auto f = static_cast<float>(static_cast<float>(h) * 6.0 / 255.0 - static_cast<float>(i));
-  const auto fs = static_cast<float>(static_cast<float>(s) / 255.0);
-  const uint8_t p = clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs))));
-  const uint8_t q = clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs * f))));
-  const uint8_t t =
-      clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs * (1.0 - f)))));
-  const uint8_t table[6][3] = {{v, t, p}, {q, v, p}, {p, v, t}, {p, q, v}, {t, p, v}, {v, p, q}};
-  const uint8_t* out = table[i % 6];
-  rgb[0] = out[0];
-  rgb[1] = out[1];
-  rgb[2] = out[2];
 }
 
 ColorJitter::Range
@@ -128,23 +61,42 @@ checked_range(ColorJitter::Range range, const std::string& what, double low, dou
 } // namespace
 
 void adjust_brightness(Image& image, double factor) {
-  blend_image(image, factor, [](const uint8_t*) { return 0; });
+  blend_with_constant(image, 0, static_cast<float>(factor));
 }
 
 void adjust_contrast(Image& image, double factor) {
   // int(ImageStat.Stat(image.convert("L")).mean[0] + 0.5)
   const int64_t pixels = image.width * image.height;
+  const uint8_t* rgb = image.pixels.data();
   int64_t sum = 0;
   for (int64_t i = 0; i < pixels; ++i) {
-    sum += luma(image.pixels.data() + 3 * i);
+    sum += luma(rgb + 3 * i);
   }
   const double mean = pixels > 0 ? static_cast<double>(sum) / static_cast<double>(pixels) : 0.0;
-  const int degenerate = static_cast<int>(mean + 0.5);
-  blend_image(image, factor, [degenerate](const uint8_t*) { return degenerate; });
+  blend_with_constant(image, static_cast<int>(mean + 0.5), static_cast<float>(factor));
 }
 
 void adjust_saturation(Image& image, double factor) {
-  blend_image(image, factor, [](const uint8_t* rgb) { return static_cast<int>(luma(rgb)); });
+  const auto alpha = static_cast<float>(factor);
+  if (alpha == 1.0f) {
+    return;
+  }
+  // Each pixel blends with its own luma: PIL's product alpha * (value - luma) comes from a
+  // table of the 511 differences, the rest is one float addition and a clip.
+  float scaled[511];
+  for (int difference = -255; difference <= 255; ++difference) {
+    scaled[difference + 255] = alpha * static_cast<float>(difference);
+  }
+  const int64_t pixels = image.width * image.height;
+  uint8_t* rgb = image.pixels.data();
+  for (int64_t i = 0; i < pixels; ++i, rgb += 3) {
+    const int gray = luma(rgb);
+    const float* row = scaled + 255 - gray;
+    for (int c = 0; c < 3; ++c) {
+      const float mixed = static_cast<float>(gray) + row[rgb[c]];
+      rgb[c] = static_cast<uint8_t>(std::clamp(mixed, 0.0f, 255.0f));
+    }
+  }
 }
 
 void adjust_hue(Image& image, double factor) {
@@ -153,14 +105,7 @@ void adjust_hue(Image& image, double factor) {
   }
   // np.uint8(factor * 255): the C conversion, which wraps negative values modulo 256.
   const auto shift = static_cast<uint8_t>(static_cast<int>(factor * 255));
-  const int64_t pixels = image.width * image.height;
-  for (int64_t i = 0; i < pixels; ++i) {
-    uint8_t* rgb = image.pixels.data() + 3 * i;
-    uint8_t hsv[3];
-    rgb_to_hsv(rgb, hsv);
-    hsv[0] = static_cast<uint8_t>(hsv[0] + shift);
-    hsv_to_rgb(hsv, rgb);
-  }
+  detail::pil_shift_hue(image.pixels.data(), image.width * image.height, shift);
 }
 
 void to_grayscale(Image& image) {

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "largo/core/error.h"
+#include "simd_clones.h"
 
 namespace largo::data {
 namespace {
@@ -287,7 +288,7 @@ void horizontal_pass(const Image& src, const ResampleAxis& x_axis, Image& out) {
 
 // One vertical pass: out is src.width x y_axis.output_size(); src row 0 is input row
 // y_axis.input_begin().
-void vertical_pass(const Image& src, const ResampleAxis& y_axis, Image& out) {
+LARGO_SIMD_CLONES void vertical_pass(const Image& src, const ResampleAxis& y_axis, Image& out) {
   const int64_t out_height = y_axis.output_size();
   const int64_t values = src.width * Image::kChannels;
   out.reshape(src.width, out_height);
