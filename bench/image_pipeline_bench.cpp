@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -60,6 +61,23 @@ double seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// One shuffled epoch of `loader`: the images delivered after kWarmupBatches batches and the
+// seconds they took (a multi-view batch counts its images once, not once per view).
+std::pair<int64_t, double> time_epoch(DataLoader& loader, int64_t dataset_size) {
+  DistributedSampler sampler(dataset_size, 1, 0, /*shuffle=*/true, 0);
+  loader.start_epoch(sampler.indices(), 0);
+  Clock::time_point start;
+  int64_t images = 0;
+  for (int64_t k = 0; auto batch_data = loader.next(); ++k) {
+    if (k == kWarmupBatches) {
+      start = Clock::now();
+    } else if (k > kWarmupBatches) {
+      images += batch_data->labels.size(0);
+    }
+  }
+  return {images, seconds(start)};
+}
+
 int throughput(
     const std::string& folder, const std::string& which, int64_t workers, int64_t batch, bool dct) {
   DataSourceOptions source;
@@ -74,18 +92,7 @@ int throughput(
   options.transforms = opened.transforms;
   options.seed = 0;
   DataLoader loader(opened.dataset, options);
-  DistributedSampler sampler(opened.dataset->size(), 1, 0, /*shuffle=*/true, 0);
-  loader.start_epoch(sampler.indices(), 0);
-  Clock::time_point start;
-  int64_t images = 0;
-  for (int64_t k = 0; auto batch_data = loader.next(); ++k) {
-    if (k == kWarmupBatches) {
-      start = Clock::now();
-    } else if (k > kWarmupBatches) {
-      images += batch_data->images.size(0);
-    }
-  }
-  const double elapsed = seconds(start);
+  const auto [images, elapsed] = time_epoch(loader, opened.dataset->size());
   const LoaderStats stats = loader.stats();
   std::printf(
       "largo %s workers=%lld%s: %.1f images/s (%lld images, %.2f s; consumer waited %.0f%%)\n",
@@ -122,18 +129,7 @@ int multicrop(const std::string& folder, int64_t workers, int64_t batch) {
   options.num_workers = workers;
   options.transforms = transforms.per_batch;
   DataLoader loader(dataset, options);
-  DistributedSampler sampler(dataset->size(), 1, 0, /*shuffle=*/true, 0);
-  loader.start_epoch(sampler.indices(), 0);
-  Clock::time_point start;
-  int64_t images = 0;
-  for (int64_t k = 0; auto batch_data = loader.next(); ++k) {
-    if (k == kWarmupBatches) {
-      start = Clock::now();
-    } else if (k > kWarmupBatches) {
-      images += batch_data->views.front().size(0);
-    }
-  }
-  const double elapsed = seconds(start);
+  const auto [images, elapsed] = time_epoch(loader, dataset->size());
   std::printf(
       "largo multicrop workers=%lld: %.1f images/s (%lld images of 8 views, %.2f s; consumer "
       "waited %.0f%%)\n",
