@@ -14,6 +14,8 @@
 //   rng_state            this rank's CPU generator; rng_states: every rank's
 //   world_size, train_sampler (VISSL's view of the position), top1, top5, best_top1,
 //   largo_version, config (the effective YAML)
+//   loss, loss_states    with a loss that keeps state (SwAV's queue): rank 0's {name: tensor}
+//                        (VISSL's "loss" entry) and every rank's, stacked [world, ...]
 //   ema_model            with HOOKS.EMA_MODEL.SAVE_EMA_MODEL: the model's average
 //                        (optim::ModelEma::state_dict(), rank 0's; under FSDP, where each
 //                        rank averages its own pieces, gathered as the model is, so the
@@ -22,8 +24,8 @@
 // save_model() writes the model alone: "model", the progress entries (epoch, iteration,
 // top1, top5, best_top1), largo_version and config; MODEL.WEIGHTS_INIT and torch.load read it.
 //
-// Collectives: save() (every rank's RNG state and optimizer shard; FSDP gathers the model,
-// and its average, unit by unit onto rank 0, which alone writes the main file) and
+// Collectives: save() (every rank's RNG state, optimizer shard and loss state; FSDP gathers the
+// model, and its average, unit by unit onto rank 0, which alone writes the main file) and
 // save_model() (the model's gather). load() issues none.
 #pragma once
 
@@ -33,6 +35,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -102,6 +106,14 @@ class TrainingState {
   // checkpoint that has one, and otherwise restarts it from the loaded weights, as VISSL does.
   void attach_model_ema(optim::ModelEma& ema, optim::NamedTensors model_tensors, bool save_average);
 
+  // A loss's per-rank state (SwAV's queue), the same names and shapes on every rank:
+  // save() writes it as "loss" / "loss_states"; load() gives each rank its own back at the
+  // saved world size, and rank 0's at another (as VISSL loads its one "loss" entry). A
+  // checkpoint without it leaves the loss's fresh state, with a warning.
+  using LossStateGetter = std::function<std::map<std::string, at::Tensor>()>;
+  using LossStateSetter = std::function<void(const std::map<std::string, at::Tensor>&)>;
+  void attach_loss_state(LossStateGetter get, LossStateSetter set);
+
  private:
   void insert_progress(StateDict& state) const;
   void load_progress(const StateDict& state, const std::string& where);
@@ -119,6 +131,8 @@ class TrainingState {
       const std::string& where);
   void load_rng(const StateDict& state, int64_t saved_world_size);
   void load_model_ema(const StateDict& state, const std::string& where);
+  void insert_loss_state(StateDict& state);
+  void load_loss_state(const StateDict& state, int64_t saved_world_size, const std::string& where);
 
   parallel::ParallelModel& model_;
   SamplerDescription sampler_;
@@ -127,6 +141,8 @@ class TrainingState {
   optim::ModelEma* ema_ = nullptr;
   optim::NamedTensors ema_tensors_;
   bool save_ema_ = false;
+  LossStateGetter get_loss_state_;
+  LossStateSetter set_loss_state_;
 };
 
 } // namespace largo::checkpoint

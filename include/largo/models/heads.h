@@ -32,4 +32,18 @@ struct MlpHeadOptions {
 torch::nn::Sequential
 build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options = {});
 
+// One of several mlp heads applied one after another (VISSL's SimCLR projection:
+// [["mlp", {"dims": [2048, 2048], "use_relu": True, ...}], ["mlp", {"dims": [2048, 128]}]]).
+struct MlpHeadSpec {
+  std::vector<int64_t> dims;
+  MlpHeadOptions options;
+};
+
+// The heads' layers in order, in one flat Sequential (a libtorch Sequential cannot hold a
+// Sequential), so the names run on: VISSL's heads.1.0 of a [2048, 2048] head with ReLU is
+// head.2 here. Throws
+// ConfigError naming MODEL.HEAD.PARAMS[i] when a head's first dim is not the previous
+// output's width (`in_features` for the first).
+torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<MlpHeadSpec>& heads);
+
 } // namespace largo::models

@@ -6,10 +6,12 @@
 #include <largo/models/heads.h>
 #include <largo/models/linear_eval.h>
 #include <largo/models/mlp.h>
+#include <largo/models/multi_crop_model.h>
 #include <largo/models/parameter_count.h>
 #include <largo/models/regnet.h>
 #include <largo/models/resnet.h>
 #include <largo/models/small_cnn.h>
+#include <largo/models/swav_head.h>
 #include <largo/models/trunk_head_model.h>
 #include <largo/models/vit.h>
 
@@ -38,6 +40,14 @@ struct ModelOptions {
   // Empty: Linear(trunk output -> num_classes).
   std::vector<int64_t> head_dims;
   MlpHeadOptions head; // the mlp head's other switches (used when head_dims is set)
+  // Self-supervised heads, instead of head_dims (their outputs are not classes):
+  // MODEL.HEAD.PARAMS [["swav_head", {...}]] (swav_head.dims non-empty), or several mlp
+  // heads applied one after another (head_chain: SimCLR's projection).
+  SwavHeadOptions swav_head;
+  std::vector<MlpHeadSpec> head_chain;
+  // Several views per image ([channels, h, w] each, data::Dataset::view_shapes): the run
+  // trains a MultiCropModel over build_model's. Empty: one image per sample.
+  std::vector<std::vector<int64_t>> view_shapes;
   // MODEL.HEAD.PARAMS_MULTIPLIER: the head's Linear weights and biases are multiplied by it
   // after their initialization (VISSL's MLP.scale_weights).
   double head_params_multiplier = 1.0;
@@ -60,14 +70,16 @@ TrunkHeadModel build_model(const ModelOptions& options);
 Trunk build_trunk(const ModelOptions& options);
 
 // What a run trains, built from one ModelOptions: build_model's model and, when
-// options.feature_eval is enabled(), the linear evaluation over its trunk (linear_eval.h).
+// options.feature_eval is enabled(), the linear evaluation over its trunk (linear_eval.h), or
+// with options.view_shapes the multi-crop model over it (multi_crop_model.h).
 // The trainer, `largo estimate` and feature extraction build it alike.
 struct RunModel {
   TrunkHeadModel model{nullptr};
   LinearEvalModel linear_eval{nullptr}; // empty without a linear evaluation
+  MultiCropModel multi_crop{nullptr};   // empty for one image per sample
 
   // The module that trains, is checkpointed and is initialized from MODEL.WEIGHTS_INIT: the
-  // linear evaluation, or the model.
+  // linear evaluation, the multi-crop model, or the model.
   std::shared_ptr<torch::nn::Module> module() const;
   // The same as parallel::parallelize takes it.
   torch::nn::AnyModule any_module() const;

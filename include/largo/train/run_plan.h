@@ -26,8 +26,9 @@ namespace largo::train {
 
 // The shape of a split's samples as the model sees them.
 struct DataShape {
-  std::vector<int64_t> sample_shape; // [channels, height, width]
+  std::vector<int64_t> sample_shape; // [channels, height, width]; several views: view 0's
   int64_t num_classes = 0;
+  std::vector<std::vector<int64_t>> view_shapes; // each view's; empty for one image per sample
 };
 
 struct RunWorld {
@@ -41,7 +42,7 @@ struct RunPlan {
   RunWorld world;
   precision::PrecisionPolicy precision;
   DataShape train_shape; // empty in an evaluation-only run (TEST_ONLY): DATA.TRAIN is not read
-  DataShape test_shape;
+  DataShape test_shape;  // empty when DATA.TEST is not read (TrainerOptions::reads_test_split)
   // With in_channels and image_size from model_data(), num_classes from the head's last dim
   // (MODEL.HEAD.PARAMS) or else from model_data()'s classes.
   models::ModelOptions model;

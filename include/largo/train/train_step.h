@@ -10,6 +10,7 @@
 #include <largo/data/dataset.h>
 #include <largo/parallel/parallelize.h>
 #include <largo/train/classification_loss.h>
+#include <largo/train/self_supervised_loss.h>
 
 #include <cstdint>
 #include <functional>
@@ -26,6 +27,9 @@ struct TrainStepOptions {
   // Several heads (a linear evaluation): each one's classes; the model's output is their
   // concatenation (models::split_outputs) and the loss is summed over them. Empty: one output.
   std::vector<int64_t> output_widths;
+  // A self-supervised run's loss, in place of the classification loss (not owned). Batches
+  // of several views (data::Batch::views) reach the model packed (models::pack_views).
+  SelfSupervisedLoss* self_supervised = nullptr;
 };
 
 struct StepResult {

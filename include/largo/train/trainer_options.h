@@ -14,6 +14,7 @@
 #include <largo/precision/precision_policy.h>
 #include <largo/precision/tf32.h>
 #include <largo/train/classification_loss.h>
+#include <largo/train/self_supervised_loss.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -148,6 +149,9 @@ struct TrainerOptions {
   checkpoint::WeightsInitOptions weights_init;
 
   ClassificationLossOptions loss; // LOSS.name and LOSS.<name>
+  // LOSS.name swav_loss / simclr_info_nce_loss: self-supervised pretraining on several views
+  // of each image (DATA.TRAIN's multi-crop TRANSFORMS), in place of `loss`.
+  SelfSupervisedLossOptions self_supervised;
   bool use_grad_clip = false;
   double grad_clip_max_norm = 1.0;
   double grad_clip_norm_type = 2.0;
@@ -182,6 +186,12 @@ struct TrainerOptions {
 
   CheckpointOptions checkpoint;
   bool use_tensorboard = false;
+
+  // Whether DATA.TEST is opened: a self-supervised run that does not evaluate (TEST_MODEL
+  // False, as VISSL's pretraining configs) has no test split to read.
+  bool reads_test_split() const {
+    return test_model || !self_supervised.enabled();
+  }
 
   // Testing aid: return as if the process were killed after this many iterations
   // of this run (no checkpoint is written at that point); -1 = never.

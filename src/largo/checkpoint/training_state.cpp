@@ -129,11 +129,16 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
   }
   auto model_state = model_.model_state_dict(/*root=*/0); // FSDP: gathered unit by unit
   const c10::IValue ema_entry = model_ema_entry();
+  StateDict loss_state = make_state_dict();
+  insert_loss_state(loss_state); // collective: every rank's state gathered
   if (group.rank() != 0) {
     return;
   }
-  save_checkpoint(
-      dir / file_name, state_dict(optimizer_entry, rng_states, std::move(model_state), ema_entry));
+  StateDict state = state_dict(optimizer_entry, rng_states, std::move(model_state), ema_entry);
+  for (const auto& item : loss_state) {
+    state.insert(item.key(), item.value());
+  }
+  save_checkpoint(dir / file_name, state);
   point_latest_checkpoint_at(dir, file_name);
   spdlog::info("checkpoint written: {}", (dir / file_name).string());
 }
@@ -256,6 +261,7 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
   load_optimizer(state, fs::canonical(path).parent_path(), where);
   load_rng(state, saved_world_size);
   load_model_ema(state, where);
+  load_loss_state(state, saved_world_size, where);
   return true;
 }
 
@@ -321,6 +327,62 @@ void TrainingState::attach_model_ema(
   ema_ = &ema;
   ema_tensors_ = std::move(model_tensors);
   save_ema_ = save_average;
+}
+
+void TrainingState::attach_loss_state(LossStateGetter get, LossStateSetter set) {
+  get_loss_state_ = std::move(get);
+  set_loss_state_ = std::move(set);
+}
+
+// Collective: each entry gathered from every rank into [world, ...].
+void TrainingState::insert_loss_state(StateDict& state) {
+  if (!get_loss_state_) {
+    return;
+  }
+  const auto own = get_loss_state_();
+  if (own.empty()) {
+    return;
+  }
+  comm::ProcessGroup& group = model_.process_group();
+  StateDict first(c10::StringType::get(), c10::TensorType::get());
+  StateDict every(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& [name, tensor] : own) {
+    const at::Tensor local = tensor.detach().cpu().contiguous();
+    std::vector<int64_t> shape{group.world_size()};
+    shape.insert(shape.end(), local.sizes().begin(), local.sizes().end());
+    at::Tensor gathered = at::empty(shape, local.options());
+    group.all_gather(gathered, local);
+    first.insert(name, gathered[0].clone());
+    every.insert(name, gathered);
+  }
+  state.insert("loss", first);
+  state.insert("loss_states", every);
+}
+
+void TrainingState::load_loss_state(
+    const StateDict& state, int64_t saved_world_size, const std::string& where) {
+  if (!set_loss_state_ || get_loss_state_().empty()) {
+    return;
+  }
+  comm::ProcessGroup& group = model_.process_group();
+  const bool own_row = saved_world_size == group.world_size() && state.contains("loss_states");
+  const char* key = own_row ? "loss_states" : "loss";
+  if (!state.contains(key) || !state.at(key).isGenericDict()) {
+    spdlog::warn(
+        "{} holds no loss state (SwAV's queue): the queue starts afresh, as at the run's start",
+        where);
+    return;
+  }
+  std::map<std::string, at::Tensor> values;
+  for (const auto& item : state.at(key).toGenericDict()) {
+    const at::Tensor tensor = item.value().toTensor();
+    values.emplace(item.key().toStringRef(), own_row ? tensor[group.rank()].clone() : tensor);
+  }
+  try {
+    set_loss_state_(values);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(fmt::format("{}: its loss state: {}", where, e.what()));
+  }
 }
 
 bool TrainingState::model_is_sharded() const {

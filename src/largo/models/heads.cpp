@@ -55,4 +55,26 @@ build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options) 
   return head;
 }
 
+torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<MlpHeadSpec>& heads) {
+  torch::nn::Sequential chain;
+  int64_t width = in_features;
+  for (size_t i = 0; i < heads.size(); ++i) {
+    const std::vector<int64_t>& dims = heads[i].dims;
+    if (dims.empty() || dims.front() != width) {
+      throw config_error(
+          fmt::format("MODEL.HEAD.PARAMS[{}] dims", i),
+          fmt::format("[{}]", fmt::join(dims, ", ")),
+          fmt::format(
+              "the first dim to equal the width of what feeds it ({}: {})",
+              i == 0 ? "the trunk's output" : "the previous head's output",
+              width));
+    }
+    for (const auto& layer : *build_mlp_head(dims, heads[i].options)) {
+      chain->push_back(layer); // flat: a Sequential cannot hold a Sequential
+    }
+    width = dims.back();
+  }
+  return chain;
+}
+
 } // namespace largo::models

@@ -53,7 +53,22 @@ TrunkHeadModel build_model(const ModelOptions& options) {
                                         options.trunk_name, options.num_classes));
   Trunk trunk = build_trunk(options);
   torch::nn::Sequential head;
-  if (options.head_dims.empty()) {
+  // VISSL scales its mlp heads' weights (MLP.scale_weights); swav_head takes no multiplier.
+  const bool swav = !options.swav_head.dims.empty();
+  if (swav) {
+    if (options.swav_head.dims.front() != trunk.output_dim) {
+      throw config_error(
+          "MODEL.HEAD.PARAMS[0] swav_head dims",
+          fmt::format("[{}]", fmt::join(options.swav_head.dims, ", ")),
+          fmt::format(
+              "the first dim to equal the {} trunk's output width {}",
+              options.trunk_name,
+              trunk.output_dim));
+    }
+    head->push_back(SwavHead(options.swav_head));
+  } else if (!options.head_chain.empty()) {
+    head = build_head_chain(trunk.output_dim, options.head_chain);
+  } else if (options.head_dims.empty()) {
     head = build_linear_head(trunk.output_dim, options.num_classes);
   } else {
     const auto& dims = options.head_dims;
@@ -75,7 +90,7 @@ TrunkHeadModel build_model(const ModelOptions& options) {
     }
     head = build_mlp_head(dims, options.head);
   }
-  if (options.head_params_multiplier != 1.0) {
+  if (options.head_params_multiplier != 1.0 && !swav) {
     torch::NoGradGuard no_grad;
     for (auto& module : head->modules(/*include_self=*/false)) {
       if (auto* linear = module->as<torch::nn::Linear>()) {
@@ -93,11 +108,17 @@ std::shared_ptr<torch::nn::Module> RunModel::module() const {
   if (linear_eval) {
     return linear_eval.ptr();
   }
+  if (multi_crop) {
+    return multi_crop.ptr();
+  }
   return model.ptr();
 }
 
 torch::nn::AnyModule RunModel::any_module() const {
-  return linear_eval ? torch::nn::AnyModule(linear_eval) : torch::nn::AnyModule(model);
+  if (linear_eval) {
+    return torch::nn::AnyModule(linear_eval);
+  }
+  return multi_crop ? torch::nn::AnyModule(multi_crop) : torch::nn::AnyModule(model);
 }
 
 std::vector<int64_t> RunModel::output_widths() const {
@@ -109,6 +130,8 @@ RunModel build_run_model(const ModelOptions& options) {
   run.model = build_model(options);
   if (options.feature_eval.enabled()) {
     run.linear_eval = LinearEvalModel(run.model, options.feature_eval);
+  } else if (!options.view_shapes.empty()) {
+    run.multi_crop = MultiCropModel(run.model, options.view_shapes);
   }
   return run;
 }

@@ -189,7 +189,8 @@ void check_data_fits_model(const RunPlan& plan) {
         key));
   }
   const std::vector<int64_t>& test = plan.test_shape.sample_shape;
-  if (!plan.options.test_only && test != input) {
+  const bool reads_test = plan.options.reads_test_split();
+  if (!plan.options.test_only && reads_test && test != input) {
     throw ConfigError(fmt::format(
         "DATA.TEST yields {} images but the model is built for DATA.TRAIN's {} images (both "
         "after their TRANSFORMS){}; make them agree (e.g. the same crop size in "
@@ -198,10 +199,15 @@ void check_data_fits_model(const RunPlan& plan) {
         shape_text(input),
         test[0] != input[0] ? ": the channel counts differ" : ""));
   }
+  if (plan.options.self_supervised.enabled()) {
+    return; // the head's outputs are embeddings and scores, not classes
+  }
   if (!plan.options.test_only) {
     check_classes_fit_head(plan, plan.train_shape, "DATA.TRAIN");
   }
-  check_classes_fit_head(plan, plan.test_shape, "DATA.TEST");
+  if (reads_test) {
+    check_classes_fit_head(plan, plan.test_shape, "DATA.TEST");
+  }
 }
 
 // MODEL.TRUNK.MLP.HIDDEN_DIMS: the parameters (float32) within the machine's memory.
@@ -242,6 +248,7 @@ void fill_model_from_data(RunPlan& plan) {
   if (model.num_classes == 0) {
     model.num_classes = model.head_dims.empty() ? data.num_classes : model.head_dims.back();
   }
+  model.view_shapes = data.view_shapes;
   check_data_fits_model(plan);
   check_mlp_fits_machine(plan);
   const std::vector<double>& weight = plan.options.loss.weight;
@@ -357,6 +364,147 @@ void check_linear_evaluation(const RunPlan& plan) {
   }
 }
 
+// Several views per image and a self-supervised loss go together (self_supervised.md).
+void check_views_match_loss(const RunPlan& plan) {
+  const SelfSupervisedLossOptions& ssl = plan.options.self_supervised;
+  const auto& views = plan.train_shape.view_shapes;
+  if (!ssl.enabled()) {
+    if (!views.empty()) {
+      throw ConfigError(fmt::format(
+          "DATA.TRAIN.TRANSFORMS make {} views of each image, which only a self-supervised "
+          "loss trains on: set LOSS.name to swav_loss or simclr_info_nce_loss, or use a "
+          "one-image TRANSFORMS list (e.g. RandomResizedCrop)",
+          views.size()));
+    }
+    return;
+  }
+  if (views.empty()) {
+    throw ConfigError(fmt::format(
+        "LOSS.name = {} trains on several views of each image, but DATA.TRAIN.TRANSFORMS make "
+        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR) with COLLATE_FUNCTION "
+        "multicrop_collator or simclr_collator (configs/examples/)",
+        ssl.name));
+  }
+  if (!ssl.is_swav() && (views.size() != 2 || views[0] != views[1])) {
+    throw ConfigError(fmt::format(
+        "LOSS.name = simclr_info_nce_loss compares 2 views of one size per image, but "
+        "DATA.TRAIN.TRANSFORMS make {} views; use ImgReplicatePil with num_times 2 and a "
+        "fixed-size crop",
+        views.size()));
+  }
+  const auto& assign = ssl.swav.crops_for_assign;
+  const bool assign_ok =
+      !assign.empty() && std::all_of(assign.begin(), assign.end(), [&](int64_t crop) {
+        return crop >= 0 && crop < static_cast<int64_t>(views.size());
+      });
+  if (ssl.is_swav() && !assign_ok) {
+    throw config_error(
+        "LOSS.swav_loss.crops_for_assign",
+        fmt::format("[{}]", fmt::join(assign, ", ")),
+        fmt::format(
+            "crop indices in [0, {}): DATA.TRAIN.TRANSFORMS make {} crops",
+            views.size(),
+            views.size()));
+  }
+}
+
+// What a self-supervised run composes with; each refusal says what to change.
+void check_self_supervised(const RunPlan& plan) {
+  const TrainerOptions& o = plan.options;
+  const SelfSupervisedLossOptions& ssl = o.self_supervised;
+  if (!ssl.enabled()) {
+    if (!ssl.frozen_parameters.empty()) {
+      throw ConfigError(
+          "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP freezes parameters of a self-supervised run "
+          "(LOSS.name swav_loss or simclr_info_nce_loss); leave it empty ([]) otherwise");
+    }
+    if (!plan.model.head_chain.empty() || !plan.model.swav_head.dims.empty()) {
+      throw ConfigError(
+          "MODEL.HEAD.PARAMS holds a swav_head or several mlp heads run one after another, "
+          "which only a self-supervised loss trains (LOSS.name swav_loss or "
+          "simclr_info_nce_loss); a classifier takes one mlp head, or several in a linear "
+          "evaluation (MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+    }
+    check_views_match_loss(plan);
+    return;
+  }
+  auto refuse = [&](const std::string& what, const std::string& why) {
+    throw ConfigError(fmt::format("LOSS.name = {} with {}: {}", ssl.name, what, why));
+  };
+  if (o.test_model || o.test_only) {
+    refuse(
+        "TEST_MODEL True",
+        "a self-supervised loss has no classes to score; set TEST_MODEL "
+        "False and evaluate the trunk linearly afterwards "
+        "(MODEL.FEATURE_EVAL_SETTINGS, docs/self_supervised.md)");
+  }
+  if (plan.model.feature_eval.enabled()) {
+    refuse(
+        "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON",
+        "pretrain first, then evaluate linearly "
+        "in a second run");
+  }
+  if (ssl.is_swav() && plan.model.swav_head.dims.empty()) {
+    refuse(
+        "MODEL.HEAD.PARAMS without a swav_head",
+        "set [[\"swav_head\", {\"dims\": [trunk width, 2048, 128], \"num_clusters\": [3000]}]]");
+  }
+  const models::ModelOptions& model = plan.model;
+  const int64_t head_width = !model.head_chain.empty()  ? model.head_chain.back().dims.back()
+                             : !model.head_dims.empty() ? model.head_dims.back()
+                                                        : 0;
+  if (!ssl.is_swav() && head_width != ssl.simclr_embedding_dim) {
+    refuse(
+        fmt::format(
+            "LOSS.simclr_info_nce_loss.buffer_params.embedding_dim = {}", ssl.simclr_embedding_dim),
+        head_width == 0
+            ? std::string("SimCLR needs a projection head: set MODEL.HEAD.PARAMS to "
+                          "mlp heads, e.g. [[\"mlp\", {\"dims\": [2048, 2048], "
+                          "\"use_relu\": True}], [\"mlp\", {\"dims\": [2048, 128]}]]")
+            : fmt::format(
+                  "the projection head ends in {} outputs; make the two agree", head_width));
+  }
+  if (!ssl.is_swav() && !plan.model.swav_head.dims.empty()) {
+    refuse("a swav_head", "SimCLR's projection is one or more mlp heads in MODEL.HEAD.PARAMS");
+  }
+  if (o.pipeline.enabled()) {
+    refuse(
+        "DISTRIBUTED.PIPELINE_SIZE > 1",
+        "the views of several resolutions run through the whole trunk; use data "
+        "parallelism");
+  }
+  if (o.fsdp.enabled) {
+    refuse(
+        "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
+        "not available in this version of Largo; use DDP or ZeRO-1/2 "
+        "(OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP)");
+  }
+  const bool sharded = o.zero.shard_optimizer_state || o.zero.shard_gradients;
+  if (sharded && !ssl.frozen_parameters.empty()) {
+    refuse(
+        "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP under ZeRO",
+        "ZeRO's sharded optimizer steps flat shards that a parameter cannot be left out of; "
+        "use DDP, or leave the map empty");
+  }
+  if (ssl.is_swav() && ssl.normalize_last_layer && plan.precision.cast_model) {
+    refuse(
+        "LOSS.swav_loss.normalize_last_layer under Apex O2/O3",
+        "the prototypes are normalised in the module, which O2's float32 masters overwrite; "
+        "use O1 (autocast)");
+  }
+  const auto& views = plan.train_shape.view_shapes;
+  const bool one_size = std::all_of(
+      views.begin(), views.end(), [&](const auto& shape) { return shape == views.front(); });
+  const std::string& trunk = plan.model.trunk_name;
+  if (!one_size && trunk != "resnet" && trunk != "regnet") {
+    refuse(
+        fmt::format("views of several sizes and MODEL.TRUNK.NAME = {}", trunk),
+        "only the resnet and regnet trunks take any image size; use one of them, or crops "
+        "of one size");
+  }
+  check_views_match_loss(plan);
+}
+
 void scale_learning_rates(RunPlan& plan) {
   const OptimizerOptions& optimizer = plan.options.optimizer;
   plan.lr = optimizer.lr;
@@ -378,7 +526,7 @@ std::string process_group_backend(const TrainerOptions& options) {
 
 DataShape data_shape_of(const data::DataSplitOptions& split) {
   const data::DatasetShape shape = data::peek_dataset_shape(split.source);
-  return DataShape{shape.sample_shape, shape.num_classes};
+  return DataShape{shape.sample_shape, shape.num_classes, shape.view_shapes};
 }
 
 RunPlan resolve_run(const Config& config) {
@@ -433,8 +581,11 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   if (!o.test_only) { // an evaluation reads DATA.TEST only: DATA.TRAIN need not exist
     plan.train_shape = shape_of(o.train, "DATA.TRAIN");
   }
-  plan.test_shape = shape_of(o.test, "DATA.TEST");
+  if (o.reads_test_split()) {
+    plan.test_shape = shape_of(o.test, "DATA.TEST");
+  }
   plan.model = o.model;
+  check_self_supervised(plan);
   fill_model_from_data(plan);
   check_checkpointing_splits(plan);
   check_linear_evaluation(plan);

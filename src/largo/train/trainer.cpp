@@ -63,6 +63,7 @@ struct Trainer::State {
   models::RunModel model; // with a linear evaluation over its trunk (FEATURE_EVAL_SETTINGS)
   std::unique_ptr<parallel::ParallelModel> parallel;
   std::unique_ptr<checkpoint::TrainingState> state;
+  std::unique_ptr<SelfSupervisedLoss> self_supervised; // LOSS.name swav_loss / simclr_...
   std::unique_ptr<TrainStep> step;
   std::unique_ptr<optim::LrSchedule> lr_schedule;
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
@@ -89,6 +90,7 @@ struct Trainer::State {
   int64_t flops_per_sample() const;
   bool will_resume() const;
   void parallelize_model();
+  void build_self_supervised_loss();
   parallel::ParallelOptions pipeline_options() const;
   void open_records();
   void add_hooks();
@@ -166,6 +168,7 @@ void Trainer::State::setup() {
       std::make_unique<checkpoint::TrainingState>(*parallel, sampler, config_yaml, options().seed);
   progress().iterations_per_epoch = data->iterations_per_epoch();
   progress().num_epochs = options().optimizer.num_epochs;
+  build_self_supervised_loss();
   step = std::make_unique<TrainStep>(
       *parallel,
       device,
@@ -174,7 +177,8 @@ void Trainer::State::setup() {
           options().use_grad_clip,
           options().grad_clip_max_norm,
           options().grad_clip_norm_type,
-          model.output_widths()});
+          model.output_widths(),
+          self_supervised.get()});
   lr_schedule = optim::make_schedule(plan.lr);
   lr_head_schedule = optim::make_schedule(plan.lr_head);
   open_records();
@@ -261,6 +265,26 @@ void Trainer::State::parallelize_model() {
   }
   // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
   seed_everything(options().seed + static_cast<uint64_t>(group->rank()));
+}
+
+// SwAV's queue is drawn from SEED_VALUE + rank (each rank keeps its own, as in VISSL) and
+// checkpointed per rank.
+void Trainer::State::build_self_supervised_loss() {
+  const SelfSupervisedLossOptions& options = this->options().self_supervised;
+  if (!options.enabled()) {
+    return;
+  }
+  self_supervised = std::make_unique<SelfSupervisedLoss>(
+      options,
+      static_cast<int64_t>(plan.model.view_shapes.size()),
+      *parallel->module(),
+      parallel->data_parallel_group(),
+      plan.batch_per_rank,
+      this->options().seed + static_cast<uint64_t>(group->rank()));
+  SelfSupervisedLoss* loss = self_supervised.get();
+  state->attach_loss_state(
+      [loss] { return loss->state_dict(); },
+      [loss](const std::map<std::string, at::Tensor>& values) { loss->load_state_dict(values); });
 }
 
 // MODEL.PIPELINE.BALANCE time measures the blocks on one micro-batch of zeros.
@@ -363,6 +387,9 @@ void Trainer::State::log_start() const {
   spdlog::info("run: {}", plan.describe());
   spdlog::info("parallel: {}", parallel->describe());
   spdlog::info("optimizer: {}; {}", optim::describe(optimizer_spec), sync_batch_norm_text());
+  if (self_supervised) {
+    spdlog::info("loss: {}", self_supervised->describe());
+  }
   if (const auto& report = parallel->activation_memory_report()) {
     spdlog::info("activation checkpointing: {}", report->describe());
   }
@@ -452,6 +479,9 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       p.iteration_in_epoch * options().gradient_accumulation_steps);
   while (p.iteration_in_epoch < p.iterations_per_epoch) {
     set_learning_rates();
+    if (self_supervised) {
+      self_supervised->start_iteration(p.iteration);
+    }
     const StepResult result = run_step();
     if (!result.finite && !parallel->precision().has_loss_scaling()) {
       records.progress_bar.clear();

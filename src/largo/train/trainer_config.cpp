@@ -2,6 +2,7 @@
 
 #include "config_checks.h"
 #include "regnet_config.h"
+#include "self_supervised_config.h"
 
 #include <largo/core/resources.h>
 #include <largo/models/resnet.h>
@@ -184,15 +185,14 @@ void refuse_other_vissl_losses(const std::string& loss) {
       "msn_loss",
       "multicrop_simclr_info_nce_loss",
       "nce_loss_with_memory",
-      "simclr_info_nce_loss",
       "swav_distillation_loss",
-      "swav_loss",
       "swav_momentum_loss"};
   if (std::find(vissl_losses.begin(), vissl_losses.end(), loss) != vissl_losses.end()) {
     throw ConfigError(fmt::format(
         "config key LOSS.name = {}: VISSL's {} is not available in this version of Largo "
-        "(it trains classifiers: CrossEntropyLoss or "
-        "cross_entropy_multiple_output_single_target)",
+        "(it trains classifiers with CrossEntropyLoss or "
+        "cross_entropy_multiple_output_single_target, and pretrains with swav_loss or "
+        "simclr_info_nce_loss)",
         loss,
         loss));
   }
@@ -573,6 +573,29 @@ parallel::PipelineOptions pipeline_options_from(const Config& config) {
   return pipeline;
 }
 
+namespace {
+
+// MODEL.HEAD.PARAMS' kwargs when its first head is a swav_head (VISSL's swav_loss takes that
+// one head alone), else a null node.
+YAML::Node swav_head_entry(const Config& config) {
+  const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
+  const bool swav = params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
+                    params[0].size() == 2 && params[0][0].IsScalar() &&
+                    params[0][0].Scalar() == "swav_head";
+  if (!swav) {
+    return YAML::Node(YAML::NodeType::Undefined);
+  }
+  require(
+      params.size() == 1 && params[0][1].IsMap(),
+      "MODEL.HEAD.PARAMS",
+      "(given)",
+      "one head, [[\"swav_head\", {\"dims\": [...], \"num_clusters\": [...]}]] (VISSL's "
+      "swav_loss takes one swav_head)");
+  return params[0][1];
+}
+
+} // namespace
+
 models::ModelOptions model_options_from(const Config& config) {
   // in_channels / image_size / num_classes come from the data (0 = infer).
   models::ModelOptions model;
@@ -603,19 +626,31 @@ models::ModelOptions model_options_from(const Config& config) {
   model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
   model.head_params_multiplier = config.get_double("MODEL.HEAD.PARAMS_MULTIPLIER");
   model.feature_eval = feature_eval_options_from(config);
+  if (const YAML::Node swav = swav_head_entry(config)) {
+    model.swav_head = swav_head_from(swav, "MODEL.HEAD.PARAMS[0]", model.head);
+    return model;
+  }
   std::vector<models::EvalHeadOptions> heads = heads_from(config, model.head);
   if (!model.feature_eval.taps.empty()) {
     model.feature_eval.heads = heads; // one head per tapped feature
     models::validate_feature_eval_options(model.feature_eval);
-  } else if (!heads.empty()) {
-    require(
-        heads.size() == 1 && heads[0].name == "mlp",
-        "MODEL.HEAD.PARAMS",
-        "(given)",
-        "one head written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]] (several heads, "
-        "and eval_mlp heads, need MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+    return model;
+  }
+  const bool all_mlp =
+      std::all_of(heads.begin(), heads.end(), [](const auto& head) { return head.name == "mlp"; });
+  require(
+      all_mlp,
+      "MODEL.HEAD.PARAMS",
+      "(given)",
+      "mlp heads written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]] (eval_mlp heads "
+      "need MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+  if (heads.size() == 1) {
     model.head_dims = heads[0].dims;
     model.head = heads[0].mlp;
+  } else { // run one after another (SimCLR's projection; run_plan.cpp checks the loss)
+    for (const auto& head : heads) {
+      model.head_chain.push_back(models::MlpHeadSpec{head.dims, head.mlp});
+    }
   }
   return model;
 }
@@ -640,11 +675,16 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   const std::string loss = config.get_string("LOSS.name");
   refuse_other_vissl_losses(loss);
   require(
-      loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target",
+      loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target" ||
+          loss == "swav_loss" || loss == "simclr_info_nce_loss",
       "LOSS.name",
       loss,
-      "CrossEntropyLoss or cross_entropy_multiple_output_single_target");
-  options.loss = classification_loss_options_from(config);
+      "CrossEntropyLoss or cross_entropy_multiple_output_single_target (classification), or "
+      "swav_loss or simclr_info_nce_loss (self-supervised)");
+  options.self_supervised = self_supervised_options_from(config);
+  if (!options.self_supervised.enabled()) {
+    options.loss = classification_loss_options_from(config);
+  }
   options.sync_batch_norm = sync_batch_norm_settings_from(config);
   options.model_ema = model_ema_settings_from(config);
   options.weights_init = weights_init_options_from(config, options.model);

@@ -1,0 +1,108 @@
+// The loss of a self-supervised pretraining run (LOSS.name swav_loss or
+// simclr_info_nce_loss) with what it keeps between steps, called by the train step in
+// VISSL's order:
+//   start_iteration(t)          before optimizer step t (the run's iteration)
+//   loss(output, labels)        each micro-step, after the forward (the ParallelModel's
+//                               LossFunction; the labels are not used):
+//     SimCLR  simclr_info_nce_loss over the rank's [2n, d] embeddings (view-major)
+//     SwAV    the queue rescored with the current prototypes when it was used by the previous
+//             call, swav_loss averaged over the prototype sets (the queue's scores appended
+//             from queue.start_iter on), then the assigned crops' embeddings pushed;
+//             hard assignments for the first temp_hard_assignment_iters calls
+//   before_optimizer_step(m)    MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: the gradients of the
+//                               listed parameters dropped while t < their iteration, so
+//                               the optimizer leaves them as they are (VISSL's
+//                               FreezeParametersHook)
+//   after_optimizer_step()      SwAV's prototypes normalised (normalize_last_layer)
+// The losses are collective over the data-parallel group (Sinkhorn's sums, SimCLR's gather).
+#pragma once
+
+#include <largo/comm/process_group.h>
+#include <largo/models/simclr_info_nce_loss.h>
+#include <largo/models/swav_head.h>
+#include <largo/models/swav_loss.h>
+#include <largo/models/swav_queue.h>
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace largo::train {
+
+struct SelfSupervisedLossOptions {
+  std::string name; // LOSS.name: "swav_loss" | "simclr_info_nce_loss"; empty: not SSL
+  // LOSS.swav_loss: temperature, epsilon, num_iters, crops_for_assign,
+  // use_double_precision (num_crops is the data's view count, as VISSL infers it).
+  models::SwavLossOptions swav;
+  bool normalize_last_layer = true;       // LOSS.swav_loss.normalize_last_layer
+  int64_t temp_hard_assignment_iters = 0; // LOSS.swav_loss.temp_hard_assignment_iters
+  // LOSS.swav_loss.queue.queue_length: images over all ranks (0: no queue); as VISSL, rounded
+  // down to a multiple of the global batch, each rank keeping its share.
+  int64_t queue_length = 0;
+  int64_t queue_start_iter = 0;        // LOSS.swav_loss.queue.start_iter (counted in loss calls)
+  models::SimclrInfoNceOptions simclr; // LOSS.simclr_info_nce_loss.temperature
+  // LOSS.simclr_info_nce_loss.buffer_params.embedding_dim: the head's output width (checked).
+  int64_t simclr_embedding_dim = 128;
+  // MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: parameter name (the module's, e.g.
+  // "head.0.prototypes0.weight") -> the iteration from which it trains.
+  std::vector<std::pair<std::string, int64_t>> frozen_parameters;
+
+  bool enabled() const {
+    return !name.empty();
+  }
+  bool is_swav() const {
+    return name == "swav_loss";
+  }
+};
+
+// VISSL's queue arithmetic: the queue length per rank (0: no queue).
+int64_t local_queue_length(int64_t queue_length, int64_t batch_size, int64_t world_size);
+
+class SelfSupervisedLoss {
+ public:
+  // `module`: the trained module (its parameters by name for the frozen map; for SwAV its
+  // "head.0" is the SwavHead); `group`: the ranks whose batches make the global batch;
+  // `batch_size` the images per rank and micro-step; `seed` draws this rank's initial queue.
+  // Throws ConfigError for a frozen name the module does not have or a SwAV run without a
+  // swav_head, OptionError for bad loss options.
+  SelfSupervisedLoss(
+      SelfSupervisedLossOptions options,
+      int64_t num_views,
+      torch::nn::Module& module,
+      comm::ProcessGroup& group,
+      int64_t batch_size,
+      uint64_t seed);
+
+  void start_iteration(int64_t iteration) {
+    iteration_ = iteration;
+  }
+  at::Tensor loss(const at::Tensor& output, const at::Tensor& labels);
+  void before_optimizer_step();
+  void after_optimizer_step();
+
+  // SwAV's queue and its call count, by VISSL's buffer names (empty without a queue): this
+  // rank's, for the checkpoint.
+  std::map<std::string, at::Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);
+  // "SwAV (3 crops, 2 assigned, 1 prototype set of 30, queue of 64 per rank from call 5)".
+  std::string describe() const;
+
+ private:
+  at::Tensor swav(const at::Tensor& output);
+
+  SelfSupervisedLossOptions options_;
+  comm::ProcessGroup& group_;
+  models::SwavHeadImpl* head_ = nullptr; // SwAV
+  std::optional<models::SwavQueue> queue_;
+  std::vector<std::pair<at::Tensor, int64_t>> frozen_; // parameter, iteration it trains from
+  int64_t iteration_ = 0;
+  int64_t calls_ = 0; // VISSL's num_iteration: loss calls (micro-steps) so far
+};
+
+} // namespace largo::train

@@ -1,0 +1,111 @@
+#include <largo/models/multi_crop_model.h>
+
+#include <largo/core/error.h>
+#include <largo/models/swav_head.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <utility>
+
+namespace largo::models {
+namespace {
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t size : shape) {
+    count *= size;
+  }
+  return count;
+}
+
+} // namespace
+
+at::Tensor pack_views(const std::vector<at::Tensor>& views) {
+  TORCH_CHECK(!views.empty(), "pack_views: no views");
+  std::vector<at::Tensor> flat;
+  flat.reserve(views.size());
+  for (const at::Tensor& view : views) {
+    flat.push_back(view.reshape({view.size(0), -1}).to(at::kFloat));
+  }
+  return at::cat(flat, 1);
+}
+
+MultiCropModelImpl::MultiCropModelImpl(
+    const TrunkHeadModel& model, std::vector<std::vector<int64_t>> view_shapes)
+    : trunk_(register_module("trunk", model->trunk())),
+      head_(register_module("head", model->head())),
+      view_shapes_(std::move(view_shapes)) {
+  if (view_shapes_.size() < 2) {
+    throw ConfigError(fmt::format(
+        "a multi-crop model needs at least 2 views per image, got {}; use a TRANSFORMS list "
+        "with ImgPilToMultiCrop or ImgReplicatePil",
+        view_shapes_.size()));
+  }
+  for (int64_t k = 0; k < static_cast<int64_t>(view_shapes_.size()); ++k) {
+    if (k == 0 || view_shapes_[k] != view_shapes_[k - 1]) {
+      groups_.emplace_back(k, k + 1);
+    } else {
+      groups_.back().second = k + 1;
+    }
+  }
+}
+
+std::vector<at::Tensor> MultiCropModelImpl::unpack(const at::Tensor& packed) const {
+  int64_t values = 0;
+  for (const auto& shape : view_shapes_) {
+    values += numel_of(shape);
+  }
+  if (packed.dim() != 2 || packed.size(1) != values) {
+    throw Error(fmt::format(
+        "the multi-crop model takes [images, {}] (its {} views packed by pack_views), got [{}]",
+        values,
+        view_shapes_.size(),
+        fmt::join(packed.sizes(), ", ")));
+  }
+  const int64_t n = packed.size(0);
+  std::vector<at::Tensor> views;
+  int64_t offset = 0;
+  for (const auto& shape : view_shapes_) {
+    std::vector<int64_t> sizes{n};
+    sizes.insert(sizes.end(), shape.begin(), shape.end());
+    views.push_back(packed.narrow(1, offset, numel_of(shape)).reshape(sizes));
+    offset += numel_of(shape);
+  }
+  return views;
+}
+
+at::Tensor MultiCropModelImpl::forward(const at::Tensor& packed) {
+  const std::vector<at::Tensor> views = unpack(packed);
+  std::vector<at::Tensor> features;
+  for (const auto& [begin, end] : groups_) {
+    std::vector<at::Tensor> group(views.begin() + begin, views.begin() + end);
+    features.push_back(trunk_->forward(at::cat(group, 0)));
+  }
+  return forward_head(at::cat(features, 0));
+}
+
+at::Tensor MultiCropModelImpl::forward_head(const at::Tensor& features) {
+  if (head_->is_empty()) {
+    return features;
+  }
+  if (head_->size() == 1) {
+    if (auto* swav = head_->ptr(0)->as<SwavHeadImpl>()) {
+      return at::cat(swav->forward(features), 1);
+    }
+  }
+  return head_->forward(features);
+}
+
+void MultiCropModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  if ((name != "trunk" && name != "head") || !replacement.sequential) {
+    throw Error(fmt::format(
+        "MultiCropModel can only swap its trunk or head for a Sequential, not {} for a {}",
+        name,
+        replacement.module()->name()));
+  }
+  replace_module(name, replacement.sequential.ptr());
+  (name == "trunk" ? trunk_ : head_) = replacement.sequential;
+}
+
+} // namespace largo::models

@@ -1,0 +1,186 @@
+#include "self_supervised_config.h"
+
+#include "config_checks.h"
+
+#include <largo/core/config_value.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::train {
+namespace {
+
+// A key VISSL computes from the rest of the config (and overwrites): set to anything but its
+// default, it would change nothing.
+void refuse_inferred(const Config& config, const std::string& key, const std::string& from) {
+  const YAML::Node value = config.node(key);
+  const YAML::Node vissl_default = Config::defaults().node(key);
+  if (config_value_text(value) != config_value_text(vissl_default)) {
+    throw config_error(
+        key,
+        config_value_text(value),
+        fmt::format(
+            "the key left out (or VISSL's default {}): it is inferred from {}, and VISSL "
+            "overwrites it too",
+            config_value_text(vissl_default),
+            from));
+  }
+}
+
+SelfSupervisedLossOptions swav_options_from(const Config& config) {
+  const std::string key = "LOSS.swav_loss.";
+  SelfSupervisedLossOptions options;
+  options.name = "swav_loss";
+  models::SwavLossOptions& swav = options.swav;
+  swav.temperature = config.get_double(key + "temperature");
+  require(swav.temperature > 0, key + "temperature", fmt::format("{}", swav.temperature), "> 0");
+  swav.epsilon = config.get_double(key + "epsilon");
+  require(swav.epsilon > 0, key + "epsilon", fmt::format("{}", swav.epsilon), "> 0");
+  swav.num_iters = positive_int(config, key + "num_iters");
+  swav.crops_for_assign = config.get_int_list(key + "crops_for_assign");
+  swav.use_double_precision = config.get_bool(key + "use_double_precision");
+  options.normalize_last_layer = config.get_bool(key + "normalize_last_layer");
+  options.temp_hard_assignment_iters = config.get_int(key + "temp_hard_assignment_iters");
+  require(
+      options.temp_hard_assignment_iters >= 0,
+      key + "temp_hard_assignment_iters",
+      std::to_string(options.temp_hard_assignment_iters),
+      ">= 0");
+  options.queue_length = config.get_int(key + "queue.queue_length");
+  require(
+      options.queue_length >= 0,
+      key + "queue.queue_length",
+      std::to_string(options.queue_length),
+      ">= 0 (0: no queue)");
+  options.queue_start_iter = config.get_int(key + "queue.start_iter");
+  require(
+      options.queue_start_iter >= 0,
+      key + "queue.start_iter",
+      std::to_string(options.queue_start_iter),
+      ">= 0");
+  refuse_inferred(config, key + "num_crops", "DATA.TRAIN.TRANSFORMS' crops");
+  refuse_inferred(config, key + "num_prototypes", "the swav_head's num_clusters");
+  refuse_inferred(config, key + "embedding_dim", "the swav_head's last dim");
+  refuse_inferred(config, key + "queue.local_queue_length", "queue_length and the world size");
+  refuse_inferred(config, key + "output_dir", "CHECKPOINT.DIR");
+  return options;
+}
+
+SelfSupervisedLossOptions simclr_options_from(const Config& config) {
+  const std::string key = "LOSS.simclr_info_nce_loss.";
+  SelfSupervisedLossOptions options;
+  options.name = "simclr_info_nce_loss";
+  options.simclr.temperature = config.get_double(key + "temperature");
+  require(
+      options.simclr.temperature > 0,
+      key + "temperature",
+      fmt::format("{}", options.simclr.temperature),
+      "> 0");
+  options.simclr_embedding_dim = positive_int(config, key + "buffer_params.embedding_dim");
+  refuse_inferred(config, key + "buffer_params.world_size", "the world size");
+  refuse_inferred(
+      config, key + "buffer_params.effective_batch_size", "the batch size and the world size");
+  return options;
+}
+
+// VISSL names parameters of the wrapped model ("module.heads.0.prototypes0.weight"); Largo's
+// module has "head.0.prototypes0.weight".
+std::string largo_parameter_name(std::string name) {
+  const std::string module = "module.";
+  if (name.rfind(module, 0) == 0) {
+    name = name.substr(module.size());
+  }
+  const std::string heads = "heads.";
+  if (name.rfind(heads, 0) == 0) {
+    name = "head." + name.substr(heads.size());
+  }
+  return name;
+}
+
+void frozen_parameters_from(const Config& config, SelfSupervisedLossOptions& options) {
+  const std::string key = "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP";
+  const YAML::Node list = config.node(key);
+  require(list.IsSequence(), key, config_value_text(list), "a list of [parameter name, iteration]");
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node entry = list[i];
+    const std::string entry_key = fmt::format("{}[{}]", key, i);
+    require(
+        entry.IsSequence() && entry.size() == 2 && entry[0].IsScalar(),
+        entry_key,
+        config_value_text(entry),
+        "[parameter name, iteration], e.g. ['module.heads.0.prototypes0.weight', 313]");
+    const int64_t iteration = yaml_to_int(entry[1], entry_key);
+    require(iteration >= 0, entry_key, std::to_string(iteration), "an iteration >= 0");
+    options.frozen_parameters.emplace_back(largo_parameter_name(entry[0].Scalar()), iteration);
+  }
+}
+
+std::vector<int64_t> int_list(const YAML::Node& node, const std::string& key) {
+  require(node.IsSequence(), key, config_value_text(node), "a list of integers");
+  std::vector<int64_t> values;
+  for (const auto& value : node) {
+    values.push_back(yaml_to_int(value, key));
+  }
+  return values;
+}
+
+} // namespace
+
+SelfSupervisedLossOptions self_supervised_options_from(const Config& config) {
+  const std::string loss = config.get_string("LOSS.name");
+  SelfSupervisedLossOptions options;
+  if (loss == "swav_loss") {
+    options = swav_options_from(config);
+  } else if (loss == "simclr_info_nce_loss") {
+    options = simclr_options_from(config);
+  }
+  frozen_parameters_from(config, options);
+  return options;
+}
+
+models::SwavHeadOptions swav_head_from(
+    const YAML::Node& kwargs, const std::string& key, const models::MlpHeadOptions& defaults) {
+  models::SwavHeadOptions options;
+  options.batchnorm_eps = defaults.batchnorm_eps;
+  options.batchnorm_momentum = defaults.batchnorm_momentum;
+  for (const auto& entry : kwargs) {
+    const std::string name = entry.first.as<std::string>();
+    const std::string arg_key = key + "." + name;
+    const YAML::Node& value = entry.second;
+    if (name == "dims") {
+      options.dims = int_list(value, arg_key);
+    } else if (name == "num_clusters") {
+      options.num_clusters = int_list(value, arg_key);
+    } else if (name == "use_bn") {
+      options.use_bn = yaml_to_bool(value, arg_key);
+    } else if (name == "use_bias") {
+      options.use_bias = yaml_to_bool(value, arg_key);
+    } else if (name == "return_embeddings") {
+      require(
+          yaml_to_bool(value, arg_key),
+          arg_key,
+          "False",
+          "True: swav_loss keeps the embeddings in its queue");
+    } else if (name == "skip_last_bn") {
+      options.skip_last_bn = yaml_to_bool(value, arg_key);
+    } else if (name == "normalize_feats") {
+      options.normalize_feats = yaml_to_bool(value, arg_key);
+    } else if (name == "activation_name") {
+      options.activation = value.Scalar();
+    } else {
+      throw config_error(
+          arg_key,
+          "(given)",
+          "a swav_head argument: dims, use_bn, num_clusters, use_bias, return_embeddings, "
+          "skip_last_bn, normalize_feats, activation_name");
+    }
+  }
+  require(
+      options.dims.size() >= 2 && !options.num_clusters.empty(),
+      key,
+      "(given)",
+      "[\"swav_head\", {\"dims\": [trunk width, ..., embedding], \"num_clusters\": [K, ...]}]");
+  return options;
+}
+
+} // namespace largo::train

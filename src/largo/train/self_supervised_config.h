@@ -1,0 +1,32 @@
+// LOSS.swav_loss / LOSS.simclr_info_nce_loss, a swav_head in MODEL.HEAD.PARAMS and
+// MODEL.TEMP_FROZEN_PARAMS_ITER_MAP -> the typed options of a self-supervised run
+// (self_supervised_loss.h, models::SwavHeadOptions). VISSL infers some of these keys from the
+// rest of the config and overwrites what is set (num_crops, num_prototypes, embedding_dim,
+// world_size, ...): Largo infers them alike and refuses a value set to anything but VISSL's
+// default, since it would change nothing. Private to the train layer.
+#pragma once
+
+#include <largo/core/config.h>
+#include <largo/models/heads.h>
+#include <largo/models/swav_head.h>
+#include <largo/train/self_supervised_loss.h>
+
+#include <yaml-cpp/yaml.h>
+
+#include <string>
+
+namespace largo::train {
+
+// LOSS.<name> for LOSS.name swav_loss or simclr_info_nce_loss (options.name empty for any
+// other loss), and MODEL.TEMP_FROZEN_PARAMS_ITER_MAP with VISSL's "module.heads.<i>." names
+// read as Largo's "head.<i>.". Throws ConfigError naming the key.
+SelfSupervisedLossOptions self_supervised_options_from(const Config& config);
+
+// One MODEL.HEAD.PARAMS entry ["swav_head", {...}] (`head` its kwargs map, `key` its
+// "MODEL.HEAD.PARAMS[i]"): VISSL's arguments dims, use_bn, num_clusters, use_bias,
+// return_embeddings (True: the loss needs the embedding), skip_last_bn, normalize_feats,
+// activation_name. Throws ConfigError naming the argument.
+models::SwavHeadOptions swav_head_from(
+    const YAML::Node& kwargs, const std::string& key, const models::MlpHeadOptions& defaults);
+
+} // namespace largo::train

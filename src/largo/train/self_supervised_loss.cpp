@@ -1,0 +1,165 @@
+#include <largo/train/self_supervised_loss.h>
+
+#include <largo/core/error.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace largo::train {
+namespace {
+
+models::SwavHeadImpl* find_swav_head(torch::nn::Module& module) {
+  for (const auto& item : module.named_modules()) {
+    if (auto* head = item.value()->as<models::SwavHeadImpl>()) {
+      return head;
+    }
+  }
+  throw ConfigError(
+      "LOSS.name = swav_loss needs a swav_head: set MODEL.HEAD.PARAMS to "
+      "[[\"swav_head\", {\"dims\": [trunk width, ..., embedding], \"num_clusters\": [K]}]]");
+}
+
+} // namespace
+
+int64_t local_queue_length(int64_t queue_length, int64_t batch_size, int64_t world_size) {
+  const int64_t global_batch = batch_size * world_size;
+  return (queue_length - queue_length % global_batch) / world_size;
+}
+
+SelfSupervisedLoss::SelfSupervisedLoss(
+    SelfSupervisedLossOptions options,
+    int64_t num_views,
+    torch::nn::Module& module,
+    comm::ProcessGroup& group,
+    int64_t batch_size,
+    uint64_t seed)
+    : options_(std::move(options)), group_(group) {
+  options_.swav.num_crops = num_views;
+  const auto parameters = module.named_parameters();
+  for (const auto& [name, iteration] : options_.frozen_parameters) {
+    const at::Tensor* parameter = parameters.find(name);
+    if (parameter == nullptr) {
+      throw config_error(
+          "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP",
+          name,
+          fmt::format(
+              "a parameter of the model, e.g. {} (VISSL's module.heads.<i>. is Largo's head.<i>.)",
+              parameters.is_empty() ? std::string("none") : parameters.keys().back()));
+    }
+    frozen_.emplace_back(*parameter, iteration);
+  }
+  if (!options_.is_swav()) {
+    return;
+  }
+  head_ = find_swav_head(module);
+  const int64_t length = local_queue_length(options_.queue_length, batch_size, group.world_size());
+  if (length > 0) {
+    models::SwavQueueOptions queue;
+    queue.length = length;
+    queue.start_iter = options_.queue_start_iter;
+    queue.embedding_dim = head_->options().dims.back();
+    queue.num_prototypes = head_->options().num_clusters;
+    queue.num_crops = num_views;
+    queue.crops_for_assign = options_.swav.crops_for_assign;
+    queue_.emplace(queue, at::make_generator<at::CPUGeneratorImpl>(seed));
+  }
+}
+
+at::Tensor SelfSupervisedLoss::loss(const at::Tensor& output, const at::Tensor& /*labels*/) {
+  if (!options_.is_swav()) {
+    return models::simclr_info_nce_loss(output, group_, options_.simclr);
+  }
+  return swav(output);
+}
+
+// `output`: [crops * n, embedding | scores of set 0 | scores of set 1 | ...] (MultiCropModel
+// concatenates the swav_head's list).
+at::Tensor SelfSupervisedLoss::swav(const at::Tensor& output) {
+  const models::SwavHeadOptions& head = head_->options();
+  const int64_t embedding_dim = head.dims.back();
+  if (queue_ && queue_->in_use(calls_ - 1)) {
+    queue_->rescore(*head_); // VISSL's SwAVUpdateQueueScoresHook, after the forward
+  }
+  const bool use_queue = queue_ && queue_->in_use(calls_);
+  const bool hard = calls_ < options_.temp_hard_assignment_iters;
+  at::Tensor loss = at::zeros({}, output.options());
+  int64_t offset = embedding_dim;
+  for (size_t j = 0; j < head.num_clusters.size(); ++j) {
+    const at::Tensor scores = output.narrow(1, offset, head.num_clusters[j]);
+    offset += head.num_clusters[j];
+    loss = loss + models::swav_loss(
+                      scores,
+                      group_,
+                      options_.swav,
+                      use_queue ? queue_->scores(j) : std::vector<at::Tensor>{},
+                      hard);
+  }
+  loss = loss / static_cast<double>(head.num_clusters.size());
+  ++calls_;
+  if (use_queue) {
+    queue_->push(output.narrow(1, 0, embedding_dim).detach());
+  }
+  return loss;
+}
+
+void SelfSupervisedLoss::before_optimizer_step() {
+  for (auto& [parameter, iteration] : frozen_) {
+    if (iteration_ < iteration) {
+      parameter.mutable_grad() = at::Tensor(); // the optimizer skips it: no decay, no momentum
+    }
+  }
+}
+
+void SelfSupervisedLoss::after_optimizer_step() {
+  if (head_ != nullptr && options_.normalize_last_layer) {
+    head_->normalize_prototypes();
+  }
+}
+
+std::map<std::string, at::Tensor> SelfSupervisedLoss::state_dict() const {
+  if (!queue_) {
+    return {};
+  }
+  std::map<std::string, at::Tensor> state = queue_->state_dict();
+  state.emplace("num_iteration", at::tensor(calls_, at::kLong));
+  return state;
+}
+
+void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  if (!queue_) {
+    return;
+  }
+  auto calls = state.find("num_iteration");
+  if (calls == state.end()) {
+    throw CheckpointError(
+        "the checkpoint's SwAV queue has no num_iteration; it was not written by a run with "
+        "a queue (LOSS.swav_loss.queue.queue_length)");
+  }
+  queue_->load_state_dict(state);
+  calls_ = calls->second.item<int64_t>();
+}
+
+std::string SelfSupervisedLoss::describe() const {
+  if (!options_.is_swav()) {
+    return fmt::format(
+        "SimCLR InfoNCE (temperature {}, negatives from {} rank(s))",
+        options_.simclr.temperature,
+        group_.world_size());
+  }
+  const models::SwavHeadOptions& head = head_->options();
+  return fmt::format(
+      "SwAV ({} crops, assigned [{}], prototypes [{}] {}, Sinkhorn {} iterations in {}, queue {})",
+      options_.swav.num_crops,
+      fmt::join(options_.swav.crops_for_assign, ", "),
+      fmt::join(head.num_clusters, ", "),
+      options_.normalize_last_layer ? "normalised after each step" : "not normalised",
+      options_.swav.num_iters,
+      options_.swav.use_double_precision ? "float64" : "float32",
+      queue_ ? fmt::format(
+                   "of {} images per rank from loss call {}",
+                   queue_->state_dict().at("local_emb_queue").size(1),
+                   options_.queue_start_iter)
+             : std::string("off"));
+}
+
+} // namespace largo::train

@@ -1,0 +1,253 @@
+// Self-supervised pretraining through the Trainer, as VISSL's SwAV and SimCLR configs set it
+// up (multi-view TRANSFORMS, collator, swav_head or chained mlp heads, LOSS.swav_loss /
+// simclr_info_nce_loss) on a small folder of PNG images:
+//   - 2 ranks train as one process on the same global batch (SimCLR; SwAV without a queue):
+//     the losses are collective (gathered negatives, Sinkhorn's all-reduced sums), and DDP
+//     averages the gradients, so the parameters agree within float32 rounding of reordered
+//     sums (1e-5 relative over these few steps);
+//   - SwAV with its queue resumes mid-epoch bit for bit at 2 ranks (each rank's queue in the
+//     checkpoint), the prototypes stay normalised and the frozen prototypes do not move;
+//   - what does not compose is refused naming the key.
+// A queue cannot make 2 ranks equal one process: each rank keeps its own newest images (the
+// oldest fall off per rank), as VISSL's do.
+#include <largo/checkpoint/checkpoint_file.h>
+#include <largo/core/config.h>
+#include <largo/core/error.h>
+#include <largo/train/trainer.h>
+#include <largo/train/trainer_config.h>
+
+#include "comm/distributed_test_util.h"
+#include "data/image_test_util.h"
+#include "train/trainer_run_util.h"
+
+#include <gtest/gtest.h>
+
+namespace largo::train::trainer_self_supervised_test {
+namespace {
+
+namespace fs = std::filesystem;
+using largo::testing::run_on_ranks;
+
+constexpr double kTolerance = 1e-5;
+
+// 16 PNGs of 40x40 in two class folders (the labels are not used).
+fs::path image_folder() {
+  const fs::path root = fs::temp_directory_path() / "largo_trainer_ssl_images";
+  if (fs::exists(root / "b" / "7.png")) {
+    return root;
+  }
+  for (int i = 0; i < 16; ++i) {
+    const fs::path dir = root / (i < 8 ? "a" : "b");
+    fs::create_directories(dir);
+    data::testing::write_bytes(
+        dir / (std::to_string(i % 8) + ".png"),
+        data::testing::encode_png(data::testing::pattern_image(40, 40, i)));
+  }
+  return root;
+}
+
+// 16 images, batch 8 over the world (4 per rank at 2 ranks): 2 iterations per epoch.
+Overrides common_job(int world_size) {
+  return {
+      "DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+      "DATA.TRAIN.DATA_PATHS=[" + image_folder().string() + "]",
+      "DATA.TRAIN.BATCHSIZE_PER_REPLICA=" + std::to_string(8 / world_size),
+      "DATA.NUM_DATALOADER_WORKERS=1",
+      "TEST_MODEL=False",
+      "MODEL.TRUNK.NAME=resnet",
+      "MODEL.TRUNK.RESNETS.DEPTH=18",
+      "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
+      "MODEL.SYNC_BN_CONFIG.GROUP_SIZE=0",
+      "OPTIMIZER.num_epochs=2",
+      "OPTIMIZER.momentum=0.9",
+      "OPTIMIZER.param_schedulers.lr={name: constant, value: 0.05}",
+      "MACHINE.DEVICE=cpu",
+      "MACHINE.NUM_THREADS=1"};
+}
+
+Config ssl_config(const fs::path& dir, const Overrides& job) {
+  return Config::load({}, job + Overrides{"CHECKPOINT.DIR=" + dir.string()});
+}
+
+// Trains `job` into `dir` on `group` (collective), interrupted after `stop_after` iterations
+// when >= 0.
+RunResult ssl_run(
+    const fs::path& dir, const Overrides& job, comm::ProcessGroup& group, int64_t stop_after = -1) {
+  auto options = trainer_options_from_config(ssl_config(dir, job));
+  options.stop_after_iterations = stop_after;
+  Trainer trainer(options, "", borrow(group));
+  TrainSummary summary = trainer.run();
+  return RunResult{std::move(summary), trainer.full_parameters()};
+}
+
+const std::string kNormalize = "{name: Normalize, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}";
+
+// VISSL's SimCLR recipe, small: two 24x24 views through a projection of two mlp heads.
+Overrides simclr_job(int world_size) {
+  return common_job(world_size) +
+         Overrides{
+             "DATA.TRAIN.TRANSFORMS=[{name: ImgReplicatePil, num_times: 2}, {name: "
+             "RandomResizedCrop, size: 24}, {name: RandomHorizontalFlip}, {name: "
+             "ImgPilColorDistortion, strength: 1.0}, {name: ToTensor}, " +
+                 kNormalize + "]",
+             "DATA.TRAIN.COLLATE_FUNCTION=simclr_collator",
+             "LOSS.name=simclr_info_nce_loss",
+             "LOSS.simclr_info_nce_loss.buffer_params.embedding_dim=16",
+             "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 64], use_relu: True, "
+             "skip_last_layer_relu_bn: False}], [mlp, {dims: [64, 16]}]]"};
+}
+
+// VISSL's SwAV recipe, small: 2 x 32 + 2 x 16 crops, a swav_head with 2 prototype sets
+// (without BatchNorm1d: SyncBatchNorm replaces the trunk's BatchNorm2d only, so a head's
+// BatchNorm1d would see each rank's images alone, and 2 ranks would not equal 1).
+Overrides swav_job(int world_size) {
+  return common_job(world_size) +
+         Overrides{
+             "DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 4, size_crops: "
+             "[32, 16], num_crops: [2, 2], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: "
+             "RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 1.0}, {name: "
+             "ImgPilGaussianBlur, p: 0.5, radius_min: 0.1, radius_max: 2.0}, {name: ToTensor}, " +
+                 kNormalize + "]",
+             "DATA.TRAIN.COLLATE_FUNCTION=multicrop_collator",
+             "LOSS.name=swav_loss",
+             "MODEL.HEAD.PARAMS=[[swav_head, {dims: [512, 64, 16], use_bn: False, "
+             "num_clusters: [10, 6]}]]"};
+}
+
+fs::path fresh(const fs::path& dir, comm::ProcessGroup& group) {
+  if (group.rank() == 0) {
+    fs::remove_all(dir);
+  }
+  group.barrier();
+  return dir;
+}
+
+// The mean of every rank's loss at each iteration: one process's loss on the whole batch.
+RunResult with_global_losses(RunResult run, comm::ProcessGroup& group) {
+  for (float& loss : run.summary.iteration_losses) {
+    at::Tensor value = at::tensor({loss}, at::kFloat);
+    group.all_reduce(value);
+    loss = value.item<float>() / static_cast<float>(group.world_size());
+  }
+  return run;
+}
+
+RunResult run_at(int world_size, const std::function<Overrides(int)>& job, const fs::path& dir) {
+  RunResult result;
+  run_on_ranks(world_size, [&](comm::ProcessGroup& group) {
+    RunResult run = with_global_losses(ssl_run(fresh(dir, group), job(world_size), group), group);
+    if (group.rank() == 0) {
+      result = std::move(run);
+    }
+  });
+  return result;
+}
+
+TEST(TrainerSelfSupervisedTest, SimclrAtTwoRanksEqualsOneProcess) {
+  const fs::path dir = test_dir_for("ssl");
+  const RunResult one = run_at(1, simclr_job, dir / "one");
+  const RunResult two = run_at(2, simclr_job, dir / "two");
+  ASSERT_EQ(one.summary.iteration_losses.size(), 4u);
+  EXPECT_GT(one.summary.iteration_losses.front(), 0.0f);
+  expect_same_training(two, one, kTolerance, "SimCLR, 2 ranks against 1 process");
+}
+
+TEST(TrainerSelfSupervisedTest, SwavAtTwoRanksEqualsOneProcess) {
+  const fs::path dir = test_dir_for("ssl");
+  const RunResult one = run_at(1, swav_job, dir / "one");
+  const RunResult two = run_at(2, swav_job, dir / "two");
+  ASSERT_EQ(one.summary.iteration_losses.size(), 4u);
+  expect_same_training(two, one, kTolerance, "SwAV, 2 ranks against 1 process");
+  // normalize_last_layer: every prototype has unit norm after each step.
+  const at::Tensor prototypes = one.parameters.at("head.0.prototypes0.weight");
+  EXPECT_TRUE(at::allclose(prototypes.norm(2, 1), at::ones({prototypes.size(0)}), 1e-6, 1e-6));
+}
+
+// A queue of 8 images per rank from loss call 1, prototypes frozen for 2 iterations; a mid-
+// epoch checkpoint (every iteration, stopped after 3 of 4) resumes bit for bit.
+TEST(TrainerSelfSupervisedTest, SwavWithQueueResumesMidEpochBitExactly) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides job = swav_job(2) + Overrides{
+                                            "LOSS.swav_loss.queue.queue_length=16",
+                                            "LOSS.swav_loss.queue.start_iter=1",
+                                            "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0."
+                                            "prototypes1.weight', 2]]",
+                                            "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"};
+    const RunResult reference = ssl_run(dir / "full", job, group);
+    ASSERT_EQ(reference.summary.iteration_losses.size(), 4u);
+    EXPECT_TRUE(ssl_run(dir / "resumed", job, group, 3).summary.interrupted);
+    group.barrier();
+    const auto saved = checkpoint::load_checkpoint(dir / "resumed" / "checkpoint.torch");
+    const auto queues = saved.at("loss_states").toGenericDict();
+    EXPECT_EQ(queues.at("local_emb_queue").toTensor().sizes(), at::IntArrayRef({2, 2, 8, 16}));
+    EXPECT_FALSE(torch::equal(
+        queues.at("local_emb_queue").toTensor()[0], queues.at("local_emb_queue").toTensor()[1]))
+        << "each rank keeps its own queue";
+    const RunResult resumed = ssl_run(dir / "resumed", job, group);
+    expect_resumed_bit_exactly(resumed, reference, 3, "rank " + std::to_string(group.rank()));
+  });
+}
+
+TEST(TrainerSelfSupervisedTest, FrozenPrototypesDoNotMoveUntilTheirIteration) {
+  run_on_ranks(1, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    auto options = trainer_options_from_config(ssl_config(
+        dir,
+        swav_job(1) + Overrides{
+                          "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0."
+                          "prototypes0.weight', 2]]",
+                          "LOSS.swav_loss.normalize_last_layer=False"}));
+    options.stop_after_iterations = 2;
+    Trainer trainer(options, "", borrow(group));
+    const auto before = trainer.full_parameters();
+    trainer.run();
+    const auto after = trainer.full_parameters();
+    EXPECT_TRUE(torch::equal(
+        after.at("head.0.prototypes0.weight"), before.at("head.0.prototypes0.weight")));
+    EXPECT_FALSE(torch::equal(
+        after.at("head.0.prototypes1.weight"), before.at("head.0.prototypes1.weight")));
+  });
+}
+
+void expect_refused(const Overrides& overrides, const std::string& expected) {
+  try {
+    resolve_run(ssl_config(test_dir_for("ssl"), overrides));
+    ADD_FAILURE() << "accepted; expected an error containing: " << expected;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
+  expect_refused(swav_job(1) + Overrides{"TEST_MODEL=True"}, "set TEST_MODEL False");
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.name=simclr_info_nce_loss"},
+      "simclr_info_nce_loss compares 2 views of one size");
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.swav_loss.crops_for_assign=[0, 4]"},
+      "LOSS.swav_loss.crops_for_assign");
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.swav_loss.num_crops=8"}, "inferred from DATA.TRAIN.TRANSFORMS");
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.name=CrossEntropyLoss"},
+      "only a self-supervised loss trains on");
+  expect_refused(
+      simclr_job(1) + Overrides{"MODEL.TRUNK.NAME=mlp"} +
+          Overrides{
+              "DATA.TRAIN.TRANSFORMS=[{name: ToTensor}]",
+              "DATA.TRAIN.COLLATE_FUNCTION=default_collate"},
+      "trains on several views of each image");
+  expect_refused(
+      simclr_job(1) + Overrides{"LOSS.simclr_info_nce_loss.buffer_params."
+                                "embedding_dim=128"},
+      "the projection head ends in 16 outputs");
+  expect_refused(swav_job(1) + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, "FSDP");
+  expect_refused(
+      swav_job(1) +
+          Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
+      "use O1");
+}
+
+} // namespace
+} // namespace largo::train::trainer_self_supervised_test
