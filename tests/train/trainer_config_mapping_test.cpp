@@ -317,10 +317,69 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
   EXPECT_EQ(eval.heads[0].in_channels, 1024);
   EXPECT_EQ(eval.heads[1].dims, (std::vector<int64_t>{2048, 1000}));
   EXPECT_TRUE(model.head_dims.empty());
-  // Without taps, several heads are an error naming the key.
+  // Without taps, several mlp heads run one after another (SimCLR's projection; the run plan
+  // refuses them without a self-supervised loss), and eval_mlp heads are an error.
+  const models::ModelOptions chained = model_options_from(
+      Config::load({}, {"MODEL.HEAD.PARAMS=[[mlp, {dims: [8, 6], use_relu: True}], [mlp, {dims: "
+                        "[6, 4]}]]"}));
+  ASSERT_EQ(chained.head_chain.size(), 2u);
+  EXPECT_TRUE(chained.head_chain[0].options.use_relu);
+  EXPECT_EQ(chained.head_chain[1].dims, (std::vector<int64_t>{6, 4}));
   EXPECT_THROW(
-      model_options_from(
-          Config::load({}, {"MODEL.HEAD.PARAMS=[[mlp, {dims: [8, 4]}], [mlp, {dims: [8, 4]}]]"})),
+      model_options_from(Config::load(
+          {}, {"MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 8, dims: [8, 4]}]]"})),
+      ConfigError);
+}
+
+// LOSS.swav_loss, LOSS.simclr_info_nce_loss, the swav_head and the frozen-parameter map reach
+// the trainer's options as VISSL's configs write them.
+TEST(TrainerConfigMappingTest, SelfSupervisedKeysReachTheTrainerOptions) {
+  const std::string swav = "LOSS.swav_loss.";
+  const TrainerOptions options = options_with(
+      {"LOSS.name=swav_loss",
+       swav + "temperature=0.2",
+       swav + "epsilon=0.03",
+       swav + "num_iters=5",
+       swav + "crops_for_assign=[1]",
+       swav + "use_double_precision=True",
+       swav + "normalize_last_layer=False",
+       swav + "temp_hard_assignment_iters=7",
+       swav + "queue.queue_length=3840",
+       swav + "queue.start_iter=15000",
+       "MODEL.HEAD.PARAMS=[[swav_head, {dims: [2048, 2048, 128], use_bn: True, num_clusters: "
+       "[3000, 100], activation_name: GELU}]]",
+       "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight', 313]]"});
+  const SelfSupervisedLossOptions& ssl = options.self_supervised;
+  EXPECT_TRUE(ssl.is_swav());
+  EXPECT_EQ(ssl.swav.temperature, 0.2);
+  EXPECT_EQ(ssl.swav.epsilon, 0.03);
+  EXPECT_EQ(ssl.swav.num_iters, 5);
+  EXPECT_EQ(ssl.swav.crops_for_assign, (std::vector<int64_t>{1}));
+  EXPECT_TRUE(ssl.swav.use_double_precision);
+  EXPECT_FALSE(ssl.normalize_last_layer);
+  EXPECT_EQ(ssl.temp_hard_assignment_iters, 7);
+  EXPECT_EQ(ssl.queue_length, 3840);
+  EXPECT_EQ(ssl.queue_start_iter, 15000);
+  ASSERT_EQ(ssl.frozen_parameters.size(), 1u);
+  EXPECT_EQ(ssl.frozen_parameters[0].first, "head.0.prototypes0.weight");
+  EXPECT_EQ(ssl.frozen_parameters[0].second, 313);
+  const models::SwavHeadOptions& head = options.model.swav_head;
+  EXPECT_EQ(head.dims, (std::vector<int64_t>{2048, 2048, 128}));
+  EXPECT_TRUE(head.use_bn);
+  EXPECT_EQ(head.num_clusters, (std::vector<int64_t>{3000, 100}));
+  EXPECT_EQ(head.activation, "GELU");
+
+  const TrainerOptions simclr = options_with(
+      {"LOSS.name=simclr_info_nce_loss",
+       "LOSS.simclr_info_nce_loss.temperature=0.5",
+       "LOSS.simclr_info_nce_loss.buffer_params.embedding_dim=64"});
+  EXPECT_EQ(simclr.self_supervised.name, "simclr_info_nce_loss");
+  EXPECT_EQ(simclr.self_supervised.simclr.temperature, 0.5);
+  EXPECT_EQ(simclr.self_supervised.simclr_embedding_dim, 64);
+  EXPECT_THROW(options_with({"LOSS.name=swav_loss", swav + "temperature=0"}), ConfigError);
+  EXPECT_THROW(
+      options_with({"MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 4], num_clusters: [3], "
+                    "return_embeddings: False}]]"}),
       ConfigError);
 }
 
@@ -383,10 +442,11 @@ TEST(TrainerConfigMappingTest, VisslSchedulesAreReadFromTheConfig) {
       options_with({lr + "name=cosine_warm_restart", lr + "wave_type=quarter"}), ConfigError);
 }
 
-// VISSL's self-supervised and distillation losses are refused by name, as features Largo
-// lacks, not as unexpected values.
+// VISSL's other self-supervised and distillation losses are refused by name, as features
+// Largo lacks, not as unexpected values.
 TEST(TrainerConfigMappingTest, VisslLossesLargoLacksAreRefusedByName) {
-  for (const char* loss : {"swav_loss", "simclr_info_nce_loss", "dino_loss", "moco_loss"}) {
+  for (const char* loss : {"swav_momentum_loss", "multicrop_simclr_info_nce_loss", "dino_loss",
+                           "moco_loss"}) {
     try {
       options_with({std::string("LOSS.name=") + loss});
       ADD_FAILURE() << loss << " was accepted";
