@@ -90,6 +90,7 @@ std::vector<WiredKey> wired_keys() {
         {p + "DCT_SCALING", "Largo extension: decode JPEGs at 1/2, 1/4 or 1/8 size when the crop allows", "ImageDecoder.RegionsEqualTheFullDecodeAtEveryScale"},
         {p + "BATCHSIZE_PER_REPLICA", "batch per process", "TrainerDistributedTest.GradientAccumulationEqualsTheLargerBatchInOneProcess"},
         {p + "TRANSFORMS", "the augmentation pipeline", "TransformPipeline.AppliesInOrderAndIsDeterministicPerSeed"},
+        {p + "COLLATE_FUNCTION", split == "TRAIN" ? "default_collate, or multicrop_collator / simclr_collator for multi-view TRANSFORMS (Batch::views)" : "default_collate only (evaluation reads one image per sample)", "DataConfig.CollateFunctionMustFitTheViewsTransformsMake"},
         {p + "DATA_LIMIT", "use a random subset of N samples", "SeededRandperm.MatchesPythonTorchRandperm"},
         {p + "DATA_LIMIT_SAMPLING.SEED", "the subset's seed", "SeededRandperm.MatchesPythonTorchRandperm"},
         {p + "SYNTHETIC.NUM_SAMPLES", "Largo extension: size of the synthetic dataset", "SyntheticDataset.SamplesDependOnlyOnSeedAndIndex"},

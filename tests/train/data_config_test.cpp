@@ -1,11 +1,15 @@
 // The DATA.* keys -> data options mapping: every source, the label keys, transforms with
-// words and ranges, the image-decoding extension keys, the loader keys, and errors that name
-// the key.
+// words and ranges, VISSL's multi-view lists (SwAV, SimCLR, BYOL) and their collators, the
+// image-decoding extension keys, the loader keys, and errors that name the key.
 #include <largo/train/data_config.h>
 
+#include <largo/data/multi_view_pipeline.h>
 #include <largo/data/sample_pipeline.h>
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
 
 namespace largo::train::data_config_test {
 namespace {
@@ -148,39 +152,270 @@ TEST(DataConfig, LoaderKeys) {
       data_loading_from(load("config: {DATA: {NUM_DATALOADER_WORKERS: -1}}")), ConfigError);
 }
 
-TEST(DataConfig, MultiCropTransformsAreRefusedUntilTheTrainerRunsAnSslLoss) {
-  const std::string swav = R"(
+// VISSL's SwAV config (swav_8node_resnet.yaml's DATA.TRAIN), as written.
+const char* kSwavTrain = R"(
 config:
   DATA:
     TRAIN:
       DATA_SOURCES: [disk_folder]
       DATA_PATHS: ["/datasets/imagenet/train"]
+      COLLATE_FUNCTION: multicrop_collator
       TRANSFORMS:
         - name: ImgPilToMultiCrop
           total_num_crops: 8
           size_crops: [224, 96]
           num_crops: [2, 6]
           crop_scales: [[0.14, 1], [0.05, 0.14]]
-        - {name: RandomHorizontalFlip, p: 0.5}
-        - {name: ToTensor}
+        - name: RandomHorizontalFlip
+          p: 0.5
+        - name: ImgPilColorDistortion
+          strength: 1.0
+        - name: ImgPilGaussianBlur
+          p: 0.5
+          radius_min: 0.1
+          radius_max: 2.0
+        - name: ToTensor
+        - name: Normalize
+          mean: [0.485, 0.456, 0.406]
+          std: [0.229, 0.224, 0.225]
 )";
-  expect_key_error(swav, "DATA.TRAIN.TRANSFORMS[0].name = ImgPilToMultiCrop");
-  expect_key_error(swav, "multi-crop transforms need an SSL loss, which the trainer does not run");
-  expect_key_error(
-      R"(
+
+// VISSL's SimCLR config (simclr_8node_resnet.yaml's DATA.TRAIN), as written.
+const char* kSimclrTrain = R"(
+config:
+  DATA:
+    TRAIN:
+      DATA_SOURCES: [disk_folder]
+      DATA_PATHS: ["/datasets/imagenet/train"]
+      COLLATE_FUNCTION: simclr_collator
+      TRANSFORMS:
+        - name: ImgReplicatePil
+          num_times: 2
+        - name: RandomResizedCrop
+          size: 224
+        - name: RandomHorizontalFlip
+          p: 0.5
+        - name: ImgPilColorDistortion
+          strength: 1.0
+        - name: ImgPilGaussianBlur
+          p: 0.5
+          radius_min: 0.1
+          radius_max: 2.0
+        - name: ToTensor
+        - name: Normalize
+          mean: [0.485, 0.456, 0.406]
+          std: [0.229, 0.224, 0.225]
+)";
+
+// The list after the splitter, shared by both configs.
+std::vector<data::TransformSpec> per_view_and_batch() {
+  return {
+      {"RandomHorizontalFlip", {{"p", {0.5}}}},
+      {"ImgPilColorDistortion", {{"strength", {1.0}}}},
+      {"ImgPilGaussianBlur", {{"p", {0.5}}, {"radius_min", {0.1}}, {"radius_max", {2.0}}}},
+      {"ToTensor", {}},
+      {"Normalize", {{"mean", {0.485, 0.456, 0.406}}, {"std", {0.229, 0.224, 0.225}}}}};
+}
+
+void expect_same_specs(
+    const std::vector<data::TransformSpec>& read, const std::vector<data::TransformSpec>& built) {
+  ASSERT_EQ(read.size(), built.size());
+  for (size_t i = 0; i < read.size(); ++i) {
+    EXPECT_TRUE(read[i] == built[i]) << "entry " << i << " (" << built[i].name << ")";
+  }
+}
+
+int64_t count_of(const std::vector<std::optional<data::ImageSize>>& sizes, int64_t side) {
+  return std::count(sizes.begin(), sizes.end(), data::ImageSize{side, side});
+}
+
+TEST(DataConfig, VisslsSwavTransformsReadAsTheMultiCropListBuiltByHand) {
+  const data::DataSplitOptions split = data_split_from(load(kSwavTrain), "DATA.TRAIN");
+  data::TransformSpec multicrop(
+      "ImgPilToMultiCrop",
+      {{"total_num_crops", {8}}, {"size_crops", {224, 96}}, {"num_crops", {2, 6}}});
+  multicrop.nested_args["crop_scales"] = {{0.14, 1}, {0.05, 0.14}};
+  std::vector<data::TransformSpec> built{multicrop};
+  for (const data::TransformSpec& spec : per_view_and_batch()) {
+    built.push_back(spec);
+  }
+  expect_same_specs(split.source.transforms, built);
+  EXPECT_EQ(split.collate, "multicrop_collator");
+  const auto sizes =
+      data::make_multi_view_transforms(split.source.transforms).per_sample.view_sizes();
+  ASSERT_EQ(sizes.size(), 8U);
+  EXPECT_EQ(count_of(sizes, 224), 2);
+  EXPECT_EQ(count_of(sizes, 96), 6);
+}
+
+TEST(DataConfig, VisslsSimclrTransformsReadAsTheReplicatedListBuiltByHand) {
+  const data::DataSplitOptions split = data_split_from(load(kSimclrTrain), "DATA.TRAIN");
+  std::vector<data::TransformSpec> built{
+      {"ImgReplicatePil", {{"num_times", {2}}}}, {"RandomResizedCrop", {{"size", {224}}}}};
+  for (const data::TransformSpec& spec : per_view_and_batch()) {
+    built.push_back(spec);
+  }
+  expect_same_specs(split.source.transforms, built);
+  EXPECT_EQ(split.collate, "simclr_collator");
+  const auto sizes =
+      data::make_multi_view_transforms(split.source.transforms).per_sample.view_sizes();
+  ASSERT_EQ(sizes.size(), 2U);
+  EXPECT_EQ(count_of(sizes, 224), 2);
+}
+
+// BYOL's per-view blur and solarize: a list of transform maps, read like TRANSFORMS entries.
+TEST(DataConfig, MultiCropRandomApplyReadsItsTransformsAndProbabilities) {
+  const data::DataSplitOptions split = data_split_from(
+      load(R"(
 config:
   DATA:
     TRAIN:
       DATA_SOURCES: [disk_folder]
       DATA_PATHS: ["/d"]
-      TRANSFORMS: [{name: RandomResizedCrop, size: 32}, {name: ImgReplicatePil, num_times: 2}]
-)",
-      "DATA.TRAIN.TRANSFORMS[1].name = ImgReplicatePil");
-  // The colour distortion is one image's transform: the trainer's one-view path takes it.
-  const Config config = load(R"(
+      COLLATE_FUNCTION: simclr_collator
+      TRANSFORMS:
+        - {name: ImgReplicatePil, num_times: 2}
+        - {name: RandomResizedCrop, size: 32, interpolation: bicubic}
+        - name: ImgPilMultiCropRandomApply
+          transforms: [{name: ImgPilGaussianBlur, p: 1., radius_min: 0.1, radius_max: 2.0}]
+          prob: [1., 0.1]
+        - name: ImgPilMultiCropRandomApply
+          transforms: [{name: ImgPilRandomSolarize, prob: 1.0}]
+          prob: [0., 0.2]
+        - {name: ToTensor}
+)"),
+      "DATA.TRAIN");
+  data::TransformSpec blur("ImgPilMultiCropRandomApply", {{"prob", {1.0, 0.1}}});
+  blur.transform_args["transforms"] = {
+      {"ImgPilGaussianBlur", {{"p", {1.0}}, {"radius_min", {0.1}}, {"radius_max", {2.0}}}}};
+  data::TransformSpec solarize("ImgPilMultiCropRandomApply", {{"prob", {0.0, 0.2}}});
+  solarize.transform_args["transforms"] = {{"ImgPilRandomSolarize", {{"prob", {1.0}}}}};
+  expect_same_specs(
+      split.source.transforms,
+      {{"ImgReplicatePil", {{"num_times", {2}}}},
+       {"RandomResizedCrop", {{"size", {32}}}, {{"interpolation", "bicubic"}}},
+       blur,
+       solarize,
+       {"ToTensor", {}}});
+  EXPECT_EQ(data::make_multi_view_transforms(split.source.transforms).per_sample.num_views(), 2);
+}
+
+TEST(DataConfig, BadNestedTransformArgumentsNameTheirKey) {
+  const std::string head = R"(
 config:
   DATA:
     TRAIN:
+      DATA_SOURCES: [disk_folder]
+      DATA_PATHS: ["/d"]
+      COLLATE_FUNCTION: multicrop_collator
+      TRANSFORMS:
+)";
+  const std::string multicrop =
+      "        - {name: ImgPilToMultiCrop, total_num_crops: 2, size_crops: [32, 16], "
+      "num_crops: [1, 1], crop_scales: ";
+  expect_key_error(
+      head + multicrop + "[[0.14, a], [0.05, 0.14]]}\n",
+      "DATA.TRAIN.TRANSFORMS[0].crop_scales[0][1] = a");
+  expect_key_error(
+      head + multicrop + "[[0.14, 1], 0.05]}\n", "DATA.TRAIN.TRANSFORMS[0].crop_scales[1]");
+  expect_key_error(head + multicrop + "[[0.14, [1]]]}\n", "DATA.TRAIN.TRANSFORMS[0].crop_scales");
+  const std::string pair = "        - {name: ImgReplicatePil}\n"
+                           "        - {name: RandomResizedCrop, size: 32}\n";
+  expect_key_error(
+      head + pair +
+          "        - {name: ImgPilMultiCropRandomApply, prob: [1, 1], transforms: "
+          "[{name: ImgPilGaussianBlur}, {p: 0.5}]}\n",
+      "DATA.TRAIN.TRANSFORMS[2].transforms[1]");
+  expect_key_error(
+      head + pair +
+          "        - {name: ImgPilMultiCropRandomApply, prob: [1, 1], transforms: "
+          "[{name: ImgPilRandomSolarize, prob: [x]}]}\n",
+      "DATA.TRAIN.TRANSFORMS[2].transforms[0].prob");
+  expect_key_error(
+      head + pair +
+          "        - {name: ImgPilMultiCropRandomApply, prob: [1, 1], transforms: "
+          "[{name: ImgPilRandomSolarize}, 0.5]}\n",
+      "DATA.TRAIN.TRANSFORMS[2].transforms[1]");
+}
+
+void expect_split_error(
+    const std::string& yaml, const std::string& prefix, const std::vector<std::string>& parts) {
+  try {
+    data_split_from(load(yaml), prefix);
+    ADD_FAILURE() << "accepted: " << yaml;
+  } catch (const ConfigError& error) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(error.what()).find(part), std::string::npos) << error.what();
+    }
+  }
+}
+
+// What VISSL does (or fails at) with each pairing of collator and views.
+TEST(DataConfig, CollateFunctionMustFitTheViewsTransformsMake) {
+  const std::string swav = kSwavTrain;
+  const std::string simclr = kSimclrTrain;
+  auto with_collate = [](std::string yaml, const std::string& from, const std::string& to) {
+    yaml.replace(yaml.find(from), from.size(), to);
+    return yaml;
+  };
+  const std::string key = "DATA.TRAIN.COLLATE_FUNCTION";
+  expect_split_error(
+      with_collate(swav, "multicrop_collator", "default_collate"),
+      "DATA.TRAIN",
+      {key + " = default_collate", "multicrop_collator or simclr_collator"});
+  expect_split_error(
+      with_collate(simclr, "simclr_collator", "default_collate"),
+      "DATA.TRAIN",
+      {key + " = default_collate", "default_collate cannot stack"});
+  expect_split_error(
+      with_collate(swav, "multicrop_collator", "simclr_collator"),
+      "DATA.TRAIN",
+      {key + " = simclr_collator", "2 views of one size", "makes 8", "224x224, 224x224, 96x96"});
+  expect_split_error(
+      "config: {DATA: {TRAIN: {COLLATE_FUNCTION: multicrop_collator}}}",
+      "DATA.TRAIN",
+      {key + " = multicrop_collator", "add ImgPilToMultiCrop"});
+  expect_split_error(
+      with_collate(swav, "multicrop_collator", "cutmixup_collator"),
+      "DATA.TRAIN",
+      {key + " = cutmixup_collator", "not available in this version of Largo"});
+  // simclr_collator reads the views' sizes from the list it is given, naming the list.
+  expect_split_error(
+      with_collate(simclr, "size: 224", "size: -1"),
+      "DATA.TRAIN",
+      {"DATA.TRAIN.TRANSFORMS", "RandomResizedCrop"});
+  // The pairs that fit, including ImgReplicatePil's two views for multicrop_collator.
+  EXPECT_EQ(
+      data_split_from(
+          load(with_collate(simclr, "simclr_collator", "multicrop_collator")), "DATA.TRAIN")
+          .collate,
+      "multicrop_collator");
+  EXPECT_EQ(data_split_from(load("config: {}"), "DATA.TRAIN").collate, "default_collate");
+}
+
+TEST(DataConfig, EvaluationReadsOneImagePerSample) {
+  const std::string test_split = R"(
+config:
+  DATA:
+    TEST:
+      DATA_SOURCES: [disk_folder]
+      DATA_PATHS: ["/d"]
+      TRANSFORMS:
+        - {name: ImgReplicatePil, num_times: 2}
+        - {name: RandomResizedCrop, size: 32}
+        - {name: ToTensor}
+)";
+  expect_split_error(
+      test_split, "DATA.TEST", {"DATA.TEST.TRANSFORMS[0].name = ImgReplicatePil", "DATA.TRAIN"});
+  expect_split_error(
+      "config: {DATA: {TEST: {COLLATE_FUNCTION: simclr_collator}}}",
+      "DATA.TEST",
+      {"DATA.TEST.COLLATE_FUNCTION = simclr_collator", "one image per sample"});
+  // The colour distortion is one image's transform: any split's one-view list takes it.
+  const Config config = load(R"(
+config:
+  DATA:
+    TEST:
       DATA_SOURCES: [disk_folder]
       DATA_PATHS: ["/d"]
       TRANSFORMS:
@@ -188,7 +423,7 @@ config:
         - {name: ImgPilColorDistortion, strength: 0.5}
         - {name: ToTensor}
 )");
-  const data::DataSplitOptions split = data_split_from(config, "DATA.TRAIN");
+  const data::DataSplitOptions split = data_split_from(config, "DATA.TEST");
   const data::ImageTransforms transforms = data::make_image_transforms(split.source.transforms);
   EXPECT_EQ(transforms.per_sample.transforms().back()->name(), "ImgPilColorDistortion");
 }

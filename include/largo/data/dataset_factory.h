@@ -8,6 +8,11 @@
 // For image files the transforms before ToTensor run per sample inside the dataset
 // (sample_pipeline.h) and the rest per batch in the loader; for in-memory datasets all
 // transforms are batch transforms (transforms.h).
+//
+// A transform list that makes several views per sample (ImgPilToMultiCrop, ImgReplicatePil;
+// is_multi_view_list, multi_view_pipeline.h) needs image files: the views are cut from each
+// decoded image, and the dataset delivers Batch::views, one tensor per view. The in-memory
+// sources refuse such a list.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +49,11 @@ struct DataSourceOptions {
 // One split with its sampling and batching (the split-level keys of DATA.TRAIN/DATA.TEST).
 struct DataSplitOptions {
   DataSourceOptions source;
+  // COLLATE_FUNCTION: default_collate (one image per sample), or VISSL's multicrop_collator
+  // (SwAV) / simclr_collator (SimCLR) for a multi-view source. The loader delivers
+  // Batch::views, one tensor per view, for both; simclr_collator's one tensor of two
+  // same-size views, view 0's samples then view 1's, is their concatenation.
+  std::string collate = "default_collate";
   int64_t batch_size = 256;          // BATCHSIZE_PER_REPLICA
   bool drop_last = false;            // DROP_LAST
   bool use_stateful_sampler = false; // USE_STATEFUL_DISTRIBUTED_SAMPLER
@@ -58,6 +68,9 @@ struct OpenedDataset {
   // [channels, h, w] of the batches the loader delivers (after every transform): what a
   // model's input layer must accept.
   std::vector<int64_t> sample_shape;
+  // A multi-view source: [channels, h, w] of each view's batches, in view order (sample_shape
+  // is view 0's). Empty for one view per sample.
+  std::vector<std::vector<int64_t>> view_shapes;
   int64_t num_classes = 0;
 };
 
@@ -68,14 +81,16 @@ struct OpenedDataset {
 // and `largo estimate`. Throws ConfigError for a bad transform or source, DataError for a
 // missing class folder root or label file.
 struct DatasetShape {
-  std::vector<int64_t> sample_shape; // [channels, h, w]
+  std::vector<int64_t> sample_shape; // [channels, h, w]; multi-view: view 0's
   int64_t num_classes = 0;
+  // [channels, h, w] of each view, as OpenedDataset::view_shapes; empty for one view.
+  std::vector<std::vector<int64_t>> view_shapes{};
 };
 DatasetShape peek_dataset_shape(const DataSourceOptions& options);
 
 // Opens a split. `seed` seeds the synthetic source. Throws ConfigError for an unknown source
-// or dataset name, a missing label path or a bad transform; DataError for missing or
-// malformed files.
+// or dataset name, a missing label path, a bad transform or multi-view transforms for a
+// source other than image files; DataError for missing or malformed files.
 OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64_t seed);
 
 } // namespace largo::data

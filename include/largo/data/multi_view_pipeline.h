@@ -61,6 +61,8 @@ class MultiViewPipeline {
 // Whether `name` makes or transforms several views (ImgPilToMultiCrop, ImgReplicatePil,
 // ImgPilMultiCropRandomApply): such lists go to make_multi_view_transforms.
 bool is_multi_view_transform(const std::string& name);
+// Whether any transform of `specs` is one (the list makes several views per sample).
+bool is_multi_view_list(const std::vector<TransformSpec>& specs);
 
 struct MultiViewTransforms {
   MultiViewPipeline per_sample;

@@ -29,6 +29,8 @@ struct TransformSpec {
   std::map<std::string, std::vector<std::vector<double>>> nested_args;
   // Lists of transforms: ImgPilMultiCropRandomApply's transforms.
   std::map<std::string, std::vector<TransformSpec>> transform_args;
+
+  bool operator==(const TransformSpec& other) const = default;
 };
 
 // Reads one spec's arguments. Every error is a ConfigError that names the transform, the

@@ -24,15 +24,23 @@ namespace largo::train {
 //                   disk_folder: [] or [disk_folder] (labels are the class folders)
 //   LABEL_TYPE      standard (the only kind Largo trains with)
 //   REMOVE_IMG_PATH_PREFIX / NEW_IMG_PATH_PREFIX   disk_filelist path rewriting
-//   TRANSFORMS      see transforms_from
+//   TRANSFORMS      see transforms_from; in DATA.TEST one image per sample (multi-view
+//                   transforms are refused: evaluation reads one image each)
+//   COLLATE_FUNCTION  default_collate; DATA.TRAIN with multi-view TRANSFORMS
+//                   (ImgPilToMultiCrop, ImgReplicatePil) needs multicrop_collator, or
+//                   simclr_collator for exactly 2 views of one size, and those two need such
+//                   TRANSFORMS. Other collators (VISSL's mixup, cutmix, ...) are refused.
 //   SKIP_BAD_SAMPLES, MAX_IMAGE_PIXELS, DCT_SCALING   (Largo extensions) image decoding
 //   BATCHSIZE_PER_REPLICA, DROP_LAST, USE_STATEFUL_DISTRIBUTED_SAMPLER, DATA_LIMIT,
 //   DATA_LIMIT_SAMPLING.SEED, SYNTHETIC.*
 data::DataSplitOptions data_split_from(const Config& config, const std::string& prefix);
 
 // A TRANSFORMS list: each entry a map with `name`; numbers and lists of numbers become
-// args, words and booleans (interpolation: bicubic) text_args. Whether a transform takes
-// an argument is checked when it is built (data::make_pipeline, make_image_transforms).
+// args, words and booleans (interpolation: bicubic) text_args, lists of lists of numbers
+// (ImgPilToMultiCrop's crop_scales: [[0.14, 1], [0.05, 0.14]]) nested_args, and lists of
+// transform maps (ImgPilMultiCropRandomApply's transforms) transform_args, each read as an
+// entry. Whether a transform takes an argument is checked when it is built
+// (data::make_pipeline, make_image_transforms, make_multi_view_transforms).
 std::vector<data::TransformSpec> transforms_from(const Config& config, const std::string& key);
 
 // The loader-wide keys (DataLoadingOptions, trainer_options.h).

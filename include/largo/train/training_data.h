@@ -48,6 +48,12 @@ class TrainingData {
   const std::vector<int64_t>& test_sample_shape() const {
     return test_shape_;
   }
+  // A multi-view training split (ImgPilToMultiCrop, ImgReplicatePil): [channels, h, w] of
+  // each view, in view order, as the loader delivers them in Batch::views; train_sample_shape
+  // is view 0's. Empty for one image per sample (and in an evaluation-only run).
+  const std::vector<std::vector<int64_t>>& train_view_shapes() const {
+    return train_view_shapes_;
+  }
   int64_t num_train_samples() const {
     return static_cast<int64_t>(train_subset_.size());
   }
@@ -70,6 +76,7 @@ class TrainingData {
   std::shared_ptr<const data::Dataset> test_data_;
   std::vector<int64_t> train_shape_;
   std::vector<int64_t> test_shape_;
+  std::vector<std::vector<int64_t>> train_view_shapes_;
   std::vector<int64_t> train_subset_; // dataset indices the sampler's positions map to
   std::vector<int64_t> test_subset_;
   std::unique_ptr<data::DataLoader> train_loader_;

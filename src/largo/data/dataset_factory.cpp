@@ -3,16 +3,34 @@
 
 #include <fmt/format.h>
 
+#include <optional>
 
 #include "largo/core/error.h"
 #include "largo/data/cifar10_dataset.h"
 #include "largo/data/idx_dataset.h"
 #include "largo/data/image_list.h"
+#include "largo/data/multi_view_pipeline.h"
 #include "largo/data/sample_pipeline.h"
 #include "largo/data/synthetic_dataset.h"
 
 namespace largo::data {
 namespace {
+
+// The in-memory sources hold decoded images already cut to one size: a multi-view list's
+// crops are cut from each decoded image file (multi_view_pipeline.h).
+void refuse_views_without_image_files(const DataSourceOptions& options) {
+  for (const TransformSpec& spec : options.transforms) {
+    if (is_multi_view_transform(spec.name)) {
+      throw ConfigError(fmt::format(
+          "transform {} makes several views of each image, which needs image files, but the "
+          "data source is {}{}; use DATA_SOURCES [disk_folder] or [disk_filelist], or a "
+          "one-view transform list",
+          spec.name,
+          options.source,
+          options.source == "torchvision_dataset" ? " " + options.dataset_name : ""));
+    }
+  }
+}
 
 OpenedDataset in_memory(std::shared_ptr<const Dataset> dataset, const DataSourceOptions& options) {
   OpenedDataset opened;
@@ -23,7 +41,36 @@ OpenedDataset in_memory(std::shared_ptr<const Dataset> dataset, const DataSource
   return opened;
 }
 
+// [channels, h, w] of each view's batches: the dataset's uint8 views after the per-batch
+// transforms (ToTensor, Normalize).
+std::vector<std::vector<int64_t>> view_shapes_after(
+    const std::vector<std::vector<int64_t>>& dataset_view_shapes,
+    const TransformPipeline& per_batch) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const std::vector<int64_t>& shape : dataset_view_shapes) {
+    shapes.push_back(per_batch.output_shape(shape));
+  }
+  return shapes;
+}
+
+// Several views per sample: a MultiViewPipeline per image, each view its own batch.
+OpenedDataset multi_view_image_files(ImageList list, const DataSourceOptions& options) {
+  MultiViewTransforms transforms = make_multi_view_transforms(options.transforms);
+  auto dataset = std::make_shared<ImageDataset>(
+      std::move(list), std::move(transforms.per_sample), options.images);
+  OpenedDataset opened;
+  opened.transforms = std::move(transforms.per_batch);
+  opened.view_shapes = view_shapes_after(dataset->view_shapes(), opened.transforms);
+  opened.sample_shape = opened.view_shapes.front();
+  opened.num_classes = dataset->num_classes();
+  opened.dataset = std::move(dataset);
+  return opened;
+}
+
 OpenedDataset image_files(ImageList list, const DataSourceOptions& options) {
+  if (is_multi_view_list(options.transforms)) {
+    return multi_view_image_files(std::move(list), options);
+  }
   ImageTransforms transforms = make_image_transforms(options.transforms);
   auto dataset = std::make_shared<ImageDataset>(
       std::move(list), std::move(transforms.per_sample), options.images);
@@ -88,10 +135,30 @@ ImageList list_images(const DataSourceOptions& options) {
                              options.new_path_prefix);
 }
 
+// make_multi_view_transforms fixes every view's size, so only the classes need the files:
+// the class folders (disk_folder) or the listed labels (disk_filelist).
+DatasetShape multi_view_image_files_shape(const DataSourceOptions& options) {
+  const MultiViewTransforms transforms = make_multi_view_transforms(options.transforms);
+  std::vector<std::vector<int64_t>> dataset_view_shapes;
+  for (const std::optional<ImageSize>& size : transforms.per_sample.view_sizes()) {
+    dataset_view_shapes.push_back({Image::kChannels, size->height, size->width});
+  }
+  DatasetShape shape;
+  shape.view_shapes = view_shapes_after(dataset_view_shapes, transforms.per_batch);
+  shape.sample_shape = shape.view_shapes.front();
+  shape.num_classes = options.source == "disk_folder"
+                          ? static_cast<int64_t>(list_class_folders(options.path).size())
+                          : list_images(options).num_classes();
+  return shape;
+}
+
 // Image files: the transforms fix the size and the class folders name the classes, without
 // listing an image; otherwise (a size set by the images, a file list) the files are listed
 // and the dataset says, as it will in training.
 DatasetShape image_files_shape(const DataSourceOptions& options) {
+  if (is_multi_view_list(options.transforms)) {
+    return multi_view_image_files_shape(options);
+  }
   ImageTransforms transforms = make_image_transforms(options.transforms);
   const std::optional<ImageSize> size = transforms.per_sample.output_size();
   if (size && options.source == "disk_folder") {
@@ -107,6 +174,7 @@ DatasetShape image_files_shape(const DataSourceOptions& options) {
 
 DatasetShape peek_dataset_shape(const DataSourceOptions& options) {
   if (options.source == "synthetic" || options.source == "torchvision_dataset") {
+    refuse_views_without_image_files(options);
     DatasetShape shape = in_memory_shape(options);
     shape.sample_shape = make_pipeline(options.transforms).output_shape(shape.sample_shape);
     return shape;
@@ -121,6 +189,9 @@ DatasetShape peek_dataset_shape(const DataSourceOptions& options) {
 }
 
 OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64_t seed) {
+  if (options.source == "synthetic" || options.source == "torchvision_dataset") {
+    refuse_views_without_image_files(options); // before a file is read
+  }
   if (options.source == "synthetic") {
     return in_memory(
         std::make_shared<SyntheticDataset>(

@@ -1,6 +1,7 @@
 // The multi-view pipeline and the factory of multi-view transform lists.
 #include "largo/data/multi_view_pipeline.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -160,6 +161,12 @@ const std::vector<std::shared_ptr<const ViewTransform>>& MultiViewPipeline::per_
 bool is_multi_view_transform(const std::string& name) {
   return name == "ImgPilToMultiCrop" || name == "ImgReplicatePil" ||
          name == "ImgPilMultiCropRandomApply";
+}
+
+bool is_multi_view_list(const std::vector<TransformSpec>& specs) {
+  return std::any_of(specs.begin(), specs.end(), [](const TransformSpec& spec) {
+    return is_multi_view_transform(spec.name);
+  });
 }
 
 MultiViewTransforms make_multi_view_transforms(const std::vector<TransformSpec>& specs) {

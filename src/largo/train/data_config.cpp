@@ -2,6 +2,7 @@
 
 #include "config_checks.h"
 
+#include <largo/core/config_value.h>
 #include <largo/core/resources.h>
 #include <largo/data/multi_view_pipeline.h>
 
@@ -106,6 +107,76 @@ void read_image_options(
 
 } // namespace
 
+namespace {
+
+data::TransformSpec read_transform(const YAML::Node& entry, const std::string& entry_key);
+
+// A list argument, read by its first element's kind: numbers (mean: [0.485, 0.456, 0.406]),
+// lists of numbers (ImgPilToMultiCrop's crop_scales: [[0.14, 1], [0.05, 0.14]]) or transforms
+// (ImgPilMultiCropRandomApply's transforms: [{name: ...}, ...]). An element of another kind
+// fails where it is read, naming it.
+void read_list_argument(
+    const YAML::Node& list,
+    const std::string& arg_name,
+    const std::string& arg_key,
+    data::TransformSpec& spec) {
+  const YAML::Node first = list.size() > 0 ? list[0] : YAML::Node();
+  if (first.IsSequence()) {
+    std::vector<std::vector<double>>& rows = spec.nested_args[arg_name];
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string row_key = fmt::format("{}[{}]", arg_key, i);
+      const YAML::Node row = list[i];
+      require(
+          row.IsSequence(),
+          row_key,
+          config_value_text(row),
+          "a list of numbers like the first entry: a list of lists, e.g. [[0.14, 1], [0.05, "
+          "0.14]]");
+      std::vector<double>& values = rows.emplace_back();
+      for (size_t j = 0; j < row.size(); ++j) {
+        values.push_back(yaml_to_double(row[j], fmt::format("{}[{}]", row_key, j)));
+      }
+    }
+  } else if (first.IsMap()) {
+    std::vector<data::TransformSpec>& transforms = spec.transform_args[arg_name];
+    for (size_t i = 0; i < list.size(); ++i) {
+      transforms.push_back(read_transform(list[i], fmt::format("{}[{}]", arg_key, i)));
+    }
+  } else {
+    std::vector<double>& values = spec.args[arg_name];
+    for (const auto& element : list) {
+      values.push_back(yaml_to_double(element, arg_key));
+    }
+  }
+}
+
+// One {name: ..., ...} map (a TRANSFORMS entry, or one nested in an argument).
+data::TransformSpec read_transform(const YAML::Node& entry, const std::string& entry_key) {
+  if (!entry.IsMap() || !entry["name"] || !entry["name"].IsScalar()) {
+    throw config_error(entry_key, "(entry)", "a map with a 'name' key, e.g. {name: ToTensor}");
+  }
+  data::TransformSpec spec;
+  spec.name = entry["name"].Scalar();
+  for (const auto& argument : entry) {
+    const std::string arg_name = argument.first.as<std::string>();
+    if (arg_name == "name") {
+      continue;
+    }
+    const std::string arg_key = fmt::format("{}.{}", entry_key, arg_name);
+    const YAML::Node& value = argument.second;
+    if (value.IsScalar() && !yaml_scalar_is_number(value)) {
+      spec.text_args[arg_name] = value.Scalar(); // a word or a boolean
+    } else if (value.IsSequence()) {
+      read_list_argument(value, arg_name, arg_key, spec);
+    } else {
+      spec.args[arg_name] = {yaml_to_double(value, arg_key)};
+    }
+  }
+  return spec;
+}
+
+} // namespace
+
 std::vector<data::TransformSpec> transforms_from(const Config& config, const std::string& key) {
   std::vector<data::TransformSpec> specs;
   const YAML::Node list = config.node(key);
@@ -113,45 +184,7 @@ std::vector<data::TransformSpec> transforms_from(const Config& config, const std
     throw config_error(key, "(not a list)", "a list of {name: ..., ...} maps");
   }
   for (size_t i = 0; i < list.size(); ++i) {
-    const YAML::Node entry = list[i];
-    const std::string entry_key = fmt::format("{}[{}]", key, i);
-    if (!entry.IsMap() || !entry["name"] || !entry["name"].IsScalar()) {
-      throw config_error(entry_key, "(entry)", "a map with a 'name' key, e.g. {name: ToTensor}");
-    }
-    data::TransformSpec spec;
-    spec.name = entry["name"].Scalar();
-    if (data::is_multi_view_transform(spec.name)) {
-      // Refused before its arguments are read: nested lists (crop_scales, transforms) have no
-      // reading here, and a list of views would reach a trainer that takes one image each.
-      throw config_error(
-          entry_key + ".name",
-          spec.name,
-          "a one-image transform: multi-crop transforms need an SSL loss, which the trainer "
-          "does not run yet; use the library API (largo::data::make_multi_view_transforms, "
-          "ImageDataset with a MultiViewPipeline; docs/self_supervised.md)");
-    }
-    for (const auto& argument : entry) {
-      const std::string arg_name = argument.first.as<std::string>();
-      if (arg_name == "name") {
-        continue;
-      }
-      const std::string arg_key = fmt::format("{}.{}", entry_key, arg_name);
-      const YAML::Node& value = argument.second;
-      if (value.IsScalar() && !yaml_scalar_is_number(value)) {
-        spec.text_args[arg_name] = value.Scalar(); // a word or a boolean
-        continue;
-      }
-      std::vector<double> values;
-      if (value.IsSequence()) {
-        for (const auto& element : value) {
-          values.push_back(yaml_to_double(element, arg_key));
-        }
-      } else {
-        values.push_back(yaml_to_double(value, arg_key));
-      }
-      spec.args[arg_name] = values;
-    }
-    specs.push_back(spec);
+    specs.push_back(read_transform(list[i], fmt::format("{}[{}]", key, i)));
   }
   return specs;
 }
@@ -194,6 +227,106 @@ void check_synthetic_fits_machine(const data::DataSplitOptions& split, const std
           source.synthetic_num_classes));
 }
 
+// DATA.TEST is scored one image per sample: a list that makes several views is refused at
+// the entry that makes them.
+void refuse_views_in_test(
+    const std::vector<data::TransformSpec>& transforms, const std::string& key) {
+  for (size_t i = 0; i < transforms.size(); ++i) {
+    require(
+        !data::is_multi_view_transform(transforms[i].name),
+        fmt::format("{}[{}].name", key, i),
+        transforms[i].name,
+        "a one-image transform: evaluation reads one image per sample, so multi-view "
+        "transforms (ImgPilToMultiCrop, ImgReplicatePil, ImgPilMultiCropRandomApply) belong in "
+        "DATA.TRAIN only; give DATA.TEST a one-view list, e.g. Resize, CenterCrop, ToTensor, "
+        "Normalize");
+  }
+}
+
+// The size of each view a multi-view TRANSFORMS list makes, built as the loader builds it
+// (its errors said with the key).
+std::vector<data::ImageSize>
+view_sizes_of(const std::vector<data::TransformSpec>& transforms, const std::string& key) {
+  try {
+    std::vector<data::ImageSize> sizes;
+    for (const auto& size : data::make_multi_view_transforms(transforms).per_sample.view_sizes()) {
+      sizes.push_back(*size); // make_multi_view_transforms refuses a size left open
+    }
+    return sizes;
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("config key {}: {}", key, e.what()));
+  }
+}
+
+// simclr_collator stacks the two views of each sample into one tensor (simclr_collate).
+void check_simclr_views(
+    const std::vector<data::TransformSpec>& transforms, const std::string& prefix) {
+  const std::vector<data::ImageSize> sizes = view_sizes_of(transforms, prefix + ".TRANSFORMS");
+  std::vector<std::string> texts;
+  for (const data::ImageSize& size : sizes) {
+    texts.push_back(fmt::format("{}x{}", size.height, size.width));
+  }
+  require(
+      sizes.size() == 2 && sizes[0] == sizes[1],
+      prefix + ".COLLATE_FUNCTION",
+      "simclr_collator",
+      fmt::format(
+          "2 views of one size, but {}.TRANSFORMS makes {} (h x w: {}); for SimCLR use "
+          "ImgReplicatePil num_times 2 followed by a fixed-size crop (RandomResizedCrop size "
+          "224), or multicrop_collator for crops of several sizes",
+          prefix,
+          sizes.size(),
+          fmt::join(texts, ", ")));
+}
+
+// COLLATE_FUNCTION, against the views TRANSFORMS makes. Both multi-view collators reach the
+// model as Batch::views, one tensor per view: the model concatenates the views of one
+// resolution, which for simclr_collator's 2 views is simclr_collator's own order (view 0's
+// samples, then view 1's).
+std::string read_collate(
+    const Config& config,
+    const std::string& prefix,
+    const std::vector<data::TransformSpec>& transforms) {
+  const std::string key = prefix + ".COLLATE_FUNCTION";
+  const std::string name = config.get_string(key);
+  const bool views_collator = name == "multicrop_collator" || name == "simclr_collator";
+  if (name != "default_collate" && !views_collator) {
+    throw ConfigError(fmt::format(
+        "config key {} = {}: this collate function is not available in this version of Largo; "
+        "set it to default_collate, or to multicrop_collator or simclr_collator for "
+        "multi-view TRANSFORMS in DATA.TRAIN",
+        key,
+        abbreviate(name)));
+  }
+  if (!data::is_multi_view_list(transforms)) {
+    require(
+        !views_collator,
+        key,
+        name,
+        prefix == "DATA.TEST"
+            ? "default_collate: evaluation reads one image per sample"
+            : fmt::format(
+                  "default_collate: {} collates several views per sample, but {}.TRANSFORMS "
+                  "makes one; add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR) to "
+                  "TRANSFORMS, or set default_collate",
+                  name,
+                  prefix));
+    return name;
+  }
+  require(
+      views_collator,
+      key,
+      name,
+      fmt::format(
+          "multicrop_collator or simclr_collator: {}.TRANSFORMS makes several views per "
+          "sample, which default_collate cannot stack into one batch (VISSL fails there too)",
+          prefix));
+  if (name == "simclr_collator") {
+    check_simclr_views(transforms, prefix);
+  }
+  return name;
+}
+
 } // namespace
 
 data::DataSplitOptions data_split_from(const Config& config, const std::string& prefix) {
@@ -202,6 +335,10 @@ data::DataSplitOptions data_split_from(const Config& config, const std::string& 
   read_source(config, prefix, source);
   read_image_options(config, prefix, source.images);
   source.transforms = transforms_from(config, prefix + ".TRANSFORMS");
+  if (prefix == "DATA.TEST") {
+    refuse_views_in_test(source.transforms, prefix + ".TRANSFORMS");
+  }
+  split.collate = read_collate(config, prefix, source.transforms);
   source.synthetic_num_samples = positive_int(config, prefix + ".SYNTHETIC.NUM_SAMPLES");
   source.synthetic_image_shape = config.get_int_list(prefix + ".SYNTHETIC.IMAGE_SHAPE");
   const auto& shape = source.synthetic_image_shape;

@@ -121,6 +121,7 @@ void TrainingData::open_train_split(torch::Device device) {
   data::OpenedDataset train =
       data::open_dataset(options_.train.source, data::Split::kTrain, options_.seed);
   train_shape_ = train.sample_shape;
+  train_view_shapes_ = train.view_shapes;
   train_data_ = train.dataset;
   train_subset_ = subset_indices(train_data_->size(), options_.train);
   check_not_empty("DATA.TRAIN", options_.train, train_subset_.size(), /*training=*/true);

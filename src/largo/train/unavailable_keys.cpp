@@ -12,7 +12,6 @@ std::vector<UnavailableKey> build_list() {
   const std::string data_keys[][2] = {
       {"USE_DEBUGGING_SAMPLER", "the debugging sampler (an unshuffled split)"},
       {"BASE_DATASET", "a base dataset other than generic_ssl"},
-      {"COLLATE_FUNCTION", "a collate function other than default_collate"},
       {"COLLATE_FUNCTION_PARAMS", "a collate function's parameters"},
       {"DATA_LIMIT_SAMPLING.IS_BALANCED", "a class-balanced DATA_LIMIT subset"},
       {"DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES", "skipping samples before the DATA_LIMIT subset"},

@@ -1,0 +1,179 @@
+// open_dataset / peek_dataset_shape with transform lists that make several views per sample
+// (SwAV's multi-crop, SimCLR's pair): image files become a multi-view ImageDataset whose
+// loader delivers Batch::views of the shapes the factory announces; every other source
+// refuses such a list before reading a file.
+#include "largo/data/dataset_factory.h"
+
+#include <gtest/gtest.h>
+
+#include "data/image_test_util.h"
+#include "data/temp_dir.h"
+#include "largo/core/error.h"
+#include "largo/data/data_loader.h"
+#include "largo/data/npy.h"
+
+namespace largo::data::dataset_factory_test {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+using Shapes = std::vector<std::vector<int64_t>>;
+
+// 2 classes x 3 PNG images of 40x40.
+void write_small_folder(const fs::path& root) {
+  int seed = 0;
+  for (const std::string label : {"cat", "dog"}) {
+    fs::create_directories(root / label);
+    for (int i = 0; i < 3; ++i, ++seed) {
+      testing::write_bytes(
+          root / label / ("img" + std::to_string(i) + ".png"),
+          testing::encode_png(testing::pattern_image(40, 40, seed)));
+    }
+  }
+}
+
+const TransformSpec kNormalize{
+    "Normalize", {{"mean", {0.485, 0.456, 0.406}}, {"std", {0.229, 0.224, 0.225}}}};
+
+// SwAV's list in small: 2 crops of 32 and 2 of 16.
+std::vector<TransformSpec> small_multi_crop() {
+  TransformSpec multicrop(
+      "ImgPilToMultiCrop",
+      {{"total_num_crops", {4}}, {"num_crops", {2, 2}}, {"size_crops", {32, 16}}});
+  multicrop.nested_args["crop_scales"] = {{0.5, 1.0}, {0.1, 0.5}};
+  return {
+      multicrop,
+      {"RandomHorizontalFlip", {{"p", {0.5}}}},
+      {"ImgPilColorDistortion", {{"strength", {1.0}}}},
+      {"ToTensor", {}},
+      kNormalize};
+}
+
+// SimCLR's list in small: two copies, each cropped to 24.
+std::vector<TransformSpec> small_pair() {
+  return {
+      {"ImgReplicatePil", {{"num_times", {2}}}},
+      {"RandomResizedCrop", {{"size", {24}}}},
+      {"RandomHorizontalFlip", {}},
+      {"ToTensor", {}},
+      kNormalize};
+}
+
+std::vector<Batch> drain_all(const OpenedDataset& opened, int64_t batch_size, int64_t workers) {
+  DataLoaderOptions options;
+  options.batch_size = batch_size;
+  options.num_workers = workers;
+  options.transforms = opened.transforms;
+  DataLoader loader(opened.dataset, options);
+  loader.start_epoch({0, 1, 2, 3, 4, 5}, 0);
+  std::vector<Batch> batches;
+  while (auto batch = loader.next()) {
+    batches.push_back(std::move(*batch));
+  }
+  return batches;
+}
+
+TEST(DatasetFactory, MultiCropImageFolderDeliversOneBatchPerCrop) {
+  TempDir dir;
+  write_small_folder(dir.path());
+  DataSourceOptions source;
+  source.source = "disk_folder";
+  source.path = dir.path();
+  source.transforms = small_multi_crop();
+  const Shapes expected{{3, 32, 32}, {3, 32, 32}, {3, 16, 16}, {3, 16, 16}};
+
+  const DatasetShape peeked = peek_dataset_shape(source);
+  EXPECT_EQ(peeked.view_shapes, expected);
+  EXPECT_EQ(peeked.sample_shape, expected[0]);
+  EXPECT_EQ(peeked.num_classes, 2);
+
+  const OpenedDataset opened = open_dataset(source, Split::kTrain, 0);
+  EXPECT_EQ(opened.view_shapes, expected);
+  EXPECT_EQ(opened.sample_shape, expected[0]);
+  EXPECT_EQ(opened.num_classes, 2);
+  const std::vector<Batch> batches = drain_all(opened, 4, 1);
+  ASSERT_EQ(batches.size(), 2U); // 6 samples in batches of 4
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const int64_t rows = b == 0 ? 4 : 2;
+    const Batch& batch = batches[b];
+    EXPECT_FALSE(batch.images.defined());
+    ASSERT_EQ(batch.views.size(), expected.size());
+    for (size_t k = 0; k < expected.size(); ++k) {
+      std::vector<int64_t> shape{rows};
+      shape.insert(shape.end(), expected[k].begin(), expected[k].end());
+      EXPECT_EQ(batch.views[k].sizes().vec(), shape) << "batch " << b << ", view " << k;
+      EXPECT_EQ(batch.views[k].scalar_type(), at::kFloat);
+    }
+    EXPECT_EQ(batch.labels.size(0), rows);
+  }
+  // Normalized, not left in [0, 1]: the per-batch Normalize reached every view.
+  EXPECT_LT(batches[0].views[3].min().item<float>(), 0.0F);
+}
+
+TEST(DatasetFactory, ReplicatedPairFromAFileListHasTwoViewsOfOneSize) {
+  TempDir dir;
+  write_small_folder(dir.path() / "tree");
+  const ImageList folder = list_image_folder(dir.path() / "tree");
+  write_npy_strings(dir.path() / "paths.npy", folder.paths);
+  write_npy(dir.path() / "labels.npy", at::tensor(folder.labels, at::kLong));
+  DataSourceOptions source;
+  source.source = "disk_filelist";
+  source.path = dir.path() / "paths.npy";
+  source.label_path = dir.path() / "labels.npy";
+  source.transforms = small_pair();
+  const Shapes expected{{3, 24, 24}, {3, 24, 24}};
+
+  const DatasetShape peeked = peek_dataset_shape(source);
+  EXPECT_EQ(peeked.view_shapes, expected);
+  EXPECT_EQ(peeked.num_classes, 2);
+  const OpenedDataset opened = open_dataset(source, Split::kTrain, 0);
+  EXPECT_EQ(opened.view_shapes, expected);
+  const std::vector<Batch> batches = drain_all(opened, 3, 0);
+  ASSERT_EQ(batches.size(), 2U);
+  ASSERT_EQ(batches[0].views.size(), 2U);
+  EXPECT_EQ(batches[0].views[1].sizes().vec(), (std::vector<int64_t>{3, 3, 24, 24}));
+  // Two independent crops of each image, not one crop twice.
+  EXPECT_FALSE(batches[0].views[0].equal(batches[0].views[1]));
+}
+
+TEST(DatasetFactory, OneViewSourcesAnnounceNoViews) {
+  DataSourceOptions synthetic;
+  synthetic.source = "synthetic";
+  synthetic.synthetic_num_samples = 4;
+  EXPECT_TRUE(peek_dataset_shape(synthetic).view_shapes.empty());
+  EXPECT_TRUE(open_dataset(synthetic, Split::kTrain, 0).view_shapes.empty());
+}
+
+// The crops are cut from each decoded image file; the in-memory sources hold images already
+// decoded to one size.
+TEST(DatasetFactory, MultiViewTransformsNeedImageFiles) {
+  DataSourceOptions synthetic;
+  synthetic.source = "synthetic";
+  synthetic.transforms = small_multi_crop();
+  DataSourceOptions mnist; // a path that does not exist: refused before any file is read
+  mnist.source = "torchvision_dataset";
+  mnist.dataset_name = "MNIST";
+  mnist.path = "/nonexistent/mnist";
+  mnist.transforms = small_pair();
+  for (const DataSourceOptions& source : {synthetic, mnist}) {
+    SCOPED_TRACE(source.source);
+    for (const bool peek : {true, false}) {
+      try {
+        if (peek) {
+          peek_dataset_shape(source);
+        } else {
+          open_dataset(source, Split::kTrain, 0);
+        }
+        ADD_FAILURE() << "accepted (peek: " << peek << ")";
+      } catch (const ConfigError& error) {
+        const std::string message = error.what();
+        EXPECT_NE(message.find(source.transforms[0].name), std::string::npos) << message;
+        EXPECT_NE(message.find("needs image files"), std::string::npos) << message;
+        EXPECT_NE(message.find("[disk_folder] or [disk_filelist]"), std::string::npos) << message;
+      }
+    }
+  }
+}
+
+} // namespace
+} // namespace largo::data::dataset_factory_test
