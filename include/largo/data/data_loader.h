@@ -76,9 +76,13 @@ struct DataLoaderOptions {
   bool drop_last = false;
   // Applied to every batch; images still uint8 afterwards are converted as ToTensor does.
   TransformPipeline transforms;
-  // Seeds the per-batch transform generators (see batch_seed) and the dataset's per-sample
-  // ones (sample_seed).
+  // Seeds the per-batch transform generators (see batch_seed) and, unless sample_seed is
+  // set, the dataset's per-sample ones (sample_seed()).
   uint64_t seed = 0;
+  // The per-sample seed when it must differ from `seed`: a data-parallel run gives each rank
+  // its own batch seed (batch k of every rank would draw alike otherwise) but one sample seed,
+  // so a sample is augmented alike at any world size (sample draws are keyed by its index).
+  std::optional<uint64_t> sample_seed;
   // Where next() delivers batches (DATA.* keys in a config). On a CUDA device the uint8
   // batch is copied there and the trailing elementwise transforms run there.
   at::Device device = at::kCPU;

@@ -4,7 +4,8 @@
 //   start_iteration(t)          before optimizer step t (the run's iteration)
 //   loss(output, labels)        each micro-step, after the forward (the ParallelModel's
 //                               LossFunction; the labels are not used):
-//     SimCLR  simclr_info_nce_loss over the rank's [2n, d] embeddings (view-major)
+//     SimCLR  simclr_info_nce_loss over the rank's [2n, d] embeddings (view-major),
+//             L2-normalised first as VISSL's SimclrInfoNCELoss does
 //     SwAV    the queue rescored with the current prototypes when it was used by the previous
 //             call, swav_loss averaged over the prototype sets (the queue's scores appended
 //             from queue.start_iter on), then the assigned crops' embeddings pushed;

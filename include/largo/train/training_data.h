@@ -23,8 +23,9 @@ class TrainingData {
   // Opens both splits (data/dataset_factory.h; DataError naming the file for missing or bad
   // data) and builds the loaders for `rank` of `world_size`, delivering batches on `device`.
   // An evaluation-only run (TEST_ONLY) opens DATA.TEST alone: the training split is empty,
-  // with no loader and no iterations. Throws ConfigError when an epoch would have no
-  // optimizer step.
+  // with no loader and no iterations; a self-supervised run without TEST_MODEL opens
+  // DATA.TRAIN alone (TrainerOptions::reads_test_split). Throws ConfigError when an epoch would
+  // have no optimizer step.
   TrainingData(const TrainerOptions& options, int rank, int world_size,
                torch::Device device = torch::kCPU);
 
@@ -38,7 +39,8 @@ class TrainingData {
   std::vector<int64_t> train_order() const;
 
   data::DataLoader& train_loader(); // not in an evaluation-only run
-  data::DataLoader& test_loader() {
+  data::DataLoader& test_loader() { // not when the run reads no test split
+    TORCH_INTERNAL_ASSERT(test_loader_, "this run reads no test split (reads_test_split)");
     return *test_loader_;
   }
   // [channels, h, w] of the samples each split's loader delivers.

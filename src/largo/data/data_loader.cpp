@@ -246,7 +246,7 @@ Batch DataLoader::build_batch(int64_t batch_index, at::Tensor& buffer) const {
       std::min<int64_t>(begin + options_.batch_size, static_cast<int64_t>(indices_.size()));
   BatchRequest request;
   request.indices.assign(indices_.begin() + begin, indices_.begin() + end);
-  request.seed = options_.seed;
+  request.seed = options_.sample_seed.value_or(options_.seed);
   request.epoch = epoch_;
   if (multi_view_) {
     return build_views(std::move(request));

@@ -69,7 +69,8 @@ torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<Ml
               i == 0 ? "the trunk's output" : "the previous head's output",
               width));
     }
-    for (const auto& layer : *build_mlp_head(dims, heads[i].options)) {
+    const torch::nn::Sequential head = build_mlp_head(dims, heads[i].options);
+    for (const auto& layer : *head) {
       chain->push_back(layer); // flat: a Sequential cannot hold a Sequential
     }
     width = dims.back();

@@ -67,7 +67,10 @@ SelfSupervisedLoss::SelfSupervisedLoss(
 
 at::Tensor SelfSupervisedLoss::loss(const at::Tensor& output, const at::Tensor& /*labels*/) {
   if (!options_.is_swav()) {
-    return models::simclr_info_nce_loss(output, group_, options_.simclr);
+    // VISSL's SimclrInfoNCELoss L2-normalises the head's output (F.normalize, eps 1e-12)
+    // before its criterion.
+    const at::Tensor normalized = output / output.norm(2, 1, /*keepdim=*/true).clamp_min(1e-12);
+    return models::simclr_info_nce_loss(normalized, group_, options_.simclr);
   }
   return swav(output);
 }

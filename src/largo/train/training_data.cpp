@@ -37,8 +37,11 @@ every_world_size_th(const std::vector<int64_t>& subset, int rank, int world_size
   return share;
 }
 
-// Rank r's loader seed: rank 0 keeps the configured seed (a one-process run is unchanged);
-// the others get distinct streams, so ranks do not augment their samples identically.
+// Rank r's batch seed: rank 0 keeps the configured seed (a one-process run is unchanged);
+// the others get distinct streams, so ranks do not augment their batches identically. Per-
+// sample draws keep the configured seed (they are keyed by the sample's index, which no two
+// ranks share in an epoch), so a sample is cropped alike at any world size and 2 ranks train
+// on what one process would.
 uint64_t loader_seed(uint64_t seed, int rank) {
   return seed ^ (static_cast<uint64_t>(rank) * 0x9E3779B97F4A7C15ull);
 }
@@ -55,6 +58,7 @@ std::unique_ptr<data::DataLoader> make_loader(
   loader_options.drop_last = split.drop_last;
   loader_options.transforms = std::move(opened.transforms);
   loader_options.seed = loader_seed(options.seed, rank);
+  loader_options.sample_seed = options.seed;
   loader_options.device = device;
   loader_options.pin_memory = options.loading.pin_memory;
   loader_options.non_blocking = options.loading.async_gpu_copy;
@@ -105,6 +109,9 @@ TrainingData::TrainingData(
     : options_(options), rank_(rank), world_size_(world_size) {
   if (!options_.test_only) { // an evaluation reads DATA.TEST only: DATA.TRAIN need not exist
     open_train_split(device);
+  }
+  if (!options_.reads_test_split()) { // a self-supervised run that does not evaluate
+    return;
   }
   data::OpenedDataset test =
       data::open_dataset(options_.test.source, data::Split::kTest, options_.seed + 1);
