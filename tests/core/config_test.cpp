@@ -171,10 +171,10 @@ TEST(ConfigTest, VisslKeysLargoLacksLoadAtTheirDefaultOnly) {
   EXPECT_NE(message.find("VISSL's default, false"), std::string::npos) << message;
   message = config_error_message([] {
     Config::load(
-        {}, {"MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[[module.heads.0.prototypes0.weight, 313]]"});
+        {}, {"MODEL.NON_TRAINABLE_PARAMS=[module.heads.0.prototypes0.weight]"});
   });
   EXPECT_NE(
-      message.find("VISSL's MODEL.TEMP_FROZEN_PARAMS_ITER_MAP is not available"), std::string::npos)
+      message.find("VISSL's MODEL.NON_TRAINABLE_PARAMS is not available"), std::string::npos)
       << message;
   message = config_error_message([] {
     Config defaults = Config::defaults();
