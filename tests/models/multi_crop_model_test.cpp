@@ -2,6 +2,7 @@
 // once, view-major, as VISSL's multi-input forward: checked against the trunk and head run by
 // hand on each view, for a classifier head and a swav_head (whose list is concatenated).
 #include <largo/core/error.h>
+#include <largo/models/flop_count.h>
 #include <largo/models/model_factory.h>
 #include <largo/models/multi_crop_model.h>
 
@@ -64,6 +65,19 @@ TEST(MultiCropModel, ConcatenatesTheSwavHeadsEmbeddingAndScores) {
   ASSERT_NE(head, nullptr);
   const auto expected = head->forward(run.model->forward_trunk(views[2]));
   EXPECT_TRUE(at::allclose(output.narrow(0, 2, 2), at::cat(expected, 1), 1e-5, 1e-6));
+}
+
+// The FLOPs of a sample are those of each view at its size (the trunk and head run per view).
+TEST(MultiCropModel, TrainingFlopsAreTheSumOverTheViews) {
+  ModelOptions at32 = small_resnet();
+  ModelOptions at16 = small_resnet();
+  at16.image_size = 16;
+  ModelOptions views = small_resnet();
+  views.view_shapes = {{3, 32, 32}, {3, 32, 32}, {3, 16, 16}};
+  EXPECT_EQ(
+      training_flops_per_sample(views),
+      2 * training_flops_per_sample(at32) + training_flops_per_sample(at16));
+  EXPECT_GT(training_flops_per_sample(at32), training_flops_per_sample(at16)); // size counts
 }
 
 TEST(MultiCropModel, RefusesAnInputOfAnotherPackingAndFewerThanTwoViews) {

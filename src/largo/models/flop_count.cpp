@@ -230,7 +230,17 @@ ModelFlops count_model_flops(const ModelOptions& options) {
 }
 
 int64_t training_flops_per_sample(const ModelOptions& options) {
-  return count_model_flops(options).training_per_sample();
+  if (options.view_shapes.empty()) {
+    return count_model_flops(options).training_per_sample();
+  }
+  int64_t flops = 0;
+  for (const auto& shape : options.view_shapes) { // [channels, h, w]; trunks take square views
+    ModelOptions view = options;
+    view.view_shapes.clear();
+    view.image_size = shape[1];
+    flops += count_model_flops(view).training_per_sample();
+  }
+  return flops;
 }
 
 int64_t

@@ -63,7 +63,7 @@ struct Trainer::State {
   models::RunModel model; // with a linear evaluation over its trunk (FEATURE_EVAL_SETTINGS)
   std::unique_ptr<parallel::ParallelModel> parallel;
   std::unique_ptr<checkpoint::TrainingState> state;
-  std::unique_ptr<SelfSupervisedLoss> self_supervised; // LOSS.name swav_loss / simclr_...
+  std::unique_ptr<SelfSupervisedLoss> self_supervised; // LOSS.name swav_loss, simclr_info_nce_loss
   std::unique_ptr<TrainStep> step;
   std::unique_ptr<optim::LrSchedule> lr_schedule;
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
@@ -376,7 +376,9 @@ void Trainer::State::log_start() const {
                         : "",
       num_parameters,
       models::format_flops(static_cast<double>(flops_per_sample())),
-      model.linear_eval ? "the frozen trunk forward, the heads 3 x forward" : "3 x forward",
+      model.linear_eval  ? "the frozen trunk forward, the heads 3 x forward"
+      : model.multi_crop ? "3 x forward, every view at its size"
+                         : "3 x forward",
       training,
       data->num_test_samples(),
       threads,
