@@ -208,6 +208,30 @@ TEST(TrainerSelfSupervisedTest, SwavOnMlpAtTwoRanksEqualsOneProcessOverFourSteps
       [](int world_size) { return swav_job(world_size, 32) + kMlpTrunk; }, 4, "SwAV, MLP");
 }
 
+// VISSL's SwAV recipe composes: LARC, bfloat16 autocast (O1) and SyncBatchNorm with ZeRO-2
+// (optimizer state and gradients sharded) train as DDP does, one ResNet step at 2 ranks, the
+// prototypes normalised in the sharded parameters alike. (Without AMP the ZeRO and DDP runs
+// differ only in where the gradients are summed; bfloat16's forward is the same in both.)
+TEST(TrainerSelfSupervisedTest, SwavWithLarcAndBfloat16UnderZeroTwoTrainsAsDdp) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides job = swav_job(2) + kOneStep +
+                          Overrides{
+                              "OPTIMIZER.use_larc=True",
+                              "MODEL.AMP_PARAMS.USE_AMP=True",
+                              "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+    const RunResult ddp = ssl_run(dir / "ddp", job, group);
+    const RunResult zero2 = ssl_run(
+        dir / "zero2",
+        job +
+            Overrides{
+                "MODEL.SHARDED_DDP_SETUP.USE_SDP=True",
+                "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=3000"},
+        group);
+    expect_same_training(zero2, ddp, kTolerance, "SwAV, ZeRO-2 against DDP");
+  });
+}
+
 // A queue of 8 images per rank from loss call 1, prototypes frozen for 2 iterations; a mid-
 // epoch checkpoint (every iteration, stopped after 3 of 4) resumes bit for bit.
 TEST(TrainerSelfSupervisedTest, SwavWithQueueResumesMidEpochBitExactly) {
@@ -231,6 +255,26 @@ TEST(TrainerSelfSupervisedTest, SwavWithQueueResumesMidEpochBitExactly) {
         << "each rank keeps its own queue";
     const RunResult resumed = ssl_run(dir / "resumed", job, group);
     expect_resumed_bit_exactly(resumed, reference, 3, "rank " + std::to_string(group.rank()));
+  });
+}
+
+// An end-of-epoch checkpoint of a 2-rank run with a queue resumes at one process: the queue,
+// sized per rank by the world, starts afresh (a warning) and the run goes on.
+TEST(TrainerSelfSupervisedTest, SwavWithQueueResumesAtAnotherWorldSizeWithAFreshQueue) {
+  const fs::path dir = test_dir_for("ssl");
+  auto job = [](int world_size) {
+    return swav_job(world_size) + Overrides{"LOSS.swav_loss.queue.queue_length=16"};
+  };
+  run_on_ranks(2, [&](comm::ProcessGroup& group) {
+    auto options = trainer_options_from_config(ssl_config(fresh(dir, group), job(2)));
+    options.stop_after_iterations = 3; // killed in epoch 2: the latest is the end of epoch 1
+    Trainer(options, "", borrow(group)).run();
+  });
+  run_on_ranks(1, [&](comm::ProcessGroup& group) {
+    const RunResult resumed = ssl_run(dir, job(1), group);
+    EXPECT_TRUE(resumed.summary.resumed);
+    EXPECT_EQ(resumed.summary.iterations, 4);
+    EXPECT_EQ(resumed.summary.iteration_losses.size(), 2u);
   });
 }
 

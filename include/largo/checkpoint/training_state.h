@@ -107,9 +107,10 @@ class TrainingState {
   void attach_model_ema(optim::ModelEma& ema, optim::NamedTensors model_tensors, bool save_average);
 
   // A loss's per-rank state (SwAV's queue), the same names and shapes on every rank:
-  // save() writes it as "loss" / "loss_states"; load() gives each rank its own back at the
-  // saved world size, and rank 0's at another (as VISSL loads its one "loss" entry). A
-  // checkpoint without it leaves the loss's fresh state, with a warning.
+  // save() writes it as "loss" (rank 0's, VISSL's entry) and "loss_states" (every rank's);
+  // load() gives each rank its own back at the saved world size. At another world size, or
+  // from a checkpoint without it, the loss keeps its fresh state, with a warning (a queue is
+  // sized per rank by the world, and refills within queue_length / global batch steps).
   using LossStateGetter = std::function<std::map<std::string, at::Tensor>()>;
   using LossStateSetter = std::function<void(const std::map<std::string, at::Tensor>&)>;
   void attach_loss_state(LossStateGetter get, LossStateSetter set);

@@ -101,6 +101,7 @@ class SelfSupervisedLoss {
   comm::ProcessGroup& group_;
   models::SwavHeadImpl* head_ = nullptr; // SwAV
   std::optional<models::SwavQueue> queue_;
+  int64_t queue_length_ = 0;                           // images per rank
   std::vector<std::pair<at::Tensor, int64_t>> frozen_; // parameter, iteration it trains from
   int64_t iteration_ = 0;
   int64_t calls_ = 0; // VISSL's num_iteration: loss calls (micro-steps) so far

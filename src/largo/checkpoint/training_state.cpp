@@ -359,24 +359,28 @@ void TrainingState::insert_loss_state(StateDict& state) {
   state.insert("loss_states", every);
 }
 
+// Each rank's own at the saved world size. At another the state does not carry over (SwAV's
+// queue is per rank and sized by the world), so the loss keeps its fresh state.
 void TrainingState::load_loss_state(
     const StateDict& state, int64_t saved_world_size, const std::string& where) {
   if (!set_loss_state_ || get_loss_state_().empty()) {
     return;
   }
   comm::ProcessGroup& group = model_.process_group();
-  const bool own_row = saved_world_size == group.world_size() && state.contains("loss_states");
-  const char* key = own_row ? "loss_states" : "loss";
-  if (!state.contains(key) || !state.at(key).isGenericDict()) {
-    spdlog::warn(
-        "{} holds no loss state (SwAV's queue): the queue starts afresh, as at the run's start",
-        where);
+  if (!state.contains("loss_states") || !state.at("loss_states").isGenericDict() ||
+      saved_world_size != group.world_size()) {
+    if (group.rank() == 0) {
+      spdlog::warn(
+          "{} holds no loss state (SwAV's queue) for {} rank(s): the queue starts afresh and "
+          "fills again within queue_length / global batch iterations",
+          where,
+          group.world_size());
+    }
     return;
   }
   std::map<std::string, at::Tensor> values;
-  for (const auto& item : state.at(key).toGenericDict()) {
-    const at::Tensor tensor = item.value().toTensor();
-    values.emplace(item.key().toStringRef(), own_row ? tensor[group.rank()].clone() : tensor);
+  for (const auto& item : state.at("loss_states").toGenericDict()) {
+    values.emplace(item.key().toStringRef(), item.value().toTensor()[group.rank()].clone());
   }
   try {
     set_loss_state_(values);

@@ -54,6 +54,7 @@ SelfSupervisedLoss::SelfSupervisedLoss(
   head_ = find_swav_head(module);
   const int64_t length = local_queue_length(options_.queue_length, batch_size, group.world_size());
   if (length > 0) {
+    queue_length_ = length;
     models::SwavQueueOptions queue;
     queue.length = length;
     queue.start_iter = options_.queue_start_iter;
@@ -158,11 +159,10 @@ std::string SelfSupervisedLoss::describe() const {
       options_.normalize_last_layer ? "normalised after each step" : "not normalised",
       options_.swav.num_iters,
       options_.swav.use_double_precision ? "float64" : "float32",
-      queue_ ? fmt::format(
-                   "of {} images per rank from loss call {}",
-                   queue_->state_dict().at("local_emb_queue").size(1),
-                   options_.queue_start_iter)
-             : std::string("off"));
+      queue_
+          ? fmt::format(
+                "of {} images per rank from loss call {}", queue_length_, options_.queue_start_iter)
+          : std::string("off"));
 }
 
 } // namespace largo::train
