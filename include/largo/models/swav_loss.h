@@ -10,9 +10,8 @@
 // batch, and each rank's loss is over its own images.
 //
 // The queue's upkeep is swav_queue.h's, the prototypes' normalisation swav_head.h's; with
-// several prototype sets VISSL averages this loss over them (swav_queue.h shows the loop).
-// Not here yet: the config keys: LOSS.swav_loss is refused by `largo`
-// (docs/self_supervised.md).
+// several prototype sets VISSL averages this loss over them (swav_queue.h shows the loop;
+// train/self_supervised_loss.h runs it for LOSS.name: swav_loss).
 #pragma once
 
 #include <largo/comm/process_group.h>
