@@ -27,6 +27,9 @@ namespace largo::models {
 // image's views flattened side by side, float32 (uint8 views are converted).
 at::Tensor pack_views(const std::vector<at::Tensor>& views);
 
+// Σ_k channels·h_k·w_k of `view_shapes` ([channels, h, w] each): the width pack_views makes.
+int64_t packed_size(const std::vector<std::vector<int64_t>>& view_shapes);
+
 class MultiCropModelImpl : public torch::nn::Module, public SwappableChildren {
  public:
   // `view_shapes`: [channels, h, w] of each view, in view order (data::Dataset::view_shapes).
@@ -65,6 +68,7 @@ class MultiCropModelImpl : public torch::nn::Module, public SwappableChildren {
   torch::nn::Sequential head_;
   std::vector<std::vector<int64_t>> view_shapes_;
   std::vector<std::pair<int64_t, int64_t>> groups_;
+  int64_t packed_size_; // packed_size(view_shapes_)
 };
 
 TORCH_MODULE(MultiCropModel);

@@ -31,11 +31,20 @@ at::Tensor pack_views(const std::vector<at::Tensor>& views) {
   return at::cat(flat, 1);
 }
 
+int64_t packed_size(const std::vector<std::vector<int64_t>>& view_shapes) {
+  int64_t values = 0;
+  for (const auto& shape : view_shapes) {
+    values += numel_of(shape);
+  }
+  return values;
+}
+
 MultiCropModelImpl::MultiCropModelImpl(
     const TrunkHeadModel& model, std::vector<std::vector<int64_t>> view_shapes)
     : trunk_(register_module("trunk", model->trunk())),
       head_(register_module("head", model->head())),
-      view_shapes_(std::move(view_shapes)) {
+      view_shapes_(std::move(view_shapes)),
+      packed_size_(packed_size(view_shapes_)) {
   if (view_shapes_.size() < 2) {
     throw ConfigError(fmt::format(
         "a multi-crop model needs at least 2 views per image, got {}; use a TRANSFORMS list "
@@ -52,14 +61,10 @@ MultiCropModelImpl::MultiCropModelImpl(
 }
 
 std::vector<at::Tensor> MultiCropModelImpl::unpack(const at::Tensor& packed) const {
-  int64_t values = 0;
-  for (const auto& shape : view_shapes_) {
-    values += numel_of(shape);
-  }
-  if (packed.dim() != 2 || packed.size(1) != values) {
+  if (packed.dim() != 2 || packed.size(1) != packed_size_) {
     throw Error(fmt::format(
         "the multi-crop model takes [images, {}] (its {} views packed by pack_views), got [{}]",
-        values,
+        packed_size_,
         view_shapes_.size(),
         fmt::join(packed.sizes(), ", ")));
   }

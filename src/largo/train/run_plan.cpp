@@ -130,11 +130,7 @@ parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
     checkpointing.num_splits = options.activation_checkpointing.num_splits;
     checkpointing.probe_input_shape = plan.model_data().sample_shape;
     if (!plan.model.view_shapes.empty()) { // a MultiCropModel takes its views packed
-      int64_t values = 0;
-      for (const auto& view : plan.model.view_shapes) {
-        values += view[0] * view[1] * view[2];
-      }
-      checkpointing.probe_input_shape = {values};
+      checkpointing.probe_input_shape = {models::packed_size(plan.model.view_shapes)};
     }
     checkpointing.report_batch_size = options.train.batch_size;
   }

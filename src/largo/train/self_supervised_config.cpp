@@ -32,32 +32,15 @@ SelfSupervisedLossOptions swav_options_from(const Config& config) {
   SelfSupervisedLossOptions options;
   options.name = "swav_loss";
   models::SwavLossOptions& swav = options.swav;
-  swav.temperature = config.get_double(key + "temperature");
-  require(swav.temperature > 0, key + "temperature", fmt::format("{}", swav.temperature), "> 0");
-  swav.epsilon = config.get_double(key + "epsilon");
-  require(swav.epsilon > 0, key + "epsilon", fmt::format("{}", swav.epsilon), "> 0");
+  swav.temperature = positive_number(config, key + "temperature");
+  swav.epsilon = positive_number(config, key + "epsilon");
   swav.num_iters = positive_int(config, key + "num_iters");
   swav.crops_for_assign = config.get_int_list(key + "crops_for_assign");
   swav.use_double_precision = config.get_bool(key + "use_double_precision");
   options.normalize_last_layer = config.get_bool(key + "normalize_last_layer");
-  options.temp_hard_assignment_iters = config.get_int(key + "temp_hard_assignment_iters");
-  require(
-      options.temp_hard_assignment_iters >= 0,
-      key + "temp_hard_assignment_iters",
-      std::to_string(options.temp_hard_assignment_iters),
-      ">= 0");
-  options.queue_length = config.get_int(key + "queue.queue_length");
-  require(
-      options.queue_length >= 0,
-      key + "queue.queue_length",
-      std::to_string(options.queue_length),
-      ">= 0 (0: no queue)");
-  options.queue_start_iter = config.get_int(key + "queue.start_iter");
-  require(
-      options.queue_start_iter >= 0,
-      key + "queue.start_iter",
-      std::to_string(options.queue_start_iter),
-      ">= 0");
+  options.temp_hard_assignment_iters = non_negative_int(config, key + "temp_hard_assignment_iters");
+  options.queue_length = non_negative_int(config, key + "queue.queue_length"); // 0: no queue
+  options.queue_start_iter = non_negative_int(config, key + "queue.start_iter");
   refuse_inferred(config, key + "num_crops", "DATA.TRAIN.TRANSFORMS' crops");
   refuse_inferred(config, key + "num_prototypes", "the swav_head's num_clusters");
   refuse_inferred(config, key + "embedding_dim", "the swav_head's last dim");
@@ -70,12 +53,7 @@ SelfSupervisedLossOptions simclr_options_from(const Config& config) {
   const std::string key = "LOSS.simclr_info_nce_loss.";
   SelfSupervisedLossOptions options;
   options.name = "simclr_info_nce_loss";
-  options.simclr.temperature = config.get_double(key + "temperature");
-  require(
-      options.simclr.temperature > 0,
-      key + "temperature",
-      fmt::format("{}", options.simclr.temperature),
-      "> 0");
+  options.simclr.temperature = positive_number(config, key + "temperature");
   options.simclr_embedding_dim = positive_int(config, key + "buffer_params.embedding_dim");
   refuse_inferred(config, key + "buffer_params.world_size", "the world size");
   refuse_inferred(
