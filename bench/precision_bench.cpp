@@ -6,9 +6,13 @@
 // bench/run_precision_bench.sh runs both side by side and prints the ratios.
 //
 // Usage: precision_bench MODEL [--precision P] [--device cpu|cuda] [--batch N] [--threads T]
-//                        [--warmup W] [--steps S] [--memory]
-//   MODEL: small_cnn ([N, 1, 28, 28]), resnet18 (cifar stem, [N, 3, 32, 32]) or resnet50
-//          (imagenet stem, [N, 3, 224, 224], 1000 classes; meant for --device cuda).
+//                        [--warmup W] [--steps S] [--memory] [--channels-last]
+//   MODEL: small_cnn ([N, 1, 28, 28]), resnet18 (cifar stem, [N, 3, 32, 32]), resnet50
+//          (imagenet stem, [N, 3, 224, 224], 1000 classes) or vit_b16 (ViT-B/16 at 224 with
+//          qkv biases, as torchvision's vit_b_16, 1000 classes); the last two are meant for
+//          --device cuda.
+//   --channels-last: the model's 4-d weights and the images in channels-last memory format
+//      (NHWC: what cuDNN's tensor-core convolutions read without a transpose).
 //   P: fp32 | tf32 | o1_bf16 | o2_bf16 | o1_fp16 | o2_fp16  (Apex opt level + dtype; fp16 is
 //      loss-scaled dynamically; fp32 turns TF32 off for matmuls and cuDNN, tf32 turns it on).
 //   --memory (CPU): after the timed steps, one more step measured with /proc/self/status:
@@ -21,6 +25,8 @@
 //      gradient and optimizer-state bytes are summed from the tensors themselves.
 // Prints one JSON line.
 #include <largo/core/malloc_tuning.h>
+#include <largo/core/memory_tracker.h>
+#include <largo/models/flop_count.h>
 #include <largo/models/model_factory.h>
 #include <largo/models/parameter_count.h>
 #include <largo/optim/param_groups.h>
@@ -38,6 +44,7 @@
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -54,6 +61,7 @@ struct BenchOptions {
   int warmup_steps = 0;
   int steps = 0;
   bool memory = false;
+  bool channels_last = false;
 };
 
 BenchOptions parse(int argc, char** argv) {
@@ -62,7 +70,7 @@ BenchOptions parse(int argc, char** argv) {
     throw std::invalid_argument(
         "usage: precision_bench small_cnn|resnet18|resnet50 [--precision fp32|tf32|o1_bf16|"
         "o2_bf16|o1_fp16|o2_fp16] [--device cpu|cuda] [--batch N] [--threads T] [--warmup W] "
-        "[--steps S] [--memory]");
+        "[--steps S] [--memory] [--channels-last]");
   }
   options.model = argv[1];
   for (int i = 2; i < argc; ++i) {
@@ -87,6 +95,8 @@ BenchOptions parse(int argc, char** argv) {
       options.steps = std::stoi(text());
     } else if (flag == "--memory") {
       options.memory = true;
+    } else if (flag == "--channels-last") {
+      options.channels_last = true;
     } else {
       throw std::invalid_argument("unknown flag " + flag);
     }
@@ -178,9 +188,15 @@ int main(int argc, char** argv) try {
     model_options.in_channels = 3;
     model_options.image_size = imagenet ? 224 : 32;
     num_classes = imagenet ? 1000 : 10;
+  } else if (options.model == "vit_b16") {
+    model_options.trunk_name = "vision_transformer";
+    model_options.vit.qkv_bias = true; // torchvision's vit_b_16 has them (VISSL's default not)
+    model_options.in_channels = 3;
+    model_options.image_size = 224;
+    num_classes = 1000;
   } else {
-    throw std::invalid_argument("unknown model " + options.model +
-                                "; use small_cnn, resnet18 or resnet50");
+    throw std::invalid_argument(
+        "unknown model " + options.model + "; use small_cnn, resnet18, resnet50 or vit_b16");
   }
   model_options.num_classes = num_classes;
 
@@ -193,6 +209,14 @@ int main(int argc, char** argv) try {
 
   largo::models::TrunkHeadModel model = largo::models::build_model(model_options);
   model->to(device);
+  if (options.channels_last) {
+    for (auto& param : model->parameters()) {
+      if (param.dim() == 4) {
+        param.set_data(param.contiguous(at::MemoryFormat::ChannelsLast));
+      }
+    }
+    images = images.contiguous(at::MemoryFormat::ChannelsLast);
+  }
   model->train();
   largo::precision::MixedPrecision precision(policy_for(options.precision), *model, device);
 
@@ -264,6 +288,13 @@ int main(int argc, char** argv) try {
     one_step(false); // first-touch allocations, oneDNN/cuDNN primitive creation
   }
   synchronize();
+  // CUDA: the allocator's peak over the timed steps (everything live: model, optimizer
+  // state, activations), as torch.cuda.max_memory_allocated() after a reset.
+  std::optional<largo::MemoryTracker> cuda_memory;
+  if (cuda) {
+    cuda_memory.emplace(device);
+    cuda_memory->start_window();
+  }
   const auto start = Clock::now();
   const std::clock_t cpu_start = std::clock();
   for (int i = 0; i < options.steps; ++i) {
@@ -287,8 +318,13 @@ int main(int argc, char** argv) try {
       {"ms_per_step", ms_per_step},
       {"cpu_ms_per_step", cpu_ms_per_step},
       {"images_per_sec", options.batch * 1000.0 / ms_per_step},
+      {"channels_last", options.channels_last},
+      {"training_flops_per_image", largo::models::training_flops_per_sample(model_options)},
       {"final_loss", last_loss},
       {"skipped_steps", precision.skipped_steps()}};
+  if (cuda_memory) {
+    result["cuda_peak_allocated_bytes"] = cuda_memory->peak_bytes();
+  }
   if (options.memory && !cuda) {
     one_step(true);
     int64_t param_bytes = 0;

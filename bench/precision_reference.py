@@ -16,8 +16,15 @@ after the forward and after the whole step; run under the same glibc tunables (s
 bench/run_precision_bench.sh). Parameter/master/gradient/optimizer-state bytes are summed
 from the tensors.
 
+--channels-last puts the model's 4-d weights and the images in channels-last memory format;
+--compile runs the model through torch.compile (default mode; its compilation happens in the
+warm-up steps, which must be at least 2, and is reported as compile_seconds).
+On CUDA the result also holds the allocator's peak over the timed steps and the training
+FLOPs per image counted by torch.utils.flop_counter (forward + backward of one step).
+
 Usage: precision_reference.py MODEL [--precision P] [--device cpu|cuda] [--batch N]
                               [--threads T] [--warmup W] [--steps S] [--memory]
+                              [--channels-last] [--compile]
 """
 import argparse
 import json
@@ -62,7 +69,7 @@ def nbytes(tensor):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("model", choices=["small_cnn", "resnet18", "resnet50"])
+    parser.add_argument("model", choices=["small_cnn", "resnet18", "resnet50", "vit_b16"])
     parser.add_argument("--precision", default="fp32",
                         choices=["fp32", "tf32", "o1_bf16", "o2_bf16", "o1_fp16", "o2_fp16"])
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -71,6 +78,8 @@ def main():
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--memory", action="store_true")
+    parser.add_argument("--channels-last", action="store_true")
+    parser.add_argument("--compile", action="store_true")
     args = parser.parse_args()
     cuda = args.device == "cuda"
     d = defaults(args.model, cuda)
@@ -95,9 +104,14 @@ def main():
         model = small_cnn()
     elif args.model == "resnet18":
         model = resnet(18, cifar_stem=True)
-    else:
+    elif args.model == "resnet50":
         model = torchvision.models.resnet50(num_classes=1000)
+    else:
+        model = torchvision.models.vit_b_16(num_classes=1000)
     model.to(device).train()
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
     num_parameters = sum(p.numel() for p in model.parameters())
 
     level, _, dtype_name = args.precision.partition("_")
@@ -174,9 +188,22 @@ def main():
         if cuda:
             torch.cuda.synchronize()
 
+    flops_per_image = None
+    if cuda:  # counted on the eager model, before any compilation
+        from torch.utils.flop_counter import FlopCounterMode
+        with FlopCounterMode(display=False) as counter:
+            one_step(False)
+        flops_per_image = counter.get_total_flops() / batch
+    if args.compile:
+        model = torch.compile(model)
+    synchronize()
+    compile_start = time.perf_counter()
     for _ in range(warmup):
         one_step(False)
     synchronize()
+    warmup_seconds = time.perf_counter() - compile_start
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     cpu_start = time.process_time()
     for _ in range(steps):
@@ -197,7 +224,13 @@ def main():
         "cpu_ms_per_step": cpu_ms_per_step,
         "images_per_sec": batch * 1000.0 / ms_per_step,
         "final_loss": last_loss,
+        "channels_last": args.channels_last,
+        "compiled": args.compile,
+        "warmup_seconds": warmup_seconds,
     }
+    if cuda:
+        result["cuda_peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
+        result["training_flops_per_image"] = flops_per_image
     if args.memory and not cuda:
         one_step(True)
         result["param_bytes"] = sum(nbytes(p) for p in model.parameters()) + sum(

@@ -8,8 +8,9 @@
 # network access by scripts/gpu_deps.sh; it must travel with the working tree (the device
 # tool's `carry: [".gpu_deps"]`). docs/gpu.md says how to run it; --plan prints what it does.
 #
-# The whole run stays under a time budget (default 480 s, so that a second run fits in a
-# 15-minute device slot): every step has a timeout, capped by what is left of the budget.
+# The whole run stays under a time budget (default 540 s, inside the device tool's 600 s per
+# call; a second, shorter run with --skip-bench fits in the rest of a 15-minute slot): every
+# step has a timeout, capped by what is left of the budget.
 #
 # Exit status: 0 every check passed; 1 a check failed or timed out; 2 no CUDA GPU here (one
 # line, nothing built); 64 a usage error.
@@ -22,7 +23,7 @@ usage() {
   cat <<'EOF'
 usage: scripts/gpu_check.sh [--plan] [--report PATH] [--build-dir DIR] [--deps DIR]
                             [--python PYTHON] [--jobs N] [--budget SECONDS] [--skip-bench]
-                            [--build-only]
+                            [--build-only] [--prebuilt DIR] [--precision-sweep] [--list-layers]
   --plan          print what would be built and run, and exit (needs no GPU)
   --report PATH   the report file (default $OUT/gpu_check_report.txt when $OUT is set,
                   else BUILD_DIR/gpu_check_report.txt)
@@ -31,25 +32,33 @@ usage: scripts/gpu_check.sh [--plan] [--report PATH] [--build-dir DIR] [--deps D
   --python PY     the Python whose PyTorch is built against and runs the benchmark's
                   PyTorch side (default $LARGO_PYTHON, else python3)
   --jobs N        parallel compile jobs (default: the number of cores)
-  --budget S      the whole run's time limit in seconds (default 480)
+  --budget S      the whole run's time limit in seconds (default 540)
   --skip-bench    run the CUDA tests only
   --build-only    configure and build only, on any machine (no GPU needed): tries the build
                   part before spending GPU time
+  --prebuilt DIR  run the programs scripts/gpu_prebuild.sh built and packed into DIR on
+                  another machine instead of configuring and building here
+  --precision-sweep  also run bench/run_precision_bench.sh --device cuda (ResNet-50 in fp32,
+                  tf32 and O1/O2 float16/bfloat16, Largo against PyTorch)
+  --list-layers   print the test layers that hold CUDA tests, and exit
 EOF
 }
 
-plan=0 build_only=0 skip_bench=0
+plan=0 build_only=0 skip_bench=0 list_layers=0 precision_sweep=0 prebuilt=""
 report=""
 build_dir="$repo/build-gpu"
 deps="$repo/.gpu_deps"
 python="${LARGO_PYTHON:-python3}"
 jobs=$(nproc)
-budget=480
+budget=540
 while [ $# -gt 0 ]; do
   case "$1" in
     --plan) plan=1 ;;
     --build-only) build_only=1 ;;
     --skip-bench) skip_bench=1 ;;
+    --list-layers) list_layers=1 ;;
+    --precision-sweep) precision_sweep=1 ;;
+    --prebuilt) prebuilt="${2:?--prebuilt needs a folder}"; shift ;;
     --report) report="${2:?--report needs a path}"; shift ;;
     --build-dir) build_dir="${2:?--build-dir needs a folder}"; shift ;;
     --deps) deps="${2:?--deps needs a folder}"; shift ;;
@@ -64,6 +73,10 @@ done
 # Paths given on the command line are relative to where the script was started from.
 absolute() { case "$1" in /*) echo "$1" ;; *) echo "$invoked_from/$1" ;; esac; }
 build_dir=$(absolute "$build_dir")
+if [ -n "$prebuilt" ]; then
+  prebuilt=$(absolute "$prebuilt")
+  build_dir=$prebuilt # the packed programs lie where a build folder's would
+fi
 deps=$(absolute "$deps")
 if [ -n "$report" ]; then report=$(absolute "$report"); fi
 if [ -z "$report" ]; then
@@ -89,16 +102,32 @@ if [ ${#selected[@]} -eq 0 ]; then
   exit 1
 fi
 mapfile -t layers < <(printf '%s\n' "${selected[@]}" | cut -d' ' -f1 | sort -u)
-# The GPU benchmark: the only bench/ program with a CUDA path is precision_bench (mixed
-# precision training, Largo against PyTorch, bench/run_precision_bench.sh --device cuda).
-# ResNet-50, batch 128, all six precisions, one round; 5 warm-up and 20 timed steps per run
-# instead of 10 and 50 keep its 12 runs near a minute and a half on an H100.
+if [ "$list_layers" = 1 ]; then
+  printf '%s\n' "${layers[@]}"
+  exit 0
+fi
+# The GPU benchmarks (all Largo against PyTorch in the same run, on the same GPU):
+#   train bench: bench/run_gpu_train_bench.sh: ResNet-50 (bf16, channels-last, batch 256) and
+#     ViT-B/16 (bf16, batch 128) training img/s and MFU, Largo vs PyTorch eager and
+#     torch.compile; 5 warm-up and 20 timed steps per run.
+#   loader bench: bench/run_gpu_loader_bench.sh: `largo train` of ResNet-50 from a JPEG folder
+#     made on the spot (7680 images, 30 steps of 256), the loader on every core: how long the
+#     GPU loop waits for data.
+#   memory bench: bench/run_gpu_memory_bench.sh: `largo train` of ResNet-50 at 2 ranks sharing
+#     the GPU over Gloo in DDP, ZeRO-1, ZeRO-2 and FSDP: each rank's model state against
+#     `largo estimate`.
+#   precision sweep (--precision-sweep): bench/run_precision_bench.sh --device cuda,
+#     ResNet-50 batch 128 in all six precisions, one round, 5 warm-up + 20 timed steps.
 bench_model=resnet50 bench_threads=16 bench_rounds=1 bench_warmup=5 bench_steps=20
+loader_images=7680
 targets=()
 for layer in "${layers[@]}"; do targets+=("largo_${layer}_tests"); done
-if [ "$skip_bench" = 0 ]; then targets+=(precision_bench); fi
+if [ "$skip_bench" = 0 ]; then targets+=(precision_bench largo); fi
+# The reference values the CUDA mixed-precision tests compare with: PyTorch on this GPU.
+reference_script=tests/precision/cuda_mixed_precision_reference.py
 # Each step's own limit in seconds; the budget's remainder caps them in turn.
-limit_probe=60 limit_configure=120 limit_build=330 limit_suite=90 limit_bench=170
+limit_probe=60 limit_configure=120 limit_build=330 limit_suite=120 limit_bench=170
+limit_reference=90 limit_train_bench=330 limit_loader_bench=200 limit_memory_bench=150
 
 configure_args() { # $1: TORCH_CUDA_ARCH_LIST
   local args=(-S "$repo" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
@@ -123,18 +152,25 @@ if [ "$plan" = 1 ]; then
     echo "         $deps: MISSING - run scripts/gpu_deps.sh on a Debian 12 machine with network first"
   fi
   echo "  device tool: run(command=\"bash scripts/gpu_check.sh\", carry=[\"${deps#"$repo"/}\"], timeout_s=600)"
+  echo "    or, built here first by scripts/gpu_prebuild.sh: run(command=\"bash scripts/gpu_check.sh --prebuilt" \
+       ".gpu_prebuilt\", carry=[\"${deps#"$repo"/}\", \".gpu_prebuilt\"], timeout_s=600)"
   echo "  1. probe: nvidia-smi, $python (torch, CUDA, cuDNN, NCCL, compute capability); no GPU: exit 2"
   echo "  2. configure: cmake $(configure_args '<compute capability>' | tr '\n' ' ')"
   echo "  3. build: cmake --build ${build_dir#"$repo"/} -j $jobs --target ${targets[*]}"
   echo "  4. runtime libraries: ldd on the built programs (the bundled .so files must resolve)"
   echo "  5. CUDA tests (--gtest_filter='$test_filter', LD_LIBRARY_PATH=${deps_lib#"$repo"/}), ${#selected[@]} tests:"
   printf '%s\n' "${selected[@]}" | sed -E 's/^([a-z_]+) /       largo_\1_tests: /'
+  echo "     (first: $python $reference_script <logs>/cuda_reference --device cuda, LARGO_CUDA_REFERENCE_DIR set to it)"
   if [ "$skip_bench" = 0 ]; then
-    echo "  6. bench: bench/run_precision_bench.sh --device cuda ${build_dir#"$repo"/} $bench_threads $bench_rounds $bench_model" \
-         "(LARGO_BENCH_WARMUP=$bench_warmup LARGO_BENCH_STEPS=$bench_steps): images/s of Largo and PyTorch in" \
-         "fp32, tf32, O1/O2 float16 and bfloat16"
+    echo "  6. train bench: bench/run_gpu_train_bench.sh: ResNet-50 and ViT-B/16, Largo vs PyTorch eager and torch.compile"
+    echo "  7. loader bench: bench/run_gpu_loader_bench.sh: largo train ResNet-50 from $loader_images JPEGs"
+    echo "  8. memory bench: bench/run_gpu_memory_bench.sh: ResNet-50 at 2 ranks on the GPU, DDP/ZeRO-1/ZeRO-2/FSDP"
+    if [ "$precision_sweep" = 1 ]; then
+      echo "  9. precision sweep: bench/run_precision_bench.sh --device cuda ${build_dir#"$repo"/} $bench_threads" \
+           "$bench_rounds $bench_model (LARGO_BENCH_WARMUP=$bench_warmup LARGO_BENCH_STEPS=$bench_steps)"
+    fi
   else
-    echo "  6. bench: skipped (--skip-bench)"
+    echo "  6. benchmarks: skipped (--skip-bench)"
   fi
   echo "  report: $report (a skipped CUDA test counts as a failure: a GPU is present)"
   exit 0
@@ -220,7 +256,7 @@ else
   record probe PASS $(( $(date +%s) - probe_began )) "$(awk '$1 == "device" {$1 = ""; print}' "$probe_log" | xargs), sm $device_arch"
 fi
 # Results of an earlier run must not pass for this one's.
-rm -f "$build_dir/bench/precision_results.jsonl"
+rm -f "$build_dir/bench/precision_results.jsonl" "$build_dir/gpu_check_logs/gpu_train_results.jsonl"
 
 write_report() {
   local verdict=$1 i
@@ -257,9 +293,26 @@ write_report() {
       echo "== CUDA tests (--gtest_filter='$test_filter')"
       cat "$logs/tests.txt"
     fi
+    if [ -s "$logs/train_bench.log" ]; then
+      echo
+      echo "== train bench (bench/run_gpu_train_bench.sh, $bench_warmup warm-up + $bench_steps timed steps per run)"
+      sed -n '/measured bf16 matrix peak/,$p' "$logs/train_bench.log"
+      echo "-- raw results"
+      cat "$logs/gpu_train_results.jsonl" 2>/dev/null || true
+    fi
+    if [ -s "$logs/loader_bench.log" ]; then
+      echo
+      echo "== loader bench (bench/run_gpu_loader_bench.sh, $loader_images JPEGs, $(nproc) loader threads)"
+      grep -E "JPEGs written|model resnet|img/s|^window|^ +[0-9]+ |steady" "$logs/loader_bench.log" || true
+    fi
+    if [ -s "$logs/memory_bench.log" ]; then
+      echo
+      echo "== memory bench (bench/run_gpu_memory_bench.sh)"
+      cat "$logs/memory_bench.log"
+    fi
     if [ -s "$logs/bench.log" ]; then
       echo
-      echo "== bench: $bench_model, precision_bench against precision_reference.py, $bench_rounds round(s)," \
+      echo "== precision sweep: $bench_model, precision_bench against precision_reference.py, $bench_rounds round(s)," \
            "$bench_warmup warm-up + $bench_steps timed steps per run"
       cat "$logs/bench.log"
       if [ -s "$build_dir/bench/precision_results.jsonl" ]; then
@@ -297,6 +350,8 @@ finish() { # prints the summary, writes the report, exits
     printf '%-22s %-8s %7s  %s\n' "${step_names[$i]}" "${step_status[$i]}" "${step_secs[$i]}" "${step_notes[$i]}"
   done
   if [ -s "$logs/tests.txt" ]; then echo; cat "$logs/tests.txt"; fi
+  if [ -s "$logs/train_bench.log" ]; then echo; sed -n '/measured bf16 matrix peak/,$p' "$logs/train_bench.log"; fi
+  if [ -s "$logs/loader_bench.log" ]; then echo; sed -n '/^window/,$p' "$logs/loader_bench.log"; fi
   if [ -s "$logs/bench.log" ]; then echo; sed -n '/^model /,$p' "$logs/bench.log"; fi
   echo
   echo "gpu_check: $verdict"
@@ -314,11 +369,16 @@ give_up() { # reason steps...
 }
 later_steps=(configure build "runtime libraries" "CUDA tests")
 if [ "$build_only" = 1 ]; then later_steps=(configure build "runtime libraries"); fi
-if [ "$skip_bench" = 0 ] && [ "$build_only" = 0 ]; then later_steps+=(bench); fi
+if [ "$skip_bench" = 0 ] && [ "$build_only" = 0 ]; then
+  later_steps+=("train bench" "loader bench" "memory bench")
+  if [ "$precision_sweep" = 1 ]; then later_steps+=("precision sweep"); fi
+fi
 
 # ---- 2. what the image lacks: .gpu_deps ----------------------------------------------------
 missing_tools=()
-for tool in cmake ninja c++; do command -v "$tool" > /dev/null || missing_tools+=("$tool"); done
+build_tools=(cmake ninja c++)
+if [ -n "$prebuilt" ]; then build_tools=(ldd); fi
+for tool in "${build_tools[@]}"; do command -v "$tool" > /dev/null || missing_tools+=("$tool"); done
 if [ ${#missing_tools[@]} -gt 0 ]; then
   record tools FAIL 0 "not found: ${missing_tools[*]}"
   give_up "no build tools" "${later_steps[@]}"
@@ -338,6 +398,40 @@ if [ -n "$glibc_needed" ] && [ "$glibc_needed" != unknown ] &&
 fi
 record "bundled libraries" PASS 0 "$(du -sk "$deps" | cut -f1) KiB, glibc >= ${glibc_needed:-?} needed, $glibc_here here"
 
+# ---- 3. (--prebuilt) the packed programs ----------------------------------------------------
+# They were built elsewhere against the same PyTorch release, found in the MANIFEST's
+# torch_site (a site-packages folder: libtorch finds its CUDA libraries in nvidia/ beside it,
+# from the path it was loaded through), with the test data at its source_dir: both paths are
+# linked to this machine's.
+link_path() { # path-on-the-build-machine path-here
+  [ -e "$1" ] && return 0
+  mkdir -p "$(dirname "$1")" && ln -s "$2" "$1"
+}
+use_prebuilt() {
+  local manifest="$prebuilt/MANIFEST" built_torch here_torch here_site
+  [ -f "$manifest" ] || { echo "no $manifest: run scripts/gpu_prebuild.sh and carry its folder"; return 1; }
+  cat "$manifest"
+  built_torch=$(awk '$1 == "torch" {print $2}' "$manifest")
+  here_torch=$(awk '$1 == "torch" {print $2}' "$probe_log")
+  if [ "$built_torch" != "$here_torch" ]; then
+    echo "built against torch $built_torch, this machine has $here_torch: build here instead (no --prebuilt)"
+    return 1
+  fi
+  here_site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  link_path "$(awk '$1 == "torch_site" {print $2}' "$manifest")" "$here_site" &&
+    link_path "$(awk '$1 == "source_dir" {print $2}' "$manifest")" "$repo" ||
+    { echo "cannot link the build machine's paths (needs write access to them)"; return 1; }
+}
+if [ -n "$prebuilt" ]; then
+  later_steps=("${later_steps[@]:2}") # no configure, no build
+  if ! use_prebuilt > "$logs/prebuilt.log" 2>&1; then
+    record prebuilt FAIL 0 "$(tail -1 "$logs/prebuilt.log")"
+    failed_logs+=("$logs/prebuilt.log")
+    give_up "the prebuilt programs cannot run here" "${later_steps[@]}"
+  fi
+  record prebuilt PASS 0 "$(awk '$1 == "commit" {print "built from " $2}' "$prebuilt/MANIFEST")"
+else
+
 # ---- 3. configure ---------------------------------------------------------------------------
 # A build folder configured from another checkout path (the device machine keeps ignored
 # folders between calls, but the path may differ) is refused by CMake: start it afresh.
@@ -356,13 +450,15 @@ if ! run_step build "$limit_build" "$logs/build.log" cmake --build "$build_dir" 
   failed_logs+=("$logs/build.log")
   give_up "build failed" "${later_steps[@]:2}"
 fi
+later_steps=("${later_steps[@]:2}")
+fi # --prebuilt
 
 # ---- 5. runtime libraries -------------------------------------------------------------------
 # The programs find the bundled .so files through the RUNPATH CMake gives them (the tests also
 # get LD_LIBRARY_PATH); a library ldd cannot resolve here would fail every test the same way.
 programs=()
 for layer in "${layers[@]}"; do programs+=("$build_dir/tests/largo_${layer}_tests"); done
-if [ "$skip_bench" = 0 ]; then programs+=("$build_dir/bench/precision_bench"); fi
+if [ "$skip_bench" = 0 ]; then programs+=("$build_dir/bench/precision_bench" "$build_dir/largo"); fi
 check_libraries() {
   local program status=0
   for program in "$@"; do
@@ -378,11 +474,22 @@ if check_libraries "${programs[@]}" > "$logs/libraries.log" 2>&1; then
   record "runtime libraries" PASS $(( $(date +%s) - libraries_began ))
 else
   record "runtime libraries" FAIL $(( $(date +%s) - libraries_began )) "ldd: see its log below"
-  give_up "libraries missing at run time" "${later_steps[@]:3}"
+  give_up "libraries missing at run time" "${later_steps[@]:1}"
 fi
 if [ "$build_only" = 1 ]; then finish; fi
 
-# ---- 6. CUDA tests --------------------------------------------------------------------------
+# ---- 6. reference values, then the CUDA tests --------------------------------------------------
+# PyTorch's own autocast + GradScaler runs on this GPU, which the mixed-precision CUDA tests
+# compare Largo's with (they skip without LARGO_CUDA_REFERENCE_DIR, so a failure here shows as
+# skipped tests too).
+if [ -f "$repo/$reference_script" ]; then
+  if run_step reference "$limit_reference" "$logs/reference.log" \
+       "$python" "$repo/$reference_script" "$logs/cuda_reference" --device cuda; then
+    export LARGO_CUDA_REFERENCE_DIR="$logs/cuda_reference"
+  else
+    failed_logs+=("$logs/reference.log")
+  fi
+fi
 # One run of each layer's suite with the filter, its results as gtest's JSON. A test skipped
 # here is a failure: the GPU is present, so a skip means the build or the device is wrong.
 tests_began=$(date +%s)
@@ -459,17 +566,31 @@ PY
 if (( parse_rc != 0 )) && [ "$tests_status" = PASS ]; then tests_status=FAIL; fi
 record "CUDA tests" "$tests_status" $(( $(date +%s) - tests_began )) "${tests_note}$(tail -1 "$logs/tests.txt")"
 
-# ---- 7. GPU benchmark -----------------------------------------------------------------------
+# ---- 7. GPU benchmarks ----------------------------------------------------------------------
 # Without LD_LIBRARY_PATH: the PyTorch side is the image's Python, which must keep the image's
 # own zlib and libpng; the C++ side finds the bundled ones through its RUNPATH.
 if [ "$skip_bench" = 0 ]; then
-  if ! run_step bench "$limit_bench" "$logs/bench.log" \
+  if ! run_step "train bench" "$limit_train_bench" "$logs/train_bench.log" \
+       env "LARGO_BENCH_WARMUP=$bench_warmup" "LARGO_BENCH_STEPS=$bench_steps" \
+       bash "$repo/bench/run_gpu_train_bench.sh" "$build_dir" "$logs/gpu_train_results.jsonl"; then
+    failed_logs+=("$logs/train_bench.log")
+  fi
+  if ! run_step "loader bench" "$limit_loader_bench" "$logs/loader_bench.log" \
+       bash "$repo/bench/run_gpu_loader_bench.sh" "$build_dir" "$logs/loader" "$loader_images"; then
+    failed_logs+=("$logs/loader_bench.log")
+  fi
+  if ! run_step "memory bench" "$limit_memory_bench" "$logs/memory_bench.log" \
+       bash "$repo/bench/run_gpu_memory_bench.sh" "$build_dir" "$logs/memory"; then
+    failed_logs+=("$logs/memory_bench.log")
+  fi
+  if [ "$precision_sweep" = 1 ] &&
+     ! run_step "precision sweep" "$limit_bench" "$logs/bench.log" \
        env "LARGO_BENCH_WARMUP=$bench_warmup" "LARGO_BENCH_STEPS=$bench_steps" \
        bash "$repo/bench/run_precision_bench.sh" --device cuda "$build_dir" \
        "$bench_threads" "$bench_rounds" "$bench_model"; then
     failed_logs+=("$logs/bench.log")
   fi
 else
-  record bench SKIP 0 "--skip-bench"
+  record benchmarks SKIP 0 "--skip-bench"
 fi
 finish

@@ -10,7 +10,9 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <iostream>
 #include <limits>
+#include <utility>
 
 namespace largo::precision::mixed_precision_test {
 namespace {
@@ -336,6 +338,53 @@ TEST(Tf32, SwitchesAreStoredAndHarmlessOnTheCpu) {
   apply_tf32({});
   EXPECT_FALSE(compat::allow_tf32_matmul());
   EXPECT_TRUE(compat::allow_tf32_cudnn());
+}
+
+// ||out - ref|| / ||ref|| with the reference in float64.
+double relative_error(const at::Tensor& out, const at::Tensor& reference) {
+  return (out.to(at::kDouble) - reference).norm().item<double>() / reference.norm().item<double>();
+}
+
+// The two switches change exactly their own kind of work on a GPU. A float32 matmul or
+// convolution of K-term dot products accumulates rounding of about sqrt(K) * 2^-24 relative
+// (K = 1024 here: ~2e-6; cuBLAS/cuDNN may split the sum, which only lowers it), so "true
+// float32" is bounded by 1e-5. TF32 rounds each input to 10 mantissa bits (relative 2^-11 =
+// 4.9e-4 each); with random inputs the errors of a product's two factors add in quadrature and
+// average over the sum, so the result's relative error is of order 2^-11 (METHOD: ~3e-4):
+// above 3e-5 (ten times the float32 bound's order, so "on" cannot pass as "off") and below
+// 3e-3 (six times 2^-11).
+TEST(Tf32, CudaSwitchesChangeMatmulsAndConvolutionsOnly) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  const c10::Device cuda(c10::kCUDA, 0);
+  torch::manual_seed(7);
+  const at::Tensor a = at::randn({512, 1024}).to(cuda);
+  const at::Tensor b = at::randn({1024, 512}).to(cuda);
+  const at::Tensor mm_reference = at::mm(a.to(at::kDouble), b.to(at::kDouble));
+  // 64 input channels x 4x4 kernel = 1024-term sums, as the matmul's.
+  const at::Tensor images = at::randn({8, 64, 32, 32}).to(cuda);
+  const at::Tensor weight = at::randn({128, 64, 4, 4}).to(cuda);
+  const at::Tensor conv_reference = at::conv2d(images.to(at::kDouble), weight.to(at::kDouble));
+  auto errors = [&](const Tf32Options& options) {
+    apply_tf32(options);
+    const double mm = relative_error(at::mm(a, b), mm_reference);
+    const double conv = relative_error(at::conv2d(images, weight), conv_reference);
+    return std::pair{mm, conv};
+  };
+  const auto [mm_off, conv_off] = errors({/*matmul=*/false, /*cudnn=*/false});
+  const auto [mm_on, conv_still_off] = errors({/*matmul=*/true, /*cudnn=*/false});
+  const auto [mm_off_again, conv_on] = errors({/*matmul=*/false, /*cudnn=*/true});
+  apply_tf32({}); // PyTorch's defaults again for the tests after this one
+  for (double error : {mm_off, conv_off, conv_still_off, mm_off_again}) {
+    EXPECT_LT(error, 1e-5) << "float32 work with its TF32 switch off";
+  }
+  for (double error : {mm_on, conv_on}) {
+    EXPECT_GT(error, 3e-5) << "TF32 switched on, but the result is float32-accurate";
+    EXPECT_LT(error, 3e-3) << "TF32 switched on: more error than 10-bit inputs explain";
+  }
+  std::cout << "relative errors: matmul fp32 " << mm_off << ", tf32 " << mm_on
+            << "; convolution fp32 " << conv_off << ", tf32 " << conv_on << "\n";
 }
 
 } // namespace

@@ -171,12 +171,18 @@ at::Tensor VitEncoderLayerImpl::attention(const at::Tensor& x) {
   // [b, t, 3d] -> [3, b, heads, t, head_dim]
   at::Tensor qkv =
       linear(qkv_, x).reshape({batch, tokens, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
-  at::Tensor q = qkv[0] * (1.0 / std::sqrt(static_cast<double>(head_dim)));
-  at::Tensor k = qkv[1];
-  at::Tensor v = qkv[2];
-  at::Tensor weights = at::matmul(q, k.transpose(-2, -1)).softmax(-1); // [b, heads, t, t]
-  weights = at::dropout(weights, options_.attention_dropout, is_training());
-  at::Tensor out = at::matmul(weights, v); // [b, heads, t, head_dim]
+  // softmax(q k^T / sqrt(head_dim)) v, with dropout on the weights while training, through
+  // PyTorch's fused kernel (flash / memory-efficient attention on a GPU): the [t, t] weights
+  // are never stored, which the explicit matmul-softmax-matmul did (slower on a GPU and
+  // holding b * heads * t^2 floats for backward). Its dropout draws from the device
+  // generator, so activation checkpointing replays it like any other dropout.
+  const double dropout = is_training() ? options_.attention_dropout : 0.0;
+  at::Tensor out = at::scaled_dot_product_attention(
+      qkv[0],
+      qkv[1],
+      qkv[2],
+      /*attn_mask=*/{},
+      dropout); // [b, heads, t, head_dim]
   out = out.transpose(1, 2).reshape({batch, tokens, options_.hidden_dim}); // [b, t, d]
   return at::dropout(linear(proj_, out), options_.dropout, is_training());
 }
