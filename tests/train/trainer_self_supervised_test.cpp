@@ -24,6 +24,7 @@
 #include "train/trainer_run_util.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 namespace largo::train::trainer_self_supervised_test {
 namespace {
@@ -206,6 +207,39 @@ TEST(TrainerSelfSupervisedTest, SwavOnMlpAtTwoRanksEqualsOneProcessOverFourSteps
   // The MLP takes one image size: all four crops 32 x 32.
   expect_two_ranks_equal_one_process(
       [](int world_size) { return swav_job(world_size, 32) + kMlpTrunk; }, 4, "SwAV, MLP");
+}
+
+// On a GPU, SimCLR and SwAV with its queue (kept on the GPU, rescored and pushed there) train
+// as on the CPU: one process, the MLP trunk (no cuDNN: its TF32 default would change the
+// numbers), 4 steps. The difference is summation order (cuBLAS and MKL split the dot products
+// differently), the same kind of float32 rounding as 2 ranks against 1 process, so the same
+// bound.
+TEST(TrainerSelfSupervisedTest, CudaSimclrAndSwavWithQueueTrainAsOnTheCpu) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  auto on_cpu = [](RunResult run) {
+    for (auto& [name, value] : run.parameters) {
+      value = value.cpu();
+    }
+    return run;
+  };
+  const Overrides swav_queue = {
+      "LOSS.swav_loss.queue.queue_length=16", "LOSS.swav_loss.queue.start_iter=1"};
+  const std::vector<std::pair<std::string, Overrides>> jobs = {
+      {"SimCLR", simclr_job(1) + kMlpTrunk},
+      {"SwAV with a queue", swav_job(1, 32) + kMlpTrunk + swav_queue}};
+  auto group = comm::ProcessGroup::single_process();
+  const fs::path root = test_dir_for("ssl_cuda");
+  fs::remove_all(root); // no checkpoint of an earlier run to resume from
+  for (const auto& [what, job] : jobs) {
+    const fs::path dir = root / (what == "SimCLR" ? "simclr" : "swav");
+    const RunResult cpu = ssl_run(dir / "cpu", job, *group);
+    const RunResult gpu =
+        on_cpu(ssl_run(dir / "gpu", job + Overrides{"MACHINE.DEVICE=gpu"}, *group));
+    EXPECT_EQ(cpu.summary.iteration_losses.size(), 4u) << what;
+    expect_same_training(gpu, cpu, kTolerance, what + " on the GPU against the CPU");
+  }
 }
 
 // SwAV with LARC and SyncBatchNorm under ZeRO-2 (optimizer state and gradients sharded)

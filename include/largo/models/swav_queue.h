@@ -37,8 +37,10 @@ class SwavQueue {
  public:
   // Starts as VISSL's initialize_queue, drawing from `generator` in its order: each set's
   // scores uniform in [-1, 1), then the embeddings uniform in [-stdv, stdv),
-  // stdv = 1 / sqrt(embedding_dim / 3). Throws OptionError for options out of range.
-  SwavQueue(SwavQueueOptions options, at::Generator generator);
+  // stdv = 1 / sqrt(embedding_dim / 3). The queue lives on `device` (the head's): the values
+  // are drawn where the generator is (a CPU generator gives the same queue on every device)
+  // and moved there. Throws OptionError for options out of range.
+  SwavQueue(SwavQueueOptions options, at::Generator generator, c10::Device device = c10::kCPU);
 
   // Whether iteration `iteration`'s loss uses the queue (and pushes into it).
   bool in_use(int64_t iteration) const {
@@ -53,7 +55,9 @@ class SwavQueue {
   void push(const at::Tensor& embeddings);
 
   // VISSL's buffer names: "local_queue<j>" [crops, length, K_j] and "local_emb_queue"
-  // [crops, length, embedding_dim]; a resume loads them back (CheckpointError on a mismatch).
+  // [crops, length, embedding_dim], on the CPU whatever the queue's device (a checkpoint
+  // written on a GPU resumes on any machine); a resume loads them back (CheckpointError on a
+  // mismatch).
   std::map<std::string, at::Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, at::Tensor>& state);
 

@@ -56,19 +56,25 @@ void require_shape(
   }
 }
 
+// A copy on the CPU, never sharing storage with the queue (which keeps changing).
+at::Tensor cpu_copy(const at::Tensor& tensor) {
+  return tensor.is_cpu() ? tensor.clone() : tensor.cpu();
+}
+
 } // namespace
 
-SwavQueue::SwavQueue(SwavQueueOptions options, at::Generator generator)
+SwavQueue::SwavQueue(SwavQueueOptions options, at::Generator generator, c10::Device device)
     : options_(std::move(options)) {
   validate(options_);
   const auto crops = static_cast<int64_t>(options_.crops_for_assign.size());
   for (int64_t k : options_.num_prototypes) {
-    scores_.push_back(at::rand({crops, options_.length, k}, generator) * 2 - 1);
+    scores_.push_back((at::rand({crops, options_.length, k}, generator) * 2 - 1).to(device));
   }
   const double stdv = 1.0 / std::sqrt(static_cast<double>(options_.embedding_dim) / 3.0);
   embeddings_ = at::rand({crops, options_.length, options_.embedding_dim}, generator)
                     .mul_(2 * stdv)
-                    .add_(-stdv);
+                    .add_(-stdv)
+                    .to(device);
 }
 
 void SwavQueue::rescore(SwavHeadImpl& head) {
@@ -114,9 +120,9 @@ void SwavQueue::push(const at::Tensor& embeddings) {
 std::map<std::string, at::Tensor> SwavQueue::state_dict() const {
   std::map<std::string, at::Tensor> state;
   for (size_t j = 0; j < scores_.size(); ++j) {
-    state.emplace(fmt::format("local_queue{}", j), scores_[j].clone());
+    state.emplace(fmt::format("local_queue{}", j), cpu_copy(scores_[j]));
   }
-  state.emplace("local_emb_queue", embeddings_.clone());
+  state.emplace("local_emb_queue", cpu_copy(embeddings_));
   return state;
 }
 

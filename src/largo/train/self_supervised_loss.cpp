@@ -62,7 +62,10 @@ SelfSupervisedLoss::SelfSupervisedLoss(
     queue.num_prototypes = head_->options().num_clusters;
     queue.num_crops = num_views;
     queue.crops_for_assign = options_.swav.crops_for_assign;
-    queue_.emplace(queue, at::make_generator<at::CPUGeneratorImpl>(seed));
+    queue_.emplace(
+        queue,
+        at::make_generator<at::CPUGeneratorImpl>(seed),
+        head_->prototypes().front()->weight.device());
   }
 }
 
