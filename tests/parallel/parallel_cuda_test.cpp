@@ -71,8 +71,9 @@ struct BlockImpl : torch::nn::Module {
 TORCH_MODULE(Block);
 
 // The identity forward; backward passes the gradient on with an inf in its first element:
-// one rank's inf in one parameter's gradient, which after the reduction sits in the shard of
-// that element's owner only.
+// one rank's inf in one parameter's gradient. After the reduction ZeRO-2 and FSDP hold it in
+// the gradient shard of that element's owner only, so the other rank skips only if the ranks
+// agree; DDP and ZeRO-1 all-reduce it to every rank.
 struct PoisonGradient : torch::autograd::Function<PoisonGradient> {
   static at::Tensor forward(torch::autograd::AutogradContext*, at::Tensor x) {
     return x.clone();
