@@ -16,7 +16,12 @@
 // before the tensors are read or freed.
 //
 // A world of one process (single_process()) needs no rendezvous: its collectives are
-// identities, so code written for N ranks runs unchanged on one.
+// identities, so code written for N ranks runs unchanged on one. create() returns such a
+// world for world_size 1 whatever the backend, so no NCCL communicator is made then.
+//
+// Gloo takes CUDA tensors too (slower than NCCL: each message goes through host memory):
+// c10d's Gloo all-reduce and broadcast stage them through pinned host memory, and this
+// class's send, recv and Gloo sum reduce copy them to and from the host around the message.
 //
 // Point to point (send/recv, for pipeline parallelism) is not a collective: only the two
 // ranks take part. Sub-groups (new_group) share the job's store; creating one is a

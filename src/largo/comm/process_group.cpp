@@ -55,6 +55,14 @@ std::string describe_bytes(const at::Tensor& tensor) {
   return format_bytes(static_cast<double>(tensor.numel() * tensor.element_size()));
 }
 
+// c10d's Gloo send and recv hand the tensor's memory to Gloo's TCP transport as it is, and
+// that transport reads and writes host memory only (its collectives stage CUDA tensors
+// through pinned host memory themselves; send and recv do not): a CUDA tensor is copied to
+// the host first. A CPU tensor is returned as it is.
+at::Tensor host_copy_for_gloo(const at::Tensor& tensor) {
+  return tensor.is_cuda() ? tensor.to(at::kCPU) : tensor;
+}
+
 bool is_loopback(const std::string& address) {
   return address == "127.0.0.1" || address == "localhost" || address == "::1";
 }
@@ -475,11 +483,12 @@ Work ProcessGroup::reduce_async(const at::Tensor& tensor, int root, ReduceOp op)
     // order. Gloo's reduce is a ring (a reduce-scatter, then the parts sent to the root): on
     // 2 ranks each rank sends 3/4 of the tensor instead of the 1/2 here. When the roots of
     // a series of reduces take turns, as the owners of ZeRO-2's buckets do, the sends are a
-    // reduce-scatter with the least traffic possible.
+    // reduce-scatter with the least traffic possible. A CUDA tensor travels through host
+    // memory (host_copy_for_gloo), as c10d's Gloo collectives move theirs.
     const int tag = impl_->next_p2p_tag++;
     return launch(state->what, [&] {
       if (impl_->rank != root) {
-        std::vector<at::Tensor> tensors{tensor};
+        std::vector<at::Tensor> tensors{host_copy_for_gloo(tensor)};
         state->work = impl_->backend->send(tensors, root, tag);
         return Work(state);
       }
@@ -488,7 +497,7 @@ Work ProcessGroup::reduce_async(const at::Tensor& tensor, int root, ReduceOp op)
         if (r == root) {
           continue;
         }
-        received.push_back(at::empty_like(tensor));
+        received.push_back(at::empty_like(tensor, at::TensorOptions().device(at::kCPU)));
         std::vector<at::Tensor> tensors{received.back()};
         auto work = impl_->backend->recv(tensors, r, tag);
         if (!state->work) {
@@ -500,7 +509,7 @@ Work ProcessGroup::reduce_async(const at::Tensor& tensor, int root, ReduceOp op)
       state->then = [tensor, received] {
         at::NoGradGuard no_grad;
         for (const at::Tensor& part : received) {
-          tensor.add_(part);
+          tensor.add_(part.to(tensor.device()));
         }
       };
       return Work(state);
@@ -662,9 +671,23 @@ Work ProcessGroup::point_to_point(bool sending, const at::Tensor& tensor, int pe
       impl_->backend_name);
   state->timeout = impl_->collective_timeout;
   return launch(state->what, [&] {
-    std::vector<at::Tensor> tensors{tensor};
+    // On Gloo a CUDA tensor is sent from a host copy, or received into one and copied to
+    // the device once the message is in (host_copy_for_gloo).
+    const bool staged = impl_->backend_name == "gloo" && tensor.is_cuda();
+    at::Tensor wire = tensor;
+    if (staged) {
+      wire = sending ? host_copy_for_gloo(tensor)
+                     : at::empty_like(tensor, at::TensorOptions().device(at::kCPU));
+    }
+    std::vector<at::Tensor> tensors{wire};
     state->work = sending ? impl_->backend->send(tensors, peer, kPointToPointTagBase + tag)
                           : impl_->backend->recv(tensors, peer, kPointToPointTagBase + tag);
+    if (staged && !sending) {
+      state->then = [tensor, wire] {
+        at::NoGradGuard no_grad;
+        tensor.copy_(wire);
+      };
+    }
     return Work(state);
   });
 }
