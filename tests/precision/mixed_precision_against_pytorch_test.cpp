@@ -173,24 +173,48 @@ std::string pattern(const std::vector<bool>& skipped) {
 
 // The bound on |loss_largo - loss_pytorch| / loss_pytorch at step t (0-based).
 //
-// Both sides run the same ATen ops on the same tensors in the same dtypes, so on one machine
-// they may well agree bit for bit; what is allowed to differ is a kernel's rounding: cuDNN and
-// cuBLAS pick algorithms per call (workspace, heuristics), and a different accumulation order
-// can round a low-precision output to the neighbouring value: one ulp, at most 2u relative
-// with u the unit roundoff (float16: 11-bit significand, u = 2^-11; bfloat16: 8 bits,
-// u = 2^-8). The forward has kRoundings low-precision outputs on the way to the logits (the
-// two convolutions, the casts of BatchNorm/ReLU outputs into the next convolution and into
-// the Linear, the Linear), so one step's loss may differ by kRoundings * 2u relative at
-// first order. Through training a rounding difference in the gradients moves the weights,
-// and the next losses inherit it: with independent differences per step they add up like a
-// random walk, sqrt(t + 1) after t steps (the loss is a mean over 32 samples, which averages
-// elementwise roundings further; the bound does not count on that). The loss changes by only
-// ~7 % over the 50 steps at this learning rate, so no step amplifies a weight difference.
+// Both sides run the same ATen ops on the same tensors in the same dtypes (on the CPU they
+// agree bit for bit, every step of every mode). What may differ on a GPU is a kernel's
+// rounding: cuDNN and cuBLAS pick algorithms per call (workspace, heuristics, another
+// process), and another accumulation order can round a low-precision output to the
+// neighbouring value: one ulp, at most 2u relative, with u the unit roundoff (float16: 11-bit
+// significand, u = 2^-11; bfloat16: 8 bits, u = 2^-8). On the way to the logits the forward
+// rounds kRoundings outputs to the low precision (the two convolutions, the casts of the
+// BatchNorm/ReLU output into the second convolution and of the pooled features into the
+// Linear, the Linear), so one step's loss may differ by kRoundings * 2u relative at first
+// order. Through training such differences move the weights and later losses inherit them;
+// independent differences per step add like a random walk, sqrt(t + 1) after t steps.
+// Measured on the CPU: SGD's fused pass (a float32 ulp off ATen's ops now and then) moved
+// the float16 O1 losses by 1e-6 relative at step 11, 1e-4 at step 22, 1e-3 at step 28, at
+// most 8 % of this bound (and flipped one overflow decision: see overflow_margin_note).
 constexpr double kRoundings = 5.0;
 
 double loss_tolerance(at::ScalarType dtype, int64_t step) {
   const double unit_roundoff = dtype == at::kHalf ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
   return kRoundings * 2.0 * unit_roundoff * std::sqrt(static_cast<double>(step + 1));
+}
+
+// Where the skipped steps first differ: how close PyTorch's gradients were to float16's
+// largest value, 65504 (the script records the largest finite |scaled gradient| per step; a
+// skipped step's is estimated from the next step, which runs the same weights at half the
+// scale). Near 1 means a kernel's rounding could tip the step either way.
+std::string overflow_margin_note(const Record& largo, const nlohmann::json& expected) {
+  const std::vector<bool> skipped = expected.at("skipped");
+  const std::vector<double> largest = expected.at("largest_scaled_grad");
+  for (size_t t = 0; t < skipped.size() && t < largo.skipped.size(); ++t) {
+    if (largo.skipped[t] != skipped[t]) {
+      const double ratio = skipped[t] && t + 1 < largest.size() && !skipped[t + 1]
+                               ? 2.0 * largest[t + 1] / 65504.0
+                               : largest[t] / 65504.0;
+      return fmt::format(
+          "\nfirst difference at step {}: PyTorch's largest scaled gradient "
+          "there is about {:.4f} x 65504{}",
+          t,
+          ratio,
+          skipped[t] ? " (estimated from the next step)" : "");
+    }
+  }
+  return "";
 }
 
 void expect_like_pytorch(
@@ -201,7 +225,8 @@ void expect_like_pytorch(
   const std::vector<bool> skipped = expected.at("skipped");
   ASSERT_EQ(largo.losses.size(), losses.size());
   // Exact: the scale follows GradScaler's rule from the same overflow decisions.
-  EXPECT_EQ(pattern(largo.skipped), pattern(skipped)) << "skipped steps (X), Largo vs PyTorch";
+  EXPECT_EQ(pattern(largo.skipped), pattern(skipped))
+      << "skipped steps (X), Largo vs PyTorch" << overflow_margin_note(largo, expected);
   double worst_ratio = 0.0;
   for (size_t t = 0; t < losses.size(); ++t) {
     SCOPED_TRACE(fmt::format("step {}", t));
@@ -334,55 +359,38 @@ TEST(MixedPrecisionAgainstPytorch, CudaBfloat16O1Losses) {
 
 // --- CPU: the script run here, the same checks ----------------------------------------------
 
-class MixedPrecisionAgainstPytorchOnTheCpu : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!fs::exists(LARGO_PYTHON)) {
-      return;
-    }
-    dir_ = fs::temp_directory_path() / fmt::format("largo_mixed_precision_ref_{}", ::getpid());
-    fs::remove_all(dir_);
-    const std::string command = fmt::format(
-        "{} {}/precision/cuda_mixed_precision_reference.py "
-        "{} --device cpu",
-        LARGO_PYTHON,
-        LARGO_TEST_DATA_DIR,
-        dir_.string());
-    if (std::system(command.c_str()) == 0) {
-      reference_ = std::make_unique<Reference>(load_reference(dir_));
-    }
+// One test, so that ctest (a process per test) runs the script once.
+TEST(MixedPrecisionAgainstPytorch, CpuFloat16O1O2AndBfloat16O1) {
+  if (!fs::exists(LARGO_PYTHON)) {
+    GTEST_SKIP() << "no Python with torch (LARGO_PYTHON)";
   }
-  static void TearDownTestSuite() {
-    reference_.reset();
-    if (!dir_.empty()) {
-      fs::remove_all(dir_);
-    }
+  const fs::path dir =
+      fs::temp_directory_path() / fmt::format("largo_mixed_precision_ref_{}", ::getpid());
+  fs::remove_all(dir);
+  const std::string command = fmt::format(
+      "{} {}/precision/cuda_mixed_precision_reference.py {} "
+      "--device cpu",
+      LARGO_PYTHON,
+      LARGO_TEST_DATA_DIR,
+      dir.string());
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const Reference reference = load_reference(dir);
+  EXPECT_EQ(reference.result.at("device"), "cpu");
+  deterministic_kernels();
+  const c10::Device cpu(c10::kCPU);
+  {
+    SCOPED_TRACE("o1_fp16");
+    expect_float16_o1(reference, cpu);
   }
-  void SetUp() override {
-    if (!fs::exists(LARGO_PYTHON)) {
-      GTEST_SKIP() << "no Python with torch (LARGO_PYTHON)";
-    }
-    ASSERT_NE(reference_, nullptr) << "the reference script failed";
-    deterministic_kernels();
+  {
+    SCOPED_TRACE("o2_fp16");
+    expect_float16_o2(reference, cpu);
   }
-
-  static fs::path dir_;
-  static std::unique_ptr<Reference> reference_;
-};
-
-fs::path MixedPrecisionAgainstPytorchOnTheCpu::dir_;
-std::unique_ptr<Reference> MixedPrecisionAgainstPytorchOnTheCpu::reference_;
-
-TEST_F(MixedPrecisionAgainstPytorchOnTheCpu, Float16O1ScaleSequenceAndLosses) {
-  expect_float16_o1(*reference_, c10::Device(c10::kCPU));
-}
-
-TEST_F(MixedPrecisionAgainstPytorchOnTheCpu, Float16O2MastersAndBatchNormInFloat32) {
-  expect_float16_o2(*reference_, c10::Device(c10::kCPU));
-}
-
-TEST_F(MixedPrecisionAgainstPytorchOnTheCpu, Bfloat16O1Losses) {
-  expect_bfloat16_o1(*reference_, c10::Device(c10::kCPU));
+  {
+    SCOPED_TRACE("o1_bf16");
+    expect_bfloat16_o1(reference, cpu);
+  }
+  fs::remove_all(dir);
 }
 
 } // namespace
