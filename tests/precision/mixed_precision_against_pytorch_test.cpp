@@ -8,6 +8,7 @@
 // The Cuda tests read the reference from $LARGO_CUDA_REFERENCE_DIR (the script run with
 // --device cuda on the same GPU; scripts/gpu_check.sh does both). The CPU tests run the same
 // script with --device cpu themselves, so everything but the device is checked without a GPU.
+#include <largo/core/torch_compat.h>
 #include <largo/optim/sgd.h>
 #include <largo/precision/mixed_precision.h>
 #include <largo/precision/tf32.h>
@@ -194,10 +195,13 @@ double loss_tolerance(at::ScalarType dtype, int64_t step) {
   return kRoundings * 2.0 * unit_roundoff * std::sqrt(static_cast<double>(step + 1));
 }
 
-// Where the skipped steps first differ: how close PyTorch's gradients were to float16's
-// largest value, 65504 (the script records the largest finite |scaled gradient| per step; a
-// skipped step's is estimated from the next step, which runs the same weights at half the
-// scale). Near 1 means a kernel's rounding could tip the step either way.
+// Where the skipped steps first differ: how close PyTorch's visible gradients came to
+// float16's largest value, 65504. The script records the largest finite |scaled gradient| of
+// each step over the module outputs and the parameters; a skipped step's is estimated from the
+// next step, which runs the same weights at half the scale. Near 1: a kernel's rounding could
+// tip the step either way. Well below 1 at a step that overflowed on one side: the overflow
+// was inside a kernel (a float16 sum in a backward), where the script cannot look; on the
+// CPU a float32 ulp in SGD's update flipped such a step (o1_fp16 step 27, visible 0.64).
 std::string overflow_margin_note(const Record& largo, const nlohmann::json& expected) {
   const std::vector<bool> skipped = expected.at("skipped");
   const std::vector<double> largest = expected.at("largest_scaled_grad");
@@ -294,12 +298,33 @@ void expect_bfloat16_o1(const Reference& reference, const c10::Device& device) {
   expect_like_pytorch(run->record, expected, at::kBFloat16);
 }
 
-// The same switches as the script: no TF32, cuDNN's deterministic algorithms.
-void deterministic_kernels() {
-  apply_tf32({/*matmul=*/false, /*cudnn=*/false});
-  at::globalContext().setBenchmarkCuDNN(false);
-  at::globalContext().setDeterministicCuDNN(true);
-}
+// The same switches as the script for one test: no TF32, cuDNN's deterministic algorithms
+// and no benchmarking; the process's previous settings come back afterwards.
+class DeterministicKernels {
+ public:
+  DeterministicKernels()
+      : tf32_matmul_(compat::allow_tf32_matmul()),
+        tf32_cudnn_(compat::allow_tf32_cudnn()),
+        benchmark_(at::globalContext().benchmarkCuDNN()),
+        deterministic_(at::globalContext().deterministicCuDNN()) {
+    apply_tf32({/*matmul=*/false, /*cudnn=*/false});
+    at::globalContext().setBenchmarkCuDNN(false);
+    at::globalContext().setDeterministicCuDNN(true);
+  }
+  ~DeterministicKernels() {
+    apply_tf32({tf32_matmul_, tf32_cudnn_});
+    at::globalContext().setBenchmarkCuDNN(benchmark_);
+    at::globalContext().setDeterministicCuDNN(deterministic_);
+  }
+  DeterministicKernels(const DeterministicKernels&) = delete;
+  DeterministicKernels& operator=(const DeterministicKernels&) = delete;
+
+ private:
+  bool tf32_matmul_;
+  bool tf32_cudnn_;
+  bool benchmark_;
+  bool deterministic_;
+};
 
 // --- CUDA: the reference the script wrote on this GPU ----------------------------------------
 
@@ -325,7 +350,6 @@ bool cuda_reference_ready() {
     }
   }
   EXPECT_EQ(cuda_reference().result.at("device"), "cuda");
-  deterministic_kernels();
   return true;
 }
 
@@ -340,7 +364,8 @@ bool cuda_reference_ready() {
   }                                                                                                \
   if (!cuda_reference_ready()) {                                                                   \
     return;                                                                                        \
-  }
+  }                                                                                                \
+  DeterministicKernels deterministic_kernels
 
 TEST(MixedPrecisionAgainstPytorch, CudaFloat16O1ScaleSequenceAndLosses) {
   LARGO_SKIP_WITHOUT_CUDA_REFERENCE();
@@ -376,7 +401,7 @@ TEST(MixedPrecisionAgainstPytorch, CpuFloat16O1O2AndBfloat16O1) {
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   const Reference reference = load_reference(dir);
   EXPECT_EQ(reference.result.at("device"), "cpu");
-  deterministic_kernels();
+  DeterministicKernels deterministic_kernels;
   const c10::Device cpu(c10::kCPU);
   {
     SCOPED_TRACE("o1_fp16");
