@@ -16,7 +16,13 @@ fixed batch, in three modes, on one device:
 Weights and data come from closed-form formulas (no RNG) and are written to OUTDIR as raw
 little-endian float32 / int64 files, listed in OUTDIR/manifest.json, so that the C++ test
 reads exactly these tensors. Results go to OUTDIR/reference.json: per mode and step the loss,
-the loss scale before and after the step, and whether the step was skipped (inf/NaN found).
+the loss scale before and after the step, whether the step was skipped (inf/NaN found), and
+(a diagnostic the test prints only when the skipped steps differ) the largest finite scaled
+gradient seen at a module output or parameter.
+
+With --device cuda (the default) the C++ Cuda tests read OUTDIR through
+LARGO_CUDA_REFERENCE_DIR; the C++ CPU test runs this script with --device cpu itself. Python:
+the PyTorch 2.11 Largo builds against ($LARGO_PYTHON after `source scripts/torch_env.sh`).
 
 Usage: cuda_mixed_precision_reference.py OUTDIR [--device cuda|cpu]
 """
