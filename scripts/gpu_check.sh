@@ -24,6 +24,7 @@ usage() {
 usage: scripts/gpu_check.sh [--plan] [--report PATH] [--build-dir DIR] [--deps DIR]
                             [--python PYTHON] [--jobs N] [--budget SECONDS] [--skip-bench]
                             [--build-only] [--prebuilt DIR] [--precision-sweep] [--list-layers]
+                            [--benches LIST] [--filter PATTERN]
   --plan          print what would be built and run, and exit (needs no GPU)
   --report PATH   the report file (default $OUT/gpu_check_report.txt when $OUT is set,
                   else BUILD_DIR/gpu_check_report.txt)
@@ -41,10 +42,14 @@ usage: scripts/gpu_check.sh [--plan] [--report PATH] [--build-dir DIR] [--deps D
   --precision-sweep  also run bench/run_precision_bench.sh --device cuda (ResNet-50 in fp32,
                   tf32 and O1/O2 float16/bfloat16, Largo against PyTorch)
   --list-layers   print the test layers that hold CUDA tests, and exit
+  --benches LIST  which benchmarks run, of "train loader memory" (default all three)
+  --filter PAT    a GoogleTest filter for the CUDA tests (default '*Cuda*'), e.g. to rerun
+                  the ones that failed
 EOF
 }
 
 plan=0 build_only=0 skip_bench=0 list_layers=0 precision_sweep=0 prebuilt=""
+benches="train loader memory" test_filter='*Cuda*' 
 report=""
 build_dir="$repo/build-gpu"
 deps="$repo/.gpu_deps"
@@ -57,6 +62,8 @@ while [ $# -gt 0 ]; do
     --build-only) build_only=1 ;;
     --skip-bench) skip_bench=1 ;;
     --list-layers) list_layers=1 ;;
+    --benches) benches="${2?--benches needs a list}"; shift ;;
+    --filter) test_filter="${2:?--filter needs a pattern}"; shift ;;
     --precision-sweep) precision_sweep=1 ;;
     --prebuilt) prebuilt="${2:?--prebuilt needs a folder}"; shift ;;
     --report) report="${2:?--report needs a path}"; shift ;;
@@ -90,13 +97,29 @@ deps_lib="$deps/usr/lib/$arch_dir"
 # reason where no GPU is visible, so CI never runs them). Listed from the sources, so a new
 # CUDA test in any layer is built and run without touching this script; a CUDA test must
 # carry "Cuda" in its name to be selected.
-test_filter='*Cuda*'
 cuda_tests() { # prints "layer Suite.Name" for each selected test
   grep -EHo '^(TYPED_)?TEST(_F|_P)?\( *[A-Za-z0-9_]+ *, *[A-Za-z0-9_]+ *\)' "$repo"/tests/*/*_test.cpp |
     sed -E 's#^.*/tests/([a-z_]+)/[^:]*:[A-Z_]+\( *([A-Za-z0-9_]+) *, *([A-Za-z0-9_]+) *\)$#\1 \2.\3#' |
     grep -E '^[a-z_]+ [^ ]*Cuda' || true
 }
 mapfile -t selected < <(cuda_tests)
+# --filter: only the listed tests that match one of its ':'-separated patterns (* and ?).
+matches_filter() { # Suite.Name
+  local pattern
+  IFS=':' read -ra patterns <<< "$test_filter"
+  for pattern in "${patterns[@]}"; do
+    # shellcheck disable=SC2053 # the pattern is a glob on purpose
+    [[ $1 == $pattern ]] && return 0
+  done
+  return 1
+}
+if [ "$test_filter" != '*Cuda*' ]; then
+  filtered=()
+  for entry in "${selected[@]}"; do
+    if matches_filter "${entry#* }"; then filtered+=("$entry"); fi
+  done
+  selected=("${filtered[@]}")
+fi
 if [ ${#selected[@]} -eq 0 ]; then
   echo "gpu_check: no test with Cuda in its name under tests/: nothing to check" >&2
   exit 1
@@ -370,7 +393,7 @@ give_up() { # reason steps...
 later_steps=(configure build "runtime libraries" "CUDA tests")
 if [ "$build_only" = 1 ]; then later_steps=(configure build "runtime libraries"); fi
 if [ "$skip_bench" = 0 ] && [ "$build_only" = 0 ]; then
-  later_steps+=("train bench" "loader bench" "memory bench")
+  for bench in $benches; do later_steps+=("$bench bench"); done
   if [ "$precision_sweep" = 1 ]; then later_steps+=("precision sweep"); fi
 fi
 
@@ -570,16 +593,16 @@ record "CUDA tests" "$tests_status" $(( $(date +%s) - tests_began )) "${tests_no
 # Without LD_LIBRARY_PATH: the PyTorch side is the image's Python, which must keep the image's
 # own zlib and libpng; the C++ side finds the bundled ones through its RUNPATH.
 if [ "$skip_bench" = 0 ]; then
-  if ! run_step "train bench" "$limit_train_bench" "$logs/train_bench.log" \
+  if [[ " $benches " == *" train "* ]] && ! run_step "train bench" "$limit_train_bench" "$logs/train_bench.log" \
        env "LARGO_BENCH_WARMUP=$bench_warmup" "LARGO_BENCH_STEPS=$bench_steps" \
        bash "$repo/bench/run_gpu_train_bench.sh" "$build_dir" "$logs/gpu_train_results.jsonl"; then
     failed_logs+=("$logs/train_bench.log")
   fi
-  if ! run_step "loader bench" "$limit_loader_bench" "$logs/loader_bench.log" \
+  if [[ " $benches " == *" loader "* ]] && ! run_step "loader bench" "$limit_loader_bench" "$logs/loader_bench.log" \
        bash "$repo/bench/run_gpu_loader_bench.sh" "$build_dir" "$logs/loader" "$loader_images"; then
     failed_logs+=("$logs/loader_bench.log")
   fi
-  if ! run_step "memory bench" "$limit_memory_bench" "$logs/memory_bench.log" \
+  if [[ " $benches " == *" memory "* ]] && ! run_step "memory bench" "$limit_memory_bench" "$logs/memory_bench.log" \
        bash "$repo/bench/run_gpu_memory_bench.sh" "$build_dir" "$logs/memory"; then
     failed_logs+=("$logs/memory_bench.log")
   fi
