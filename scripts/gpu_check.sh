@@ -185,9 +185,12 @@ if [ "$plan" = 1 ]; then
   printf '%s\n' "${selected[@]}" | sed -E 's/^([a-z_]+) /       largo_\1_tests: /'
   echo "     (first: $python $reference_script <logs>/cuda_reference --device cuda, LARGO_CUDA_REFERENCE_DIR set to it)"
   if [ "$skip_bench" = 0 ]; then
-    echo "  6. train bench: bench/run_gpu_train_bench.sh: ResNet-50 and ViT-B/16, Largo vs PyTorch eager and torch.compile"
-    echo "  7. loader bench: bench/run_gpu_loader_bench.sh: largo train ResNet-50 from $loader_images JPEGs"
-    echo "  8. memory bench: bench/run_gpu_memory_bench.sh: ResNet-50 at 2 ranks on the GPU, DDP/ZeRO-1/ZeRO-2/FSDP"
+    [[ " $benches " != *" train "* ]] ||
+      echo "  6. train bench: bench/run_gpu_train_bench.sh: ResNet-50 and ViT-B/16, Largo vs PyTorch eager and torch.compile"
+    [[ " $benches " != *" loader "* ]] ||
+      echo "  7. loader bench: bench/run_gpu_loader_bench.sh: largo train ResNet-50 from $loader_images JPEGs"
+    [[ " $benches " != *" memory "* ]] ||
+      echo "  8. memory bench: bench/run_gpu_memory_bench.sh: ResNet-50 at 2 ranks on the GPU, DDP/ZeRO-1/ZeRO-2/FSDP"
     if [ "$precision_sweep" = 1 ]; then
       echo "  9. precision sweep: bench/run_precision_bench.sh --device cuda ${build_dir#"$repo"/} $bench_threads" \
            "$bench_rounds $bench_model (LARGO_BENCH_WARMUP=$bench_warmup LARGO_BENCH_STEPS=$bench_steps)"
