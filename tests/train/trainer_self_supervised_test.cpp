@@ -263,6 +263,41 @@ TEST(TrainerSelfSupervisedTest, SwavWithLarcUnderZeroTwoTrainsAsDdp) {
   });
 }
 
+// VISSL's SEER recipe, small: a RegNetY trunk with SyncBatchNorm under FSDP (a unit per trunk
+// block), SwAV multi-crop (2 x 32 + 2 x 16: the trunk runs twice per step, its units gathered
+// for each pass and their gradients reduced once), bfloat16 autocast, LARC and activation
+// checkpointing, at 2 ranks: one step as the same recipe under DDP, the prototypes normalised
+// through the shards. One step: both runs compute the same bfloat16 forward and backward
+// from the same weights, and differ only in how float32 gradients and LARC's norms are summed
+// across ranks (float32 rounding, kTolerance); a second step's bfloat16 forward would turn a
+// last-bit weight difference into bfloat16 rounding differences.
+TEST(TrainerSelfSupervisedTest, SeerRecipeUnderFsdpTrainsAsDdp) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides job =
+        swav_job(2) + kOneStep +
+        Overrides{
+            "MODEL.TRUNK.NAME=regnet",
+            "MODEL.TRUNK.REGNET={name: regnet_y_400mf}",
+            "MODEL.HEAD.PARAMS=[[swav_head, {dims: [440, 64, 16], use_bn: False, "
+            "num_clusters: [10, 6]}]]",
+            "MODEL.AMP_PARAMS.USE_AMP=True",
+            "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+            "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
+            "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=2",
+            "OPTIMIZER.use_larc=True"};
+    const RunResult ddp = ssl_run(dir / "ddp", job, group);
+    const RunResult fsdp =
+        ssl_run(dir / "fsdp", job + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, group);
+    expect_same_training(fsdp, ddp, kTolerance, "SEER recipe, FSDP against DDP");
+    for (const char* name : {"head.0.prototypes0.weight", "head.0.prototypes1.weight"}) {
+      const at::Tensor prototypes = fsdp.parameters.at(name);
+      EXPECT_TRUE(at::allclose(prototypes.norm(2, 1), at::ones({prototypes.size(0)}), 1e-6, 1e-6))
+          << name << " normalised through the shards";
+    }
+  });
+}
+
 // A queue of 8 images per rank from loss call 1, prototypes frozen for 2 iterations; a mid-
 // epoch checkpoint (every iteration, stopped after 3 of 4) resumes bit for bit.
 TEST(TrainerSelfSupervisedTest, SwavWithQueueResumesMidEpochBitExactly) {
@@ -388,7 +423,17 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       simclr_job(1) + Overrides{"LOSS.simclr_info_nce_loss.buffer_params."
                                 "embedding_dim=128"},
       "the projection head ends in 16 outputs");
-  expect_refused(swav_job(1) + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, "FSDP");
+  expect_refused(
+      swav_job(1) +
+          Overrides{
+              "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "LOSS.swav_loss.queue.queue_length=16"},
+      "queue under FSDP");
+  expect_refused(
+      swav_job(1) +
+          Overrides{
+              "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+              "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes1.weight', 2]]"},
+      "under ZeRO or FSDP");
   expect_refused(
       swav_job(1) +
           Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},

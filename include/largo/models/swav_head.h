@@ -49,6 +49,9 @@ class SwavHeadImpl : public torch::nn::Module {
   // normalize_last_layer (NormalizePrototypesHook.on_update), so the scores are cosine
   // similarities from the second step on.
   void normalize_prototypes();
+  // The same for one prototypes weight [K, d] given as a tensor (a gathered copy of a sharded
+  // one, train::SelfSupervisedLoss under FSDP).
+  static void normalize_prototype_rows(at::Tensor& weight);
 
   const SwavHeadOptions& options() const {
     return options_;

@@ -234,6 +234,15 @@ class FullyShardedDataParallel {
   // on the device at a time.
   std::vector<std::pair<std::string, at::Tensor>> full_state_on_rank(int root);
 
+  // Changes one parameter's whole value on every rank alike, between steps (SwAV's prototypes
+  // normalised after the optimizer step): its unit's shards all-gathered (the float32 masters
+  // with compute copies) into a temporary, `update` applied to the parameter's part of it,
+  // and this rank's piece of the result written back into its shard. A frozen parameter
+  // (kept whole) is changed in place. `update` must compute the same on every rank.
+  // Collective (one all-gather) for a sharded parameter. Throws largo::Error for a name the
+  // model does not have.
+  void
+  update_full_parameter(const std::string& name, const std::function<void(at::Tensor&)>& update);
   // The inverse, on every rank: each rank copies its shard of every sharded parameter out of
   // the whole values, and the frozen parameters and the buffers whole. Every name of the
   // model must be in `state` with its shape (checkpoint::check_model_state_dict checks a

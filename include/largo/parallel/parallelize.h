@@ -302,6 +302,13 @@ class ParallelModel {
   // (a parameter outside its shard is absent), the frozen parameters and the buffers. What a
   // per-rank average of the weights is kept over (HOOKS.EMA_MODEL). No collective.
   virtual torch::OrderedDict<std::string, at::Tensor> local_state() const;
+  // Changes one parameter's whole value by name on every rank alike, between steps (SwAV's
+  // prototypes normalised after the step): in place in the module, or under FSDP through
+  // its shards (FullyShardedDataParallel::update_full_parameter: collective there). Under
+  // Apex O2/O3 it changes the module's low-precision copy, not the float32 master (which
+  // the next step copies back). Throws largo::Error for a name the module does not have.
+  virtual void
+  update_full_parameter(const std::string& name, const std::function<void(at::Tensor&)>& update);
   // Trained parameter name -> its full shape (to consolidate sharded optimizer state).
   virtual std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
 

@@ -14,7 +14,9 @@
 //                               listed parameters dropped while t < their iteration, so
 //                               the optimizer leaves them as they are (VISSL's
 //                               FreezeParametersHook)
-//   after_optimizer_step()      SwAV's prototypes normalised (normalize_last_layer)
+//   after_optimizer_step(model) SwAV's prototypes normalised (normalize_last_layer), through
+//                               the ParallelModel: in the module, or under FSDP in the
+//                               shards (a collective there)
 // The losses are collective over the data-parallel group (Sinkhorn's sums, SimCLR's gather).
 #pragma once
 
@@ -23,6 +25,7 @@
 #include <largo/models/swav_head.h>
 #include <largo/models/swav_loss.h>
 #include <largo/models/swav_queue.h>
+#include <largo/parallel/parallelize.h>
 
 #include <torch/nn/module.h>
 
@@ -85,7 +88,7 @@ class SelfSupervisedLoss {
   }
   at::Tensor loss(const at::Tensor& output, const at::Tensor& labels);
   void before_optimizer_step();
-  void after_optimizer_step();
+  void after_optimizer_step(parallel::ParallelModel& model);
 
   // SwAV's queue and its call count, by VISSL's buffer names (empty without a queue): this
   // rank's, for the checkpoint.
@@ -100,6 +103,7 @@ class SelfSupervisedLoss {
   SelfSupervisedLossOptions options_;
   comm::ProcessGroup& group_;
   models::SwavHeadImpl* head_ = nullptr; // SwAV
+  std::vector<std::string> prototype_names_; // SwAV: the prototypes' weights in the module
   std::optional<models::SwavQueue> queue_;
   int64_t queue_length_ = 0;                           // images per rank
   std::vector<std::pair<at::Tensor, int64_t>> frozen_; // parameter, iteration it trains from

@@ -91,12 +91,15 @@ std::vector<at::Tensor> SwavHeadImpl::forward(const at::Tensor& features) {
 }
 
 void SwavHeadImpl::normalize_prototypes() {
-  torch::NoGradGuard no_grad;
   for (auto& prototypes : prototypes_) {
-    at::Tensor& weight = prototypes->weight;
-    weight.copy_(torch::nn::functional::normalize(
-        weight, torch::nn::functional::NormalizeFuncOptions().p(2).dim(1)));
+    normalize_prototype_rows(prototypes->weight);
   }
+}
+
+void SwavHeadImpl::normalize_prototype_rows(at::Tensor& weight) {
+  torch::NoGradGuard no_grad;
+  weight.copy_(torch::nn::functional::normalize(
+      weight, torch::nn::functional::NormalizeFuncOptions().p(2).dim(1)));
 }
 
 } // namespace largo::models

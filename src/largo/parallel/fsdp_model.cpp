@@ -29,6 +29,10 @@ class FsdpModel : public ParallelModel {
   void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override {
     fsdp_->load_full_state(state); // each rank keeps its shard of the whole values
   }
+  void update_full_parameter(
+      const std::string& name, const std::function<void(at::Tensor&)>& update) override {
+    fsdp_->update_full_parameter(name, update);
+  }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
     std::map<std::string, at::Tensor> gathered;
     for (auto& [name, value] : fsdp_->full_parameters()) {

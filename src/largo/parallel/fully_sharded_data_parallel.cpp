@@ -538,6 +538,41 @@ std::vector<std::pair<std::string, at::Tensor>> FullyShardedDataParallel::full_p
   return ordered;
 }
 
+void FullyShardedDataParallel::update_full_parameter(
+    const std::string& name, const std::function<void(at::Tensor&)>& update) {
+  torch::NoGradGuard no_grad;
+  for (Unit& unit : units_) {
+    const auto found = std::find(unit.param_names.begin(), unit.param_names.end(), name);
+    if (found == unit.param_names.end()) {
+      continue;
+    }
+    const auto index = static_cast<size_t>(found - unit.param_names.begin());
+    free(unit); // the shard changes: a gathered copy would be stale
+    at::Tensor values = at::empty({unit.layout.padded_numel()}, unit.shard.options());
+    group_->all_gather(values, unit.shard);
+    at::Tensor value = values.narrow(0, unit.layout.offset(index), unit.params[index].numel())
+                           .view(unit.params[index].sizes());
+    update(value);
+    const at::Tensor flat = value.reshape({-1});
+    for (size_t p = 0; p < unit.pieces.size(); ++p) {
+      const ShardPiece& piece = unit.pieces[p];
+      if (piece.tensor_index == index) {
+        unit.piece_params[p].copy_(flat.narrow(0, piece.tensor_offset, piece.numel));
+      }
+    }
+    return;
+  }
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (item.key() == name) { // frozen: whole on every rank
+      at::Tensor value = item.value();
+      update(value);
+      return;
+    }
+  }
+  throw Error(fmt::format(
+      "FullyShardedDataParallel::update_full_parameter: the model has no parameter {}", name));
+}
+
 PieceOwnership FullyShardedDataParallel::piece_ownership() const {
   PieceOwnership ownership;
   ownership.rank = group_->rank();

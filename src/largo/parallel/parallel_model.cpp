@@ -226,6 +226,20 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_parameters()
   return values;
 }
 
+void ParallelModel::update_full_parameter(
+    const std::string& name, const std::function<void(at::Tensor&)>& update) {
+  torch::NoGradGuard no_grad;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (item.key() == name) {
+      at::Tensor value = item.value();
+      update(value);
+      return;
+    }
+  }
+  throw Error(
+      fmt::format("ParallelModel::update_full_parameter: the model has no parameter {}", name));
+}
+
 c10::IValue ParallelModel::optimizer_state_dict() {
   return optimizer_->state_dict();
 }

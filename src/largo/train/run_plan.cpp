@@ -476,17 +476,18 @@ void check_self_supervised(const RunPlan& plan) {
         "the views of several resolutions run through the whole trunk; use data "
         "parallelism");
   }
-  if (o.fsdp.enabled) {
+  if (o.fsdp.enabled && ssl.is_swav() && ssl.queue_length > 0) {
     refuse(
-        "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
-        "not available in this version of Largo; use DDP or ZeRO-1/2 "
-        "(OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP)");
+        "LOSS.swav_loss.queue under FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
+        "the queue is rescored with the prototypes outside the forward, where FSDP keeps them "
+        "sharded; use ZeRO-1/2 (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP) or DDP "
+        "with a queue, or set queue_length 0");
   }
-  const bool sharded = o.zero.shard_optimizer_state || o.zero.shard_gradients;
+  const bool sharded = o.zero.shard_optimizer_state || o.zero.shard_gradients || o.fsdp.enabled;
   if (sharded && !ssl.frozen_parameters.empty()) {
     refuse(
-        "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP under ZeRO",
-        "ZeRO's sharded optimizer steps flat shards that a parameter cannot be left out of; "
+        "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP under ZeRO or FSDP",
+        "a sharded optimizer steps flat shards that a parameter cannot be left out of; "
         "use DDP, or leave the map empty");
   }
   if (ssl.is_swav() && ssl.normalize_last_layer && plan.precision.cast_model) {

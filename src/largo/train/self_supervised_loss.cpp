@@ -52,6 +52,13 @@ SelfSupervisedLoss::SelfSupervisedLoss(
     return;
   }
   head_ = find_swav_head(module);
+  for (const auto& prototypes : head_->prototypes()) {
+    for (const auto& item : parameters) {
+      if (item.value().is_same(prototypes->weight)) {
+        prototype_names_.push_back(item.key());
+      }
+    }
+  }
   const int64_t length = local_queue_length(options_.queue_length, batch_size, group.world_size());
   if (length > 0) {
     queue_length_ = length;
@@ -117,9 +124,13 @@ void SelfSupervisedLoss::before_optimizer_step() {
   }
 }
 
-void SelfSupervisedLoss::after_optimizer_step() {
-  if (head_ != nullptr && options_.normalize_last_layer) {
-    head_->normalize_prototypes();
+void SelfSupervisedLoss::after_optimizer_step(parallel::ParallelModel& model) {
+  if (head_ == nullptr || !options_.normalize_last_layer) {
+    return;
+  }
+  // SwavHead::normalize_prototypes (VISSL's hook) on whole values, wherever they are kept.
+  for (const std::string& name : prototype_names_) {
+    model.update_full_parameter(name, models::SwavHeadImpl::normalize_prototype_rows);
   }
 }
 

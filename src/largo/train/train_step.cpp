@@ -52,7 +52,7 @@ TrainStep::run(const std::function<data::Batch()>& next_batch, int64_t num_micro
   if (result.finite || model_.precision().has_loss_scaling()) {
     // skipped (and counted) when a gradient was inf/NaN
     if (model_.step() && self_supervised != nullptr) {
-      self_supervised->after_optimizer_step(); // SwAV's prototypes normalised
+      self_supervised->after_optimizer_step(model_); // SwAV's prototypes normalised
     }
   }
   return result;
