@@ -4,6 +4,7 @@
 #include <largo/comm/process_group.h>
 #include <largo/core/error.h>
 #include <largo/models/model_factory.h>
+#include <largo/models/swav_head.h>
 #include <largo/optim/sgd.h>
 #include <largo/parallel/activation_checkpoint.h>
 #include <largo/parallel/distributed_data_parallel.h>
@@ -349,6 +350,38 @@ TEST(SyncBatchNormTest, ConvertSwapsEveryBatchNorm2dOfAResNetKeepingNamesAndStat
     EXPECT_EQ(item.value().data_ptr(), storage.at(item.key())) << item.key();
   }
   EXPECT_TRUE(model->forward(images).equal(before));
+}
+
+// A head's BatchNorm1d is converted too (VISSL's conversion covers every BatchNorm), inside a
+// Sequential and inside a swav_head, keeping the function (one process: plain BatchNorm).
+TEST(SyncBatchNormTest, ConvertSwapsTheBatchNorm1dOfHeads) {
+  models::SwavHeadOptions options;
+  options.dims = {8, 6, 4};
+  options.use_bn = true;
+  options.num_clusters = {5};
+  torch::manual_seed(0);
+  torch::nn::Sequential net(
+      torch::nn::Linear(8, 8), torch::nn::BatchNorm1d(8), models::SwavHead(options));
+  const at::Tensor features = at::randn({6, 8});
+  auto outputs = [&] { return net->forward<std::vector<at::Tensor>>(features); };
+  const std::vector<at::Tensor> before = outputs();
+  const size_t num_tensors = net->named_parameters().size() + net->named_buffers().size();
+  // A Sequential whose children change is rebuilt: the root returned is the one to run.
+  net = torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(
+      convert_sync_batchnorm(net.ptr(), comm::ProcessGroup::single_process())));
+  ASSERT_TRUE(net);
+  int64_t synced = 0;
+  for (const auto& module : net->modules()) {
+    EXPECT_EQ(module->as<torch::nn::BatchNorm1dImpl>(), nullptr) << "a BatchNorm1d is left";
+    synced += module->as<SyncBatchNormImpl>() != nullptr ? 1 : 0;
+  }
+  EXPECT_EQ(synced, 2); // the Sequential's and the projection's
+  EXPECT_EQ(net->named_parameters().size() + net->named_buffers().size(), num_tensors);
+  const std::vector<at::Tensor> after = outputs();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(at::allclose(after[i], before[i], 1e-6, 1e-6)) << "output " << i;
+  }
 }
 
 // A module that calls its BatchNorm2d through a typed member cannot have it swapped: the

@@ -102,9 +102,9 @@ Overrides simclr_job(int world_size) {
              "skip_last_layer_relu_bn: False}], [mlp, {dims: [64, 16]}]]"};
 }
 
-// VISSL's SwAV recipe, small: 2 x 32 + 2 x 16 crops, a swav_head with 2 prototype sets
-// (without BatchNorm1d: SyncBatchNorm replaces the trunk's BatchNorm2d only, so a head's
-// BatchNorm1d would see each rank's images alone, and 2 ranks would not equal 1).
+// VISSL's SwAV recipe, small: 2 x 32 + 2 x 16 crops, a swav_head with BatchNorm1d (converted
+// to SyncBatchNorm with the trunk's BatchNorm2d, so 2 ranks normalise like 1 process) and 2
+// prototype sets.
 Overrides swav_job(int world_size, int small_crop = 16) {
   return common_job(world_size) +
          Overrides{
@@ -118,7 +118,7 @@ Overrides swav_job(int world_size, int small_crop = 16) {
                  kNormalize + "]",
              "DATA.TRAIN.COLLATE_FUNCTION=multicrop_collator",
              "LOSS.name=swav_loss",
-             "MODEL.HEAD.PARAMS=[[swav_head, {dims: [512, 64, 16], use_bn: False, "
+             "MODEL.HEAD.PARAMS=[[swav_head, {dims: [512, 64, 16], use_bn: True, "
              "num_clusters: [10, 6]}]]"};
 }
 
@@ -279,7 +279,7 @@ TEST(TrainerSelfSupervisedTest, SeerRecipeUnderFsdpTrainsAsDdp) {
         Overrides{
             "MODEL.TRUNK.NAME=regnet",
             "MODEL.TRUNK.REGNET={name: regnet_y_400mf}",
-            "MODEL.HEAD.PARAMS=[[swav_head, {dims: [440, 64, 16], use_bn: False, "
+            "MODEL.HEAD.PARAMS=[[swav_head, {dims: [440, 64, 16], use_bn: True, "
             "num_clusters: [10, 6]}]]",
             "MODEL.AMP_PARAMS.USE_AMP=True",
             "MODEL.AMP_PARAMS.DTYPE=bfloat16",

@@ -8,6 +8,8 @@
 // prototypes<j>.
 #pragma once
 
+#include <largo/models/module_swap.h>
+
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
@@ -34,7 +36,7 @@ struct SwavHeadOptions {
   double batchnorm_momentum = 0.1; // MODEL.HEAD.BATCHNORM_MOMENTUM
 };
 
-class SwavHeadImpl : public torch::nn::Module {
+class SwavHeadImpl : public torch::nn::Module, public SwappableChildren {
  public:
   // Throws ConfigError naming the swav_head argument for fewer than 2 dims, a dim or a
   // cluster count <= 0, or an activation other than ReLU and GELU.
@@ -59,6 +61,10 @@ class SwavHeadImpl : public torch::nn::Module {
   const std::vector<torch::nn::Linear>& prototypes() const {
     return prototypes_;
   }
+
+  // The projection ("projection_head", a Sequential) may be swapped for a rebuilt one
+  // (its BatchNorm1d layers for SyncBatchNorm, parallel/sync_batch_norm.h).
+  void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
   SwavHeadOptions options_;

@@ -75,12 +75,13 @@ class SyncBatchNormImpl : public torch::nn::BatchNorm2dImpl {
 };
 TORCH_MODULE(SyncBatchNorm);
 
-// Replaces every torch::nn::BatchNorm2d in `module`'s tree by a SyncBatchNorm with the same
-// options, training mode, requires_grad flags and state (its tensors share the old ones'
-// storage). Swapping works where Largo's models call their norms (models/module_swap.h); a
-// BatchNorm2d held by a parent that cannot swap it is an error naming its path. Returns the
-// root (a SyncBatchNorm when `module` is itself a BatchNorm2d). Other norms (BatchNorm1d,
-// GroupNorm) are left as they are.
+// Replaces every torch::nn::BatchNorm2d and BatchNorm1d in `module`'s tree (as
+// torch.nn.SyncBatchNorm.convert_sync_batchnorm, which VISSL runs: a head's BatchNorm1d too)
+// by a SyncBatchNorm with the same options, training mode, requires_grad flags and state (its
+// tensors share the old ones' storage). Swapping works where Largo's models call their norms
+// (models/module_swap.h); a BatchNorm held by a parent that cannot swap it is an error naming
+// its path. Returns the root (a SyncBatchNorm when `module` is itself a BatchNorm). Other
+// norms (GroupNorm, LayerNorm) are left as they are.
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
     const std::shared_ptr<torch::nn::Module>& module,
     std::shared_ptr<comm::ProcessGroup> group,

@@ -90,6 +90,17 @@ std::vector<at::Tensor> SwavHeadImpl::forward(const at::Tensor& features) {
   return outputs;
 }
 
+void SwavHeadImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  if (name != "projection_head" || !replacement.sequential) {
+    throw Error(fmt::format(
+        "SwavHead can only swap its projection_head for a Sequential, not {} for a {}",
+        name,
+        replacement.module()->name()));
+  }
+  replace_module(name, replacement.sequential.ptr());
+  projection_head_ = replacement.sequential;
+}
+
 void SwavHeadImpl::normalize_prototypes() {
   for (auto& prototypes : prototypes_) {
     normalize_prototype_rows(prototypes->weight);

@@ -284,12 +284,10 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
     const std::shared_ptr<torch::nn::Module>& module,
     std::shared_ptr<comm::ProcessGroup> group,
     int64_t group_size) {
-  auto replace = [&](const std::string&, torch::nn::Module& candidate) -> torch::nn::AnyModule {
-    auto* batch_norm = dynamic_cast<torch::nn::BatchNorm2dImpl*>(&candidate);
-    if (batch_norm == nullptr || dynamic_cast<SyncBatchNormImpl*>(&candidate) != nullptr) {
-      return {};
-    }
-    auto sync = std::make_shared<SyncBatchNormImpl>(batch_norm->options, group, group_size);
+  // BatchNorm1d and BatchNorm2d share their options and tensors but not a class: one
+  // conversion for either.
+  auto convert = [&](auto& batch_norm) -> torch::nn::AnyModule {
+    auto sync = std::make_shared<SyncBatchNormImpl>(batch_norm.options, group, group_size);
     // Same storage as the old layer's tensors: the state is kept, not copied.
     auto adopt = [](at::Tensor& target, const at::Tensor& source) {
       if (target.defined() && source.defined()) {
@@ -299,13 +297,25 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
         }
       }
     };
-    adopt(sync->weight, batch_norm->weight);
-    adopt(sync->bias, batch_norm->bias);
-    adopt(sync->running_mean, batch_norm->running_mean);
-    adopt(sync->running_var, batch_norm->running_var);
-    adopt(sync->num_batches_tracked, batch_norm->num_batches_tracked);
-    sync->train(batch_norm->is_training());
+    adopt(sync->weight, batch_norm.weight);
+    adopt(sync->bias, batch_norm.bias);
+    adopt(sync->running_mean, batch_norm.running_mean);
+    adopt(sync->running_var, batch_norm.running_var);
+    adopt(sync->num_batches_tracked, batch_norm.num_batches_tracked);
+    sync->train(batch_norm.is_training());
     return torch::nn::AnyModule(sync);
+  };
+  auto replace = [&](const std::string&, torch::nn::Module& candidate) -> torch::nn::AnyModule {
+    if (dynamic_cast<SyncBatchNormImpl*>(&candidate) != nullptr) {
+      return {};
+    }
+    if (auto* batch_norm = dynamic_cast<torch::nn::BatchNorm2dImpl*>(&candidate)) {
+      return convert(*batch_norm);
+    }
+    if (auto* batch_norm = dynamic_cast<torch::nn::BatchNorm1dImpl*>(&candidate)) {
+      return convert(*batch_norm);
+    }
+    return {};
   };
   return models::swap_modules(module, replace);
 }
