@@ -32,6 +32,8 @@ namespace largo::parallel::parallel_cuda_test {
 namespace {
 
 using largo::testing::run_on_ranks;
+using testing::Block;
+using testing::BlockImpl;
 using testing::borrow;
 using testing::groups_of;
 using testing::sgd_momentum;
@@ -56,20 +58,6 @@ constexpr int64_t kClasses = 5;
 constexpr int64_t kGlobalBatch = 8;
 constexpr int kSteps = 4;
 
-// A residual block with a LayerNorm (parallelize_test.cpp's net, smaller).
-struct BlockImpl : torch::nn::Module {
-  BlockImpl()
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})))),
-        fc1(register_module("fc1", torch::nn::Linear(kWidth, 2 * kWidth))),
-        fc2(register_module("fc2", torch::nn::Linear(2 * kWidth, kWidth))) {}
-  at::Tensor forward(at::Tensor x) {
-    return x + fc2(torch::gelu(fc1(norm(x))));
-  }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Block);
-
 // The identity forward; backward passes the gradient on with an inf in its first element:
 // one rank's inf in one parameter's gradient. After the reduction ZeRO-2 and FSDP hold it in
 // the gradient shard of that element's owner only, so the other rank skips only if the ranks
@@ -90,7 +78,7 @@ struct PoisonGradient : torch::autograd::Function<PoisonGradient> {
 struct NetImpl : torch::nn::Module {
   NetImpl()
       : embed(register_module("embed", torch::nn::Linear(kInputs, kWidth))),
-        blocks(register_module("blocks", torch::nn::Sequential(Block(), Block()))),
+        blocks(register_module("blocks", torch::nn::Sequential(Block(kWidth), Block(kWidth)))),
         head(register_module("head", torch::nn::Linear(kWidth, kClasses))) {}
   at::Tensor forward(at::Tensor x) {
     x = blocks->forward(torch::relu(embed(x)));

@@ -16,6 +16,8 @@ namespace largo::parallel::parallelize_test {
 namespace {
 
 using largo::testing::run_on_ranks;
+using testing::Block;
+using testing::BlockImpl;
 using testing::borrow;
 using testing::groups_of;
 using testing::sgd_momentum;
@@ -26,28 +28,13 @@ constexpr int64_t kClasses = 5;
 constexpr int64_t kGlobalBatch = 8;
 constexpr int kSteps = 6;
 
-// A residual block with a LayerNorm, of the kind a user writes.
-struct BlockImpl : torch::nn::Module {
-  BlockImpl()
-      : norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kWidth})))),
-        fc1(register_module("fc1", torch::nn::Linear(kWidth, 2 * kWidth))),
-        fc2(register_module("fc2", torch::nn::Linear(2 * kWidth, kWidth))) {}
-  at::Tensor forward(at::Tensor x) {
-    // LayerNorm in float32: libtorch 1.13's CPU layer_norm takes no bfloat16 input with
-    // float32 weights, which bfloat16 autocast would hand it.
-    return x + fc2(torch::gelu(fc1(norm(x.to(at::kFloat)))));
-  }
-  torch::nn::LayerNorm norm;
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Block);
-
 // Its blocks in a Sequential (where FSDP units and checkpointed modules are chosen), the rest
 // called directly.
 struct NetImpl : torch::nn::Module {
   NetImpl()
       : embed(register_module("embed", torch::nn::Linear(kInputs, kWidth))),
-        blocks(register_module("blocks", torch::nn::Sequential(Block(), Block(), Block()))),
+        blocks(register_module(
+            "blocks", torch::nn::Sequential(Block(kWidth), Block(kWidth), Block(kWidth)))),
         head(register_module("head", torch::nn::Linear(kWidth, kClasses))) {}
   at::Tensor forward(at::Tensor x) {
     return head(blocks->forward(torch::relu(embed(x))));

@@ -116,7 +116,7 @@ TEST(DataConfig, BadValuesNameTheirKey) {
   expect_key_error(
       "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], LABEL_SOURCES: [disk_filelist]}}}",
       "DATA.TRAIN.LABEL_SOURCES");
-  expect_key_error("config: {DATA: {TRAIN: {LABEL_TYPE: sample_index}}}", "DATA.TRAIN.LABEL_TYPE");
+  expect_key_error("config: {DATA: {TRAIN: {LABEL_TYPE: zero}}}", "DATA.TRAIN.LABEL_TYPE");
   expect_key_error(
       "config: {DATA: {TRAIN: {MAX_IMAGE_PIXELS: -5}}}", "DATA.TRAIN.MAX_IMAGE_PIXELS");
   expect_key_error(

@@ -263,6 +263,19 @@ TEST(TrainerSelfSupervisedTest, SwavWithLarcUnderZeroTwoTrainsAsDdp) {
   });
 }
 
+// VISSL's self-supervised configs set LABEL_TYPE: sample_index; the losses ignore labels, so
+// the run is the standard-label run bit for bit. A classification loss refuses it.
+TEST(TrainerSelfSupervisedTest, SampleIndexLabelsTrainAsStandardOnes) {
+  run_on_ranks(1, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides job = swav_job(1) + kOneStep;
+    const RunResult standard = ssl_run(dir / "standard", job, group);
+    const RunResult indices =
+        ssl_run(dir / "indices", job + Overrides{"DATA.TRAIN.LABEL_TYPE=sample_index"}, group);
+    expect_same_training(indices, standard, 0.0, "LABEL_TYPE sample_index");
+  });
+}
+
 // VISSL's SEER recipe, small: a RegNetY trunk with SyncBatchNorm under FSDP (a unit per trunk
 // block), SwAV multi-crop (2 x 32 + 2 x 16: the trunk runs twice per step, its units gathered
 // for each pass and their gradients reduced once), bfloat16 autocast, LARC and activation
@@ -419,6 +432,13 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
   expect_refused(
       simclr_job(1) + one_view + Overrides{"LOSS.name=CrossEntropyLoss"},
       "which only a self-supervised loss trains");
+  expect_refused(
+      simclr_job(1) + one_view +
+          Overrides{
+              "LOSS.name=CrossEntropyLoss",
+              "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 2]}]]",
+              "DATA.TRAIN.LABEL_TYPE=sample_index"},
+      "a classification loss needs standard labels");
   expect_refused(
       simclr_job(1) + Overrides{"LOSS.simclr_info_nce_loss.buffer_params."
                                 "embedding_dim=128"},

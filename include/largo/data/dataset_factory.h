@@ -37,6 +37,9 @@ struct DataSourceOptions {
   std::string remove_path_prefix;
   std::string new_path_prefix;
   std::vector<TransformSpec> transforms; // TRANSFORMS
+  // LABEL_TYPE: "standard" (labels from the source) or "sample_index" (each sample's index:
+  // data/sample_index_labels.h).
+  std::string label_type = "standard";
   // synthetic (SYNTHETIC.*)
   int64_t synthetic_num_samples = 2048;
   std::vector<int64_t> synthetic_image_shape{3, 32, 32};

@@ -22,7 +22,7 @@ namespace largo::train {
 //                   (a catalog name) for the disk sources
 //   LABEL_SOURCES / LABEL_PATHS   disk_filelist: [disk_filelist] and one .npy of labels;
 //                   disk_folder: [] or [disk_folder] (labels are the class folders)
-//   LABEL_TYPE      standard (the only kind Largo trains with)
+//   LABEL_TYPE      standard, or sample_index (labels = indices; self-supervised runs only)
 //   REMOVE_IMG_PATH_PREFIX / NEW_IMG_PATH_PREFIX   disk_filelist path rewriting
 //   TRANSFORMS      see transforms_from; in DATA.TEST one image per sample (multi-view
 //                   transforms are refused: evaluation reads one image each)

@@ -10,6 +10,7 @@
 #include "largo/data/idx_dataset.h"
 #include "largo/data/image_list.h"
 #include "largo/data/multi_view_pipeline.h"
+#include "largo/data/sample_index_labels.h"
 #include "largo/data/sample_pipeline.h"
 #include "largo/data/synthetic_dataset.h"
 
@@ -188,7 +189,9 @@ DatasetShape peek_dataset_shape(const DataSourceOptions& options) {
   return image_files_shape(options);
 }
 
-OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64_t seed) {
+namespace {
+
+OpenedDataset open_source(const DataSourceOptions& options, Split split, uint64_t seed) {
   if (options.source == "synthetic" || options.source == "torchvision_dataset") {
     refuse_views_without_image_files(options); // before a file is read
   }
@@ -223,6 +226,19 @@ OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64
       "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder or "
       "disk_filelist",
       options.source));
+}
+
+} // namespace
+
+OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64_t seed) {
+  OpenedDataset opened = open_source(options, split, seed);
+  if (options.label_type == "sample_index") {
+    opened.dataset = std::make_shared<SampleIndexLabels>(opened.dataset);
+  } else if (options.label_type != "standard") {
+    throw ConfigError(
+        fmt::format("label type '{}'; expected standard or sample_index", options.label_type));
+  }
+  return opened;
 }
 
 } // namespace largo::data

@@ -68,12 +68,13 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
       kind == "disk_filelist" ? "one .npy file of image paths"
       : kind == "disk_folder" ? "one folder holding a subfolder per class"
                               : "one directory holding the dataset's files");
-  const std::string label_type = config.get_string(prefix + ".LABEL_TYPE");
+  source.label_type = config.get_string(prefix + ".LABEL_TYPE");
   require(
-      label_type == "standard",
+      source.label_type == "standard" || source.label_type == "sample_index",
       prefix + ".LABEL_TYPE",
-      label_type,
-      "standard (labels from LABEL_SOURCES; sample_index/zero labels are not supported)");
+      source.label_type,
+      "standard (labels from LABEL_SOURCES) or sample_index (each image's index, for a "
+      "self-supervised loss; VISSL's zero labels are not supported)");
   const std::vector<std::string> label_sources = config.get_string_list(prefix + ".LABEL_SOURCES");
   if (kind == "disk_filelist") {
     require(

@@ -411,6 +411,22 @@ void check_views_match_loss(const RunPlan& plan) {
   }
 }
 
+// LABEL_TYPE sample_index makes every label an image's index: only a loss that ignores the
+// labels can train on it, and no split it labels can be evaluated.
+void check_label_types(const TrainerOptions& o) {
+  if (o.train.source.label_type == "sample_index" && !o.self_supervised.enabled()) {
+    throw ConfigError(std::string(
+        "DATA.TRAIN.LABEL_TYPE = sample_index gives each image its index as label, which only a "
+        "self-supervised loss (LOSS.name swav_loss or simclr_info_nce_loss) can train with; a "
+        "classification loss needs standard labels"));
+  }
+  if (o.reads_test_split() && o.test.source.label_type == "sample_index") {
+    throw ConfigError(
+        "DATA.TEST.LABEL_TYPE = sample_index: the test split is scored against its labels, "
+        "which would be image indices; use standard");
+  }
+}
+
 // What a self-supervised run composes with; each refusal says what to change.
 void check_self_supervised(const RunPlan& plan) {
   const TrainerOptions& o = plan.options;
@@ -589,6 +605,7 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
     plan.test_shape = shape_of(o.test, "DATA.TEST");
   }
   plan.model = o.model;
+  check_label_types(plan.options);
   check_self_supervised(plan);
   fill_model_from_data(plan);
   check_checkpointing_splits(plan);
