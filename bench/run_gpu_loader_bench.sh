@@ -26,13 +26,17 @@ if [ ! -f "$work/jpeg/.complete_$images" ]; then
   rm -rf "$work/jpeg" "$work/unique"
   began=$(date +%s)
   "$python" "$here/make_image_folder.py" "$work/unique" "$unique" --classes 10
-  mkdir -p "$work/jpeg"
-  for class_dir in "$work/unique"/class*; do mkdir -p "$work/jpeg/$(basename "$class_dir")"; done
-  mapfile -t originals < <(cd "$work/unique" && find . -iname '*.jpeg' -o -iname '*.jpg' | sort)
-  for (( i = 0; i < images; ++i )); do
-    original=${originals[i % ${#originals[@]}]}
-    ln "$work/unique/$original" "$work/jpeg/$(dirname "$original")/copy${i}.JPEG"
-  done
+  "$python" - "$work/unique" "$work/jpeg" "$images" <<'PY'
+import os, sys
+
+unique, out, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+originals = sorted(os.path.join(d, f) for d in os.listdir(unique)
+                   for f in os.listdir(os.path.join(unique, d)) if f.lower().endswith((".jpg", ".jpeg")))
+for i in range(count):
+    original = originals[i % len(originals)]
+    os.makedirs(os.path.join(out, os.path.dirname(original)), exist_ok=True)
+    os.link(os.path.join(unique, original), os.path.join(out, os.path.dirname(original), f"copy{i}.JPEG"))
+PY
   touch "$work/jpeg/.complete_$images"
   echo "run_gpu_loader_bench: $images JPEGs ($unique distinct) written in $(( $(date +%s) - began )) s" >&2
 fi
