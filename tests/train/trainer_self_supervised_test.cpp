@@ -244,9 +244,9 @@ TEST(TrainerSelfSupervisedTest, CudaSimclrAndSwavWithQueueTrainAsOnTheCpu) {
 
 // SwAV with LARC and SyncBatchNorm under ZeRO-2 (optimizer state and gradients sharded)
 // trains as under DDP, one ResNet step at 2 ranks, the prototypes normalised in the sharded
-// parameters alike. In float32: with bfloat16 autocast (O1) this ResNet-18 recipe's first
-// gradient is often inf/NaN in any mode, one process included (a known bug,
-// docs/self_supervised.md).
+// parameters alike. In float32: with bfloat16 autocast (O1) on the CPU, libtorch's backward
+// of layer4's first convolution on the 16-pixel crops' 1x1 map often returns NaN slices, in
+// any mode (PyTorch alone too; docs/self_supervised.md).
 TEST(TrainerSelfSupervisedTest, SwavWithLarcUnderZeroTwoTrainsAsDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     const fs::path dir = fresh(test_dir_for("ssl"), group);
