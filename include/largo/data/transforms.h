@@ -31,8 +31,13 @@ class Transform {
   virtual bool elementwise() const;
 };
 
+// uint8 [0, 255] -> float32 x / 255 on the batch's device, by true division on every device:
+// torchvision's ToTensor divides (multiplying by 1/255 differs in the last bit), and CUDA's
+// division by a host scalar multiplies by its reciprocal, so the divisor is a tensor there.
+at::Tensor to_unit_float(const at::Tensor& images);
+
 // uint8 [0, 255] -> float32 [0, 1] (torchvision's ToTensor, minus the HWC -> CHW move:
-// datasets already store CHW). Floating-point batches pass through unchanged.
+// datasets already store CHW): to_unit_float. Floating-point batches pass through unchanged.
 class ToFloat : public Transform {
  public:
   at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;

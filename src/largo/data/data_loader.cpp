@@ -301,13 +301,13 @@ at::Tensor DataLoader::finish_on_host(const at::Tensor& images) const {
         at::arange(256, at::kByte).view({1, 1, 1, 256}).expand({1, channels, 1, 256}).contiguous();
     at::Tensor table = elementwise_transforms_.apply(probe, unused);
     if (!table.is_floating_point()) {
-      table = table.to(at::kFloat).div_(255.0); // as ToTensor
+      table = to_unit_float(table); // as ToTensor
     }
     return lookup(images, table.to(at::kFloat).contiguous());
   }
   at::Tensor result = elementwise_transforms_.apply(images, unused);
   if (!result.is_floating_point()) {
-    result = result.to(at::kFloat).div_(255.0); // as ToTensor
+    result = to_unit_float(result); // as ToTensor
   } else if (result.scalar_type() != at::kFloat) {
     result = result.to(at::kFloat);
   }
@@ -324,7 +324,7 @@ Batch DataLoader::finish_on_device(Batch batch) const {
     at::Tensor images = host.to(options_.device, /*non_blocking=*/non_blocking);
     images = elementwise_transforms_.apply(images, unused);
     if (!images.is_floating_point()) {
-      images = images.to(at::kFloat).div_(255.0);
+      images = to_unit_float(images); // as ToTensor
     } else if (images.scalar_type() != at::kFloat) {
       images = images.to(at::kFloat);
     }

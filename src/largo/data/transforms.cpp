@@ -37,13 +37,17 @@ bool Transform::elementwise() const {
 
 // ---- ToFloat ---------------------------------------------------------------------------
 
+at::Tensor to_unit_float(const at::Tensor& images) {
+  at::Tensor values = images.to(at::kFloat);
+  return values.div_(at::scalar_tensor(255.0, values.options()));
+}
+
 at::Tensor ToFloat::apply(const at::Tensor& batch, at::Generator& /*gen*/) const {
   check_batch(batch, name());
   if (batch.is_floating_point()) {
     return batch;
   }
-  // Multiplying by 1/255 would differ from torchvision's division in the last bit.
-  return batch.to(at::kFloat).div_(255.0);
+  return to_unit_float(batch);
 }
 
 std::string ToFloat::name() const {
