@@ -68,7 +68,7 @@ BenchOptions parse(int argc, char** argv) {
   BenchOptions options;
   if (argc < 2) {
     throw std::invalid_argument(
-        "usage: precision_bench small_cnn|resnet18|resnet50 [--precision fp32|tf32|o1_bf16|"
+        "usage: precision_bench small_cnn|resnet18|resnet50|vit_b16 [--precision fp32|tf32|o1_bf16|"
         "o2_bf16|o1_fp16|o2_fp16] [--device cpu|cuda] [--batch N] [--threads T] [--warmup W] "
         "[--steps S] [--memory] [--channels-last]");
   }

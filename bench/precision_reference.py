@@ -18,7 +18,8 @@ from the tensors.
 
 --channels-last puts the model's 4-d weights and the images in channels-last memory format;
 --compile runs the model through torch.compile (default mode; its compilation happens in the
-warm-up steps, which must be at least 2, and is reported as compile_seconds).
+warm-up steps, which must be at least 2; the warm-up's seconds are reported as
+warmup_seconds).
 On CUDA the result also holds the allocator's peak over the timed steps and the training
 FLOPs per image counted by torch.utils.flop_counter (forward + backward of one step).
 

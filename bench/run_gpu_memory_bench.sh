@@ -4,8 +4,8 @@
 # two processes sharing the GPU over Gloo with CUDA tensors (LOCAL_RANK modulo the GPUs picks
 # the device), in DDP, ZeRO-1, ZeRO-2 and FSDP. After its first step the trainer logs, per
 # rank, the model state it holds (parameters, gradients, optimizer state, summed from the
-# tensors) beside parallel::estimate_memory's figure, and each LOG_FREQUENCY window's CUDA
-# allocator peak; `largo estimate` prints the estimate for the same config.
+# tensors, not the CUDA allocator's view) beside parallel::estimate_memory's figure;
+# `largo estimate` prints the estimate for the same config.
 #
 # Usage: bench/run_gpu_memory_bench.sh BUILD_DIR WORK_DIR
 #   LARGO_MEMORY_BENCH_DEVICE=cpu tries the script without a GPU (an MLP trunk instead).
@@ -56,5 +56,5 @@ for stage in ddp zero1 zero2 fsdp; do
   rm -rf "$work/run_$stage"
   "$build/largo" train "$work/memory.yaml" "${overrides[@]}" "config.CHECKPOINT.DIR=$work/run_$stage" \
     > "$work/train_$stage.log" 2>&1 || { tail -30 "$work/train_$stage.log"; exit 1; }
-  grep -E "model state on rank|peak|train epoch" "$work/train_$stage.log" | sed 's/^.* info //' || true
+  grep -E "model state on rank|train epoch" "$work/train_$stage.log" | sed 's/^.* info //' || true
 done
