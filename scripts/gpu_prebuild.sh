@@ -26,7 +26,9 @@ fi
 mapfile -t layers < <(bash scripts/gpu_check.sh --list-layers)
 targets=(largo precision_bench)
 for layer in "${layers[@]}"; do targets+=("largo_${layer}_tests"); done
-LARGO_BUILD_TARGETS="${targets[*]}" bash scripts/build.sh -DLARGO_WITH_NCCL=ON > /dev/null
+# The targets need LARGO_BUILD_TESTS and LARGO_BUILD_BENCH, which another configure of this
+# folder (the default job's) may have turned off.
+LARGO_BUILD_TARGETS="${targets[*]}" bash scripts/build.sh -DLARGO_WITH_NCCL=ON -DLARGO_BUILD_BENCH=ON -DLARGO_BUILD_TESTS=ON > /dev/null
 build=${LARGO_BUILD_DIR:-build}
 
 rm -rf "$out"

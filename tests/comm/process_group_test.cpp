@@ -4,6 +4,7 @@
 #include <largo/comm/process_group.h>
 #include <largo/core/error.h>
 
+#include "../../src/largo/comm/failure_advice.h"
 #include "comm/distributed_test_util.h"
 
 #include <arpa/inet.h>
@@ -277,6 +278,21 @@ TEST(ProcessGroupFailureTest, WorldSizeMismatchIsNamed) {
         EXPECT_NE(message.find("world size mismatch"), std::string::npos) << message;
       },
       options);
+}
+
+// NCCL's "invalid usage" (seen on an H200 with two ranks on one GPU) is a refusal, not a lost
+// peer; c10d's wording of it, as it came back there.
+TEST(ProcessGroupFailureTest, NcclRefusalIsNotBlamedOnADeadPeer) {
+  const std::string refused =
+      "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run "
+      "with NCCL_DEBUG=WARN for details), NCCL version 2.28.9";
+  const std::string advice = detail::launch_failure_advice(refused);
+  EXPECT_NE(advice.find("NCCL refused the call"), std::string::npos) << advice;
+  EXPECT_NE(advice.find("one GPU per rank"), std::string::npos) << advice;
+  EXPECT_EQ(advice.find("probably died"), std::string::npos) << advice;
+  const std::string lost = "Connection reset by peer";
+  EXPECT_NE(
+      detail::launch_failure_advice(lost).find("probably died or stalled"), std::string::npos);
 }
 
 TEST(ProcessGroupFailureTest, RejectsUnknownBackend) {

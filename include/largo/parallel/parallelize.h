@@ -154,6 +154,12 @@ struct ModelStateReport {
   ModelStateBytes measured;
   std::optional<ModelStateBytes> estimated; // when an optimizer spec was given
   int64_t peak_gathered_bytes = 0;          // FSDP: the most full units held at once
+  // On a GPU: the bytes the CUDA caching allocator has given to tensors on the model's
+  // device right now (torch.cuda.memory_allocated()): the model state as the allocator sees
+  // it, with whatever else is live (communication buckets, the batch in hand); its peak
+  // since the process began also holds a step's activations. nullopt on the CPU.
+  std::optional<int64_t> allocator_bytes;
+  std::optional<int64_t> allocator_peak_bytes;
   std::string describe(int rank) const;
 };
 

@@ -1,5 +1,6 @@
 #include <largo/comm/process_group.h>
 
+#include "failure_advice.h"
 #include "progress_beacon.h"
 #include <largo/comm/world_info.h>
 
@@ -400,18 +401,17 @@ const std::string& ProcessGroup::backend() const {
 }
 
 // Starts a collective, turning c10d's synchronous errors (a dead peer is often noticed at
-// launch) into CommError with the same wording as Work::wait's.
+// launch; NCCL refuses what it cannot do) into CommError with the same wording as
+// Work::wait's.
 Work ProcessGroup::launch(const std::string& what, const std::function<Work()>& start) {
   try {
     return start();
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw CommError(fmt::format(
-        "{} failed: {}. A peer process has probably died or stalled; check the other ranks' "
-        "logs",
-        what,
-        c10d_reason(e)));
+    const std::string reason = c10d_reason(e);
+    throw CommError(
+        fmt::format("{} failed: {}. {}", what, reason, detail::launch_failure_advice(reason)));
   }
 }
 

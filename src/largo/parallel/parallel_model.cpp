@@ -58,6 +58,12 @@ std::string ModelStateReport::describe(int rank) const {
                         "of the model state)",
                         format_bytes(peak_gathered_bytes));
   }
+  if (allocator_bytes) {
+    text += fmt::format(
+        "; CUDA allocator: {} allocated now, {} at the peak so far",
+        format_bytes(*allocator_bytes),
+        format_bytes(allocator_peak_bytes.value_or(0)));
+  }
   return text;
 }
 
@@ -176,6 +182,14 @@ ModelStateReport ParallelModel::memory_report(const optim::OptimizerSpec* spec) 
   ModelStateReport report;
   report.zero_stage = zero_stage(options_.data_parallelism);
   measure(report, spec);
+  // The optimizer's tensors are on the model's device in every mode (FSDP's too: its shards).
+  const at::Device device =
+      trained_parameters_.empty() ? at::Device(at::kCPU) : trained_parameters_.front().device();
+  if (device.is_cuda() && MemoryTracker::supported(device)) {
+    const MemoryTracker allocator(device);
+    report.allocator_bytes = allocator.current_bytes();
+    report.allocator_peak_bytes = allocator.peak_bytes();
+  }
   return report;
 }
 
