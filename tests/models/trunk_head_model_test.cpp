@@ -2,6 +2,7 @@
 // checkpointing and pipeline stages rely on), for every model in the zoo; block access;
 // parameter naming; count_parameters.
 #include <largo/models/model_factory.h>
+#include <largo/models/module_swap.h>
 
 #include <largo/core/error.h>
 
@@ -125,6 +126,38 @@ TEST(TrunkHeadModel, BadRangesAndBlockIndicesThrow) {
   EXPECT_THROW(model->trunk_block(2), largo::Error);
   EXPECT_THROW(model->trunk_block(-1), largo::Error);
   EXPECT_NE(model->trunk_block(1)->as<MlpBlockImpl>(), nullptr);
+}
+
+// swap_child (module_swap.h's swap_sequential_member): a Sequential takes the head's place
+// and is the one forward runs; another child name, or a module that is not a Sequential, is
+// an error naming what the model can swap.
+TEST(TrunkHeadModel, SwapsItsHeadForASequentialOnly) {
+  ModelOptions options;
+  options.trunk_name = "mlp";
+  options.in_channels = 1;
+  options.image_size = 4;
+  TrunkHeadModel model = build_model(options);
+  at::Tensor x = torch::randn({2, 1, 4, 4});
+  torch::nn::Sequential doubled(torch::nn::Functional([](at::Tensor t) { return t * 2; }));
+  model->swap_child("head", SwappedModule{{}, doubled});
+  EXPECT_TRUE(torch::equal(model->forward(x), model->forward_trunk(x) * 2));
+  auto message = [&](const std::string& name, const SwappedModule& replacement) {
+    try {
+      model->swap_child(name, replacement);
+    } catch (const largo::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  const std::string wrong_name = message("neck", SwappedModule{{}, doubled});
+  EXPECT_NE(
+      wrong_name.find("can only swap its trunk or head for a Sequential, not neck"),
+      std::string::npos)
+      << wrong_name;
+  const std::string not_sequential =
+      message("head", SwappedModule{torch::nn::AnyModule(torch::nn::Identity()), nullptr});
+  EXPECT_NE(not_sequential.find("not head for a torch::nn::Identity"), std::string::npos)
+      << not_sequential;
 }
 
 TEST(CountParameters, CountsSharedParametersOnce) {

@@ -19,8 +19,11 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace largo::models {
 
@@ -43,6 +46,17 @@ class SwappableChildren {
   // cannot swap, or a replacement of the wrong kind (a Sequential for an AnyModule member).
   virtual void swap_child(const std::string& name, const SwappedModule& replacement) = 0;
 };
+
+// The common swap_child of a module whose swappable children are Sequential members: replaces
+// the registered child `name` of `parent` and re-points the matching member of `members`
+// (child name -> the member that forward calls). Throws largo::Error naming the parent's
+// type, `name` and the replacement's type for a child not in `members` or a replacement that
+// is not a Sequential.
+void swap_sequential_member(
+    torch::nn::Module& parent,
+    const std::string& name,
+    const SwappedModule& replacement,
+    std::initializer_list<std::pair<std::string_view, torch::nn::Sequential*>> members);
 
 // Returns the replacement for the module at `path` ("trunk.3.bn1"), or an empty AnyModule
 // to keep it (and look inside it).

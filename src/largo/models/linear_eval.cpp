@@ -361,11 +361,7 @@ split_outputs(const at::Tensor& concatenated, const std::vector<int64_t>& widths
 }
 
 void LinearEvalModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
-  if ((name != "trunk" && name != "head") || !replacement.sequential) {
-    throw Error(fmt::format("LinearEvalModel cannot swap its child {}", name));
-  }
-  replace_module(name, replacement.sequential.ptr());
-  (name == "trunk" ? trunk_ : head_) = replacement.sequential;
+  swap_sequential_member(*this, name, replacement, {{"trunk", &trunk_}, {"head", &head_}});
 }
 
 } // namespace largo::models

@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/nn/modules/container/sequential.h>
 
 #include <optional>
@@ -77,6 +78,28 @@ std::optional<SwappedModule> visit(
 }
 
 } // namespace
+
+void swap_sequential_member(
+    torch::nn::Module& parent,
+    const std::string& name,
+    const SwappedModule& replacement,
+    std::initializer_list<std::pair<std::string_view, torch::nn::Sequential*>> members) {
+  std::vector<std::string_view> names;
+  for (const auto& [member_name, member] : members) {
+    if (member_name == name && replacement.sequential) {
+      parent.replace_module(name, replacement.sequential.ptr());
+      *member = replacement.sequential;
+      return;
+    }
+    names.push_back(member_name);
+  }
+  throw Error(fmt::format(
+      "{} can only swap its {} for a Sequential, not {} for a {}",
+      type_name(parent),
+      fmt::join(names, " or "),
+      name,
+      type_name(*replacement.module())));
+}
 
 std::shared_ptr<torch::nn::Module>
 swap_modules(const std::shared_ptr<torch::nn::Module>& root, const ModuleReplacer& replace) {

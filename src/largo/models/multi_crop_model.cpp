@@ -103,14 +103,7 @@ at::Tensor MultiCropModelImpl::forward_head(const at::Tensor& features) {
 }
 
 void MultiCropModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
-  if ((name != "trunk" && name != "head") || !replacement.sequential) {
-    throw Error(fmt::format(
-        "MultiCropModel can only swap its trunk or head for a Sequential, not {} for a {}",
-        name,
-        replacement.module()->name()));
-  }
-  replace_module(name, replacement.sequential.ptr());
-  (name == "trunk" ? trunk_ : head_) = replacement.sequential;
+  swap_sequential_member(*this, name, replacement, {{"trunk", &trunk_}, {"head", &head_}});
 }
 
 } // namespace largo::models

@@ -91,14 +91,7 @@ std::vector<at::Tensor> SwavHeadImpl::forward(const at::Tensor& features) {
 }
 
 void SwavHeadImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
-  if (name != "projection_head" || !replacement.sequential) {
-    throw Error(fmt::format(
-        "SwavHead can only swap its projection_head for a Sequential, not {} for a {}",
-        name,
-        replacement.module()->name()));
-  }
-  replace_module(name, replacement.sequential.ptr());
-  projection_head_ = replacement.sequential;
+  swap_sequential_member(*this, name, replacement, {{"projection_head", &projection_head_}});
 }
 
 void SwavHeadImpl::normalize_prototypes() {

@@ -14,13 +14,7 @@ TrunkHeadModelImpl::TrunkHeadModelImpl(Trunk trunk, torch::nn::Sequential head)
       trunk_output_dim_(trunk.output_dim) {}
 
 void TrunkHeadModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
-  if ((name != "trunk" && name != "head") || !replacement.sequential) {
-    throw Error(fmt::format(
-        "TrunkHeadModel can only swap its trunk or head for a Sequential, not {} for a {}", name,
-        replacement.module()->name()));
-  }
-  replace_module(name, replacement.sequential.ptr());
-  (name == "trunk" ? trunk_ : head_) = replacement.sequential;
+  swap_sequential_member(*this, name, replacement, {{"trunk", &trunk_}, {"head", &head_}});
 }
 
 at::Tensor TrunkHeadModelImpl::forward(at::Tensor x) {
