@@ -1,5 +1,7 @@
 #include <largo/parallel/distributed_data_parallel.h>
 
+#include "bucket_launch_order.h"
+
 #include <largo/core/error.h>
 #include <largo/parallel/grad_ready_hooks.h>
 
@@ -196,10 +198,8 @@ void DistributedDataParallel::Reducer::on_grad_ready(size_t index) {
 }
 
 void DistributedDataParallel::Reducer::launch_ready_buckets() {
-  while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
-    launch(buckets[next_bucket]);
-    ++next_bucket;
-  }
+  detail::launch_ready_buckets_in_order(
+      buckets, next_bucket, [this](Bucket& bucket) { launch(bucket); });
 }
 
 void DistributedDataParallel::Reducer::launch(Bucket& bucket) {
