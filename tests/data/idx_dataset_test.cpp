@@ -222,7 +222,8 @@ TEST(IdxDataset, LabelOutOfRangeIsRejected) {
 }
 
 // The model is planned for MNIST's 28x28 before the files are read: a test split of 27x28
-// images is refused when opened, naming the file (not a shape error in the first layer).
+// images is refused when opened, naming the split, the file and both sizes (not a shape error
+// in the first layer).
 TEST(IdxDataset, ImagesOfAnotherSizeThanMnistsAreRefusedNamingTheFile) {
   TempDir dir;
   write_raw(dir.path() / "t10k-images-idx3-ubyte", image_file_bytes(2, 27, 28));
@@ -234,7 +235,9 @@ TEST(IdxDataset, ImagesOfAnotherSizeThanMnistsAreRefusedNamingTheFile) {
   const std::string message =
       data_error_message([&] { open_dataset(options, Split::kTest, /*seed=*/0); });
   EXPECT_NE(
-      message.find((dir.path() / "t10k-images-idx3-ubyte").string() + " holds 27x28 images"),
+      message.find(
+          "DATA.TEST (the test split): " + (dir.path() / "t10k-images-idx3-ubyte").string() +
+          " holds 27x28 images"),
       std::string::npos)
       << message;
   EXPECT_NE(message.find("FashionMNIST images are 28x28"), std::string::npos) << message;

@@ -344,5 +344,57 @@ TEST(FeatureExtractionTest, WhatCannotBeExtractedIsAClearError) {
   EXPECT_FALSE(fs::exists(dir / "empty"));
 }
 
+// A model extracted on a test split alone (TEST_ONLY): sized from DATA.TEST, DATA.TRAIN
+// neither read nor checked (here a folder that does not exist), and a head given by
+// MODEL.HEAD.PARAMS keeps its width (12 outputs for a 3-class test split, as a torchvision
+// 1000-class model on a 2-class folder); a test split with more classes than the head is
+// refused. Without TEST_ONLY both splits are extracted, and a training split of another size
+// is refused with the way out: TEST_ONLY=True.
+TEST(FeatureExtractionTest, TheTestSplitAloneSizesTheModelAndKeepsTheHeadsWidth) {
+  const fs::path dir = test_dir_for("feature_extraction");
+  fs::remove_all(dir);
+  const Overrides mlp{
+      "MODEL.TRUNK.NAME=mlp",
+      "MODEL.TRUNK.MLP.HIDDEN_DIMS=[16]",
+      R"(MODEL.HEAD.PARAMS=[["mlp", {"dims": [16, 12]}]])",
+      "OPTIMIZER.num_epochs=1"};
+  train_run(dir / "pretrain", mlp, comm::ProcessGroup::single_process());
+  const Overrides test_split_alone =
+      mlp + Overrides{
+                "MODEL.WEIGHTS_INIT.PARAMS_FILE=" + checkpoint_of(dir / "pretrain").string(),
+                "DATA.TRAIN.DATA_SOURCES=[disk_folder]",
+                "DATA.TRAIN.DATA_PATHS=[" + (dir / "no_such_folder").string() + "]",
+                "DATA.TEST.SYNTHETIC.NUM_CLASSES=3"};
+
+  const Config config =
+      synthetic_job_config(dir / "out", test_split_alone + Overrides{"TEST_ONLY=True"});
+  const RunPlan plan = resolve_extraction(config);
+  EXPECT_TRUE(plan.train_shape.sample_shape.empty()) << "DATA.TRAIN is not read";
+  EXPECT_EQ(plan.model.num_classes, 12) << "the head's own width, not the test split's 3";
+  const ExtractionResult result = extract_features(plan, comm::ProcessGroup::single_process());
+  ASSERT_EQ(result.written.size(), 1u);
+  EXPECT_EQ(result.written[0].split, "test");
+  EXPECT_EQ(result.written[0].features_shape, (std::vector<int64_t>{32, 12}));
+
+  expect_error<ConfigError>(
+      synthetic_job_config(
+          dir / "out",
+          mlp +
+              Overrides{
+                  "TEST_ONLY=True",
+                  "MODEL.WEIGHTS_INIT.PARAMS_FILE=" + checkpoint_of(dir / "pretrain").string(),
+                  "DATA.TEST.SYNTHETIC.NUM_CLASSES=13"}),
+      "DATA.TEST has 13 classes but the model's head has 12 outputs");
+  expect_error<ConfigError>(
+      synthetic_job_config(
+          dir / "out",
+          mlp +
+              Overrides{
+                  "MODEL.WEIGHTS_INIT.PARAMS_FILE=" + checkpoint_of(dir / "pretrain").string(),
+                  "DATA.TRAIN.SYNTHETIC.IMAGE_SHAPE=[1,20,20]"}),
+      "or set TEST_ONLY=True to read DATA.TEST alone and size the model from it");
+  fs::remove_all(dir);
+}
+
 } // namespace
 } // namespace largo::train::feature_extraction_test

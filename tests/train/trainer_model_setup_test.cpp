@@ -12,8 +12,12 @@
 #include "train/trainer_test_util.h"
 
 #include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <functional>
+#include <sstream>
 
 namespace largo::train::trainer_model_setup_test {
 namespace {
@@ -129,6 +133,78 @@ TEST(TrainerModelSetupTest, LossTemperatureReachesTheTrainingStep) {
   };
   EXPECT_NEAR(first_loss("1.0e6"), log_classes, 1e-4);
   EXPECT_GT(std::abs(first_loss("1.0") - log_classes), 1e-3);
+}
+
+// What spdlog's default logger prints while `body` runs.
+std::string log_during(const std::function<void()>& body) {
+  std::ostringstream captured;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured);
+  auto logger = spdlog::default_logger();
+  logger->sinks().push_back(sink);
+  try {
+    body();
+  } catch (...) {
+    logger->sinks().pop_back();
+    throw;
+  }
+  logger->sinks().pop_back();
+  return captured.str();
+}
+
+// A user confirms from the start-up log what runs: the optimizer with its settings, whether
+// LARC wraps it and whether BatchNorm became SyncBatchNorm.
+TEST(TrainerModelSetupTest, TheStartUpLogNamesTheOptimizerLarcAndSyncBatchNorm) {
+  const fs::path dir = test_dir("start_up_log");
+  fs::remove_all(dir);
+  const std::string sgd_with_larc = log_during([&] {
+    Trainer trainer(trainer_options_from_config(one_step_job(
+        dir,
+        {"OPTIMIZER.name=sgd",
+         "OPTIMIZER.momentum=0.9",
+         "OPTIMIZER.use_larc=True",
+         "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True",
+         "MODEL.SYNC_BN_CONFIG.GROUP_SIZE=0"})));
+  });
+  EXPECT_NE(
+      sgd_with_larc.find("optimizer: SGD (momentum 0.9, dampening 0, nesterov false); LARC on"),
+      std::string::npos)
+      << sgd_with_larc;
+  EXPECT_NE(
+      sgd_with_larc.find("; SyncBatchNorm on, statistics over groups of 1 rank(s)"),
+      std::string::npos)
+      << sgd_with_larc;
+  fs::remove_all(dir);
+  const std::string adamw = log_during([&] {
+    Trainer trainer(trainer_options_from_config(one_step_job(dir, {"OPTIMIZER.name=adamw"})));
+  });
+  EXPECT_NE(adamw.find("optimizer: AdamW (betas "), std::string::npos) << adamw;
+  EXPECT_NE(adamw.find("; LARC off; SyncBatchNorm off"), std::string::npos) << adamw;
+  fs::remove_all(dir);
+}
+
+// `largo train` resuming a run with another optimizer than its checkpoint's: the error names
+// the checkpoint file, both optimizers and the two ways on.
+TEST(TrainerModelSetupTest, ResumingWithAnotherOptimizerNamesTheCheckpointFile) {
+  const fs::path dir = test_dir("another_optimizer");
+  fs::remove_all(dir);
+  Trainer(trainer_options_from_config(one_step_job(dir, {"OPTIMIZER.name=sgd"}))).run();
+  try {
+    Trainer(trainer_options_from_config(
+                one_step_job(dir, {"OPTIMIZER.name=adamw", "OPTIMIZER.num_epochs=2"})))
+        .run();
+    ADD_FAILURE() << "a resume with another optimizer was accepted";
+  } catch (const CheckpointError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(
+        message.find(
+            (dir / "model_final_checkpoint_phase0.torch").string() + ": its optimizer state"),
+        std::string::npos)
+        << message;
+    EXPECT_NE(message.find("'sgd' optimizer but this optimizer is 'adamw'"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("MODEL.WEIGHTS_INIT.PARAMS_FILE"), std::string::npos) << message;
+  }
+  fs::remove_all(dir);
 }
 
 } // namespace

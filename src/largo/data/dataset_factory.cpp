@@ -110,9 +110,11 @@ void check_mnist_image_size(
     return;
   }
   throw DataError(fmt::format(
-      "{} holds {}x{} images, but {} images are {}x{} (what the model is sized for); use the "
-      "dataset's own files, or store the images as an image folder (DATA_SOURCES: "
-      "[disk_folder])",
+      "DATA.{} (the {} split): {} holds {}x{} images, but {} images are {}x{} (what the model "
+      "is sized for); use the dataset's own files, or store the images as an image folder "
+      "(DATA_SOURCES: [disk_folder]) with TRANSFORMS that crop both splits to one size",
+      split == Split::kTrain ? "TRAIN" : "TEST",
+      to_string(split),
       IdxDataset::images_file(options.path, split).string(),
       shape[1],
       shape[2],

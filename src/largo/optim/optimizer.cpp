@@ -239,9 +239,12 @@ void Optimizer::load_state_dict(const c10::IValue& state_dict) {
   const IValue saved_type = require_key(root, "type", "the top level");
   if (!saved_type.isString() || saved_type.toStringRef() != type()) {
     throw CheckpointError(fmt::format(
-        "the checkpoint holds the state of a '{}' optimizer but this optimizer is '{}'; set "
-        "OPTIMIZER.name to match the checkpoint or start without its optimizer state",
+        "the checkpoint holds the state of a '{}' optimizer but this optimizer is '{}'; to "
+        "resume it, set OPTIMIZER.name to the checkpoint's optimizer; to train on with '{}' "
+        "from its weights alone, start a new run (another CHECKPOINT.DIR) with "
+        "MODEL.WEIGHTS_INIT.PARAMS_FILE set to the checkpoint",
         describe(saved_type),
+        type(),
         type()));
   }
 

@@ -197,7 +197,9 @@ void check_data_fits_model(const RunPlan& plan) {
     throw ConfigError(fmt::format(
         "DATA.TEST yields {} images but the model is built for DATA.TRAIN's {} images (both "
         "after their TRANSFORMS){}; make them agree (e.g. the same crop size in "
-        "DATA.TEST.TRANSFORMS, or the same dataset)",
+        "DATA.TEST.TRANSFORMS, or the same dataset), or set TEST_ONLY=True to read DATA.TEST "
+        "alone and size the model from it (largo eval sets it; largo extract then writes the "
+        "test split only)",
         shape_text(test),
         shape_text(input),
         test[0] != input[0] ? ": the channel counts differ" : ""));

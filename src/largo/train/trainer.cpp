@@ -402,10 +402,12 @@ std::string Trainer::State::sync_batch_norm_text() const {
   if (!sync.convert) {
     return "SyncBatchNorm off";
   }
+  // sync_bn_group_size's 0 is "all ranks" (GROUP_SIZE 0): said as the count it stands for.
+  const int64_t size =
+      parallel::sync_bn_group_size(sync.group_size, plan.world.procs_per_node, group->world_size());
   return fmt::format(
       "SyncBatchNorm on, statistics over groups of {} rank(s)",
-      parallel::sync_bn_group_size(
-          sync.group_size, plan.world.procs_per_node, group->world_size()));
+      size == 0 ? group->world_size() : size);
 }
 
 void Trainer::State::set_learning_rates() {
