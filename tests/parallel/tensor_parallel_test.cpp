@@ -239,6 +239,33 @@ TEST(TensorParallelShards, RankHoldsItsPartOfEveryBlock) {
   EXPECT_THROW(shard_of(columns, {1, 1}, 0, 3), OptionError);
 }
 
+// gather_output: every rank gets all output features, and the input's gradient is whole.
+TEST(TensorParallel, GatheredColumnLinearEqualsLinear) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    torch::manual_seed(13);
+    torch::nn::Linear full(torch::nn::LinearOptions(8, 6));
+    full->to(at::kDouble);
+    ColumnParallelLinearOptions options;
+    options.gather_output = true;
+    ColumnParallelLinear column(*full, borrow(group), options);
+    at::Tensor input = at::randn({3, 8}, at::kDouble).requires_grad_(true); // same seed: same
+    at::Tensor full_input = input.detach().clone().requires_grad_(true);
+    at::Tensor output = column->forward(input); // [3, 6]
+    at::Tensor full_output = full->forward(full_input);
+    expect_close(output, full_output, "gathered output");
+    // A loss that weighs every output feature differently, so a misplaced slice shows.
+    at::Tensor weights = at::arange(1, 7, at::kDouble);
+    (output * weights).sum().backward();
+    (full_output * weights).sum().backward();
+    expect_close(input.grad(), full_input.grad(), "input gradient");
+    expect_close(
+        column->weight.grad(),
+        shard_of(full->weight.grad(), {0, 1}, group.rank(), 2),
+        "weight gradient");
+    expect_close(full_parameter(*column, "weight", group), full->weight.detach(), "full weight");
+  });
+}
+
 TEST(TensorParallel, MlpTrunkTrainsLikeUnsharded) {
   run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
     // The first pair is split (32 = 2 x 16 features), the odd third block is not.
