@@ -49,7 +49,8 @@ void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size);
 
 // Replaces the planned Linear layers of `model` by this rank's shards of them, in place
 // (parameter names are unchanged; the sharded ones hold this rank's slice). Checks first, as
-// check_tensor_parallel_plan. Returns the names of the modules it sharded, in model order.
+// check_tensor_parallel_plan. Returns the names of the modules it sharded: the ViT encoder
+// layers, then the MLP blocks, each in model order.
 // Build the optimizer over model.parameters() after this call.
 std::vector<std::string>
 apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGroup> tp_group);
