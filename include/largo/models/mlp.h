@@ -10,6 +10,7 @@
 #include <largo/models/trunk_head_model.h>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/linear.h>
 
 #include <cstdint>
@@ -33,8 +34,15 @@ class MlpBlockImpl : public torch::nn::Module {
   MlpBlockImpl(int64_t in_features, int64_t out_features, bool flatten_input, double dropout);
   at::Tensor forward(at::Tensor x);
 
+  // The hook of tensor parallelism (parallel/tensor_parallel_plan.h): replaces the Linear child
+  // (same name, so parameter names stay) by `parallel`, built from it, which maps the block's
+  // input (or this rank's share of it) to its output (or this rank's share). The models layer
+  // knows no process groups, hence a module of any type.
+  void use_tensor_parallel_linear(torch::nn::AnyModule parallel);
+
  private:
   torch::nn::Linear linear_{nullptr};
+  torch::nn::AnyModule parallel_linear_; // empty unless tensor-parallel
   bool flatten_input_;
   double dropout_;
 };

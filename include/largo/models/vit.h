@@ -19,6 +19,7 @@
 #include <largo/models/trunk_head_model.h>
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
@@ -89,10 +90,31 @@ class VitEncoderLayerImpl : public torch::nn::Module {
  public:
   explicit VitEncoderLayerImpl(const VitEncoderLayerOptions& options);
   at::Tensor forward(at::Tensor x);
+  const VitEncoderLayerOptions& options() const {
+    return options_;
+  }
+
+  // The hook of tensor parallelism (parallel/tensor_parallel_plan.h), which builds these from
+  // the layer's own qkv, proj, fc1 and fc2 (registered under those names): `qkv` maps
+  // [b, t, d] to the q, k and v of this rank's `local_heads` heads, [b, t, 3 * local_heads *
+  // head_dim] in the layout qkv has for all heads; `proj` takes this rank's heads' outputs,
+  // [b, t, local_heads * head_dim], to the full [b, t, d]; `fc1` maps [b, t, d] to this rank's
+  // share of the hidden features and `fc2` that share to the full [b, t, d]. The models layer
+  // knows no process groups, hence modules of any type.
+  struct TensorParallelLinears {
+    torch::nn::AnyModule qkv, proj, fc1, fc2;
+    int64_t local_heads = 0;
+  };
+  // Replaces the four Linear children by those (same names, so parameter names stay) and
+  // runs attention on local_heads heads from then on.
+  void use_tensor_parallel_linears(TensorParallelLinears linears);
 
  private:
   at::Tensor attention(const at::Tensor& x); // [b, t, d] -> [b, t, d]
   at::Tensor drop_path(at::Tensor branch);   // per-sample stochastic depth in training
+  // `full` on x, or its tensor-parallel replacement once there is one.
+  at::Tensor
+  dense(const torch::nn::Linear& full, torch::nn::AnyModule& parallel, const at::Tensor& x);
 
   VitEncoderLayerOptions options_;
   torch::nn::LayerNorm norm1_{nullptr};
@@ -101,6 +123,7 @@ class VitEncoderLayerImpl : public torch::nn::Module {
   torch::nn::LayerNorm norm2_{nullptr};
   torch::nn::Linear fc1_{nullptr};
   torch::nn::Linear fc2_{nullptr};
+  TensorParallelLinears tensor_parallel_; // empty modules unless tensor-parallel
 };
 TORCH_MODULE(VitEncoderLayer);
 

@@ -20,14 +20,23 @@ at::Tensor MlpBlockImpl::forward(at::Tensor x) {
   if (flatten_input_) {
     x = x.flatten(1); // [b, c, h, w] -> [b, c*h*w]
   }
-  if (!linear_) {
+  if (!parallel_linear_.is_empty()) {
+    x = parallel_linear_.forward<at::Tensor>(x).relu_();
+  } else if (linear_) {
+    x = linear_(x).relu_();
+  } else {
     return x;
   }
-  x = linear_(x).relu_();
   if (dropout_ > 0.0) {
     x = at::dropout(x, dropout_, is_training());
   }
   return x;
+}
+
+void MlpBlockImpl::use_tensor_parallel_linear(torch::nn::AnyModule parallel) {
+  replace_module("linear", parallel.ptr());
+  linear_ = nullptr; // the full weight is no longer this block's
+  parallel_linear_ = std::move(parallel);
 }
 
 Trunk build_mlp_trunk(const MlpOptions& options, int64_t in_channels, int64_t image_size) {

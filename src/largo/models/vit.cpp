@@ -163,14 +163,31 @@ VitEncoderLayerImpl::VitEncoderLayerImpl(const VitEncoderLayerOptions& options)
   }
 }
 
+void VitEncoderLayerImpl::use_tensor_parallel_linears(TensorParallelLinears linears) {
+  replace_module("qkv", linears.qkv.ptr());
+  replace_module("proj", linears.proj.ptr());
+  replace_module("fc1", linears.fc1.ptr());
+  replace_module("fc2", linears.fc2.ptr());
+  qkv_ = proj_ = fc1_ = fc2_ = nullptr; // the full weights are no longer this layer's
+  tensor_parallel_ = std::move(linears);
+}
+
+at::Tensor VitEncoderLayerImpl::dense(
+    const torch::nn::Linear& full, torch::nn::AnyModule& parallel, const at::Tensor& x) {
+  return parallel.is_empty() ? linear(full, x) : parallel.forward<at::Tensor>(x);
+}
+
 at::Tensor VitEncoderLayerImpl::attention(const at::Tensor& x) {
   const int64_t batch = x.size(0);
   const int64_t tokens = x.size(1);
-  const int64_t heads = options_.num_heads;
-  const int64_t head_dim = options_.hidden_dim / heads;
-  // [b, t, 3d] -> [3, b, heads, t, head_dim]
-  at::Tensor qkv =
-      linear(qkv_, x).reshape({batch, tokens, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
+  // Under tensor parallelism this rank's heads only (their q, k, v are qkv's output).
+  const int64_t heads =
+      tensor_parallel_.qkv.is_empty() ? options_.num_heads : tensor_parallel_.local_heads;
+  const int64_t head_dim = options_.hidden_dim / options_.num_heads;
+  // [b, t, 3 * heads * head_dim] -> [3, b, heads, t, head_dim]
+  at::Tensor qkv = dense(qkv_, tensor_parallel_.qkv, x)
+                       .reshape({batch, tokens, 3, heads, head_dim})
+                       .permute({2, 0, 3, 1, 4});
   // softmax(q k^T / sqrt(head_dim)) v, with dropout on the weights while training, through
   // PyTorch's fused kernel (flash / memory-efficient attention on a GPU): the [t, t] weights
   // are never stored, which the explicit matmul-softmax-matmul did (slower on a GPU and
@@ -183,8 +200,8 @@ at::Tensor VitEncoderLayerImpl::attention(const at::Tensor& x) {
       qkv[2],
       /*attn_mask=*/{},
       dropout); // [b, heads, t, head_dim]
-  out = out.transpose(1, 2).reshape({batch, tokens, options_.hidden_dim}); // [b, t, d]
-  return at::dropout(linear(proj_, out), options_.dropout, is_training());
+  out = out.transpose(1, 2).reshape({batch, tokens, heads * head_dim}); // [b, t, d (or d/T)]
+  return at::dropout(dense(proj_, tensor_parallel_.proj, out), options_.dropout, is_training());
 }
 
 at::Tensor VitEncoderLayerImpl::drop_path(at::Tensor branch) {
@@ -199,9 +216,11 @@ at::Tensor VitEncoderLayerImpl::drop_path(at::Tensor branch) {
 
 at::Tensor VitEncoderLayerImpl::forward(at::Tensor x) {
   x = x + drop_path(attention(norm1_(x)));
-  at::Tensor hidden = at::gelu(linear(fc1_, norm2_(x))); // [b, t, mlp_dim]
+  // [b, t, mlp_dim] (or this rank's mlp_dim / T)
+  at::Tensor hidden = at::gelu(dense(fc1_, tensor_parallel_.fc1, norm2_(x)));
   hidden = at::dropout(hidden, options_.dropout, is_training());
-  hidden = at::dropout(linear(fc2_, hidden), options_.dropout, is_training()); // [b, t, d]
+  hidden = at::dropout(
+      dense(fc2_, tensor_parallel_.fc2, hidden), options_.dropout, is_training()); // [b, t, d]
   return x + drop_path(hidden);
 }
 

@@ -1,0 +1,69 @@
+// Tensor parallelism applied to Largo's model zoo (as PyTorch's parallelize_module with a
+// ColwiseParallel / RowwiseParallel plan): which Linear layers of a model are split over the
+// ranks of a tensor-parallel group, and the gradient norm such a model needs.
+//
+// The plans (layers from tensor_parallel.h; T = the group's size):
+// - ViT encoder layers (models::VitEncoderLayer): attention's qkv column-parallel with q, k
+//   and v each split by heads (num_output_blocks 3), so rank r computes heads
+//   [r * H/T, (r + 1) * H/T) whole; proj row-parallel. The MLP: fc1 column-, fc2
+//   row-parallel. Per layer and step: two all-reduces in forward (after proj and fc2), two in
+//   backward (the gradients of the inputs of qkv and fc1). Needs num_heads, hidden_dim and
+//   mlp_dim divisible by T.
+// - The MLP trunk (models::MlpBlock, Linear + ReLU): consecutive blocks of a Sequential in
+//   pairs, the first column-, the second row-parallel (ReLU is elementwise, so it runs on each
+//   rank's share); an odd last block stays replicated. Needs the first block's width
+//   divisible by T.
+// Everything else stays replicated (the same on every rank): embeddings, positions, the class
+// token, LayerNorms, Linear heads, layers of other types. With the same input on every rank
+// (no sequence parallelism) the replicated parameters then also get the same gradient on
+// every rank, so they stay equal after any deterministic optimizer step.
+//
+// Limits: dropout in the sharded regions draws from each rank's own generator, and in the
+// replicated ones must draw the same on every rank: the tensor-parallel ranks need the same
+// seed, and dropout > 0 is not the single-process model's distribution (attention dropout
+// masks repeat across ranks' heads). Use dropout 0 with tensor parallelism for now.
+//
+// Collectives: apply_tensor_parallel issues none (each rank slices its part of the weights it
+// already has, so every rank must have built the model identically, e.g. with the same seed);
+// the sharded layers issue theirs in forward and backward (tensor_parallel.h);
+// tensor_parallel_grad_norm and clip_tensor_parallel_grad_norm_ issue one all-reduce.
+#pragma once
+
+#include <largo/comm/process_group.h>
+#include <largo/parallel/tensor_parallel.h>
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace largo::parallel {
+
+// Checks that `model` has a tensor-parallel plan for a group of `tp_size` ranks, without
+// changing it. Throws OptionError naming the module, the size and what was expected when a
+// size does not divide (heads % T, hidden % T, mlp_dim % T, an MLP width % T), when no layer
+// of the model has a plan, or when it is already tensor-parallel.
+void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size);
+
+// Replaces the planned Linear layers of `model` by this rank's shards of them, in place
+// (parameter names are unchanged; the sharded ones hold this rank's slice). Checks first, as
+// check_tensor_parallel_plan. Returns the names of the modules it sharded: the ViT encoder
+// layers, then the MLP blocks, each in model order.
+// Build the optimizer over model.parameters() after this call.
+std::vector<std::string>
+apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGroup> tp_group);
+
+// The 2-norm of all of `model`'s gradients as the unsharded model would have them: the
+// squared norms of the shards summed over the group, the replicated parameters' counted once.
+// A collective (one all-reduce) on tp_group; parameters without a gradient count as zero.
+double tensor_parallel_grad_norm(const torch::nn::Module& model, comm::ProcessGroup& tp_group);
+
+// torch.nn.utils.clip_grad_norm_ for a tensor-parallel model: scales every gradient by
+// max_norm / (norm + 1e-6) when that is below 1. Returns the norm before clipping. One
+// all-reduce.
+double clip_tensor_parallel_grad_norm_(
+    torch::nn::Module& model, double max_norm, comm::ProcessGroup& tp_group);
+
+} // namespace largo::parallel

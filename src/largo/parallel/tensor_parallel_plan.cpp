@@ -1,0 +1,237 @@
+#include <largo/parallel/tensor_parallel_plan.h>
+
+#include <largo/core/error.h>
+#include <largo/models/mlp.h>
+#include <largo/models/vit.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cmath>
+#include <set>
+
+namespace largo::parallel {
+namespace {
+
+struct VitLayerTarget {
+  std::string name;
+  models::VitEncoderLayerImpl* layer;
+};
+
+// Two consecutive MLP blocks: `column` splits its output features, `row` its input features.
+struct MlpPairTarget {
+  std::string column_name;
+  models::MlpBlockImpl* column;
+  std::string row_name;
+  models::MlpBlockImpl* row;
+};
+
+struct TensorParallelTargets {
+  std::vector<VitLayerTarget> vit_layers;
+  std::vector<MlpPairTarget> mlp_pairs;
+};
+
+std::string child_name(const std::string& parent, const std::string& child) {
+  return parent.empty() ? child : parent + "." + child;
+}
+
+// The child `name` of `module` when it is a full torch::nn::Linear, else nullptr.
+torch::nn::LinearImpl* linear_child(const torch::nn::Module& module, const std::string& name) {
+  const auto children = module.named_children();
+  const auto* child = children.find(name);
+  return child == nullptr ? nullptr : dynamic_cast<torch::nn::LinearImpl*>(child->get());
+}
+
+// Every module of `model` with its name, the root first (named "").
+std::vector<std::pair<std::string, torch::nn::Module*>> all_modules(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, torch::nn::Module*>> modules{{"", &model}};
+  // Without include_self: the root need not be owned by a shared_ptr.
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    modules.emplace_back(item.key(), item.value().get());
+  }
+  return modules;
+}
+
+// Runs of consecutive Linear MlpBlocks among the children of a Sequential, in pairs.
+void collect_mlp_pairs(
+    const std::string& prefix,
+    const torch::nn::SequentialImpl& sequential,
+    std::vector<MlpPairTarget>& pairs) {
+  std::string pending_name;
+  models::MlpBlockImpl* pending = nullptr;
+  for (const auto& item : sequential.named_children()) {
+    auto* block = dynamic_cast<models::MlpBlockImpl*>(item.value().get());
+    if (block == nullptr || linear_child(*block, "linear") == nullptr) {
+      pending = nullptr; // a pair is two adjacent blocks
+      continue;
+    }
+    if (pending == nullptr) {
+      pending = block;
+      pending_name = child_name(prefix, item.key());
+      continue;
+    }
+    pairs.push_back({pending_name, pending, child_name(prefix, item.key()), block});
+    pending = nullptr;
+  }
+}
+
+TensorParallelTargets find_targets(torch::nn::Module& model) {
+  TensorParallelTargets targets;
+  for (const auto& [name, module] : all_modules(model)) {
+    if (auto* layer = dynamic_cast<models::VitEncoderLayerImpl*>(module)) {
+      targets.vit_layers.push_back({name, layer});
+    } else if (const auto* sequential = dynamic_cast<const torch::nn::SequentialImpl*>(module)) {
+      collect_mlp_pairs(name, *sequential, targets.mlp_pairs);
+    }
+  }
+  return targets;
+}
+
+void require_divisible(
+    const std::string& module,
+    const std::string& size_name,
+    int64_t size,
+    int64_t tp_size,
+    const std::string& why) {
+  if (size % tp_size != 0) {
+    throw OptionError(
+        fmt::format("{} {}", module, size_name),
+        std::to_string(size),
+        fmt::format("a multiple of the tensor-parallel size {} ({})", tp_size, why));
+  }
+}
+
+void check_vit_layer(const VitLayerTarget& target, int64_t tp_size) {
+  const std::string module = fmt::format("\"{}\" (VitEncoderLayer)", target.name);
+  const models::VitEncoderLayerOptions& options = target.layer->options();
+  require_divisible(
+      module, "num_heads", options.num_heads, tp_size, "each rank computes whole heads");
+  require_divisible(
+      module, "hidden_dim", options.hidden_dim, tp_size, "qkv and proj are split by features");
+  require_divisible(
+      module, "mlp_dim", options.mlp_dim, tp_size, "fc1's outputs are split over the ranks");
+  for (const char* linear : {"qkv", "proj", "fc1", "fc2"}) {
+    if (linear_child(*target.layer, linear) == nullptr) {
+      throw OptionError(
+          fmt::format("{} child {}", module, linear),
+          "not a torch::nn::Linear",
+          "the layer's own Linear (is the model tensor-parallel already?)");
+    }
+  }
+}
+
+// The type names of `model`'s modules, for an error saying that none has a plan.
+std::string module_types(torch::nn::Module& model) {
+  std::set<std::string> types;
+  for (const auto& [name, module] : all_modules(model)) {
+    types.insert(module->name());
+  }
+  return fmt::format("{}", fmt::join(types, ", "));
+}
+
+} // namespace
+
+void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size) {
+  if (tp_size < 1) {
+    throw OptionError("tensor-parallel size", std::to_string(tp_size), "an integer >= 1");
+  }
+  if (const auto sharded = tensor_parallel_sharded_parameters(model); !sharded.empty()) {
+    throw OptionError(
+        "apply_tensor_parallel model",
+        fmt::format("tensor-parallel already ({} sharded parameters)", sharded.size()),
+        "a model not yet sharded");
+  }
+  const TensorParallelTargets targets = find_targets(model);
+  if (targets.vit_layers.empty() && targets.mlp_pairs.empty()) {
+    throw OptionError(
+        "apply_tensor_parallel model",
+        fmt::format("a model of modules {{{}}}", module_types(model)),
+        "one with models::VitEncoderLayer layers or an MLP trunk of at least two consecutive "
+        "Linear models::MlpBlock blocks: other layers have no tensor-parallel plan");
+  }
+  for (const VitLayerTarget& target : targets.vit_layers) {
+    check_vit_layer(target, tp_size);
+  }
+  for (const MlpPairTarget& pair : targets.mlp_pairs) {
+    require_divisible(
+        fmt::format(
+            "\"{}\" (MlpBlock, column-parallel before \"{}\")", pair.column_name, pair.row_name),
+        "out_features",
+        linear_child(*pair.column, "linear")->options.out_features(),
+        tp_size,
+        "its outputs are split over the ranks");
+  }
+}
+
+std::vector<std::string>
+apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGroup> tp_group) {
+  const int64_t tp_size = tp_group->world_size();
+  check_tensor_parallel_plan(model, tp_size);
+  const TensorParallelTargets targets = find_targets(model);
+  std::vector<std::string> sharded;
+  // qkv's output is [q of all heads | k | v]: three blocks, each split by heads.
+  ColumnParallelLinearOptions qkv_options;
+  qkv_options.num_output_blocks = 3;
+  for (const VitLayerTarget& target : targets.vit_layers) {
+    models::VitEncoderLayerImpl& layer = *target.layer;
+    models::VitEncoderLayerImpl::TensorParallelLinears linears;
+    linears.qkv = torch::nn::AnyModule(
+        ColumnParallelLinear(*linear_child(layer, "qkv"), tp_group, qkv_options));
+    linears.proj = torch::nn::AnyModule(RowParallelLinear(*linear_child(layer, "proj"), tp_group));
+    linears.fc1 = torch::nn::AnyModule(ColumnParallelLinear(*linear_child(layer, "fc1"), tp_group));
+    linears.fc2 = torch::nn::AnyModule(RowParallelLinear(*linear_child(layer, "fc2"), tp_group));
+    linears.local_heads = layer.options().num_heads / tp_size;
+    layer.use_tensor_parallel_linears(std::move(linears));
+    sharded.push_back(target.name);
+  }
+  for (const MlpPairTarget& pair : targets.mlp_pairs) {
+    pair.column->use_tensor_parallel_linear(torch::nn::AnyModule(
+        ColumnParallelLinear(*linear_child(*pair.column, "linear"), tp_group)));
+    pair.row->use_tensor_parallel_linear(
+        torch::nn::AnyModule(RowParallelLinear(*linear_child(*pair.row, "linear"), tp_group)));
+    sharded.push_back(pair.column_name);
+    sharded.push_back(pair.row_name);
+  }
+  return sharded;
+}
+
+double tensor_parallel_grad_norm(const torch::nn::Module& model, comm::ProcessGroup& tp_group) {
+  const auto specs = tensor_parallel_sharded_parameters(model);
+  const auto parameters = model.named_parameters();
+  // Summed in float64 on the parameters' device (the group's collectives take it there).
+  const auto options =
+      at::TensorOptions()
+          .dtype(at::kDouble)
+          .device(parameters.is_empty() ? at::Device(at::kCPU) : parameters[0].value().device());
+  at::Tensor sharded_squares = at::zeros({1}, options);
+  at::Tensor replicated_squares = at::zeros({1}, options);
+  for (const auto& item : parameters) {
+    const at::Tensor& grad = item.value().grad();
+    if (!grad.defined()) {
+      continue;
+    }
+    at::Tensor squares = grad.detach().to(at::kDouble).square().sum().reshape({1});
+    (specs.count(item.key()) != 0 ? sharded_squares : replicated_squares).add_(squares);
+  }
+  // Every rank holds a different part of the shards and the same replicated gradients.
+  tp_group.all_reduce(sharded_squares);
+  return std::sqrt(sharded_squares.item<double>() + replicated_squares.item<double>());
+}
+
+double clip_tensor_parallel_grad_norm_(
+    torch::nn::Module& model, double max_norm, comm::ProcessGroup& tp_group) {
+  const double norm = tensor_parallel_grad_norm(model, tp_group);
+  const double coefficient = max_norm / (norm + 1e-6); // torch.nn.utils.clip_grad_norm_'s
+  if (coefficient < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor& parameter : model.parameters()) {
+      if (parameter.grad().defined()) {
+        parameter.grad().mul_(coefficient);
+      }
+    }
+  }
+  return norm;
+}
+
+} // namespace largo::parallel

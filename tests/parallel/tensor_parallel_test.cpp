@@ -1,0 +1,351 @@
+// Tensor parallelism (parallel/tensor_parallel.h, tensor_parallel_plan.h): the shard
+// arithmetic as functions of (rank, world); the zoo's MLP trunk and a small ViT sharded over
+// two ranks (Gloo, the world group as the tensor-parallel group) against the same model
+// unsharded, built from the same seed in the same process: forward outputs, every gradient,
+// the gradient norm, and 20 clipped AdamW steps; and the plan's error messages.
+//
+// Both models run in float64, so that any difference is rounding in a different order
+// (partial products summed by an all-reduce, the bias added after it) and the bound can be
+// derived instead of tuned: see kRelativeTolerance.
+#include <largo/core/error.h>
+#include <largo/models/mlp.h>
+#include <largo/models/trunk_head_model.h>
+#include <largo/models/vit.h>
+#include <largo/optim/adamw.h>
+#include <largo/parallel/tensor_parallel.h>
+#include <largo/parallel/tensor_parallel_plan.h>
+
+#include "comm/distributed_test_util.h"
+#include "parallel/parallelize_test_util.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <functional>
+
+namespace largo::parallel::tensor_parallel_test {
+namespace {
+
+using largo::testing::run_on_ranks;
+using testing::borrow;
+using testing::groups_of;
+
+constexpr int kTensorParallelSize = 2;
+constexpr int kSteps = 20;
+constexpr int64_t kBatch = 4;
+constexpr int64_t kClasses = 5;
+constexpr double kLearningRate = 1e-2;
+constexpr double kAdamEps = 1e-8; // AdamWOptions' default
+
+// Bound on |sharded - unsharded| relative to the largest |unsharded| value of the tensor
+// compared. Both run in float64 (unit roundoff u = 2^-53 = 1.1e-16) and differ only in the
+// order of additions: each value is a sum of at most K = 64 products (mlp_dim), whose
+// reordering changes it by at most K * u = 7e-15 of the sum of |terms|; through the ~30
+// chained operations of forward and backward (LayerNorm and softmax included) that is at most
+// ~1e-12 of the values' scale. 1e-10 leaves a factor 100; a wrong slice, a missing or doubled
+// reduction or a bias added twice changes values by a sizeable fraction of their scale (1e-2
+// to 1 when each was tried), 1e8 times more. The same bound holds for the losses of the
+// training steps: the one parameter whose AdamW update is rounding noise (below) does not
+// enter the loss.
+constexpr double kRelativeTolerance = 1e-10;
+constexpr double kUnitRoundoff = 1.1102230246251565e-16; // float64, 2^-53
+constexpr double kDotLength = 64;                        // the longest sum of products
+
+// What the weights after kSteps AdamW steps may differ by on top of kRelativeTolerance, given
+// the clipping norm. AdamW divides by sqrt(v) + eps, so a gradient that is zero in exact
+// arithmetic does not keep a relative error: the key part of qkv's bias has one (softmax
+// ignores a shift of all of a query's logits, and q . b_k is such a shift), computed as
+// rounding noise delta <= K * u * (gradient scale) on each side, which every step turns into
+// an update of up to lr * delta / eps (eps, not sqrt(v), dominates the denominator). After
+// clipping every step's gradient has 2-norm, so every element and its noise scale, at most
+// max_norm. Over kSteps, two noisy sides: kSteps * lr * 2 * K * u * max_norm / eps, ~3e-7 for
+// max_norm 1 (measured: 4e-12, only in the key bias), still 1e4 below the differences a
+// sharding error gives.
+double adamw_noise_bound(double max_norm) {
+  const double noise = kDotLength * kUnitRoundoff * max_norm;
+  return kSteps * kLearningRate * 2.0 * noise / kAdamEps;
+}
+
+void expect_close(
+    const at::Tensor& actual,
+    const at::Tensor& expected,
+    const std::string& what,
+    double absolute_slack = 0.0) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const double scale = expected.abs().max().item<double>();
+  const double error = (actual - expected).abs().max().item<double>();
+  EXPECT_LE(error, kRelativeTolerance * scale + absolute_slack)
+      << what << ": max |difference| " << error << " at max |value| " << scale;
+}
+
+models::TrunkHeadModel with_linear_head(models::Trunk trunk) {
+  const int64_t features = trunk.output_dim;
+  return models::TrunkHeadModel(
+      std::move(trunk), torch::nn::Sequential(torch::nn::Linear(features, kClasses)));
+}
+
+// Three Linear blocks: the first two a column/row pair, the third (odd) replicated; the
+// head replicated.
+models::TrunkHeadModel make_mlp() {
+  torch::manual_seed(11);
+  models::MlpOptions options;
+  options.hidden_dims = {32, 24, 16};
+  auto model = with_linear_head(models::build_mlp_trunk(options, /*in_channels=*/1, 4));
+  model->to(at::kDouble);
+  return model;
+}
+
+models::VitOptions small_vit_options() {
+  models::VitOptions options;
+  options.image_size = 16;
+  options.patch_size = 8;
+  options.num_layers = 2;
+  options.num_heads = 4;
+  options.hidden_dim = 32;
+  options.mlp_dim = 64;
+  options.qkv_bias = true; // so that qkv's bias is sharded by heads too
+  return options;
+}
+
+models::TrunkHeadModel make_vit() {
+  torch::manual_seed(12);
+  auto model = with_linear_head(models::build_vit_trunk(small_vit_options(), 3, 16));
+  model->to(at::kDouble);
+  return model;
+}
+
+// Step `step`'s batch, the same on every rank (tensor parallelism splits the model, not the
+// data).
+std::pair<at::Tensor, at::Tensor> batch(int step, at::IntArrayRef image_shape) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(900 + step);
+  std::vector<int64_t> shape{kBatch};
+  shape.insert(shape.end(), image_shape.begin(), image_shape.end());
+  at::Tensor images = at::randn(shape, generator, at::kDouble);
+  at::Tensor labels = at::randint(0, kClasses, {kBatch}, generator);
+  return {images, labels};
+}
+
+at::Tensor loss_of(models::TrunkHeadModel& model, const std::pair<at::Tensor, at::Tensor>& data) {
+  return torch::nn::functional::cross_entropy(model->forward(data.first), data.second);
+}
+
+// Every gradient of the sharded model equals the unsharded one's (its slice for a shard), and
+// the replicated ones are the same, bit for bit, on every rank.
+void expect_gradients_match(
+    models::TrunkHeadModel& sharded, models::TrunkHeadModel& unsharded, comm::ProcessGroup& group) {
+  const auto specs = tensor_parallel_sharded_parameters(*sharded);
+  const auto full = unsharded->named_parameters();
+  for (const auto& item : sharded->named_parameters()) {
+    const at::Tensor& grad = item.value().grad();
+    ASSERT_TRUE(grad.defined()) << item.key();
+    const at::Tensor& full_grad = full[item.key()].grad();
+    const auto spec = specs.find(item.key());
+    if (spec != specs.end()) {
+      expect_close(
+          grad,
+          shard_of(full_grad, spec->second, group.rank(), group.world_size()),
+          "gradient of shard " + item.key());
+      continue;
+    }
+    expect_close(grad, full_grad, "gradient of replicated " + item.key());
+    at::Tensor every_rank = at::empty({group.world_size(), grad.numel()}, grad.options());
+    group.all_gather(every_rank, grad.contiguous());
+    EXPECT_TRUE(at::equal(every_rank[0], every_rank[1]))
+        << item.key() << ": replicated gradient differs between the tensor-parallel ranks";
+  }
+}
+
+double unsharded_grad_norm(models::TrunkHeadModel& model) {
+  double squares = 0.0;
+  for (const at::Tensor& parameter : model->parameters()) {
+    squares += parameter.grad().square().sum().item<double>();
+  }
+  return std::sqrt(squares);
+}
+
+// clip_grad_norm_ on the unsharded model (the formula of torch.nn.utils.clip_grad_norm_).
+void clip_unsharded(models::TrunkHeadModel& model, double max_norm) {
+  const double coefficient = max_norm / (unsharded_grad_norm(model) + 1e-6);
+  if (coefficient < 1.0) {
+    for (const at::Tensor& parameter : model->parameters()) {
+      parameter.grad().mul_(coefficient);
+    }
+  }
+}
+
+optim::AdamW adamw_of(torch::nn::Module& model) {
+  auto param_groups = groups_of(model);
+  param_groups[0].lr = kLearningRate;
+  param_groups[0].weight_decay = 0.05;
+  return optim::AdamW(param_groups);
+}
+
+// The whole comparison, on one rank of the tensor-parallel group.
+void expect_trains_like_unsharded(
+    const std::function<models::TrunkHeadModel()>& make,
+    at::IntArrayRef image_shape,
+    comm::ProcessGroup& group) {
+  models::TrunkHeadModel unsharded = make();
+  models::TrunkHeadModel sharded = make();
+  EXPECT_FALSE(apply_tensor_parallel(*sharded, borrow(group)).empty());
+
+  // First step in detail: outputs, gradients, gradient norm.
+  const auto first = batch(0, image_shape);
+  expect_close(sharded->forward(first.first), unsharded->forward(first.first), "output");
+  loss_of(sharded, first).backward();
+  loss_of(unsharded, first).backward();
+  expect_gradients_match(sharded, unsharded, group);
+  const double norm = unsharded_grad_norm(unsharded);
+  const double sharded_norm = tensor_parallel_grad_norm(*sharded, group);
+  EXPECT_LE(std::abs(sharded_norm - norm), kRelativeTolerance * norm)
+      << "gradient norm " << sharded_norm << ", unsharded " << norm;
+
+  // Then kSteps AdamW steps, clipped to half the first norm so that clipping acts.
+  const double max_norm = 0.5 * norm;
+  optim::AdamW sharded_optimizer = adamw_of(*sharded);
+  optim::AdamW unsharded_optimizer = adamw_of(*unsharded);
+  for (int step = 0; step < kSteps; ++step) {
+    sharded_optimizer.zero_grad();
+    unsharded_optimizer.zero_grad();
+    const auto data = batch(step, image_shape);
+    at::Tensor sharded_loss = loss_of(sharded, data);
+    at::Tensor unsharded_loss = loss_of(unsharded, data);
+    expect_close(sharded_loss.detach(), unsharded_loss.detach(), fmt::format("loss {}", step));
+    sharded_loss.backward();
+    unsharded_loss.backward();
+    clip_tensor_parallel_grad_norm_(*sharded, max_norm, group);
+    clip_unsharded(unsharded, max_norm);
+    sharded_optimizer.step();
+    unsharded_optimizer.step();
+  }
+  const auto expected = unsharded->named_parameters();
+  for (const auto& [name, value] : full_parameters(*sharded, group)) {
+    expect_close(
+        value, expected[name], "after training, full " + name, adamw_noise_bound(max_norm));
+  }
+}
+
+TEST(TensorParallelShards, RankHoldsItsPartOfEveryBlock) {
+  // 12 rows as 3 blocks (q | k | v) of 4, over 2 ranks: rank 1 holds rows 2-3 of each block.
+  at::Tensor rows = at::arange(12, at::kLong).reshape({12, 1}).expand({12, 2}).contiguous();
+  at::Tensor local = shard_of(rows, {0, 3}, /*rank=*/1, /*world_size=*/2);
+  EXPECT_TRUE(at::equal(local.select(1, 0), at::tensor({2, 3, 6, 7, 10, 11}, at::kLong)));
+  // A plain split of columns.
+  at::Tensor columns = at::arange(8, at::kLong).reshape({1, 8});
+  EXPECT_TRUE(
+      at::equal(shard_of(columns, {1, 1}, 0, 4), at::tensor({0, 1}, at::kLong).reshape({1, 2})));
+  EXPECT_TRUE(
+      at::equal(shard_of(columns, {1, 1}, 3, 4), at::tensor({6, 7}, at::kLong).reshape({1, 2})));
+  EXPECT_THROW(shard_of(columns, {1, 1}, 0, 3), OptionError);
+}
+
+// gather_output: every rank gets all output features, and the input's gradient is whole.
+TEST(TensorParallel, GatheredColumnLinearEqualsLinear) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    torch::manual_seed(13);
+    torch::nn::Linear full(torch::nn::LinearOptions(8, 6));
+    full->to(at::kDouble);
+    ColumnParallelLinearOptions options;
+    options.gather_output = true;
+    ColumnParallelLinear column(*full, borrow(group), options);
+    at::Tensor input = at::randn({3, 8}, at::kDouble).requires_grad_(true); // same seed: same
+    at::Tensor full_input = input.detach().clone().requires_grad_(true);
+    at::Tensor output = column->forward(input); // [3, 6]
+    at::Tensor full_output = full->forward(full_input);
+    expect_close(output, full_output, "gathered output");
+    // A loss that weighs every output feature differently, so a misplaced slice shows.
+    at::Tensor weights = at::arange(1, 7, at::kDouble);
+    (output * weights).sum().backward();
+    (full_output * weights).sum().backward();
+    expect_close(input.grad(), full_input.grad(), "input gradient");
+    expect_close(
+        column->weight.grad(),
+        shard_of(full->weight.grad(), {0, 1}, group.rank(), 2),
+        "weight gradient");
+    expect_close(full_parameter(*column, "weight", group), full->weight.detach(), "full weight");
+  });
+}
+
+TEST(TensorParallel, MlpTrunkTrainsLikeUnsharded) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    // The first pair is split (32 = 2 x 16 features), the odd third block is not.
+    models::TrunkHeadModel probe = make_mlp();
+    apply_tensor_parallel(*probe, borrow(group));
+    EXPECT_EQ(probe->named_parameters()["trunk.0.linear.weight"].size(0), 16);
+    EXPECT_EQ(probe->named_parameters()["trunk.1.linear.weight"].size(1), 16);
+    EXPECT_EQ(probe->named_parameters()["trunk.2.linear.weight"].size(0), 16);
+    expect_trains_like_unsharded(make_mlp, {1, 4, 4}, group);
+  });
+}
+
+TEST(TensorParallel, VitTrainsLikeUnsharded) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    // Each rank: 2 of the 4 heads (q, k and v: 3 x 16 rows of qkv) and 32 of fc1's 64.
+    models::TrunkHeadModel probe = make_vit();
+    apply_tensor_parallel(*probe, borrow(group));
+    const auto parameters = probe->named_parameters();
+    EXPECT_EQ(parameters["trunk.1.qkv.weight"].size(0), 3 * 16);
+    EXPECT_EQ(parameters["trunk.1.qkv.bias"].size(0), 3 * 16);
+    EXPECT_EQ(parameters["trunk.1.proj.weight"].size(1), 16);
+    EXPECT_EQ(parameters["trunk.2.fc1.weight"].size(0), 32);
+    EXPECT_EQ(parameters["trunk.2.fc2.weight"].size(1), 32);
+    EXPECT_EQ(parameters["head.0.weight"].size(0), kClasses);
+    expect_trains_like_unsharded(make_vit, {3, 16, 16}, group);
+  });
+}
+
+// The OptionError message check_tensor_parallel_plan throws, or "" when it throws none.
+std::string plan_error(torch::nn::Module& model, int64_t tp_size) {
+  try {
+    check_tensor_parallel_plan(model, tp_size);
+  } catch (const OptionError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+void expect_contains(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos)
+      << "\"" << message << "\" lacks \"" << part << "\"";
+}
+
+TEST(TensorParallelPlan, ErrorsNameTheModuleTheSizeAndTheGroup) {
+  models::VitOptions six_heads = small_vit_options();
+  six_heads.num_heads = 6;
+  six_heads.hidden_dim = 36;
+  six_heads.mlp_dim = 72; // divisible by 2, 3 and 4: only the heads fail at 4
+  auto vit = with_linear_head(models::build_vit_trunk(six_heads, 3, 16));
+  const std::string heads = plan_error(*vit, 4);
+  expect_contains(heads, "\"trunk.1\" (VitEncoderLayer) num_heads = 6");
+  expect_contains(heads, "a multiple of the tensor-parallel size 4");
+  EXPECT_EQ(plan_error(*vit, 2), "");
+  EXPECT_EQ(plan_error(*vit, 3), "");
+
+  models::VitOptions odd_mlp = small_vit_options();
+  odd_mlp.mlp_dim = 66;
+  auto vit_mlp = with_linear_head(models::build_vit_trunk(odd_mlp, 3, 16));
+  expect_contains(plan_error(*vit_mlp, 4), "\"trunk.1\" (VitEncoderLayer) mlp_dim = 66");
+
+  models::MlpOptions mlp_options;
+  mlp_options.hidden_dims = {30, 16};
+  auto mlp = with_linear_head(models::build_mlp_trunk(mlp_options, 1, 4));
+  const std::string width = plan_error(*mlp, 4);
+  expect_contains(
+      width, "\"trunk.0\" (MlpBlock, column-parallel before \"trunk.1\") out_features = 30");
+  expect_contains(width, "tensor-parallel size 4");
+
+  torch::nn::Sequential convolutional(torch::nn::Conv2d(3, 8, 3), torch::nn::Linear(8, 2));
+  const std::string no_plan = plan_error(*convolutional, 2);
+  expect_contains(no_plan, "torch::nn::Conv2dImpl");
+  expect_contains(no_plan, "other layers have no tensor-parallel plan");
+
+  EXPECT_THROW(
+      apply_tensor_parallel(*convolutional, comm::ProcessGroup::single_process()), OptionError);
+  expect_contains(plan_error(*mlp, 0), "tensor-parallel size = 0");
+
+  apply_tensor_parallel(*mlp, comm::ProcessGroup::single_process());
+  expect_contains(plan_error(*mlp, 1), "tensor-parallel already");
+}
+
+} // namespace
+} // namespace largo::parallel::tensor_parallel_test
