@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Tensor parallelism against one process: bench/tensor_parallel_bench.cpp (a ViT trained with
+# AdamW; default ViT-S/16 at 224x224, batch 8) in 1 process and split over 2 ranks (Gloo on
+# 127.0.0.1, 1 thread each), ROUNDS rounds alternating the order; the table shows each side's
+# per-rank model state, activation memory and speed (medians over the rounds), and TP 2's
+# share of the one process's. Target (issue 30): parameters, gradients and optimizer state
+# per rank halved within 5 % (a share of 0.475-0.525); the replicated parts (patch
+# embedding, positions, LayerNorms, the head) keep it above one half. Builds nothing.
+#
+# Usage: bench/run_tensor_parallel_bench.sh [BUILD_DIR] [ROUNDS] [-- flags for the bench]
+set -euo pipefail
+build="${1:-build}"; rounds="${2:-2}"
+shift $(( $# < 2 ? $# : 2 ))
+[ "${1:-}" = "--" ] && shift
+extra=("$@")
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bin="$build/bench/tensor_parallel_bench"
+source "$here/../scripts/torch_env.sh"
+python="$LARGO_PYTHON"
+[ -x "$bin" ] || { echo "no $bin: build the target tensor_parallel_bench first" >&2; exit 1; }
+
+free_port() {
+  "$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Runs the bench as every rank of a world of $1; rank 0's line goes to the results.
+run_world() {
+  local world=$1 port pids=() status=0
+  port=$(free_port)
+  for (( rank = world - 1; rank >= 0; --rank )); do
+    local out=/dev/null
+    (( rank == 0 )) && out="$results.part"
+    RANK=$rank WORLD_SIZE=$world LOCAL_RANK=$rank MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      OMP_NUM_THREADS=1 "$bin" "${extra[@]}" > "$out" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+  cat "$results.part" >> "$results"
+  return $status
+}
+
+results="$build/bench/tensor_parallel_results.jsonl"
+mkdir -p "$(dirname "$results")"
+: > "$results"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs);" \
+  "load average before: $(cut -d' ' -f1-3 /proc/loadavg); rounds $rounds"
+for (( round = 0; round < rounds; ++round )); do
+  if (( round % 2 == 0 )); then run_world 1; run_world 2; else run_world 2; run_world 1; fi
+done
+rm -f "$results.part"
+echo "load average after:  $(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$python" - "$results" <<'PY'
+import json, statistics, sys
+runs = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+keys = ["parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "activation_bytes",
+        "median_step_ms", "images_per_second"]
+by_world = {}
+for run in runs:
+    by_world.setdefault(run["world_size"], []).append(run)
+median = {w: {k: statistics.median(r[k] for r in rs) for k in keys} for w, rs in by_world.items()}
+print(f"ViT, {runs[0]['full_parameters']:,} parameters; per rank, medians of {len(by_world[1])} run(s)")
+print(f"{'':24}{'1 process':>14}{'TP 2, per rank':>16}{'share':>8}")
+mib = 2.0 ** 20
+for key, label in [("parameter_bytes", "parameters MiB"), ("gradient_bytes", "gradients MiB"),
+                   ("optimizer_state_bytes", "optimizer state MiB"),
+                   ("activation_bytes", "activations MiB")]:
+    one, two = median[1][key], median[2][key]
+    print(f"{label:24}{one / mib:14.2f}{two / mib:16.2f}{two / one:8.3f}")
+state = lambda m: m["parameter_bytes"] + m["gradient_bytes"] + m["optimizer_state_bytes"]
+print(f"{'model state MiB':24}{state(median[1]) / mib:14.2f}{state(median[2]) / mib:16.2f}"
+      f"{state(median[2]) / state(median[1]):8.3f}")
+for key, label in [("median_step_ms", "step ms"), ("images_per_second", "images/s")]:
+    one, two = median[1][key], median[2][key]
+    print(f"{label:24}{one:14.1f}{two:16.1f}{two / one:8.3f}")
+PY
