@@ -38,8 +38,8 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
+#include <largo/parallel/device_mesh.h>
 #include <largo/parallel/distributed_data_parallel.h>
-#include <largo/parallel/pipeline_mesh.h>
 #include <largo/parallel/pipeline_parallel.h>
 #include <largo/parallel/pipeline_simulation.h>
 #include <largo/parallel/pipeline_split_backward.h>
@@ -279,13 +279,16 @@ int main(int argc, char** argv) try {
   int replica = world->rank();
   std::shared_ptr<torch::nn::Module> trained = model.ptr();
   if (options.mode == "pipeline") {
-    const auto mesh = parallel::make_pipeline_mesh(*world, options.pipeline);
-    replicas = mesh.data_parallel_size;
-    replica = mesh.replica;
+    const parallel::DeviceMesh mesh(
+        *world,
+        parallel::pp_dp_tp_dimensions(
+            options.pipeline, world->world_size() / std::max(options.pipeline, 1)));
+    replicas = mesh.size("dp");
+    replica = mesh.coordinate("dp");
     pipeline = std::make_unique<parallel::PipelineParallel>(
         parallel::pipeline_blocks(*model),
-        mesh.pipeline,
-        mesh.data_parallel,
+        mesh.group("pp"),
+        mesh.group("dp"),
         parallel::PipelineParallelOptions()
             .schedule(parallel::parse_pipeline_schedule(options.schedule))
             .num_microbatches(options.microbatches)

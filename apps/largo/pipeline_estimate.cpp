@@ -2,7 +2,7 @@
 
 #include <largo/core/error.h>
 #include <largo/core/memory_tracker.h>
-#include <largo/parallel/pipeline_mesh.h>
+#include <largo/parallel/parallelize.h>
 #include <largo/precision/autocast.h>
 
 #include <torch/torch.h>
@@ -135,7 +135,9 @@ PipelineEstimate estimate_pipeline(
   // (train/pipeline_plan.h).
   PipelineEstimate estimate;
   estimate.shape = {pipeline.size, options.num_microbatches(), options.virtual_stages()};
-  estimate.num_replicas = parallel::num_replicas(plan.world.world_size, pipeline.size);
+  estimate.num_replicas =
+      parallel::data_shard(0, parallel::mesh_dimensions(plan.parallel, plan.world.world_size))
+          .count;
   const int64_t microbatches = options.num_microbatches();
   estimate.microbatch_rows = (plan.batch_per_rank + microbatches - 1) / microbatches;
 

@@ -73,9 +73,12 @@ int main(int argc, char** argv) {
   amp.dtype = "bfloat16";
   options.precision = largo::precision::resolve_precision_policy(amp);
   auto adamw = [](auto groups) { return std::make_unique<largo::optim::AdamW>(std::move(groups)); };
-  auto model = mode == "pipeline"
-      ? parallel::parallelize(std::move(blocks), {all}, adamw, group, options)
-      : parallel::parallelize(net, {all}, adamw, group, options);
+  // One call for every mode: the module, or its blocks for the pipeline to cut into stages.
+  parallel::ModelToParallelize input = net;
+  if (mode == "pipeline") {
+    input = std::move(blocks);
+  }
+  auto model = parallel::parallelize(std::move(input), {all}, adamw, group, options);
 
   // The task: labels from a fixed random linear teacher; each replica draws its own samples
   // (a pipeline's stages draw the same ones: there is one replica).

@@ -1,11 +1,14 @@
-// Pipeline parallelism as a mode of parallel::parallelize() (the blocks overload), on a
-// torch::nn::Sequential defined here and the caller's own loop of forward_backward calls:
+// Pipeline parallelism as a mode of parallel::parallelize() (given the blocks, or a
+// models::TrunkHeadModel, with a pipeline size), on a torch::nn::Sequential defined here and
+// the caller's own loop of forward_backward calls:
 // 2 stages train like one process that runs the micro-batches as accumulation steps (in
 // float32 and under bfloat16 autocast), evaluation forwards give every rank the outputs (also
 // for a batch smaller than the number of micro-batches), the model and optimizer states are
 // the whole model's on rank 0 and load back per stage, the replicas end each step with the
-// same BatchNorm statistics, and what does not compose is refused.
+// same BatchNorm statistics, and what does not compose (or is not a chain of blocks) is
+// refused.
 #include <largo/core/error.h>
+#include <largo/models/trunk_head_model.h>
 #include <largo/optim/sgd.h>
 #include <largo/parallel/parallelize.h>
 
@@ -393,7 +396,7 @@ TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
   ParallelOptions cast = pipeline_options(false);
   cast.precision = precision::resolve_precision_policy(o3);
   expect_option_error(cast, 4, "ParallelOptions::precision");
-  // The blocks overload needs a pipeline.
+  // Blocks need a pipeline.
   Net net = make_net();
   ParallelOptions none;
   try {
@@ -407,8 +410,8 @@ TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
   } catch (const OptionError& error) {
     EXPECT_EQ(error.option(), "ParallelOptions::pipeline.size");
   }
-  // And the module overload cannot cut stages: a pipeline given there is refused, not
-  // trained as plain data parallelism.
+  // And a module that is not a chain of blocks cannot be cut into stages: a pipeline given
+  // with it is refused, not trained as plain data parallelism.
   ParallelOptions staged;
   staged.pipeline.size = 2;
   try {
@@ -418,11 +421,29 @@ TEST(PipelineModelTest, WhatDoesNotComposeWithAPipelineIsAnOptionError) {
         sgd_momentum(),
         comm::ProcessGroup::single_process(),
         staged);
-    ADD_FAILURE() << "a pipeline given to the module overload was accepted";
+    ADD_FAILURE() << "a pipeline over a module that is not a chain of blocks was accepted";
   } catch (const OptionError& error) {
     EXPECT_EQ(error.option(), "ParallelOptions::pipeline.size");
-    EXPECT_NE(std::string(error.what()).find("blocks overload"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("not a chain of blocks"), std::string::npos)
+        << error.what();
   }
+}
+
+// A module that is a chain of blocks (a models::TrunkHeadModel, here of Net's layers) given
+// with a pipeline size is cut into stages like its blocks: the same losses as one process.
+TEST(PipelineModelTest, AModuleThatIsAChainOfBlocksIsCutIntoStages) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const auto [expected_losses, reference] = train_reference(/*autocast=*/false);
+    Net net = make_net();
+    models::TrunkHeadModel chain(models::Trunk{net->layers, kClasses}, torch::nn::Sequential());
+    auto model = parallelize(
+        chain, groups_of(*chain), sgd_momentum(), borrow(group), pipeline_options(false));
+    ASSERT_NE(model->pipeline(), nullptr);
+    const std::vector<double> losses = train(*model, /*calls=*/1);
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_NEAR(losses[step], expected_losses[step], kTolerance) << "step " << step;
+    }
+  });
 }
 
 } // namespace

@@ -15,7 +15,7 @@
 // tensor relative to its largest entry: reassociation moves them by ~18 * 2^-24 ~ 1e-6 of
 // that scale, so 1e-5 holds, while a micro-batch's loss weighted 1 % off moves them by
 // 2e-3 to 2e-2 of it (measured).
-#include <largo/parallel/pipeline_mesh.h>
+#include <largo/parallel/device_mesh.h>
 #include <largo/parallel/pipeline_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
 
@@ -117,11 +117,11 @@ TEST(PipelineParallelTest, EveryScheduleOnTwoRanksAndTwoStagesTimesTwoReplicas) 
       expect_like_one_process(pair, nullptr, schedule, /*global_batch=*/18, /*microbatches=*/4);
     }
     // 2 stages x 2 replicas: each replica's pipeline runs half of a batch of 16.
-    const PipelineMesh mesh = make_pipeline_mesh(world, 2);
+    const DeviceMesh mesh(world, pp_dp_tp_dimensions(2, 2));
     for (const auto& schedule : kSchedules) {
       expect_like_one_process(
-          mesh.pipeline,
-          mesh.data_parallel,
+          mesh.group("pp"),
+          mesh.group("dp"),
           schedule,
           /*global_batch=*/16,
           /*microbatches=*/4);
@@ -133,22 +133,23 @@ TEST(PipelineParallelTest, EveryScheduleOnTwoRanksAndTwoStagesTimesTwoReplicas) 
     auto model = make_model();
     PipelineParallel pipeline(
         pipeline_blocks(*model),
-        mesh.pipeline,
-        mesh.data_parallel,
+        mesh.group("pp"),
+        mesh.group("dp"),
         PipelineParallelOptions().num_microbatches(4));
-    train_pipeline(pipeline, kSteps, 16, mesh.replica, 2, [&](const torch::nn::Module& module) {
-      ShardedOptimizerOptions options;
-      options.make_base_optimizer = [](std::vector<optim::ParamGroup> groups) {
-        optim::SGDOptions sgd;
-        sgd.momentum = 0.9;
-        return std::make_unique<optim::SGD>(std::move(groups), sgd);
-      };
-      optim::ParamGroupOptions groups;
-      groups.lr = 0.1;
-      groups.weight_decay = 1e-3;
-      return std::make_unique<ShardedOptimizer>(
-          optim::build_param_groups(module, groups), mesh.data_parallel, options);
-    });
+    train_pipeline(
+        pipeline, kSteps, 16, mesh.coordinate("dp"), 2, [&](const torch::nn::Module& module) {
+          ShardedOptimizerOptions options;
+          options.make_base_optimizer = [](std::vector<optim::ParamGroup> groups) {
+            optim::SGDOptions sgd;
+            sgd.momentum = 0.9;
+            return std::make_unique<optim::SGD>(std::move(groups), sgd);
+          };
+          optim::ParamGroupOptions groups;
+          groups.lr = 0.1;
+          groups.weight_decay = 1e-3;
+          return std::make_unique<ShardedOptimizer>(
+              optim::build_param_groups(module, groups), mesh.group("dp"), options);
+        });
     EXPECT_LT(max_difference(pipeline, *reference), kTolerance) << "ZeRO-1";
   });
 }

@@ -123,7 +123,6 @@ class TrainingState {
       const at::Tensor& rng_states,
       std::vector<std::pair<std::string, at::Tensor>> model_state,
       const c10::IValue& ema_entry) const;
-  bool model_is_sharded() const;
   c10::IValue model_ema_entry();
   void load_model(const StateDict& state, const std::string& where);
   void load_optimizer(

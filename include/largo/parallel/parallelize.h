@@ -18,11 +18,11 @@
 //   local (one process), DDP, ZeRO-1 (sharded optimizer state), ZeRO-2 (+ gradients),
 //   FSDP / ZeRO-3 (+ parameters). Precision (Apex O0-O3 or autocast, float16/bfloat16, a
 //   GradScaler) and activation checkpointing compose with each of them.
-// Pipeline parallelism (ParallelOptions::pipeline, pipeline_parallel.h) is the overload of
-// parallelize() over a model's blocks: stages over pipeline ranks, DDP or ZeRO-1 over each
-// stage's replicas. Its step is one forward_backward() per micro-step (the schedule interleaves
-// forwards and backwards), which every mode offers, so a loop written with forward_backward
-// runs unchanged on all of them:
+// Pipeline parallelism (ParallelOptions::pipeline, pipeline_parallel.h) cuts a model that is
+// a chain of blocks into stages over the pipeline ranks of a DeviceMesh (device_mesh.h), DDP
+// or ZeRO-1 over each stage's replicas. Its step is one forward_backward() per micro-step (the
+// schedule interleaves forwards and backwards), which every mode offers, so a loop written with
+// forward_backward runs unchanged on all of them:
 //     auto scope = model->micro_step(k + 1 == K);
 //     model->forward_backward(x_k, y_k, cross_entropy, /*loss_divisor=*/K);
 //
@@ -44,7 +44,8 @@
 // units and checkpointed modules are elements of torch::nn::Sequential containers chosen by
 // a WrapPolicy (wrap_policy.h); everything else works on any module.
 //
-// Collectives: parallelize() (the initial broadcast), and on the returned object forward()
+// Collectives: parallelize() (with a pipeline, the DeviceMesh's new_group calls first; the
+// initial broadcast), and on the returned object forward()
 // (buffer broadcasts, FSDP's gathers), backward() (gradient reductions), finish_backward()
 // (manual reduction; the inf/NaN agreement), clip_grad_norm(), step() (ZeRO's all-gathers,
 // norm reductions), model_state_dict() under FSDP. Every rank must make the same calls in
@@ -55,6 +56,7 @@
 #include <largo/optim/optimizer.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/parallel/checkpointed_segments.h>
+#include <largo/parallel/device_mesh.h>
 #include <largo/parallel/distributed_data_parallel.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/memory_estimate.h>
@@ -76,6 +78,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace largo::parallel {
@@ -118,8 +121,9 @@ struct ActivationCheckpointingOptions {
   }
 };
 
-// Pipeline parallelism: the world is `size` pipeline ranks x data-parallel replicas
-// (pipeline_mesh.h's layout); `stages` says how the blocks are cut and scheduled.
+// Pipeline parallelism: the world is `size` pipeline ranks x data-parallel replicas (the
+// "pp" and "dp" dimensions of device_mesh.h's layout); `stages` says how the blocks are cut
+// and scheduled.
 struct PipelineOptions {
   int size = 1; // DISTRIBUTED.PIPELINE_SIZE; 1: no pipeline
   PipelineParallelOptions stages;
@@ -131,8 +135,8 @@ struct PipelineOptions {
 
 struct ParallelOptions {
   DataParallelism data_parallelism = DataParallelism::kDdp;
-  // With the blocks overload of parallelize(): DDP (kDdp) or ZeRO-1 (kZero1) over each stage's
-  // replicas. The module overload refuses a size > 1 (it cannot cut the module into stages).
+  // With a size > 1 the model must be a chain of blocks (ModelToParallelize); DDP (kDdp) or
+  // ZeRO-1 (kZero1) over each stage's replicas.
   PipelineOptions pipeline;
   DistributedDataParallelOptions ddp;   // kDdp
   ShardedDataParallelOptions zero;      // kZero2's gradient reduction
@@ -171,6 +175,22 @@ struct OptimizerShard {
   std::string type; // "zero" (stages 1-2) or "fsdp"
 };
 
+// What parallelize() is given: a module, or a model's chain of blocks (pipeline_blocks(),
+// pipeline_stages.h). A pipeline (ParallelOptions::pipeline.size > 1) cuts blocks into
+// stages: blocks given as such, or a module that is a chain of them (a models::TrunkHeadModel:
+// its trunk's blocks, then its head's). Converts implicitly from each, so
+// parallelize(net, ...) and parallelize(blocks, ...) both read.
+struct ModelToParallelize {
+  ModelToParallelize(torch::nn::AnyModule module) : model(std::move(module)) {}
+  // A module holder (`Net` for `struct NetImpl`, models::TrunkHeadModel).
+  template <typename ModuleImpl>
+  ModelToParallelize(torch::nn::ModuleHolder<ModuleImpl> module)
+      : model(torch::nn::AnyModule(std::move(module))) {}
+  ModelToParallelize(std::vector<PipelineBlock> blocks) : model(std::move(blocks)) {}
+
+  std::variant<torch::nn::AnyModule, std::vector<PipelineBlock>> model;
+};
+
 class ParallelModel {
  public:
   virtual ~ParallelModel();
@@ -187,6 +207,13 @@ class ParallelModel {
   virtual bool forward_communicates_without_grad() const {
     return false;
   }
+  // After this rank's last evaluation forward (under torch::NoGradGuard), having run
+  // `forwards_run` of them: where forwards communicate, every rank must run as many as the
+  // rank with the most, so this one runs forwards of one zero sample of `sample_shape` on
+  // `device` until it has. Collective there (an all-reduce over process_group() first);
+  // nothing otherwise.
+  void match_evaluation_forwards(
+      int64_t forwards_run, const std::vector<int64_t>& sample_shape, torch::Device device);
 
   // The scope of one micro-step of gradient accumulation: with synchronize false, the
   // backward inside it accumulates gradients locally (DDP's no_sync; ZeRO-2 and FSDP reduce
@@ -262,6 +289,22 @@ class ParallelModel {
   DataParallelism data_parallelism() const {
     return options_.data_parallelism;
   }
+  // Whether module() holds compute copies of the trained values (FSDP: gathered, possibly in
+  // a lower precision), so that a saved state's floating dtypes need not be the module's.
+  virtual bool module_holds_compute_copies() const {
+    return false;
+  }
+  // Whether local_state() holds this rank's pieces of the parameters rather than whole
+  // ones (FSDP).
+  virtual bool local_state_is_sharded() const {
+    return false;
+  }
+  // Whether optimizer() steps every trained parameter of the whole model, so that a
+  // checkpoint's ZeRO pieces can be consolidated into it (false in a pipeline, whose
+  // optimizer steps one stage's).
+  virtual bool optimizer_covers_whole_model() const {
+    return true;
+  }
   // "ZeRO stage 2: optimizer state and gradients sharded over 4 rank(s) (gloo), 3 gradient
   // buckets; precision ...; activation checkpointing: ..." for the start-up log.
   std::string describe() const;
@@ -286,6 +329,10 @@ class ParallelModel {
   // shape; FSDP keeps this rank's shard). O2: the masters are set from them. Throws
   // largo::Error naming a missing entry. No collective.
   virtual void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state);
+  // Every parameter and buffer name of the whole model, in order (model_state_dict()'s), of
+  // which module() holds this rank's part: the module's own names, except in a pipeline,
+  // whose module is this rank's stages. No collective.
+  virtual std::vector<std::string> whole_model_names() const;
   // Every parameter's whole value by name (copies; FSDP gathers them unit by unit on every
   // rank: a collective, for tests and small models; a pipeline gathers them on its rank 0,
   // and its other ranks get their stages').
@@ -350,11 +397,12 @@ class ParallelModel {
   std::optional<ActivationMemoryReport> activation_memory_report_;
   std::unique_ptr<CheckpointedSegments> checkpointing_; // installed last, removed first
 
-  friend std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule,
-                                                    std::vector<optim::ParamGroup>,
-                                                    const OptimizerFactory&,
-                                                    std::shared_ptr<comm::ProcessGroup>,
-                                                    ParallelOptions);
+  friend std::unique_ptr<ParallelModel> parallelize(
+      ModelToParallelize,
+      std::vector<optim::ParamGroup>,
+      const OptimizerFactory&,
+      std::shared_ptr<comm::ProcessGroup>,
+      ParallelOptions);
 };
 
 // The checks parallelize() makes first, for a world of `world_size` ranks, so that a
@@ -363,42 +411,34 @@ class ParallelModel {
 // module, compute copies outside FSDP, ...).
 void check_parallel_options(const ParallelOptions& options, int world_size);
 
+// The mesh a run of `options` lays the world's `world_size` ranks on: pipeline ranks
+// (pipeline.size) x data-parallel replicas x tensor-parallel shards (1). Throws OptionError
+// (naming ParallelOptions::pipeline.size) unless the pipeline size divides the world.
+// With data_shard(rank, mesh_dimensions(...)) it says which data a rank reads before any
+// group exists.
+std::vector<MeshDimension> mesh_dimensions(const ParallelOptions& options, int world_size);
+
 // Applies `options` to `model` in the order described at the top, with `make_optimizer`
-// building the optimizer over `param_groups` (or over this rank's pieces of them). Throws
-// OptionError for combinations that do not compose (ZeRO with O2's master weights, FSDP with
-// a cast of the module, a mode that needs more than one rank's process group...).
-// Collective.
-std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
-                                           std::vector<optim::ParamGroup> param_groups,
-                                           const OptimizerFactory& make_optimizer,
-                                           std::shared_ptr<comm::ProcessGroup> group,
-                                           ParallelOptions options);
-
-// Pipeline parallelism (ParallelOptions::pipeline): `blocks` (pipeline_blocks(), the same
-// model on every rank) cut into stages over the pipeline ranks of `group`, DDP (or ZeRO-1)
-// over each stage's replicas; `param_groups` (over the whole model) keep this rank's
-// parameters, and the optimizer steps those. The other stages' blocks are emptied (their
-// parameters and buffers become empty tensors, in the caller's model too), so a rank holds
-// only its part. The returned model's forward_backward runs the schedule;
-// forward() gives every rank the outputs; model_state_dict() and optimizer_state_dict() are
-// the whole model's, gathered on rank 0. Throws OptionError for what does not compose with
-// a pipeline (ZeRO-2, FSDP, activation checkpointing: use PipelineParallelOptions::
-// checkpoint_stages, a cast of the model). Collective.
-std::unique_ptr<ParallelModel> parallelize(std::vector<PipelineBlock> blocks,
-                                           std::vector<optim::ParamGroup> param_groups,
-                                           const OptimizerFactory& make_optimizer,
-                                           std::shared_ptr<comm::ProcessGroup> group,
-                                           ParallelOptions options);
-
-// For a module holder (`Net` for `struct NetImpl`, models::TrunkHeadModel).
-template <typename ModuleImpl>
-std::unique_ptr<ParallelModel> parallelize(torch::nn::ModuleHolder<ModuleImpl> model,
-                                           std::vector<optim::ParamGroup> param_groups,
-                                           const OptimizerFactory& make_optimizer,
-                                           std::shared_ptr<comm::ProcessGroup> group,
-                                           ParallelOptions options) {
-  return parallelize(torch::nn::AnyModule(model), std::move(param_groups), make_optimizer,
-                     std::move(group), std::move(options));
-}
+// building the optimizer over `param_groups` (or over this rank's pieces of them).
+//
+// With a pipeline (ParallelOptions::pipeline): the blocks (the same model on every rank)
+// are cut into stages over the "pp" groups of a DeviceMesh of `group`, DDP (or ZeRO-1) over
+// its "dp" groups; `param_groups` (over the whole model) keep this rank's parameters, and the
+// optimizer steps those. The other stages' blocks are emptied (their parameters and buffers
+// become empty tensors, in the caller's model too), so a rank holds only its part. The
+// returned model's forward_backward runs the schedule; forward() gives every rank the
+// outputs; model_state_dict() and optimizer_state_dict() are the whole model's, gathered on
+// rank 0.
+//
+// Throws OptionError for what cannot be honoured: combinations that do not compose (ZeRO
+// with O2's master weights, FSDP with a cast of the module, a pipeline with ZeRO-2, FSDP,
+// ActivationCheckpointingOptions or a cast...), a pipeline over a module that is not a chain
+// of blocks, blocks without a pipeline. Collective.
+std::unique_ptr<ParallelModel> parallelize(
+    ModelToParallelize model,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer,
+    std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options);
 
 } // namespace largo::parallel

@@ -2,7 +2,8 @@
 // blocks per pipeline rank (V runs per rank for the interleaved schedule), each micro-batch's
 // activations sent forward and their gradients backward between ranks, in the order a
 // schedule (pipeline_schedule.h: gpipe, 1f1b, interleaved_1f1b, zb_h1) gives; optionally
-// composed with data parallelism over each stage's replicas (pipeline_mesh.h).
+// composed with data parallelism over each stage's replicas (the "pp" and "dp" groups of
+// device_mesh.h).
 //
 // A step does not split into "forward" and "backward" calls: the schedule interleaves the two
 // across micro-batches. So the entry point is forward_backward(inputs, targets, loss): it

@@ -59,16 +59,21 @@ int64_t saved_data_replicas(const StateDict& state, int64_t saved_world_size) {
   return entries.contains("num_replicas") ? entries.at("num_replicas").toInt() : saved_world_size;
 }
 
-// A pipeline stage's part of a whole model's state, after checking that the state has no
-// entry the whole model lacks (the stage's own entries are checked against it by the caller).
-StateDict stage_entries(const parallel::PipelineParallel& pipeline, const StateDict& state,
-                        const std::string& where) {
-  const auto& names = pipeline.full_model_names();
+// This rank's part of a whole model's state (the entries its module holds: a pipeline stage's
+// own), after checking that the state has no entry the whole model lacks. Where the module
+// is the whole model the state is returned as it is, and check_model_state_dict names what
+// is missing or unexpected.
+StateDict own_entries(
+    const parallel::ParallelModel& model, const StateDict& state, const std::string& where) {
+  const auto names = model.whole_model_names();
   const std::set<std::string> model_names(names.begin(), names.end());
-  const auto own_names = pipeline.module()->named_parameters().keys();
+  const auto own_names = model.module()->named_parameters().keys();
   std::set<std::string> own(own_names.begin(), own_names.end());
-  for (const auto& buffer : pipeline.module()->named_buffers()) {
+  for (const auto& buffer : model.module()->named_buffers()) {
     own.insert(buffer.key());
+  }
+  if (own == model_names) {
+    return state;
   }
   StateDict part(c10::StringType::get(), c10::AnyType::get());
   std::vector<std::string> unexpected;
@@ -266,14 +271,14 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
 }
 
 void TrainingState::load_model(const StateDict& state, const std::string& where) {
-  auto model_state = state_at(state, "model", where).toGenericDict();
-  if (const parallel::PipelineParallel* pipeline = model_.pipeline()) {
-    model_state = stage_entries(*pipeline, model_state, where);
-  }
-  // FSDP's module holds compute copies whose dtype may differ from the float32 masters saved.
-  const bool sharded_copies = model_.data_parallelism() == parallel::DataParallelism::kFsdp;
+  const StateDict model_state =
+      own_entries(model_, state_at(state, "model", where).toGenericDict(), where);
+  // Compute copies (FSDP's) may differ in dtype from the float32 values saved.
   check_model_state_dict(
-      *model_.module(), model_state, /*exact_floating_dtypes=*/!sharded_copies, where);
+      *model_.module(),
+      model_state,
+      /*exact_floating_dtypes=*/!model_.module_holds_compute_copies(),
+      where);
   std::unordered_map<std::string, at::Tensor> values;
   for (const auto& item : model_state) {
     values.emplace(item.key().toStringRef(), item.value().toTensor());
@@ -284,7 +289,7 @@ void TrainingState::load_model(const StateDict& state, const std::string& where)
 void TrainingState::load_optimizer(
     const StateDict& state, const fs::path& checkpoint_dir, const std::string& where) {
   const c10::IValue& entry = state_at(state, "optimizer", where);
-  if (model_.pipeline() != nullptr && !model_.optimizer_shard() &&
+  if (!model_.optimizer_covers_whole_model() && !model_.optimizer_shard() &&
       is_sharded_optimizer_entry(entry)) {
     throw CheckpointError(fmt::format(
         "{} holds ZeRO optimizer shards, which a pipeline cannot split by stage; consolidate "
@@ -389,10 +394,6 @@ void TrainingState::load_loss_state(
   }
 }
 
-bool TrainingState::model_is_sharded() const {
-  return model_.data_parallelism() == parallel::DataParallelism::kFsdp;
-}
-
 // Collective under FSDP: each rank's average of its pieces is put into the model, gathered
 // as the model is, and the model's own values put back.
 c10::IValue TrainingState::model_ema_entry() {
@@ -400,7 +401,7 @@ c10::IValue TrainingState::model_ema_entry() {
     return {};
   }
   c10::IValue entry = ema_->state_dict();
-  if (model_is_sharded()) {
+  if (model_.local_state_is_sharded()) {
     std::vector<std::pair<std::string, at::Tensor>> whole;
     {
       const optim::AverageInModel average(*ema_, ema_tensors_);
@@ -429,7 +430,8 @@ void TrainingState::load_model_ema(const StateDict& state, const std::string& wh
     return;
   }
   try {
-    if (model_is_sharded()) { // whole tensors: each rank keeps its pieces, via the model
+    if (model_
+            .local_state_is_sharded()) { // whole tensors: each rank keeps its pieces, via the model
       const optim::AverageInModel keep_own(*ema_, ema_tensors_);
       model_.load_model_state_dict(whole_averages(entry->value()));
       ema_->set(ema_tensors_);

@@ -80,6 +80,12 @@ class FsdpModel : public ParallelModel {
   bool forward_communicates_without_grad() const override {
     return true; // units are gathered for evaluation too
   }
+  bool module_holds_compute_copies() const override {
+    return true; // gathered from the float32 shards, in compute_dtype when one is set
+  }
+  bool local_state_is_sharded() const override {
+    return true;
+  }
 
  protected:
   at::Tensor run_forward(const at::Tensor& input) override {

@@ -273,6 +273,31 @@ torch::OrderedDict<std::string, at::Tensor> ParallelModel::local_state() const {
   return tensors;
 }
 
+std::vector<std::string> ParallelModel::whole_model_names() const {
+  std::vector<std::string> names;
+  for (const auto& parameter : module_->named_parameters()) {
+    names.push_back(parameter.key());
+  }
+  for (const auto& buffer : module_->named_buffers()) {
+    names.push_back(buffer.key());
+  }
+  return names;
+}
+
+void ParallelModel::match_evaluation_forwards(
+    int64_t forwards_run, const std::vector<int64_t>& sample_shape, torch::Device device) {
+  if (!forward_communicates_without_grad()) {
+    return;
+  }
+  at::Tensor most = at::tensor({forwards_run}, at::kLong);
+  group_->all_reduce(most, comm::ReduceOp::kMax);
+  std::vector<int64_t> shape{1}; // [1, sample...]
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  for (int64_t i = forwards_run; i < most.item<int64_t>(); ++i) {
+    forward(at::zeros(shape, at::TensorOptions().device(device)));
+  }
+}
+
 std::map<std::string, std::vector<int64_t>> ParallelModel::trained_parameter_shapes() const {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& group : optimizer_->param_groups()) {

@@ -2,6 +2,7 @@
 
 #include <largo/core/error.h>
 #include <largo/models/module_device.h>
+#include <largo/models/trunk_head_model.h>
 #include <largo/parallel/checkpointed_segments.h>
 #include <largo/parallel/sequential_checkpoint_plan.h>
 
@@ -21,12 +22,7 @@ void check_pipeline_options(const ParallelOptions& options, int world_size) {
     return;
   }
   const std::string size = std::to_string(pipeline.size);
-  if (world_size % pipeline.size != 0) {
-    throw OptionError("ParallelOptions::pipeline.size", size,
-                      fmt::format("a divisor of the {} ranks (pipeline ranks x data-parallel "
-                                  "replicas)",
-                                  world_size));
-  }
+  mesh_dimensions(options, world_size); // the pipeline size divides the world
   if (options.data_parallelism != DataParallelism::kDdp &&
       options.data_parallelism != DataParallelism::kZero1) {
     throw OptionError("ParallelOptions::pipeline.size", size,
@@ -47,6 +43,20 @@ void check_pipeline_options(const ParallelOptions& options, int world_size) {
 }
 
 } // namespace
+
+std::vector<MeshDimension> mesh_dimensions(const ParallelOptions& options, int world_size) {
+  const int pp = options.pipeline.size;
+  if (pp < 1 || world_size % pp != 0) {
+    throw OptionError(
+        "ParallelOptions::pipeline.size",
+        std::to_string(pp),
+        fmt::format(
+            "a divisor of the {} ranks (pipeline ranks x data-parallel "
+            "replicas)",
+            world_size));
+  }
+  return pp_dp_tp_dimensions(pp, world_size / pp, /*tp=*/1);
+}
 
 void check_parallel_options(const ParallelOptions& options, int world_size) {
   const DataParallelism mode = options.data_parallelism;
@@ -136,27 +146,13 @@ std::optional<Cut> plan_checkpointing(torch::nn::AnyModule model,
   return cut;
 }
 
-} // namespace
-
-std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
-                                           std::vector<optim::ParamGroup> param_groups,
-                                           const OptimizerFactory& make_optimizer,
-                                           std::shared_ptr<comm::ProcessGroup> group,
-                                           ParallelOptions options) {
-  if (!group) {
-    throw OptionError("parallelize's process group", "null",
-                      "a process group (comm::ProcessGroup::single_process() for one process)");
-  }
-  if (options.pipeline.enabled()) { // it would otherwise train as plain data parallelism
-    throw OptionError(
-        "ParallelOptions::pipeline.size",
-        std::to_string(options.pipeline.size),
-        "1 with the module overload: a pipeline cuts the model into stages, so "
-        "give its blocks to the blocks overload (std::vector<PipelineBlock>)");
-  }
-  check_parallel_options(options, group->world_size());
-  auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
-
+// Steps 2 to 4 for a module: the precision policy, the optimizer, the data-parallel mode.
+std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
+    torch::nn::AnyModule model,
+    std::shared_ptr<comm::ProcessGroup> group,
+    const ParallelOptions& options,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer) {
   // 2. The precision cast, and the tensors the optimizer steps (O2: the float32 masters).
   precision::GradScalerOptions scaler_options = options.grad_scaler;
   if (group->world_size() > 1) { // every rank skips (or stops) together
@@ -192,7 +188,69 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
                                std::move(param_groups), make_optimizer);
     break;
   }
-  parallel->precision_->copy_model_to_masters(); // O2: from the broadcast weights
+  parallel->precision().copy_model_to_masters(); // O2: from the broadcast weights
+  return parallel;
+}
+
+// The blocks a pipeline cuts into stages: those given, or the chain a module is.
+std::vector<PipelineBlock> blocks_of(ModelToParallelize model, const PipelineOptions& pipeline) {
+  if (auto* blocks = std::get_if<std::vector<PipelineBlock>>(&model.model)) {
+    return std::move(*blocks);
+  }
+  const std::shared_ptr<torch::nn::Module> module =
+      std::get<torch::nn::AnyModule>(model.model).ptr();
+  if (auto trunk_head = std::dynamic_pointer_cast<models::TrunkHeadModelImpl>(module)) {
+    return pipeline_blocks(*trunk_head);
+  }
+  throw OptionError(
+      "ParallelOptions::pipeline.size",
+      std::to_string(pipeline.size),
+      fmt::format(
+          "1 for a {}, which is not a chain of blocks: a pipeline cuts a "
+          "models::TrunkHeadModel, or the blocks of pipeline_blocks(), into stages",
+          module->name()));
+}
+
+} // namespace
+
+std::unique_ptr<ParallelModel> parallelize(
+    ModelToParallelize input,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer,
+    std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options) {
+  if (!group) {
+    throw OptionError(
+        "parallelize's process group",
+        "null",
+        "a process group (comm::ProcessGroup::single_process() for one process)");
+  }
+  if (options.pipeline.enabled()) {
+    auto blocks = blocks_of(std::move(input), options.pipeline); // the model first, then the world
+    check_parallel_options(options, group->world_size());
+    return make_pipeline_model(
+        std::move(blocks),
+        std::move(group),
+        std::move(options),
+        std::move(param_groups),
+        make_optimizer);
+  }
+  check_parallel_options(options, group->world_size());
+  if (!std::holds_alternative<torch::nn::AnyModule>(input.model)) {
+    throw OptionError(
+        "ParallelOptions::pipeline.size",
+        std::to_string(options.pipeline.size),
+        "> 1 for a model given as blocks (without a pipeline, give the module)");
+  }
+  torch::nn::AnyModule model = std::get<torch::nn::AnyModule>(input.model);
+  auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
+
+  auto parallel = wrap_for_data_parallelism(
+      model,
+      group,
+      options,
+      std::move(param_groups),
+      make_optimizer); // 2.-4.
 
   // 5. Checkpointed segments, around whatever the elements run now (FSDP's interceptors).
   const auto& checkpointing = options.activation_checkpointing;
@@ -207,24 +265,6 @@ std::unique_ptr<ParallelModel> parallelize(torch::nn::AnyModule model,
         parallel->module_, checkpointing.modules, checkpointing.preserve_rng_state);
   }
   return parallel;
-}
-
-std::unique_ptr<ParallelModel> parallelize(std::vector<PipelineBlock> blocks,
-                                           std::vector<optim::ParamGroup> param_groups,
-                                           const OptimizerFactory& make_optimizer,
-                                           std::shared_ptr<comm::ProcessGroup> group,
-                                           ParallelOptions options) {
-  if (!group) {
-    throw OptionError("parallelize's process group", "null", "the world's process group");
-  }
-  if (!options.pipeline.enabled()) {
-    throw OptionError("ParallelOptions::pipeline.size", std::to_string(options.pipeline.size),
-                      "> 1 with the blocks overload (without a pipeline, parallelize the "
-                      "module)");
-  }
-  check_parallel_options(options, group->world_size());
-  return make_pipeline_model(std::move(blocks), std::move(group), std::move(options),
-                             std::move(param_groups), make_optimizer);
 }
 
 } // namespace largo::parallel

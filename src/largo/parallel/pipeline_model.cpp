@@ -10,8 +10,8 @@
 
 #include <largo/core/error.h>
 #include <largo/models/module_device.h>
+#include <largo/parallel/device_mesh.h>
 #include <largo/parallel/pipeline_checkpoint.h>
-#include <largo/parallel/pipeline_mesh.h>
 #include <largo/parallel/sharded_optimizer.h>
 #include <largo/precision/autocast.h>
 
@@ -95,7 +95,7 @@ at::Tensor pad_rows(const at::Tensor& batch, int64_t rows) {
 class PipelineModel : public ParallelModel {
  public:
   PipelineModel(
-      PipelineMesh mesh,
+      std::unique_ptr<DeviceMesh> mesh,
       std::unique_ptr<PipelineParallel> pipeline,
       std::shared_ptr<comm::ProcessGroup> group,
       ParallelOptions options,
@@ -111,7 +111,7 @@ class PipelineModel : public ParallelModel {
       ShardedOptimizerOptions zero;
       zero.make_base_optimizer = make_optimizer;
       auto sharded =
-          std::make_unique<ShardedOptimizer>(std::move(own_groups), mesh_.data_parallel, zero);
+          std::make_unique<ShardedOptimizer>(std::move(own_groups), mesh_->group("dp"), zero);
       sharded_ = sharded.get();
       optimizer_ = std::move(sharded);
     } else {
@@ -156,10 +156,16 @@ class PipelineModel : public ParallelModel {
     return true; // every forward runs the pipeline
   }
   comm::ProcessGroup& data_parallel_group() const override {
-    return *mesh_.data_parallel;
+    return *mesh_->group("dp");
   }
   const PipelineParallel* pipeline() const override {
     return pipeline_.get();
+  }
+  std::vector<std::string> whole_model_names() const override {
+    return pipeline_->full_model_names();
+  }
+  bool optimizer_covers_whole_model() const override {
+    return false; // this stage's parameters
   }
 
   // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).
@@ -231,8 +237,8 @@ class PipelineModel : public ParallelModel {
   // step's micro-batches each update them).
   void reduce_gradients() override {
     pipeline_->reduce_gradients();
-    if (options_.ddp.broadcast_buffers && mesh_.data_parallel_size > 1) {
-      broadcast_coalesced(*mesh_.data_parallel, module_->buffers(), /*root=*/0);
+    if (options_.ddp.broadcast_buffers && mesh_->size("dp") > 1) {
+      broadcast_coalesced(*mesh_->group("dp"), module_->buffers(), /*root=*/0);
     }
   }
   // ZeRO-1: only this replica's pieces are unscaled, checked and clipped; the pieces of all
@@ -249,7 +255,7 @@ class PipelineModel : public ParallelModel {
   std::string describe_mode() const override {
     return fmt::format(
         "pipeline: {}; {}{}",
-        mesh_.describe(),
+        mesh_->describe(),
         pipeline_->describe(),
         sharded_ != nullptr ? "; ZeRO-1 over each stage's replicas" : "");
   }
@@ -264,12 +270,12 @@ class PipelineModel : public ParallelModel {
   c10::IValue stage_optimizer_state() {
     const c10::IValue own =
         piece_state_dict(sharded_->base(), sharded_->piece_ownership(), sharded_->type());
-    const std::vector<c10::IValue> shards = gather_to_root(*mesh_.data_parallel, own);
+    const std::vector<c10::IValue> shards = gather_to_root(*mesh_->group("dp"), own);
     if (shards.empty()) {
       return {};
     }
     return consolidate_sharded_optimizer_state(
-        mesh_.data_parallel_size,
+        mesh_->size("dp"),
         [&](int replica) { return shards[static_cast<size_t>(replica)]; },
         trained_parameter_shapes());
   }
@@ -283,7 +289,7 @@ class PipelineModel : public ParallelModel {
     return merge_optimizer_state_dicts(parts, pipeline_->full_parameter_names());
   }
 
-  PipelineMesh mesh_;
+  std::unique_ptr<DeviceMesh> mesh_; // pp x dp (x tp = 1) over group_
   std::unique_ptr<PipelineParallel> pipeline_;
   ShardedOptimizer* sharded_ = nullptr; // optimizer_, with ZeRO-1
 };
@@ -301,11 +307,13 @@ std::unique_ptr<ParallelModel> make_pipeline_model(
   for (const auto& block : blocks) {
     all_blocks.push_back(block.module.ptr());
   }
-  PipelineMesh mesh = make_pipeline_mesh(*group, options.pipeline.size);
+  // The world as pipeline ranks x each stage's replicas; the mesh refers to `group`, which
+  // the model keeps.
+  auto mesh = std::make_unique<DeviceMesh>(*group, mesh_dimensions(options, group->world_size()));
   PipelineParallelOptions stages = options.pipeline.stages;
   stages.data_parallel(options.ddp); // manual reduction is forced over the replicas
   auto pipeline = std::make_unique<PipelineParallel>(
-      std::move(blocks), mesh.pipeline, mesh.data_parallel, stages);
+      std::move(blocks), mesh->group("pp"), mesh->group("dp"), stages);
   empty_other_stages(all_blocks, *pipeline->module());
   // Every stage and replica skips (or stops) together.
   precision::GradScalerOptions scaler_options = options.grad_scaler;

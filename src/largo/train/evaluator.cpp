@@ -18,25 +18,6 @@ std::optional<double> EvaluationResult::top(int64_t k) const {
 
 namespace {
 
-// Under FSDP an evaluation forward gathers units (collectives), so every rank must run as
-// many as the rank with the most test batches: the others run forwards on zeros.
-void pad_collective_forwards(
-    parallel::ParallelModel& model,
-    int64_t num_batches,
-    const std::vector<int64_t>& sample_shape,
-    torch::Device device) {
-  if (!model.forward_communicates_without_grad()) {
-    return;
-  }
-  at::Tensor most = at::tensor({num_batches}, at::kLong);
-  model.process_group().all_reduce(most, comm::ReduceOp::kMax);
-  std::vector<int64_t> shape{1};
-  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-  for (int64_t i = num_batches; i < most.item<int64_t>(); ++i) {
-    model.forward(at::zeros(shape, at::TensorOptions().device(device)));
-  }
-}
-
 // The result of one meter per output (one per head).
 EvaluationResult result_of(std::vector<AccuracyMeter>& meters, comm::ProcessGroup& group) {
   EvaluationResult result;
@@ -87,7 +68,8 @@ EvaluationResult evaluate(
       meters[i].update(outputs[i], labels);
     }
   }
-  pad_collective_forwards(model, num_batches, options.sample_shape, device);
+  // Where an evaluation forward communicates, ranks with fewer test batches run more.
+  model.match_evaluation_forwards(num_batches, options.sample_shape, device);
   at::Tensor total_loss = at::tensor({loss_sum}, at::kDouble);
   // A pipeline's stages all saw their replica's outputs: the replicas' sums are the test set's.
   model.data_parallel_group().all_reduce(total_loss);

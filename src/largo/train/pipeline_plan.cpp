@@ -1,7 +1,7 @@
 #include "pipeline_plan.h"
 
 #include <largo/core/error.h>
-#include <largo/parallel/pipeline_mesh.h>
+#include <largo/parallel/parallelize.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -156,7 +156,9 @@ std::vector<int64_t> pipeline_timing_sample_shape(const RunPlan& plan) {
 }
 
 int data_replicas(const RunPlan& plan) {
-  return parallel::num_replicas(plan.world.world_size, plan.options.pipeline.size);
+  // Any rank's shard count: ranks differ in their shard, not in how many there are.
+  return parallel::data_shard(0, parallel::mesh_dimensions(plan.parallel, plan.world.world_size))
+      .count;
 }
 
 } // namespace largo::train

@@ -613,6 +613,9 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   check_checkpointing_splits(plan);
   check_linear_evaluation(plan);
   check_pipeline_keys(plan);
+  plan.parallel = parallel_options_of(plan);
+  rethrow_with_yaml_keys(
+      [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
 
   // A pipeline's stages share their replica's batch: the replicas make the global batch, and
   // a node holds procs_per_node / PIPELINE_SIZE of them (at least a part of one).
@@ -622,10 +625,6 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   plan.batch_per_node = plan.batch_per_rank * replicas_per_node * accumulation;
   plan.global_batch = plan.batch_per_rank * data_replicas(plan) * accumulation;
   scale_learning_rates(plan);
-
-  plan.parallel = parallel_options_of(plan);
-  rethrow_with_yaml_keys(
-      [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
   return plan;
 }
 

@@ -15,7 +15,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
-#include <largo/parallel/pipeline_mesh.h>
+#include <largo/parallel/parallelize.h>
 #include <largo/parallel/sync_batch_norm.h>
 #include <largo/train/model_ema_hook.h>
 #include <largo/train/option_keys.h>
@@ -91,7 +91,7 @@ struct Trainer::State {
   bool will_resume() const;
   void parallelize_model();
   void build_self_supervised_loss();
-  parallel::ParallelOptions pipeline_options() const;
+  parallel::ParallelOptions parallel_options() const;
   void open_records();
   void add_hooks();
   void keep_model_ema();
@@ -150,13 +150,13 @@ void Trainer::State::setup() {
   }
   threads = set_threads(options().num_threads, plan.world.procs_per_node);
   device = pick_device(options());
-  // A pipeline's stages read their replica's batches (every stage the same ones).
-  const int pipeline_size = plan.parallel.pipeline.size;
-  data = std::make_unique<TrainingData>(
-      options(),
-      parallel::replica_of(group->rank(), group->world_size(), pipeline_size),
-      parallel::num_replicas(group->world_size(), pipeline_size),
-      device);
+  // Ranks that differ only in their pipeline stage (or tensor-parallel shard) read the same
+  // batches: the mesh's data shard, known before parallelize() builds its groups.
+  const parallel::DataShard shard = rethrow_with_yaml_keys([&] {
+    return parallel::data_shard(
+        group->rank(), parallel::mesh_dimensions(plan.parallel, group->world_size()));
+  });
+  data = std::make_unique<TrainingData>(options(), shard.index, shard.count, device);
   check_data_matches_plan(*data, plan);
   build_model();
   parallelize_model();
@@ -245,20 +245,12 @@ void Trainer::State::parallelize_model() {
     groups.head_prefix = model.linear_eval->head_prefix();
   }
   parallel = rethrow_with_yaml_keys([&] {
-    if (plan.parallel.pipeline.enabled()) {
-      return parallel::parallelize(
-          parallel::pipeline_blocks(*model.model),
-          optim::build_param_groups(*model.module(), groups),
-          make_optimizer,
-          group,
-          pipeline_options());
-    }
     return parallel::parallelize(
         model.any_module(),
         optim::build_param_groups(*model.module(), groups),
         make_optimizer,
         group,
-        plan.parallel);
+        parallel_options());
   });
   if (parallel->activation_memory_report()) {
     step_memory.emplace(device);
@@ -287,8 +279,9 @@ void Trainer::State::build_self_supervised_loss() {
       [loss](const std::map<std::string, at::Tensor>& values) { loss->load_state_dict(values); });
 }
 
-// MODEL.PIPELINE.BALANCE time measures the blocks on one micro-batch of zeros.
-parallel::ParallelOptions Trainer::State::pipeline_options() const {
+// The plan's options, with the sample that MODEL.PIPELINE.BALANCE time measures the blocks
+// on (one micro-batch of zeros), which needs the device.
+parallel::ParallelOptions Trainer::State::parallel_options() const {
   parallel::ParallelOptions options = plan.parallel;
   parallel::PipelineParallelOptions& stages = options.pipeline.stages;
   if (stages.balance() == parallel::StageBalance::kTime) {
