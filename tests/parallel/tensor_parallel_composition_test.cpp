@@ -430,6 +430,34 @@ TEST(TensorParallelComposition, VitTpTimesDdpTrainsAndResumesLikeOneProcess) {
   });
 }
 
+// Without data parallelism (a group of one replica): update_full_parameter() changes the full
+// value of a shard (SwAV's prototypes normalised between steps), and full_parameters() gives
+// it back, bit for bit.
+TEST(TensorParallelComposition, TensorParallelAloneUpdatesFullParameters) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& tp_group) {
+    models::TrunkHeadModel model = make_mlp();
+    const auto full = model->named_parameters(); // before sharding: the full values
+    const at::Tensor expected = full["trunk.1.linear.weight"].detach() * 2.0 + 1.0;
+    apply_tensor_parallel(*model, borrow(tp_group));
+    ParallelOptions options;
+    options.tensor_parallel_group = borrow(tp_group);
+    auto run = parallelize(
+        model, groups_of(*model), adamw(), comm::ProcessGroup::single_process(), options);
+    EXPECT_NE(run->describe().find("tensor parallel over 2 ranks"), std::string::npos)
+        << run->describe();
+    ASSERT_NE(run->tensor_parallel_group(), nullptr);
+    run->update_full_parameter("trunk.1.linear.weight", [](at::Tensor& value) {
+      ASSERT_EQ(value.size(1), 32); // the full [24, 32] weight, not the [24, 16] shard
+      value.mul_(2.0).add_(1.0);
+    });
+    for (const auto& [name, value] : run->full_parameters()) {
+      EXPECT_TRUE(
+          at::equal(value, name == "trunk.1.linear.weight" ? expected : full[name].detach()))
+          << name;
+    }
+  });
+}
+
 // The OptionError parallelize() throws, or "" when it throws none (then it built the model).
 std::string parallelize_error(
     models::TrunkHeadModel model,
