@@ -26,6 +26,19 @@
 //     auto scope = model->micro_step(k + 1 == K);
 //     model->forward_backward(x_k, y_k, cross_entropy, /*loss_divisor=*/K);
 //
+// Tensor parallelism (tensor_parallel_plan.h) composes with DDP as torchtitan's 2-D
+// parallelism: step 0 is the caller's, before the param groups are built, because it replaces
+// the planned layers' parameters by this rank's shards:
+//   0. apply_tensor_parallel(*net, tp_group);            // the same seed on every rank first
+//      auto groups = optim::build_param_groups(...);     // over the sharded parameters
+//      options.tensor_parallel_group = tp_group;         // and `group` is the dp group
+//      auto model = parallelize(AnyModule(net), groups, make_optimizer, dp_group, options);
+// parallelize() checks that the module's shards are for that group's size (and refuses a
+// group with an unsharded module, or the reverse). The returned model's clip_grad_norm() is
+// the unsharded model's norm, and its state (model_state_dict(), full_parameters(),
+// optimizer_state_dict()) is the unsharded model's, gathered over the tensor-parallel group,
+// so that a run with and one without tensor parallelism read each other's checkpoints.
+//
 // The order that makes them compose is fixed here, in parallelize():
 //   1. activation checkpointing is planned: its probe steps run forward and backward on the
 //      bare module, before any gradient hook exists;
@@ -48,8 +61,11 @@
 // initial broadcast), and on the returned object forward()
 // (buffer broadcasts, FSDP's gathers), backward() (gradient reductions), finish_backward()
 // (manual reduction; the inf/NaN agreement), clip_grad_norm(), step() (ZeRO's all-gathers,
-// norm reductions), model_state_dict() under FSDP. Every rank must make the same calls in
-// the same order.
+// norm reductions), model_state_dict() under FSDP. With tensor parallelism also forward()
+// and backward() (the layers' all-reduces over the tensor-parallel group), clip_grad_norm()
+// and finish_backward() over it, and model_state_dict(), full_parameters(),
+// optimizer_state_dict() and update_full_parameter() (its all-gathers). Every rank must make
+// the same calls in the same order.
 #pragma once
 
 #include <largo/comm/process_group.h>
@@ -146,6 +162,11 @@ struct ParallelOptions {
   precision::GradScalerOptions grad_scaler;
   // Check gradients for inf/NaN in runs without loss scaling too (finish_backward()).
   bool check_finite = true;
+  // The ranks the module's tensor-parallel layers are split over (apply_tensor_parallel,
+  // step 0 above); parallelize()'s group is then each tensor-parallel rank's data-parallel
+  // group. Null or one rank: off. Composes with DDP (kDdp) only, without a cast of the
+  // module (O2, O3) and without activation checkpointing.
+  std::shared_ptr<comm::ProcessGroup> tensor_parallel_group;
 };
 
 using OptimizerFactory =
@@ -286,6 +307,10 @@ class ParallelModel {
   virtual const PipelineParallel* pipeline() const {
     return nullptr;
   }
+  // The tensor-parallel group (ParallelOptions::tensor_parallel_group); null without one.
+  virtual comm::ProcessGroup* tensor_parallel_group() const {
+    return nullptr;
+  }
   DataParallelism data_parallelism() const {
     return options_.data_parallelism;
   }
@@ -323,7 +348,9 @@ class ParallelModel {
   // ---- state ----
   // Every parameter and buffer by name, in the module's order (a checkpoint's "model"),
   // as CPU copies on `root`; other ranks may get an empty list. Collective under FSDP and
-  // with a pipeline (root 0 only: its rank 0 gathers the stages).
+  // with a pipeline (root 0 only: its rank 0 gathers the stages). With tensor parallelism:
+  // the full values on every rank, gathered over the tensor-parallel group (a collective
+  // there; load_model_state_dict() then takes this rank's slice of each shard).
   virtual std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root = 0);
   // Loads whole values by name (every parameter and buffer of the module, each with its
   // shape; FSDP keeps this rank's shard). O2: the masters are set from them. Throws
@@ -344,7 +371,9 @@ class ParallelModel {
   }
   // Without a shard: the whole model's optimizer state (optim/optimizer.h's format) on rank
   // 0: optimizer().state_dict(); a pipeline gathers every stage's on pipeline rank 0 (None
-  // elsewhere; collective over the pipeline).
+  // elsewhere; collective over the pipeline). With tensor parallelism the unsharded model's,
+  // on every rank: each shard's per-element state (momentum, exp_avg, exp_avg_sq) gathered
+  // over the tensor-parallel group (collective there); loading takes this rank's slice.
   virtual c10::IValue optimizer_state_dict();
   // Without a shard: loads a whole model's optimizer state (a pipeline stage takes its
   // parameters' part). No collective.

@@ -81,6 +81,9 @@ class TensorParallelModule {
   // Local parameter name ("weight", "bias") -> how it is split. Parameters not named are
   // replicated: the same on every rank of the group.
   virtual std::map<std::string, TensorParallelShardSpec> sharded_parameters() const = 0;
+  // The number of ranks the parameters are split over (what parallelize() checks
+  // ParallelOptions::tensor_parallel_group against).
+  virtual int64_t tensor_parallel_size() const = 0;
 };
 
 struct ColumnParallelLinearOptions {
@@ -104,6 +107,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
       ColumnParallelLinearOptions options = {});
   at::Tensor forward(const at::Tensor& input);
   std::map<std::string, TensorParallelShardSpec> sharded_parameters() const override;
+  int64_t tensor_parallel_size() const override {
+    return tp_group_->world_size();
+  }
 
   at::Tensor weight; // [out/T, in]
   at::Tensor bias;   // [out/T], undefined without bias
@@ -123,6 +129,9 @@ class RowParallelLinearImpl : public torch::nn::Module, public TensorParallelMod
       const torch::nn::LinearImpl& full, std::shared_ptr<comm::ProcessGroup> tp_group);
   at::Tensor forward(const at::Tensor& input);
   std::map<std::string, TensorParallelShardSpec> sharded_parameters() const override;
+  int64_t tensor_parallel_size() const override {
+    return tp_group_->world_size();
+  }
 
   at::Tensor weight; // [out, in/T]
   at::Tensor bias;   // [out], replicated; undefined without bias

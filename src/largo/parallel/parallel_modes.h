@@ -26,6 +26,25 @@ std::unique_ptr<ParallelModel> make_fsdp_model(
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
+// DDP (or one process) over the data-parallel group `group` of a module whose layers are
+// tensor-parallel over options.tensor_parallel_group (tensor_parallel_model.cpp).
+std::unique_ptr<ParallelModel> make_tensor_parallel_model(
+    torch::nn::AnyModule model,
+    std::shared_ptr<comm::ProcessGroup> group,
+    ParallelOptions options,
+    std::unique_ptr<precision::MixedPrecision> precision,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer);
+
+// Whether options.tensor_parallel_group is set with more than one rank.
+bool tensor_parallel_enabled(const ParallelOptions& options);
+// The checks of the options alone (check_parallel_options): the modes tensor parallelism
+// composes with. Throws OptionError.
+void check_tensor_parallel_options(const ParallelOptions& options);
+// That `module` is sharded for options.tensor_parallel_group's size, and not sharded
+// without one. Throws OptionError naming ParallelOptions::tensor_parallel_group.
+void check_tensor_parallel_module(const ParallelOptions& options, const torch::nn::Module& module);
+
 // Pipeline stages over the pipeline ranks, DDP over each stage's replicas.
 std::unique_ptr<ParallelModel> make_pipeline_model(
     std::vector<PipelineBlock> blocks, std::shared_ptr<comm::ProcessGroup> group,

@@ -88,6 +88,7 @@ void check_parallel_options(const ParallelOptions& options, int world_size) {
                       "way of cutting at a time)");
   }
   check_pipeline_options(options, world_size);
+  check_tensor_parallel_options(options);
 }
 
 namespace {
@@ -158,6 +159,16 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
   if (group->world_size() > 1) { // every rank skips (or stops) together
     scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
   }
+  if (tensor_parallel_enabled(options)) { // and every rank of the tensor-parallel group
+    auto data_parallel = scaler_options.found_inf_reducer;
+    auto tensor_parallel = precision::found_inf_all_reduce(options.tensor_parallel_group);
+    scaler_options.found_inf_reducer = [data_parallel, tensor_parallel](at::Tensor& found_inf) {
+      if (data_parallel) {
+        data_parallel(found_inf);
+      }
+      tensor_parallel(found_inf);
+    };
+  }
   auto precision = std::make_unique<precision::MixedPrecision>(
       effective_policy(options),
       *model.ptr(),
@@ -175,6 +186,11 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
   std::unique_ptr<ParallelModel> parallel;
   switch (options.data_parallelism) {
   case DataParallelism::kDdp:
+    if (tensor_parallel_enabled(options)) {
+      parallel = make_tensor_parallel_model(
+          model, group, options, std::move(precision), std::move(param_groups), make_optimizer);
+      break;
+    }
     parallel = make_replicated_model(model, group, options, std::move(precision),
                                      std::move(param_groups), make_optimizer);
     break;
@@ -243,6 +259,7 @@ std::unique_ptr<ParallelModel> parallelize(
         "> 1 for a model given as blocks (without a pipeline, give the module)");
   }
   torch::nn::AnyModule model = std::get<torch::nn::AnyModule>(input.model);
+  check_tensor_parallel_module(options, *model.ptr());                    // 0. was the caller's
   auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
 
   auto parallel = wrap_for_data_parallelism(

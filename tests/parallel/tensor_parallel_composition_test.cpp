@@ -1,0 +1,514 @@
+// Tensor parallelism through parallelize() (parallelize.h, step 0), composed with DDP as
+// torchtitan's 2-D parallelism: 4 Gloo ranks as tensor-parallel pairs (TP 2) times two
+// data-parallel replicas (DP 2), world rank = dp_index * 2 + tp_index. Each rank also runs
+// the unsharded model in one process on the global batch (parallelize() over
+// ProcessGroup::single_process()), built from the same seed, and the 2-D run must train like
+// it: losses, gradient norms (clip_grad_norm() is the unsharded norm) and weights. Its state
+// is the unsharded model's (names and shapes), so a checkpoint of the 2-D run resumes in one
+// process and in a fresh 2-D run, and a one-process checkpoint resumes in a 2-D run.
+//
+// Both run in float64 and differ only in the order of additions (the row-parallel layers'
+// partial products, DDP's average of two half-batch means against one mean over the global
+// batch); the bounds are the ones tensor_parallel_test.cpp derives, see kRelativeTolerance.
+#include <largo/core/error.h>
+#include <largo/models/mlp.h>
+#include <largo/models/trunk_head_model.h>
+#include <largo/models/vit.h>
+#include <largo/optim/adamw.h>
+#include <largo/parallel/parallelize.h>
+#include <largo/parallel/tensor_parallel.h>
+#include <largo/parallel/tensor_parallel_plan.h>
+
+#include "comm/distributed_test_util.h"
+#include "parallel/parallelize_test_util.h"
+
+#include <fmt/format.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+namespace largo::parallel::tensor_parallel_composition_test {
+namespace {
+
+using largo::testing::run_on_ranks;
+using testing::borrow;
+using testing::groups_of;
+
+constexpr int kTensorParallelSize = 2;
+constexpr int kDataParallelSize = 2;
+constexpr int kSaveStep = 8;    // the checkpoint is taken after this many steps
+constexpr int kResumeSteps = 4; // and every run continues for this many
+constexpr int kSteps = kSaveStep + kResumeSteps;
+constexpr int64_t kGlobalBatch = 8; // each replica reads half of it
+constexpr int64_t kClasses = 5;
+constexpr double kLearningRate = 1e-2;
+constexpr double kAdamEps = 1e-8; // AdamWOptions' default
+
+// Relative bound on |2-D - unsharded|, as tensor_parallel_test.cpp's: float64 (u = 2^-53)
+// sums of at most K = 64 terms reordered (mlp_dim; the batch sums here are of 8) change by
+// at most K * u = 7e-15 of the sum of |terms|, ~1e-12 through ~30 chained operations; 1e-10
+// leaves a factor 100, while a wrong slice or a missing or doubled reduction changes values by
+// 1e-2 to 1 of their scale.
+constexpr double kRelativeTolerance = 1e-10;
+constexpr double kUnitRoundoff = 1.1102230246251565e-16; // float64, 2^-53
+constexpr double kDotLength = 64;                        // the longest sum of products
+
+// The gradient a step may carry as pure rounding noise where it is zero in exact arithmetic
+// (the ViT's key bias: softmax ignores a shift of a query's logits): K * u of the gradient
+// scale, which after clipping is at most max_norm.
+double gradient_noise(double max_norm) {
+  return kDotLength * kUnitRoundoff * max_norm;
+}
+
+// What trained weights may differ by on top of the relative bound: AdamW turns such noise
+// into updates of up to lr * noise / eps (eps dominates sqrt(v) there), on both sides, every
+// step (tensor_parallel_test.cpp's adamw_noise_bound).
+double adamw_noise_bound(double max_norm, int steps) {
+  return steps * kLearningRate * 2.0 * gradient_noise(max_norm) / kAdamEps;
+}
+
+void expect_close(
+    const at::Tensor& actual,
+    const at::Tensor& expected,
+    const std::string& what,
+    double absolute_slack = 0.0) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const double scale = expected.abs().max().item<double>();
+  const double error = (actual - expected).abs().max().item<double>();
+  EXPECT_LE(error, kRelativeTolerance * scale + absolute_slack)
+      << what << ": max |difference| " << error << " at max |value| " << scale;
+}
+
+void expect_near_value(double actual, double expected, const std::string& what) {
+  EXPECT_LE(std::abs(actual - expected), kRelativeTolerance * std::abs(expected))
+      << what << ": " << actual << ", unsharded " << expected;
+}
+
+models::TrunkHeadModel with_linear_head(models::Trunk trunk) {
+  const int64_t features = trunk.output_dim;
+  return models::TrunkHeadModel(
+      std::move(trunk), torch::nn::Sequential(torch::nn::Linear(features, kClasses)));
+}
+
+// Three Linear blocks (a column/row pair and a replicated third) and a replicated head.
+models::TrunkHeadModel make_mlp() {
+  torch::manual_seed(21);
+  models::MlpOptions options;
+  options.hidden_dims = {32, 24, 16};
+  auto model = with_linear_head(models::build_mlp_trunk(options, /*in_channels=*/1, 4));
+  model->to(at::kDouble);
+  return model;
+}
+
+// Two encoder layers of 4 heads (2 per tensor-parallel rank), dropout 0 (the default).
+models::TrunkHeadModel make_vit() {
+  torch::manual_seed(22);
+  models::VitOptions options;
+  options.image_size = 16;
+  options.patch_size = 8;
+  options.num_layers = 2;
+  options.num_heads = 4;
+  options.hidden_dim = 32;
+  options.mlp_dim = 64;
+  options.qkv_bias = true;
+  auto model = with_linear_head(models::build_vit_trunk(options, 3, 16));
+  model->to(at::kDouble);
+  return model;
+}
+
+struct Case {
+  std::function<models::TrunkHeadModel()> make;
+  std::vector<int64_t> image_shape;
+};
+
+// The 2-D layout by hand: the tensor-parallel pairs {0, 1}, {2, 3} and the data-parallel
+// pairs {0, 2}, {1, 3}; every rank creates every group, in this order.
+struct Mesh {
+  std::shared_ptr<comm::ProcessGroup> tensor_parallel;
+  std::shared_ptr<comm::ProcessGroup> data_parallel;
+};
+
+Mesh make_mesh(comm::ProcessGroup& world) {
+  Mesh mesh;
+  for (int dp_index = 0; dp_index < kDataParallelSize; ++dp_index) {
+    if (auto group = world.new_group({dp_index * 2, dp_index * 2 + 1})) {
+      mesh.tensor_parallel = group;
+    }
+  }
+  for (int tp_index = 0; tp_index < kTensorParallelSize; ++tp_index) {
+    if (auto group = world.new_group({tp_index, tp_index + kTensorParallelSize})) {
+      mesh.data_parallel = group;
+    }
+  }
+  return mesh;
+}
+
+OptimizerFactory adamw() {
+  return [](std::vector<optim::ParamGroup> groups) {
+    return std::make_unique<optim::AdamW>(std::move(groups));
+  };
+}
+
+// The unsharded model in one process (mesh null), or this rank's part of the 2-D run.
+std::unique_ptr<ParallelModel> make_run(const Case& c, const Mesh* mesh) {
+  models::TrunkHeadModel model = c.make();
+  ParallelOptions options;
+  std::shared_ptr<comm::ProcessGroup> group = comm::ProcessGroup::single_process();
+  if (mesh != nullptr) {
+    apply_tensor_parallel(*model, mesh->tensor_parallel); // step 0: before the groups
+    options.tensor_parallel_group = mesh->tensor_parallel;
+    group = mesh->data_parallel;
+  }
+  auto param_groups = groups_of(*model);
+  param_groups[0].lr = kLearningRate;
+  param_groups[0].weight_decay = 0.05;
+  return parallelize(model, std::move(param_groups), adamw(), group, options);
+}
+
+// Step `step`'s global batch, the same on every rank.
+std::pair<at::Tensor, at::Tensor> global_batch(int step, const std::vector<int64_t>& image_shape) {
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(700 + step);
+  std::vector<int64_t> shape{kGlobalBatch};
+  shape.insert(shape.end(), image_shape.begin(), image_shape.end());
+  at::Tensor images = at::randn(shape, generator, at::kDouble);
+  at::Tensor labels = at::randint(0, kClasses, {kGlobalBatch}, generator);
+  return {images, labels};
+}
+
+struct StepResult {
+  double loss = 0.0; // the global batch's mean
+  double grad_norm = 0.0;
+};
+
+// One clipped AdamW step; a 2-D run's replica reads its half of the batch (both ranks of a
+// tensor-parallel pair the same half).
+StepResult train_step(ParallelModel& run, int step, const Case& c, double max_norm) {
+  auto [images, labels] = global_batch(step, c.image_shape);
+  comm::ProcessGroup& data_parallel = run.data_parallel_group();
+  const int64_t rows = kGlobalBatch / data_parallel.world_size();
+  images = images.narrow(0, data_parallel.rank() * rows, rows);
+  labels = labels.narrow(0, data_parallel.rank() * rows, rows);
+  run.zero_grad();
+  at::Tensor loss = torch::nn::functional::cross_entropy(run.forward(images), labels);
+  run.backward(loss);
+  EXPECT_TRUE(run.finish_backward());
+  StepResult result;
+  result.grad_norm = run.clip_grad_norm(max_norm);
+  run.step();
+  at::Tensor mean = loss.detach().reshape({1}).clone();
+  data_parallel.all_reduce(mean);
+  result.loss = mean.item<double>() / data_parallel.world_size();
+  return result;
+}
+
+// The first step's gradient norm of the unsharded model, to clip at half of it (so that
+// clipping acts).
+double first_grad_norm(const Case& c) {
+  auto probe = make_run(c, nullptr);
+  return train_step(*probe, 0, c, std::numeric_limits<double>::max()).grad_norm;
+}
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+std::unordered_map<std::string, at::Tensor> as_map(const NamedTensors& named) {
+  return {named.begin(), named.end()};
+}
+
+void expect_states_close(
+    const NamedTensors& actual,
+    const NamedTensors& expected,
+    const std::string& what,
+    double absolute_slack) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_EQ(actual[i].first, expected[i].first) << what << ": the names' order";
+    expect_close(
+        actual[i].second, expected[i].second, what + " " + actual[i].first, absolute_slack);
+  }
+}
+
+void expect_states_equal(
+    const NamedTensors& actual, const NamedTensors& expected, const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    ASSERT_EQ(actual[i].first, expected[i].first) << what << ": the names' order";
+    EXPECT_TRUE(at::equal(actual[i].second, expected[i].second))
+        << what << ": " << actual[i].first << " differs";
+  }
+}
+
+// Optimizer state as name -> key -> tensor (AdamW: step, exp_avg, exp_avg_sq).
+std::map<std::string, std::map<std::string, at::Tensor>>
+optimizer_tensors(const c10::IValue& state_dict) {
+  std::map<std::string, std::map<std::string, at::Tensor>> tensors;
+  for (const auto& entry : state_dict.toGenericDict().at("state").toGenericDict()) {
+    for (const auto& item : entry.value().toGenericDict()) {
+      tensors[entry.key().toStringRef()][item.key().toStringRef()] = item.value().toTensor();
+    }
+  }
+  return tensors;
+}
+
+// Bitwise when absolute_slack < 0; else within the relative bound plus the slack, per key.
+void expect_optimizer_states(
+    const c10::IValue& actual,
+    const c10::IValue& expected,
+    const std::string& what,
+    double max_norm,
+    bool bitwise) {
+  const auto left = optimizer_tensors(actual);
+  const auto right = optimizer_tensors(expected);
+  ASSERT_EQ(left.size(), right.size()) << what;
+  for (const auto& [name, entries] : right) {
+    ASSERT_EQ(left.count(name), 1u) << what << ": no state for " << name;
+    for (const auto& [key, tensor] : entries) {
+      const at::Tensor& other = left.at(name).at(key);
+      const std::string where = fmt::format("{} {}.{}", what, name, key);
+      if (bitwise) {
+        EXPECT_TRUE(at::equal(other, tensor)) << where << " differs";
+      } else if (key == "step") {
+        EXPECT_TRUE(at::equal(other, tensor)) << where;
+      } else {
+        // exp_avg: a weighted mean (weights summing to < 1) of gradients, so where the
+        // gradient is rounding noise (the key bias) each side is within gradient_noise of
+        // 0 and they differ by up to twice that; exp_avg_sq: of squares, each side in
+        // [0, noise^2]. Elsewhere 2x the relative bound (the square doubles it).
+        const double noise = gradient_noise(max_norm);
+        const double slack = key == "exp_avg_sq" ? noise * noise : 2.0 * noise;
+        ASSERT_EQ(other.sizes(), tensor.sizes()) << where;
+        const double scale = tensor.abs().max().item<double>();
+        const double error = (other - tensor).abs().max().item<double>();
+        EXPECT_LE(error, 2 * kRelativeTolerance * scale + slack)
+            << where << ": max |difference| " << error << " at max |value| " << scale;
+      }
+    }
+  }
+}
+
+// What torch.save / torch.load make of a state: pickled and read back.
+c10::IValue through_pickle(const c10::IValue& value) {
+  return torch::pickle_load(torch::pickle_save(value));
+}
+
+NamedTensors through_pickle(const NamedTensors& state) {
+  c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, tensor] : state) {
+    dict.insert(name, tensor);
+  }
+  NamedTensors read;
+  for (const auto& item : through_pickle(c10::IValue(dict)).toGenericDict()) {
+    read.emplace_back(item.key().toStringRef(), item.value().toTensor());
+  }
+  return read;
+}
+
+void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGroup& world) {
+  const Mesh mesh = make_mesh(world);
+  ASSERT_TRUE(mesh.tensor_parallel && mesh.data_parallel);
+  ASSERT_EQ(mesh.tensor_parallel->rank(), world.rank() % kTensorParallelSize);
+  ASSERT_EQ(mesh.data_parallel->rank(), world.rank() / kTensorParallelSize);
+  const double max_norm = 0.5 * first_grad_norm(c);
+
+  auto reference = make_run(c, nullptr);
+  auto two_d = make_run(c, &mesh);
+  EXPECT_NE(two_d->describe().find("tensor parallel over 2 ranks"), std::string::npos)
+      << two_d->describe();
+  EXPECT_NE(two_d->describe().find("DDP over 2 ranks"), std::string::npos) << two_d->describe();
+  // Before training: the full state is the unsharded model's, bit for bit (a gather of
+  // slices), with its names in its order.
+  expect_states_equal(two_d->model_state_dict(), reference->model_state_dict(), "initial state");
+
+  for (int step = 0; step < kSaveStep; ++step) {
+    const StepResult sharded = train_step(*two_d, step, c, max_norm);
+    const StepResult unsharded = train_step(*reference, step, c, max_norm);
+    expect_near_value(sharded.loss, unsharded.loss, fmt::format("loss {}", step));
+    expect_near_value(sharded.grad_norm, unsharded.grad_norm, fmt::format("grad norm {}", step));
+    if (step == 0) {
+      EXPECT_GT(unsharded.grad_norm, max_norm) << "clipping should act";
+    }
+  }
+  // The checkpoint, as torch.save writes and torch.load reads it.
+  const NamedTensors saved_model = through_pickle(two_d->model_state_dict());
+  const c10::IValue saved_optimizer = through_pickle(two_d->optimizer_state_dict());
+  const NamedTensors reference_model = through_pickle(reference->model_state_dict());
+  const c10::IValue reference_optimizer = through_pickle(reference->optimizer_state_dict());
+  const double weight_slack = adamw_noise_bound(max_norm, kSaveStep);
+  expect_states_close(saved_model, reference_model, "2-D state after training", weight_slack);
+  expect_optimizer_states(
+      saved_optimizer,
+      reference_optimizer,
+      "2-D optimizer state",
+      max_norm,
+      /*bitwise=*/false);
+
+  // Uninterrupted: both go on.
+  std::vector<StepResult> two_d_losses, reference_losses;
+  for (int step = kSaveStep; step < kSteps; ++step) {
+    two_d_losses.push_back(train_step(*two_d, step, c, max_norm));
+    reference_losses.push_back(train_step(*reference, step, c, max_norm));
+  }
+  const NamedTensors two_d_final = two_d->model_state_dict();
+  const NamedTensors reference_final = reference->model_state_dict();
+  const double final_slack = adamw_noise_bound(max_norm, kSteps);
+  expect_states_close(two_d_final, reference_final, "2-D state at the end", final_slack);
+
+  // The 2-D checkpoint into a fresh 2-D run: the same state back, and bit for bit the same
+  // steps as the uninterrupted run.
+  {
+    auto resumed = make_run(c, &mesh);
+    resumed->load_model_state_dict(as_map(saved_model));
+    resumed->load_optimizer_state_dict(saved_optimizer);
+    expect_states_equal(resumed->model_state_dict(), saved_model, "2-D -> 2-D, loaded");
+    expect_optimizer_states(
+        resumed->optimizer_state_dict(),
+        saved_optimizer,
+        "2-D -> 2-D, loaded",
+        max_norm,
+        /*bitwise=*/true);
+    for (int step = kSaveStep; step < kSteps; ++step) {
+      const StepResult result = train_step(*resumed, step, c, max_norm);
+      EXPECT_EQ(result.loss, two_d_losses[step - kSaveStep].loss) << "2-D -> 2-D loss " << step;
+    }
+    expect_states_equal(resumed->model_state_dict(), two_d_final, "2-D -> 2-D, continued");
+  }
+  // The 2-D checkpoint into one process: it loads as is, and continues like the 2-D run.
+  {
+    auto resumed = make_run(c, nullptr);
+    resumed->load_model_state_dict(as_map(saved_model));
+    resumed->load_optimizer_state_dict(saved_optimizer);
+    expect_states_equal(resumed->model_state_dict(), saved_model, "2-D -> 1, loaded");
+    expect_optimizer_states(
+        resumed->optimizer_state_dict(),
+        saved_optimizer,
+        "2-D -> 1, loaded",
+        max_norm,
+        /*bitwise=*/true);
+    for (int step = kSaveStep; step < kSteps; ++step) {
+      const StepResult result = train_step(*resumed, step, c, max_norm);
+      expect_near_value(
+          result.loss, two_d_losses[step - kSaveStep].loss, fmt::format("2-D -> 1 loss {}", step));
+    }
+    expect_states_close(
+        resumed->model_state_dict(), two_d_final, "2-D -> 1, continued", final_slack);
+  }
+  // And back: the one-process checkpoint into a fresh 2-D run, which continues like the
+  // one-process run.
+  {
+    auto resumed = make_run(c, &mesh);
+    resumed->load_model_state_dict(as_map(reference_model));
+    resumed->load_optimizer_state_dict(reference_optimizer);
+    expect_states_equal(resumed->model_state_dict(), reference_model, "1 -> 2-D, loaded");
+    expect_optimizer_states(
+        resumed->optimizer_state_dict(),
+        reference_optimizer,
+        "1 -> 2-D, loaded",
+        max_norm,
+        /*bitwise=*/true);
+    for (int step = kSaveStep; step < kSteps; ++step) {
+      const StepResult result = train_step(*resumed, step, c, max_norm);
+      expect_near_value(
+          result.loss,
+          reference_losses[step - kSaveStep].loss,
+          fmt::format("1 -> 2-D loss {}", step));
+    }
+    expect_states_close(
+        resumed->model_state_dict(), reference_final, "1 -> 2-D, continued", final_slack);
+  }
+}
+
+TEST(TensorParallelComposition, MlpTrunkTpTimesDdpTrainsAndResumesLikeOneProcess) {
+  run_on_ranks(kTensorParallelSize * kDataParallelSize, [](comm::ProcessGroup& world) {
+    expect_two_dimensional_run_like_one_process({make_mlp, {1, 4, 4}}, world);
+  });
+}
+
+TEST(TensorParallelComposition, VitTpTimesDdpTrainsAndResumesLikeOneProcess) {
+  run_on_ranks(kTensorParallelSize * kDataParallelSize, [](comm::ProcessGroup& world) {
+    expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, world);
+  });
+}
+
+// Without data parallelism (a group of one replica): update_full_parameter() changes the full
+// value of a shard (SwAV's prototypes normalised between steps), and full_parameters() gives
+// it back, bit for bit.
+TEST(TensorParallelComposition, TensorParallelAloneUpdatesFullParameters) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& tp_group) {
+    models::TrunkHeadModel model = make_mlp();
+    const auto full = model->named_parameters(); // before sharding: the full values
+    const at::Tensor expected = full["trunk.1.linear.weight"].detach() * 2.0 + 1.0;
+    apply_tensor_parallel(*model, borrow(tp_group));
+    ParallelOptions options;
+    options.tensor_parallel_group = borrow(tp_group);
+    auto run = parallelize(
+        model, groups_of(*model), adamw(), comm::ProcessGroup::single_process(), options);
+    EXPECT_NE(run->describe().find("tensor parallel over 2 ranks"), std::string::npos)
+        << run->describe();
+    ASSERT_NE(run->tensor_parallel_group(), nullptr);
+    run->update_full_parameter("trunk.1.linear.weight", [](at::Tensor& value) {
+      ASSERT_EQ(value.size(1), 32); // the full [24, 32] weight, not the [24, 16] shard
+      value.mul_(2.0).add_(1.0);
+    });
+    for (const auto& [name, value] : run->full_parameters()) {
+      EXPECT_TRUE(
+          at::equal(value, name == "trunk.1.linear.weight" ? expected : full[name].detach()))
+          << name;
+    }
+  });
+}
+
+// The OptionError parallelize() throws, or "" when it throws none (then it built the model).
+std::string parallelize_error(
+    models::TrunkHeadModel model,
+    ParallelOptions options,
+    std::shared_ptr<comm::ProcessGroup> group) {
+  try {
+    parallelize(model, groups_of(*model), adamw(), std::move(group), std::move(options));
+  } catch (const OptionError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+void expect_contains(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos)
+      << "\"" << message << "\" lacks \"" << part << "\"";
+}
+
+// Refused before any collective, so each rank may check them alone.
+TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& tp_group) {
+    const auto single = comm::ProcessGroup::single_process();
+    ParallelOptions with_group;
+    with_group.tensor_parallel_group = borrow(tp_group);
+
+    // A group, but the module was not sharded.
+    const std::string unsharded = parallelize_error(make_mlp(), with_group, single);
+    expect_contains(unsharded, "ParallelOptions::tensor_parallel_group");
+    expect_contains(unsharded, "apply_tensor_parallel");
+
+    // A sharded module without its group.
+    models::TrunkHeadModel sharded = make_mlp();
+    apply_tensor_parallel(*sharded, borrow(tp_group));
+    const std::string no_group = parallelize_error(sharded, ParallelOptions{}, single);
+    expect_contains(no_group, "ParallelOptions::tensor_parallel_group");
+    expect_contains(no_group, "the group of 2 ranks");
+
+    // ZeRO and FSDP.
+    for (DataParallelism mode :
+         {DataParallelism::kZero1, DataParallelism::kZero2, DataParallelism::kFsdp}) {
+      ParallelOptions options = with_group;
+      options.data_parallelism = mode;
+      models::TrunkHeadModel model = make_mlp();
+      apply_tensor_parallel(*model, borrow(tp_group));
+      const std::string message = parallelize_error(model, options, single);
+      expect_contains(message, "ParallelOptions::tensor_parallel_group");
+      expect_contains(message, "ParallelOptions::data_parallelism = " + to_string(mode));
+      EXPECT_THROW(check_parallel_options(options, 2), OptionError);
+    }
+  });
+}
+
+} // namespace
+} // namespace largo::parallel::tensor_parallel_composition_test
