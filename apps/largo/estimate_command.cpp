@@ -3,6 +3,7 @@
 #include "pipeline_estimate.h"
 
 #include <largo/core/byte_format.h>
+#include <largo/core/error.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/fully_sharded_data_parallel.h>
@@ -218,6 +219,15 @@ void print_pipeline_rows(bool checkpoint_stages, const PipelineEstimate& estimat
 
 int run_estimate_command(const Config& config) {
   const train::RunPlan plan = train::resolve_run(config); // what `largo train` would build
+  if (plan.parallel.tensor_parallel_size > 1) {           // refused rather than sized as if unsplit
+    throw ConfigError(fmt::format(
+        "DISTRIBUTED.TENSOR_PARALLEL_SIZE = {}: largo estimate does not size tensor-parallel "
+        "runs yet (it would print the unsplit model's memory); "
+        "bench/run_tensor_parallel_bench.sh measures the split, and docs/tensor_parallel.md "
+        "gives ViT-S/16's figures. Estimate the run with TENSOR_PARALLEL_SIZE 1 for the "
+        "unsplit model's",
+        plan.parallel.tensor_parallel_size));
+  }
   const Precision precision = precision_of(plan.precision);
   const int64_t world_size = plan.world.world_size;
 

@@ -74,6 +74,19 @@ TEST(EstimateCommandTest, MarksStageThreeAndItsGatheredUnits) {
       << one_unit.output;
 }
 
+// Not sized yet: refused, rather than printing the unsplit model's memory as the run's.
+TEST(EstimateCommandTest, RefusesATensorParallelRunNamingTheKey) {
+  auto run = run_program(estimate_command(
+      {"MODEL.TRUNK.NAME=mlp",
+       "MODEL.TRUNK.MLP.HIDDEN_DIMS=[32, 16]",
+       "DISTRIBUTED.TENSOR_PARALLEL_SIZE=2"}));
+  EXPECT_FALSE(run.succeeded()) << run.output;
+  EXPECT_NE(
+      run.output.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE = 2: largo estimate does not size"),
+      std::string::npos)
+      << run.output;
+}
+
 TEST(EstimateCommandTest, StageThreeGathersComputeCopiesWithFsdpO2) {
   // FSDP's AMP_TYPE O2 with a bfloat16 AMP: the block units are gathered as bfloat16 copies,
   // half the bytes of the float32 ones; the BatchNorm parameters are a float32 unit.

@@ -15,6 +15,7 @@
 #include <largo/models/trunk_head_model.h>
 #include <largo/models/vit.h>
 #include <largo/optim/adamw.h>
+#include <largo/parallel/device_mesh.h>
 #include <largo/parallel/parallelize.h>
 #include <largo/parallel/tensor_parallel.h>
 #include <largo/parallel/tensor_parallel_plan.h>
@@ -507,7 +508,38 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
       expect_contains(message, "ParallelOptions::data_parallelism = " + to_string(mode));
       EXPECT_THROW(check_parallel_options(options, 2), OptionError);
     }
+
+    // The size alone (a run plan's, before any group exists) is checked the same way, and
+    // at parallelize() it needs its group.
+    ParallelOptions by_size;
+    by_size.tensor_parallel_size = 2;
+    by_size.data_parallelism = DataParallelism::kZero1;
+    try {
+      check_parallel_options(by_size, 4);
+      ADD_FAILURE() << "ZeRO-1 with tensor_parallel_size 2 was accepted";
+    } catch (const OptionError& error) {
+      expect_contains(error.what(), "ParallelOptions::tensor_parallel_size");
+    }
+    by_size.data_parallelism = DataParallelism::kDdp;
+    models::TrunkHeadModel model = make_mlp();
+    apply_tensor_parallel(*model, borrow(tp_group));
+    const std::string size_without_group = parallelize_error(model, by_size, single);
+    expect_contains(size_without_group, "ParallelOptions::tensor_parallel_group");
+    expect_contains(size_without_group, "tensor_parallel_size = 2 ranks");
   });
+}
+
+// The mesh of a run: tensor-parallel shards innermost, the replicas what is left.
+TEST(TensorParallelComposition, MeshDimensionsHoldTheTensorParallelSize) {
+  ParallelOptions options;
+  options.tensor_parallel_size = 2;
+  const auto dimensions = mesh_dimensions(options, 8);
+  ASSERT_EQ(dimensions.size(), 3u);
+  EXPECT_EQ(describe_sizes(dimensions), "pp(1) * dp(4) * tp(2)");
+  EXPECT_EQ(data_shard(5, dimensions), (DataShard{2, 4})); // ranks 4 and 5 read shard 2
+  EXPECT_EQ(data_shard(4, dimensions), (DataShard{2, 4}));
+  options.tensor_parallel_size = 3;
+  EXPECT_THROW(mesh_dimensions(options, 8), OptionError);
 }
 
 } // namespace

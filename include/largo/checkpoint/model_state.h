@@ -13,13 +13,19 @@ StateDict model_state_dict(const torch::nn::Module& module);
 
 // Throws CheckpointError listing the names `state` lacks or has in excess of the module's
 // parameters and buffers, and any shape or dtype mismatch. Reads only the tensors' metadata
-// (so it also checks a module whose parameters are sharded, parallel/fully_sharded_data_parallel.h).
-// exact_floating_dtypes false: a floating-point entry may have another floating-point dtype
-// than the module's tensor (FSDP's compute copies: the module's parameters are bfloat16
-// views, the checkpoint holds the float32 masters, cast when they are loaded).
-// `source` (the checkpoint's path) starts the message when given.
-void check_model_state_dict(const torch::nn::Module& module, const StateDict& state,
-                            bool exact_floating_dtypes = true, const std::string& source = "");
+// (so it also checks a module whose parameters are sharded,
+// parallel/fully_sharded_data_parallel.h). exact_floating_dtypes false: a floating-point entry may
+// have another floating-point dtype than the module's tensor (FSDP's compute copies: the module's
+// parameters are bfloat16 views, the checkpoint holds the float32 masters, cast when they are
+// loaded). `source` (the checkpoint's path) starts the message when given. `whole_shapes`: the
+// whole model's shape of the tensors of which the module holds a part (tensor parallelism's
+// shards); the others are checked against the module's own shape.
+void check_model_state_dict(
+    const torch::nn::Module& module,
+    const StateDict& state,
+    bool exact_floating_dtypes = true,
+    const std::string& source = "",
+    const std::map<std::string, std::vector<int64_t>>& whole_shapes = {});
 
 // Copies each entry into the module's tensor of the same name, after check_model_state_dict
 // (so nothing is modified when it throws).

@@ -167,6 +167,15 @@ struct ParallelOptions {
   // group. Null or one rank: off. Composes with DDP (kDdp) only, without a cast of the
   // module (O2, O3) and without activation checkpointing.
   std::shared_ptr<comm::ProcessGroup> tensor_parallel_group;
+  // The mesh's "tp" dimension (mesh_dimensions(); DISTRIBUTED.TENSOR_PARALLEL_SIZE): the
+  // number of tensor-parallel shards per data-parallel replica. > 1 needs
+  // tensor_parallel_group, of that many ranks, at parallelize(); the composition rules above
+  // apply to it already in check_parallel_options(), before any group exists. A library user
+  // who lays out the groups alone may leave it at 1 and set only the group.
+  int tensor_parallel_size = 1;
+  // The run's mesh when apply_mesh_to_module() built one (tensor_parallel_size > 1):
+  // parallelize()'s group is then the mesh's world, the replicas its "dp" group.
+  std::shared_ptr<DeviceMesh> mesh;
 };
 
 using OptimizerFactory =
@@ -320,7 +329,7 @@ class ParallelModel {
     return false;
   }
   // Whether local_state() holds this rank's pieces of the parameters rather than whole
-  // ones (FSDP).
+  // ones (FSDP; tensor parallelism's shards).
   virtual bool local_state_is_sharded() const {
     return false;
   }
@@ -441,11 +450,24 @@ class ParallelModel {
 void check_parallel_options(const ParallelOptions& options, int world_size);
 
 // The mesh a run of `options` lays the world's `world_size` ranks on: pipeline ranks
-// (pipeline.size) x data-parallel replicas x tensor-parallel shards (1). Throws OptionError
-// (naming ParallelOptions::pipeline.size) unless the pipeline size divides the world.
+// (pipeline.size) x data-parallel replicas x tensor-parallel shards (tensor_parallel_size).
+// Throws OptionError (naming ParallelOptions::pipeline.size or tensor_parallel_size) unless
+// their product divides the world.
 // With data_shard(rank, mesh_dimensions(...)) it says which data a rank reads before any
 // group exists.
 std::vector<MeshDimension> mesh_dimensions(const ParallelOptions& options, int world_size);
+
+// Step 0 of a run laid out by mesh_dimensions(options, world->world_size()): with
+// options.tensor_parallel_size > 1, builds that DeviceMesh over `world` (options.mesh),
+// splits `module`'s planned layers over its "tp" group (apply_tensor_parallel) and sets
+// options.tensor_parallel_group to it; parallelize(..., world, options) then runs the
+// data-parallel mode over the mesh's "dp" group. Nothing without tensor parallelism (a
+// pipeline lays out its mesh inside parallelize()). Call it before building the param
+// groups. Collective (the mesh's new_group calls) with tensor parallelism.
+void apply_mesh_to_module(
+    torch::nn::Module& module,
+    const std::shared_ptr<comm::ProcessGroup>& world,
+    ParallelOptions& options);
 
 // Applies `options` to `model` in the order described at the top, with `make_optimizer`
 // building the optimizer over `param_groups` (or over this rank's pieces of them).

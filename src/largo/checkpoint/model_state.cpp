@@ -29,8 +29,12 @@ StateDict model_state_dict(const torch::nn::Module& module) {
   return state;
 }
 
-void check_model_state_dict(const torch::nn::Module& module, const StateDict& state,
-                            bool exact_floating_dtypes, const std::string& source) {
+void check_model_state_dict(
+    const torch::nn::Module& module,
+    const StateDict& state,
+    bool exact_floating_dtypes,
+    const std::string& source,
+    const std::map<std::string, std::vector<int64_t>>& whole_shapes) {
   const auto tensors = named_tensors(module);
   std::vector<std::string> missing;
   std::vector<std::string> mismatched;
@@ -47,10 +51,17 @@ void check_model_state_dict(const torch::nn::Module& module, const StateDict& st
     const at::Tensor& saved = it->value().toTensor();
     const bool same_dtype = saved.scalar_type() == tensor.scalar_type() ||
         (!exact_floating_dtypes && saved.is_floating_point() && tensor.is_floating_point());
-    if (saved.sizes() != tensor.sizes() || !same_dtype) {
-      mismatched.push_back(fmt::format("{} (checkpoint {} {}, model {} {})", name,
-                                       c10::str(saved.sizes()), c10::toString(saved.scalar_type()),
-                                       c10::str(tensor.sizes()), c10::toString(tensor.scalar_type())));
+    const auto whole = whole_shapes.find(name);
+    const at::IntArrayRef shape =
+        whole != whole_shapes.end() ? at::IntArrayRef(whole->second) : tensor.sizes();
+    if (saved.sizes() != shape || !same_dtype) {
+      mismatched.push_back(fmt::format(
+          "{} (checkpoint {} {}, model {} {})",
+          name,
+          c10::str(saved.sizes()),
+          c10::toString(saved.scalar_type()),
+          c10::str(shape),
+          c10::toString(tensor.scalar_type())));
     }
   }
   std::vector<std::string> unexpected;

@@ -274,11 +274,14 @@ void TrainingState::load_model(const StateDict& state, const std::string& where)
   const StateDict model_state =
       own_entries(model_, state_at(state, "model", where).toGenericDict(), where);
   // Compute copies (FSDP's) may differ in dtype from the float32 values saved.
+  // Tensor parallelism's module holds shards: the trained parameters' whole shapes are
+  // checked (a replicated or unsharded parameter's whole shape is its own).
   check_model_state_dict(
       *model_.module(),
       model_state,
       /*exact_floating_dtypes=*/!model_.module_holds_compute_copies(),
-      where);
+      where,
+      model_.trained_parameter_shapes());
   std::unordered_map<std::string, at::Tensor> values;
   for (const auto& item : model_state) {
     values.emplace(item.key().toStringRef(), item.value().toTensor());

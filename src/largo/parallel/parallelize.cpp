@@ -4,7 +4,9 @@
 #include <largo/models/module_device.h>
 #include <largo/models/trunk_head_model.h>
 #include <largo/parallel/checkpointed_segments.h>
+#include <largo/parallel/device_mesh.h>
 #include <largo/parallel/sequential_checkpoint_plan.h>
+#include <largo/parallel/tensor_parallel_plan.h>
 
 #include "parallel_modes.h"
 
@@ -52,13 +54,39 @@ std::vector<MeshDimension> mesh_dimensions(const ParallelOptions& options, int w
         std::to_string(pp),
         fmt::format(
             "a divisor of the {} ranks (pipeline ranks x data-parallel "
-            "replicas)",
+            "replicas x tensor-parallel shards)",
             world_size));
   }
-  return pp_dp_tp_dimensions(pp, world_size / pp, /*tp=*/1);
+  const int tp = options.tensor_parallel_size;
+  if (tp < 1 || world_size % (pp * tp) != 0) {
+    throw OptionError(
+        "ParallelOptions::tensor_parallel_size",
+        std::to_string(tp),
+        fmt::format(
+            "a divisor of the {} ranks / pipeline size {} (pipeline ranks x data-parallel "
+            "replicas x tensor-parallel shards)",
+            world_size,
+            pp));
+  }
+  return pp_dp_tp_dimensions(pp, world_size / (pp * tp), tp);
+}
+
+void apply_mesh_to_module(
+    torch::nn::Module& module,
+    const std::shared_ptr<comm::ProcessGroup>& world,
+    ParallelOptions& options) {
+  if (options.tensor_parallel_size <= 1) {
+    return;
+  }
+  check_parallel_options(options, world->world_size()); // before any group is made
+  options.mesh =
+      std::make_shared<DeviceMesh>(*world, mesh_dimensions(options, world->world_size()));
+  apply_tensor_parallel(module, options.mesh->group("tp"));
+  options.tensor_parallel_group = options.mesh->group("tp");
 }
 
 void check_parallel_options(const ParallelOptions& options, int world_size) {
+  mesh_dimensions(options, world_size); // the pipeline and tensor-parallel sizes divide it
   const DataParallelism mode = options.data_parallelism;
   const bool sharded_optimizer = mode != DataParallelism::kDdp;
   if (sharded_optimizer && options.precision.master_weights) {
@@ -259,6 +287,19 @@ std::unique_ptr<ParallelModel> parallelize(
         "> 1 for a model given as blocks (without a pipeline, give the module)");
   }
   torch::nn::AnyModule model = std::get<torch::nn::AnyModule>(input.model);
+  if (options.mesh) { // apply_mesh_to_module's: laid out for these options over this group
+    const std::string expected = describe_sizes(mesh_dimensions(options, group->world_size()));
+    const std::string given = describe_sizes(options.mesh->dimensions());
+    if (given != expected || &options.mesh->world() != group.get()) {
+      throw OptionError(
+          "ParallelOptions::mesh",
+          given,
+          fmt::format(
+              "the mesh of pipeline.size and tensor_parallel_size over "
+              "parallelize()'s group, {} (apply_mesh_to_module builds it)",
+              expected));
+    }
+  }
   check_tensor_parallel_module(options, *model.ptr());                    // 0. was the caller's
   auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
 

@@ -22,7 +22,8 @@
 namespace largo::parallel {
 
 bool tensor_parallel_enabled(const ParallelOptions& options) {
-  return options.tensor_parallel_group && options.tensor_parallel_group->world_size() > 1;
+  return options.tensor_parallel_size > 1 ||
+         (options.tensor_parallel_group && options.tensor_parallel_group->world_size() > 1);
 }
 
 namespace {
@@ -34,29 +35,38 @@ std::string describe_tensor_parallel_group(const ParallelOptions& options) {
   return fmt::format("a group of {} rank(s)", options.tensor_parallel_group->world_size());
 }
 
+// The option that switched tensor parallelism on, and its value, for the refusals: the size
+// when a run plan set it (checked before any group exists), else the group.
+std::pair<std::string, std::string> tensor_parallel_option(const ParallelOptions& options) {
+  if (options.tensor_parallel_size > 1) {
+    return {"ParallelOptions::tensor_parallel_size", std::to_string(options.tensor_parallel_size)};
+  }
+  return {"ParallelOptions::tensor_parallel_group", describe_tensor_parallel_group(options)};
+}
+
 } // namespace
 
 void check_tensor_parallel_options(const ParallelOptions& options) {
   if (!tensor_parallel_enabled(options)) {
     return;
   }
-  const std::string group = describe_tensor_parallel_group(options);
+  const auto [option, group] = tensor_parallel_option(options);
   if (options.data_parallelism != DataParallelism::kDdp) {
     throw OptionError(
-        "ParallelOptions::tensor_parallel_group",
+        option,
         group,
         fmt::format(
-            "null with ParallelOptions::data_parallelism = {}: tensor parallelism "
+            "1 (off) with ParallelOptions::data_parallelism = {}: tensor parallelism "
             "composes with DDP (kDdp) over the data-parallel group only (ZeRO and "
             "FSDP over tensor-parallel shards are not built)",
             to_string(options.data_parallelism)));
   }
   if (options.pipeline.enabled()) {
     throw OptionError(
-        "ParallelOptions::tensor_parallel_group",
+        option,
         group,
         fmt::format(
-            "null with ParallelOptions::pipeline.size = {}: tensor "
+            "1 (off) with ParallelOptions::pipeline.size = {}: tensor "
             "parallelism inside pipeline stages is not built",
             options.pipeline.size));
   }
@@ -64,15 +74,15 @@ void check_tensor_parallel_options(const ParallelOptions& options) {
     throw OptionError(
         "ParallelOptions::precision",
         options.precision.describe(),
-        "autocast (O1, pytorch) or float32 with ParallelOptions::"
-        "tensor_parallel_group: a cast of a tensor-parallel module (O2, O3) is "
+        "autocast (O1, pytorch) or float32 with tensor parallelism: a cast of a tensor-parallel "
+        "module (O2, O3) is "
         "not built");
   }
   if (options.activation_checkpointing.enabled()) {
     throw OptionError(
-        "ParallelOptions::tensor_parallel_group",
+        option,
         group,
-        "null with ActivationCheckpointingOptions: checkpointing a "
+        "1 (off) with ActivationCheckpointingOptions: checkpointing a "
         "tensor-parallel module is not built");
   }
 }
@@ -98,6 +108,17 @@ void check_tensor_parallel_module(const ParallelOptions& options, const torch::n
               *sharded_sizes.begin()));
     }
     return;
+  }
+  if (!options.tensor_parallel_group ||
+      (options.tensor_parallel_size > 1 &&
+       options.tensor_parallel_group->world_size() != options.tensor_parallel_size)) {
+    throw OptionError(
+        "ParallelOptions::tensor_parallel_group",
+        group,
+        fmt::format(
+            "a group of ParallelOptions::tensor_parallel_size = {} ranks (a DeviceMesh's "
+            "\"tp\" group), the one apply_tensor_parallel split the module over",
+            options.tensor_parallel_size));
   }
   const int64_t size = options.tensor_parallel_group->world_size();
   if (sharded_sizes.empty()) {
@@ -132,6 +153,9 @@ class TensorParallelDdpModel : public ParallelModel {
       const OptimizerFactory& make_optimizer)
       : ParallelModel(std::move(model), std::move(group), std::move(options), std::move(precision)),
         tp_group_(options_.tensor_parallel_group),
+        // With the run's mesh, `group` is its world and the replicas are its "dp" group;
+        // without, `group` is the replicas (the caller laid out the groups).
+        dp_group_(options_.mesh ? options_.mesh->group("dp") : group_),
         specs_(tensor_parallel_sharded_parameters(*module_)) {
     for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
       const auto spec = specs_.find(item.key());
@@ -144,13 +168,22 @@ class TensorParallelDdpModel : public ParallelModel {
       trained_parameters_.insert(
           trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
     }
-    if (group_->world_size() > 1) { // broadcasts the replicas' rank 0's shards
-      ddp_ = std::make_unique<DistributedDataParallel>(module_, group_, options_.ddp);
+    if (dp_group_->world_size() > 1) { // broadcasts the replicas' rank 0's shards
+      ddp_ = std::make_unique<DistributedDataParallel>(module_, dp_group_, options_.ddp);
     }
+  }
+
+  comm::ProcessGroup& data_parallel_group() const override {
+    return *dp_group_;
   }
 
   comm::ProcessGroup* tensor_parallel_group() const override {
     return tp_group_.get();
+  }
+  // local_state() is the module's tensors: this rank's slices of the sharded layers, which a
+  // checkpoint of a per-rank average (the model EMA) gathers through model_state_dict().
+  bool local_state_is_sharded() const override {
+    return true;
   }
 
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int /*root*/) override {
@@ -263,8 +296,8 @@ class TensorParallelDdpModel : public ParallelModel {
     return fmt::format(
         "{}; DDP over {} ranks ({}), {} gradient buckets",
         tensor_parallel,
-        group_->world_size(),
-        group_->backend(),
+        dp_group_->world_size(),
+        dp_group_->backend(),
         ddp_->num_buckets());
   }
 
@@ -349,6 +382,7 @@ class TensorParallelDdpModel : public ParallelModel {
   }
 
   std::shared_ptr<comm::ProcessGroup> tp_group_;
+  std::shared_ptr<comm::ProcessGroup> dp_group_;
   std::map<std::string, TensorParallelShardSpec> specs_; // by module parameter name
   std::unordered_map<const c10::TensorImpl*, TensorParallelShardSpec> spec_by_tensor_;
   std::unique_ptr<DistributedDataParallel> ddp_;

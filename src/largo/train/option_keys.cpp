@@ -14,6 +14,7 @@ std::string yaml_key_for(const std::string& option) {
       {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
       {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
       {"ParallelOptions::pipeline.size", "DISTRIBUTED.PIPELINE_SIZE"},
+      {"ParallelOptions::tensor_parallel_size", "DISTRIBUTED.TENSOR_PARALLEL_SIZE"},
       {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},
   };
   auto found = keys.find(option);

@@ -135,6 +135,7 @@ parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
     checkpointing.report_batch_size = options.train.batch_size;
   }
   parallel.pipeline = options.pipeline;
+  parallel.tensor_parallel_size = options.tensor_parallel_size;
   parallel.precision = plan.precision;
   parallel.grad_scaler = options.grad_scaler;
   parallel.check_finite = options.check_nan;

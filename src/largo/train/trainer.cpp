@@ -245,12 +245,15 @@ void Trainer::State::parallelize_model() {
     groups.head_prefix = model.linear_eval->head_prefix();
   }
   parallel = rethrow_with_yaml_keys([&] {
+    parallel::ParallelOptions options = parallel_options();
+    // Step 0: tensor parallelism splits the layers before the groups hold their tensors.
+    parallel::apply_mesh_to_module(*model.module(), group, options);
     return parallel::parallelize(
         model.any_module(),
         optim::build_param_groups(*model.module(), groups),
         make_optimizer,
         group,
-        parallel_options());
+        std::move(options));
   });
   if (parallel->activation_memory_report()) {
     step_memory.emplace(device);

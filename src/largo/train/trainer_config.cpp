@@ -665,6 +665,8 @@ TrainerOptions trainer_options_from_config(const Config& config) {
 
   options.model = model_options_from(config);
   options.pipeline = pipeline_options_from(config);
+  options.tensor_parallel_size =
+      static_cast<int>(positive_int(config, "DISTRIBUTED.TENSOR_PARALLEL_SIZE"));
   const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
   options.activation_checkpointing.enabled =
       config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING");

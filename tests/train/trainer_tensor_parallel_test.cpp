@@ -1,0 +1,164 @@
+// Tensor parallelism in the trainer (DISTRIBUTED.TENSOR_PARALLEL_SIZE; Gloo over 127.0.0.1):
+// the MLP trunk and a small ViT split over 2 ranks train like one process (the checkpoint
+// holds the whole model, as one process's does, and resumes in a run without tensor
+// parallelism); TP 2 x DP 2 at 4 ranks like DDP over 2; a mid-epoch resume is bit-exact;
+// what does not compose is refused naming the key.
+#include <largo/checkpoint/checkpoint_file.h>
+#include <largo/core/error.h>
+#include <largo/train/trainer.h>
+#include <largo/train/trainer_config.h>
+
+#include "comm/distributed_test_util.h"
+#include "train/trainer_run_util.h"
+
+namespace largo::train::trainer_tensor_parallel_test {
+namespace {
+
+namespace fs = std::filesystem;
+using largo::testing::run_on_ranks;
+
+// float32: the sharded layers add their partial products in another order (the row-parallel
+// all-reduce sums T partial dot products, one process one long one), about 1e-7 relative per
+// sum, compounded over 2 epochs of 12 SGD steps on values of order 1: 1e-5 leaves a margin
+// of about 10 (the pipeline suite's bound, from the same argument).
+constexpr double kTolerance = 1e-5;
+
+// Dropout 0 and no flips: the tensor-parallel ranks must draw the same (the replicated parts)
+// and one process draws in another order.
+const Overrides kMlp = {
+    "MODEL.TRUNK.NAME=mlp",
+    "MODEL.TRUNK.MLP.HIDDEN_DIMS=[32, 16]",
+    "OPTIMIZER.num_epochs=2",
+    "DATA.TRAIN.TRANSFORMS=[{name: ToTensor}]"};
+const Overrides kVit = {
+    "MODEL.TRUNK.NAME=vision_transformer",
+    "MODEL.TRUNK.VISION_TRANSFORMERS.IMAGE_SIZE=24",
+    "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE=8",
+    "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=2",
+    "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=4",
+    "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=32",
+    "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=64",
+    "OPTIMIZER.num_epochs=1",
+    "OPTIMIZER.param_schedulers.lr.start_value=0.01",
+    "DATA.TRAIN.TRANSFORMS=[{name: ToTensor}]"};
+const Overrides kFresh = {"CHECKPOINT.AUTO_RESUME=False", "CHECKPOINT.OVERWRITE_EXISTING=True"};
+const Overrides kTensorParallel = {"DISTRIBUTED.TENSOR_PARALLEL_SIZE=2"};
+
+fs::path test_dir() {
+  return test_dir_for("tensor_parallel");
+}
+
+TEST(TrainerTensorParallelTest, TwoShardsTrainLikeOneProcess) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    const std::vector<std::pair<std::string, Overrides>> models = {
+        {"mlp, clipping",
+         kMlp + Overrides{"MODEL.GRAD_CLIP.USE_GRAD_CLIP=True", "MODEL.GRAD_CLIP.MAX_NORM=0.5"}},
+        {"vit, adamw", kVit + Overrides{"OPTIMIZER.name=adamw"}}};
+    for (const auto& [what, model] : models) {
+      const RunResult split =
+          train_run(dir / "tp", kFresh + model + kTensorParallel, borrow(group));
+      if (group.rank() == 0) {
+        const RunResult one =
+            train_run(dir / "one", kFresh + model, comm::ProcessGroup::single_process());
+        expect_same_training(split, one, kTolerance, what);
+        ASSERT_TRUE(split.summary.final_top1.has_value()) << what;
+        EXPECT_NEAR(*split.summary.final_top1, one.summary.final_top1.value_or(-1.0), 1e-9) << what;
+        // The checkpoint holds the whole model under one process's names and shapes.
+        const auto saved = checkpoint::load_checkpoint(dir / "tp" / "checkpoint.torch");
+        const auto expected = checkpoint::load_checkpoint(dir / "one" / "checkpoint.torch");
+        const auto state = saved.at("model").toGenericDict();
+        ASSERT_EQ(state.size(), expected.at("model").toGenericDict().size()) << what;
+        for (const auto& item : expected.at("model").toGenericDict()) {
+          EXPECT_EQ(state.at(item.key()).toTensor().sizes(), item.value().toTensor().sizes())
+              << what << ": " << item.key().toStringRef();
+        }
+      }
+      group.barrier();
+    }
+  });
+}
+
+// World rank = replica x 2 + shard: ranks 0, 1 read replica 0's batches, 2, 3 replica 1's,
+// as DDP's ranks 0 and 1 do.
+TEST(TrainerTensorParallelTest, TwoShardsTimesTwoReplicasTrainLikeDdp) {
+  run_on_ranks(4, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    const RunResult split = train_run(dir / "tp", kFresh + kMlp + kTensorParallel, borrow(group));
+    auto ddp_group = group.new_group({0, 1});
+    if (ddp_group) {
+      const RunResult ddp = train_run(dir / "ddp", kFresh + kMlp, ddp_group);
+      if (group.rank() == 0) {
+        expect_same_training(split, ddp, kTolerance, "TP 2 x DP 2 against DDP over 2 ranks");
+      }
+    }
+    group.barrier();
+  });
+}
+
+TEST(TrainerTensorParallelTest, MidEpochResumeIsBitExactAndEpochsResumeWithoutTensorParallelism) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    // With the model EMA, whose per-rank average of the shards is saved whole.
+    const RunResult reference = expect_mid_epoch_resume_bit_exact(
+        dir,
+        kMlp + Overrides{"OPTIMIZER.name=adamw", "HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True"} +
+            kTensorParallel,
+        group,
+        [](const fs::path& run) {
+          const auto state = checkpoint::load_checkpoint(run / "model_iteration8.torch");
+          const auto averages =
+              state.at("ema_model").toGenericDict().at("averages").toGenericDict();
+          const auto model = state.at("model").toGenericDict();
+          for (const auto& item : model) { // whole tensors, as the model's
+            EXPECT_EQ(averages.at(item.key()).toTensor().sizes(), item.value().toTensor().sizes())
+                << item.key().toStringRef();
+          }
+        });
+    // Its end-of-epoch checkpoint (model, AdamW's state, the EMA) resumed in one process (a
+    // mid-epoch one is refused at another world size: its per-rank generators would not fit).
+    if (group.rank() == 0) {
+      const fs::path copy = dir / "one";
+      fs::create_directories(copy);
+      fs::copy_file(dir / "full" / "model_phase0.torch", copy / "model_phase0.torch");
+      const RunResult one = train_run(
+          copy,
+          kMlp +
+              Overrides{
+                  "OPTIMIZER.name=adamw",
+                  "DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
+                  "DATA.TRAIN.BATCHSIZE_PER_REPLICA=8"},
+          comm::ProcessGroup::single_process());
+      ASSERT_TRUE(one.summary.resumed);
+      expect_same_training(
+          RunResult{TrainSummary{}, one.parameters},
+          RunResult{TrainSummary{}, reference.parameters},
+          kTolerance,
+          "the tensor-parallel checkpoint resumed in one process");
+    }
+  });
+}
+
+// Refused when the run is planned, before any collective: each rank may check alone.
+std::string refusal(const Overrides& overrides, std::shared_ptr<comm::ProcessGroup> group) {
+  try {
+    train_run(test_dir(), kMlp + kTensorParallel + overrides, std::move(group));
+  } catch (const Error& error) {
+    return error.what();
+  }
+  return "(no error)";
+}
+
+TEST(TrainerTensorParallelTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
+  const std::string world = refusal({}, comm::ProcessGroup::single_process());
+  EXPECT_NE(world.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE"), std::string::npos) << world;
+  EXPECT_NE(world.find("a divisor of the 1 ranks"), std::string::npos) << world;
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const std::string fsdp = refusal({"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, borrow(group));
+    EXPECT_NE(fsdp.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE"), std::string::npos) << fsdp;
+    EXPECT_NE(fsdp.find("FSDP"), std::string::npos) << fsdp;
+  });
+}
+
+} // namespace
+} // namespace largo::train::trainer_tensor_parallel_test
