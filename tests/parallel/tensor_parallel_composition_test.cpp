@@ -22,6 +22,7 @@
 
 #include "comm/distributed_test_util.h"
 #include "parallel/parallelize_test_util.h"
+#include "parallel/tensor_parallel_test_util.h"
 
 #include <fmt/format.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -34,8 +35,13 @@ namespace largo::parallel::tensor_parallel_composition_test {
 namespace {
 
 using largo::testing::run_on_ranks;
+using testing::adamw_noise_bound;
 using testing::borrow;
+using testing::expect_close;
+using testing::gradient_noise;
 using testing::groups_of;
+using testing::kRelativeTolerance;
+using testing::with_linear_head;
 
 constexpr int kTensorParallelSize = 2;
 constexpr int kDataParallelSize = 2;
@@ -45,52 +51,11 @@ constexpr int kSteps = kSaveStep + kResumeSteps;
 constexpr int64_t kGlobalBatch = 8; // each replica reads half of it
 constexpr int64_t kClasses = 5;
 constexpr double kLearningRate = 1e-2;
-constexpr double kAdamEps = 1e-8; // AdamWOptions' default
-
-// Relative bound on |2-D - unsharded|, as tensor_parallel_test.cpp's: float64 (u = 2^-53)
-// sums of at most K = 64 terms reordered (mlp_dim; the batch sums here are of 8) change by
-// at most K * u = 7e-15 of the sum of |terms|, ~1e-12 through ~30 chained operations; 1e-10
-// leaves a factor 100, while a wrong slice or a missing or doubled reduction changes values by
-// 1e-2 to 1 of their scale.
-constexpr double kRelativeTolerance = 1e-10;
-constexpr double kUnitRoundoff = 1.1102230246251565e-16; // float64, 2^-53
-constexpr double kDotLength = 64;                        // the longest sum of products
-
-// The gradient a step may carry as pure rounding noise where it is zero in exact arithmetic
-// (the ViT's key bias: softmax ignores a shift of a query's logits): K * u of the gradient
-// scale, which after clipping is at most max_norm.
-double gradient_noise(double max_norm) {
-  return kDotLength * kUnitRoundoff * max_norm;
-}
-
-// What trained weights may differ by on top of the relative bound: AdamW turns such noise
-// into updates of up to lr * noise / eps (eps dominates sqrt(v) there), on both sides, every
-// step (tensor_parallel_test.cpp's adamw_noise_bound).
-double adamw_noise_bound(double max_norm, int steps) {
-  return steps * kLearningRate * 2.0 * gradient_noise(max_norm) / kAdamEps;
-}
-
-void expect_close(
-    const at::Tensor& actual,
-    const at::Tensor& expected,
-    const std::string& what,
-    double absolute_slack = 0.0) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const double scale = expected.abs().max().item<double>();
-  const double error = (actual - expected).abs().max().item<double>();
-  EXPECT_LE(error, kRelativeTolerance * scale + absolute_slack)
-      << what << ": max |difference| " << error << " at max |value| " << scale;
-}
+// The bounds against the unsharded model: tensor_parallel_test_util.h derives them.
 
 void expect_near_value(double actual, double expected, const std::string& what) {
   EXPECT_LE(std::abs(actual - expected), kRelativeTolerance * std::abs(expected))
       << what << ": " << actual << ", unsharded " << expected;
-}
-
-models::TrunkHeadModel with_linear_head(models::Trunk trunk) {
-  const int64_t features = trunk.output_dim;
-  return models::TrunkHeadModel(
-      std::move(trunk), torch::nn::Sequential(torch::nn::Linear(features, kClasses)));
 }
 
 // Three Linear blocks (a column/row pair and a replicated third) and a replicated head.
@@ -98,7 +63,7 @@ models::TrunkHeadModel make_mlp() {
   torch::manual_seed(21);
   models::MlpOptions options;
   options.hidden_dims = {32, 24, 16};
-  auto model = with_linear_head(models::build_mlp_trunk(options, /*in_channels=*/1, 4));
+  auto model = with_linear_head(models::build_mlp_trunk(options, /*in_channels=*/1, 4), kClasses);
   model->to(at::kDouble);
   return model;
 }
@@ -114,7 +79,7 @@ models::TrunkHeadModel make_vit() {
   options.hidden_dim = 32;
   options.mlp_dim = 64;
   options.qkv_bias = true;
-  auto model = with_linear_head(models::build_vit_trunk(options, 3, 16));
+  auto model = with_linear_head(models::build_vit_trunk(options, 3, 16), kClasses);
   model->to(at::kDouble);
   return model;
 }
@@ -335,7 +300,7 @@ void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGro
   const c10::IValue saved_optimizer = through_pickle(two_d->optimizer_state_dict());
   const NamedTensors reference_model = through_pickle(reference->model_state_dict());
   const c10::IValue reference_optimizer = through_pickle(reference->optimizer_state_dict());
-  const double weight_slack = adamw_noise_bound(max_norm, kSaveStep);
+  const double weight_slack = adamw_noise_bound(max_norm, kSaveStep, kLearningRate);
   expect_states_close(saved_model, reference_model, "2-D state after training", weight_slack);
   expect_optimizer_states(
       saved_optimizer,
@@ -352,7 +317,7 @@ void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGro
   }
   const NamedTensors two_d_final = two_d->model_state_dict();
   const NamedTensors reference_final = reference->model_state_dict();
-  const double final_slack = adamw_noise_bound(max_norm, kSteps);
+  const double final_slack = adamw_noise_bound(max_norm, kSteps, kLearningRate);
   expect_states_close(two_d_final, reference_final, "2-D state at the end", final_slack);
 
   // The 2-D checkpoint into a fresh 2-D run: the same state back, and bit for bit the same
@@ -523,7 +488,7 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
     by_size.data_parallelism = DataParallelism::kDdp;
     models::TrunkHeadModel model = make_mlp();
     apply_tensor_parallel(*model, borrow(tp_group));
-    const std::string size_without_group = parallelize_error(model, by_size, single);
+    const std::string size_without_group = parallelize_error(model, by_size, borrow(tp_group));
     expect_contains(size_without_group, "ParallelOptions::tensor_parallel_group");
     expect_contains(size_without_group, "tensor_parallel_size = 2 ranks");
   });

@@ -17,6 +17,7 @@
 
 #include "comm/distributed_test_util.h"
 #include "parallel/parallelize_test_util.h"
+#include "parallel/tensor_parallel_test_util.h"
 
 #include <fmt/format.h>
 
@@ -27,62 +28,19 @@ namespace largo::parallel::tensor_parallel_test {
 namespace {
 
 using largo::testing::run_on_ranks;
+using testing::adamw_noise_bound;
 using testing::borrow;
+using testing::expect_close;
 using testing::groups_of;
+using testing::kRelativeTolerance;
+using testing::with_linear_head;
 
 constexpr int kTensorParallelSize = 2;
 constexpr int kSteps = 20;
 constexpr int64_t kBatch = 4;
 constexpr int64_t kClasses = 5;
 constexpr double kLearningRate = 1e-2;
-constexpr double kAdamEps = 1e-8; // AdamWOptions' default
-
-// Bound on |sharded - unsharded| relative to the largest |unsharded| value of the tensor
-// compared. Both run in float64 (unit roundoff u = 2^-53 = 1.1e-16) and differ only in the
-// order of additions: each value is a sum of at most K = 64 products (mlp_dim), whose
-// reordering changes it by at most K * u = 7e-15 of the sum of |terms|; through the ~30
-// chained operations of forward and backward (LayerNorm and softmax included) that is at most
-// ~1e-12 of the values' scale. 1e-10 leaves a factor 100; a wrong slice, a missing or doubled
-// reduction or a bias added twice changes values by a sizeable fraction of their scale (1e-2
-// to 1 when each was tried), 1e8 times more. The same bound holds for the losses of the
-// training steps: the one parameter whose AdamW update is rounding noise (below) does not
-// enter the loss.
-constexpr double kRelativeTolerance = 1e-10;
-constexpr double kUnitRoundoff = 1.1102230246251565e-16; // float64, 2^-53
-constexpr double kDotLength = 64;                        // the longest sum of products
-
-// What the weights after kSteps AdamW steps may differ by on top of kRelativeTolerance, given
-// the clipping norm. AdamW divides by sqrt(v) + eps, so a gradient that is zero in exact
-// arithmetic does not keep a relative error: the key part of qkv's bias has one (softmax
-// ignores a shift of all of a query's logits, and q . b_k is such a shift), computed as
-// rounding noise delta <= K * u * (gradient scale) on each side, which every step turns into
-// an update of up to lr * delta / eps (eps, not sqrt(v), dominates the denominator). After
-// clipping every step's gradient has 2-norm, so every element and its noise scale, at most
-// max_norm. Over kSteps, two noisy sides: kSteps * lr * 2 * K * u * max_norm / eps, ~3e-7 for
-// max_norm 1 (measured: 4e-12, only in the key bias), still 1e4 below the differences a
-// sharding error gives.
-double adamw_noise_bound(double max_norm) {
-  const double noise = kDotLength * kUnitRoundoff * max_norm;
-  return kSteps * kLearningRate * 2.0 * noise / kAdamEps;
-}
-
-void expect_close(
-    const at::Tensor& actual,
-    const at::Tensor& expected,
-    const std::string& what,
-    double absolute_slack = 0.0) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const double scale = expected.abs().max().item<double>();
-  const double error = (actual - expected).abs().max().item<double>();
-  EXPECT_LE(error, kRelativeTolerance * scale + absolute_slack)
-      << what << ": max |difference| " << error << " at max |value| " << scale;
-}
-
-models::TrunkHeadModel with_linear_head(models::Trunk trunk) {
-  const int64_t features = trunk.output_dim;
-  return models::TrunkHeadModel(
-      std::move(trunk), torch::nn::Sequential(torch::nn::Linear(features, kClasses)));
-}
+// The bounds against the unsharded model: tensor_parallel_test_util.h derives them.
 
 // Three Linear blocks: the first two a column/row pair, the third (odd) replicated; the
 // head replicated.
@@ -90,7 +48,7 @@ models::TrunkHeadModel make_mlp() {
   torch::manual_seed(11);
   models::MlpOptions options;
   options.hidden_dims = {32, 24, 16};
-  auto model = with_linear_head(models::build_mlp_trunk(options, /*in_channels=*/1, 4));
+  auto model = with_linear_head(models::build_mlp_trunk(options, /*in_channels=*/1, 4), kClasses);
   model->to(at::kDouble);
   return model;
 }
@@ -109,7 +67,7 @@ models::VitOptions small_vit_options() {
 
 models::TrunkHeadModel make_vit() {
   torch::manual_seed(12);
-  auto model = with_linear_head(models::build_vit_trunk(small_vit_options(), 3, 16));
+  auto model = with_linear_head(models::build_vit_trunk(small_vit_options(), 3, 16), kClasses);
   model->to(at::kDouble);
   return model;
 }
@@ -221,7 +179,10 @@ void expect_trains_like_unsharded(
   const auto expected = unsharded->named_parameters();
   for (const auto& [name, value] : full_parameters(*sharded, group)) {
     expect_close(
-        value, expected[name], "after training, full " + name, adamw_noise_bound(max_norm));
+        value,
+        expected[name],
+        "after training, full " + name,
+        adamw_noise_bound(max_norm, kSteps, kLearningRate));
   }
 }
 
@@ -314,7 +275,7 @@ TEST(TensorParallelPlan, ErrorsNameTheModuleTheSizeAndTheGroup) {
   six_heads.num_heads = 6;
   six_heads.hidden_dim = 36;
   six_heads.mlp_dim = 72; // divisible by 2, 3 and 4: only the heads fail at 4
-  auto vit = with_linear_head(models::build_vit_trunk(six_heads, 3, 16));
+  auto vit = with_linear_head(models::build_vit_trunk(six_heads, 3, 16), kClasses);
   const std::string heads = plan_error(*vit, 4);
   expect_contains(heads, "\"trunk.1\" (VitEncoderLayer) num_heads = 6");
   expect_contains(heads, "a multiple of the tensor-parallel size 4");
@@ -323,12 +284,12 @@ TEST(TensorParallelPlan, ErrorsNameTheModuleTheSizeAndTheGroup) {
 
   models::VitOptions odd_mlp = small_vit_options();
   odd_mlp.mlp_dim = 66;
-  auto vit_mlp = with_linear_head(models::build_vit_trunk(odd_mlp, 3, 16));
+  auto vit_mlp = with_linear_head(models::build_vit_trunk(odd_mlp, 3, 16), kClasses);
   expect_contains(plan_error(*vit_mlp, 4), "\"trunk.1\" (VitEncoderLayer) mlp_dim = 66");
 
   models::MlpOptions mlp_options;
   mlp_options.hidden_dims = {30, 16};
-  auto mlp = with_linear_head(models::build_mlp_trunk(mlp_options, 1, 4));
+  auto mlp = with_linear_head(models::build_mlp_trunk(mlp_options, 1, 4), kClasses);
   const std::string width = plan_error(*mlp, 4);
   expect_contains(
       width, "\"trunk.0\" (MlpBlock, column-parallel before \"trunk.1\") out_features = 30");
