@@ -433,8 +433,8 @@ void TrainingState::load_model_ema(const StateDict& state, const std::string& wh
     return;
   }
   try {
-    if (model_
-            .local_state_is_sharded()) { // whole tensors: each rank keeps its pieces, via the model
+    // Whole tensors in a sharded model: each rank keeps its pieces, via the model.
+    if (model_.local_state_is_sharded()) {
       const optim::AverageInModel keep_own(*ema_, ema_tensors_);
       model_.load_model_state_dict(whole_averages(entry->value()));
       ema_->set(ema_tensors_);
