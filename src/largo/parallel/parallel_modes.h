@@ -26,8 +26,9 @@ std::unique_ptr<ParallelModel> make_fsdp_model(
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
-// DDP (or one process) over the data-parallel group `group` of a module whose layers are
-// tensor-parallel over options.tensor_parallel_group (tensor_parallel_model.cpp).
+// DDP (or one process) over the replicas of a module whose layers are tensor-parallel over
+// options.tensor_parallel_group: the replicas are options.mesh's "dp" group when a mesh is
+// given (`group` is then its world), else `group` (tensor_parallel_model.cpp).
 std::unique_ptr<ParallelModel> make_tensor_parallel_model(
     torch::nn::AnyModule model,
     std::shared_ptr<comm::ProcessGroup> group,
@@ -36,7 +37,7 @@ std::unique_ptr<ParallelModel> make_tensor_parallel_model(
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer);
 
-// Whether options.tensor_parallel_group is set with more than one rank.
+// Whether options.tensor_parallel_size > 1, or tensor_parallel_group has more than one rank.
 bool tensor_parallel_enabled(const ParallelOptions& options);
 // The checks of the options alone (check_parallel_options): the modes tensor parallelism
 // composes with. Throws OptionError.
