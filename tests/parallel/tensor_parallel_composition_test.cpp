@@ -1,15 +1,22 @@
-// Tensor parallelism through parallelize() (parallelize.h, step 0), composed with DDP as
-// torchtitan's 2-D parallelism: 4 Gloo ranks as tensor-parallel pairs (TP 2) times two
-// data-parallel replicas (DP 2), world rank = dp_index * 2 + tp_index. Each rank also runs
-// the unsharded model in one process on the global batch (parallelize() over
-// ProcessGroup::single_process()), built from the same seed, and the 2-D run must train like
-// it: losses, gradient norms (clip_grad_norm() is the unsharded norm) and weights. Its state
-// is the unsharded model's (names and shapes), so a checkpoint of the 2-D run resumes in one
-// process and in a fresh 2-D run, and a one-process checkpoint resumes in a 2-D run.
+// Tensor parallelism through parallelize() (parallelize.h, step 0), composed on 4 Gloo ranks
+// with another dimension:
+//   - with DDP, as torchtitan's 2-D parallelism: tensor-parallel pairs (TP 2) times two
+//     data-parallel replicas (DP 2), world rank = dp_index * 2 + tp_index, the groups laid
+//     out by hand (ParallelOptions::tensor_parallel_group, parallelize() over the replicas);
+//   - with a pipeline: two stages (PP 2), each split over a tensor-parallel pair, on the mesh
+//     apply_mesh_to_module builds (pp(2) * dp(1) * tp(2), world rank = pp_index * 2 +
+//     tp_index); each pair's ranks exchange activations with the other stage's rank of the
+//     same shard.
+// Each rank also runs the unsharded model in one process on the global batch (parallelize()
+// over ProcessGroup::single_process()), built from the same seed, and the 2-D run must train
+// like it: losses, gradient norms (clip_grad_norm() is the unsharded norm) and weights. Its
+// state is the unsharded model's (names and shapes), so a checkpoint of the 2-D run resumes
+// in one process and in a fresh 2-D run, and a one-process checkpoint resumes in a 2-D run.
 //
 // Both run in float64 and differ only in the order of additions (the row-parallel layers'
-// partial products, DDP's average of two half-batch means against one mean over the global
-// batch); the bounds are the ones tensor_parallel_test.cpp derives, see kRelativeTolerance.
+// partial products, DDP's average of two half-batch means or the pipeline's weighted
+// micro-batch means against one mean over the global batch); the bounds are the ones
+// tensor_parallel_test_util.h derives, see kRelativeTolerance.
 #include <largo/core/error.h>
 #include <largo/models/mlp.h>
 #include <largo/models/trunk_head_model.h>
@@ -28,6 +35,7 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 
@@ -90,14 +98,27 @@ struct Case {
 };
 
 // The 2-D layout by hand: the tensor-parallel pairs {0, 1}, {2, 3} and the data-parallel
-// pairs {0, 2}, {1, 3}; every rank creates every group, in this order.
+// pairs {0, 2}, {1, 3}; every rank creates every group, in this order. With a pipeline the
+// groups are the mesh's: only the world is kept.
 struct Mesh {
+  comm::ProcessGroup* world = nullptr;
+  bool pipeline = false;
+  PipelineParallelOptions stages; // with a pipeline
   std::shared_ptr<comm::ProcessGroup> tensor_parallel;
   std::shared_ptr<comm::ProcessGroup> data_parallel;
 };
 
+Mesh make_pipeline_mesh(comm::ProcessGroup& world, PipelineParallelOptions stages = {}) {
+  Mesh mesh;
+  mesh.world = &world;
+  mesh.pipeline = true;
+  mesh.stages = std::move(stages);
+  return mesh;
+}
+
 Mesh make_mesh(comm::ProcessGroup& world) {
   Mesh mesh;
+  mesh.world = &world;
   for (int dp_index = 0; dp_index < kDataParallelSize; ++dp_index) {
     if (auto group = world.new_group({dp_index * 2, dp_index * 2 + 1})) {
       mesh.tensor_parallel = group;
@@ -122,7 +143,13 @@ std::unique_ptr<ParallelModel> make_run(const Case& c, const Mesh* mesh) {
   models::TrunkHeadModel model = c.make();
   ParallelOptions options;
   std::shared_ptr<comm::ProcessGroup> group = comm::ProcessGroup::single_process();
-  if (mesh != nullptr) {
+  if (mesh != nullptr && mesh->pipeline) { // step 0 on the library's mesh
+    options.pipeline.size = 2;
+    options.pipeline.stages = mesh->stages;
+    options.tensor_parallel_size = kTensorParallelSize;
+    group = borrow(*mesh->world);
+    apply_mesh_to_module(*model, group, options);
+  } else if (mesh != nullptr) {
     apply_tensor_parallel(*model, mesh->tensor_parallel); // step 0: before the groups
     options.tensor_parallel_group = mesh->tensor_parallel;
     group = mesh->data_parallel;
@@ -149,7 +176,7 @@ struct StepResult {
 };
 
 // One clipped AdamW step; a 2-D run's replica reads its half of the batch (both ranks of a
-// tensor-parallel pair the same half).
+// tensor-parallel pair the same half; a pipeline's one replica all of it).
 StepResult train_step(ParallelModel& run, int step, const Case& c, double max_norm) {
   auto [images, labels] = global_batch(step, c.image_shape);
   comm::ProcessGroup& data_parallel = run.data_parallel_group();
@@ -157,13 +184,15 @@ StepResult train_step(ParallelModel& run, int step, const Case& c, double max_no
   images = images.narrow(0, data_parallel.rank() * rows, rows);
   labels = labels.narrow(0, data_parallel.rank() * rows, rows);
   run.zero_grad();
-  at::Tensor loss = torch::nn::functional::cross_entropy(run.forward(images), labels);
-  run.backward(loss);
+  const double loss =
+      run.forward_backward(images, labels, [](const at::Tensor& output, const at::Tensor& target) {
+        return torch::nn::functional::cross_entropy(output, target);
+      });
   EXPECT_TRUE(run.finish_backward());
   StepResult result;
   result.grad_norm = run.clip_grad_norm(max_norm);
   run.step();
-  at::Tensor mean = loss.detach().reshape({1}).clone();
+  at::Tensor mean = at::tensor({loss}, at::kDouble);
   data_parallel.all_reduce(mean);
   result.loss = mean.item<double>() / data_parallel.world_size();
   return result;
@@ -258,33 +287,70 @@ c10::IValue through_pickle(const c10::IValue& value) {
   return torch::pickle_load(torch::pickle_save(value));
 }
 
-NamedTensors through_pickle(const NamedTensors& state) {
+c10::IValue as_dict(const NamedTensors& state) {
   c10::impl::GenericDict dict(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [name, tensor] : state) {
     dict.insert(name, tensor);
   }
-  NamedTensors read;
-  for (const auto& item : through_pickle(c10::IValue(dict)).toGenericDict()) {
-    read.emplace_back(item.key().toStringRef(), item.value().toTensor());
-  }
-  return read;
+  return dict;
 }
 
-void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGroup& world) {
-  const Mesh mesh = make_mesh(world);
-  ASSERT_TRUE(mesh.tensor_parallel && mesh.data_parallel);
-  ASSERT_EQ(mesh.tensor_parallel->rank(), world.rank() % kTensorParallelSize);
-  ASSERT_EQ(mesh.data_parallel->rank(), world.rank() / kTensorParallelSize);
+NamedTensors as_named(const c10::IValue& dict) {
+  NamedTensors named;
+  for (const auto& item : dict.toGenericDict()) {
+    named.emplace_back(item.key().toStringRef(), item.value().toTensor());
+  }
+  return named;
+}
+
+NamedTensors through_pickle(const NamedTensors& state) {
+  return as_named(through_pickle(as_dict(state)));
+}
+
+// World rank 0's `value` on every rank, as a checkpoint file that every rank reads: a
+// pipeline gives the whole state on its first stage only. Collective (two broadcasts).
+c10::IValue from_rank_zero(comm::ProcessGroup& world, const c10::IValue& value) {
+  std::vector<char> bytes;
+  if (world.rank() == 0) {
+    bytes = torch::pickle_save(value);
+  }
+  at::Tensor size = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong);
+  world.broadcast(size, 0);
+  at::Tensor data = at::empty({size.item<int64_t>()}, at::kByte);
+  if (world.rank() == 0) {
+    std::memcpy(data.data_ptr(), bytes.data(), bytes.size());
+  }
+  world.broadcast(data, 0);
+  bytes.assign(
+      static_cast<const char*>(data.data_ptr()),
+      static_cast<const char*>(data.data_ptr()) + data.numel());
+  return torch::pickle_load(bytes);
+}
+
+// The state checks apply where the run gives a state: every rank of TP x DP, the first
+// stage's ranks of a pipeline (the others get none).
+bool gives_state(const ParallelModel& run) {
+  return run.pipeline() == nullptr || run.pipeline()->pipeline_rank() == 0;
+}
+
+void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh) {
+  comm::ProcessGroup& world = *mesh.world;
   const double max_norm = 0.5 * first_grad_norm(c);
 
   auto reference = make_run(c, nullptr);
   auto two_d = make_run(c, &mesh);
-  EXPECT_NE(two_d->describe().find("tensor parallel over 2 ranks"), std::string::npos)
-      << two_d->describe();
-  EXPECT_NE(two_d->describe().find("DDP over 2 ranks"), std::string::npos) << two_d->describe();
+  const std::string described = two_d->describe();
+  EXPECT_NE(described.find("tensor parallel over 2 ranks"), std::string::npos) << described;
+  EXPECT_NE(
+      described.find(mesh.pipeline ? "pipeline: world 4" : "DDP over 2 ranks"), std::string::npos)
+      << described;
+  const bool holds_state = gives_state(*two_d);
   // Before training: the full state is the unsharded model's, bit for bit (a gather of
   // slices), with its names in its order.
-  expect_states_equal(two_d->model_state_dict(), reference->model_state_dict(), "initial state");
+  const NamedTensors initial = two_d->model_state_dict();
+  if (holds_state) {
+    expect_states_equal(initial, reference->model_state_dict(), "initial state");
+  }
 
   for (int step = 0; step < kSaveStep; ++step) {
     const StepResult sharded = train_step(*two_d, step, c, max_norm);
@@ -295,9 +361,12 @@ void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGro
       EXPECT_GT(unsharded.grad_norm, max_norm) << "clipping should act";
     }
   }
-  // The checkpoint, as torch.save writes and torch.load reads it.
-  const NamedTensors saved_model = through_pickle(two_d->model_state_dict());
-  const c10::IValue saved_optimizer = through_pickle(two_d->optimizer_state_dict());
+  // The checkpoint, as torch.save writes and torch.load reads it, world rank 0's on every
+  // rank.
+  const c10::IValue model_dict = as_dict(two_d->model_state_dict());
+  const c10::IValue optimizer_dict = two_d->optimizer_state_dict();
+  const NamedTensors saved_model = as_named(from_rank_zero(world, model_dict));
+  const c10::IValue saved_optimizer = from_rank_zero(world, optimizer_dict);
   const NamedTensors reference_model = through_pickle(reference->model_state_dict());
   const c10::IValue reference_optimizer = through_pickle(reference->optimizer_state_dict());
   const double weight_slack = adamw_noise_bound(max_norm, kSaveStep, kLearningRate);
@@ -315,7 +384,8 @@ void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGro
     two_d_losses.push_back(train_step(*two_d, step, c, max_norm));
     reference_losses.push_back(train_step(*reference, step, c, max_norm));
   }
-  const NamedTensors two_d_final = two_d->model_state_dict();
+  const NamedTensors two_d_final =
+      as_named(from_rank_zero(world, as_dict(two_d->model_state_dict())));
   const NamedTensors reference_final = reference->model_state_dict();
   const double final_slack = adamw_noise_bound(max_norm, kSteps, kLearningRate);
   expect_states_close(two_d_final, reference_final, "2-D state at the end", final_slack);
@@ -326,18 +396,21 @@ void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGro
     auto resumed = make_run(c, &mesh);
     resumed->load_model_state_dict(as_map(saved_model));
     resumed->load_optimizer_state_dict(saved_optimizer);
-    expect_states_equal(resumed->model_state_dict(), saved_model, "2-D -> 2-D, loaded");
-    expect_optimizer_states(
-        resumed->optimizer_state_dict(),
-        saved_optimizer,
-        "2-D -> 2-D, loaded",
-        max_norm,
-        /*bitwise=*/true);
+    const NamedTensors loaded = resumed->model_state_dict();
+    const c10::IValue loaded_optimizer = resumed->optimizer_state_dict();
+    if (holds_state) {
+      expect_states_equal(loaded, saved_model, "2-D -> 2-D, loaded");
+      expect_optimizer_states(
+          loaded_optimizer, saved_optimizer, "2-D -> 2-D, loaded", max_norm, /*bitwise=*/true);
+    }
     for (int step = kSaveStep; step < kSteps; ++step) {
       const StepResult result = train_step(*resumed, step, c, max_norm);
       EXPECT_EQ(result.loss, two_d_losses[step - kSaveStep].loss) << "2-D -> 2-D loss " << step;
     }
-    expect_states_equal(resumed->model_state_dict(), two_d_final, "2-D -> 2-D, continued");
+    const NamedTensors continued = resumed->model_state_dict();
+    if (holds_state) {
+      expect_states_equal(continued, two_d_final, "2-D -> 2-D, continued");
+    }
   }
   // The 2-D checkpoint into one process: it loads as is, and continues like the 2-D run.
   {
@@ -365,13 +438,13 @@ void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGro
     auto resumed = make_run(c, &mesh);
     resumed->load_model_state_dict(as_map(reference_model));
     resumed->load_optimizer_state_dict(reference_optimizer);
-    expect_states_equal(resumed->model_state_dict(), reference_model, "1 -> 2-D, loaded");
-    expect_optimizer_states(
-        resumed->optimizer_state_dict(),
-        reference_optimizer,
-        "1 -> 2-D, loaded",
-        max_norm,
-        /*bitwise=*/true);
+    const NamedTensors loaded = resumed->model_state_dict();
+    const c10::IValue loaded_optimizer = resumed->optimizer_state_dict();
+    if (holds_state) {
+      expect_states_equal(loaded, reference_model, "1 -> 2-D, loaded");
+      expect_optimizer_states(
+          loaded_optimizer, reference_optimizer, "1 -> 2-D, loaded", max_norm, /*bitwise=*/true);
+    }
     for (int step = kSaveStep; step < kSteps; ++step) {
       const StepResult result = train_step(*resumed, step, c, max_norm);
       expect_near_value(
@@ -379,20 +452,55 @@ void expect_two_dimensional_run_like_one_process(const Case& c, comm::ProcessGro
           reference_losses[step - kSaveStep].loss,
           fmt::format("1 -> 2-D loss {}", step));
     }
-    expect_states_close(
-        resumed->model_state_dict(), reference_final, "1 -> 2-D, continued", final_slack);
+    const NamedTensors continued = resumed->model_state_dict();
+    if (holds_state) {
+      expect_states_close(continued, reference_final, "1 -> 2-D, continued", final_slack);
+    }
   }
+}
+
+// The hand-made TP x DP groups, checked against the layout the file's top describes.
+Mesh checked_mesh(comm::ProcessGroup& world) {
+  Mesh mesh = make_mesh(world);
+  EXPECT_TRUE(mesh.tensor_parallel && mesh.data_parallel);
+  EXPECT_EQ(mesh.tensor_parallel->rank(), world.rank() % kTensorParallelSize);
+  EXPECT_EQ(mesh.data_parallel->rank(), world.rank() / kTensorParallelSize);
+  return mesh;
 }
 
 TEST(TensorParallelComposition, MlpTrunkTpTimesDdpTrainsAndResumesLikeOneProcess) {
   run_on_ranks(kTensorParallelSize * kDataParallelSize, [](comm::ProcessGroup& world) {
-    expect_two_dimensional_run_like_one_process({make_mlp, {1, 4, 4}}, world);
+    expect_two_dimensional_run_like_one_process({make_mlp, {1, 4, 4}}, checked_mesh(world));
   });
 }
 
 TEST(TensorParallelComposition, VitTpTimesDdpTrainsAndResumesLikeOneProcess) {
   run_on_ranks(kTensorParallelSize * kDataParallelSize, [](comm::ProcessGroup& world) {
-    expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, world);
+    expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, checked_mesh(world));
+  });
+}
+
+// TP 2 x PP 2: each stage split over a tensor-parallel pair, under every schedule (the MLP's
+// four blocks make one stage each with two virtual stages per rank).
+TEST(TensorParallelComposition, MlpTrunkTpTimesPipelineTrainsAndResumesLikeOneProcess) {
+  run_on_ranks(kTensorParallelSize * 2, [](comm::ProcessGroup& world) {
+    for (const auto& stages :
+         {PipelineParallelOptions(),
+          PipelineParallelOptions().schedule(PipelineScheduleKind::kGPipe),
+          PipelineParallelOptions().schedule(PipelineScheduleKind::kZeroBubbleH1),
+          PipelineParallelOptions()
+              .schedule(PipelineScheduleKind::kInterleaved1F1B)
+              .virtual_stages(2)}) {
+      SCOPED_TRACE(to_string(stages.schedule()));
+      expect_two_dimensional_run_like_one_process(
+          {make_mlp, {1, 4, 4}}, make_pipeline_mesh(world, stages));
+    }
+  });
+}
+
+TEST(TensorParallelComposition, VitTpTimesPipelineTrainsAndResumesLikeOneProcess) {
+  run_on_ranks(kTensorParallelSize * 2, [](comm::ProcessGroup& world) {
+    expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, make_pipeline_mesh(world));
   });
 }
 
@@ -473,6 +581,25 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
       expect_contains(message, "ParallelOptions::data_parallelism = " + to_string(mode));
       EXPECT_THROW(check_parallel_options(options, 2), OptionError);
     }
+
+    // In pipeline stages: every shard must cut the model alike, and stages are not
+    // recomputed.
+    auto options_error = [](const ParallelOptions& options) -> std::string {
+      try {
+        check_parallel_options(options, 4);
+      } catch (const OptionError& error) {
+        return error.what();
+      }
+      return "";
+    };
+    ParallelOptions staged;
+    staged.tensor_parallel_size = 2;
+    staged.pipeline.size = 2;
+    EXPECT_EQ(options_error(staged), "");
+    staged.pipeline.stages.balance(StageBalance::kTime);
+    expect_contains(options_error(staged), "PipelineParallelOptions::balance");
+    staged.pipeline.stages.balance(StageBalance::kParameters).checkpoint_stages(true);
+    expect_contains(options_error(staged), "PipelineParallelOptions::checkpoint_stages");
 
     // The size alone (a run plan's, before any group exists) is checked the same way, and
     // at parallelize() it needs its group.

@@ -1,8 +1,8 @@
 // Tensor parallelism in the trainer (DISTRIBUTED.TENSOR_PARALLEL_SIZE; Gloo over 127.0.0.1):
 // the MLP trunk and a small ViT split over 2 ranks train like one process (the checkpoint
 // holds the whole model, as one process's does, and resumes in a run without tensor
-// parallelism); TP 2 x DP 2 at 4 ranks like DDP over 2; a mid-epoch resume is bit-exact;
-// what does not compose is refused naming the key.
+// parallelism); TP 2 x DP 2 at 4 ranks like DDP over 2, TP 2 x PP 2 like one process; a
+// mid-epoch resume is bit-exact; what does not compose is refused naming the key.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
 #include <largo/train/trainer.h>
@@ -96,6 +96,28 @@ TEST(TrainerTensorParallelTest, TwoShardsTimesTwoReplicasTrainLikeDdp) {
   });
 }
 
+// World rank = stage x 2 + shard: the four ranks read the same batches (one replica), each
+// stage split over a pair. The MLP has no BatchNorm, so the pipeline's micro-batches add up
+// to one process's batch.
+TEST(TrainerTensorParallelTest, TwoShardsTimesTwoStagesTrainLikeOneProcess) {
+  run_on_ranks(4, [](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    const Overrides clipping = {
+        "MODEL.GRAD_CLIP.USE_GRAD_CLIP=True", "MODEL.GRAD_CLIP.MAX_NORM=0.5"};
+    const Overrides pipeline = {"DISTRIBUTED.PIPELINE_SIZE=2", "MODEL.PIPELINE.NUM_MICROBATCHES=2"};
+    const RunResult split = train_run(
+        dir / "tp_pp", kFresh + kMlp + clipping + kTensorParallel + pipeline, borrow(group));
+    if (group.rank() == 0) {
+      const RunResult one =
+          train_run(dir / "one", kFresh + kMlp + clipping, comm::ProcessGroup::single_process());
+      expect_same_training(split, one, kTolerance, "TP 2 x PP 2 against one process");
+      ASSERT_TRUE(split.summary.final_top1.has_value());
+      EXPECT_NEAR(*split.summary.final_top1, one.summary.final_top1.value_or(-1.0), 1e-9);
+    }
+    group.barrier();
+  });
+}
+
 TEST(TrainerTensorParallelTest, MidEpochResumeIsBitExactAndEpochsResumeWithoutTensorParallelism) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     const fs::path dir = test_dir();
@@ -157,6 +179,12 @@ TEST(TrainerTensorParallelTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
     const std::string fsdp = refusal({"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, borrow(group));
     EXPECT_NE(fsdp.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE"), std::string::npos) << fsdp;
     EXPECT_NE(fsdp.find("FSDP"), std::string::npos) << fsdp;
+  });
+  run_on_ranks(4, [](comm::ProcessGroup& group) { // TP 2 x PP 2
+    const std::string timed =
+        refusal({"DISTRIBUTED.PIPELINE_SIZE=2", "MODEL.PIPELINE.BALANCE=time"}, borrow(group));
+    EXPECT_NE(timed.find("MODEL.PIPELINE.BALANCE"), std::string::npos) << timed;
+    EXPECT_NE(timed.find("would time the blocks"), std::string::npos) << timed;
   });
 }
 

@@ -38,6 +38,9 @@
 // the unsharded model's norm, and its state (model_state_dict(), full_parameters(),
 // optimizer_state_dict()) is the unsharded model's, gathered over the tensor-parallel group,
 // so that a run with and one without tensor parallelism read each other's checkpoints.
+// Inside a pipeline's stages (3-D: pp x dp x tp), apply_mesh_to_module() is step 0: it
+// builds the mesh and splits the model before parallelize() cuts it into stages; each stage's
+// rank exchanges activations with the other stages' ranks of the same shards.
 //
 // The order that makes them compose is fixed here, in parallelize():
 //   1. activation checkpointing is planned: its probe steps run forward and backward on the
@@ -165,7 +168,9 @@ struct ParallelOptions {
   // The ranks the module's tensor-parallel layers are split over (apply_tensor_parallel,
   // step 0 above); parallelize()'s group is then each tensor-parallel rank's data-parallel
   // group. Null or one rank: off. Composes with DDP (kDdp) only, without a cast of the
-  // module (O2, O3) and without activation checkpointing.
+  // module (O2, O3) and without activation checkpointing; with a pipeline only on
+  // apply_mesh_to_module()'s mesh, its stages cut by parameters or boundaries (not timed)
+  // and not recomputed.
   std::shared_ptr<comm::ProcessGroup> tensor_parallel_group;
   // The mesh's "tp" dimension (mesh_dimensions(); DISTRIBUTED.TENSOR_PARALLEL_SIZE): the
   // number of tensor-parallel shards per data-parallel replica. > 1 needs
@@ -461,9 +466,10 @@ std::vector<MeshDimension> mesh_dimensions(const ParallelOptions& options, int w
 // options.tensor_parallel_size > 1, builds that DeviceMesh over `world` (options.mesh),
 // splits `module`'s planned layers over its "tp" group (apply_tensor_parallel) and sets
 // options.tensor_parallel_group to it; parallelize(..., world, options) then runs the
-// data-parallel mode over the mesh's "dp" group. Nothing without tensor parallelism (a
-// pipeline lays out its mesh inside parallelize()). Call it before building the param
-// groups. Collective (the mesh's new_group calls) with tensor parallelism.
+// data-parallel mode over the mesh's "dp" group, or the pipeline over its "pp" and "dp"
+// groups. Nothing without tensor parallelism (a pipeline alone lays out its mesh inside
+// parallelize()). Call it before building the param groups. Collective (the mesh's new_group
+// calls) with tensor parallelism.
 void apply_mesh_to_module(
     torch::nn::Module& module,
     const std::shared_ptr<comm::ProcessGroup>& world,

@@ -156,6 +156,9 @@ class PipelineParallel {
   // the others), in the full model's order: copies, which training does not change.
   // Collective (pipeline).
   c10::impl::GenericDict full_state_dict() const;
+  // The same from the part each rank gives instead of its state_dict() (e.g. its tensor-
+  // parallel shards gathered whole first). Collective (pipeline).
+  c10::impl::GenericDict full_state_dict(const c10::impl::GenericDict& own_part) const;
   // Every parameter and buffer name of the full model, in its order.
   const std::vector<std::string>& full_model_names() const;
   // The full model's parameter names in order (to merge optimizer states, pipeline_checkpoint.h).

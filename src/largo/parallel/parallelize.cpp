@@ -187,7 +187,9 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
   if (group->world_size() > 1) { // every rank skips (or stops) together
     scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
   }
-  if (tensor_parallel_enabled(options)) { // and every rank of the tensor-parallel group
+  // Without a mesh `group` is the replicas only: the tensor-parallel group must agree too
+  // (with one, `group` is the mesh's world, which holds it).
+  if (tensor_parallel_enabled(options) && !options.mesh) {
     auto data_parallel = scaler_options.found_inf_reducer;
     auto tensor_parallel = precision::found_inf_all_reduce(options.tensor_parallel_group);
     scaler_options.found_inf_reducer = [data_parallel, tensor_parallel](at::Tensor& found_inf) {
@@ -255,6 +257,33 @@ std::vector<PipelineBlock> blocks_of(ModelToParallelize model, const PipelineOpt
           module->name()));
 }
 
+// The blocks under one module (index names: theirs have dots), for the checks that walk one.
+std::shared_ptr<torch::nn::Module> chain_of(const std::vector<PipelineBlock>& blocks) {
+  auto chain = std::make_shared<torch::nn::Module>("PipelineBlocks");
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    chain->register_module(std::to_string(i), blocks[i].module.ptr());
+  }
+  return chain;
+}
+
+// A given mesh (apply_mesh_to_module's) must be laid out for these options over `group`.
+void check_mesh(const ParallelOptions& options, const comm::ProcessGroup& group) {
+  if (!options.mesh) {
+    return;
+  }
+  const std::string expected = describe_sizes(mesh_dimensions(options, group.world_size()));
+  const std::string given = describe_sizes(options.mesh->dimensions());
+  if (given != expected || &options.mesh->world() != &group) {
+    throw OptionError(
+        "ParallelOptions::mesh",
+        given,
+        fmt::format(
+            "the mesh of pipeline.size and tensor_parallel_size over "
+            "parallelize()'s group, {} (apply_mesh_to_module builds it)",
+            expected));
+  }
+}
+
 } // namespace
 
 std::unique_ptr<ParallelModel> parallelize(
@@ -272,6 +301,8 @@ std::unique_ptr<ParallelModel> parallelize(
   if (options.pipeline.enabled()) {
     auto blocks = blocks_of(std::move(input), options.pipeline); // the model first, then the world
     check_parallel_options(options, group->world_size());
+    check_mesh(options, *group);
+    check_tensor_parallel_module(options, *chain_of(blocks));
     return make_pipeline_model(
         std::move(blocks),
         std::move(group),
@@ -287,19 +318,7 @@ std::unique_ptr<ParallelModel> parallelize(
         "> 1 for a model given as blocks (without a pipeline, give the module)");
   }
   torch::nn::AnyModule model = std::get<torch::nn::AnyModule>(input.model);
-  if (options.mesh) { // apply_mesh_to_module's: laid out for these options over this group
-    const std::string expected = describe_sizes(mesh_dimensions(options, group->world_size()));
-    const std::string given = describe_sizes(options.mesh->dimensions());
-    if (given != expected || &options.mesh->world() != group.get()) {
-      throw OptionError(
-          "ParallelOptions::mesh",
-          given,
-          fmt::format(
-              "the mesh of pipeline.size and tensor_parallel_size over "
-              "parallelize()'s group, {} (apply_mesh_to_module builds it)",
-              expected));
-    }
-  }
+  check_mesh(options, *group);
   check_tensor_parallel_module(options, *model.ptr());                    // 0. was the caller's
   auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
 

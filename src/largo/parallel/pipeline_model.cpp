@@ -5,11 +5,17 @@
 // is the stage's replicas, and model and optimizer states are the whole model's, gathered on
 // pipeline rank 0. With ZeRO-1 each replica steps its shard of the stage's parameters; the
 // checkpoint still holds the whole optimizer state (consolidated over the replicas, merged
-// over the stages), so every layout reads it.
+// over the stages), so every layout reads it. With tensor parallelism (a pp x dp x tp mesh)
+// each stage's planned layers are split over its "tp" group: a rank exchanges activations
+// with the ranks of the next and previous stages that hold the same shards (its "pp" group),
+// the gradient norm and the state are the unsharded model's (tensor_parallel_state.h), and
+// found_inf is agreed over the "tp" group too.
 #include "parallel_modes.h"
+#include "tensor_parallel_state.h"
 
 #include <largo/core/error.h>
 #include <largo/models/module_device.h>
+#include <largo/optim/grad_clipping.h>
 #include <largo/parallel/device_mesh.h>
 #include <largo/parallel/pipeline_checkpoint.h>
 #include <largo/parallel/sharded_optimizer.h>
@@ -95,7 +101,7 @@ at::Tensor pad_rows(const at::Tensor& batch, int64_t rows) {
 class PipelineModel : public ParallelModel {
  public:
   PipelineModel(
-      std::unique_ptr<DeviceMesh> mesh,
+      std::shared_ptr<DeviceMesh> mesh,
       std::unique_ptr<PipelineParallel> pipeline,
       std::shared_ptr<comm::ProcessGroup> group,
       ParallelOptions options,
@@ -106,6 +112,9 @@ class PipelineModel : public ParallelModel {
             pipeline->module(), std::move(group), std::move(options), std::move(precision)),
         mesh_(std::move(mesh)),
         pipeline_(std::move(pipeline)) {
+    if (tensor_parallel_enabled(options_)) {
+      tp_.emplace(*module_, options_.tensor_parallel_group);
+    }
     auto own_groups = groups_of(std::move(param_groups), *module_);
     if (options_.data_parallelism == DataParallelism::kZero1) {
       ShardedOptimizerOptions zero;
@@ -135,13 +144,16 @@ class PipelineModel : public ParallelModel {
     if (autocast) {
       guard.emplace(device_type, policy.low_precision);
     }
-    // The loss in float32 outside autocast, as the other modes compute it.
-    auto float32_loss = [&](const at::Tensor& output, const at::Tensor& target) {
+    // The loss outside autocast, on outputs of a mixed-precision policy in float32, as the
+    // other modes compute it (MixedPrecision::forward): a float64 model's stays float64.
+    auto outside_autocast_loss = [&](const at::Tensor& output, const at::Tensor& target) {
       std::optional<precision::AutocastGuard> off;
       if (autocast) {
         off.emplace(device_type, policy.low_precision, /*enabled=*/false);
       }
-      return loss(output.is_floating_point() ? output.to(at::kFloat) : output, target);
+      const bool to_float32 =
+          policy.enabled && output.is_floating_point() && output.scalar_type() != at::kFloat;
+      return loss(to_float32 ? output.to(at::kFloat) : output, target);
     };
     precision::GradScaler* scaler = precision_->grad_scaler();
     auto scale = [scaler, loss_divisor](const at::Tensor& weighted) {
@@ -149,7 +161,7 @@ class PipelineModel : public ParallelModel {
           loss_divisor > 1 ? weighted / static_cast<double>(loss_divisor) : weighted;
       return scaler != nullptr ? scaler->scale(divided) : divided;
     };
-    return pipeline_->forward_backward(inputs, targets, float32_loss, scale);
+    return pipeline_->forward_backward(inputs, targets, outside_autocast_loss, scale);
   }
 
   bool forward_communicates_without_grad() const override {
@@ -167,6 +179,12 @@ class PipelineModel : public ParallelModel {
   bool optimizer_covers_whole_model() const override {
     return false; // this stage's parameters
   }
+  comm::ProcessGroup* tensor_parallel_group() const override {
+    return tp_ ? &tp_->group() : nullptr;
+  }
+  bool local_state_is_sharded() const override {
+    return tp_.has_value(); // the stages' tensor-parallel slices
+  }
 
   // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
@@ -177,16 +195,34 @@ class PipelineModel : public ParallelModel {
           "0 with a pipeline (its rank 0 gathers the stages)");
     }
     std::vector<std::pair<std::string, at::Tensor>> state;
-    for (const auto& item : pipeline_->full_state_dict()) {
+    for (const auto& item : pipeline_->full_state_dict(stage_state())) {
       state.emplace_back(item.key().toStringRef(), item.value().toTensor().cpu());
     }
     return state;
   }
+  void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override {
+    ParallelModel::load_model_state_dict(tp_ ? tp_->shard(state) : state);
+  }
+  void update_full_parameter(
+      const std::string& name, const std::function<void(at::Tensor&)>& update) override {
+    if (!tp_ || !tp_->update_full_value(*module_, name, update)) {
+      ParallelModel::update_full_parameter(name, update);
+    }
+  }
+  std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
+    return tp_ ? tp_->full_shapes(optimizer_->param_groups())
+               : ParallelModel::trained_parameter_shapes();
+  }
   // Pipeline rank 0 gets every parameter; the others their stages' (a collective).
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
     auto state = model_state_dict(0);
-    if (state.empty()) {
+    if (state.empty() && !tp_) {
       return ParallelModel::full_parameters();
+    }
+    if (state.empty()) { // this rank's stages, whole
+      for (const auto& item : stage_state()) {
+        state.emplace_back(item.key().toStringRef(), item.value().toTensor().clone());
+      }
     }
     const auto& names = pipeline_->full_parameter_names();
     const std::unordered_set<std::string> parameters(names.begin(), names.end());
@@ -199,6 +235,10 @@ class PipelineModel : public ParallelModel {
     return values;
   }
   c10::IValue optimizer_state_dict() override {
+    if (tp_) { // a stage's shards whole (over "tp"), then merged (over "pp")
+      return merge_over_stages(tp_->map_optimizer_state(
+          optimizer_->state_dict(), optimizer_->param_groups(), /*gather=*/true));
+    }
     if (sharded_ == nullptr) {
       return full_optimizer_state_dict(*pipeline_, *optimizer_);
     }
@@ -210,6 +250,11 @@ class PipelineModel : public ParallelModel {
       names.insert(names.end(), param_group.names.begin(), param_group.names.end());
     }
     const c10::IValue own = select_optimizer_state(state, names);
+    if (tp_) {
+      optimizer_->load_state_dict(
+          tp_->map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/false));
+      return;
+    }
     if (sharded_ == nullptr) {
       optimizer_->load_state_dict(own);
       return;
@@ -250,19 +295,53 @@ class PipelineModel : public ParallelModel {
     if (sharded_ != nullptr) {
       return clip_grad_norm_of_pieces(sharded_->shard_parameters(), *group_, max_norm, norm_type);
     }
+    if (tp_) { // each stage's norm over its shards, then summed over the stages
+      const auto parameters = pipeline_->parameters();
+      return optim::clip_grad_norm(
+          parameters,
+          max_norm,
+          norm_type,
+          tp_->norm_reducer(parameters, norm_type, pipeline_->norm_reducer()));
+    }
     return pipeline_->clip_grad_norm(max_norm, norm_type);
   }
   std::string describe_mode() const override {
+    const std::string tensor_parallel =
+        tp_ ? fmt::format(
+                  "; tensor parallel over {} ranks ({}), {} sharded parameters",
+                  tp_->group().world_size(),
+                  tp_->group().backend(),
+                  tp_->num_sharded())
+            : std::string();
     return fmt::format(
-        "pipeline: {}; {}{}",
+        "pipeline: {}; {}{}{}",
         mesh_->describe(),
         pipeline_->describe(),
-        sharded_ != nullptr ? "; ZeRO-1 over each stage's replicas" : "");
+        sharded_ != nullptr ? "; ZeRO-1 over each stage's replicas" : "",
+        tensor_parallel);
   }
 
  private:
   torch::Device module_device() const {
     return models::module_device(*module_);
+  }
+
+  // This rank's stages' parameters and buffers, with tensor parallelism's shards gathered
+  // whole (a collective over "tp").
+  c10::impl::GenericDict stage_state() const {
+    c10::impl::GenericDict own = pipeline_->state_dict();
+    if (!tp_) {
+      return own;
+    }
+    TensorParallelState::NamedTensors named;
+    for (const auto& item : own) {
+      named.emplace_back(item.key().toStringRef(), item.value().toTensor());
+    }
+    c10::impl::GenericDict whole(c10::StringType::get(), c10::TensorType::get());
+    for (auto& [name, tensor] : tp_->unshard(std::move(named))) {
+      whole.insert(name, tensor);
+    }
+    return whole;
   }
 
   // ZeRO-1: the stage's optimizer state on replica 0, consolidated from every replica's
@@ -289,9 +368,10 @@ class PipelineModel : public ParallelModel {
     return merge_optimizer_state_dicts(parts, pipeline_->full_parameter_names());
   }
 
-  std::unique_ptr<DeviceMesh> mesh_; // pp x dp (x tp = 1) over group_
+  std::shared_ptr<DeviceMesh> mesh_; // pp x dp x tp over group_
   std::unique_ptr<PipelineParallel> pipeline_;
-  ShardedOptimizer* sharded_ = nullptr; // optimizer_, with ZeRO-1
+  ShardedOptimizer* sharded_ = nullptr;   // optimizer_, with ZeRO-1
+  std::optional<TensorParallelState> tp_; // with tensor parallelism
 };
 
 } // namespace
@@ -307,17 +387,36 @@ std::unique_ptr<ParallelModel> make_pipeline_model(
   for (const auto& block : blocks) {
     all_blocks.push_back(block.module.ptr());
   }
-  // The world as pipeline ranks x each stage's replicas; the mesh refers to `group`, which
+  // The world as pipeline ranks x each stage's replicas (x tensor-parallel shards: then
+  // apply_mesh_to_module's mesh, which split the blocks); the mesh refers to `group`, which
   // the model keeps.
-  auto mesh = std::make_unique<DeviceMesh>(*group, mesh_dimensions(options, group->world_size()));
+  std::shared_ptr<DeviceMesh> mesh = options.mesh;
+  if (tensor_parallel_enabled(options) && !mesh) {
+    throw OptionError(
+        "ParallelOptions::mesh",
+        "null",
+        "apply_mesh_to_module's mesh with a pipeline and tensor parallelism: the stages and "
+        "their tensor-parallel shards are laid out on it");
+  }
+  if (!mesh) {
+    mesh = std::make_shared<DeviceMesh>(*group, mesh_dimensions(options, group->world_size()));
+  }
   PipelineParallelOptions stages = options.pipeline.stages;
   stages.data_parallel(options.ddp); // manual reduction is forced over the replicas
   auto pipeline = std::make_unique<PipelineParallel>(
       std::move(blocks), mesh->group("pp"), mesh->group("dp"), stages);
   empty_other_stages(all_blocks, *pipeline->module());
-  // Every stage and replica skips (or stops) together.
+  // Every stage, replica and tensor-parallel shard skips (or stops) together.
   precision::GradScalerOptions scaler_options = options.grad_scaler;
   scaler_options.found_inf_reducer = pipeline->found_inf_reducer();
+  if (tensor_parallel_enabled(options)) {
+    auto stages_and_replicas = scaler_options.found_inf_reducer;
+    auto shards = precision::found_inf_all_reduce(options.tensor_parallel_group);
+    scaler_options.found_inf_reducer = [stages_and_replicas, shards](at::Tensor& found_inf) {
+      stages_and_replicas(found_inf);
+      shards(found_inf);
+    };
+  }
   auto precision = std::make_unique<precision::MixedPrecision>(
       options.precision, *pipeline->module(), device, scaler_options, options.check_finite);
   return std::make_unique<PipelineModel>(

@@ -304,7 +304,12 @@ void PipelineParallel::load_state_dict(const c10::impl::GenericDict& state) {
 }
 
 c10::impl::GenericDict PipelineParallel::full_state_dict() const {
-  auto parts = gather_to_root(*impl_->pipeline, state_dict(), 0);
+  return full_state_dict(state_dict());
+}
+
+c10::impl::GenericDict
+PipelineParallel::full_state_dict(const c10::impl::GenericDict& own_part) const {
+  auto parts = gather_to_root(*impl_->pipeline, own_part, 0);
   c10::impl::GenericDict full(c10::StringType::get(), c10::TensorType::get());
   if (pipeline_rank() != 0) {
     return full;

@@ -8,6 +8,7 @@
 // optimizer) which is gathered to the full tensors on save and sliced on load, so that a
 // checkpoint of this run is the one an unsharded run writes and reads.
 #include "parallel_modes.h"
+#include "tensor_parallel_state.h"
 
 #include <largo/core/error.h>
 #include <largo/optim/grad_clipping.h>
@@ -61,14 +62,19 @@ void check_tensor_parallel_options(const ParallelOptions& options) {
             "FSDP over tensor-parallel shards are not built)",
             to_string(options.data_parallelism)));
   }
-  if (options.pipeline.enabled()) {
+  const PipelineParallelOptions& stages = options.pipeline.stages;
+  if (options.pipeline.enabled() && stages.balance() == StageBalance::kTime) {
     throw OptionError(
-        option,
-        group,
-        fmt::format(
-            "1 (off) with ParallelOptions::pipeline.size = {}: tensor "
-            "parallelism inside pipeline stages is not built",
-            options.pipeline.size));
+        "PipelineParallelOptions::balance",
+        to_string(stages.balance()),
+        "parameters with tensor parallelism: each tensor-parallel rank would time the blocks "
+        "itself and could cut the model elsewhere (give boundaries, or balance by parameters)");
+  }
+  if (options.pipeline.enabled() && stages.checkpoint_stages()) {
+    throw OptionError(
+        "PipelineParallelOptions::checkpoint_stages",
+        "true",
+        "false with tensor parallelism: recomputing tensor-parallel stages is not built");
   }
   if (options.precision.cast_model) {
     throw OptionError(
@@ -152,17 +158,10 @@ class TensorParallelDdpModel : public ParallelModel {
       std::vector<optim::ParamGroup> param_groups,
       const OptimizerFactory& make_optimizer)
       : ParallelModel(std::move(model), std::move(group), std::move(options), std::move(precision)),
-        tp_group_(options_.tensor_parallel_group),
+        tp_(*module_, options_.tensor_parallel_group),
         // With the run's mesh, `group` is its world and the replicas are its "dp" group;
         // without, `group` is the replicas (the caller laid out the groups).
-        dp_group_(options_.mesh ? options_.mesh->group("dp") : group_),
-        specs_(tensor_parallel_sharded_parameters(*module_)) {
-    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-      const auto spec = specs_.find(item.key());
-      if (spec != specs_.end()) {
-        spec_by_tensor_[item.value().unsafeGetTensorImpl()] = spec->second;
-      }
-    }
+        dp_group_(options_.mesh ? options_.mesh->group("dp") : group_) {
     optimizer_ = make_optimizer(std::move(param_groups));
     for (const auto& param_group : optimizer_->param_groups()) {
       trained_parameters_.insert(
@@ -178,7 +177,7 @@ class TensorParallelDdpModel : public ParallelModel {
   }
 
   comm::ProcessGroup* tensor_parallel_group() const override {
-    return tp_group_.get();
+    return &tp_.group();
   }
   // local_state() is the module's tensors: this rank's slices of the sharded layers, which a
   // checkpoint of a per-rank average (the model EMA) gathers through model_state_dict().
@@ -198,50 +197,32 @@ class TensorParallelDdpModel : public ParallelModel {
   }
 
   void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override {
-    std::unordered_map<std::string, at::Tensor> local = state;
-    for (const auto& [name, spec] : specs_) {
-      auto found = local.find(name);
-      if (found != local.end()) { // a missing one is named by the base
-        found->second = shard_of(found->second, spec, tp_group_->rank(), tp_group_->world_size());
-      }
-    }
-    ParallelModel::load_model_state_dict(local);
+    ParallelModel::load_model_state_dict(tp_.shard(state));
   }
 
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
-    return parallel::full_parameters(*module_, *tp_group_);
+    return parallel::full_parameters(*module_, tp_.group());
   }
 
   void update_full_parameter(
       const std::string& name, const std::function<void(at::Tensor&)>& update) override {
-    const auto spec = specs_.find(name);
-    if (spec == specs_.end()) {
+    if (!tp_.update_full_value(*module_, name, update)) {
       ParallelModel::update_full_parameter(name, update);
-      return;
     }
-    torch::NoGradGuard no_grad;
-    at::Tensor full = full_parameter(*module_, name, *tp_group_);
-    update(full);
-    module_->named_parameters()[name].copy_(
-        shard_of(full, spec->second, tp_group_->rank(), tp_group_->world_size()));
   }
 
   c10::IValue optimizer_state_dict() override {
-    return map_optimizer_state(optimizer_->state_dict(), /*gather=*/true);
+    return tp_.map_optimizer_state(
+        optimizer_->state_dict(), optimizer_->param_groups(), /*gather=*/true);
   }
 
   void load_optimizer_state_dict(const c10::IValue& state) override {
-    optimizer_->load_state_dict(map_optimizer_state(state, /*gather=*/false));
+    optimizer_->load_state_dict(
+        tp_.map_optimizer_state(state, optimizer_->param_groups(), /*gather=*/false));
   }
 
   std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
-    std::map<std::string, std::vector<int64_t>> shapes;
-    for (const auto& group : optimizer_->param_groups()) {
-      for (size_t i = 0; i < group.params.size(); ++i) {
-        shapes[group.names.at(i)] = full_shape(group.params[i]);
-      }
-    }
-    return shapes;
+    return tp_.full_shapes(optimizer_->param_groups());
   }
 
  protected:
@@ -260,36 +241,19 @@ class TensorParallelDdpModel : public ParallelModel {
   }
 
   // After DDP every replica holds the same (averaged) gradients, so the global norm is the
-  // tensor-parallel one: the shards' partials summed (or, for the max norm, maxed) over the
-  // tensor-parallel group, plus the replicated parameters' partial, counted once. It goes
-  // through optim::clip_grad_norm's reducer so that the scaling is that function's.
+  // tensor-parallel one; it goes through optim::clip_grad_norm's reducer so that the scaling
+  // is that function's.
   double clip_gradients(double max_norm, double norm_type) override {
-    std::vector<at::Tensor> shards, replicated;
-    for (const at::Tensor& parameter : trained_parameters_) {
-      (spec_of(parameter) ? shards : replicated).push_back(parameter);
-    }
-    comm::ProcessGroup& tp_group = *tp_group_;
-    const optim::PartialNormReducer reducer = [&](const at::Tensor& /*all_local*/,
-                                                  optim::NormReduceOp op) {
-      at::Tensor sharded = optim::local_grad_norm_partial(shards, norm_type);
-      at::Tensor whole = optim::local_grad_norm_partial(replicated, norm_type);
-      const bool is_max = op == optim::NormReduceOp::max;
-      if (!trained_parameters_.empty()) { // on the gradients' device for the group
-        sharded = sharded.to(trained_parameters_.front().device());
-      }
-      tp_group.all_reduce(sharded, is_max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum);
-      sharded = sharded.to(whole.device());
-      return is_max ? at::maximum(sharded, whole) : sharded + whole;
-    };
-    return optim::clip_grad_norm(trained_parameters_, max_norm, norm_type, reducer);
+    return optim::clip_grad_norm(
+        trained_parameters_, max_norm, norm_type, tp_.norm_reducer(trained_parameters_, norm_type));
   }
 
   std::string describe_mode() const override {
     const std::string tensor_parallel = fmt::format(
         "tensor parallel over {} ranks ({}), {} sharded parameters",
-        tp_group_->world_size(),
-        tp_group_->backend(),
-        specs_.size());
+        tp_.group().world_size(),
+        tp_.group().backend(),
+        tp_.num_sharded());
     if (!ddp_) {
       return tensor_parallel + ", one data-parallel replica";
     }
@@ -302,89 +266,8 @@ class TensorParallelDdpModel : public ParallelModel {
   }
 
  private:
-  const TensorParallelShardSpec* spec_of(const at::Tensor& parameter) const {
-    const auto found = spec_by_tensor_.find(parameter.unsafeGetTensorImpl());
-    return found == spec_by_tensor_.end() ? nullptr : &found->second;
-  }
-
-  std::vector<int64_t> full_shape(const at::Tensor& parameter) const {
-    std::vector<int64_t> shape = parameter.sizes().vec();
-    if (const TensorParallelShardSpec* spec = spec_of(parameter)) {
-      shape[spec->dim] *= tp_group_->world_size();
-    }
-    return shape;
-  }
-
-  // The optimizer state with each shard's per-element entries (those shaped like the
-  // parameter: momentum, exp_avg, exp_avg_sq; not AdamW's step) gathered to the full
-  // parameter's shape (gather; a collective, in the groups' parameter order and each entry's
-  // key order, the same on every rank) or sliced from it (not gather).
-  c10::IValue map_optimizer_state(const c10::IValue& state_dict, bool gather) const {
-    if (!state_dict.isGenericDict()) {
-      return state_dict; // the optimizer names what is wrong with it
-    }
-    c10::impl::GenericDict root = state_dict.toGenericDict().copy();
-    if (!root.contains("state") || !root.at("state").isGenericDict()) {
-      return root;
-    }
-    const c10::impl::GenericDict saved = root.at("state").toGenericDict();
-    c10::impl::GenericDict mapped(c10::StringType::get(), c10::AnyType::get());
-    std::unordered_map<std::string, at::Tensor> parameter_by_name;
-    std::vector<std::string> names; // the groups' order: the same on every rank
-    for (const auto& group : optimizer_->param_groups()) {
-      for (size_t i = 0; i < group.params.size(); ++i) {
-        parameter_by_name[group.names.at(i)] = group.params[i];
-        names.push_back(group.names.at(i));
-      }
-    }
-    std::set<std::string> done;
-    auto map_entry = [&](const std::string& name, const c10::IValue& value) {
-      const auto parameter = parameter_by_name.find(name);
-      const TensorParallelShardSpec* spec =
-          parameter == parameter_by_name.end() ? nullptr : spec_of(parameter->second);
-      if (spec == nullptr || !value.isGenericDict()) {
-        mapped.insert(name, value);
-        return;
-      }
-      const at::Tensor& local = parameter->second;
-      const std::vector<int64_t> full = full_shape(local);
-      c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
-      for (const auto& item : value.toGenericDict()) {
-        c10::IValue element = item.value();
-        if (element.isTensor()) {
-          const at::Tensor tensor = element.toTensor();
-          if (gather && tensor.dim() > 0 && tensor.sizes() == local.sizes()) {
-            element = unshard(tensor, *spec, *tp_group_);
-          } else if (!gather && tensor.dim() > 0 && tensor.sizes().vec() == full) {
-            element = shard_of(tensor, *spec, tp_group_->rank(), tp_group_->world_size());
-          }
-        }
-        entry.insert(item.key(), element);
-      }
-      mapped.insert(name, entry);
-    };
-    if (gather) { // in the groups' order, which every rank shares
-      for (const std::string& name : names) {
-        if (saved.contains(name)) {
-          map_entry(name, saved.at(name));
-          done.insert(name);
-        }
-      }
-    }
-    for (const auto& item : saved) { // loading (no collective), or names of no group
-      const std::string name = item.key().toStringRef();
-      if (done.count(name) == 0) {
-        map_entry(name, item.value());
-      }
-    }
-    root.insert_or_assign("state", mapped);
-    return root;
-  }
-
-  std::shared_ptr<comm::ProcessGroup> tp_group_;
+  TensorParallelState tp_;
   std::shared_ptr<comm::ProcessGroup> dp_group_;
-  std::map<std::string, TensorParallelShardSpec> specs_; // by module parameter name
-  std::unordered_map<const c10::TensorImpl*, TensorParallelShardSpec> spec_by_tensor_;
   std::unique_ptr<DistributedDataParallel> ddp_;
 };
 

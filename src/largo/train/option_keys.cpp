@@ -11,6 +11,8 @@ std::string yaml_key_for(const std::string& option) {
       {"FullyShardedDataParallelOptions::compute_dtype", "MODEL.FSDP_CONFIG.compute_dtype"},
       {"FullyShardedDataParallelOptions::fp32_reduce_scatter",
        "MODEL.FSDP_CONFIG.fp32_reduce_scatter"},
+      {"PipelineParallelOptions::balance", "MODEL.PIPELINE.BALANCE"},
+      {"PipelineParallelOptions::checkpoint_stages", "MODEL.PIPELINE.CHECKPOINT_STAGES"},
       {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
       {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
       {"ParallelOptions::pipeline.size", "DISTRIBUTED.PIPELINE_SIZE"},

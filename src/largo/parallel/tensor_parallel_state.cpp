@@ -1,0 +1,174 @@
+#include "tensor_parallel_state.h"
+
+#include <largo/optim/grad_clipping.h>
+
+#include <set>
+
+namespace largo::parallel {
+
+TensorParallelState::TensorParallelState(
+    const torch::nn::Module& module, std::shared_ptr<comm::ProcessGroup> group)
+    : group_(std::move(group)), specs_(tensor_parallel_sharded_parameters(module)) {
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const auto spec = specs_.find(item.key());
+    if (spec != specs_.end()) {
+      spec_by_tensor_[item.value().unsafeGetTensorImpl()] = spec->second;
+    }
+  }
+}
+
+const TensorParallelShardSpec* TensorParallelState::spec_of(const at::Tensor& parameter) const {
+  const auto found = spec_by_tensor_.find(parameter.unsafeGetTensorImpl());
+  return found == spec_by_tensor_.end() ? nullptr : &found->second;
+}
+
+std::vector<int64_t> TensorParallelState::full_shape(const at::Tensor& parameter) const {
+  std::vector<int64_t> shape = parameter.sizes().vec();
+  if (const TensorParallelShardSpec* spec = spec_of(parameter)) {
+    shape[spec->dim] *= group_->world_size();
+  }
+  return shape;
+}
+
+std::map<std::string, std::vector<int64_t>>
+TensorParallelState::full_shapes(const std::vector<optim::ParamGroup>& groups) const {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& group : groups) {
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      shapes[group.names.at(i)] = full_shape(group.params[i]);
+    }
+  }
+  return shapes;
+}
+
+TensorParallelState::NamedTensors TensorParallelState::unshard(NamedTensors state) const {
+  for (auto& [name, tensor] : state) {
+    const auto spec = specs_.find(name);
+    if (spec != specs_.end()) {
+      tensor = parallel::unshard(tensor, spec->second, *group_);
+    }
+  }
+  return state;
+}
+
+std::unordered_map<std::string, at::Tensor>
+TensorParallelState::shard(std::unordered_map<std::string, at::Tensor> state) const {
+  for (const auto& [name, spec] : specs_) {
+    auto found = state.find(name);
+    if (found != state.end()) { // a missing one is named by the loader
+      found->second = shard_of(found->second, spec, group_->rank(), group_->world_size());
+    }
+  }
+  return state;
+}
+
+bool TensorParallelState::update_full_value(
+    torch::nn::Module& module,
+    const std::string& name,
+    const std::function<void(at::Tensor&)>& update) const {
+  const auto spec = specs_.find(name);
+  if (spec == specs_.end()) {
+    return false;
+  }
+  torch::NoGradGuard no_grad;
+  at::Tensor full = full_parameter(module, name, *group_);
+  update(full);
+  module.named_parameters()[name].copy_(
+      shard_of(full, spec->second, group_->rank(), group_->world_size()));
+  return true;
+}
+
+c10::IValue TensorParallelState::map_optimizer_state(
+    const c10::IValue& state_dict,
+    const std::vector<optim::ParamGroup>& groups,
+    bool gather) const {
+  if (!state_dict.isGenericDict()) {
+    return state_dict; // the optimizer names what is wrong with it
+  }
+  c10::impl::GenericDict root = state_dict.toGenericDict().copy();
+  if (!root.contains("state") || !root.at("state").isGenericDict()) {
+    return root;
+  }
+  const c10::impl::GenericDict saved = root.at("state").toGenericDict();
+  c10::impl::GenericDict mapped(c10::StringType::get(), c10::AnyType::get());
+  std::unordered_map<std::string, at::Tensor> parameter_by_name;
+  std::vector<std::string> names; // the groups' order: the same on every rank
+  for (const auto& group : groups) {
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      parameter_by_name[group.names.at(i)] = group.params[i];
+      names.push_back(group.names.at(i));
+    }
+  }
+  auto map_entry = [&](const std::string& name, const c10::IValue& value) {
+    const auto parameter = parameter_by_name.find(name);
+    const TensorParallelShardSpec* spec =
+        parameter == parameter_by_name.end() ? nullptr : spec_of(parameter->second);
+    if (spec == nullptr || !value.isGenericDict()) {
+      mapped.insert(name, value);
+      return;
+    }
+    const at::Tensor& local = parameter->second;
+    const std::vector<int64_t> full = full_shape(local);
+    c10::impl::GenericDict entry(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& item : value.toGenericDict()) {
+      c10::IValue element = item.value();
+      if (element.isTensor()) {
+        const at::Tensor tensor = element.toTensor();
+        if (gather && tensor.dim() > 0 && tensor.sizes() == local.sizes()) {
+          element = parallel::unshard(tensor, *spec, *group_);
+        } else if (!gather && tensor.dim() > 0 && tensor.sizes().vec() == full) {
+          element = shard_of(tensor, *spec, group_->rank(), group_->world_size());
+        }
+      }
+      entry.insert(item.key(), element);
+    }
+    mapped.insert(name, entry);
+  };
+  std::set<std::string> done;
+  if (gather) { // in the groups' order, which every rank shares
+    for (const std::string& name : names) {
+      if (saved.contains(name)) {
+        map_entry(name, saved.at(name));
+        done.insert(name);
+      }
+    }
+  }
+  for (const auto& item : saved) { // loading (no collective), or names of no group
+    const std::string name = item.key().toStringRef();
+    if (done.count(name) == 0) {
+      map_entry(name, item.value());
+    }
+  }
+  root.insert_or_assign("state", mapped);
+  return root;
+}
+
+optim::PartialNormReducer TensorParallelState::norm_reducer(
+    std::vector<at::Tensor> parameters, double norm_type, optim::PartialNormReducer outer) const {
+  std::vector<at::Tensor> shards, replicated;
+  for (const at::Tensor& parameter : parameters) {
+    (spec_of(parameter) ? shards : replicated).push_back(parameter);
+  }
+  std::shared_ptr<comm::ProcessGroup> group = group_;
+  const c10::optional<at::Device> device =
+      parameters.empty() ? c10::nullopt : c10::make_optional(parameters.front().device());
+  return [shards = std::move(shards),
+          replicated = std::move(replicated),
+          group,
+          device,
+          norm_type,
+          outer](const at::Tensor& /*all_local*/, optim::NormReduceOp op) {
+    at::Tensor sharded = optim::local_grad_norm_partial(shards, norm_type);
+    at::Tensor whole = optim::local_grad_norm_partial(replicated, norm_type);
+    const bool is_max = op == optim::NormReduceOp::max;
+    if (device) { // on the gradients' device for the group
+      sharded = sharded.to(*device);
+    }
+    group->all_reduce(sharded, is_max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum);
+    sharded = sharded.to(whole.device());
+    at::Tensor total = is_max ? at::maximum(sharded, whole) : sharded + whole;
+    return outer ? outer(total, op) : total;
+  };
+}
+
+} // namespace largo::parallel
