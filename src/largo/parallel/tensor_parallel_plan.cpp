@@ -130,7 +130,70 @@ std::string module_types(torch::nn::Module& model) {
   return fmt::format("{}", fmt::join(types, ", "));
 }
 
+// qkv's output is [q of all heads | k | v]: three blocks, each split by heads, so that each
+// rank holds whole heads (apply_tensor_parallel's layer and the sizing share it).
+constexpr int64_t kQkvOutputBlocks = 3;
+
+// How ColumnParallelLinear and RowParallelLinear split a Linear's parameters
+// (tensor_parallel.h): a column layer its weight's and bias's rows, a row layer its weight's
+// columns (its bias is replicated).
+void add_column_shards(
+    const std::string& linear_name,
+    const torch::nn::LinearImpl& linear,
+    int64_t num_output_blocks,
+    std::map<std::string, TensorParallelShardSpec>& shards) {
+  shards[linear_name + ".weight"] = {0, num_output_blocks};
+  if (linear.bias.defined()) {
+    shards[linear_name + ".bias"] = {0, num_output_blocks};
+  }
+}
+
+void add_row_shards(
+    const std::string& linear_name, std::map<std::string, TensorParallelShardSpec>& shards) {
+  shards[linear_name + ".weight"] = {1, 1};
+}
+
 } // namespace
+
+std::map<std::string, TensorParallelShardSpec>
+planned_tensor_parallel_shards(torch::nn::Module& model, int64_t tp_size) {
+  check_tensor_parallel_plan(model, tp_size);
+  const TensorParallelTargets targets = find_targets(model);
+  std::map<std::string, TensorParallelShardSpec> shards;
+  for (const VitLayerTarget& target : targets.vit_layers) {
+    const auto name = [&](const char* linear) { return child_name(target.name, linear); };
+    add_column_shards(name("qkv"), *linear_child(*target.layer, "qkv"), kQkvOutputBlocks, shards);
+    add_row_shards(name("proj"), shards);
+    add_column_shards(name("fc1"), *linear_child(*target.layer, "fc1"), 1, shards);
+    add_row_shards(name("fc2"), shards);
+  }
+  for (const MlpPairTarget& pair : targets.mlp_pairs) {
+    const std::string column = child_name(pair.column_name, "linear");
+    add_column_shards(column, *linear_child(*pair.column, "linear"), 1, shards);
+    add_row_shards(child_name(pair.row_name, "linear"), shards);
+  }
+  return shards;
+}
+
+std::vector<ParameterSize> tensor_parallel_parameter_sizes(
+    torch::nn::Module& model, std::vector<ParameterSize> sizes, int64_t tp_size) {
+  const auto shards = planned_tensor_parallel_shards(model, tp_size);
+  size_t found = 0;
+  for (ParameterSize& size : sizes) {
+    if (shards.count(size.name) != 0) {
+      size.numel /= tp_size; // the plan's checks make every split even
+      ++found;
+    }
+  }
+  TORCH_CHECK(
+      found == shards.size(),
+      "tensor_parallel_parameter_sizes: `sizes` name ",
+      found,
+      " of the ",
+      shards.size(),
+      " parameters the plan splits; give the sizes of `model` itself (parameter_sizes(model))");
+  return sizes;
+}
 
 void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size) {
   if (tp_size < 1) {
@@ -170,9 +233,8 @@ apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGro
   check_tensor_parallel_plan(model, tp_size);
   const TensorParallelTargets targets = find_targets(model);
   std::vector<std::string> sharded;
-  // qkv's output is [q of all heads | k | v]: three blocks, each split by heads.
   ColumnParallelLinearOptions qkv_options;
-  qkv_options.num_output_blocks = 3;
+  qkv_options.num_output_blocks = kQkvOutputBlocks;
   for (const VitLayerTarget& target : targets.vit_layers) {
     models::VitEncoderLayerImpl& layer = *target.layer;
     models::VitEncoderLayerImpl::TensorParallelLinears linears;
