@@ -76,8 +76,7 @@ void print_fsdp_gathers(const train::RunPlan& plan, const parallel::FsdpGatherEs
       copies.c_str());
 }
 
-// With tensor parallelism: what each rank holds of the model, and why its ZeRO rows are
-// only for comparison.
+// With tensor parallelism: the mesh's tp x dp, and how much of the model each rank holds.
 void print_tensor_parallel_header(const parallel::MeshMemoryEstimate& estimate) {
   std::printf(
       "tensor parallel: DISTRIBUTED.TENSOR_PARALLEL_SIZE %d x %d data-parallel "
