@@ -1,8 +1,10 @@
 // `largo estimate`: per-rank model-state bytes of ZeRO stages 0-3 for a config, the
-// configured stage marked, and stage 3's gathered units; with a pipeline, per pipeline rank
-// its stages' model state and peak activations. The numbers themselves are checked
+// configured stage marked, and stage 3's gathered units; with tensor parallelism the same
+// over each rank's shards; with a pipeline, per pipeline rank its stages' model state and
+// peak activations. The numbers themselves are checked
 // against measurements in tests/parallel/memory_estimate_test.cpp; here the program's
-// reading of the config and its report.
+// reading of the config and its report
+// (tests/parallel/mesh_memory_estimate_test.cpp checks the library's estimate).
 #include "apps/program_runner.h"
 
 #include <gtest/gtest.h>
@@ -39,19 +41,31 @@ double to_bytes(const std::string& value, const std::string& unit) {
   return std::stod(value) * scale;
 }
 
-// The total column of a stage's row, in bytes ("  2 ZeRO-2 ... <total> <formula>").
-double stage_total_bytes(const std::string& output, int stage) {
+// The byte columns of a stage's row ("  2 ZeRO-2 ... <parameters> <gradients> <optimizer
+// state> <total> <formula>"), in bytes.
+std::vector<double> stage_row_bytes(const std::string& output, int stage) {
   std::istringstream lines(output);
-  const std::regex row("^[ *] " + std::to_string(stage) +
-                       " .*?([0-9.]+) (B|KiB|MiB|GiB) +([0-9.]+) (B|KiB|MiB|GiB)$");
+  const std::regex row("^[ *] " + std::to_string(stage) + " .*");
+  const std::regex figure("([0-9.]+) (B|KiB|MiB|GiB)");
   for (std::string line; std::getline(lines, line);) {
-    std::smatch match;
-    if (std::regex_match(line, match, row)) {
-      return to_bytes(match[1], match[2]);
+    if (!std::regex_match(line, row)) {
+      continue;
+    }
+    std::vector<double> bytes;
+    for (std::sregex_iterator it(line.begin(), line.end(), figure), end; it != end; ++it) {
+      bytes.push_back(to_bytes((*it)[1], (*it)[2]));
+    }
+    if (bytes.size() == 5) {
+      return bytes;
     }
   }
   ADD_FAILURE() << "no row for stage " << stage << " in:\n" << output;
-  return 0.0;
+  return std::vector<double>(5, 0.0);
+}
+
+// The total column of a stage's row, in bytes.
+double stage_total_bytes(const std::string& output, int stage) {
+  return stage_row_bytes(output, stage)[3];
 }
 
 TEST(EstimateCommandTest, MarksStageThreeAndItsGatheredUnits) {
@@ -72,19 +86,6 @@ TEST(EstimateCommandTest, MarksStageThreeAndItsGatheredUnits) {
   EXPECT_NE(one_unit.output.find("0 block units with AUTO_WRAP_THRESHOLD 100000000"),
             std::string::npos)
       << one_unit.output;
-}
-
-// Not sized yet: refused, rather than printing the unsplit model's memory as the run's.
-TEST(EstimateCommandTest, RefusesATensorParallelRunNamingTheKey) {
-  auto run = run_program(estimate_command(
-      {"MODEL.TRUNK.NAME=mlp",
-       "MODEL.TRUNK.MLP.HIDDEN_DIMS=[32, 16]",
-       "DISTRIBUTED.TENSOR_PARALLEL_SIZE=2"}));
-  EXPECT_FALSE(run.succeeded()) << run.output;
-  EXPECT_NE(
-      run.output.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE = 2: largo estimate does not size"),
-      std::string::npos)
-      << run.output;
 }
 
 TEST(EstimateCommandTest, StageThreeGathersComputeCopiesWithFsdpO2) {
@@ -137,14 +138,19 @@ TEST(EstimateCommandTest, ABadFsdpKeyIsAClearError) {
   EXPECT_NE(run.output.find("AUTO_WRAP_THRESHOLD"), std::string::npos) << run.output;
 }
 
-// "model small_cnn: 29,466 parameters (...)" -> 29466.
-int64_t model_parameter_count(const std::string& output) {
+// The count with thousands separators that `pattern`'s group captures: "29,466" -> 29466.
+int64_t printed_count(const std::string& output, const std::string& pattern) {
   std::smatch match;
-  if (!std::regex_search(output, match, std::regex("model [a-z_0-9]+: ([0-9,]+) parameters"))) {
-    ADD_FAILURE() << "no model line in:\n" << output;
+  if (!std::regex_search(output, match, std::regex(pattern))) {
+    ADD_FAILURE() << "no match for " << pattern << " in:\n" << output;
     return 0;
   }
   return std::stoll(std::regex_replace(match[1].str(), std::regex(","), ""));
+}
+
+// "model small_cnn: 29,466 parameters (...)" -> 29466.
+int64_t model_parameter_count(const std::string& output) {
+  return printed_count(output, "model [a-z_0-9]+: ([0-9,]+) parameters");
 }
 
 // One row of the pipeline table: "  <rank> <stages> <parameters> ... <in flight> <peak>".
@@ -209,6 +215,67 @@ TEST(EstimateCommandTest, APipelineReportsEachRanksStagesAndScheduleMemory) {
   EXPECT_NEAR(one_f_one_b_rows[0].peak_activation_bytes / rows[0].peak_activation_bytes,
               static_cast<double>(kPipelineSize) / kMicrobatches, 0.01)
       << gpipe.output << one_f_one_b.output;
+}
+
+// "... each rank holds 1,638,154 parameters ..." -> 1638154.
+int64_t rank_parameter_count(const std::string& output) {
+  return printed_count(output, "each rank holds ([0-9,]+) parameters");
+}
+
+// The example ViT's dimensions, set here so that the test derives its expectations from them.
+constexpr int64_t kVitLayers = 4;
+constexpr int64_t kVitHidden = 256;
+constexpr int64_t kVitMlp = 1024;
+
+std::vector<std::string> vit_estimate(int tensor_parallel_size, int num_processes) {
+  return {
+      largo_program(),
+      "estimate",
+      std::string(LARGO_TEST_DATA_DIR) + "/../configs/examples/tensor_parallel_vit_synthetic.yaml",
+      "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=" + std::to_string(kVitLayers),
+      "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=" + std::to_string(kVitHidden),
+      "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=" + std::to_string(kVitMlp),
+      "MODEL.TRUNK.VISION_TRANSFORMERS.QKV_BIAS=False",
+      "DISTRIBUTED.TENSOR_PARALLEL_SIZE=" + std::to_string(tensor_parallel_size),
+      "DISTRIBUTED.NUM_PROC_PER_NODE=" + std::to_string(num_processes)};
+}
+
+// At TP 2 each rank holds half of every encoder layer's split Linear parameters (qkv [3d, d]
+// and fc1 [m, d] + [m] by rows, proj [d, d] and fc2 [d, m] by columns; proj's and fc2's
+// biases replicated) and all the rest; DDP keeps float32 parameters and gradients (4 bytes
+// per element) and AdamW's two moments (8, plus a 4-byte step per tensor) of them.
+TEST(EstimateCommandTest, SizesATensorParallelRunByEachRanksShards) {
+  auto unsplit = run_program(vit_estimate(1, 2));
+  ASSERT_TRUE(unsplit.succeeded()) << unsplit.status() << "\n" << unsplit.output;
+  auto split = run_program(vit_estimate(2, 2));
+  ASSERT_TRUE(split.succeeded()) << split.status() << "\n" << split.output;
+  const int64_t d = kVitHidden, m = kVitMlp;
+  const int64_t split_numel = kVitLayers * (3 * d * d + d * d + m * d + m + d * m);
+  const int64_t whole = model_parameter_count(unsplit.output);
+  EXPECT_EQ(model_parameter_count(split.output), whole) << "the model line is the whole model's";
+  const int64_t per_rank = whole - split_numel / 2;
+  EXPECT_EQ(rank_parameter_count(split.output), per_rank) << split.output;
+  EXPECT_NE(
+      split.output.find("TENSOR_PARALLEL_SIZE 2 x 1 data-parallel replica;"), std::string::npos)
+      << split.output;
+  EXPECT_NE(split.output.find("\n* 0 DDP"), std::string::npos) << split.output;
+
+  const double rounding = 0.01 * 1024 * 1024; // the printed figures' two decimals of MiB
+  const auto ddp = stage_row_bytes(split.output, 0);
+  EXPECT_NEAR(ddp[0], 4.0 * per_rank, rounding) << "parameters\n" << split.output;
+  EXPECT_NEAR(ddp[1], 4.0 * per_rank, rounding) << "gradients\n" << split.output;
+  EXPECT_NEAR(ddp[2], 8.0 * per_rank, rounding) << "optimizer state\n" << split.output;
+  EXPECT_NEAR(stage_row_bytes(unsplit.output, 0)[0], 4.0 * whole, rounding) << unsplit.output;
+
+  // TP 2 x DP 2: the ZeRO rows shard each rank's shards over its two replicas.
+  auto two_replicas = run_program(vit_estimate(2, 4));
+  ASSERT_TRUE(two_replicas.succeeded()) << two_replicas.output;
+  EXPECT_NE(
+      two_replicas.output.find("TENSOR_PARALLEL_SIZE 2 x 2 data-parallel replicas"),
+      std::string::npos)
+      << two_replicas.output;
+  EXPECT_NEAR(stage_total_bytes(two_replicas.output, 3), 16.0 * per_rank / 2, 2 * rounding)
+      << two_replicas.output;
 }
 
 } // namespace

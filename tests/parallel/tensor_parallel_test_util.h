@@ -4,6 +4,7 @@
 #pragma once
 
 #include <largo/models/trunk_head_model.h>
+#include <largo/models/vit.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -62,6 +63,21 @@ inline models::TrunkHeadModel with_linear_head(models::Trunk trunk, int64_t clas
   const int64_t features = trunk.output_dim;
   return models::TrunkHeadModel(
       std::move(trunk), torch::nn::Sequential(torch::nn::Linear(features, classes)));
+}
+
+// A ViT small enough for many ranks' tests: two encoder layers of 4 heads (2 per rank at
+// tensor-parallel size 2, 1 at 4) on 16x16 images of 8x8 patches, dropout 0 (the default),
+// qkv's bias on so that it is sharded by heads too.
+inline models::VitOptions small_vit_options() {
+  models::VitOptions options;
+  options.image_size = 16;
+  options.patch_size = 8;
+  options.num_layers = 2;
+  options.num_heads = 4;
+  options.hidden_dim = 32;
+  options.mlp_dim = 64;
+  options.qkv_bias = true;
+  return options;
 }
 
 } // namespace largo::parallel::testing

@@ -26,15 +26,19 @@
 // Collectives: apply_tensor_parallel issues none (each rank slices its part of the weights it
 // already has, so every rank must have built the model identically, e.g. with the same seed);
 // the sharded layers issue theirs in forward and backward (tensor_parallel.h);
-// tensor_parallel_grad_norm and clip_tensor_parallel_grad_norm_ issue one all-reduce.
+// tensor_parallel_grad_norm and clip_tensor_parallel_grad_norm_ issue one all-reduce;
+// planned_tensor_parallel_shards and tensor_parallel_parameter_sizes none (they need no group:
+// what `largo estimate` sizes, mesh_memory_estimate.h).
 #pragma once
 
 #include <largo/comm/process_group.h>
+#include <largo/parallel/memory_estimate.h>
 #include <largo/parallel/tensor_parallel.h>
 
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,6 +50,20 @@ namespace largo::parallel {
 // size does not divide (heads % T, hidden % T, mlp_dim % T, an MLP width % T), when no layer
 // of the model has a plan, or when it is already tensor-parallel.
 void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size);
+
+// What apply_tensor_parallel(model, group of `tp_size` ranks) would split, without a group
+// or any change to `model`: the full names of the parameters it shards and how
+// (tensor_parallel_sharded_parameters() of the sharded model). Checks as
+// check_tensor_parallel_plan.
+std::map<std::string, TensorParallelShardSpec>
+planned_tensor_parallel_shards(torch::nn::Module& model, int64_t tp_size);
+
+// `sizes` (parameter_sizes() of `model`) as every rank of a group of `tp_size` holds them once
+// apply_tensor_parallel has run: the planned shards' numel / tp_size (the plan's splits are
+// even, so every rank holds the same), the replicated parameters whole. Checks as
+// check_tensor_parallel_plan; throws c10::Error when `sizes` miss a planned parameter.
+std::vector<ParameterSize> tensor_parallel_parameter_sizes(
+    torch::nn::Module& model, std::vector<ParameterSize> sizes, int64_t tp_size);
 
 // Replaces the planned Linear layers of `model` by this rank's shards of them, in place
 // (parameter names are unchanged; the sharded ones hold this rank's slice). Checks first, as

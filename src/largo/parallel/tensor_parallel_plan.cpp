@@ -9,6 +9,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 
 namespace largo::parallel {
@@ -130,7 +131,98 @@ std::string module_types(torch::nn::Module& model) {
   return fmt::format("{}", fmt::join(types, ", "));
 }
 
+// qkv's output is [q of all heads | k | v]: three blocks, each split by heads, so that each
+// rank holds whole heads.
+constexpr int64_t kQkvOutputBlocks = 3;
+
+enum class LinearSplit { kColumn, kRow };
+
+// One Linear the plans split, and how: the one list apply_tensor_parallel builds its layers
+// from and planned_tensor_parallel_shards sizes.
+struct PlannedLinear {
+  std::string name; // the Linear's full module name ("trunk.1.qkv")
+  torch::nn::LinearImpl* linear;
+  LinearSplit split;
+  int64_t num_output_blocks = 1; // a column split's (ColumnParallelLinearOptions)
+};
+
+// ViT layers: qkv and fc1 column-, proj and fc2 row-parallel; MLP pairs: column then row.
+std::vector<PlannedLinear> planned_linears(const TensorParallelTargets& targets) {
+  std::vector<PlannedLinear> planned;
+  for (const VitLayerTarget& target : targets.vit_layers) {
+    const auto plan = [&](const char* child, LinearSplit split, int64_t blocks = 1) {
+      planned.push_back(
+          {child_name(target.name, child), linear_child(*target.layer, child), split, blocks});
+    };
+    plan("qkv", LinearSplit::kColumn, kQkvOutputBlocks);
+    plan("proj", LinearSplit::kRow);
+    plan("fc1", LinearSplit::kColumn);
+    plan("fc2", LinearSplit::kRow);
+  }
+  for (const MlpPairTarget& pair : targets.mlp_pairs) {
+    planned.push_back(
+        {child_name(pair.column_name, "linear"),
+         linear_child(*pair.column, "linear"),
+         LinearSplit::kColumn});
+    planned.push_back(
+        {child_name(pair.row_name, "linear"),
+         linear_child(*pair.row, "linear"),
+         LinearSplit::kRow});
+  }
+  return planned;
+}
+
+// This rank's layer for `planned` (tensor_parallel.h).
+torch::nn::AnyModule
+shard_linear(const PlannedLinear& planned, const std::shared_ptr<comm::ProcessGroup>& tp_group) {
+  if (planned.split == LinearSplit::kRow) {
+    return torch::nn::AnyModule(RowParallelLinear(*planned.linear, tp_group));
+  }
+  ColumnParallelLinearOptions options;
+  options.num_output_blocks = planned.num_output_blocks;
+  return torch::nn::AnyModule(ColumnParallelLinear(*planned.linear, tp_group, options));
+}
+
 } // namespace
+
+std::map<std::string, TensorParallelShardSpec>
+planned_tensor_parallel_shards(torch::nn::Module& model, int64_t tp_size) {
+  check_tensor_parallel_plan(model, tp_size);
+  // As ColumnParallelLinear and RowParallelLinear split them: a column layer its weight's and
+  // bias's rows, a row layer its weight's columns (its bias is replicated).
+  std::map<std::string, TensorParallelShardSpec> shards;
+  for (const PlannedLinear& planned : planned_linears(find_targets(model))) {
+    if (planned.split == LinearSplit::kRow) {
+      shards[planned.name + ".weight"] = {1, 1};
+      continue;
+    }
+    shards[planned.name + ".weight"] = {0, planned.num_output_blocks};
+    if (planned.linear->bias.defined()) {
+      shards[planned.name + ".bias"] = {0, planned.num_output_blocks};
+    }
+  }
+  return shards;
+}
+
+std::vector<ParameterSize> tensor_parallel_parameter_sizes(
+    torch::nn::Module& model, std::vector<ParameterSize> sizes, int64_t tp_size) {
+  const auto shards = planned_tensor_parallel_shards(model, tp_size);
+  size_t found = 0;
+  for (ParameterSize& size : sizes) {
+    if (shards.count(size.name) != 0) {
+      size.numel /= tp_size; // the plan's checks make every split even
+      ++found;
+    }
+  }
+  TORCH_CHECK(
+      found == shards.size(),
+      "tensor_parallel_parameter_sizes: `sizes` name ",
+      found,
+      " of the ",
+      shards.size(),
+      " parameters the plan splits; give the sizes of `model` itself (parameter_sizes(model))");
+  return sizes;
+}
 
 void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size) {
   if (tp_size < 1) {
@@ -169,27 +261,26 @@ apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGro
   const int64_t tp_size = tp_group->world_size();
   check_tensor_parallel_plan(model, tp_size);
   const TensorParallelTargets targets = find_targets(model);
+  // Every shard is built before any layer changes: the planned Linears are the layers' own.
+  std::map<std::string, torch::nn::AnyModule> shards;
+  for (const PlannedLinear& planned : planned_linears(targets)) {
+    shards.emplace(planned.name, shard_linear(planned, tp_group));
+  }
   std::vector<std::string> sharded;
-  // qkv's output is [q of all heads | k | v]: three blocks, each split by heads.
-  ColumnParallelLinearOptions qkv_options;
-  qkv_options.num_output_blocks = 3;
   for (const VitLayerTarget& target : targets.vit_layers) {
-    models::VitEncoderLayerImpl& layer = *target.layer;
+    const auto shard = [&](const char* child) { return shards.at(child_name(target.name, child)); };
     models::VitEncoderLayerImpl::TensorParallelLinears linears;
-    linears.qkv = torch::nn::AnyModule(
-        ColumnParallelLinear(*linear_child(layer, "qkv"), tp_group, qkv_options));
-    linears.proj = torch::nn::AnyModule(RowParallelLinear(*linear_child(layer, "proj"), tp_group));
-    linears.fc1 = torch::nn::AnyModule(ColumnParallelLinear(*linear_child(layer, "fc1"), tp_group));
-    linears.fc2 = torch::nn::AnyModule(RowParallelLinear(*linear_child(layer, "fc2"), tp_group));
-    linears.local_heads = layer.options().num_heads / tp_size;
-    layer.use_tensor_parallel_linears(std::move(linears));
+    linears.qkv = shard("qkv");
+    linears.proj = shard("proj");
+    linears.fc1 = shard("fc1");
+    linears.fc2 = shard("fc2");
+    linears.local_heads = target.layer->options().num_heads / tp_size;
+    target.layer->use_tensor_parallel_linears(std::move(linears));
     sharded.push_back(target.name);
   }
   for (const MlpPairTarget& pair : targets.mlp_pairs) {
-    pair.column->use_tensor_parallel_linear(torch::nn::AnyModule(
-        ColumnParallelLinear(*linear_child(*pair.column, "linear"), tp_group)));
-    pair.row->use_tensor_parallel_linear(
-        torch::nn::AnyModule(RowParallelLinear(*linear_child(*pair.row, "linear"), tp_group)));
+    pair.column->use_tensor_parallel_linear(shards.at(child_name(pair.column_name, "linear")));
+    pair.row->use_tensor_parallel_linear(shards.at(child_name(pair.row_name, "linear")));
     sharded.push_back(pair.column_name);
     sharded.push_back(pair.row_name);
   }
