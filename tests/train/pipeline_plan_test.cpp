@@ -1,6 +1,7 @@
-// What a run with a pipeline resolves to (train/pipeline_plan.h): the keys that do not compose
-// with one are refused by name before any data is read, and the replicas, not the stages,
-// make the global batch.
+// What a run with a pipeline resolves to (train/pipeline_plan.h, and the library's
+// parallel::check_parallel_options through resolve_run): the keys that do not compose with
+// one are refused by name before any data is read, and the replicas, not the stages, make
+// the global batch.
 #include <largo/core/error.h>
 #include <largo/train/run_plan.h>
 
@@ -36,7 +37,7 @@ TEST(PipelinePlanTest, WhatDoesNotComposeWithAPipelineIsRefusedByItsKey) {
       {"MODEL.AMP_PARAMS.USE_AMP=True",
        "MODEL.AMP_PARAMS.DTYPE=bfloat16",
        "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
-      "a cast of the stages is not built");
+      "a cast of the stages (O2, O3) is not built");
   expect_refused(
       {"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True"},
       "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN");
@@ -49,7 +50,9 @@ TEST(PipelinePlanTest, WhatDoesNotComposeWithAPipelineIsRefusedByItsKey) {
       {"MODEL.PIPELINE.NUM_MICROBATCHES=32"},
       "BATCHSIZE_PER_REPLICA = 16 cannot be split into MODEL.PIPELINE.NUM_MICROBATCHES "
       "= 32");
-  expect_refused({"DISTRIBUTED.PIPELINE_SIZE=3"}, "DISTRIBUTED.PIPELINE_SIZE = 3 with 4 ranks");
+  expect_refused(
+      {"DISTRIBUTED.PIPELINE_SIZE=3"},
+      "DISTRIBUTED.PIPELINE_SIZE = 3: expected a divisor of the 4 ranks");
   expect_refused({"MODEL.PIPELINE.SCHEDULE=pipedream"}, "MODEL.PIPELINE.SCHEDULE");
   expect_refused({"MODEL.PIPELINE.BALANCE=flops"}, "MODEL.PIPELINE.BALANCE");
   expect_refused({"MODEL.PIPELINE.VIRTUAL_STAGES=2"}, "only interleaved_1f1b runs several");

@@ -15,15 +15,20 @@ namespace largo::train {
 // option's own name when no key sets it.
 std::string yaml_key_for(const std::string& option);
 
+// `text` with every option name of the table (and every "option = value" phrase it lists)
+// replaced by its YAML key: what an OptionError's expectation says of other options.
+std::string with_yaml_keys(std::string text);
+
 // Runs `call`; an OptionError it throws becomes a ConfigError naming the YAML key, with the
-// same value and expectation.
+// same value, and the expectation in YAML keys too.
 template <typename Call>
 decltype(auto) rethrow_with_yaml_keys(Call&& call) {
   try {
     return call();
   } catch (const OptionError& error) {
-    throw ConfigError("config key " + yaml_key_for(error.option()) + " = " + error.value() +
-                      ": expected " + error.expected());
+    throw ConfigError(
+        "config key " + yaml_key_for(error.option()) + " = " + error.value() + ": expected " +
+        with_yaml_keys(error.expected()));
   }
 }
 

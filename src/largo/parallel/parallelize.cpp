@@ -27,15 +27,21 @@ void check_pipeline_options(const ParallelOptions& options, int world_size) {
   mesh_dimensions(options, world_size); // the pipeline size divides the world
   if (options.data_parallelism != DataParallelism::kDdp &&
       options.data_parallelism != DataParallelism::kZero1) {
-    throw OptionError("ParallelOptions::pipeline.size", size,
-                      fmt::format("1 with {}: a pipeline composes with DDP or ZeRO-1 over each "
-                                  "stage's replicas",
-                                  to_string(options.data_parallelism)));
+    throw OptionError(
+        "ParallelOptions::pipeline.size",
+        size,
+        fmt::format(
+            "1 with ParallelOptions::data_parallelism = {}: a pipeline composes with DDP or "
+            "ZeRO-1 over each stage's replicas (ZeRO-2 and FSDP reduce or gather inside every "
+            "backward, which the schedule runs once per micro-batch)",
+            to_string(options.data_parallelism)));
   }
   if (options.activation_checkpointing.enabled()) {
-    throw OptionError("ParallelOptions::pipeline.size", size,
-                      "1 with ActivationCheckpointingOptions: a pipeline recomputes per stage "
-                      "(PipelineParallelOptions::checkpoint_stages)");
+    throw OptionError(
+        "ParallelOptions::pipeline.size",
+        size,
+        "1 with ActivationCheckpointingOptions: a pipeline recomputes stage by stage, use "
+        "PipelineParallelOptions::checkpoint_stages");
   }
   if (options.precision.cast_model) {
     throw OptionError("ParallelOptions::precision", options.precision.describe(),
@@ -88,20 +94,24 @@ void apply_mesh_to_module(
 void check_parallel_options(const ParallelOptions& options, int world_size) {
   mesh_dimensions(options, world_size); // the pipeline and tensor-parallel sizes divide it
   const DataParallelism mode = options.data_parallelism;
-  const bool sharded_optimizer = mode != DataParallelism::kDdp;
-  if (sharded_optimizer && options.precision.master_weights) {
+  if (mode == DataParallelism::kFsdp &&
+      (options.precision.cast_model || options.precision.master_weights)) {
     throw OptionError(
-        "ParallelOptions::precision", options.precision.describe(),
-        fmt::format("a policy without float32 master weights with {}: sharding master weights "
-                    "is not built (use O1/autocast, which keeps float32 weights, or O3)",
-                    to_string(mode)));
-  }
-  if (mode == DataParallelism::kFsdp && options.precision.cast_model) {
-    throw OptionError(
-        "ParallelOptions::precision", options.precision.describe(),
+        "ParallelOptions::precision",
+        options.precision.describe(),
         "no cast of the module with FSDP: FSDP makes its own low-precision copies of float32 "
         "shards (FullyShardedDataParallelOptions::compute_dtype), or runs autocast over "
         "float32 units");
+  }
+  if (mode != DataParallelism::kDdp && options.precision.master_weights) {
+    throw OptionError(
+        "ParallelOptions::precision",
+        options.precision.describe(),
+        fmt::format(
+            "a policy without float32 master weights with "
+            "ParallelOptions::data_parallelism = {}: sharding float32 master weights "
+            "is not built (use O1/autocast, which keeps float32 weights, or O3)",
+            to_string(mode)));
   }
   if (mode != DataParallelism::kFsdp && options.fsdp.compute_dtype) {
     throw OptionError("FullyShardedDataParallelOptions::compute_dtype",

@@ -1,26 +1,61 @@
 #include <largo/train/option_keys.h>
 
+#include <algorithm>
 #include <map>
+#include <utility>
+#include <vector>
 
 namespace largo::train {
+namespace {
 
-std::string yaml_key_for(const std::string& option) {
+// Option name -> YAML key. Where an option's value is named in a message (the modes of
+// ParallelOptions::data_parallelism), the option and its value -> the key that sets it.
+const std::map<std::string, std::string>& option_keys() {
   static const std::map<std::string, std::string> keys = {
+      {"ActivationCheckpointingOptions",
+       "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"},
       {"ActivationCheckpointingOptions::num_splits",
        "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS"},
       {"FullyShardedDataParallelOptions::compute_dtype", "MODEL.FSDP_CONFIG.compute_dtype"},
       {"FullyShardedDataParallelOptions::fp32_reduce_scatter",
        "MODEL.FSDP_CONFIG.fp32_reduce_scatter"},
+      {"ParallelOptions::data_parallelism = FSDP (ZeRO-3)",
+       "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP = True (FSDP, ZeRO-3)"},
+      {"ParallelOptions::data_parallelism = ZeRO-2",
+       "MODEL.SHARDED_DDP_SETUP.USE_SDP = True (ZeRO-2)"},
+      {"ParallelOptions::data_parallelism = ZeRO-1", "OPTIMIZER.use_zero = True (ZeRO-1)"},
+      {"ParallelOptions::pipeline.size", "DISTRIBUTED.PIPELINE_SIZE"},
+      {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
+      {"ParallelOptions::tensor_parallel_size", "DISTRIBUTED.TENSOR_PARALLEL_SIZE"},
       {"PipelineParallelOptions::balance", "MODEL.PIPELINE.BALANCE"},
       {"PipelineParallelOptions::checkpoint_stages", "MODEL.PIPELINE.CHECKPOINT_STAGES"},
-      {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
-      {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
-      {"ParallelOptions::pipeline.size", "DISTRIBUTED.PIPELINE_SIZE"},
-      {"ParallelOptions::tensor_parallel_size", "DISTRIBUTED.TENSOR_PARALLEL_SIZE"},
       {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},
+      {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
   };
-  auto found = keys.find(option);
-  return found != keys.end() ? found->second : option;
+  return keys;
+}
+
+} // namespace
+
+std::string yaml_key_for(const std::string& option) {
+  auto found = option_keys().find(option);
+  return found != option_keys().end() ? found->second : option;
+}
+
+std::string with_yaml_keys(std::string text) {
+  // Longest names first, so that an option is not taken for a prefix of a longer one.
+  std::vector<std::pair<std::string, std::string>> names(
+      option_keys().begin(), option_keys().end());
+  std::sort(names.begin(), names.end(), [](const auto& a, const auto& b) {
+    return a.first.size() > b.first.size();
+  });
+  for (const auto& [option, key] : names) {
+    for (size_t at = text.find(option); at != std::string::npos;
+         at = text.find(option, at + key.size())) {
+      text.replace(at, option.size(), key);
+    }
+  }
+  return text;
 }
 
 } // namespace largo::train

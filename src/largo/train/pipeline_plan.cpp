@@ -31,32 +31,12 @@ std::vector<std::string> changed_stage_keys(const parallel::PipelineParallelOpti
   return changed;
 }
 
-// What else the run switches on that a pipeline does not compose with: the key and why.
+// What else the run switches on that a pipeline does not compose with: the key and why. The
+// trainer's own features only; the library's modes, precision and checkpointing are checked
+// by parallel::check_parallel_options (resolve_run).
 std::vector<std::pair<std::string, std::string>> conflicts(const RunPlan& plan) {
   const TrainerOptions& o = plan.options;
   std::vector<std::pair<std::string, std::string>> found;
-  if (o.fsdp.enabled) {
-    found.emplace_back(
-        "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP",
-        "FSDP gathers and scatters inside every forward and backward, which the "
-        "schedule interleaves across micro-batches");
-  }
-  if (o.zero.shard_gradients) {
-    found.emplace_back(
-        "MODEL.SHARDED_DDP_SETUP.USE_SDP (ZeRO-2)",
-        "ZeRO-2 reduces gradients inside every backward, which the schedule runs once per "
-        "micro-batch; use ZeRO-1 (OPTIMIZER.use_zero) over the stages' replicas");
-  }
-  if (o.activation_checkpointing.enabled) {
-    found.emplace_back(
-        "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING",
-        "a pipeline recomputes stage by stage: use MODEL.PIPELINE.CHECKPOINT_STAGES");
-  }
-  if (plan.precision.cast_model) {
-    found.emplace_back(
-        "MODEL.AMP_PARAMS.AMP_ARGS.opt_level " + plan.precision.describe(),
-        "a cast of the stages is not built: use O1 or AMP_TYPE pytorch (autocast)");
-  }
   if (o.sync_batch_norm.convert) {
     found.emplace_back(
         "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN",
@@ -122,15 +102,6 @@ void check_pipeline_keys(const RunPlan& plan) {
           kSizeKey));
     }
     return;
-  }
-  const int world = plan.world.world_size;
-  if (world % pipeline.size != 0) {
-    throw ConfigError(fmt::format(
-        "{} = {} with {} ranks: the pipeline size must divide the number of ranks "
-        "(DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = pipeline size x data-parallel replicas)",
-        kSizeKey,
-        pipeline.size,
-        world));
   }
   check_schedule(pipeline);
   for (const auto& [key, why] : conflicts(plan)) {

@@ -1,5 +1,8 @@
-// What a run with a pipeline (DISTRIBUTED.PIPELINE_SIZE > 1) can be combined with, checked
-// when the run is resolved (run_plan.h), in the config's words. Private to the train layer.
+// What a run with a pipeline (DISTRIBUTED.PIPELINE_SIZE > 1) can be combined with among the
+// trainer's own features, checked when the run is resolved (run_plan.h), in the config's
+// words. The library's composition rules (the pipeline size against the world, ZeRO-2, FSDP,
+// activation checkpointing, O2/O3, tensor parallelism) are parallel::check_parallel_options',
+// which resolve_run calls after this. Private to the train layer.
 #pragma once
 
 #include <largo/train/run_plan.h>
@@ -7,12 +10,9 @@
 namespace largo::train {
 
 // Throws ConfigError naming the keys for: MODEL.PIPELINE keys set without a pipeline (they
-// would change nothing), a pipeline size that does not divide the world, a schedule shape
-// the schedule does not take, BOUNDARIES of the wrong count, zb_h1 with CHECKPOINT_STAGES,
-// ZeRO-2, FSDP, the
-// trunk's activation checkpointing (MODEL.PIPELINE.CHECKPOINT_STAGES recomputes per stage),
-// O2/O3, SyncBatchNorm, the model EMA, a linear evaluation, and a batch smaller than the
-// number of micro-batches.
+// would change nothing), a schedule shape the schedule does not take, BOUNDARIES of the wrong
+// count, zb_h1 with CHECKPOINT_STAGES, SyncBatchNorm, the model EMA, a linear evaluation, and
+// a batch smaller than the number of micro-batches.
 void check_pipeline_keys(const RunPlan& plan);
 
 // The ranks that read different data: the world without a pipeline, its replicas with one.

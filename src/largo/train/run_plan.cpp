@@ -58,25 +58,6 @@ void check_model_ema_keys(const TrainerOptions& options) {
   }
 }
 
-// The precision combinations a sharded run cannot take, in the config's words (the library
-// refuses the same in its own: parallel::check_parallel_options).
-void check_precision_keys(const TrainerOptions& options, const precision::PrecisionPolicy& policy) {
-  if (options.fsdp.enabled && (policy.cast_model || policy.master_weights)) {
-    throw ConfigError(fmt::format(
-        "FSDP with {}: FSDP makes its own low-precision copies of float32 shards "
-        "(MODEL.FSDP_CONFIG.AMP_TYPE O2 or compute_dtype) or runs autocast over float32 units "
-        "(MODEL.AMP_PARAMS.AMP_TYPE pytorch, which AUTO_SETUP_FSDP selects)",
-        policy.describe()));
-  }
-  if (options.zero.shard_optimizer_state && policy.master_weights) {
-    throw ConfigError(fmt::format(
-        "ZeRO (OPTIMIZER.name zero / use_zero / SHARDED_DDP_SETUP.USE_SDP) with {} is not "
-        "supported yet: sharding float32 master weights is not built. Use opt_level O1 "
-        "(autocast, float32 weights) or O3 with ZeRO, or turn ZeRO off",
-        policy.describe()));
-  }
-}
-
 parallel::DataParallelism data_parallelism_of(const TrainerOptions& options) {
   if (options.fsdp.enabled) {
     return parallel::DataParallelism::kFsdp;
@@ -588,7 +569,6 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
         "True with TEST_ONLY = True: an evaluation-only run evaluates DATA.TEST");
   }
   plan.precision = precision::resolve_precision_policy(o.amp);
-  check_precision_keys(o, plan.precision);
   // The device the config asks for: a GPU config validates on a machine without one too.
   precision::check_policy_supported_on(
       plan.precision, o.device == "gpu" ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU));
