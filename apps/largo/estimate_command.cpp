@@ -140,6 +140,19 @@ std::string describe_stages(const parallel::PipelineEstimate& estimate) {
   return fmt::format("{}", fmt::join(stages, ", "));
 }
 
+// "balanced by parameters": with tensor parallelism the trainer weighs the split model's
+// blocks, which the cut says so that nobody compares it with the unsplit model's.
+std::string describe_cut(const parallel::ParallelOptions& parallel) {
+  const parallel::PipelineParallelOptions& options = parallel.pipeline.stages;
+  if (!options.boundaries().empty()) {
+    return "from MODEL.PIPELINE.BOUNDARIES";
+  }
+  const bool split =
+      parallel.tensor_parallel_size > 1 && options.balance() == parallel::StageBalance::kParameters;
+  return "balanced by " + parallel::to_string(options.balance()) +
+         (split ? " (of one tensor-parallel rank's shards, as the trainer cuts)" : "");
+}
+
 // What the table is about: the mesh, the schedule, the cut, and why no ZeRO table.
 void print_pipeline_header(const train::RunPlan& plan, const parallel::PipelineEstimate& estimate) {
   const parallel::PipelineParallelOptions& options = plan.parallel.pipeline.stages;
@@ -153,12 +166,18 @@ void print_pipeline_header(const train::RunPlan& plan, const parallel::PipelineE
               parallel::to_string(options.schedule()).c_str(), estimate.shape.num_microbatches,
               static_cast<long long>(estimate.microbatch_rows),
               static_cast<long long>(plan.batch_per_rank), virtual_stages.c_str());
-  const std::string cut = options.boundaries().empty()
-      ? "balanced by " + parallel::to_string(options.balance())
-      : std::string("from MODEL.PIPELINE.BOUNDARIES");
-  std::printf("stages %s, boundaries [%s]: %s\n", cut.c_str(),
-              fmt::format("{}", fmt::join(estimate.boundaries, ", ")).c_str(),
-              describe_stages(estimate).c_str());
+  if (plan.parallel.tensor_parallel_size > 1) {
+    std::printf(
+        "tensor parallel inside the stages: DISTRIBUTED.TENSOR_PARALLEL_SIZE %d; the "
+        "model is split first, so a rank's row is one tensor-parallel rank's shards of "
+        "its stages (every shard holds the same sizes)\n",
+        plan.parallel.tensor_parallel_size);
+  }
+  std::printf(
+      "stages %s, boundaries [%s]: %s\n",
+      describe_cut(plan.parallel).c_str(),
+      fmt::format("{}", fmt::join(estimate.boundaries, ", ")).c_str(),
+      describe_stages(estimate).c_str());
   std::printf("each stage's replicas run %s (ZeRO-2 and FSDP do not compose with a pipeline), "
               "so the ZeRO table is replaced by this one, per pipeline rank\n",
               plan.parallel.data_parallelism == parallel::DataParallelism::kZero1
@@ -168,9 +187,8 @@ void print_pipeline_header(const train::RunPlan& plan, const parallel::PipelineE
 
 // How the activation columns were obtained, so that nobody reads more into them.
 void print_activation_note(bool checkpoint_stages, const parallel::PipelineEstimate& estimate) {
-  const bool measured = !estimate.ranks.empty() && estimate.ranks.front().activations;
-  if (!measured) {
-    std::printf("activations: not measured (this build cannot measure CPU memory)\n");
+  if (!estimate.activations_not_measured.empty()) {
+    std::printf("activations: not measured (%s)\n", estimate.activations_not_measured.c_str());
   } else if (checkpoint_stages) {
     std::printf("activations: measured on a micro-batch of zeros, %s; MODEL.PIPELINE."
                 "CHECKPOINT_STAGES keeps only each stage's input per micro-batch in flight, so "

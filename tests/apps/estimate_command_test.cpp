@@ -1,7 +1,8 @@
 // `largo estimate`: per-rank model-state bytes of ZeRO stages 0-3 for a config, the
 // configured stage marked, and stage 3's gathered units; with tensor parallelism the same
 // over each rank's shards; with a pipeline, per pipeline rank its stages' model state and
-// peak activations. The numbers themselves are checked
+// peak activations (with tensor parallelism too: its stages' shards, activations not
+// measured). The numbers themselves are checked
 // against measurements in tests/parallel/memory_estimate_test.cpp; here the program's
 // reading of the config and its report
 // (tests/parallel/mesh_memory_estimate_test.cpp checks the library's estimate).
@@ -153,26 +154,35 @@ int64_t model_parameter_count(const std::string& output) {
   return printed_count(output, "model [a-z_0-9]+: ([0-9,]+) parameters");
 }
 
-// One row of the pipeline table: "  <rank> <stages> <parameters> ... <in flight> <peak>".
+// One row of the pipeline table: "  <rank> <stages> <parameters> ... <in flight> <peak>",
+// or "... - not measured" when activations were not measured (then in flight and peak 0).
 struct PipelineRow {
   int rank = 0;
   int64_t parameters = 0;
+  bool measured = false;
   int in_flight = 0;
   double peak_activation_bytes = 0.0;
 };
 
 std::vector<PipelineRow> pipeline_rows(const std::string& output) {
-  const std::regex row(
-      "^  ([0-9]+) +([0-9,]+) +([0-9,]+) .* ([0-9]+) +([0-9.]+) (B|KiB|MiB|GiB)$");
+  const std::regex row("^  ([0-9]+) +([0-9,]+) +([0-9,]+) .* "
+                       "(([0-9]+) +([0-9.]+) (B|KiB|MiB|GiB)|- +not measured)$");
   std::vector<PipelineRow> rows;
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);) {
     std::smatch match;
-    if (std::regex_match(line, match, row)) {
-      rows.push_back({std::stoi(match[1]),
-                      std::stoll(std::regex_replace(match[3].str(), std::regex(","), "")),
-                      std::stoi(match[4]), to_bytes(match[5], match[6])});
+    if (!std::regex_match(line, match, row)) {
+      continue;
     }
+    PipelineRow parsed;
+    parsed.rank = std::stoi(match[1]);
+    parsed.parameters = std::stoll(std::regex_replace(match[3].str(), std::regex(","), ""));
+    parsed.measured = match[5].matched;
+    if (parsed.measured) {
+      parsed.in_flight = std::stoi(match[5]);
+      parsed.peak_activation_bytes = to_bytes(match[6], match[7]);
+    }
+    rows.push_back(parsed);
   }
   return rows;
 }
@@ -276,6 +286,58 @@ TEST(EstimateCommandTest, SizesATensorParallelRunByEachRanksShards) {
       << two_replicas.output;
   EXPECT_NEAR(stage_total_bytes(two_replicas.output, 3), 16.0 * per_rank / 2, 2 * rounding)
       << two_replicas.output;
+}
+
+// The tensor-parallel pipeline example (2 stages x 2 shards) with the dimensions above, cut
+// by boundaries so that each stage holds half the encoder layers (the embedding before them,
+// the final norm and the head after): blocks [0, 1 + L/2, L + 3).
+std::vector<std::string> vit_pipeline_estimate(int tensor_parallel_size) {
+  const int64_t num_blocks = kVitLayers + 3;
+  return {
+      largo_program(),
+      "estimate",
+      std::string(LARGO_TEST_DATA_DIR) +
+          "/../configs/examples/tensor_parallel_pipeline_vit_synthetic.yaml",
+      "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=" + std::to_string(kVitLayers),
+      "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=" + std::to_string(kVitHidden),
+      "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=" + std::to_string(kVitMlp),
+      "MODEL.TRUNK.VISION_TRANSFORMERS.QKV_BIAS=False",
+      "MODEL.PIPELINE.BOUNDARIES=[0," + std::to_string(1 + kVitLayers / 2) + "," +
+          std::to_string(num_blocks) + "]",
+      "DISTRIBUTED.TENSOR_PARALLEL_SIZE=" + std::to_string(tensor_parallel_size),
+      "DISTRIBUTED.NUM_PROC_PER_NODE=" + std::to_string(2 * tensor_parallel_size)};
+}
+
+// Each pipeline rank of TP 2 holds its stage's parameters less half of its L/2 encoder layers'
+// split ones (the split parameters of the test above); its activations are not measured,
+// and the report says why rather than printing the unsplit blocks'.
+TEST(EstimateCommandTest, SizesATensorParallelPipelinePerRankByItsStagesShards) {
+  auto unsplit = run_program(vit_pipeline_estimate(1));
+  ASSERT_TRUE(unsplit.succeeded()) << unsplit.status() << "\n" << unsplit.output;
+  auto split = run_program(vit_pipeline_estimate(2));
+  ASSERT_TRUE(split.succeeded()) << split.status() << "\n" << split.output;
+  const int64_t d = kVitHidden, m = kVitMlp;
+  const int64_t split_per_layer = 3 * d * d + d * d + m * d + m + d * m;
+  const int64_t halved_per_stage = (kVitLayers / 2) * split_per_layer / 2;
+
+  const auto whole_rows = pipeline_rows(unsplit.output);
+  const auto rows = pipeline_rows(split.output);
+  ASSERT_EQ(whole_rows.size(), static_cast<size_t>(kPipelineSize)) << unsplit.output;
+  ASSERT_EQ(rows.size(), static_cast<size_t>(kPipelineSize)) << split.output;
+  for (size_t rank = 0; rank < rows.size(); ++rank) {
+    EXPECT_EQ(rows[rank].parameters, whole_rows[rank].parameters - halved_per_stage)
+        << "rank " << rank << "\n"
+        << split.output;
+    EXPECT_TRUE(whole_rows[rank].measured) << unsplit.output;
+    EXPECT_FALSE(rows[rank].measured) << split.output;
+  }
+  EXPECT_NE(
+      split.output.find("tensor parallel inside the stages: DISTRIBUTED."
+                        "TENSOR_PARALLEL_SIZE 2"),
+      std::string::npos)
+      << split.output;
+  EXPECT_NE(split.output.find("activations: not measured (tensor parallelism"), std::string::npos)
+      << split.output;
 }
 
 } // namespace

@@ -2,14 +2,19 @@
 // (tensor_parallel_plan.h's planned_tensor_parallel_shards, tensor_parallel_parameter_sizes):
 // the shards it sizes are the ones apply_tensor_parallel makes (checked on two ranks), the
 // ranks' shards add up to the unsplit model with the replicated parameters counted on every
-// rank, ZeRO shards each tensor-parallel rank's parameters over the "dp" replicas, and a
-// pipeline's ranks cover the model once. The ZeRO accounting itself is checked against
+// rank, ZeRO shards each tensor-parallel rank's parameters over the "dp" replicas, a
+// pipeline's ranks cover the model once, and with tensor parallelism inside the stages each
+// pipeline rank holds its stages' shards, cut where PipelineParallel cuts the split model
+// (checked on four ranks). The ZeRO accounting itself is checked against
 // measurements in memory_estimate_test.cpp.
 #include <largo/core/error.h>
 #include <largo/models/mlp.h>
 #include <largo/models/trunk_head_model.h>
 #include <largo/models/vit.h>
 #include <largo/parallel/mesh_memory_estimate.h>
+#include <largo/parallel/parallelize.h>
+#include <largo/parallel/pipeline_parallel.h>
+#include <largo/parallel/pipeline_stages.h>
 #include <largo/parallel/tensor_parallel.h>
 #include <largo/parallel/tensor_parallel_plan.h>
 
@@ -206,16 +211,89 @@ TEST(MeshMemoryEstimateTest, RefusesAMeshThatIsNotTheOptions) {
     EXPECT_NE(std::string(error.what()).find("\"tp\" dimension"), std::string::npos)
         << error.what();
   }
-  RunMemoryEstimateOptions pipelined = sgd_momentum_options(2);
-  pipelined.parallel.pipeline.size = 2;
+}
+
+// pp 2 x tp 2 on the small ViT, SGD with momentum (float32, all trained: 3 x 4 bytes per
+// element), two micro-batches.
+RunMemoryEstimateOptions pipeline_options(int tp_size) {
+  RunMemoryEstimateOptions options = sgd_momentum_options(tp_size);
+  options.parallel.pipeline.size = 2;
+  options.parallel.pipeline.stages.num_microbatches(2);
+  options.sample_shape = {3, 16, 16};
+  options.batch_per_replica = 4;
+  return options;
+}
+
+// The elements of one ViT encoder layer that tensor parallelism splits, from its shapes
+// (tensor_parallel_plan.h): qkv (weight [3d, d], bias [3d]) and fc1 ([m, d], [m]) whole,
+// proj's weight [d, d] and fc2's [d, m] (their biases stay replicated).
+int64_t split_numel_per_encoder_layer(const models::VitOptions& vit) {
+  const int64_t d = vit.hidden_dim;
+  const int64_t m = vit.mlp_dim;
+  return (3 * d * d + 3 * d) + (m * d + m) + d * d + d * m;
+}
+
+// Cut alike (one encoder layer per stage, by boundaries), each pipeline rank of tp 2 holds
+// its unsplit stage's parameters less half of its encoder layer's split ones; its gradients
+// and momentum follow (float32), and its activations are not measured.
+TEST(MeshMemoryEstimateTest, TensorParallelPipelineRanksHoldHalfTheirStagesSplitLinears) {
+  const int64_t num_blocks = static_cast<int64_t>(pipeline_blocks(*make_vit()).size());
+  const std::vector<int64_t> one_layer_per_stage{0, 2, num_blocks}; // embedding + layer 0 | rest
+  RunMemoryEstimateOptions options = pipeline_options(1);
+  options.parallel.pipeline.stages.boundaries(one_layer_per_stage);
+  const auto whole = estimate_memory(make_vit().ptr(), pp_dp_tp_dimensions(2, 1, 1), options);
+  options.parallel.tensor_parallel_size = 2;
+  const auto split = estimate_memory(make_vit().ptr(), pp_dp_tp_dimensions(2, 1, 2), options);
+  ASSERT_TRUE(whole.pipeline && split.pipeline);
+  EXPECT_EQ(split.pipeline->boundaries, one_layer_per_stage);
+  const int64_t halved = split_numel_per_encoder_layer(testing::small_vit_options()) / 2;
+  ASSERT_EQ(split.pipeline->ranks.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    const PipelineRankEstimate& unsplit = whole.pipeline->ranks[r];
+    const PipelineRankEstimate& shard = split.pipeline->ranks[r];
+    EXPECT_EQ(shard.stages, unsplit.stages);
+    EXPECT_EQ(shard.parameter_count, unsplit.parameter_count - halved) << "rank " << r;
+    EXPECT_EQ(shard.state.parameters, unsplit.state.parameters - 4 * halved) << "rank " << r;
+    EXPECT_EQ(shard.state.gradients, unsplit.state.gradients - 4 * halved) << "rank " << r;
+    EXPECT_EQ(shard.state.optimizer_state, unsplit.state.optimizer_state - 4 * halved)
+        << "rank " << r;
+    EXPECT_FALSE(shard.activations) << "unsplit blocks' activations are not a shard's";
+  }
+  EXPECT_NE(split.pipeline->activations_not_measured.find("tensor parallelism"), std::string::npos)
+      << split.pipeline->activations_not_measured;
+}
+
+// Balanced by parameters, the estimate cuts where PipelineParallel cuts the model
+// apply_mesh_to_module split (each rank's shard sizes), on 4 ranks (pp 2 x tp 2); the
+// unsplit model is cut elsewhere, so the comparison tells the two apart.
+TEST(MeshMemoryEstimateTest, TensorParallelPipelineCutIsTheTrainersOfTheSplitModel) {
+  const auto split =
+      estimate_memory(make_vit().ptr(), pp_dp_tp_dimensions(2, 1, 2), pipeline_options(2));
+  const auto whole =
+      estimate_memory(make_vit().ptr(), pp_dp_tp_dimensions(2, 1, 1), pipeline_options(1));
+  ASSERT_NE(split.pipeline->boundaries, whole.pipeline->boundaries)
+      << "halving the encoder layers' Linears moves the balanced cut";
+  run_on_ranks(4, [&](comm::ProcessGroup& world) {
+    models::TrunkHeadModel model = make_vit();
+    ParallelOptions parallel = pipeline_options(2).parallel;
+    apply_mesh_to_module(*model, borrow(world), parallel);
+    PipelineParallel trainer(
+        pipeline_blocks(*model),
+        parallel.mesh->group("pp"),
+        parallel.mesh->group("dp"),
+        parallel.pipeline.stages);
+    EXPECT_EQ(split.pipeline->boundaries, trainer.boundaries()) << "rank " << world.rank();
+  });
+}
+
+TEST(MeshMemoryEstimateTest, RefusesATensorParallelPipelineTheTrainerRefuses) {
+  RunMemoryEstimateOptions timed = pipeline_options(2);
+  timed.parallel.pipeline.stages.balance(StageBalance::kTime);
   try {
-    estimate_memory(make_vit().ptr(), pp_dp_tp_dimensions(2, 1, 2), pipelined);
-    FAIL() << "a tensor-parallel pipeline was sized";
+    estimate_memory(make_vit().ptr(), pp_dp_tp_dimensions(2, 1, 2), timed);
+    FAIL() << "a tensor-parallel pipeline cut by time was sized";
   } catch (const OptionError& error) {
-    EXPECT_NE(
-        std::string(error.what()).find("tensor_parallel_size with pipeline.size"),
-        std::string::npos)
-        << error.what();
+    EXPECT_NE(std::string(error.what()).find("balance"), std::string::npos) << error.what();
   }
 }
 

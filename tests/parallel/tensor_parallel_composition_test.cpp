@@ -49,6 +49,7 @@ using testing::expect_close;
 using testing::gradient_noise;
 using testing::groups_of;
 using testing::kRelativeTolerance;
+using testing::small_vit_options;
 using testing::with_linear_head;
 
 constexpr int kTensorParallelSize = 2;
@@ -79,15 +80,7 @@ models::TrunkHeadModel make_mlp() {
 // Two encoder layers of 4 heads (2 per tensor-parallel rank), dropout 0 (the default).
 models::TrunkHeadModel make_vit() {
   torch::manual_seed(22);
-  models::VitOptions options;
-  options.image_size = 16;
-  options.patch_size = 8;
-  options.num_layers = 2;
-  options.num_heads = 4;
-  options.hidden_dim = 32;
-  options.mlp_dim = 64;
-  options.qkv_bias = true;
-  auto model = with_linear_head(models::build_vit_trunk(options, 3, 16), kClasses);
+  auto model = with_linear_head(models::build_vit_trunk(small_vit_options(), 3, 16), kClasses);
   model->to(at::kDouble);
   return model;
 }

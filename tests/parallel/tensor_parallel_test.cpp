@@ -33,6 +33,7 @@ using testing::borrow;
 using testing::expect_close;
 using testing::groups_of;
 using testing::kRelativeTolerance;
+using testing::small_vit_options;
 using testing::with_linear_head;
 
 constexpr int kTensorParallelSize = 2;
@@ -51,18 +52,6 @@ models::TrunkHeadModel make_mlp() {
   auto model = with_linear_head(models::build_mlp_trunk(options, /*in_channels=*/1, 4), kClasses);
   model->to(at::kDouble);
   return model;
-}
-
-models::VitOptions small_vit_options() {
-  models::VitOptions options;
-  options.image_size = 16;
-  options.patch_size = 8;
-  options.num_layers = 2;
-  options.num_heads = 4;
-  options.hidden_dim = 32;
-  options.mlp_dim = 64;
-  options.qkv_bias = true; // so that qkv's bias is sharded by heads too
-  return options;
 }
 
 models::TrunkHeadModel make_vit() {

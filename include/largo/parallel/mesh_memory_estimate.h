@@ -12,8 +12,10 @@
 // runs; sequential_checkpoint_plan.h measures them for checkpointing).
 //
 // Tensor parallelism composes with DDP only (parallelize.h); the ZeRO rows of the estimate
-// for a tp > 1 run say what the accounting would give, for comparison. A pipeline with
-// tensor parallelism is refused (its activations would be measured on unsplit blocks).
+// for a tp > 1 run say what the accounting would give, for comparison. With a pipeline too
+// (pp x dp x tp), each pipeline rank's figures are one tp rank's shards of its stages, cut
+// where the trainer cuts the split model; their activations are not measured (a split
+// block runs only with its group; pipeline_rank_estimate.h).
 //
 // No collectives.
 #pragma once
@@ -90,8 +92,9 @@ struct MeshMemoryEstimate {
 // models::TrunkHeadModel, the chain parallelize() cuts). It is cast to the precision's
 // parameter dtype (O2, O3), as parallelize() would; nothing else is changed. `mesh`:
 // mesh_dimensions(options.parallel, world size). Throws OptionError for options the mesh
-// does not take (a "tp" or "pp" size other than the options', a tensor-parallel pipeline) and
-// what check_tensor_parallel_plan and estimate_pipeline_ranks throw.
+// does not take (a "tp" or "pp" size other than the options'; with both, what
+// check_parallel_options refuses: a cut by time, recomputed stages) and what
+// check_tensor_parallel_plan and estimate_pipeline_ranks throw.
 MeshMemoryEstimate estimate_memory(
     const std::shared_ptr<torch::nn::Module>& module,
     const std::vector<MeshDimension>& mesh,

@@ -9,6 +9,11 @@
 //   - activations: what one micro-batch leaves alive in its stages, measured on a micro-batch
 //     of zeros, times the most stage passes the schedule keeps in flight on that rank
 //     (pipeline_memory.h). Measured on the CPU only (core/memory_tracker.h).
+// With tensor parallelism inside the stages (tensor_parallel_size > 1) the trainer splits the
+// model first and cuts the split one, so a balance by parameters weighs each block by the
+// shards one tensor-parallel rank holds of it: the cut here weighs the blocks by `sizes`
+// (those shards), and the model state is the shards'. Activations are then not measured:
+// the blocks here are unsplit, and a split block's activations need its process group.
 // No collectives; runs the blocks forward once per stage (and, for balance kTime, times
 // every block as the trainer does, so such a cut may differ from the trainer's by noise).
 #pragma once
@@ -47,6 +52,8 @@ struct PipelineEstimate {
   std::vector<int64_t> boundaries; // stage s = blocks [boundaries[s], boundaries[s + 1])
   std::vector<std::string> block_names;
   std::string autocast_note; // how activations were measured under the precision
+  // Why the ranks' activations are nullopt ("" when they were measured).
+  std::string activations_not_measured;
   std::vector<PipelineRankEstimate> ranks;
 };
 
@@ -54,6 +61,7 @@ struct PipelineEstimateOptions {
   int pipeline_size = 2;                // PipelineOptions::size: the mesh's "pp" dimension
   PipelineParallelOptions stages;       // the cut and the schedule
   int num_replicas = 1;                 // the mesh's "dp" dimension
+  int tensor_parallel_size = 1;         // the mesh's "tp": `sizes` are then one rank's shards
   int zero_stage = 0;                   // 0 (DDP) or 1 (ZeRO-1) over each stage's replicas
   MemoryEstimateOptions state;          // optimizer and master weights (world size, stage: above)
   precision::PrecisionPolicy precision; // the forward runs under its autocast, as the trainer's
@@ -61,9 +69,10 @@ struct PipelineEstimateOptions {
   int64_t batch_per_replica = 1;        // rows of one step's batch, cut into the micro-batches
 };
 
-// `blocks`: the model's chain (pipeline_blocks()); `sizes`: its parameters as the optimizer
-// groups see them (memory_estimate.h), named as in the blocks' model. Throws ConfigError for
-// a cut parallelize() would refuse.
+// `blocks`: the model's chain (pipeline_blocks()), unsplit; `sizes`: its parameters as the
+// optimizer groups see them (memory_estimate.h), named as in the blocks' model, as one
+// tensor-parallel rank holds them when tensor_parallel_size > 1
+// (tensor_parallel_parameter_sizes). Throws ConfigError for a cut parallelize() would refuse.
 PipelineEstimate estimate_pipeline_ranks(
     const std::vector<PipelineBlock>& blocks,
     const std::vector<ParameterSize>& sizes,

@@ -21,6 +21,14 @@ int dimension_size(const std::vector<MeshDimension>& mesh, const std::string& na
   return 1;
 }
 
+int mesh_world_size(const std::vector<MeshDimension>& mesh) {
+  int size = 1;
+  for (const MeshDimension& dimension : mesh) {
+    size *= dimension.size;
+  }
+  return size;
+}
+
 void require_dimension(
     const std::vector<MeshDimension>& mesh, const std::string& name, int size, const char* key) {
   if (dimension_size(mesh, name) != size) {
@@ -111,6 +119,7 @@ PipelineEstimate pipeline_ranks(
   pipeline.pipeline_size = options.parallel.pipeline.size;
   pipeline.stages = options.parallel.pipeline.stages;
   pipeline.num_replicas = estimate.data_parallel_size;
+  pipeline.tensor_parallel_size = estimate.tensor_parallel_size;
   pipeline.zero_stage = estimate.state_options.stage;
   pipeline.state = estimate.state_options;
   pipeline.precision = options.parallel.precision;
@@ -133,10 +142,9 @@ MeshMemoryEstimate estimate_memory(
   estimate.data_parallel_size = dimension_size(mesh, "dp");
   estimate.tensor_parallel_size = parallel.tensor_parallel_size;
   if (estimate.tensor_parallel_size > 1 && parallel.pipeline.enabled()) {
-    throw OptionError(
-        "estimate_memory ParallelOptions::tensor_parallel_size with pipeline.size",
-        fmt::format("{} with {}", parallel.tensor_parallel_size, parallel.pipeline.size),
-        "one of them 1: a tensor-parallel pipeline's activations are not estimated yet");
+    // What parallelize() refuses with both: a cut by time (each shard would time its own)
+    // and recomputed stages, which the estimate could not reproduce either.
+    check_parallel_options(parallel, mesh_world_size(mesh));
   }
 
   size_parameters(*module, options, estimate);

@@ -18,13 +18,38 @@ at::Tensor zeros_batch(const PipelineEstimateOptions& options, int64_t rows) {
   return at::zeros(shape);
 }
 
-// The trainer's cut (the same function, timed on a micro-batch of the trainer's timing
-// sample: batch / M rows, at least one).
+bool starts_with(const std::string& name, const std::string& prefix) {
+  return name.compare(0, prefix.size(), prefix) == 0;
+}
+
+// The elements each block holds, summed from `sizes` by the blocks' full-model names: what
+// block_parameter_counts gives on the blocks the trainer cuts (with tensor parallelism the
+// split ones, whose shards `sizes` are, while `blocks` here are unsplit).
+std::vector<double> held_parameter_counts(
+    const std::vector<PipelineBlock>& blocks, const std::vector<ParameterSize>& sizes) {
+  std::vector<double> counts;
+  for (const auto& block : blocks) {
+    int64_t count = 0;
+    for (const auto& size : sizes) {
+      count += starts_with(size.name, block.name + ".") ? size.numel : 0;
+    }
+    counts.push_back(static_cast<double>(count));
+  }
+  return counts;
+}
+
+// The trainer's cut (the same functions; balanced by the parameters the trainer's blocks
+// hold, or timed on a micro-batch of the trainer's timing sample: batch / M rows, at least
+// one).
 std::vector<int64_t> cut_as_the_trainer(
     const std::vector<PipelineBlock>& blocks,
+    const std::vector<ParameterSize>& sizes,
     const PipelineEstimateOptions& options,
     int num_stages) {
   const PipelineParallelOptions& stages = options.stages;
+  if (stages.boundaries().empty() && stages.balance() == StageBalance::kParameters) {
+    return balanced_stage_boundaries(held_parameter_counts(blocks, sizes), num_stages);
+  }
   const int64_t timing_rows =
       std::max<int64_t>(options.batch_per_replica / stages.num_microbatches(), 1);
   return cut_into_stages(blocks, num_stages, stages.boundaries(), stages.balance(), [&] {
@@ -47,7 +72,7 @@ std::vector<ParameterSize> stage_parameters(
   std::vector<ParameterSize> picked;
   for (const auto& size : sizes) {
     const bool in_stage = std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) {
-      return size.name.compare(0, p.size(), p) == 0;
+      return starts_with(size.name, p);
     });
     if (in_stage) {
       picked.push_back(size);
@@ -136,7 +161,7 @@ PipelineEstimate estimate_pipeline_ranks(
   for (const auto& block : blocks) {
     estimate.block_names.push_back(block.name);
   }
-  estimate.boundaries = cut_as_the_trainer(blocks, options, estimate.shape.num_stages());
+  estimate.boundaries = cut_as_the_trainer(blocks, sizes, options, estimate.shape.num_stages());
 
   // Every stage's replicas run DDP, or ZeRO-1 over them: stage 0 or 1 of the ZeRO accounting
   // over the rank's own parameters, sharded over the replicas.
@@ -157,7 +182,13 @@ PipelineEstimate estimate_pipeline_ranks(
     entry.state = estimate_model_state_bytes(own, state_options);
     estimate.ranks.push_back(std::move(entry));
   }
-  if (MemoryTracker::supported(torch::Device(torch::kCPU))) {
+  if (options.tensor_parallel_size > 1) {
+    estimate.activations_not_measured =
+        "tensor parallelism splits the blocks, and a split block runs only with its "
+        "tensor-parallel process group; the unsplit blocks' activations are not a shard's";
+  } else if (!MemoryTracker::supported(torch::Device(torch::kCPU))) {
+    estimate.activations_not_measured = "this build cannot measure CPU memory";
+  } else {
     add_activations(blocks, options, estimate);
   }
   return estimate;
