@@ -89,5 +89,29 @@ TEST(PipelinePlanTest, TheReplicasMakeTheGlobalBatch) {
   EXPECT_EQ(without.global_batch, 16 * 4);
 }
 
+// A layer's tensor-parallel shards share their replica's batch as a pipeline's stages do.
+TEST(PipelinePlanTest, TensorParallelShardsShareTheirReplicasBatch) {
+  // 4 ranks = 2 shards x 2 replicas, both on the one node.
+  const RunPlan split = plan_of(
+      {"DISTRIBUTED.PIPELINE_SIZE=1",
+       "DISTRIBUTED.TENSOR_PARALLEL_SIZE=2",
+       "TRAINER.GRADIENT_ACCUMULATION_STEPS=2"});
+  EXPECT_EQ(split.global_batch, 16 * 2 * 2);
+  EXPECT_EQ(split.batch_per_node, 16 * 2 * 2);
+  EXPECT_NE(
+      split.describe().find("tensor parallel over 2 ranks x DDP over 2 ranks"), std::string::npos)
+      << split.describe();
+  // 4 ranks = 2 stages x 2 shards: one replica.
+  const RunPlan staged = plan_of({"DISTRIBUTED.TENSOR_PARALLEL_SIZE=2"});
+  EXPECT_EQ(staged.global_batch, 16);
+  EXPECT_EQ(staged.batch_per_node, 16);
+  EXPECT_NE(
+      staged.describe().find(
+          "pipeline of 2 stages (1f1b, 4 micro-batches) x tensor parallel over 2 "
+          "ranks x 1 replica"),
+      std::string::npos)
+      << staged.describe();
+}
+
 } // namespace
 } // namespace largo::train::pipeline_plan_test

@@ -598,10 +598,12 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   rethrow_with_yaml_keys(
       [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
 
-  // A pipeline's stages share their replica's batch: the replicas make the global batch, and
-  // a node holds procs_per_node / PIPELINE_SIZE of them (at least a part of one).
+  // A pipeline's stages and a layer's tensor-parallel shards share their replica's batch: the
+  // replicas make the global batch, and a node holds procs_per_node / (PIPELINE_SIZE x
+  // TENSOR_PARALLEL_SIZE) of them (at least a part of one).
   const int64_t accumulation = o.gradient_accumulation_steps;
-  const int64_t replicas_per_node = std::max(1, world.procs_per_node / o.pipeline.size);
+  const int ranks_per_replica = o.pipeline.size * o.tensor_parallel_size;
+  const int64_t replicas_per_node = std::max(1, world.procs_per_node / ranks_per_replica);
   plan.batch_per_rank = o.train.batch_size;
   plan.batch_per_node = plan.batch_per_rank * replicas_per_node * accumulation;
   plan.global_batch = plan.batch_per_rank * data_replicas(plan) * accumulation;
@@ -632,13 +634,21 @@ std::string RunPlan::describe() const {
                 parallel::to_string(parallel.data_parallelism),
                 replicas,
                 world.backend);
+  const bool replicas_span_ranks = parallel.pipeline.enabled() || parallel.tensor_parallel_size > 1;
+  if (replicas_span_ranks && replicas == 1) {
+    layout = "1 replica";
+  }
+  if (parallel.tensor_parallel_size > 1) {
+    layout =
+        fmt::format("tensor parallel over {} ranks x {}", parallel.tensor_parallel_size, layout);
+  }
   if (parallel.pipeline.enabled()) {
     layout = fmt::format(
         "pipeline of {} stages ({}, {} micro-batches) x {}",
         parallel.pipeline.size,
         parallel::to_string(parallel.pipeline.stages.schedule()),
         parallel.pipeline.stages.num_microbatches(),
-        replicas == 1 ? std::string("1 replica") : layout);
+        layout);
   }
   return fmt::format(
       "{}, {}, global batch {} = {} per rank x {} {} x {} accumulation step(s)",
@@ -647,7 +657,7 @@ std::string RunPlan::describe() const {
       global_batch,
       batch_per_rank,
       replicas,
-      parallel.pipeline.enabled() ? "replica(s)" : "rank(s)",
+      replicas_span_ranks ? "replica(s)" : "rank(s)",
       options.gradient_accumulation_steps);
 }
 
