@@ -65,6 +65,14 @@ struct PipelineShape {
   int rank_of_stage(int stage) const {
     return stage % num_ranks;
   }
+  // The stages pipeline rank `rank` holds, in order: rank, rank + S, ... (V of them).
+  std::vector<int> stages_of_rank(int rank) const {
+    std::vector<int> stages;
+    for (int v = 0; v < virtual_stages; ++v) {
+      stages.push_back(v * num_ranks + rank);
+    }
+    return stages;
+  }
   // Which of its rank's stages `stage` is: 0 .. V-1.
   int local_index_of_stage(int stage) const {
     return stage / num_ranks;

@@ -52,9 +52,8 @@ std::vector<PipelineRankMemory> estimate_pipeline_memory(
   for (int rank = 0; rank < shape.num_ranks; ++rank) {
     PipelineRankMemory entry;
     entry.rank = rank;
-    for (int v = 0; v < shape.virtual_stages; ++v) {
-      const int stage = v * shape.num_ranks + rank;
-      entry.stages.push_back(stage);
+    entry.stages = shape.stages_of_rank(rank);
+    for (const int stage : entry.stages) {
       entry.parameter_count += parameter_counts[static_cast<size_t>(stage)];
       entry.activation_bytes_per_microbatch = std::max(
           entry.activation_bytes_per_microbatch, activation_bytes[static_cast<size_t>(stage)]);

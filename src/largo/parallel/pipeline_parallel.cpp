@@ -347,12 +347,7 @@ int PipelineParallel::pipeline_size() const {
 }
 
 std::vector<int> PipelineParallel::stages() const {
-  std::vector<int> result;
-  const PipelineShape& shape = impl_->context.shape;
-  for (int v = 0; v < shape.virtual_stages; ++v) {
-    result.push_back(v * shape.num_ranks + impl_->pipeline->rank());
-  }
-  return result;
+  return impl_->context.shape.stages_of_rank(impl_->pipeline->rank());
 }
 
 const std::vector<int64_t>& PipelineParallel::boundaries() const {

@@ -172,9 +172,7 @@ PipelineEstimate estimate_pipeline_ranks(
   for (int rank = 0; rank < estimate.shape.num_ranks; ++rank) {
     PipelineRankEstimate entry;
     entry.rank = rank;
-    for (int v = 0; v < estimate.shape.virtual_stages; ++v) {
-      entry.stages.push_back(v * estimate.shape.num_ranks + rank); // rank_of_stage's inverse
-    }
+    entry.stages = estimate.shape.stages_of_rank(rank);
     const auto own = stage_parameters(sizes, blocks, estimate.boundaries, entry.stages);
     for (const auto& size : own) {
       entry.parameter_count += size.numel;
