@@ -47,13 +47,14 @@ c10::IValue save_optimizer_shards(const std::filesystem::path& dir,
 // Whether a checkpoint's "optimizer" entry refers to shard files.
 bool is_sharded_optimizer_entry(const c10::IValue& entry);
 
-// Restores an unsharded `optimizer` from a checkpoint's "optimizer" entry (sharded entries
-// are consolidated); shard files are looked up in `dir`. `param_shapes` (trained parameter
-// name -> shape) is needed to consolidate. Throws CheckpointError naming the file when a
-// shard is missing, corrupt or from another run.
-void load_optimizer_state(const std::filesystem::path& dir, const c10::IValue& entry,
-                          optim::Optimizer& optimizer,
-                          const std::map<std::string, std::vector<int64_t>>& param_shapes);
+// The unsharded optimizer state a checkpoint's "optimizer" entry holds: the entry itself,
+// or a sharded entry's shards (looked up in `dir`) consolidated, which needs `param_shapes`
+// (trained parameter name -> shape). Throws CheckpointError naming the file when a shard is
+// missing, corrupt or from another run.
+c10::IValue whole_optimizer_state(
+    const std::filesystem::path& dir,
+    const c10::IValue& entry,
+    const std::map<std::string, std::vector<int64_t>>& param_shapes);
 
 // The same for an optimizer `base` that steps the pieces `ownership` describes (ZeRO 1-3:
 // a ShardedOptimizer's base(), FSDP's optimizer): the rank's own shard when the entry's world

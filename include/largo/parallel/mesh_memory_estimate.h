@@ -11,8 +11,9 @@
 // Activations without a pipeline are not estimated (they depend on the batch the caller
 // runs; sequential_checkpoint_plan.h measures them for checkpointing).
 //
-// Tensor parallelism composes with DDP only (parallelize.h); the ZeRO rows of the estimate
-// for a tp > 1 run say what the accounting would give, for comparison. With a pipeline too
+// Tensor parallelism composes with DDP, ZeRO-1 and ZeRO-2 (parallelize.h); the FSDP row of
+// the estimate for a tp > 1 run says what the accounting would give, for comparison. With a
+// pipeline too
 // (pp x dp x tp), each pipeline rank's figures are one tp rank's shards of its stages, cut
 // where the trainer cuts the split model; their activations are not measured (a split
 // block runs only with its group; pipeline_rank_estimate.h).

@@ -42,6 +42,12 @@ struct ShardedOptimizerOptions {
   // 1-D piece of it (same name); a group may be empty on some ranks.
   std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>
       make_base_optimizer;
+  // Given the base optimizer's groups (of pieces), the reducer that completes its
+  // per-parameter norms further once its pieces' partials are summed over the ranks (the
+  // same [2 * P] over its P pieces, optimizer.h): tensor parallelism's, over the shards of
+  // a layer. Empty: nothing further.
+  std::function<optim::PartialNormReducer(const std::vector<optim::ParamGroup>& base_groups)>
+      complete_parameter_norms;
 };
 
 class ShardedOptimizer : public optim::Optimizer {

@@ -131,17 +131,18 @@ bool is_sharded_optimizer_entry(const c10::IValue& entry) {
       type->value().toStringRef() == kShardedType;
 }
 
-void load_optimizer_state(const fs::path& dir, const c10::IValue& entry,
-                          optim::Optimizer& optimizer,
-                          const std::map<std::string, std::vector<int64_t>>& param_shapes) {
+c10::IValue whole_optimizer_state(
+    const fs::path& dir,
+    const c10::IValue& entry,
+    const std::map<std::string, std::vector<int64_t>>& param_shapes) {
   if (!is_sharded_optimizer_entry(entry)) {
-    optimizer.load_state_dict(entry);
-  } else {
-    const ShardedEntry parsed = parse_entry(entry);
-    optimizer.load_state_dict(parallel::consolidate_sharded_optimizer_state(
-        parsed.world_size, [&](int old_rank) { return read_shard(dir, parsed, old_rank); },
-        param_shapes));
+    return entry;
   }
+  const ShardedEntry parsed = parse_entry(entry);
+  return parallel::consolidate_sharded_optimizer_state(
+      parsed.world_size,
+      [&](int old_rank) { return read_shard(dir, parsed, old_rank); },
+      param_shapes);
 }
 
 void load_piece_optimizer_state(const fs::path& dir, const c10::IValue& entry,

@@ -305,10 +305,8 @@ void TrainingState::load_optimizer(
     if (auto shard = model_.optimizer_shard()) {
       load_piece_optimizer_state(
           checkpoint_dir, entry, *shard->optimizer, shard->ownership, shapes);
-    } else if (!is_sharded_optimizer_entry(entry)) {
-      model_.load_optimizer_state_dict(entry); // a pipeline stage takes its parameters' part
-    } else {
-      load_optimizer_state(checkpoint_dir, entry, model_.optimizer(), shapes);
+    } else { // the model maps the whole state onto what it steps (a stage's part, its slices)
+      model_.load_optimizer_state_dict(whole_optimizer_state(checkpoint_dir, entry, shapes));
     }
   } catch (const CheckpointError& e) { // the optimizer's words, with the file they are about
     throw CheckpointError(fmt::format("{}: its optimizer state: {}", where, e.what()));

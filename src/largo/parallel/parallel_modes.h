@@ -26,9 +26,10 @@ std::unique_ptr<ParallelModel> make_fsdp_model(
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
-// DDP (or one process) over the replicas of a module whose layers are tensor-parallel over
-// options.tensor_parallel_group: the replicas are options.mesh's "dp" group when a mesh is
-// given (`group` is then its world), else `group` (tensor_parallel_model.cpp).
+// DDP, ZeRO-1 or ZeRO-2 (or one process) over the replicas of a module whose layers are
+// tensor-parallel over options.tensor_parallel_group: the replicas are options.mesh's "dp"
+// group when a mesh is given (`group` is then its world), else `group`
+// (tensor_parallel_model.cpp).
 std::unique_ptr<ParallelModel> make_tensor_parallel_model(
     torch::nn::AnyModule model,
     std::shared_ptr<comm::ProcessGroup> group,

@@ -224,13 +224,14 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
 
   // 3 and 4. The optimizer and the data-parallel wrapper (rank 0's weights broadcast).
   std::unique_ptr<ParallelModel> parallel;
+  if (tensor_parallel_enabled(options)) { // DDP or ZeRO over the replicas of the shards
+    parallel = make_tensor_parallel_model(
+        model, group, options, std::move(precision), std::move(param_groups), make_optimizer);
+    parallel->precision().copy_model_to_masters();
+    return parallel;
+  }
   switch (options.data_parallelism) {
   case DataParallelism::kDdp:
-    if (tensor_parallel_enabled(options)) {
-      parallel = make_tensor_parallel_model(
-          model, group, options, std::move(precision), std::move(param_groups), make_optimizer);
-      break;
-    }
     parallel = make_replicated_model(model, group, options, std::move(precision),
                                      std::move(param_groups), make_optimizer);
     break;

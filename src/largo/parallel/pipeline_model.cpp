@@ -126,6 +126,9 @@ class PipelineModel : public ParallelModel {
     } else {
       optimizer_ = make_optimizer(std::move(own_groups));
     }
+    if (tp_) { // LARC's and LAMB's per-parameter norms are the unsharded parameters'
+      optimizer_->set_norm_reducer(tp_->parameter_norm_reducer(optimizer_->param_groups()));
+    }
     for (const auto& param_group : optimizer_->param_groups()) {
       trained_parameters_.insert(
           trained_parameters_.end(), param_group.params.begin(), param_group.params.end());

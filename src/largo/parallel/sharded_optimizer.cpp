@@ -94,8 +94,15 @@ ShardedOptimizer::ShardedOptimizer(std::vector<optim::ParamGroup> param_groups,
     }
   }
   base_ = options.make_base_optimizer(std::move(base_groups));
-  base_->set_norm_reducer(make_piece_norm_reducer(
-      group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size())));
+  optim::PartialNormReducer over_ranks = make_piece_norm_reducer(
+      group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size()));
+  if (options.complete_parameter_norms) {
+    over_ranks = [over_ranks, further = options.complete_parameter_norms(base_->param_groups())](
+                     const at::Tensor& partials, optim::NormReduceOp op) {
+      return further(over_ranks(partials, op), op);
+    };
+  }
+  base_->set_norm_reducer(std::move(over_ranks));
 }
 
 // The base optimizer passes its per-piece partials as [2 * P] (optimizer.h: P parameter

@@ -1,17 +1,25 @@
-// Tensor parallelism composed with DDP (torchtitan's 2-D parallelism): the module's planned
-// layers are split over ParallelOptions::tensor_parallel_group (apply_tensor_parallel, done
-// by the caller before the param groups were built), and DDP replicates that sharded module
-// over parallelize()'s group, the data-parallel one: rank r of every replica holds the same
-// slices, so DDP averages like with like. What differs from plain DDP is everything that
-// must see the unsharded model: the gradient norm (the shards' partial norms summed over the
-// tensor-parallel group, the replicated parameters counted once), and the state (model and
-// optimizer) which is gathered to the full tensors on save and sliced on load, so that a
-// checkpoint of this run is the one an unsharded run writes and reads.
+// Tensor parallelism composed with data parallelism over the replicas (torchtitan's 2-D
+// parallelism): the module's planned layers are split over
+// ParallelOptions::tensor_parallel_group (apply_tensor_parallel, done by the caller before
+// the param groups were built), and DDP, ZeRO-1 or ZeRO-2 runs that sharded module over the
+// data-parallel group: rank r of every replica holds the same slices, so the replicas
+// average (and ZeRO partitions) like with like. What differs from those modes alone is
+// everything that must see the unsharded model: the gradient norm (the shards' partial norms
+// summed over the tensor-parallel group, the replicated parameters counted once), LARC's and
+// LAMB's per-parameter norms likewise, and the state (model and optimizer) which is gathered
+// to the full tensors on save and sliced on load, so that a checkpoint of this run is the one
+// an unsharded run writes and reads. ZeRO's optimizer state is consolidated over the
+// replicas before that gather (as FairScale's OSS consolidates on one rank), so a checkpoint
+// holds no per-rank shard files.
 #include "parallel_modes.h"
 #include "tensor_parallel_state.h"
 
 #include <largo/core/error.h>
 #include <largo/optim/grad_clipping.h>
+#include <largo/parallel/piece_optimizer_state.h>
+#include <largo/parallel/pipeline_checkpoint.h>
+#include <largo/parallel/sharded_data_parallel.h>
+#include <largo/parallel/sharded_optimizer.h>
 #include <largo/parallel/tensor_parallel.h>
 
 #include <fmt/format.h>
@@ -52,15 +60,18 @@ void check_tensor_parallel_options(const ParallelOptions& options) {
     return;
   }
   const auto [option, group] = tensor_parallel_option(options);
-  if (options.data_parallelism != DataParallelism::kDdp) {
+  if (options.data_parallelism == DataParallelism::kFsdp ||
+      (options.pipeline.enabled() && options.data_parallelism != DataParallelism::kDdp)) {
     throw OptionError(
         option,
         group,
         fmt::format(
-            "1 (off) with ParallelOptions::data_parallelism = {}: tensor parallelism "
-            "composes with DDP (kDdp) over the data-parallel group only (ZeRO and "
-            "FSDP over tensor-parallel shards are not built)",
-            to_string(options.data_parallelism)));
+            "1 (off) with ParallelOptions::data_parallelism = {}{}: tensor parallelism "
+            "composes with DDP (kDdp), ZeRO-1 and ZeRO-2 over the data-parallel group, and "
+            "with DDP in a pipeline (FSDP over tensor-parallel shards, and ZeRO in a "
+            "pipeline with them, are not built)",
+            to_string(options.data_parallelism),
+            options.pipeline.enabled() ? " in a pipeline" : ""));
   }
   const PipelineParallelOptions& stages = options.pipeline.stages;
   if (options.pipeline.enabled() && stages.balance() == StageBalance::kTime) {
@@ -148,9 +159,9 @@ void check_tensor_parallel_module(const ParallelOptions& options, const torch::n
 
 namespace {
 
-class TensorParallelDdpModel : public ParallelModel {
+class TensorParallelModel : public ParallelModel {
  public:
-  TensorParallelDdpModel(
+  TensorParallelModel(
       torch::nn::AnyModule model,
       std::shared_ptr<comm::ProcessGroup> group,
       ParallelOptions options,
@@ -162,12 +173,23 @@ class TensorParallelDdpModel : public ParallelModel {
         // With the run's mesh, `group` is its world and the replicas are its "dp" group;
         // without, `group` is the replicas (the caller laid out the groups).
         dp_group_(options_.mesh ? options_.mesh->group("dp") : group_) {
-    optimizer_ = make_optimizer(std::move(param_groups));
+    if (options_.data_parallelism == DataParallelism::kDdp) {
+      optimizer_ = make_optimizer(std::move(param_groups));
+      // LARC's and LAMB's per-parameter norms are the unsharded parameters'.
+      optimizer_->set_norm_reducer(tp_.parameter_norm_reducer(optimizer_->param_groups()));
+    } else {
+      build_sharded_optimizer(std::move(param_groups), make_optimizer);
+    }
     for (const auto& param_group : optimizer_->param_groups()) {
       trained_parameters_.insert(
           trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
     }
-    if (dp_group_->world_size() > 1) { // broadcasts the replicas' rank 0's shards
+    if (dp_group_->world_size() == 1) {
+      return;
+    }
+    if (options_.data_parallelism == DataParallelism::kZero2) {
+      sdp_ = std::make_unique<ShardedDataParallel>(module_, *sharded_, dp_group_, options_.zero);
+    } else { // DDP, and ZeRO-1 (full gradients all-reduced, each replica reads its part)
       ddp_ = std::make_unique<DistributedDataParallel>(module_, dp_group_, options_.ddp);
     }
   }
@@ -211,14 +233,29 @@ class TensorParallelDdpModel : public ParallelModel {
     }
   }
 
+  // The unsharded model's optimizer state. With ZeRO, on the first replica only (None on the
+  // others): its pieces are consolidated there first. Collective (replicas, then shards).
   c10::IValue optimizer_state_dict() override {
-    return tp_.map_optimizer_state(
-        optimizer_->state_dict(), optimizer_->param_groups(), /*gather=*/true);
+    c10::IValue own = optimizer_->state_dict();
+    if (sharded_ != nullptr) {
+      own = consolidated_over_replicas();
+      if (own.isNone()) {
+        return own;
+      }
+    }
+    return tp_.map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/true);
   }
 
   void load_optimizer_state_dict(const c10::IValue& state) override {
-    optimizer_->load_state_dict(
-        tp_.map_optimizer_state(state, optimizer_->param_groups(), /*gather=*/false));
+    const c10::IValue own =
+        tp_.map_optimizer_state(state, optimizer_->param_groups(), /*gather=*/false);
+    if (sharded_ == nullptr) {
+      optimizer_->load_state_dict(own);
+      return;
+    }
+    const auto shapes = ParallelModel::trained_parameter_shapes(); // this rank's slices
+    sharded_->load_resharded_state(
+        1, [&](int) { return whole_state_as_single_shard(own, shapes); });
   }
 
   std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
@@ -229,6 +266,8 @@ class TensorParallelDdpModel : public ParallelModel {
   void before_forward() override {
     if (ddp_) {
       ddp_->before_forward();
+    } else if (sdp_) {
+      sdp_->before_forward();
     }
   }
   std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync() override {
@@ -239,36 +278,102 @@ class TensorParallelDdpModel : public ParallelModel {
       ddp_->reduce_gradients();
     }
   }
+  // ZeRO: each rank unscales, checks and clips only the gradients its pieces step with.
+  std::vector<at::Tensor> gradient_holders() const override {
+    return sharded_ != nullptr ? sharded_->shard_parameters() : trained_parameters_;
+  }
 
-  // After DDP every replica holds the same (averaged) gradients, so the global norm is the
-  // tensor-parallel one; it goes through optim::clip_grad_norm's reducer so that the scaling
-  // is that function's.
+  // The unsharded model's norm, through optim::clip_grad_norm's reducer so that the scaling
+  // is that function's. After DDP every replica holds the same (averaged) gradients, so it
+  // is the tensor-parallel one; with ZeRO the replicas' pieces are summed first.
   double clip_gradients(double max_norm, double norm_type) override {
+    if (sharded_ == nullptr) {
+      return optim::clip_grad_norm(
+          trained_parameters_,
+          max_norm,
+          norm_type,
+          tp_.norm_reducer(trained_parameters_, norm_type));
+    }
+    const std::vector<at::Tensor> pieces = sharded_->shard_parameters(); // gradients attached
     return optim::clip_grad_norm(
-        trained_parameters_, max_norm, norm_type, tp_.norm_reducer(trained_parameters_, norm_type));
+        pieces, max_norm, norm_type, tp_.piece_norm_reducer(named_pieces(), norm_type, dp_group_));
   }
 
   std::string describe_mode() const override {
-    const std::string tensor_parallel = fmt::format(
+    std::string text = fmt::format(
         "tensor parallel over {} ranks ({}), {} sharded parameters",
         tp_.group().world_size(),
         tp_.group().backend(),
         tp_.num_sharded());
-    if (!ddp_) {
-      return tensor_parallel + ", one data-parallel replica";
+    if (sharded_ != nullptr) {
+      text +=
+          fmt::format("; ZeRO stage {} over {} replica(s)", sdp_ ? 2 : 1, dp_group_->world_size());
     }
-    return fmt::format(
-        "{}; DDP over {} ranks ({}), {} gradient buckets",
-        tensor_parallel,
-        dp_group_->world_size(),
-        dp_group_->backend(),
-        ddp_->num_buckets());
+    if (ddp_ || sdp_) {
+      return fmt::format(
+          "{}; {} over {} ranks ({}), {} gradient buckets",
+          text,
+          sdp_ ? "gradients reduced to their owners" : "DDP",
+          dp_group_->world_size(),
+          dp_group_->backend(),
+          sdp_ ? sdp_->num_buckets() : ddp_->num_buckets());
+    }
+    return text + ", one data-parallel replica";
+  }
+  void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const override {
+    if (sharded_ != nullptr) {
+      report.zero_stage = sdp_ ? 2 : 1; // one replica: no gradient shards, stage 1's layout
+    }
+    ParallelModel::measure(report, spec);
   }
 
  private:
+  // ZeRO-1 or 2 over the replicas: a sharded optimizer over this rank's slices, whose base
+  // optimizer's per-parameter norms (LARC, LAMB) are completed over the replicas, then over
+  // the tensor-parallel shards.
+  void build_sharded_optimizer(
+      std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer) {
+    ShardedOptimizerOptions zero;
+    zero.make_base_optimizer = make_optimizer;
+    zero.complete_parameter_norms = [this](const std::vector<optim::ParamGroup>& base_groups) {
+      return tp_.parameter_norm_reducer(base_groups);
+    };
+    auto sharded = std::make_unique<ShardedOptimizer>(std::move(param_groups), dp_group_, zero);
+    sharded_ = sharded.get();
+    optimizer_ = std::move(sharded);
+  }
+
+  // This rank's pieces, named like the parameters they are part of (shard_parameters' order).
+  TensorParallelState::NamedTensors named_pieces() {
+    TensorParallelState::NamedTensors pieces;
+    for (const ShardedOptimizer::FlatBuffer& buffer : sharded_->flat_buffers()) {
+      for (size_t p = 0; p < buffer.pieces.size(); ++p) {
+        pieces.emplace_back(buffer.names[buffer.pieces[p].tensor_index], buffer.piece_params[p]);
+      }
+    }
+    return pieces;
+  }
+
+  // The optimizer state of this rank's slices, consolidated from the replicas' pieces on
+  // the first replica (None on the others). Collective (replicas).
+  c10::IValue consolidated_over_replicas() {
+    const c10::IValue own =
+        piece_state_dict(sharded_->base(), sharded_->piece_ownership(), sharded_->type());
+    const std::vector<c10::IValue> shards = gather_to_root(*dp_group_, own);
+    if (shards.empty()) {
+      return {};
+    }
+    return consolidate_sharded_optimizer_state(
+        dp_group_->world_size(),
+        [&](int replica) { return shards[static_cast<size_t>(replica)]; },
+        ParallelModel::trained_parameter_shapes());
+  }
+
   TensorParallelState tp_;
   std::shared_ptr<comm::ProcessGroup> dp_group_;
+  ShardedOptimizer* sharded_ = nullptr; // optimizer_, with ZeRO
   std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<ShardedDataParallel> sdp_;
 };
 
 } // namespace
@@ -280,7 +385,7 @@ std::unique_ptr<ParallelModel> make_tensor_parallel_model(
     std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer) {
-  return std::make_unique<TensorParallelDdpModel>(
+  return std::make_unique<TensorParallelModel>(
       std::move(model),
       std::move(group),
       std::move(options),

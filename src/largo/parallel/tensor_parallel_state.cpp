@@ -1,6 +1,9 @@
 #include "tensor_parallel_state.h"
 
+#include <largo/core/error.h>
 #include <largo/optim/grad_clipping.h>
+
+#include <fmt/format.h>
 
 #include <set>
 
@@ -149,25 +152,91 @@ optim::PartialNormReducer TensorParallelState::norm_reducer(
   for (const at::Tensor& parameter : parameters) {
     (spec_of(parameter) ? shards : replicated).push_back(parameter);
   }
+  return split_norm_reducer(
+      std::move(shards), std::move(replicated), norm_type, nullptr, std::move(outer));
+}
+
+optim::PartialNormReducer TensorParallelState::piece_norm_reducer(
+    const NamedTensors& pieces,
+    double norm_type,
+    std::shared_ptr<comm::ProcessGroup> replicas) const {
+  std::vector<at::Tensor> shards, replicated;
+  for (const auto& [name, piece] : pieces) {
+    (specs_.count(name) > 0 ? shards : replicated).push_back(piece);
+  }
+  return split_norm_reducer(
+      std::move(shards), std::move(replicated), norm_type, std::move(replicas), {});
+}
+
+optim::PartialNormReducer TensorParallelState::split_norm_reducer(
+    std::vector<at::Tensor> shards,
+    std::vector<at::Tensor> replicated,
+    double norm_type,
+    std::shared_ptr<comm::ProcessGroup> inner,
+    optim::PartialNormReducer outer) const {
   std::shared_ptr<comm::ProcessGroup> group = group_;
+  const at::Tensor* first =
+      !shards.empty() ? &shards.front() : (!replicated.empty() ? &replicated.front() : nullptr);
   const c10::optional<at::Device> device =
-      parameters.empty() ? c10::nullopt : c10::make_optional(parameters.front().device());
+      first != nullptr ? c10::make_optional(first->device()) : c10::nullopt;
   return [shards = std::move(shards),
           replicated = std::move(replicated),
           group,
+          inner,
           device,
           norm_type,
           outer](const at::Tensor& /*all_local*/, optim::NormReduceOp op) {
     at::Tensor sharded = optim::local_grad_norm_partial(shards, norm_type);
     at::Tensor whole = optim::local_grad_norm_partial(replicated, norm_type);
     const bool is_max = op == optim::NormReduceOp::max;
-    if (device) { // on the gradients' device for the group
+    const comm::ReduceOp reduce = is_max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
+    const at::Device home = whole.device();
+    if (device) { // on the gradients' device for the groups
       sharded = sharded.to(*device);
+      whole = whole.to(*device);
     }
-    group->all_reduce(sharded, is_max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum);
-    sharded = sharded.to(whole.device());
+    if (inner) { // both over the replicas, in one all-reduce
+      at::Tensor both = at::stack({sharded.reshape({}), whole.reshape({})});
+      inner->all_reduce(both, reduce);
+      sharded = both[0].reshape(sharded.sizes()).clone();
+      whole = both[1].reshape(whole.sizes()).clone();
+    }
+    group->all_reduce(sharded, reduce);
+    sharded = sharded.to(home);
+    whole = whole.to(home);
     at::Tensor total = is_max ? at::maximum(sharded, whole) : sharded + whole;
     return outer ? outer(total, op) : total;
+  };
+}
+
+optim::PartialNormReducer
+TensorParallelState::parameter_norm_reducer(const std::vector<optim::ParamGroup>& groups) const {
+  std::vector<uint8_t> is_shard; // per parameter, in the groups' order
+  for (const auto& group : groups) {
+    for (const std::string& name : group.names) {
+      is_shard.push_back(specs_.count(name) > 0 ? 1 : 0);
+    }
+  }
+  const int64_t count = static_cast<int64_t>(is_shard.size());
+  // [2 * P]: the parameters' entries, then their gradients' (or updates').
+  const at::Tensor mask =
+      at::from_blob(is_shard.data(), {count}, at::kByte).to(at::kBool).repeat({2});
+  std::shared_ptr<comm::ProcessGroup> group = group_;
+  return [mask, count, group](const at::Tensor& partials, optim::NormReduceOp op) {
+    if (partials.numel() != 2 * count) {
+      throw Error(fmt::format(
+          "tensor parallelism's per-parameter norms: {} partials for an optimizer over {} "
+          "parameters (expected 2 x {})",
+          partials.numel(),
+          count,
+          count));
+    }
+    const at::Tensor shards = mask.to(partials.device());
+    // at::where, not a product with the mask: an inf partial stays inf (inf * 0 is NaN).
+    at::Tensor summed = at::where(shards, partials, at::zeros_like(partials));
+    group->all_reduce(
+        summed, op == optim::NormReduceOp::max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum);
+    return at::where(shards, summed, partials);
   };
 }
 

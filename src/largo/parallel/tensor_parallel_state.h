@@ -82,8 +82,34 @@ class TensorParallelState {
       std::vector<at::Tensor> parameters,
       double norm_type,
       optim::PartialNormReducer outer = {}) const;
+  // The same for ZeRO's gradient pieces (sharded_optimizer.h), each named like the
+  // parameter it is a 1-D piece of: the pieces of all of `replicas` tile this rank's
+  // parameters, so both partials (the shards' and the replicated parameters') are first
+  // summed over `replicas`.
+  optim::PartialNormReducer piece_norm_reducer(
+      const NamedTensors& pieces,
+      double norm_type,
+      std::shared_ptr<comm::ProcessGroup> replicas) const;
+
+  // The reducer of the per-parameter norms of an optimizer over `groups` (optimizer.h's
+  // [2 * P] partials for its P parameters in the groups' order: LARC's trust ratios, LAMB's):
+  // a shard's entries summed over the group, as its slice holds part of its parameter's
+  // squared norm; a replicated parameter's kept, as every rank holds all of it. The groups
+  // are told apart by their names: ZeRO's base optimizer steps pieces named like their
+  // parameters. Collective when called.
+  optim::PartialNormReducer
+  parameter_norm_reducer(const std::vector<optim::ParamGroup>& groups) const;
 
  private:
+  // The gradient norm of `shards` and `replicated` completed as norm_reducer() says, with
+  // both partials first through `inner` (ZeRO's replicas) and the total through `outer`.
+  optim::PartialNormReducer split_norm_reducer(
+      std::vector<at::Tensor> shards,
+      std::vector<at::Tensor> replicated,
+      double norm_type,
+      std::shared_ptr<comm::ProcessGroup> inner,
+      optim::PartialNormReducer outer) const;
+
   std::shared_ptr<comm::ProcessGroup> group_;
   std::map<std::string, TensorParallelShardSpec> specs_; // by module parameter name
   std::unordered_map<const c10::TensorImpl*, TensorParallelShardSpec> spec_by_tensor_;
