@@ -2,7 +2,8 @@
 // the MLP trunk and a small ViT split over 2 ranks train like one process (the checkpoint
 // holds the whole model, as one process's does, and resumes in a run without tensor
 // parallelism); TP 2 x DP 2 at 4 ranks like DDP over 2, TP 2 x PP 2 like one process; a
-// mid-epoch resume is bit-exact; what does not compose is refused naming the key.
+// mid-epoch resume is bit-exact; with dropout the shards keep identical replicated
+// parameters; what does not compose is refused naming the key.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
 #include <largo/train/trainer.h>
@@ -23,8 +24,8 @@ using largo::testing::run_on_ranks;
 // of about 10 (the pipeline suite's bound, from the same argument).
 constexpr double kTolerance = 1e-5;
 
-// Dropout 0 and no flips: the tensor-parallel ranks must draw the same (the replicated parts)
-// and one process draws in another order.
+// Dropout 0 and no flips: one process draws other masks than the tensor-parallel ranks (which
+// repeat theirs on each shard's slice).
 const Overrides kMlp = {
     "MODEL.TRUNK.NAME=mlp",
     "MODEL.TRUNK.MLP.HIDDEN_DIMS=[32, 16]",
@@ -157,6 +158,28 @@ TEST(TrainerTensorParallelTest, MidEpochResumeIsBitExactAndEpochsResumeWithoutTe
           RunResult{TrainSummary{}, reference.parameters},
           kTolerance,
           "the tensor-parallel checkpoint resumed in one process");
+    }
+  });
+}
+
+// With dropout and drop path (the ViT's DROPOUT_RATE, ATTENTION_DROPOUT_RATE, DROP_PATH_RATE)
+// the two shards of one replica still hold the same replicated parameters (the embedding,
+// LayerNorms, the row-parallel biases, the head), bit for bit: they draw one stream, their
+// replica's, so they drop the same elements of the activations both compute.
+// full_parameters() gives each rank's own copy of those (and the gathered shards).
+TEST(TrainerTensorParallelTest, DropoutKeepsTheShardsReplicatedParametersIdentical) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const Overrides dropout = {
+        "MODEL.TRUNK.VISION_TRANSFORMERS.DROPOUT_RATE=0.2",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.ATTENTION_DROPOUT_RATE=0.2",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE=0.2"};
+    const RunResult split =
+        train_run(test_dir() / "dropout", kFresh + kVit + dropout + kTensorParallel, borrow(group));
+    for (const auto& [name, value] : split.parameters) {
+      const at::Tensor rank0 = value.clone();
+      group.broadcast(rank0, 0);
+      EXPECT_TRUE(torch::equal(value, rank0))
+          << name << " differs from rank 0's by " << (value - rank0).abs().max().item<double>();
     }
   });
 }

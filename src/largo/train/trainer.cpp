@@ -59,6 +59,7 @@ struct Trainer::State {
   std::shared_ptr<comm::ProcessGroup> group;
   torch::Device device{torch::kCPU};
   int64_t threads = 1;
+  parallel::DataShard data_shard; // this rank's data replica: the batches it reads, its seed
   std::unique_ptr<TrainingData> data;
   models::RunModel model; // with a linear evaluation over its trunk (FEATURE_EVAL_SETTINGS)
   std::unique_ptr<parallel::ParallelModel> parallel;
@@ -152,11 +153,11 @@ void Trainer::State::setup() {
   device = pick_device(options());
   // Ranks that differ only in their pipeline stage (or tensor-parallel shard) read the same
   // batches: the mesh's data shard, known before parallelize() builds its groups.
-  const parallel::DataShard shard = rethrow_with_yaml_keys([&] {
+  data_shard = rethrow_with_yaml_keys([&] {
     return parallel::data_shard(
         group->rank(), parallel::mesh_dimensions(plan.parallel, group->world_size()));
   });
-  data = std::make_unique<TrainingData>(options(), shard.index, shard.count, device);
+  data = std::make_unique<TrainingData>(options(), data_shard.index, data_shard.count, device);
   check_data_matches_plan(*data, plan);
   build_model();
   parallelize_model();
@@ -258,12 +259,18 @@ void Trainer::State::parallelize_model() {
   if (parallel->activation_memory_report()) {
     step_memory.emplace(device);
   }
-  // Dropout streams differ per rank (as VISSL seeds SEED_VALUE + rank); rank 0 keeps SEED_VALUE.
-  seed_everything(options().seed + static_cast<uint64_t>(group->rank()));
+  // Dropout streams differ per data replica (VISSL's SEED_VALUE + rank, where each rank is a
+  // replica); replica 0 keeps SEED_VALUE. A replica's ranks (its pipeline stages, its
+  // tensor-parallel shards) share one stream, so the shards drop the same elements of the
+  // activations they all compute and their replicated parameters stay equal. Dropout inside a
+  // sharded layer then repeats one mask on every shard's slice (no per-shard stream as
+  // Megatron's RNG tracker keeps).
+  seed_everything(options().seed + static_cast<uint64_t>(data_shard.index));
 }
 
-// SwAV's queue is drawn from SEED_VALUE + rank (each rank keeps its own, as in VISSL) and
-// checkpointed per rank.
+// SwAV's queue is drawn from SEED_VALUE + the rank's data replica (each replica keeps its own,
+// as each rank does in VISSL; a replica's ranks see the same batches) and checkpointed per
+// rank.
 void Trainer::State::build_self_supervised_loss() {
   const SelfSupervisedLossOptions& options = this->options().self_supervised;
   if (!options.enabled()) {
@@ -275,7 +282,7 @@ void Trainer::State::build_self_supervised_loss() {
       *parallel->module(),
       parallel->data_parallel_group(),
       plan.batch_per_rank,
-      this->options().seed + static_cast<uint64_t>(group->rank()));
+      this->options().seed + static_cast<uint64_t>(data_shard.index));
   SelfSupervisedLoss* loss = self_supervised.get();
   state->attach_loss_state(
       [loss] { return loss->state_dict(); },
