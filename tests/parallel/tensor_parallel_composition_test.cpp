@@ -553,11 +553,10 @@ TEST(TensorParallelComposition, VitTpTimesPipelineTrainsAndResumesLikeOneProcess
   });
 }
 
-// Optimizers with per-parameter norms: LARC's trust ratio (||w|| / ||g||, not clipped, so
-// that every ratio scales its update) and LAMB's (||w|| / ||update||) are the unsharded
-// parameters', on the MLP (whose gradients carry no rounding noise where they are zero, so
-// the AdamW slack of the bounds is not needed and stays negligible). Checked to fail with the
-// shards' own norms: ... (see the closing note).
+// LARC and LAMB on the MLP (whose gradients carry no rounding noise where they are zero, so
+// the AdamW slack of the bounds stays negligible), over TP x DDP and TP x PP. Checked to fail
+// with each shard's own norms: the second step's loss is off by 1e-7 relative (LARC:
+// 1.67659949 against 1.67659969), 1000 times the bound.
 TEST(TensorParallelComposition, LarcAndLambNormsAreTheUnshardedParameters) {
   run_on_ranks(kTensorParallelSize * 2, [](comm::ProcessGroup& world) {
     const Mesh two_d = checked_mesh(world);

@@ -26,9 +26,10 @@
 //     auto scope = model->micro_step(k + 1 == K);
 //     model->forward_backward(x_k, y_k, cross_entropy, /*loss_divisor=*/K);
 //
-// Tensor parallelism (tensor_parallel_plan.h) composes with DDP as torchtitan's 2-D
-// parallelism: step 0 is the caller's, before the param groups are built, because it replaces
-// the planned layers' parameters by this rank's shards:
+// Tensor parallelism (tensor_parallel_plan.h) composes with DDP, ZeRO-1 and ZeRO-2 over the
+// replicas as torchtitan's 2-D parallelism, and with DDP in a pipeline: step 0 is the caller's,
+// before the param groups are built, because it replaces the planned layers' parameters by this
+// rank's shards:
 //   0. apply_tensor_parallel(*net, tp_group);            // the same seed on every rank first
 //      auto groups = optim::build_param_groups(...);     // over the sharded parameters
 //      options.tensor_parallel_group = tp_group;         // and `group` is the dp group
@@ -37,7 +38,9 @@
 // group with an unsharded module, or the reverse). The returned model's clip_grad_norm() is
 // the unsharded model's norm, and its state (model_state_dict(), full_parameters(),
 // optimizer_state_dict()) is the unsharded model's, gathered over the tensor-parallel group,
-// so that a run with and one without tensor parallelism read each other's checkpoints.
+// so that a run with and one without tensor parallelism read each other's checkpoints
+// (with ZeRO, optimizer_state_dict() gives it on the first replica only: the replicas'
+// pieces are consolidated there).
 // Inside a pipeline's stages (3-D: pp x dp x tp), apply_mesh_to_module() is step 0: it
 // builds the mesh and splits the model before parallelize() cuts it into stages; each stage's
 // rank exchanges activations with the other stages' ranks of the same shards.
@@ -379,7 +382,7 @@ class ParallelModel {
   // and its other ranks get their stages').
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   // ZeRO 1-3: this rank's piece of the optimizer state; nullopt when the optimizer is whole
-  // (optimizer_state_dict()).
+  // (optimizer_state_dict()), and with tensor parallelism (whose ZeRO state is consolidated).
   virtual std::optional<OptimizerShard> optimizer_shard() {
     return std::nullopt;
   }
@@ -387,10 +390,12 @@ class ParallelModel {
   // 0: optimizer().state_dict(); a pipeline gathers every stage's on pipeline rank 0 (None
   // elsewhere; collective over the pipeline). With tensor parallelism the unsharded model's,
   // on every rank: each shard's per-element state (momentum, exp_avg, exp_avg_sq) gathered
-  // over the tensor-parallel group (collective there); loading takes this rank's slice.
+  // over the tensor-parallel group (collective there); with ZeRO over the replicas, first
+  // consolidated over them, on the first replica (None on the others); loading takes this
+  // rank's slice (and with ZeRO its pieces).
   virtual c10::IValue optimizer_state_dict();
   // Without a shard: loads a whole model's optimizer state (a pipeline stage takes its
-  // parameters' part). No collective.
+  // parameters' part, tensor parallelism its slices). No collective.
   virtual void load_optimizer_state_dict(const c10::IValue& state);
   // This rank's own state of the model by name, the tensors themselves (writing into them
   // changes the model): every parameter and buffer of the module; under FSDP, whose module

@@ -314,7 +314,7 @@ void TrainingState::load_optimizer(
 }
 
 // Each rank continues its own random stream; with another world size there is none to
-// continue, so ranks re-seed from the seed, their rank and the iteration.
+// continue, so ranks re-seed from the seed, their data replica and the iteration.
 void TrainingState::load_rng(const StateDict& state, int64_t saved_world_size) {
   comm::ProcessGroup& group = model_.process_group();
   if (state.contains("rng_states") && saved_world_size == group.world_size()) {
@@ -322,8 +322,10 @@ void TrainingState::load_rng(const StateDict& state, int64_t saved_world_size) {
   } else if (group.world_size() == 1 && state.contains("rng_state")) {
     set_cpu_rng_state(state.at("rng_state").toTensor());
   } else {
+    // By data replica: its tensor-parallel shards and pipeline stages draw alike (the
+    // trainer seeds so too), which for DDP, ZeRO and FSDP is the rank.
     seed_everything(
-        seed_ + static_cast<uint64_t>(group.rank()) +
+        seed_ + static_cast<uint64_t>(model_.data_parallel_group().rank()) +
         static_cast<uint64_t>(progress.iteration) * 1000003u);
   }
 }
