@@ -117,8 +117,8 @@ void print_zero_table(
   if (estimate.fsdp_gathers) {
     print_fsdp_gathers(plan, *estimate.fsdp_gathers);
   } else {
-    std::printf("\nFSDP does not compose with tensor parallelism yet (refused): its row says "
-                "what the accounting would give over the replicas\n");
+    std::printf("\nFSDP's transient gathers (the full units it holds during a step) are not "
+                "estimated with tensor parallelism\n");
   }
   std::printf("\n* the configured stage (OPTIMIZER.name: %s, MODEL.SHARDED_DDP_SETUP.USE_SDP: %s, "
               "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP: %s)\n",

@@ -347,14 +347,16 @@ c10::IValue from_rank_zero(comm::ProcessGroup& world, const c10::IValue& value) 
 }
 
 // The state checks apply where the run gives a state: every rank of TP x DP, the first
-// stage's ranks of a pipeline (the others get none).
-bool gives_state(const ParallelModel& run) {
-  return run.pipeline() == nullptr || run.pipeline()->pipeline_rank() == 0;
+// stage's ranks of a pipeline, the first replica's ranks of FSDP (the others get none).
+bool gives_state(const ParallelModel& run, const Mesh& mesh) {
+  const bool first_replica = run.data_parallel_group().rank() == 0;
+  return (run.pipeline() == nullptr || run.pipeline()->pipeline_rank() == 0) &&
+         (mesh.data_parallelism != DataParallelism::kFsdp || first_replica);
 }
 
-// ZeRO consolidates the optimizer state on the first replica (the others get none).
+// ZeRO and FSDP consolidate the optimizer state on the first replica (the others get none).
 bool gives_optimizer_state(const ParallelModel& run, const Mesh& mesh) {
-  return gives_state(run) &&
+  return gives_state(run, mesh) &&
          (mesh.data_parallelism == DataParallelism::kDdp || run.data_parallel_group().rank() == 0);
 }
 
@@ -371,9 +373,11 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
       : mesh.data_parallelism == DataParallelism::kZero1 ? "ZeRO stage 1 over 2 replica(s); DDP"
       : mesh.data_parallelism == DataParallelism::kZero2
           ? "ZeRO stage 2 over 2 replica(s); gradients reduced to their owners"
+      : mesh.data_parallelism == DataParallelism::kFsdp
+          ? "ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded over 2 rank(s)"
           : "DDP over 2 ranks";
   EXPECT_NE(described.find(data_parallel), std::string::npos) << described;
-  const bool holds_state = gives_state(*two_d);
+  const bool holds_state = gives_state(*two_d, mesh);
   // Before training: the full state is the unsharded model's, bit for bit (a gather of
   // slices), with its names in its order.
   const NamedTensors initial = two_d->model_state_dict();
@@ -507,12 +511,13 @@ TEST(TensorParallelComposition, MlpTrunkTpTimesDdpTrainsAndResumesLikeOneProcess
   });
 }
 
-// TP 2 x ZeRO-1 and ZeRO-2 over the two replicas: the optimizer state (and with stage 2 the
-// gradients) of each rank's slices partitioned over its replicas; its checkpoint is still
-// the unsharded model's.
-TEST(TensorParallelComposition, TpTimesZeroTrainsAndResumesLikeOneProcess) {
+// TP 2 x ZeRO-1, ZeRO-2 and FSDP over the two replicas: the optimizer state (with stage 2
+// the gradients, with FSDP the parameters too) of each rank's slices partitioned over its
+// replicas; its checkpoint is still the unsharded model's.
+TEST(TensorParallelComposition, TpTimesZeroAndFsdpTrainAndResumeLikeOneProcess) {
   run_on_ranks(kTensorParallelSize * kDataParallelSize, [](comm::ProcessGroup& world) {
-    for (DataParallelism zero : {DataParallelism::kZero1, DataParallelism::kZero2}) {
+    for (DataParallelism zero :
+         {DataParallelism::kZero1, DataParallelism::kZero2, DataParallelism::kFsdp}) {
       SCOPED_TRACE(to_string(zero));
       Mesh mesh = checked_mesh(world);
       mesh.data_parallelism = zero;
@@ -635,15 +640,15 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
     expect_contains(no_group, "ParallelOptions::tensor_parallel_group");
     expect_contains(no_group, "the group of 2 ranks");
 
-    // FSDP.
+    // FSDP's compute copies.
     {
       ParallelOptions options = with_group;
       options.data_parallelism = DataParallelism::kFsdp;
+      options.fsdp.compute_dtype = at::kHalf;
       models::TrunkHeadModel model = make_mlp();
       apply_tensor_parallel(*model, borrow(tp_group));
       const std::string message = parallelize_error(model, options, single);
-      expect_contains(message, "ParallelOptions::tensor_parallel_group");
-      expect_contains(message, "ParallelOptions::data_parallelism = FSDP (ZeRO-3)");
+      expect_contains(message, "FullyShardedDataParallelOptions::compute_dtype");
       EXPECT_THROW(check_parallel_options(options, 2), OptionError);
     }
 
@@ -673,14 +678,16 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
     // at parallelize() it needs its group.
     ParallelOptions by_size;
     by_size.tensor_parallel_size = 2;
-    by_size.data_parallelism = DataParallelism::kFsdp;
+    by_size.data_parallelism = DataParallelism::kZero1;
+    by_size.pipeline.size = 2;
     try {
       check_parallel_options(by_size, 4);
-      ADD_FAILURE() << "FSDP with tensor_parallel_size 2 was accepted";
+      ADD_FAILURE() << "ZeRO-1 in a pipeline with tensor_parallel_size 2 was accepted";
     } catch (const OptionError& error) {
       expect_contains(error.what(), "ParallelOptions::tensor_parallel_size");
     }
     by_size.data_parallelism = DataParallelism::kDdp;
+    by_size.pipeline.size = 1;
     models::TrunkHeadModel model = make_mlp();
     apply_tensor_parallel(*model, borrow(tp_group));
     const std::string size_without_group = parallelize_error(model, by_size, borrow(tp_group));

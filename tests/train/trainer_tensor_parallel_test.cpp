@@ -1,8 +1,8 @@
 // Tensor parallelism in the trainer (DISTRIBUTED.TENSOR_PARALLEL_SIZE; Gloo over 127.0.0.1):
 // the MLP trunk and a small ViT split over 2 ranks train like one process (the checkpoint
 // holds the whole model, as one process's does, and resumes in a run without tensor
-// parallelism); TP 2 x DP 2 at 4 ranks like DDP over 2, TP 2 x ZeRO-2 like ZeRO-2 over 2
-// (and it resumes that run's shard files), TP 2 x PP 2 like one process; a
+// parallelism); TP 2 x DP 2 at 4 ranks like DDP over 2, TP 2 x ZeRO-2 (FSDP) like ZeRO-2
+// (FSDP) over 2 (and it resumes that run's shard files), TP 2 x PP 2 like one process; a
 // mid-epoch resume is bit-exact; with dropout the shards keep identical replicated
 // parameters; what does not compose is refused naming the key.
 #include <largo/checkpoint/checkpoint_file.h>
@@ -98,47 +98,51 @@ TEST(TrainerTensorParallelTest, TwoShardsTimesTwoReplicasTrainLikeDdp) {
   });
 }
 
-// TP 2 x ZeRO-2 over 2 replicas, with LARC (its trust ratios are the unsharded parameters'),
-// trains like ZeRO-2 over the 2 replicas alone; and resumes that ZeRO run's end-of-epoch
-// checkpoint, whose optimizer state is in per-rank shard files (consolidated at load, then
-// sliced), continuing like it.
-TEST(TrainerTensorParallelTest, TwoShardsTimesZeroTrainLikeZeroAndResumeItsShardFiles) {
+// TP 2 x ZeRO-2 and TP 2 x FSDP over 2 replicas, with LARC (its trust ratios are the
+// unsharded parameters'), train like ZeRO-2 (FSDP) over the 2 replicas alone; and resume
+// that run's end-of-epoch checkpoint, whose optimizer state is in per-rank shard files
+// (consolidated at load, then sliced), continuing like it.
+TEST(TrainerTensorParallelTest, TwoShardsTimesZeroOrFsdpTrainLikeItAndResumeItsShardFiles) {
   run_on_ranks(4, [](comm::ProcessGroup& group) {
     const fs::path dir = test_dir();
-    const Overrides zero = {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True", "OPTIMIZER.use_larc=True"};
-    const RunResult split =
-        train_run(dir / "tp_zero", kFresh + kMlp + zero + kTensorParallel, borrow(group));
-    RunResult alone;
-    if (auto replicas = group.new_group({0, 1})) {
-      alone = train_run(dir / "zero", kFresh + kMlp + zero, replicas);
+    const Overrides larc = {"OPTIMIZER.use_larc=True"};
+    for (const auto& [what, sharding] : std::vector<std::pair<std::string, Overrides>>{
+             {"ZeRO-2", {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}},
+             {"FSDP", {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}}}) {
+      const RunResult split =
+          train_run(dir / "tp", kFresh + kMlp + larc + sharding + kTensorParallel, borrow(group));
+      RunResult alone;
+      if (auto replicas = group.new_group({0, 1})) {
+        alone = train_run(dir / "alone", kFresh + kMlp + larc + sharding, replicas);
+        if (group.rank() == 0) {
+          expect_same_training(split, alone, kTolerance, "TP 2 x " + what + " against " + what);
+        }
+      }
       if (group.rank() == 0) {
-        expect_same_training(split, alone, kTolerance, "TP 2 x ZeRO-2 against ZeRO-2 over 2");
+        const fs::path copy = dir / "resumed";
+        fs::remove_all(copy);
+        fs::create_directories(copy);
+        for (const char* file :
+             {"model_phase0.torch",
+              "model_phase0_shard0.torch",
+              "model_phase0_shard1.torch",
+              "model_phase0.manifest.json"}) {
+          fs::copy_file(dir / "alone" / file, copy / file);
+        }
       }
-    }
-    if (group.rank() == 0) {
-      const fs::path copy = dir / "resumed";
-      fs::remove_all(copy);
-      fs::create_directories(copy);
-      for (const char* file :
-           {"model_phase0.torch",
-            "model_phase0_shard0.torch",
-            "model_phase0_shard1.torch",
-            "model_phase0.manifest.json"}) {
-        fs::copy_file(dir / "zero" / file, copy / file);
+      group.barrier();
+      const RunResult resumed =
+          train_run(dir / "resumed", kMlp + larc + sharding + kTensorParallel, borrow(group));
+      if (group.rank() == 0) {
+        ASSERT_TRUE(resumed.summary.resumed) << what;
+        expect_same_training(
+            RunResult{TrainSummary{}, resumed.parameters},
+            RunResult{TrainSummary{}, alone.parameters},
+            kTolerance,
+            what + "'s sharded checkpoint resumed at TP 2 x " + what);
       }
+      group.barrier();
     }
-    group.barrier();
-    const RunResult resumed =
-        train_run(dir / "resumed", kMlp + zero + kTensorParallel, borrow(group));
-    if (group.rank() == 0) {
-      ASSERT_TRUE(resumed.summary.resumed);
-      expect_same_training(
-          RunResult{TrainSummary{}, resumed.parameters},
-          RunResult{TrainSummary{}, alone.parameters},
-          kTolerance,
-          "ZeRO-2's sharded checkpoint resumed at TP 2 x ZeRO-2");
-    }
-    group.barrier();
   });
 }
 
@@ -244,9 +248,13 @@ TEST(TrainerTensorParallelTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
   EXPECT_NE(world.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE"), std::string::npos) << world;
   EXPECT_NE(world.find("a divisor of the 1 ranks"), std::string::npos) << world;
   run_on_ranks(2, [](comm::ProcessGroup& group) {
-    const std::string fsdp = refusal({"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, borrow(group));
-    EXPECT_NE(fsdp.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE"), std::string::npos) << fsdp;
-    EXPECT_NE(fsdp.find("FSDP"), std::string::npos) << fsdp;
+    const std::string fsdp = refusal(
+        {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+         "MODEL.AMP_PARAMS.USE_AMP=True",
+         "MODEL.AMP_PARAMS.DTYPE=bfloat16",
+         "MODEL.FSDP_CONFIG.AMP_TYPE=O2"},
+        borrow(group));
+    EXPECT_NE(fsdp.find("MODEL.FSDP_CONFIG.compute_dtype"), std::string::npos) << fsdp;
   });
   run_on_ranks(4, [](comm::ProcessGroup& group) { // TP 2 x PP 2
     const std::string timed =

@@ -199,12 +199,14 @@ class FullyShardedDataParallel {
 
   // Builds `make_base` over this rank's pieces of `groups` (groups of the model's
   // parameters, e.g. optim::build_param_groups(*model, ...), matched by name; a group may
-  // end up empty on some ranks) and installs the cross-rank norm reducer. Throws
-  // largo::Error for a name that is not a sharded parameter.
+  // end up empty on some ranks) and installs the cross-rank norm reducer, then
+  // `complete_parameter_norms`'s when given (tensor parallelism's). Throws largo::Error for a
+  // name that is not a sharded parameter.
   std::unique_ptr<optim::Optimizer> make_optimizer(
       const std::vector<optim::ParamGroup>& groups,
       const std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>&
-          make_base);
+          make_base,
+      const ParameterNormCompletion& complete_parameter_norms = {});
 
   // The pieces the optimizer of make_optimizer() steps on this rank, for its checkpoint
   // (piece_optimizer_state.h: the same format as ZeRO stages 1-2, so the shards of either

@@ -11,8 +11,8 @@
 // Activations without a pipeline are not estimated (they depend on the batch the caller
 // runs; sequential_checkpoint_plan.h measures them for checkpointing).
 //
-// Tensor parallelism composes with DDP, ZeRO-1 and ZeRO-2 (parallelize.h); the FSDP row of
-// the estimate for a tp > 1 run says what the accounting would give, for comparison. With a
+// With tensor parallelism (composing with DDP, ZeRO-1/2 and FSDP, parallelize.h) the rows
+// are over each rank's slices; FSDP's transient gathers are then not estimated. With a
 // pipeline too
 // (pp x dp x tp), each pipeline rank's figures are one tp rank's shards of its stages, cut
 // where the trainer cuts the split model; their activations are not measured (a split

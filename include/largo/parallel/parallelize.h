@@ -26,10 +26,10 @@
 //     auto scope = model->micro_step(k + 1 == K);
 //     model->forward_backward(x_k, y_k, cross_entropy, /*loss_divisor=*/K);
 //
-// Tensor parallelism (tensor_parallel_plan.h) composes with DDP, ZeRO-1 and ZeRO-2 over the
-// replicas as torchtitan's 2-D parallelism, and with DDP in a pipeline: step 0 is the caller's,
-// before the param groups are built, because it replaces the planned layers' parameters by this
-// rank's shards:
+// Tensor parallelism (tensor_parallel_plan.h) composes with DDP, ZeRO-1, ZeRO-2 and FSDP
+// over the replicas as torchtitan's 2-D parallelism, and with DDP in a pipeline: step 0 is the
+// caller's, before the param groups are built, because it replaces the planned layers' parameters
+// by this rank's shards:
 //   0. apply_tensor_parallel(*net, tp_group);            // the same seed on every rank first
 //      auto groups = optim::build_param_groups(...);     // over the sharded parameters
 //      options.tensor_parallel_group = tp_group;         // and `group` is the dp group
@@ -39,8 +39,8 @@
 // the unsharded model's norm, and its state (model_state_dict(), full_parameters(),
 // optimizer_state_dict()) is the unsharded model's, gathered over the tensor-parallel group,
 // so that a run with and one without tensor parallelism read each other's checkpoints
-// (with ZeRO, optimizer_state_dict() gives it on the first replica only: the replicas'
-// pieces are consolidated there).
+// (with ZeRO and FSDP, optimizer_state_dict() gives it on the first replica only: the
+// replicas' pieces are consolidated there; FSDP's model_state_dict() too).
 // Inside a pipeline's stages (3-D: pp x dp x tp), apply_mesh_to_module() is step 0: it
 // builds the mesh and splits the model before parallelize() cuts it into stages; each stage's
 // rank exchanges activations with the other stages' ranks of the same shards.

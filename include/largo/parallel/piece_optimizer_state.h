@@ -9,7 +9,9 @@
 // of an unsharded optimizer, reading one old shard at a time.
 #pragma once
 
+#include <largo/comm/process_group.h>
 #include <largo/optim/optimizer.h>
+#include <largo/optim/tensor_norms.h>
 
 #include <ATen/core/ivalue.h>
 
@@ -21,6 +23,12 @@
 #include <vector>
 
 namespace largo::parallel {
+
+// Given the groups of an optimizer over pieces, the reducer that completes its per-parameter
+// norms further once its pieces' partials are summed over the ranks (the same [2 * P] over
+// its P pieces, optimizer.h): tensor parallelism's, over the shards of a layer.
+using ParameterNormCompletion =
+    std::function<optim::PartialNormReducer(const std::vector<optim::ParamGroup>& piece_groups)>;
 
 // What one rank's optimizer steps.
 struct PieceOwnership {
@@ -65,6 +73,16 @@ c10::IValue whole_state_as_single_shard(
 // `param_shapes` (name -> shape): what an unsharded run, or torch.load, reads.
 c10::IValue consolidate_sharded_optimizer_state(
     int world_size, const std::function<c10::IValue(int rank)>& shards,
+    const std::map<std::string, std::vector<int64_t>>& param_shapes);
+
+// The same in memory, over the ranks of `group` that step the pieces (this rank's: `base`
+// over `ownership`): every rank's piece_state_dict() gathered on the group's rank 0 and
+// merged there into the unsharded optimizer's state; None on the other ranks. Collective.
+c10::IValue consolidate_on_first_rank(
+    const optim::Optimizer& base,
+    const PieceOwnership& ownership,
+    const std::string& type,
+    comm::ProcessGroup& group,
     const std::map<std::string, std::vector<int64_t>>& param_shapes);
 
 } // namespace largo::parallel

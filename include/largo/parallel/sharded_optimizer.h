@@ -42,12 +42,8 @@ struct ShardedOptimizerOptions {
   // 1-D piece of it (same name); a group may be empty on some ranks.
   std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>
       make_base_optimizer;
-  // Given the base optimizer's groups (of pieces), the reducer that completes its
-  // per-parameter norms further once its pieces' partials are summed over the ranks (the
-  // same [2 * P] over its P pieces, optimizer.h): tensor parallelism's, over the shards of
-  // a layer. Empty: nothing further.
-  std::function<optim::PartialNormReducer(const std::vector<optim::ParamGroup>& base_groups)>
-      complete_parameter_norms;
+  // Completes the per-parameter norms further (tensor parallelism's); empty: nothing further.
+  ParameterNormCompletion complete_parameter_norms;
 };
 
 class ShardedOptimizer : public optim::Optimizer {
@@ -151,6 +147,11 @@ class ShardedOptimizer : public optim::Optimizer {
 optim::PartialNormReducer make_piece_norm_reducer(std::shared_ptr<comm::ProcessGroup> group,
                                                   std::vector<int64_t> piece_to_param,
                                                   int64_t num_params);
+// The same followed by `completion`'s reducer over `piece_groups`, when given.
+optim::PartialNormReducer complete_norms(
+    optim::PartialNormReducer over_ranks,
+    const ParameterNormCompletion& completion,
+    const std::vector<optim::ParamGroup>& piece_groups);
 
 // Global-norm clipping (optim/grad_clipping.h's semantics) of gradients held as 1-D pieces
 // that tile the parameters across the ranks (ZeRO 1-3): this rank's partial sum (or maximum)

@@ -1,7 +1,17 @@
-// FSDP (ZeRO-3): parameters, gradients and optimizer state sharded over the ranks.
+// FSDP (ZeRO-3): parameters, gradients and optimizer state sharded over the ranks; with
+// tensor parallelism (torchtitan's 2-D FSDP x TP), over the replicas of a module whose layers
+// are split over ParallelOptions::tensor_parallel_group: FSDP flattens and shards each rank's
+// slices, and what must see the unsharded model (the gradient norm, LARC's and LAMB's
+// per-parameter norms, the model and optimizer state) is completed over the tensor-parallel
+// group, as tensor_parallel_model.cpp does for DDP and ZeRO-1/2.
 #include "parallel_modes.h"
+#include "tensor_parallel_state.h"
 
 #include <largo/core/memory_tracker.h>
+#include <largo/models/module_device.h>
+#include <largo/optim/grad_clipping.h>
+#include <largo/parallel/device_mesh.h>
+#include <largo/parallel/sharded_optimizer.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,37 +25,79 @@ class FsdpModel : public ParallelModel {
             ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
             std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer)
       : ParallelModel(model, std::move(group), std::move(options), std::move(precision)) {
-    fsdp_ = std::make_unique<FullyShardedDataParallel>(std::move(model), group_, options_.fsdp);
-    optimizer_ = fsdp_->make_optimizer(param_groups, make_optimizer);
+    // With tensor parallelism on the run's mesh, `group` is its world and FSDP shards over
+    // its "dp" group; otherwise over `group` (the replicas, laid out by the caller).
+    replicas_ = group_;
+    ParameterNormCompletion tensor_parallel_norms;
+    if (tensor_parallel_enabled(options_)) {
+      tp_.emplace(*module_, options_.tensor_parallel_group);
+      replicas_ = options_.mesh ? options_.mesh->group("dp") : group_;
+      tensor_parallel_norms = [this](const std::vector<optim::ParamGroup>& piece_groups) {
+        return tp_->parameter_norm_reducer(piece_groups);
+      };
+    }
+    fsdp_ = std::make_unique<FullyShardedDataParallel>(std::move(model), replicas_, options_.fsdp);
+    optimizer_ = fsdp_->make_optimizer(param_groups, make_optimizer, tensor_parallel_norms);
     for (const auto& param_group : optimizer_->param_groups()) { // this rank's pieces
       trained_parameters_.insert(trained_parameters_.end(), param_group.params.begin(),
                                  param_group.params.end());
     }
   }
 
+  comm::ProcessGroup& data_parallel_group() const override {
+    return fsdp_->process_group();
+  }
+  comm::ProcessGroup* tensor_parallel_group() const override {
+    return tp_ ? &tp_->group() : nullptr;
+  }
+
+  // On the first replica, with tensor parallelism: its ranks are each other's shards.
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
-    return fsdp_->full_state_on_rank(root);
+    return whole_slices(fsdp_->full_state_on_rank(root));
   }
   void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override {
-    fsdp_->load_full_state(state); // each rank keeps its shard of the whole values
+    fsdp_->load_full_state(tp_ ? tp_->shard(state) : state); // each rank keeps its shard
   }
   void update_full_parameter(
       const std::string& name, const std::function<void(at::Tensor&)>& update) override {
-    fsdp_->update_full_parameter(name, update);
+    if (!tp_ || !tp_->is_shard(name)) {
+      fsdp_->update_full_parameter(name, update);
+      return;
+    }
+    fsdp_->update_full_parameter(
+        name, [&](at::Tensor& slice) { tp_->update_full_slice(name, slice, update); });
   }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
-    std::map<std::string, at::Tensor> gathered;
-    for (auto& [name, value] : fsdp_->full_parameters()) {
-      gathered.emplace(name, std::move(value));
-    }
-    std::vector<std::pair<std::string, at::Tensor>> values;
-    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-      auto found = gathered.find(item.key()); // frozen ones are kept whole
-      values.emplace_back(item.key(), found != gathered.end() ? found->second
-                                                              : item.value().detach().clone());
-    }
-    return values;
+    return whole_slices(fsdp_parameters());
   }
+
+  // With tensor parallelism the unsharded model's, consolidated over the replicas on the
+  // first one (None on the others), then gathered over the shards; the checkpoint layer
+  // then writes no shard files (optimizer_shard() is nullopt). Collective.
+  c10::IValue optimizer_state_dict() override {
+    if (!tp_) {
+      return ParallelModel::optimizer_state_dict();
+    }
+    const c10::IValue own = consolidate_on_first_rank(
+        *optimizer_, fsdp_->piece_ownership(), "fsdp", fsdp_->process_group(), slice_shapes());
+    if (own.isNone()) {
+      return own;
+    }
+    return tp_->map_optimizer_state(own, module_parameter_groups(), /*gather=*/true);
+  }
+  void load_optimizer_state_dict(const c10::IValue& state) override {
+    if (!tp_) {
+      ParallelModel::load_optimizer_state_dict(state);
+      return;
+    }
+    const c10::IValue own =
+        tp_->map_optimizer_state(state, module_parameter_groups(), /*gather=*/false);
+    const auto shapes = slice_shapes();
+    load_resharded_piece_state(*optimizer_, fsdp_->piece_ownership(), 1, [&](int) {
+      return whole_state_as_single_shard(own, shapes);
+    });
+  }
+
   // The optimizer's pieces (named like their parameters), then what is whole on every rank.
   torch::OrderedDict<std::string, at::Tensor> local_state() const override {
     torch::OrderedDict<std::string, at::Tensor> tensors;
@@ -65,17 +117,14 @@ class FsdpModel : public ParallelModel {
     return tensors;
   }
   std::optional<OptimizerShard> optimizer_shard() override {
+    if (tp_) {
+      return std::nullopt;
+    }
     return OptimizerShard{optimizer_.get(), fsdp_->piece_ownership(), "fsdp"};
   }
   // The optimizer's groups hold 1-D pieces; the module keeps the shapes.
   std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
-    std::map<std::string, std::vector<int64_t>> shapes;
-    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-      if (item.value().requires_grad()) {
-        shapes[item.key()] = item.value().sizes().vec();
-      }
-    }
-    return shapes;
+    return tp_ ? tp_->full_shapes(slice_shapes()) : slice_shapes();
   }
   bool forward_communicates_without_grad() const override {
     return true; // units are gathered for evaluation too
@@ -92,13 +141,85 @@ class FsdpModel : public ParallelModel {
     return fsdp_->forward(input);
   }
   double clip_gradients(double max_norm, double norm_type) override {
-    return fsdp_->clip_grad_norm(max_norm, norm_type);
+    if (!tp_) {
+      return fsdp_->clip_grad_norm(max_norm, norm_type);
+    }
+    const std::vector<at::Tensor> pieces = fsdp_->shard_parameters(); // gradients attached
+    TensorParallelState::NamedTensors named;
+    for (const auto& group : optimizer_->param_groups()) { // the same pieces, by name
+      for (size_t i = 0; i < group.params.size(); ++i) {
+        named.emplace_back(group.names.at(i), group.params[i]);
+      }
+    }
+    return optim::clip_grad_norm(
+        pieces, max_norm, norm_type, tp_->piece_norm_reducer(named, norm_type, replicas_));
   }
   std::string describe_mode() const override;
   void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const override;
 
  private:
+  // Every parameter's value as FSDP holds it whole (this rank's slices with tensor
+  // parallelism), frozen ones included, in the module's order. Collective.
+  std::vector<std::pair<std::string, at::Tensor>> fsdp_parameters() {
+    std::map<std::string, at::Tensor> gathered;
+    for (auto& [name, value] : fsdp_->full_parameters()) {
+      gathered.emplace(name, std::move(value));
+    }
+    std::vector<std::pair<std::string, at::Tensor>> values;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+      auto found = gathered.find(item.key()); // frozen ones are kept whole
+      values.emplace_back(
+          item.key(), found != gathered.end() ? found->second : item.value().detach().clone());
+    }
+    return values;
+  }
+  // This rank's trained parameters' shapes (its slices with tensor parallelism).
+  std::map<std::string, std::vector<int64_t>> slice_shapes() const {
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+      if (item.value().requires_grad()) {
+        shapes[item.key()] = item.value().sizes().vec();
+      }
+    }
+    return shapes;
+  }
+  // The module's trained parameters as one group (their names and shapes), for
+  // TensorParallelState::map_optimizer_state, which the optimizer's pieces cannot serve.
+  std::vector<optim::ParamGroup> module_parameter_groups() const {
+    optim::ParamGroup group;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+      if (item.value().requires_grad()) {
+        group.params.push_back(item.value());
+        group.names.push_back(item.key());
+      }
+    }
+    return {group};
+  }
+  // `state` (empty on ranks that get none) with tensor parallelism's slices gathered whole
+  // (a collective over its group, on the model's device); as it is without.
+  std::vector<std::pair<std::string, at::Tensor>>
+  whole_slices(std::vector<std::pair<std::string, at::Tensor>> state) const {
+    if (!tp_ || state.empty()) {
+      return state;
+    }
+    const at::Device device = models::module_device(*module_);
+    std::vector<at::Device> homes;
+    for (auto& [name, tensor] : state) {
+      homes.push_back(tensor.device());
+      if (tp_->is_shard(name)) {
+        tensor = tensor.to(device);
+      }
+    }
+    state = tp_->unshard(std::move(state));
+    for (size_t i = 0; i < state.size(); ++i) {
+      state[i].second = state[i].second.to(homes[i]);
+    }
+    return state;
+  }
+
+  std::shared_ptr<comm::ProcessGroup> replicas_; // what FSDP shards over
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
+  std::optional<TensorParallelState> tp_; // with tensor parallelism
 };
 
 std::string FsdpModel::describe_mode() const {
@@ -114,13 +235,26 @@ std::string FsdpModel::describe_mode() const {
                     c10::toString(*options.compute_dtype),
                     options.fp32_reduce_scatter ? "float32" : c10::toString(*options.compute_dtype))
       : std::string("compute in the parameters' dtype");
-  return fmt::format("ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded "
-                     "over {} rank(s) ({}), {:.2f} MiB of parameter shards per rank; units ({}): "
-                     "{}; reshard_after_forward {}, prefetch {}; {}",
-                     group_->world_size(), group_->backend(),
-                     static_cast<double>(fsdp_->shard_bytes()) / (1024.0 * 1024.0),
-                     options.wrap_policy.describe(), fmt::join(units, ", "),
-                     options.reshard_after_forward, options.prefetch, compute);
+  const std::string tensor_parallel =
+      tp_ ? fmt::format(
+                "tensor parallel over {} ranks ({}), {} sharded parameters; ",
+                tp_->group().world_size(),
+                tp_->group().backend(),
+                tp_->num_sharded())
+          : std::string();
+  return fmt::format(
+      "{}ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded "
+      "over {} rank(s) ({}), {:.2f} MiB of parameter shards per rank; units ({}): "
+      "{}; reshard_after_forward {}, prefetch {}; {}",
+      tensor_parallel,
+      replicas_->world_size(),
+      replicas_->backend(),
+      static_cast<double>(fsdp_->shard_bytes()) / (1024.0 * 1024.0),
+      options.wrap_policy.describe(),
+      fmt::join(units, ", "),
+      options.reshard_after_forward,
+      options.prefetch,
+      compute);
 }
 
 void FsdpModel::measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const {
@@ -132,8 +266,8 @@ void FsdpModel::measure(ModelStateReport& report, const optim::OptimizerSpec* sp
   }
   MemoryEstimateOptions estimate;
   estimate.optimizer = *spec;
-  estimate.world_size = group_->world_size();
-  estimate.rank = group_->rank();
+  estimate.world_size = replicas_->world_size();
+  estimate.rank = replicas_->rank();
   estimate.stage = 3;
   std::vector<ParameterSize> sizes = parameter_sizes(*module_);
   if (fsdp_->options().compute_dtype) {

@@ -443,7 +443,8 @@ void FullyShardedDataParallel::on_backward_end() {
 std::unique_ptr<optim::Optimizer> FullyShardedDataParallel::make_optimizer(
     const std::vector<optim::ParamGroup>& groups,
     const std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>&
-        make_base) {
+        make_base,
+    const ParameterNormCompletion& complete_parameter_norms) {
   std::unordered_map<std::string, std::pair<size_t, size_t>> where; // name -> (unit, index)
   for (size_t u = 0; u < units_.size(); ++u) {
     for (size_t i = 0; i < units_[u].param_names.size(); ++i) {
@@ -484,8 +485,11 @@ std::unique_ptr<optim::Optimizer> FullyShardedDataParallel::make_optimizer(
     shard_groups.push_back(std::move(shard_group));
   }
   std::unique_ptr<optim::Optimizer> optimizer = make_base(std::move(shard_groups));
-  optimizer->set_norm_reducer(make_piece_norm_reducer(
-      group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size())));
+  optimizer->set_norm_reducer(complete_norms(
+      make_piece_norm_reducer(
+          group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size())),
+      complete_parameter_norms,
+      optimizer->param_groups()));
   return optimizer;
 }
 

@@ -20,7 +20,8 @@ std::unique_ptr<ParallelModel> make_zero_model(
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
-// FSDP (ZeRO-3).
+// FSDP (ZeRO-3), over the replicas of tensor-parallel shards too (as
+// make_tensor_parallel_model says).
 std::unique_ptr<ParallelModel> make_fsdp_model(
     torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,

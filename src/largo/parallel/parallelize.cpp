@@ -224,7 +224,8 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
 
   // 3 and 4. The optimizer and the data-parallel wrapper (rank 0's weights broadcast).
   std::unique_ptr<ParallelModel> parallel;
-  if (tensor_parallel_enabled(options)) { // DDP or ZeRO over the replicas of the shards
+  // DDP or ZeRO-1/2 over the replicas of tensor-parallel shards (FSDP holds them itself).
+  if (tensor_parallel_enabled(options) && options.data_parallelism != DataParallelism::kFsdp) {
     parallel = make_tensor_parallel_model(
         model, group, options, std::move(precision), std::move(param_groups), make_optimizer);
     parallel->precision().copy_model_to_masters();

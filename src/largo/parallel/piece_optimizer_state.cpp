@@ -1,5 +1,7 @@
 #include <largo/parallel/piece_optimizer_state.h>
 
+#include <largo/parallel/pipeline_checkpoint.h>
+
 #include <largo/core/error.h>
 
 #include <fmt/format.h>
@@ -284,6 +286,23 @@ IValue whole_state_as_single_shard(
   shard.insert("rank", int64_t{0});
   shard.insert("world_size", int64_t{1});
   return shard;
+}
+
+c10::IValue consolidate_on_first_rank(
+    const optim::Optimizer& base,
+    const PieceOwnership& ownership,
+    const std::string& type,
+    comm::ProcessGroup& group,
+    const std::map<std::string, std::vector<int64_t>>& param_shapes) {
+  const std::vector<c10::IValue> shards =
+      gather_to_root(group, piece_state_dict(base, ownership, type));
+  if (shards.empty()) {
+    return {};
+  }
+  return consolidate_sharded_optimizer_state(
+      group.world_size(),
+      [&](int rank) { return shards[static_cast<size_t>(rank)]; },
+      param_shapes);
 }
 
 } // namespace largo::parallel

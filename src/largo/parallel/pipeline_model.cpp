@@ -350,15 +350,11 @@ class PipelineModel : public ParallelModel {
   // ZeRO-1: the stage's optimizer state on replica 0, consolidated from every replica's
   // pieces (None on the other replicas). Collective (replicas).
   c10::IValue stage_optimizer_state() {
-    const c10::IValue own =
-        piece_state_dict(sharded_->base(), sharded_->piece_ownership(), sharded_->type());
-    const std::vector<c10::IValue> shards = gather_to_root(*mesh_->group("dp"), own);
-    if (shards.empty()) {
-      return {};
-    }
-    return consolidate_sharded_optimizer_state(
-        mesh_->size("dp"),
-        [&](int replica) { return shards[static_cast<size_t>(replica)]; },
+    return consolidate_on_first_rank(
+        sharded_->base(),
+        sharded_->piece_ownership(),
+        sharded_->type(),
+        *mesh_->group("dp"),
         trained_parameter_shapes());
   }
   // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that

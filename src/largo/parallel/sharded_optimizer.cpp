@@ -94,15 +94,11 @@ ShardedOptimizer::ShardedOptimizer(std::vector<optim::ParamGroup> param_groups,
     }
   }
   base_ = options.make_base_optimizer(std::move(base_groups));
-  optim::PartialNormReducer over_ranks = make_piece_norm_reducer(
-      group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size()));
-  if (options.complete_parameter_norms) {
-    over_ranks = [over_ranks, further = options.complete_parameter_norms(base_->param_groups())](
-                     const at::Tensor& partials, optim::NormReduceOp op) {
-      return further(over_ranks(partials, op), op);
-    };
-  }
-  base_->set_norm_reducer(std::move(over_ranks));
+  base_->set_norm_reducer(complete_norms(
+      make_piece_norm_reducer(
+          group_, std::move(piece_to_param), static_cast<int64_t>(global_index.size())),
+      options.complete_parameter_norms,
+      base_->param_groups()));
 }
 
 // The base optimizer passes its per-piece partials as [2 * P] (optimizer.h: P parameter
@@ -128,6 +124,19 @@ optim::PartialNormReducer make_piece_norm_reducer(std::shared_ptr<comm::ProcessG
     group->all_reduce(global, op == optim::NormReduceOp::sum ? comm::ReduceOp::kSum
                                                              : comm::ReduceOp::kMax);
     return global.index({torch::indexing::Slice(), positions}).reshape({-1});
+  };
+}
+
+optim::PartialNormReducer complete_norms(
+    optim::PartialNormReducer over_ranks,
+    const ParameterNormCompletion& completion,
+    const std::vector<optim::ParamGroup>& piece_groups) {
+  if (!completion) {
+    return over_ranks;
+  }
+  return [over_ranks,
+          further = completion(piece_groups)](const at::Tensor& partials, optim::NormReduceOp op) {
+    return further(over_ranks(partials, op), op);
   };
 }
 

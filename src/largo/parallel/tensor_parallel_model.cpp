@@ -17,7 +17,6 @@
 #include <largo/core/error.h>
 #include <largo/optim/grad_clipping.h>
 #include <largo/parallel/piece_optimizer_state.h>
-#include <largo/parallel/pipeline_checkpoint.h>
 #include <largo/parallel/sharded_data_parallel.h>
 #include <largo/parallel/sharded_optimizer.h>
 #include <largo/parallel/tensor_parallel.h>
@@ -60,18 +59,22 @@ void check_tensor_parallel_options(const ParallelOptions& options) {
     return;
   }
   const auto [option, group] = tensor_parallel_option(options);
-  if (options.data_parallelism == DataParallelism::kFsdp ||
-      (options.pipeline.enabled() && options.data_parallelism != DataParallelism::kDdp)) {
+  if (options.pipeline.enabled() && options.data_parallelism != DataParallelism::kDdp) {
     throw OptionError(
         option,
         group,
         fmt::format(
-            "1 (off) with ParallelOptions::data_parallelism = {}{}: tensor parallelism "
-            "composes with DDP (kDdp), ZeRO-1 and ZeRO-2 over the data-parallel group, and "
-            "with DDP in a pipeline (FSDP over tensor-parallel shards, and ZeRO in a "
-            "pipeline with them, are not built)",
-            to_string(options.data_parallelism),
-            options.pipeline.enabled() ? " in a pipeline" : ""));
+            "1 (off) with ParallelOptions::data_parallelism = {} in a pipeline: tensor "
+            "parallelism composes with DDP, ZeRO-1, ZeRO-2 and FSDP over the data-parallel "
+            "group, and with DDP in a pipeline (ZeRO in a pipeline with it is not built)",
+            to_string(options.data_parallelism)));
+  }
+  if (options.data_parallelism == DataParallelism::kFsdp && options.fsdp.compute_dtype) {
+    throw OptionError(
+        "FullyShardedDataParallelOptions::compute_dtype",
+        c10::toString(*options.fsdp.compute_dtype),
+        "none with tensor parallelism: FSDP's compute copies of tensor-parallel shards are "
+        "not built (use autocast for mixed precision)");
   }
   const PipelineParallelOptions& stages = options.pipeline.stages;
   if (options.pipeline.enabled() && stages.balance() == StageBalance::kTime) {
@@ -357,15 +360,11 @@ class TensorParallelModel : public ParallelModel {
   // The optimizer state of this rank's slices, consolidated from the replicas' pieces on
   // the first replica (None on the others). Collective (replicas).
   c10::IValue consolidated_over_replicas() {
-    const c10::IValue own =
-        piece_state_dict(sharded_->base(), sharded_->piece_ownership(), sharded_->type());
-    const std::vector<c10::IValue> shards = gather_to_root(*dp_group_, own);
-    if (shards.empty()) {
-      return {};
-    }
-    return consolidate_sharded_optimizer_state(
-        dp_group_->world_size(),
-        [&](int replica) { return shards[static_cast<size_t>(replica)]; },
+    return consolidate_on_first_rank(
+        sharded_->base(),
+        sharded_->piece_ownership(),
+        sharded_->type(),
+        *dp_group_,
         ParallelModel::trained_parameter_shapes());
   }
 

@@ -44,6 +44,17 @@ TensorParallelState::full_shapes(const std::vector<optim::ParamGroup>& groups) c
   return shapes;
 }
 
+std::map<std::string, std::vector<int64_t>>
+TensorParallelState::full_shapes(std::map<std::string, std::vector<int64_t>> local) const {
+  for (auto& [name, shape] : local) {
+    const auto spec = specs_.find(name);
+    if (spec != specs_.end()) {
+      shape[static_cast<size_t>(spec->second.dim)] *= group_->world_size();
+    }
+  }
+  return local;
+}
+
 TensorParallelState::NamedTensors TensorParallelState::unshard(NamedTensors state) const {
   for (auto& [name, tensor] : state) {
     const auto spec = specs_.find(name);
@@ -69,16 +80,24 @@ bool TensorParallelState::update_full_value(
     torch::nn::Module& module,
     const std::string& name,
     const std::function<void(at::Tensor&)>& update) const {
-  const auto spec = specs_.find(name);
-  if (spec == specs_.end()) {
+  if (!is_shard(name)) {
     return false;
   }
   torch::NoGradGuard no_grad;
-  at::Tensor full = full_parameter(module, name, *group_);
-  update(full);
-  module.named_parameters()[name].copy_(
-      shard_of(full, spec->second, group_->rank(), group_->world_size()));
+  at::Tensor slice = module.named_parameters()[name];
+  update_full_slice(name, slice, update);
   return true;
+}
+
+void TensorParallelState::update_full_slice(
+    const std::string& name,
+    at::Tensor& slice,
+    const std::function<void(at::Tensor&)>& update) const {
+  const TensorParallelShardSpec& spec = specs_.at(name);
+  torch::NoGradGuard no_grad;
+  at::Tensor full = parallel::unshard(slice, spec, *group_);
+  update(full);
+  slice.copy_(shard_of(full, spec, group_->rank(), group_->world_size()));
 }
 
 c10::IValue TensorParallelState::map_optimizer_state(

@@ -43,11 +43,18 @@ class TensorParallelState {
   }
   // The spec of a shard of the module; null for a replicated parameter.
   const TensorParallelShardSpec* spec_of(const at::Tensor& parameter) const;
+  // Whether the module's parameter `name` is a shard.
+  bool is_shard(const std::string& name) const {
+    return specs_.count(name) > 0;
+  }
   // `parameter`'s shape in the unsharded model.
   std::vector<int64_t> full_shape(const at::Tensor& parameter) const;
   // Trained parameter name -> full shape, over the optimizer's groups.
   std::map<std::string, std::vector<int64_t>>
   full_shapes(const std::vector<optim::ParamGroup>& groups) const;
+  // The same from this rank's shapes by name (FSDP's, whose optimizer holds pieces).
+  std::map<std::string, std::vector<int64_t>>
+  full_shapes(std::map<std::string, std::vector<int64_t>> local) const;
 
   // The shards among `state` (by name) replaced by their full values; the others as they
   // are. Collective: one all-gather per shard, in `state`'s order.
@@ -62,6 +69,12 @@ class TensorParallelState {
   bool update_full_value(
       torch::nn::Module& module,
       const std::string& name,
+      const std::function<void(at::Tensor&)>& update) const;
+  // The same for this rank's slice of the shard `name` given as `slice` (FSDP's gathered
+  // value of it), which is overwritten. Collective.
+  void update_full_slice(
+      const std::string& name,
+      at::Tensor& slice,
       const std::function<void(at::Tensor&)>& update) const;
 
   // The optimizer state (optim/optimizer.h's format) of the optimizer over `groups` with each
