@@ -165,6 +165,7 @@ std::unique_ptr<ParallelModel> make_run(const Case& c, const Mesh* mesh) {
     options.pipeline.size = 2;
     options.pipeline.stages = mesh->stages;
     options.tensor_parallel_size = kTensorParallelSize;
+    options.data_parallelism = mesh->data_parallelism;
     group = borrow(*mesh->world);
     apply_mesh_to_module(*model, group, options);
   } else if (mesh != nullptr) {
@@ -369,7 +370,7 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
   const std::string described = two_d->describe();
   EXPECT_NE(described.find("tensor parallel over 2 ranks"), std::string::npos) << described;
   const char* data_parallel =
-      mesh.pipeline                                      ? "pipeline: world 4"
+      mesh.pipeline                                      ? "pipeline: world "
       : mesh.data_parallelism == DataParallelism::kZero1 ? "ZeRO stage 1 over 2 replica(s); DDP"
       : mesh.data_parallelism == DataParallelism::kZero2
           ? "ZeRO stage 2 over 2 replica(s); gradients reduced to their owners"
@@ -377,6 +378,10 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
           ? "ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded over 2 rank(s)"
           : "DDP over 2 ranks";
   EXPECT_NE(described.find(data_parallel), std::string::npos) << described;
+  if (mesh.pipeline && mesh.data_parallelism == DataParallelism::kZero1) {
+    EXPECT_NE(described.find("pp(2) * dp(2) * tp(2)"), std::string::npos) << described;
+    EXPECT_NE(described.find("ZeRO-1 over each stage's replicas"), std::string::npos) << described;
+  }
   const bool holds_state = gives_state(*two_d, mesh);
   // Before training: the full state is the unsharded model's, bit for bit (a gather of
   // slices), with its names in its order.
@@ -552,6 +557,17 @@ TEST(TensorParallelComposition, MlpTrunkTpTimesPipelineTrainsAndResumesLikeOnePr
   });
 }
 
+// PP 2 x DP 2 x TP 2 at 8 ranks with ZeRO-1 over each stage's replicas: the pieces of each
+// rank's slices partitioned over its replica pair; with LAMB, whose norms then complete over
+// the replicas, the shards and (the gradient norm) the stages.
+TEST(TensorParallelComposition, MlpTrunkThreeDimensionsWithZeroOneTrainAndResumeLikeOneProcess) {
+  run_on_ranks(8, [](comm::ProcessGroup& world) {
+    Mesh mesh = make_pipeline_mesh(world);
+    mesh.data_parallelism = DataParallelism::kZero1;
+    expect_two_dimensional_run_like_one_process({make_mlp, {1, 4, 4}, lamb()}, mesh);
+  });
+}
+
 TEST(TensorParallelComposition, VitTpTimesPipelineTrainsAndResumesLikeOneProcess) {
   run_on_ranks(kTensorParallelSize * 2, [](comm::ProcessGroup& world) {
     expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, make_pipeline_mesh(world));
@@ -671,23 +687,22 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
     staged.pipeline.stages.balance(StageBalance::kParameters).checkpoint_stages(true);
     expect_contains(options_error(staged), "PipelineParallelOptions::checkpoint_stages");
     staged.pipeline.stages.checkpoint_stages(false);
-    staged.data_parallelism = DataParallelism::kZero1; // ZeRO-1 over a stage's replicas
-    expect_contains(options_error(staged), "data_parallelism = ZeRO-1 in a pipeline");
+    staged.data_parallelism = DataParallelism::kZero1; // over each stage's replicas
+    EXPECT_EQ(options_error(staged), "");
 
     // The size alone (a run plan's, before any group exists) is checked the same way, and
     // at parallelize() it needs its group.
     ParallelOptions by_size;
     by_size.tensor_parallel_size = 2;
-    by_size.data_parallelism = DataParallelism::kZero1;
-    by_size.pipeline.size = 2;
+    by_size.activation_checkpointing.sequential = "trunk";
+    by_size.activation_checkpointing.num_splits = 2;
     try {
       check_parallel_options(by_size, 4);
-      ADD_FAILURE() << "ZeRO-1 in a pipeline with tensor_parallel_size 2 was accepted";
+      ADD_FAILURE() << "activation checkpointing with tensor_parallel_size 2 was accepted";
     } catch (const OptionError& error) {
       expect_contains(error.what(), "ParallelOptions::tensor_parallel_size");
     }
-    by_size.data_parallelism = DataParallelism::kDdp;
-    by_size.pipeline.size = 1;
+    by_size.activation_checkpointing = {};
     models::TrunkHeadModel model = make_mlp();
     apply_tensor_parallel(*model, borrow(tp_group));
     const std::string size_without_group = parallelize_error(model, by_size, borrow(tp_group));

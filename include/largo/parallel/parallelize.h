@@ -27,9 +27,9 @@
 //     model->forward_backward(x_k, y_k, cross_entropy, /*loss_divisor=*/K);
 //
 // Tensor parallelism (tensor_parallel_plan.h) composes with DDP, ZeRO-1, ZeRO-2 and FSDP
-// over the replicas as torchtitan's 2-D parallelism, and with DDP in a pipeline: step 0 is the
-// caller's, before the param groups are built, because it replaces the planned layers' parameters
-// by this rank's shards:
+// over the replicas as torchtitan's 2-D parallelism, and with DDP or ZeRO-1 in a pipeline: step 0
+// is the caller's, before the param groups are built, because it replaces the planned layers'
+// parameters by this rank's shards:
 //   0. apply_tensor_parallel(*net, tp_group);            // the same seed on every rank first
 //      auto groups = optim::build_param_groups(...);     // over the sharded parameters
 //      options.tensor_parallel_group = tp_group;         // and `group` is the dp group

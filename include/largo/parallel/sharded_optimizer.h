@@ -112,6 +112,10 @@ class ShardedOptimizer : public optim::Optimizer {
   int64_t parameter_bytes() const;
   int64_t gradient_shard_bytes() const;
 
+  // This rank's pieces (shard_parameters()' tensors, in that order), each named like the
+  // parameter it is part of.
+  std::vector<std::pair<std::string, at::Tensor>> named_shard_parameters() const;
+
   // This rank's pieces: parameter name -> (offset in the flattened parameter, numel).
   std::map<std::string, std::pair<int64_t, int64_t>> piece_ranges() const;
   // The same, with the rank, the world size and the groups' names.

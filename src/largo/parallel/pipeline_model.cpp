@@ -119,6 +119,11 @@ class PipelineModel : public ParallelModel {
     if (options_.data_parallelism == DataParallelism::kZero1) {
       ShardedOptimizerOptions zero;
       zero.make_base_optimizer = make_optimizer;
+      if (tp_) { // the per-parameter norms over the replicas, then over the shards
+        zero.complete_parameter_norms = [this](const std::vector<optim::ParamGroup>& pieces) {
+          return tp_->parameter_norm_reducer(pieces);
+        };
+      }
       auto sharded =
           std::make_unique<ShardedOptimizer>(std::move(own_groups), mesh_->group("dp"), zero);
       sharded_ = sharded.get();
@@ -126,7 +131,7 @@ class PipelineModel : public ParallelModel {
     } else {
       optimizer_ = make_optimizer(std::move(own_groups));
     }
-    if (tp_) { // LARC's and LAMB's per-parameter norms are the unsharded parameters'
+    if (tp_ && sharded_ == nullptr) { // LARC's and LAMB's norms: the unsharded parameters'
       optimizer_->set_norm_reducer(tp_->parameter_norm_reducer(optimizer_->param_groups()));
     }
     for (const auto& param_group : optimizer_->param_groups()) {
@@ -237,32 +242,32 @@ class PipelineModel : public ParallelModel {
     }
     return values;
   }
+  // ZeRO-1's pieces consolidated over the replicas (on the first), tensor parallelism's
+  // slices gathered whole (over "tp"), then the stages merged (over "pp").
   c10::IValue optimizer_state_dict() override {
-    if (tp_) { // a stage's shards whole (over "tp"), then merged (over "pp")
-      return merge_over_stages(tp_->map_optimizer_state(
-          optimizer_->state_dict(), optimizer_->param_groups(), /*gather=*/true));
-    }
-    if (sharded_ == nullptr) {
+    if (sharded_ == nullptr && !tp_) {
       return full_optimizer_state_dict(*pipeline_, *optimizer_);
     }
-    return merge_over_stages(stage_optimizer_state());
+    c10::IValue stage = sharded_ != nullptr ? stage_optimizer_state() : optimizer_->state_dict();
+    if (tp_ && !stage.isNone()) { // the first replica's ranks are each other's shards
+      stage = tp_->map_optimizer_state(stage, optimizer_->param_groups(), /*gather=*/true);
+    }
+    return merge_over_stages(stage);
   }
   void load_optimizer_state_dict(const c10::IValue& state) override {
     std::vector<std::string> names;
     for (const auto& param_group : optimizer_->param_groups()) {
       names.insert(names.end(), param_group.names.begin(), param_group.names.end());
     }
-    const c10::IValue own = select_optimizer_state(state, names);
+    c10::IValue own = select_optimizer_state(state, names);
     if (tp_) {
-      optimizer_->load_state_dict(
-          tp_->map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/false));
-      return;
+      own = tp_->map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/false);
     }
     if (sharded_ == nullptr) {
       optimizer_->load_state_dict(own);
       return;
     }
-    const auto shapes = trained_parameter_shapes();
+    const auto shapes = ParallelModel::trained_parameter_shapes(); // this rank's slices
     sharded_->load_resharded_state(
         1, [&](int) { return whole_state_as_single_shard(own, shapes); });
   }
@@ -295,6 +300,18 @@ class PipelineModel : public ParallelModel {
     return sharded_ != nullptr ? sharded_->shard_parameters() : trained_parameters_;
   }
   double clip_gradients(double max_norm, double norm_type) override {
+    if (sharded_ != nullptr && tp_) { // summed over the replicas, the shards, the stages
+      const std::vector<at::Tensor> pieces = sharded_->shard_parameters();
+      return optim::clip_grad_norm(
+          pieces,
+          max_norm,
+          norm_type,
+          tp_->piece_norm_reducer(
+              sharded_->named_shard_parameters(),
+              norm_type,
+              mesh_->group("dp"),
+              pipeline_->norm_reducer()));
+    }
     if (sharded_ != nullptr) {
       return clip_grad_norm_of_pieces(sharded_->shard_parameters(), *group_, max_norm, norm_type);
     }
@@ -355,7 +372,7 @@ class PipelineModel : public ParallelModel {
         sharded_->piece_ownership(),
         sharded_->type(),
         *mesh_->group("dp"),
-        trained_parameter_shapes());
+        ParallelModel::trained_parameter_shapes()); // this rank's slices
   }
   // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that
   // of another replica, gets None too). Collective (pipeline).

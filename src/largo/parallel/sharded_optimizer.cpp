@@ -231,6 +231,16 @@ double clip_grad_norm_of_pieces(const std::vector<at::Tensor>& pieces,
       });
 }
 
+std::vector<std::pair<std::string, at::Tensor>> ShardedOptimizer::named_shard_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> pieces;
+  for (const FlatBuffer& buffer : buffers_) {
+    for (size_t p = 0; p < buffer.pieces.size(); ++p) {
+      pieces.emplace_back(buffer.names[buffer.pieces[p].tensor_index], buffer.piece_params[p]);
+    }
+  }
+  return pieces;
+}
+
 std::map<std::string, std::pair<int64_t, int64_t>> ShardedOptimizer::piece_ranges() const {
   std::map<std::string, std::pair<int64_t, int64_t>> ranges;
   for (const FlatBuffer& buffer : buffers_) {

@@ -59,16 +59,6 @@ void check_tensor_parallel_options(const ParallelOptions& options) {
     return;
   }
   const auto [option, group] = tensor_parallel_option(options);
-  if (options.pipeline.enabled() && options.data_parallelism != DataParallelism::kDdp) {
-    throw OptionError(
-        option,
-        group,
-        fmt::format(
-            "1 (off) with ParallelOptions::data_parallelism = {} in a pipeline: tensor "
-            "parallelism composes with DDP, ZeRO-1, ZeRO-2 and FSDP over the data-parallel "
-            "group, and with DDP in a pipeline (ZeRO in a pipeline with it is not built)",
-            to_string(options.data_parallelism)));
-  }
   if (options.data_parallelism == DataParallelism::kFsdp && options.fsdp.compute_dtype) {
     throw OptionError(
         "FullyShardedDataParallelOptions::compute_dtype",
@@ -299,7 +289,10 @@ class TensorParallelModel : public ParallelModel {
     }
     const std::vector<at::Tensor> pieces = sharded_->shard_parameters(); // gradients attached
     return optim::clip_grad_norm(
-        pieces, max_norm, norm_type, tp_.piece_norm_reducer(named_pieces(), norm_type, dp_group_));
+        pieces,
+        max_norm,
+        norm_type,
+        tp_.piece_norm_reducer(sharded_->named_shard_parameters(), norm_type, dp_group_));
   }
 
   std::string describe_mode() const override {
@@ -344,17 +337,6 @@ class TensorParallelModel : public ParallelModel {
     auto sharded = std::make_unique<ShardedOptimizer>(std::move(param_groups), dp_group_, zero);
     sharded_ = sharded.get();
     optimizer_ = std::move(sharded);
-  }
-
-  // This rank's pieces, named like the parameters they are part of (shard_parameters' order).
-  TensorParallelState::NamedTensors named_pieces() {
-    TensorParallelState::NamedTensors pieces;
-    for (const ShardedOptimizer::FlatBuffer& buffer : sharded_->flat_buffers()) {
-      for (size_t p = 0; p < buffer.pieces.size(); ++p) {
-        pieces.emplace_back(buffer.names[buffer.pieces[p].tensor_index], buffer.piece_params[p]);
-      }
-    }
-    return pieces;
   }
 
   // The optimizer state of this rank's slices, consolidated from the replicas' pieces on

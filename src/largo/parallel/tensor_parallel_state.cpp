@@ -178,13 +178,14 @@ optim::PartialNormReducer TensorParallelState::norm_reducer(
 optim::PartialNormReducer TensorParallelState::piece_norm_reducer(
     const NamedTensors& pieces,
     double norm_type,
-    std::shared_ptr<comm::ProcessGroup> replicas) const {
+    std::shared_ptr<comm::ProcessGroup> replicas,
+    optim::PartialNormReducer outer) const {
   std::vector<at::Tensor> shards, replicated;
   for (const auto& [name, piece] : pieces) {
     (specs_.count(name) > 0 ? shards : replicated).push_back(piece);
   }
   return split_norm_reducer(
-      std::move(shards), std::move(replicated), norm_type, std::move(replicas), {});
+      std::move(shards), std::move(replicated), norm_type, std::move(replicas), std::move(outer));
 }
 
 optim::PartialNormReducer TensorParallelState::split_norm_reducer(

@@ -98,11 +98,12 @@ class TensorParallelState {
   // The same for ZeRO's gradient pieces (sharded_optimizer.h), each named like the
   // parameter it is a 1-D piece of: the pieces of all of `replicas` tile this rank's
   // parameters, so both partials (the shards' and the replicated parameters') are first
-  // summed over `replicas`.
+  // summed over `replicas`; then the total through `outer` when given (a pipeline's).
   optim::PartialNormReducer piece_norm_reducer(
       const NamedTensors& pieces,
       double norm_type,
-      std::shared_ptr<comm::ProcessGroup> replicas) const;
+      std::shared_ptr<comm::ProcessGroup> replicas,
+      optim::PartialNormReducer outer = {}) const;
 
   // The reducer of the per-parameter norms of an optimizer over `groups` (optimizer.h's
   // [2 * P] partials for its P parameters in the groups' order: LARC's trust ratios, LAMB's):
