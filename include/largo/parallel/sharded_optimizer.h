@@ -105,6 +105,9 @@ class ShardedOptimizer : public optim::Optimizer {
   // CheckpointError when a parameter's state is missing or the names do not match.
   void load_resharded_state(int old_world_size,
                             const std::function<c10::IValue(int old_rank)>& shards);
+  // The same from the state of an unsharded optimizer over this optimizer's parameters
+  // (optim/optimizer.h's format): this rank's pieces of it.
+  void load_whole_state_dict(const c10::IValue& whole);
 
   int64_t state_bytes() const override;
   // Bytes of the flat parameter buffers, and of the gradients this rank keeps (the shards in

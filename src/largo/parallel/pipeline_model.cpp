@@ -263,13 +263,11 @@ class PipelineModel : public ParallelModel {
     if (tp_) {
       own = tp_->map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/false);
     }
-    if (sharded_ == nullptr) {
+    if (sharded_ != nullptr) {
+      sharded_->load_whole_state_dict(own);
+    } else {
       optimizer_->load_state_dict(own);
-      return;
     }
-    const auto shapes = ParallelModel::trained_parameter_shapes(); // this rank's slices
-    sharded_->load_resharded_state(
-        1, [&](int) { return whole_state_as_single_shard(own, shapes); });
   }
 
  protected:

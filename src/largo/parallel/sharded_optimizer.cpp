@@ -270,6 +270,16 @@ void ShardedOptimizer::load_state_dict(const c10::IValue& state_dict) {
   load_piece_state_dict(*base_, piece_ownership(), state_dict);
 }
 
+void ShardedOptimizer::load_whole_state_dict(const c10::IValue& whole) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const optim::ParamGroup& param_group : param_groups()) {
+    for (size_t i = 0; i < param_group.params.size(); ++i) {
+      shapes[param_group.names.at(i)] = param_group.params[i].sizes().vec();
+    }
+  }
+  load_resharded_state(1, [&](int) { return whole_state_as_single_shard(whole, shapes); });
+}
+
 void ShardedOptimizer::load_resharded_state(
     int old_world_size, const std::function<c10::IValue(int old_rank)>& shards) {
   load_resharded_piece_state(*base_, piece_ownership(), old_world_size, shards);

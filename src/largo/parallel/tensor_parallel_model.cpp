@@ -229,12 +229,10 @@ class TensorParallelModel : public ParallelModel {
   // The unsharded model's optimizer state. With ZeRO, on the first replica only (None on the
   // others): its pieces are consolidated there first. Collective (replicas, then shards).
   c10::IValue optimizer_state_dict() override {
-    c10::IValue own = optimizer_->state_dict();
-    if (sharded_ != nullptr) {
-      own = consolidated_over_replicas();
-      if (own.isNone()) {
-        return own;
-      }
+    const c10::IValue own =
+        sharded_ != nullptr ? consolidated_over_replicas() : optimizer_->state_dict();
+    if (own.isNone()) {
+      return own;
     }
     return tp_.map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/true);
   }
@@ -242,13 +240,11 @@ class TensorParallelModel : public ParallelModel {
   void load_optimizer_state_dict(const c10::IValue& state) override {
     const c10::IValue own =
         tp_.map_optimizer_state(state, optimizer_->param_groups(), /*gather=*/false);
-    if (sharded_ == nullptr) {
+    if (sharded_ != nullptr) {
+      sharded_->load_whole_state_dict(own);
+    } else {
       optimizer_->load_state_dict(own);
-      return;
     }
-    const auto shapes = ParallelModel::trained_parameter_shapes(); // this rank's slices
-    sharded_->load_resharded_state(
-        1, [&](int) { return whole_state_as_single_shard(own, shapes); });
   }
 
   std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
