@@ -235,13 +235,7 @@ std::string FsdpModel::describe_mode() const {
                     c10::toString(*options.compute_dtype),
                     options.fp32_reduce_scatter ? "float32" : c10::toString(*options.compute_dtype))
       : std::string("compute in the parameters' dtype");
-  const std::string tensor_parallel =
-      tp_ ? fmt::format(
-                "tensor parallel over {} ranks ({}), {} sharded parameters; ",
-                tp_->group().world_size(),
-                tp_->group().backend(),
-                tp_->num_sharded())
-          : std::string();
+  const std::string tensor_parallel = tp_ ? tp_->describe() + "; " : std::string();
   return fmt::format(
       "{}ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded "
       "over {} rank(s) ({}), {:.2f} MiB of parameter shards per rank; units ({}): "

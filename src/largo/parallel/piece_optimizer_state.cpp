@@ -1,8 +1,7 @@
 #include <largo/parallel/piece_optimizer_state.h>
 
-#include <largo/parallel/pipeline_checkpoint.h>
-
 #include <largo/core/error.h>
+#include <largo/parallel/pipeline_checkpoint.h>
 
 #include <fmt/format.h>
 

@@ -324,13 +324,7 @@ class PipelineModel : public ParallelModel {
     return pipeline_->clip_grad_norm(max_norm, norm_type);
   }
   std::string describe_mode() const override {
-    const std::string tensor_parallel =
-        tp_ ? fmt::format(
-                  "; tensor parallel over {} ranks ({}), {} sharded parameters",
-                  tp_->group().world_size(),
-                  tp_->group().backend(),
-                  tp_->num_sharded())
-            : std::string();
+    const std::string tensor_parallel = tp_ ? "; " + tp_->describe() : std::string();
     return fmt::format(
         "pipeline: {}; {}{}{}",
         mesh_->describe(),

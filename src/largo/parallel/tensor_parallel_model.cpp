@@ -292,11 +292,7 @@ class TensorParallelModel : public ParallelModel {
   }
 
   std::string describe_mode() const override {
-    std::string text = fmt::format(
-        "tensor parallel over {} ranks ({}), {} sharded parameters",
-        tp_.group().world_size(),
-        tp_.group().backend(),
-        tp_.num_sharded());
+    std::string text = tp_.describe();
     if (sharded_ != nullptr) {
       text +=
           fmt::format("; ZeRO stage {} over {} replica(s)", sdp_ ? 2 : 1, dp_group_->world_size());

@@ -44,6 +44,14 @@ TensorParallelState::full_shapes(const std::vector<optim::ParamGroup>& groups) c
   return shapes;
 }
 
+std::string TensorParallelState::describe() const {
+  return fmt::format(
+      "tensor parallel over {} ranks ({}), {} sharded parameters",
+      group_->world_size(),
+      group_->backend(),
+      specs_.size());
+}
+
 std::map<std::string, std::vector<int64_t>>
 TensorParallelState::full_shapes(std::map<std::string, std::vector<int64_t>> local) const {
   for (auto& [name, shape] : local) {

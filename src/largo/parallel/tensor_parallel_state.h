@@ -41,6 +41,8 @@ class TensorParallelState {
   size_t num_sharded() const {
     return specs_.size();
   }
+  // "tensor parallel over 2 ranks (gloo), 12 sharded parameters": each mode's start-up text.
+  std::string describe() const;
   // The spec of a shard of the module; null for a replicated parameter.
   const TensorParallelShardSpec* spec_of(const at::Tensor& parameter) const;
   // Whether the module's parameter `name` is a shard.
