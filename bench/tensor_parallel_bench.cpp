@@ -1,8 +1,9 @@
 // Tensor parallelism's memory and speed, Largo's side: a ViT (default ViT-S/16: 12 layers,
 // hidden 384, 6 heads, MLP 1536, 224x224 images, 1000 classes) trained with AdamW in one
 // process and split over the ranks of a tensor-parallel group
-// (parallel::apply_tensor_parallel), Gloo over 127.0.0.1. bench/run_tensor_parallel_bench.sh
-// runs it at world sizes 1 and 2 and prints the ratios.
+// (parallel::apply_tensor_parallel, with --sequence-parallel 1 sequence parallelism too), Gloo
+// over 127.0.0.1. bench/run_tensor_parallel_bench.sh runs it at world sizes 1 and 2 (with and
+// without sequence parallelism) and prints the ratios.
 //
 // Per rank, after W untimed and S timed steps (zero_grad -> forward -> cross-entropy ->
 // backward -> step, the same batch on every rank: tensor parallelism splits the model, not
@@ -17,7 +18,7 @@
 //
 // Usage: tensor_parallel_bench [--layers N] [--hidden N] [--heads N] [--mlp N] [--image N]
 //                              [--patch N] [--classes N] [--batch N] [--warmup W] [--steps S]
-//                              [--threads T]
+//                              [--threads T] [--sequence-parallel 0|1]
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set for more than one rank.)
 #include <largo/comm/process_group.h>
 #include <largo/comm/world_info.h>
@@ -51,6 +52,7 @@ struct BenchOptions {
   int warmup = 1;
   int steps = 3;
   int threads = 1;
+  bool sequence_parallel = false;
 };
 
 BenchOptions parse(int argc, char** argv) {
@@ -85,6 +87,8 @@ BenchOptions parse(int argc, char** argv) {
       o.steps = static_cast<int>(value);
     } else if (flag == "--threads") {
       o.threads = static_cast<int>(value);
+    } else if (flag == "--sequence-parallel") {
+      o.sequence_parallel = value != 0;
     } else {
       throw std::invalid_argument("unknown flag " + flag);
     }
@@ -129,7 +133,9 @@ nlohmann::json run(const BenchOptions& o, const std::shared_ptr<largo::comm::Pro
     return count;
   }();
   if (group->world_size() > 1) {
-    largo::parallel::apply_tensor_parallel(*model, group);
+    largo::parallel::TensorParallelPlanOptions plan;
+    plan.sequence_parallel = o.sequence_parallel;
+    largo::parallel::apply_tensor_parallel(*model, group, plan);
   }
   largo::optim::ParamGroup params;
   params.params = model->parameters();
@@ -162,6 +168,7 @@ nlohmann::json run(const BenchOptions& o, const std::shared_ptr<largo::comm::Pro
   const double median_ms = step_ms[step_ms.size() / 2];
   return {
       {"world_size", group->world_size()},
+      {"sequence_parallel", o.sequence_parallel && group->world_size() > 1},
       {"full_parameters", full_parameters},
       {"parameter_bytes", state.parameters},
       {"gradient_bytes", state.gradients},

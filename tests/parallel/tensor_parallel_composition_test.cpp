@@ -130,6 +130,7 @@ struct Mesh {
   std::shared_ptr<comm::ProcessGroup> tensor_parallel;
   std::shared_ptr<comm::ProcessGroup> data_parallel;
   DataParallelism data_parallelism = DataParallelism::kDdp; // over data_parallel
+  bool sequence_parallel = false;                           // in the ViT's layers
 };
 
 Mesh make_pipeline_mesh(comm::ProcessGroup& world, PipelineParallelOptions stages = {}) {
@@ -166,10 +167,13 @@ std::unique_ptr<ParallelModel> make_run(const Case& c, const Mesh* mesh) {
     options.pipeline.stages = mesh->stages;
     options.tensor_parallel_size = kTensorParallelSize;
     options.data_parallelism = mesh->data_parallelism;
+    options.sequence_parallel = mesh->sequence_parallel;
     group = borrow(*mesh->world);
     apply_mesh_to_module(*model, group, options);
   } else if (mesh != nullptr) {
-    apply_tensor_parallel(*model, mesh->tensor_parallel); // step 0: before the groups
+    TensorParallelPlanOptions plan;
+    plan.sequence_parallel = mesh->sequence_parallel;
+    apply_tensor_parallel(*model, mesh->tensor_parallel, plan); // step 0: before the groups
     options.tensor_parallel_group = mesh->tensor_parallel;
     options.data_parallelism = mesh->data_parallelism;
     group = mesh->data_parallel;
@@ -369,6 +373,8 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
   auto two_d = make_run(c, &mesh);
   const std::string described = two_d->describe();
   EXPECT_NE(described.find("tensor parallel over 2 ranks"), std::string::npos) << described;
+  EXPECT_EQ(described.find(", sequence parallel") != std::string::npos, mesh.sequence_parallel)
+      << described; // the pipeline cuts below put encoder layers on every stage
   const char* data_parallel =
       mesh.pipeline                                      ? "pipeline: world "
       : mesh.data_parallelism == DataParallelism::kZero1 ? "ZeRO stage 1 over 2 replica(s); DDP"
@@ -571,6 +577,26 @@ TEST(TensorParallelComposition, MlpTrunkThreeDimensionsWithZeroOneTrainAndResume
 TEST(TensorParallelComposition, VitTpTimesPipelineTrainsAndResumesLikeOneProcess) {
   run_on_ranks(kTensorParallelSize * 2, [](comm::ProcessGroup& world) {
     expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, make_pipeline_mesh(world));
+  });
+}
+
+// Sequence parallelism (the ViT's 5 tokens split 3 + 2) under TP x DDP, TP x FSDP (the
+// norms' gradients, summed over the shards in backward, then reduce-scattered over the
+// replicas) and TP x PP (cut between the two encoder layers: each rank's tokens are sent to
+// the next stage's rank of the same shards).
+TEST(TensorParallelComposition, VitWithSequenceParallelismTrainsAndResumesLikeOneProcess) {
+  run_on_ranks(kTensorParallelSize * kDataParallelSize, [](comm::ProcessGroup& world) {
+    for (DataParallelism mode : {DataParallelism::kDdp, DataParallelism::kFsdp}) {
+      SCOPED_TRACE(to_string(mode));
+      Mesh mesh = checked_mesh(world);
+      mesh.data_parallelism = mode;
+      mesh.sequence_parallel = true;
+      expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, mesh);
+    }
+    // Blocks: the patch embedding, 2 encoder layers, the final norm; the head is the last.
+    Mesh pipeline = make_pipeline_mesh(world, PipelineParallelOptions().boundaries({0, 2, 5}));
+    pipeline.sequence_parallel = true;
+    expect_two_dimensional_run_like_one_process({make_vit, {3, 16, 16}}, pipeline);
   });
 }
 

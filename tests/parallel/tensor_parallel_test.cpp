@@ -131,10 +131,11 @@ optim::AdamW adamw_of(torch::nn::Module& model) {
 void expect_trains_like_unsharded(
     const std::function<models::TrunkHeadModel()>& make,
     at::IntArrayRef image_shape,
-    comm::ProcessGroup& group) {
+    comm::ProcessGroup& group,
+    TensorParallelPlanOptions plan = {}) {
   models::TrunkHeadModel unsharded = make();
   models::TrunkHeadModel sharded = make();
-  EXPECT_FALSE(apply_tensor_parallel(*sharded, borrow(group)).empty());
+  EXPECT_FALSE(apply_tensor_parallel(*sharded, borrow(group), plan).empty());
 
   // First step in detail: outputs, gradients, gradient norm.
   const auto first = batch(0, image_shape);
@@ -244,10 +245,49 @@ TEST(TensorParallel, VitTrainsLikeUnsharded) {
   });
 }
 
+// Sequence parallelism: the small ViT's 5 tokens (4 patches and the class token) split 3 + 2
+// over 2 ranks and 2 + 2 + 1 + 0 over 4, so uneven shards and a rank without tokens are
+// covered; between the layers each rank holds its tokens only. The norms' and the row layers'
+// biases' gradients (each rank's covering its tokens) are summed over the ranks: replicated
+// bit for bit, equal to the unsharded ones within the float64 bound.
+TEST(TensorParallel, VitWithSequenceParallelismTrainsLikeUnsharded) {
+  for (const int ranks : {2, 4}) {
+    run_on_ranks(ranks, [ranks](comm::ProcessGroup& group) {
+      TensorParallelPlanOptions plan;
+      plan.sequence_parallel = true;
+      models::TrunkHeadModel probe = make_vit();
+      apply_tensor_parallel(*probe, borrow(group), plan);
+      const auto layer = [&probe](int64_t block) {
+        return std::dynamic_pointer_cast<models::VitEncoderLayerImpl>(probe->trunk_block(block));
+      };
+      at::Tensor tokens = probe->forward_trunk_range(batch(0, {3, 16, 16}).first, 0, 1);
+      ASSERT_EQ(tokens.size(1), 5);
+      tokens = layer(1)->forward(tokens);
+      const std::vector<int64_t> held =
+          ranks == 2 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 2, 1, 0};
+      EXPECT_EQ(tokens.size(1), held[group.rank()]);
+      EXPECT_EQ(layer(2)->forward(tokens).size(1), 5);
+      expect_trains_like_unsharded(make_vit, {3, 16, 16}, group, plan);
+    });
+  }
+}
+
+TEST(SequenceParallel, RanksHoldConsecutiveTokensTheLastOnesFewer) {
+  const std::vector<std::pair<int64_t, int64_t>> of_197_over_4 = {
+      {0, 50}, {50, 50}, {100, 50}, {150, 47}};
+  for (int rank = 0; rank < 4; ++rank) {
+    const SequenceShard shard = sequence_shard_of(197, rank, 4);
+    EXPECT_EQ(std::make_pair(shard.begin, shard.size), of_197_over_4[rank]) << rank;
+  }
+  EXPECT_EQ(sequence_shard_of(2, 2, 3).begin, 2); // 2 tokens over 3 ranks: 1, 1, none
+  EXPECT_EQ(sequence_shard_of(2, 2, 3).size, 0);
+}
+
 // The OptionError message check_tensor_parallel_plan throws, or "" when it throws none.
-std::string plan_error(torch::nn::Module& model, int64_t tp_size) {
+std::string
+plan_error(torch::nn::Module& model, int64_t tp_size, TensorParallelPlanOptions plan = {}) {
   try {
-    check_tensor_parallel_plan(model, tp_size);
+    check_tensor_parallel_plan(model, tp_size, plan);
   } catch (const OptionError& error) {
     return error.what();
   }
@@ -292,6 +332,24 @@ TEST(TensorParallelPlan, ErrorsNameTheModuleTheSizeAndTheGroup) {
   EXPECT_THROW(
       apply_tensor_parallel(*convolutional, comm::ProcessGroup::single_process()), OptionError);
   expect_contains(plan_error(*mlp, 0), "tensor-parallel size = 0");
+
+  TensorParallelPlanOptions sequence;
+  sequence.sequence_parallel = true;
+  const std::string no_tokens = plan_error(*mlp, 2, sequence);
+  expect_contains(no_tokens, "TensorParallelPlanOptions::sequence_parallel = true");
+  expect_contains(no_tokens, "the MLP trunk has no sequence of tokens");
+  models::VitOptions one_patch = small_vit_options();
+  one_patch.image_size = one_patch.patch_size; // 1 patch and the class token: 2 tokens
+  auto short_vit = with_linear_head(models::build_vit_trunk(one_patch, 3, 8), kClasses);
+  EXPECT_EQ(plan_error(*short_vit, 2, sequence), "");
+  expect_contains(plan_error(*short_vit, 4, sequence), "takes 2 tokens, fewer than the 4 ranks");
+  models::VitEncoderLayerOptions layer_options;
+  layer_options.hidden_dim = 32;
+  layer_options.num_heads = 4;
+  layer_options.mlp_dim = 64;
+  torch::nn::Sequential bare_layers{models::VitEncoderLayer(layer_options)};
+  EXPECT_EQ(plan_error(*bare_layers, 2), "");
+  expect_contains(plan_error(*bare_layers, 2, sequence), "right after a models::VitPatchEmbedding");
 
   apply_tensor_parallel(*mlp, comm::ProcessGroup::single_process());
   expect_contains(plan_error(*mlp, 1), "tensor-parallel already");

@@ -550,6 +550,10 @@ std::vector<WiredKey> wired_keys() {
        "Largo extension (VISSL has none): tensor-parallel shards per data-parallel replica; the "
        "world is PIPELINE_SIZE x replicas x TENSOR_PARALLEL_SIZE",
        "TrainerTensorParallelTest.TwoShardsTrainLikeOneProcess"},
+      {"DISTRIBUTED.SEQUENCE_PARALLEL",
+       "Largo extension: the tensor-parallel ViT layers split by tokens too (sequence "
+       "parallelism); needs TENSOR_PARALLEL_SIZE > 1",
+       "TrainerTensorParallelTest.SequenceParallelTrainsLikeOneProcess"},
       {"MODEL.PIPELINE.SCHEDULE",
        "Largo extension: gpipe, 1f1b, interleaved_1f1b or zb_h1",
        kPipeline},

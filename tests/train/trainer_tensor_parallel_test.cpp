@@ -3,8 +3,10 @@
 // holds the whole model, as one process's does, and resumes in a run without tensor
 // parallelism); TP 2 x DP 2 at 4 ranks like DDP over 2, TP 2 x ZeRO-2 (FSDP) like ZeRO-2
 // (FSDP) over 2 (and it resumes that run's shard files), TP 2 x PP 2 like one process; a
-// mid-epoch resume is bit-exact; with dropout the shards keep identical replicated
-// parameters; what does not compose is refused naming the key.
+// mid-epoch resume is bit-exact; with sequence parallelism (DISTRIBUTED.SEQUENCE_PARALLEL) a
+// ViT trains like one process, in a pipeline too; with dropout, with and without sequence
+// parallelism, the shards keep identical replicated parameters; what does not compose is
+// refused naming the key.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
 #include <largo/train/trainer.h>
@@ -12,6 +14,8 @@
 
 #include "comm/distributed_test_util.h"
 #include "train/trainer_run_util.h"
+
+#include <cmath>
 
 namespace largo::train::trainer_tensor_parallel_test {
 namespace {
@@ -43,6 +47,13 @@ const Overrides kVit = {
     "OPTIMIZER.num_epochs=1",
     "OPTIMIZER.param_schedulers.lr.start_value=0.01",
     "DATA.TRAIN.TRANSFORMS=[{name: ToTensor}]"};
+// The ViT on 16x16 images: 4 patches and the class token, 5 tokens, which sequence
+// parallelism splits unevenly (3 + 2).
+const Overrides kFiveTokens = {
+    "MODEL.TRUNK.VISION_TRANSFORMERS.IMAGE_SIZE=16",
+    "DATA.TRAIN.SYNTHETIC.IMAGE_SHAPE=[1,16,16]",
+    "DATA.TEST.SYNTHETIC.IMAGE_SHAPE=[1,16,16]"};
+const Overrides kSequenceParallel = {"DISTRIBUTED.SEQUENCE_PARALLEL=True"};
 const Overrides kFresh = {"CHECKPOINT.AUTO_RESUME=False", "CHECKPOINT.OVERWRITE_EXISTING=True"};
 const Overrides kTensorParallel = {"DISTRIBUTED.TENSOR_PARALLEL_SIZE=2"};
 
@@ -211,10 +222,85 @@ TEST(TrainerTensorParallelTest, MidEpochResumeIsBitExactAndEpochsResumeWithoutTe
   });
 }
 
+// Sequence parallelism splits the ViT's 5 tokens 3 + 2 between the layers: it trains like one
+// process (the bound as above: the norms' gradients are summed over the ranks' tokens in
+// another order), with the shards' activations sent between pipeline stages too.
+TEST(TrainerTensorParallelTest, SequenceParallelTrainsLikeOneProcess) {
+  const Overrides vit = kVit + kFiveTokens + Overrides{"OPTIMIZER.name=adamw"};
+  run_on_ranks(2, [&vit](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    const RunResult split =
+        train_run(dir / "sp", kFresh + vit + kTensorParallel + kSequenceParallel, borrow(group));
+    if (group.rank() == 0) {
+      const RunResult one =
+          train_run(dir / "one", kFresh + vit, comm::ProcessGroup::single_process());
+      expect_same_training(split, one, kTolerance, "TP 2 with sequence parallelism");
+      ASSERT_TRUE(split.summary.final_top1.has_value());
+      EXPECT_NEAR(*split.summary.final_top1, one.summary.final_top1.value_or(-1.0), 1e-9);
+    }
+    group.barrier();
+  });
+  run_on_ranks(4, [&vit](comm::ProcessGroup& group) { // TP 2 x PP 2
+    const fs::path dir = test_dir();
+    // Cut between the encoder layers (blocks: the patch embedding, 2 layers, the final norm,
+    // the head), so that each rank's tokens cross to the next stage.
+    const Overrides pipeline = {
+        "DISTRIBUTED.PIPELINE_SIZE=2",
+        "MODEL.PIPELINE.NUM_MICROBATCHES=2",
+        "MODEL.PIPELINE.BOUNDARIES=[0, 2, 5]"};
+    const RunResult split = train_run(
+        dir / "sp_pp",
+        kFresh + vit + kTensorParallel + kSequenceParallel + pipeline,
+        borrow(group));
+    if (group.rank() == 0) {
+      const RunResult one =
+          train_run(dir / "one", kFresh + vit, comm::ProcessGroup::single_process());
+      expect_same_training(split, one, kTolerance, "TP 2 x PP 2 with sequence parallelism");
+    }
+    group.barrier();
+  });
+}
+
+// Autocast (O1, bfloat16 on the CPU) with tensor and sequence parallelism: the sequence-
+// gathered column layers compute their backward in the gradient's dtype and give each
+// gradient its tensor's. Bound on the first loss (the same weights and batch): with
+// bfloat16's unit roundoff u = 2^-8, one process rounds each row-parallel layer's output once
+// and the shards round their partial sums before adding them, at most u more per row layer
+// relative to its output; 4 row layers (2 encoder layers) feed the logits, moving a loss of
+// order 2.3 by at most about 4u = 1.6 %, so 3 % relative. Later losses are not compared: the
+// steps' updates amplify the rounding differently (the run must stay finite and learn).
+TEST(TrainerTensorParallelTest, AutocastWithSequenceParallelismMatchesOneProcessToBfloat16) {
+  const Overrides vit = kVit + kFiveTokens +
+                        Overrides{
+                            "OPTIMIZER.name=adamw",
+                            "MODEL.AMP_PARAMS.USE_AMP=True",
+                            "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+  run_on_ranks(2, [&vit](comm::ProcessGroup& group) {
+    const fs::path dir = test_dir();
+    const RunResult split = train_run(
+        dir / "sp_amp", kFresh + vit + kTensorParallel + kSequenceParallel, borrow(group));
+    if (group.rank() == 0) {
+      const RunResult one =
+          train_run(dir / "one_amp", kFresh + vit, comm::ProcessGroup::single_process());
+      const auto& losses = split.summary.iteration_losses;
+      ASSERT_FALSE(losses.empty());
+      const double first = one.summary.iteration_losses.at(0);
+      EXPECT_NEAR(losses[0], first, 0.03 * std::abs(first));
+      for (const double loss : losses) {
+        EXPECT_TRUE(std::isfinite(loss));
+      }
+      EXPECT_LT(losses.back(), losses.front());
+    }
+    group.barrier();
+  });
+}
+
 // With dropout and drop path (the ViT's DROPOUT_RATE, ATTENTION_DROPOUT_RATE, DROP_PATH_RATE)
 // the two shards of one replica still hold the same replicated parameters (the embedding,
 // LayerNorms, the row-parallel biases, the head), bit for bit: they draw one stream, their
-// replica's, so they drop the same elements of the activations both compute.
+// replica's, so they drop the same elements of the activations both compute; and dropout on
+// what each holds alone (its heads, its hidden features, under sequence parallelism its
+// tokens) draws from its own stream without moving the shared one differently.
 // full_parameters() gives each rank's own copy of those (and the gathered shards).
 TEST(TrainerTensorParallelTest, DropoutKeepsTheShardsReplicatedParametersIdentical) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
@@ -222,13 +308,18 @@ TEST(TrainerTensorParallelTest, DropoutKeepsTheShardsReplicatedParametersIdentic
         "MODEL.TRUNK.VISION_TRANSFORMERS.DROPOUT_RATE=0.2",
         "MODEL.TRUNK.VISION_TRANSFORMERS.ATTENTION_DROPOUT_RATE=0.2",
         "MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE=0.2"};
-    const RunResult split =
-        train_run(test_dir() / "dropout", kFresh + kVit + dropout + kTensorParallel, borrow(group));
-    for (const auto& [name, value] : split.parameters) {
-      const at::Tensor rank0 = value.clone();
-      group.broadcast(rank0, 0);
-      EXPECT_TRUE(torch::equal(value, rank0))
-          << name << " differs from rank 0's by " << (value - rank0).abs().max().item<double>();
+    for (const Overrides& sequence : {Overrides{}, kFiveTokens + kSequenceParallel}) {
+      const RunResult split = train_run(
+          test_dir() / "dropout",
+          kFresh + kVit + dropout + kTensorParallel + sequence,
+          borrow(group));
+      for (const auto& [name, value] : split.parameters) {
+        const at::Tensor rank0 = value.clone();
+        group.broadcast(rank0, 0);
+        EXPECT_TRUE(torch::equal(value, rank0))
+            << name << " differs from rank 0's by " << (value - rank0).abs().max().item<double>()
+            << (sequence.empty() ? "" : " (sequence parallel)");
+      }
     }
   });
 }
@@ -247,6 +338,11 @@ TEST(TrainerTensorParallelTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
   const std::string world = refusal({}, comm::ProcessGroup::single_process());
   EXPECT_NE(world.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE"), std::string::npos) << world;
   EXPECT_NE(world.find("a divisor of the 1 ranks"), std::string::npos) << world;
+  const std::string alone = refusal(
+      {"DISTRIBUTED.TENSOR_PARALLEL_SIZE=1", "DISTRIBUTED.SEQUENCE_PARALLEL=True"},
+      comm::ProcessGroup::single_process());
+  EXPECT_NE(alone.find("DISTRIBUTED.SEQUENCE_PARALLEL = true"), std::string::npos) << alone;
+  EXPECT_NE(alone.find("DISTRIBUTED.TENSOR_PARALLEL_SIZE 1"), std::string::npos) << alone;
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     const std::string fsdp = refusal(
         {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
@@ -255,6 +351,9 @@ TEST(TrainerTensorParallelTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
          "MODEL.FSDP_CONFIG.AMP_TYPE=O2"},
         borrow(group));
     EXPECT_NE(fsdp.find("MODEL.FSDP_CONFIG.compute_dtype"), std::string::npos) << fsdp;
+    const std::string mlp = refusal(kSequenceParallel, borrow(group));
+    EXPECT_NE(mlp.find("DISTRIBUTED.SEQUENCE_PARALLEL = true"), std::string::npos) << mlp;
+    EXPECT_NE(mlp.find("the MLP trunk has no sequence of tokens"), std::string::npos) << mlp;
   });
   run_on_ranks(4, [](comm::ProcessGroup& group) { // TP 2 x PP 2
     const std::string timed =

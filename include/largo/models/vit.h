@@ -25,6 +25,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace largo::models {
@@ -65,6 +66,10 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
       double dropout,
       bool class_token);
   at::Tensor forward(at::Tensor x);
+  // n(+1): the tokens of every output sequence (the image size is fixed at construction).
+  int64_t num_tokens() const {
+    return pos_embedding_.size(1);
+  }
 
  private:
   int64_t image_size_;
@@ -94,16 +99,39 @@ class VitEncoderLayerImpl : public torch::nn::Module {
     return options_;
   }
 
+  // Sequence parallelism's hooks (Korthikanti et al. 2022; parallel/tensor_parallel_plan.h):
+  // set, the layer holds only this rank's tokens between its column- and row-parallel
+  // layers, i.e. its input, norms, residual stream and output; the column-parallel qkv and
+  // fc1 gather the tokens they need and the row-parallel proj and fc2 scatter theirs.
+  struct SequenceParallelHooks {
+    // The full sequence [b, t, d] -> this rank's tokens: set on the first layer of a run of
+    // layers only (its input comes from the patch embedding).
+    std::function<at::Tensor(const at::Tensor&)> scatter_input;
+    // This rank's tokens -> the full sequence: set on the last layer of a run only (the final
+    // norm and the head take every token).
+    std::function<at::Tensor(const at::Tensor&)> gather_output;
+    // A replicated parameter applied to this rank's tokens only (the norms' weights and
+    // biases), as the identity whose gradient is summed over the ranks: each rank's covers
+    // its tokens.
+    std::function<at::Tensor(const at::Tensor&)> sum_gradient_over_shards;
+  };
+
   // The hook of tensor parallelism (parallel/tensor_parallel_plan.h), which builds these from
   // the layer's own qkv, proj, fc1 and fc2 (registered under those names): `qkv` maps
   // [b, t, d] to the q, k and v of this rank's `local_heads` heads, [b, t, 3 * local_heads *
   // head_dim] in the layout qkv has for all heads; `proj` takes this rank's heads' outputs,
   // [b, t, local_heads * head_dim], to the full [b, t, d]; `fc1` maps [b, t, d] to this rank's
-  // share of the hidden features and `fc2` that share to the full [b, t, d]. The models layer
-  // knows no process groups, hence modules of any type.
+  // share of the hidden features and `fc2` that share to the full [b, t, d] (under sequence
+  // parallelism qkv and fc1 take, and proj and fc2 give, this rank's tokens of [b, t, d]).
+  // The models layer knows no process groups, hence modules of any type and functions.
   struct TensorParallelLinears {
     torch::nn::AnyModule qkv, proj, fc1, fc2;
     int64_t local_heads = 0;
+    // This rank's index among the layer's shards: dropout on what only this rank holds (its
+    // heads' attention weights, its share of the hidden features; under sequence parallelism
+    // its tokens) draws from random stream shard_index (core/shard_random_stream.h).
+    int64_t shard_index = 0;
+    SequenceParallelHooks sequence; // empty functions: every rank holds every token
   };
   // Replaces the four Linear children by those (same names, so parameter names stay) and
   // runs attention on local_heads heads from then on.
@@ -112,9 +140,20 @@ class VitEncoderLayerImpl : public torch::nn::Module {
  private:
   at::Tensor attention(const at::Tensor& x); // [b, t, d] -> [b, t, d]
   at::Tensor drop_path(at::Tensor branch);   // per-sample stochastic depth in training
+  // Dropout on a branch's output before the residual sum (proj's, fc2's).
+  at::Tensor residual_dropout(const at::Tensor& x);
   // `full` on x, or its tensor-parallel replacement once there is one.
   at::Tensor
   dense(const torch::nn::Linear& full, torch::nn::AnyModule& parallel, const at::Tensor& x);
+  // norm(x), its weight and bias summed over the shards under sequence parallelism.
+  at::Tensor norm(torch::nn::LayerNorm& layer, const at::Tensor& x);
+  // `region` (dropout) in this rank's own random stream when what it draws for is this
+  // rank's alone (`sharded`) under tensor parallelism; else in the stream every rank shares.
+  at::Tensor
+  in_random_stream(bool sharded, const at::Tensor& x, const std::function<at::Tensor()>& region);
+  bool sequence_parallel() const {
+    return static_cast<bool>(tensor_parallel_.sequence.sum_gradient_over_shards);
+  }
 
   VitEncoderLayerOptions options_;
   torch::nn::LayerNorm norm1_{nullptr};

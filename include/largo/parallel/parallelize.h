@@ -170,8 +170,9 @@ struct ParallelOptions {
   bool check_finite = true;
   // The ranks the module's tensor-parallel layers are split over (apply_tensor_parallel,
   // step 0 above); parallelize()'s group is then each tensor-parallel rank's data-parallel
-  // group. Null or one rank: off. Composes with DDP (kDdp) only, without a cast of the
-  // module (O2, O3) and without activation checkpointing; with a pipeline only on
+  // group. Null or one rank: off. Composes with every data_parallelism (FSDP without its
+  // compute_dtype), without a cast of the module (O2, O3) and without activation
+  // checkpointing; with a pipeline only on
   // apply_mesh_to_module()'s mesh, its stages cut by parameters or boundaries (not timed)
   // and not recomputed.
   std::shared_ptr<comm::ProcessGroup> tensor_parallel_group;
@@ -181,6 +182,11 @@ struct ParallelOptions {
   // apply to it already in check_parallel_options(), before any group exists. A library user
   // who lays out the groups alone may leave it at 1 and set only the group.
   int tensor_parallel_size = 1;
+  // Sequence parallelism in the tensor-parallel ViT layers (TensorParallelPlanOptions;
+  // DISTRIBUTED.SEQUENCE_PARALLEL): what apply_mesh_to_module() splits them with. Needs
+  // tensor_parallel_size > 1. A library user who shards the module alone passes it to
+  // apply_tensor_parallel() instead.
+  bool sequence_parallel = false;
   // The run's mesh when apply_mesh_to_module() built one (tensor_parallel_size > 1):
   // parallelize()'s group is then the mesh's world, the replicas its "dp" group.
   std::shared_ptr<DeviceMesh> mesh;

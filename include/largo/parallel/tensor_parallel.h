@@ -17,11 +17,22 @@
 // with the same seed on every rank and then sharded computes what the unsharded model did.
 // full_parameter() gives the full tensors back (an all-gather) for checkpoints.
 //
+// Sequence parallelism (Korthikanti et al. 2022, Megatron-LM's sequence_parallel): between a
+// row- and the next column-parallel layer every rank would otherwise hold the same whole
+// activations (LayerNorm, dropout, the residual stream). Split along the tokens instead (dim
+// -2, see SequenceShard), the row layer reduce-scatters its partial sums to each rank's tokens
+// instead of all-reducing them, and the column layer all-gathers the tokens before its
+// product: the same bytes moved as the all-reduce, and those activations cut by T.
+//
 // Collectives, on the tensor-parallel group, which every rank of it must issue in the same
 // order (c10d's contract, comm/process_group.h):
-// - ColumnParallelLinear: forward none (with gather_output: one all-gather of the output);
-//   backward one all-reduce of the input's gradient.
-// - RowParallelLinear: forward one all-reduce of the output; backward none.
+// - ColumnParallelLinear: forward none (with gather_output: one all-gather of the output;
+//   with a sequence_length: one all-gather of the input); backward one all-reduce of the
+//   input's gradient (with a sequence_length: an all-gather of the input and a
+//   reduce-scatter of its gradient).
+// - RowParallelLinear: forward one all-reduce of the output (with scatter_sequence: one
+//   reduce-scatter); backward none (with scatter_sequence: one all-gather of the output's
+//   gradient and one all-reduce of the bias's).
 // - full_parameter() / full_parameters(): one all-gather per sharded parameter, in
 //   named_parameters() order.
 // With a group of one rank every collective is the identity. The group must outlive every
@@ -55,6 +66,30 @@ at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& input, comm::Pro
 // follows the gather is replicated).
 at::Tensor gather_from_tensor_parallel_region(const at::Tensor& input, comm::ProcessGroup& group);
 
+// ---- sequence parallelism ------------------------------------------------------------------
+// Which tokens of a sequence of `length` rank r of T holds: [r * c, min((r + 1) * c, length)),
+// c = ceil(length / T), so the last ranks hold fewer when T does not divide the length (a
+// ViT's 197 tokens) and a rank may hold none (length < T).
+struct SequenceShard {
+  int64_t begin = 0;
+  int64_t size = 0;
+};
+SequenceShard sequence_shard_of(int64_t length, int rank, int world_size);
+
+// Forward this rank's tokens (dim -2) of the full sequence, the same on every rank; backward
+// an all-gather of the tokens' gradients.
+at::Tensor scatter_to_sequence_parallel_region(const at::Tensor& input, comm::ProcessGroup& group);
+// Forward an all-gather of every rank's tokens (dim -2) into the full sequence of `length`,
+// for replicated layers after it; backward this rank's tokens of the gradient (the same on
+// every rank). A column-parallel layer gathers its input itself (ColumnParallelLinearOptions::
+// sequence_length), with a reduce-scatter of the partial gradients in backward.
+at::Tensor gather_from_sequence_parallel_region(
+    const at::Tensor& input, comm::ProcessGroup& group, int64_t length);
+// Forward the sum over ranks of the full-sequence partial sums, of which each rank keeps its
+// tokens (a reduce-scatter along dim -2); backward an all-gather of the tokens' gradients.
+at::Tensor
+reduce_scatter_to_sequence_parallel_region(const at::Tensor& input, comm::ProcessGroup& group);
+
 // ---- which slice a rank holds ---------------------------------------------------------------
 // How a parameter is split over a tensor-parallel group of T ranks: dimension `dim` is read as
 // `num_blocks` equal consecutive blocks, and each block is cut into T equal parts; rank r holds
@@ -84,6 +119,10 @@ class TensorParallelModule {
   // The number of ranks the parameters are split over (what parallelize() checks
   // ParallelOptions::tensor_parallel_group against).
   virtual int64_t tensor_parallel_size() const = 0;
+  // Whether the layer takes or gives only this rank's tokens (sequence parallelism).
+  virtual bool splits_sequence() const {
+    return false;
+  }
 };
 
 struct ColumnParallelLinearOptions {
@@ -94,13 +133,28 @@ struct ColumnParallelLinearOptions {
   // The output features as this many equal blocks, each split over the ranks (3 for a fused
   // qkv projection; TensorParallelShardSpec). gather_output needs 1.
   int64_t num_output_blocks = 1;
+  // Sequence parallelism: > 0, the input holds only this rank's tokens (dim -2, SequenceShard)
+  // of a sequence of this many, which are all-gathered before the product (and again in
+  // backward, where the input's gradient is reduce-scattered back to them: only this rank's
+  // tokens are kept for backward). 0: the input is whole on every rank.
+  int64_t sequence_length = 0;
 };
 
-// [..., in] (the same on every rank) -> [..., out/T] (or [..., out] with gather_output).
+struct RowParallelLinearOptions {
+  // Sequence parallelism: reduce-scatter the output to this rank's tokens (dim -2,
+  // SequenceShard) instead of all-reducing it, and add the bias to those tokens (its gradient
+  // is then summed over the ranks, each having seen its tokens). false: every rank gets the
+  // whole output.
+  bool scatter_sequence = false;
+};
+
+// [..., in] (the same on every rank; with a sequence_length this rank's tokens of it) ->
+// [..., out/T] (or [..., out] with gather_output).
 class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallelModule {
  public:
   // Copies this rank's rows of `full`'s weight and bias. Throws OptionError when out is not a
-  // multiple of num_output_blocks * T, or for gather_output with num_output_blocks > 1.
+  // multiple of num_output_blocks * T, for gather_output with num_output_blocks > 1 or with a
+  // sequence_length.
   ColumnParallelLinearImpl(
       const torch::nn::LinearImpl& full,
       std::shared_ptr<comm::ProcessGroup> tp_group,
@@ -109,6 +163,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
   std::map<std::string, TensorParallelShardSpec> sharded_parameters() const override;
   int64_t tensor_parallel_size() const override {
     return tp_group_->world_size();
+  }
+  bool splits_sequence() const override {
+    return options_.sequence_length > 0;
   }
 
   at::Tensor weight; // [out/T, in]
@@ -120,17 +177,23 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
 };
 TORCH_MODULE(ColumnParallelLinear);
 
-// [..., in/T] (this rank's input features) -> [..., out] (the same on every rank).
+// [..., in/T] (this rank's input features) -> [..., out] (the same on every rank; with
+// scatter_sequence this rank's tokens of it).
 class RowParallelLinearImpl : public torch::nn::Module, public TensorParallelModule {
  public:
   // Copies this rank's columns of `full`'s weight and the whole bias. Throws OptionError when
   // in is not a multiple of T.
   RowParallelLinearImpl(
-      const torch::nn::LinearImpl& full, std::shared_ptr<comm::ProcessGroup> tp_group);
+      const torch::nn::LinearImpl& full,
+      std::shared_ptr<comm::ProcessGroup> tp_group,
+      RowParallelLinearOptions options = {});
   at::Tensor forward(const at::Tensor& input);
   std::map<std::string, TensorParallelShardSpec> sharded_parameters() const override;
   int64_t tensor_parallel_size() const override {
     return tp_group_->world_size();
+  }
+  bool splits_sequence() const override {
+    return options_.scatter_sequence;
   }
 
   at::Tensor weight; // [out, in/T]
@@ -138,6 +201,7 @@ class RowParallelLinearImpl : public torch::nn::Module, public TensorParallelMod
 
  private:
   std::shared_ptr<comm::ProcessGroup> tp_group_;
+  RowParallelLinearOptions options_;
 };
 TORCH_MODULE(RowParallelLinear);
 

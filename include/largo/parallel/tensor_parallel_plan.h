@@ -15,17 +15,31 @@
 //   divisible by T.
 // Everything else stays replicated (the same on every rank): embeddings, positions, the class
 // token, LayerNorms, Linear heads, layers of other types. With the same input on every rank
-// (no sequence parallelism) the replicated parameters then also get the same gradient on
-// every rank, so they stay equal after any deterministic optimizer step.
+// the replicated parameters then also get the same gradient on every rank (under sequence
+// parallelism those used on each rank's tokens have theirs summed over the ranks), so they
+// stay equal after any deterministic optimizer step.
 //
-// Limits: dropout in the sharded regions draws from each rank's own generator, and in the
-// replicated ones must draw the same on every rank: the tensor-parallel ranks need the same
-// seed, and dropout > 0 is not the single-process model's distribution (attention dropout
-// masks repeat across ranks' heads). Use dropout 0 with tensor parallelism for now.
+// Sequence parallelism (TensorParallelPlanOptions::sequence_parallel; tensor_parallel.h): in
+// ViT layers, the norms, dropouts and residual stream hold only each rank's tokens; a run of
+// consecutive encoder layers scatters the tokens before its first layer and gathers them after
+// its last (the final norm and the head see every token), qkv and fc1 gather them, proj and
+// fc2 reduce-scatter, and the norms' weights and biases and the row layers' biases get their
+// gradients summed over the ranks (each rank's covers its tokens). The MLP trunk has no
+// tokens: sequence parallelism is refused for it.
+//
+// Randomness: the tensor-parallel ranks of a replica must be seeded alike, so that dropout on
+// replicated activations drops the same elements; dropout on what only one rank holds (its
+// heads' attention weights, its share of fc1's output, under sequence parallelism its tokens)
+// draws from that rank's own stream (core/shard_random_stream.h), so the ranks' masks differ as
+// the single-process model's would over those parts, and the shared stream stays the same on
+// every rank. Dropout > 0 is then the single-process model's distribution, not its draws.
 //
 // Collectives: apply_tensor_parallel issues none (each rank slices its part of the weights it
 // already has, so every rank must have built the model identically, e.g. with the same seed);
-// the sharded layers issue theirs in forward and backward (tensor_parallel.h);
+// the sharded layers issue theirs in forward and backward (tensor_parallel.h), and under
+// sequence parallelism the first and last layer of a run one all-gather each (in forward and
+// backward respectively), and each norm weight, norm bias and row bias one all-reduce of its
+// gradient in backward;
 // tensor_parallel_grad_norm and clip_tensor_parallel_grad_norm_ issue one all-reduce;
 // planned_tensor_parallel_shards and tensor_parallel_parameter_sizes none (they need no group:
 // what `largo estimate` sizes, mesh_memory_estimate.h).
@@ -45,11 +59,20 @@
 
 namespace largo::parallel {
 
+struct TensorParallelPlanOptions {
+  // Split the ViT layers' tokens between their column- and row-parallel layers too (above):
+  // those activations per rank cut by T. Needs ViT encoder layers in a Sequential right after
+  // their models::VitPatchEmbedding, with at least T tokens.
+  bool sequence_parallel = false;
+};
+
 // Checks that `model` has a tensor-parallel plan for a group of `tp_size` ranks, without
 // changing it. Throws OptionError naming the module, the size and what was expected when a
 // size does not divide (heads % T, hidden % T, mlp_dim % T, an MLP width % T), when no layer
-// of the model has a plan, or when it is already tensor-parallel.
-void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size);
+// of the model has a plan, when it is already tensor-parallel, or when sequence parallelism
+// cannot split its tokens (no ViT layers, fewer tokens than ranks, no patch embedding before).
+void check_tensor_parallel_plan(
+    torch::nn::Module& model, int64_t tp_size, const TensorParallelPlanOptions& options = {});
 
 // What apply_tensor_parallel(model, group of `tp_size` ranks) would split, without a group
 // or any change to `model`: the full names of the parameters it shards and how
@@ -70,8 +93,10 @@ std::vector<ParameterSize> tensor_parallel_parameter_sizes(
 // check_tensor_parallel_plan. Returns the names of the modules it sharded: the ViT encoder
 // layers, then the MLP blocks, each in model order.
 // Build the optimizer over model.parameters() after this call.
-std::vector<std::string>
-apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGroup> tp_group);
+std::vector<std::string> apply_tensor_parallel(
+    torch::nn::Module& model,
+    std::shared_ptr<comm::ProcessGroup> tp_group,
+    const TensorParallelPlanOptions& options = {});
 
 // The 2-norm of all of `model`'s gradients as the unsharded model would have them: the
 // squared norms of the shards summed over the group, the replicated parameters' counted once.

@@ -183,6 +183,8 @@ struct TrainerOptions {
   // Tensor parallelism (docs/tensor_parallel.md): DISTRIBUTED.TENSOR_PARALLEL_SIZE shards per
   // data-parallel replica; 1: off.
   int tensor_parallel_size = 1;
+  // DISTRIBUTED.SEQUENCE_PARALLEL: the tensor-parallel ViT layers split by tokens too.
+  bool sequence_parallel = false;
   // Micro-batches of BATCHSIZE_PER_REPLICA whose gradients are summed into one optimizer
   // step (TRAINER.GRADIENT_ACCUMULATION_STEPS); the loss of each is divided by their count.
   int64_t gradient_accumulation_steps = 1;

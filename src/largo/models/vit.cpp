@@ -2,6 +2,7 @@
 
 #include <largo/core/config.h>
 #include <largo/core/error.h>
+#include <largo/core/shard_random_stream.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -177,51 +178,87 @@ at::Tensor VitEncoderLayerImpl::dense(
   return parallel.is_empty() ? linear(full, x) : parallel.forward<at::Tensor>(x);
 }
 
+at::Tensor VitEncoderLayerImpl::norm(torch::nn::LayerNorm& layer, const at::Tensor& x) {
+  if (!sequence_parallel()) {
+    return layer->forward(x);
+  }
+  const auto& sum_over_shards = tensor_parallel_.sequence.sum_gradient_over_shards;
+  return at::layer_norm(
+      x,
+      layer->options.normalized_shape(),
+      sum_over_shards(layer->weight),
+      sum_over_shards(layer->bias),
+      layer->options.eps());
+}
+
+at::Tensor VitEncoderLayerImpl::in_random_stream(
+    bool sharded, const at::Tensor& x, const std::function<at::Tensor()>& region) {
+  if (!sharded || tensor_parallel_.qkv.is_empty()) {
+    return region();
+  }
+  return run_in_shard_random_stream(tensor_parallel_.shard_index, x.device(), region);
+}
+
 at::Tensor VitEncoderLayerImpl::attention(const at::Tensor& x) {
   const int64_t batch = x.size(0);
-  const int64_t tokens = x.size(1);
   // Under tensor parallelism this rank's heads only (their q, k, v are qkv's output).
   const int64_t heads =
       tensor_parallel_.qkv.is_empty() ? options_.num_heads : tensor_parallel_.local_heads;
   const int64_t head_dim = options_.hidden_dim / options_.num_heads;
+  at::Tensor qkv = dense(qkv_, tensor_parallel_.qkv, x);
+  const int64_t tokens = qkv.size(1); // all of them: under sequence parallelism x holds some
   // [b, t, 3 * heads * head_dim] -> [3, b, heads, t, head_dim]
-  at::Tensor qkv = dense(qkv_, tensor_parallel_.qkv, x)
-                       .reshape({batch, tokens, 3, heads, head_dim})
-                       .permute({2, 0, 3, 1, 4});
+  qkv = qkv.reshape({batch, tokens, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
   // softmax(q k^T / sqrt(head_dim)) v, with dropout on the weights while training, through
   // PyTorch's fused kernel (flash / memory-efficient attention on a GPU): the [t, t] weights
   // are never stored, which the explicit matmul-softmax-matmul did (slower on a GPU and
   // holding b * heads * t^2 floats for backward). Its dropout draws from the device
   // generator, so activation checkpointing replays it like any other dropout.
   const double dropout = is_training() ? options_.attention_dropout : 0.0;
-  at::Tensor out = at::scaled_dot_product_attention(
-      qkv[0],
-      qkv[1],
-      qkv[2],
-      /*attn_mask=*/{},
-      dropout); // [b, heads, t, head_dim]
+  at::Tensor out = in_random_stream(dropout > 0.0, x, [&] {
+    return at::scaled_dot_product_attention(
+        qkv[0],
+        qkv[1],
+        qkv[2],
+        /*attn_mask=*/{},
+        dropout); // [b, heads, t, head_dim]
+  });
   out = out.transpose(1, 2).reshape({batch, tokens, heads * head_dim}); // [b, t, d (or d/T)]
-  return at::dropout(dense(proj_, tensor_parallel_.proj, out), options_.dropout, is_training());
+  return residual_dropout(dense(proj_, tensor_parallel_.proj, out));
+}
+
+at::Tensor VitEncoderLayerImpl::residual_dropout(const at::Tensor& x) {
+  // Under sequence parallelism x is this rank's tokens; else every rank's x is the same.
+  return in_random_stream(sequence_parallel() && is_training() && options_.dropout > 0.0, x, [&] {
+    return at::dropout(x, options_.dropout, is_training());
+  });
 }
 
 at::Tensor VitEncoderLayerImpl::drop_path(at::Tensor branch) {
   if (!is_training() || options_.drop_path == 0.0) {
     return branch;
   }
-  // Drop the whole residual branch per sample; scale the kept ones to keep the mean.
+  // Drop the whole residual branch per sample; scale the kept ones to keep the mean. The
+  // mask is per sample, so every rank draws it alike, whichever tokens it holds.
   const double keep = 1.0 - options_.drop_path;
   at::Tensor mask = at::empty({branch.size(0), 1, 1}, branch.options()).bernoulli_(keep);
   return branch * mask.div_(keep);
 }
 
 at::Tensor VitEncoderLayerImpl::forward(at::Tensor x) {
-  x = x + drop_path(attention(norm1_(x)));
+  const SequenceParallelHooks& sequence = tensor_parallel_.sequence;
+  if (sequence.scatter_input) {
+    x = sequence.scatter_input(x); // [b, t, d] -> this rank's tokens
+  }
+  x = x + drop_path(attention(norm(norm1_, x)));
   // [b, t, mlp_dim] (or this rank's mlp_dim / T)
-  at::Tensor hidden = at::gelu(dense(fc1_, tensor_parallel_.fc1, norm2_(x)));
-  hidden = at::dropout(hidden, options_.dropout, is_training());
-  hidden = at::dropout(
-      dense(fc2_, tensor_parallel_.fc2, hidden), options_.dropout, is_training()); // [b, t, d]
-  return x + drop_path(hidden);
+  at::Tensor hidden = at::gelu(dense(fc1_, tensor_parallel_.fc1, norm(norm2_, x)));
+  const bool hidden_dropout = is_training() && options_.dropout > 0.0;
+  hidden = in_random_stream(
+      hidden_dropout, hidden, [&] { return at::dropout(hidden, options_.dropout, is_training()); });
+  hidden = residual_dropout(dense(fc2_, tensor_parallel_.fc2, hidden)); // [b, t, d]
+  x = x + drop_path(hidden);
+  return sequence.gather_output ? sequence.gather_output(x) : x;
 }
 
 VitFinalNormImpl::VitFinalNormImpl(int64_t hidden_dim, bool class_token)

@@ -146,6 +146,13 @@ MeshMemoryEstimate estimate_memory(
     // and recomputed stages, which the estimate could not reproduce either.
     check_parallel_options(parallel, mesh_world_size(mesh));
   }
+  if (estimate.tensor_parallel_size > 1 && parallel.sequence_parallel) {
+    // It changes no parameter's size, but a model whose tokens it cannot split is refused
+    // here as apply_mesh_to_module() refuses it.
+    TensorParallelPlanOptions plan;
+    plan.sequence_parallel = true;
+    check_tensor_parallel_plan(*module, estimate.tensor_parallel_size, plan);
+  }
 
   size_parameters(*module, options, estimate);
   MemoryEstimateOptions& state = estimate.state_options;

@@ -87,7 +87,9 @@ void apply_mesh_to_module(
   check_parallel_options(options, world->world_size()); // before any group is made
   options.mesh =
       std::make_shared<DeviceMesh>(*world, mesh_dimensions(options, world->world_size()));
-  apply_tensor_parallel(module, options.mesh->group("tp"));
+  TensorParallelPlanOptions plan;
+  plan.sequence_parallel = options.sequence_parallel;
+  apply_tensor_parallel(module, options.mesh->group("tp"), plan);
   options.tensor_parallel_group = options.mesh->group("tp");
 }
 

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
+
 namespace largo::parallel {
 namespace {
 
@@ -83,6 +85,153 @@ class GatherFromTensorParallelRegion
   }
 };
 
+// ---- sequence parallelism: tokens along dim -2, ranks' shards padded to one chunk --------
+int64_t sequence_chunk(int64_t length, int world_size) {
+  return (length + world_size - 1) / world_size;
+}
+
+// Every rank's tokens [..., n_r, d] -> the whole sequence [..., length, d]. Each rank's are
+// padded to the chunk size, so that the all-gather moves equal parts.
+at::Tensor all_gather_tokens(const at::Tensor& local, comm::ProcessGroup& group, int64_t length) {
+  const int world = group.world_size();
+  const int64_t chunk = sequence_chunk(length, world);
+  const at::Tensor padded = at::constant_pad_nd(local, {0, 0, 0, chunk - local.size(-2)});
+  std::vector<int64_t> shape = padded.sizes().vec();
+  shape.insert(shape.begin(), world);
+  at::Tensor gathered = at::empty(shape, local.options()); // [T, ..., chunk, d]
+  group.all_gather(gathered, padded.contiguous());
+  shape = padded.sizes().vec();
+  shape[shape.size() - 2] = world * chunk;
+  // [T, ..., chunk, d] -> [..., T, chunk, d] -> [..., T * chunk, d] -> the real tokens
+  return gathered.movedim(0, -3).reshape(shape).narrow(-2, 0, length).contiguous();
+}
+
+// The sum over ranks of each rank's [..., length, d], of which this rank keeps its tokens.
+at::Tensor reduce_scatter_tokens(const at::Tensor& full, comm::ProcessGroup& group) {
+  const int world = group.world_size();
+  const int64_t length = full.size(-2);
+  const int64_t chunk = sequence_chunk(length, world);
+  const at::Tensor padded = at::constant_pad_nd(full, {0, 0, 0, world * chunk - length});
+  std::vector<int64_t> shape = padded.sizes().vec();
+  shape[shape.size() - 2] = chunk;
+  shape.insert(shape.end() - 2, world); // [..., T, chunk, d]
+  // reduce_scatter uses its input as scratch: never the caller's tensor.
+  at::Tensor scratch = padded.reshape(shape).movedim(-3, 0).contiguous(); // [T, ..., chunk, d]
+  if (scratch.data_ptr() == full.data_ptr()) {
+    scratch = scratch.clone();
+  }
+  at::Tensor output = at::empty(scratch.sizes().slice(1), full.options()); // [..., chunk, d]
+  group.reduce_scatter(output, scratch);
+  const SequenceShard shard = sequence_shard_of(length, group.rank(), world);
+  return output.narrow(-2, 0, shard.size).contiguous();
+}
+
+at::Tensor tokens_of_rank(const at::Tensor& full, const comm::ProcessGroup& group) {
+  const SequenceShard shard = sequence_shard_of(full.size(-2), group.rank(), group.world_size());
+  return full.narrow(-2, shard.begin, shard.size).clone(at::MemoryFormat::Contiguous);
+}
+
+class ScatterToSequenceParallelRegion
+    : public torch::autograd::Function<ScatterToSequenceParallelRegion> {
+ public:
+  static at::Tensor forward(
+      torch::autograd::AutogradContext* context,
+      const at::Tensor& input,
+      comm::ProcessGroup* group) {
+    save_tensor_parallel_group(context, group);
+    context->saved_data["length"] = input.size(-2);
+    return tokens_of_rank(input, *group);
+  }
+  static torch::autograd::variable_list
+  backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
+    return {
+        all_gather_tokens(
+            gradients[0],
+            saved_tensor_parallel_group(context),
+            context->saved_data["length"].toInt()),
+        at::Tensor()};
+  }
+};
+
+class GatherFromSequenceParallelRegion
+    : public torch::autograd::Function<GatherFromSequenceParallelRegion> {
+ public:
+  static at::Tensor forward(
+      torch::autograd::AutogradContext* context,
+      const at::Tensor& input,
+      comm::ProcessGroup* group,
+      int64_t length) {
+    save_tensor_parallel_group(context, group);
+    return all_gather_tokens(input, *group, length);
+  }
+  static torch::autograd::variable_list
+  backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
+    return {
+        tokens_of_rank(gradients[0], saved_tensor_parallel_group(context)),
+        at::Tensor(),
+        at::Tensor()};
+  }
+};
+
+class ReduceScatterToSequenceParallelRegion
+    : public torch::autograd::Function<ReduceScatterToSequenceParallelRegion> {
+ public:
+  static at::Tensor forward(
+      torch::autograd::AutogradContext* context,
+      const at::Tensor& input,
+      comm::ProcessGroup* group) {
+    save_tensor_parallel_group(context, group);
+    context->saved_data["length"] = input.size(-2);
+    return reduce_scatter_tokens(input, *group);
+  }
+  static torch::autograd::variable_list
+  backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
+    return {
+        all_gather_tokens(
+            gradients[0],
+            saved_tensor_parallel_group(context),
+            context->saved_data["length"].toInt()),
+        at::Tensor()};
+  }
+};
+
+// A column-parallel product of sequence-parallel input: all-gather this rank's tokens, then
+// multiply by the weight (the caller adds the bias). Saved for backward are this rank's tokens, not
+// the gathered sequence, which is gathered again (Megatron-LM's sequence-parallel Linear): T times
+// less activation memory for one more all-gather in backward. Backward runs in the gradient's dtype
+// (an autocast forward computed in it) and gives each gradient its tensor's dtype.
+class SequenceGatheredLinear : public torch::autograd::Function<SequenceGatheredLinear> {
+ public:
+  static at::Tensor forward(
+      torch::autograd::AutogradContext* context,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      comm::ProcessGroup* group,
+      int64_t length) {
+    save_tensor_parallel_group(context, group);
+    context->saved_data["length"] = length;
+    context->save_for_backward({input, weight});
+    return at::linear(all_gather_tokens(input, *group, length), weight);
+  }
+  static torch::autograd::variable_list
+  backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
+    comm::ProcessGroup& group = saved_tensor_parallel_group(context);
+    const auto saved = context->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& grad = gradients[0]; // [..., length, out/T]
+    const at::ScalarType dtype = grad.scalar_type();
+    const at::Tensor full =
+        all_gather_tokens(input, group, context->saved_data["length"].toInt()).to(dtype);
+    const at::Tensor grad_full_input = at::matmul(grad, weight.to(dtype));
+    const at::Tensor grad_input = reduce_scatter_tokens(grad_full_input, group).to(input.dtype());
+    const at::Tensor rows = grad.reshape({-1, grad.size(-1)});
+    const at::Tensor grad_weight =
+        rows.t().mm(full.reshape({-1, full.size(-1)})).to(weight.dtype());
+    return {grad_input, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
 // The shape in which a tensor's dim `spec.dim` reads [num_blocks, T, part]: the sizes before
 // the dim, num_blocks, T, part, the sizes after.
 std::vector<int64_t>
@@ -128,6 +277,28 @@ at::Tensor reduce_from_tensor_parallel_region(const at::Tensor& input, comm::Pro
 
 at::Tensor gather_from_tensor_parallel_region(const at::Tensor& input, comm::ProcessGroup& group) {
   return group.world_size() == 1 ? input : GatherFromTensorParallelRegion::apply(input, &group);
+}
+
+SequenceShard sequence_shard_of(int64_t length, int rank, int world_size) {
+  const int64_t chunk = sequence_chunk(length, world_size);
+  const int64_t begin = std::min<int64_t>(rank * chunk, length);
+  return {begin, std::min(chunk, length - begin)};
+}
+
+at::Tensor scatter_to_sequence_parallel_region(const at::Tensor& input, comm::ProcessGroup& group) {
+  return group.world_size() == 1 ? input : ScatterToSequenceParallelRegion::apply(input, &group);
+}
+
+at::Tensor gather_from_sequence_parallel_region(
+    const at::Tensor& input, comm::ProcessGroup& group, int64_t length) {
+  return group.world_size() == 1 ? input
+                                 : GatherFromSequenceParallelRegion::apply(input, &group, length);
+}
+
+at::Tensor
+reduce_scatter_to_sequence_parallel_region(const at::Tensor& input, comm::ProcessGroup& group) {
+  return group.world_size() == 1 ? input
+                                 : ReduceScatterToSequenceParallelRegion::apply(input, &group);
 }
 
 at::Tensor
@@ -184,12 +355,28 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(
         std::to_string(options.num_output_blocks),
         "1 with gather_output = true (the gathered output would be in rank-major order)");
   }
+  if (options.sequence_length < 0 || (options.gather_output && options.sequence_length > 0)) {
+    throw OptionError(
+        "ColumnParallelLinearOptions::sequence_length",
+        std::to_string(options.sequence_length),
+        "0, or > 0 without gather_output (sequence parallelism ends in a row-parallel layer)");
+  }
   register_linear_shard(
       *this, full, {0, options.num_output_blocks}, /*shard_bias=*/true, *tp_group_, weight, bias);
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
-  at::Tensor output = at::linear(copy_to_tensor_parallel_region(input, *tp_group_), weight, bias);
+  // The product needs every token: gathered under sequence parallelism, whose backward then
+  // sums the ranks' gradients of the input (a reduce-scatter) as the copy region's
+  // all-reduce does.
+  at::Tensor output;
+  if (options_.sequence_length > 0 && tp_group_->world_size() > 1) {
+    output =
+        SequenceGatheredLinear::apply(input, weight, tp_group_.get(), options_.sequence_length);
+    output = bias.defined() ? output + bias : output;
+  } else {
+    output = at::linear(copy_to_tensor_parallel_region(input, *tp_group_), weight, bias);
+  }
   return options_.gather_output ? gather_from_tensor_parallel_region(output, *tp_group_) : output;
 }
 
@@ -203,16 +390,24 @@ ColumnParallelLinearImpl::sharded_parameters() const {
 }
 
 RowParallelLinearImpl::RowParallelLinearImpl(
-    const torch::nn::LinearImpl& full, std::shared_ptr<comm::ProcessGroup> tp_group)
-    : tp_group_(std::move(tp_group)) {
+    const torch::nn::LinearImpl& full,
+    std::shared_ptr<comm::ProcessGroup> tp_group,
+    RowParallelLinearOptions options)
+    : tp_group_(std::move(tp_group)), options_(options) {
   register_linear_shard(*this, full, {1, 1}, /*shard_bias=*/false, *tp_group_, weight, bias);
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
   // The bias is added after the sum over ranks: added to each rank's partial product it
   // would be counted T times.
-  at::Tensor output = reduce_from_tensor_parallel_region(at::linear(input, weight), *tp_group_);
-  return bias.defined() ? output + bias : output;
+  const at::Tensor partial = at::linear(input, weight);
+  if (!options_.scatter_sequence) {
+    const at::Tensor output = reduce_from_tensor_parallel_region(partial, *tp_group_);
+    return bias.defined() ? output + bias : output;
+  }
+  // This rank's tokens: the bias's gradient covers those only, so it is summed over ranks.
+  const at::Tensor output = reduce_scatter_to_sequence_parallel_region(partial, *tp_group_);
+  return bias.defined() ? output + copy_to_tensor_parallel_region(bias, *tp_group_) : output;
 }
 
 std::map<std::string, TensorParallelShardSpec> RowParallelLinearImpl::sharded_parameters() const {

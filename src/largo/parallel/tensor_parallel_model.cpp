@@ -55,6 +55,15 @@ std::pair<std::string, std::string> tensor_parallel_option(const ParallelOptions
 } // namespace
 
 void check_tensor_parallel_options(const ParallelOptions& options) {
+  if (options.sequence_parallel && options.tensor_parallel_size <= 1) {
+    throw OptionError(
+        "ParallelOptions::sequence_parallel",
+        "true",
+        fmt::format(
+            "false with ParallelOptions::tensor_parallel_size {} (sequence parallelism splits "
+            "the tokens of tensor-parallel layers: set a size > 1)",
+            options.tensor_parallel_size));
+  }
   if (!tensor_parallel_enabled(options)) {
     return;
   }

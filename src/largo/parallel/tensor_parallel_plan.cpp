@@ -20,6 +20,14 @@ struct VitLayerTarget {
   models::VitEncoderLayerImpl* layer;
 };
 
+// Consecutive encoder layers of one Sequential: under sequence parallelism their tokens are
+// split before the first and gathered after the last, and in between every layer holds this
+// rank's tokens of a sequence of `num_tokens` (what the patch embedding before them gives).
+struct SequenceRun {
+  std::vector<VitLayerTarget> layers;
+  int64_t num_tokens = 0; // 0: no models::VitPatchEmbedding right before the first layer
+};
+
 // Two consecutive MLP blocks: `column` splits its output features, `row` its input features.
 struct MlpPairTarget {
   std::string column_name;
@@ -31,6 +39,7 @@ struct MlpPairTarget {
 struct TensorParallelTargets {
   std::vector<VitLayerTarget> vit_layers;
   std::vector<MlpPairTarget> mlp_pairs;
+  std::vector<SequenceRun> sequence_runs;
 };
 
 std::string child_name(const std::string& parent, const std::string& child) {
@@ -77,6 +86,29 @@ void collect_mlp_pairs(
   }
 }
 
+// Runs of consecutive VitEncoderLayers among the children of a Sequential.
+void collect_sequence_runs(
+    const std::string& prefix,
+    const torch::nn::SequentialImpl& sequential,
+    std::vector<SequenceRun>& runs) {
+  const torch::nn::Module* previous = nullptr;
+  bool in_run = false;
+  for (const auto& item : sequential.named_children()) {
+    auto* layer = dynamic_cast<models::VitEncoderLayerImpl*>(item.value().get());
+    if (layer == nullptr) {
+      in_run = false;
+    } else {
+      if (!in_run) {
+        const auto* embedding = dynamic_cast<const models::VitPatchEmbeddingImpl*>(previous);
+        runs.push_back({{}, embedding == nullptr ? 0 : embedding->num_tokens()});
+        in_run = true;
+      }
+      runs.back().layers.push_back({child_name(prefix, item.key()), layer});
+    }
+    previous = item.value().get();
+  }
+}
+
 TensorParallelTargets find_targets(torch::nn::Module& model) {
   TensorParallelTargets targets;
   for (const auto& [name, module] : all_modules(model)) {
@@ -84,9 +116,55 @@ TensorParallelTargets find_targets(torch::nn::Module& model) {
       targets.vit_layers.push_back({name, layer});
     } else if (const auto* sequential = dynamic_cast<const torch::nn::SequentialImpl*>(module)) {
       collect_mlp_pairs(name, *sequential, targets.mlp_pairs);
+      collect_sequence_runs(name, *sequential, targets.sequence_runs);
     }
   }
   return targets;
+}
+
+// Sequence parallelism splits the tokens of every ViT layer's run, and so needs each run's
+// token count and at least one token per rank.
+void check_sequence_parallel_plan(const TensorParallelTargets& targets, int64_t tp_size) {
+  const std::string option = "TensorParallelPlanOptions::sequence_parallel";
+  if (targets.vit_layers.empty()) {
+    throw OptionError(
+        option,
+        "true",
+        "false for a model without models::VitEncoderLayer layers (the MLP trunk has no "
+        "sequence of tokens to split)");
+  }
+  size_t layers_in_runs = 0;
+  for (const SequenceRun& run : targets.sequence_runs) {
+    layers_in_runs += run.layers.size();
+    const std::string first = run.layers.front().name;
+    if (run.num_tokens == 0) {
+      throw OptionError(
+          option,
+          "true",
+          fmt::format(
+              "false, or \"{}\" (VitEncoderLayer) right after a models::VitPatchEmbedding in "
+              "its Sequential (which says how many tokens the layers split)",
+              first));
+    }
+    if (run.num_tokens < tp_size) {
+      throw OptionError(
+          option,
+          "true",
+          fmt::format(
+              "false when \"{}\" (VitEncoderLayer) takes {} tokens, fewer than the {} ranks "
+              "(each rank holds at least one)",
+              first,
+              run.num_tokens,
+              tp_size));
+    }
+  }
+  if (layers_in_runs != targets.vit_layers.size()) {
+    throw OptionError(
+        option,
+        "true",
+        "false, or every models::VitEncoderLayer a child of a torch::nn::Sequential (a run of "
+        "them splits the tokens once, before the first)");
+  }
 }
 
 void require_divisible(
@@ -144,15 +222,41 @@ struct PlannedLinear {
   torch::nn::LinearImpl* linear;
   LinearSplit split;
   int64_t num_output_blocks = 1; // a column split's (ColumnParallelLinearOptions)
+  // Sequence parallelism: the tokens a column layer gathers, or (> 0) a row layer scatters.
+  int64_t sequence_length = 0;
 };
 
+// The tokens of `layer` under sequence parallelism (its run's), or 0 without it.
+int64_t sequence_length_of(
+    const TensorParallelTargets& targets,
+    const models::VitEncoderLayerImpl* layer,
+    bool sequence_parallel) {
+  if (!sequence_parallel) {
+    return 0;
+  }
+  for (const SequenceRun& run : targets.sequence_runs) {
+    for (const VitLayerTarget& target : run.layers) {
+      if (target.layer == layer) {
+        return run.num_tokens;
+      }
+    }
+  }
+  return 0; // check_sequence_parallel_plan has refused such a layer
+}
+
 // ViT layers: qkv and fc1 column-, proj and fc2 row-parallel; MLP pairs: column then row.
-std::vector<PlannedLinear> planned_linears(const TensorParallelTargets& targets) {
+std::vector<PlannedLinear>
+planned_linears(const TensorParallelTargets& targets, bool sequence_parallel = false) {
   std::vector<PlannedLinear> planned;
   for (const VitLayerTarget& target : targets.vit_layers) {
+    const int64_t tokens = sequence_length_of(targets, target.layer, sequence_parallel);
     const auto plan = [&](const char* child, LinearSplit split, int64_t blocks = 1) {
       planned.push_back(
-          {child_name(target.name, child), linear_child(*target.layer, child), split, blocks});
+          {child_name(target.name, child),
+           linear_child(*target.layer, child),
+           split,
+           blocks,
+           tokens});
     };
     plan("qkv", LinearSplit::kColumn, kQkvOutputBlocks);
     plan("proj", LinearSplit::kRow);
@@ -176,11 +280,41 @@ std::vector<PlannedLinear> planned_linears(const TensorParallelTargets& targets)
 torch::nn::AnyModule
 shard_linear(const PlannedLinear& planned, const std::shared_ptr<comm::ProcessGroup>& tp_group) {
   if (planned.split == LinearSplit::kRow) {
-    return torch::nn::AnyModule(RowParallelLinear(*planned.linear, tp_group));
+    RowParallelLinearOptions options;
+    options.scatter_sequence = planned.sequence_length > 0;
+    return torch::nn::AnyModule(RowParallelLinear(*planned.linear, tp_group, options));
   }
   ColumnParallelLinearOptions options;
   options.num_output_blocks = planned.num_output_blocks;
+  options.sequence_length = planned.sequence_length;
   return torch::nn::AnyModule(ColumnParallelLinear(*planned.linear, tp_group, options));
+}
+
+// Every run's layers' hooks: each sums its norms' gradients over the ranks, the first splits
+// the tokens and the last gathers them (its gradient then is the same on every rank: what
+// follows is replicated).
+using SequenceHooksByLayer = std::
+    map<const models::VitEncoderLayerImpl*, models::VitEncoderLayerImpl::SequenceParallelHooks>;
+
+SequenceHooksByLayer sequence_parallel_hooks(
+    const TensorParallelTargets& targets, const std::shared_ptr<comm::ProcessGroup>& tp_group) {
+  SequenceHooksByLayer hooks;
+  for (const SequenceRun& run : targets.sequence_runs) {
+    for (const VitLayerTarget& target : run.layers) {
+      auto& layer_hooks = hooks[target.layer];
+      layer_hooks.sum_gradient_over_shards = [tp_group](const at::Tensor& parameter) {
+        return copy_to_tensor_parallel_region(parameter, *tp_group);
+      };
+    }
+    hooks[run.layers.front().layer].scatter_input = [tp_group](const at::Tensor& x) {
+      return scatter_to_sequence_parallel_region(x, *tp_group);
+    };
+    hooks[run.layers.back().layer].gather_output = [tp_group,
+                                                    tokens = run.num_tokens](const at::Tensor& x) {
+      return gather_from_sequence_parallel_region(x, *tp_group, tokens);
+    };
+  }
+  return hooks;
 }
 
 } // namespace
@@ -224,7 +358,8 @@ std::vector<ParameterSize> tensor_parallel_parameter_sizes(
   return sizes;
 }
 
-void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size) {
+void check_tensor_parallel_plan(
+    torch::nn::Module& model, int64_t tp_size, const TensorParallelPlanOptions& options) {
   if (tp_size < 1) {
     throw OptionError("tensor-parallel size", std::to_string(tp_size), "an integer >= 1");
   }
@@ -254,17 +389,26 @@ void check_tensor_parallel_plan(torch::nn::Module& model, int64_t tp_size) {
         tp_size,
         "its outputs are split over the ranks");
   }
+  if (options.sequence_parallel) {
+    check_sequence_parallel_plan(targets, tp_size);
+  }
 }
 
-std::vector<std::string>
-apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGroup> tp_group) {
+std::vector<std::string> apply_tensor_parallel(
+    torch::nn::Module& model,
+    std::shared_ptr<comm::ProcessGroup> tp_group,
+    const TensorParallelPlanOptions& options) {
   const int64_t tp_size = tp_group->world_size();
-  check_tensor_parallel_plan(model, tp_size);
+  check_tensor_parallel_plan(model, tp_size, options);
   const TensorParallelTargets targets = find_targets(model);
   // Every shard is built before any layer changes: the planned Linears are the layers' own.
   std::map<std::string, torch::nn::AnyModule> shards;
-  for (const PlannedLinear& planned : planned_linears(targets)) {
+  for (const PlannedLinear& planned : planned_linears(targets, options.sequence_parallel)) {
     shards.emplace(planned.name, shard_linear(planned, tp_group));
+  }
+  SequenceHooksByLayer sequence_hooks;
+  if (options.sequence_parallel) {
+    sequence_hooks = sequence_parallel_hooks(targets, tp_group);
   }
   std::vector<std::string> sharded;
   for (const VitLayerTarget& target : targets.vit_layers) {
@@ -275,6 +419,8 @@ apply_tensor_parallel(torch::nn::Module& model, std::shared_ptr<comm::ProcessGro
     linears.fc1 = shard("fc1");
     linears.fc2 = shard("fc2");
     linears.local_heads = target.layer->options().num_heads / tp_size;
+    linears.shard_index = tp_group->rank();
+    linears.sequence = std::move(sequence_hooks[target.layer]); // empty without
     target.layer->use_tensor_parallel_linears(std::move(linears));
     sharded.push_back(target.name);
   }

@@ -18,6 +18,10 @@ TensorParallelState::TensorParallelState(
       spec_by_tensor_[item.value().unsafeGetTensorImpl()] = spec->second;
     }
   }
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    const auto* layer = dynamic_cast<const TensorParallelModule*>(item.value().get());
+    splits_sequence_ = splits_sequence_ || (layer != nullptr && layer->splits_sequence());
+  }
 }
 
 const TensorParallelShardSpec* TensorParallelState::spec_of(const at::Tensor& parameter) const {
@@ -46,10 +50,11 @@ TensorParallelState::full_shapes(const std::vector<optim::ParamGroup>& groups) c
 
 std::string TensorParallelState::describe() const {
   return fmt::format(
-      "tensor parallel over {} ranks ({}), {} sharded parameters",
+      "tensor parallel over {} ranks ({}), {} sharded parameters{}",
       group_->world_size(),
       group_->backend(),
-      specs_.size());
+      specs_.size(),
+      splits_sequence_ ? ", sequence parallel" : "");
 }
 
 std::map<std::string, std::vector<int64_t>>

@@ -41,7 +41,8 @@ class TensorParallelState {
   size_t num_sharded() const {
     return specs_.size();
   }
-  // "tensor parallel over 2 ranks (gloo), 12 sharded parameters": each mode's start-up text.
+  // "tensor parallel over 2 ranks (gloo), 12 sharded parameters" (and ", sequence parallel"
+  // when its layers split the tokens): each mode's start-up text.
   std::string describe() const;
   // The spec of a shard of the module; null for a replicated parameter.
   const TensorParallelShardSpec* spec_of(const at::Tensor& parameter) const;
@@ -129,6 +130,7 @@ class TensorParallelState {
   std::shared_ptr<comm::ProcessGroup> group_;
   std::map<std::string, TensorParallelShardSpec> specs_; // by module parameter name
   std::unordered_map<const c10::TensorImpl*, TensorParallelShardSpec> spec_by_tensor_;
+  bool splits_sequence_ = false; // some layer holds only its rank's tokens
 };
 
 } // namespace largo::parallel

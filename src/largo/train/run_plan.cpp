@@ -117,6 +117,7 @@ parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
   }
   parallel.pipeline = options.pipeline;
   parallel.tensor_parallel_size = options.tensor_parallel_size;
+  parallel.sequence_parallel = options.sequence_parallel;
   parallel.precision = plan.precision;
   parallel.grad_scaler = options.grad_scaler;
   parallel.check_finite = options.check_nan;

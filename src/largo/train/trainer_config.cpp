@@ -667,6 +667,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.pipeline = pipeline_options_from(config);
   options.tensor_parallel_size =
       static_cast<int>(positive_int(config, "DISTRIBUTED.TENSOR_PARALLEL_SIZE"));
+  options.sequence_parallel = config.get_bool("DISTRIBUTED.SEQUENCE_PARALLEL");
   const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
   options.activation_checkpointing.enabled =
       config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING");
