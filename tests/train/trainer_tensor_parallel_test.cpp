@@ -16,6 +16,7 @@
 #include "train/trainer_run_util.h"
 
 #include <cmath>
+#include <map>
 
 namespace largo::train::trainer_tensor_parallel_test {
 namespace {
@@ -109,14 +110,26 @@ TEST(TrainerTensorParallelTest, TwoShardsTimesTwoReplicasTrainLikeDdp) {
   });
 }
 
+// The model EMA's averages a checkpoint holds, by name.
+std::map<std::string, at::Tensor> ema_averages(const fs::path& file) {
+  std::map<std::string, at::Tensor> averages;
+  const auto state = checkpoint::load_checkpoint(file);
+  for (const auto& item :
+       state.at("ema_model").toGenericDict().at("averages").toGenericDict()) {
+    averages.emplace(item.key().toStringRef(), item.value().toTensor());
+  }
+  return averages;
+}
+
 // TP 2 x ZeRO-2 and TP 2 x FSDP over 2 replicas, with LARC (its trust ratios are the
-// unsharded parameters'), train like ZeRO-2 (FSDP) over the 2 replicas alone; and resume
-// that run's end-of-epoch checkpoint, whose optimizer state is in per-rank shard files
-// (consolidated at load, then sliced), continuing like it.
+// unsharded parameters') and the model EMA, train like ZeRO-2 (FSDP) over the 2 replicas
+// alone (the EMA's saved averages too); and resume that run's end-of-epoch checkpoint, whose
+// optimizer state is in per-rank shard files (consolidated at load, then sliced), continuing
+// like it.
 TEST(TrainerTensorParallelTest, TwoShardsTimesZeroOrFsdpTrainLikeItAndResumeItsShardFiles) {
   run_on_ranks(4, [](comm::ProcessGroup& group) {
     const fs::path dir = test_dir();
-    const Overrides larc = {"OPTIMIZER.use_larc=True"};
+    const Overrides larc = {"OPTIMIZER.use_larc=True", "HOOKS.EMA_MODEL.SAVE_EMA_MODEL=True"};
     for (const auto& [what, sharding] : std::vector<std::pair<std::string, Overrides>>{
              {"ZeRO-2", {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"}},
              {"FSDP", {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}}}) {
@@ -127,6 +140,14 @@ TEST(TrainerTensorParallelTest, TwoShardsTimesZeroOrFsdpTrainLikeItAndResumeItsS
         alone = train_run(dir / "alone", kFresh + kMlp + larc + sharding, replicas);
         if (group.rank() == 0) {
           expect_same_training(split, alone, kTolerance, "TP 2 x " + what + " against " + what);
+          const auto expected = ema_averages(dir / "alone" / "model_phase0.torch");
+          const auto averages = ema_averages(dir / "tp" / "model_phase0.torch");
+          ASSERT_EQ(averages.size(), expected.size()) << what;
+          for (const auto& [name, value] : expected) {
+            EXPECT_TRUE(torch::allclose(averages.at(name), value, kTolerance, kTolerance))
+                << what << ": EMA of " << name << " differs by "
+                << (averages.at(name) - value).abs().max().item<double>();
+          }
         }
       }
       if (group.rank() == 0) {
