@@ -36,6 +36,7 @@ const std::map<std::string, std::string>& option_keys() {
       {"ParallelOptions::tensor_parallel_size", "DISTRIBUTED.TENSOR_PARALLEL_SIZE"},
       {"PipelineParallelOptions::balance", "MODEL.PIPELINE.BALANCE"},
       {"PipelineParallelOptions::checkpoint_stages", "MODEL.PIPELINE.CHECKPOINT_STAGES"},
+      {"PipelineParallelOptions::schedule", "MODEL.PIPELINE.SCHEDULE"},
       {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},
       {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
   };
