@@ -7,6 +7,7 @@
 #include <largo/core/error.h>
 #include <largo/optim/grad_clipping.h>
 #include <largo/optim/larc.h>
+#include <largo/parallel/parallelize.h>
 #include <largo/parallel/pipeline_parallel.h>
 #include <largo/precision/autocast.h>
 #include <largo/precision/grad_scaler.h>
@@ -162,8 +163,44 @@ TEST(PipelineCompositionTest, GradientAccumulationWithCheckpointedStages) {
             PipelineParallelOptions()
                 .schedule(PipelineScheduleKind::kZeroBubbleH1)
                 .checkpoint_stages(true)),
-        ConfigError);
+        OptionError); // check_pipeline_parallel_options, below
   });
+}
+
+// zb_h1 splits a stage's backward into an input pass and a later weight pass; a checkpointed
+// stage is one autograd node, so the weight pass would recompute it a second time. The rule is
+// stated once, by the library, in its own option names: the constructor and
+// check_parallel_options (a run's validation before anything is built) both apply it.
+TEST(PipelineCompositionTest, CheckpointedStagesWithZbH1AreRefusedByOptionName) {
+  const auto zb_h1 = PipelineParallelOptions()
+                         .schedule(PipelineScheduleKind::kZeroBubbleH1)
+                         .checkpoint_stages(true);
+  try {
+    check_pipeline_parallel_options(zb_h1);
+    ADD_FAILURE() << "expected an OptionError";
+  } catch (const OptionError& error) {
+    EXPECT_EQ(error.option(), "PipelineParallelOptions::checkpoint_stages");
+    EXPECT_EQ(error.value(), "true");
+    EXPECT_NE(
+        error.expected().find("false with PipelineParallelOptions::schedule = zb_h1"),
+        std::string::npos)
+        << error.what();
+  }
+  ParallelOptions parallel;
+  parallel.pipeline.size = 2;
+  parallel.pipeline.stages = zb_h1;
+  EXPECT_THROW(check_parallel_options(parallel, 2), OptionError);
+
+  EXPECT_NO_THROW(check_pipeline_parallel_options(
+      PipelineParallelOptions().schedule(PipelineScheduleKind::kZeroBubbleH1)));
+  for (PipelineScheduleKind kind :
+       {PipelineScheduleKind::kGPipe,
+        PipelineScheduleKind::kOneFOneB,
+        PipelineScheduleKind::kInterleaved1F1B}) {
+    EXPECT_NO_THROW(check_pipeline_parallel_options(
+        PipelineParallelOptions().schedule(kind).checkpoint_stages(true)))
+        << to_string(kind);
+  }
 }
 
 // One step of one process running the same micro-batches as gradient-accumulation steps,

@@ -535,37 +535,48 @@ TEST(GradScaler, MalformedStateIsACheckpointError) {
   EXPECT_EQ(scaler.get_scale(), 65536.0); // unchanged
 }
 
-TEST(GradScaler, InvalidOptionsNameTheConfigKey) {
+TEST(GradScaler, InvalidOptionsNameTheOption) {
+  // The library names its own options; the config layer (train/option_keys.h) says which
+  // MODEL.AMP_PARAMS key set them.
   auto message_of = [](GradScalerOptions options) {
     try {
       GradScaler scaler(options);
-    } catch (const ConfigError& error) {
+    } catch (const OptionError& error) {
       return std::string(error.what());
     }
     return std::string("(no error)");
   };
   GradScalerOptions options;
   options.growth_factor = 1.0;
-  EXPECT_NE(message_of(options).find("GRAD_SCALER.GROWTH_FACTOR) = 1: expected a number > 1"), std::string::npos)
+  EXPECT_NE(
+      message_of(options).find(
+          "option GradScalerOptions::growth_factor = 1: expected a number > 1"),
+      std::string::npos)
       << message_of(options);
   options = {};
   options.backoff_factor = 1.5;
-  EXPECT_NE(message_of(options).find("BACKOFF_FACTOR"), std::string::npos);
+  EXPECT_NE(message_of(options).find("GradScalerOptions::backoff_factor = 1.5"), std::string::npos);
   options = {};
   options.init_scale = 0.0;
-  EXPECT_NE(message_of(options).find("INIT_SCALE"), std::string::npos);
+  EXPECT_NE(message_of(options).find("GradScalerOptions::init_scale = 0"), std::string::npos);
   options = {};
   options.init_scale = 1e39; // beyond float32
-  EXPECT_NE(message_of(options).find("INIT_SCALE"), std::string::npos);
+  EXPECT_NE(message_of(options).find("GradScalerOptions::init_scale"), std::string::npos);
   options = {};
   options.growth_interval = 0;
-  EXPECT_NE(message_of(options).find("GROWTH_INTERVAL"), std::string::npos);
+  EXPECT_NE(message_of(options).find("GradScalerOptions::growth_interval = 0"), std::string::npos);
   options = {};
   options.hysteresis = 0;
-  EXPECT_NE(message_of(options).find("HYSTERESIS"), std::string::npos);
+  EXPECT_NE(message_of(options).find("GradScalerOptions::hysteresis = 0"), std::string::npos);
   options = {};
   options.min_loss_scale = 1e6;
-  EXPECT_NE(message_of(options).find("MIN_LOSS_SCALE"), std::string::npos);
+  EXPECT_NE(
+      message_of(options).find("expected a number in [0, GradScalerOptions::init_scale = 65536]"),
+      std::string::npos)
+      << message_of(options);
+  options = {};
+  options.max_loss_scale = 1.0;
+  EXPECT_NE(message_of(options).find("GradScalerOptions::max_loss_scale = 1"), std::string::npos);
 }
 
 } // namespace

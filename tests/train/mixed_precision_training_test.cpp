@@ -306,8 +306,17 @@ TEST_F(MixedPrecisionTrainingTest, AmpSettingsAreReadAndCheckedFromTheConfig) {
             std::string::npos);
   EXPECT_NE(error_of("MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O5}").find("opt_level = O5"),
             std::string::npos);
-  EXPECT_NE(error_of("MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_FACTOR=0.5").find("GROWTH_FACTOR"),
-            std::string::npos);
+  // The scaler's own check, in the keys the user wrote (train/option_keys.h).
+  EXPECT_NE(
+      error_of("MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_FACTOR=0.5")
+          .find("MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_FACTOR = 0.5: expected a number > 1"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of("MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE=1e6")
+          .find("MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE = 1000000: expected a number in "
+                "[0, MODEL.AMP_PARAMS.GRAD_SCALER.INIT_SCALE = 65536]"),
+      std::string::npos)
+      << error_of("MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE=1e6");
 }
 
 std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {

@@ -59,7 +59,8 @@ TEST(PipelinePlanTest, WhatDoesNotComposeWithAPipelineIsRefusedByItsKey) {
   expect_refused({"MODEL.PIPELINE.SCHEDULE=interleaved_1f1b"}, "VIRTUAL_STAGES >= 2");
   expect_refused(
       {"MODEL.PIPELINE.SCHEDULE=zb_h1", "MODEL.PIPELINE.CHECKPOINT_STAGES=True"},
-      "CHECKPOINT_STAGES = True with SCHEDULE zb_h1");
+      "MODEL.PIPELINE.CHECKPOINT_STAGES = true: expected false with MODEL.PIPELINE.SCHEDULE "
+      "= zb_h1");
   expect_refused({"MODEL.PIPELINE.BOUNDARIES=[0,2]"}, "MODEL.PIPELINE.BOUNDARIES = [0, 2]");
   expect_refused({"MODEL.PIPELINE.BOUNDARIES=[0,3,2]"}, "strictly increasing");
 }

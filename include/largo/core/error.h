@@ -47,6 +47,16 @@ class OptionError : public ConfigError {
   std::string expected_;
 };
 
+// How a component states one rule of its options: throws OptionError(option, value,
+// expected) unless `ok`. `option` is the library's name ("SwavQueueOptions::length"),
+// `value` the value as given, `expected` what would be accepted ("an integer > 0").
+inline void require_option(
+    bool ok, const std::string& option, const std::string& value, const std::string& expected) {
+  if (!ok) {
+    throw OptionError(option, value, expected);
+  }
+}
+
 // A dataset file is missing, truncated or not in the expected format.
 class DataError : public Error {
  public:

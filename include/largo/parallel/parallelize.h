@@ -462,7 +462,7 @@ class ParallelModel {
 // The checks parallelize() makes first, for a world of `world_size` ranks, so that a
 // configuration can be validated before anything is built: throws OptionError for
 // combinations that do not compose (ZeRO with O2's master weights, FSDP with a cast of the
-// module, compute copies outside FSDP, ...).
+// module, compute copies outside FSDP, a pipeline's checkpointed stages with zb_h1, ...).
 void check_parallel_options(const ParallelOptions& options, int world_size);
 
 // The mesh a run of `options` lays the world's `world_size` ranks on: pipeline ranks

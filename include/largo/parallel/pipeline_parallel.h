@@ -89,6 +89,13 @@ struct PipelineParallelOptions {
   TORCH_ARG(DistributedDataParallelOptions, data_parallel) = {};
 };
 
+// The rules of PipelineParallelOptions that hold whatever the model and the groups, for a
+// caller that validates a configuration before building anything (check_parallel_options):
+// throws OptionError naming PipelineParallelOptions::checkpoint_stages with the zb_h1
+// schedule (a checkpointed stage is one autograd node, so zb_h1's weight pass would
+// recompute it a second time). PipelineParallel's constructor applies them too.
+void check_pipeline_parallel_options(const PipelineParallelOptions& options);
+
 class PipelineParallel {
  public:
   // output [micro-batch, ...], target [micro-batch, ...] -> a 0-d loss (mean over the
@@ -103,7 +110,8 @@ class PipelineParallel {
   // the model to free its memory. `pipeline_group`: rank r is stage r (and r + S, ... with
   // virtual stages); `data_parallel_group`: this stage's replicas (null or of size 1: none).
   // Throws ConfigError for a shape the schedule does not take, bad boundaries, fewer blocks
-  // than stages, balance = time without a sample, or checkpoint_stages with zb_h1.
+  // than stages, balance = time without a sample, and OptionError for what
+  // check_pipeline_parallel_options refuses (checkpoint_stages with zb_h1).
   PipelineParallel(
       std::vector<PipelineBlock> blocks,
       std::shared_ptr<comm::ProcessGroup> pipeline_group,

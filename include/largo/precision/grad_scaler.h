@@ -77,7 +77,7 @@ at::Tensor non_finite_flag(const std::vector<at::Tensor>& grads);
 
 class GradScaler {
  public:
-  // Throws ConfigError naming the option (and its MODEL.AMP_PARAMS.GRAD_SCALER key) for an
+  // Throws OptionError naming the option (GradScalerOptions::growth_factor, ...) for an
   // init_scale that is not a finite number > 0, growth_factor <= 1, backoff_factor outside
   // (0, 1), growth_interval or hysteresis < 1, or min_loss_scale > init_scale > max_loss_scale.
   explicit GradScaler(GradScalerOptions options = {});

@@ -19,34 +19,37 @@ at::Tensor without_infinities(const at::Tensor& values) {
 }
 
 void check_swav_options(const SwavLossOptions& options) {
-  auto require = [](bool ok, const char* option, const std::string& value, const char* expected) {
-    if (!ok) {
-      throw OptionError(std::string("SwavLossOptions::") + option, value, expected);
-    }
-  };
-  require(
+  require_option(
       options.temperature > 0 && std::isfinite(options.temperature),
-      "temperature",
+      "SwavLossOptions::temperature",
       fmt::format("{}", options.temperature),
       "a number > 0");
-  require(
+  require_option(
       options.epsilon > 0 && std::isfinite(options.epsilon),
-      "epsilon",
+      "SwavLossOptions::epsilon",
       fmt::format("{}", options.epsilon),
       "a number > 0");
-  require(
-      options.num_iters >= 1, "num_iters", std::to_string(options.num_iters), "an integer >= 1");
-  require(
-      options.num_crops >= 2, "num_crops", std::to_string(options.num_crops), "an integer >= 2");
+  require_option(
+      options.num_iters >= 1,
+      "SwavLossOptions::num_iters",
+      std::to_string(options.num_iters),
+      "an integer >= 1");
+  require_option(
+      options.num_crops >= 2,
+      "SwavLossOptions::num_crops",
+      std::to_string(options.num_crops),
+      "an integer >= 2");
   bool crops_valid = !options.crops_for_assign.empty();
   for (int64_t crop : options.crops_for_assign) {
     crops_valid = crops_valid && crop >= 0 && crop < options.num_crops;
   }
-  require(
+  require_option(
       crops_valid,
-      "crops_for_assign",
+      "SwavLossOptions::crops_for_assign",
       fmt::format("[{}]", fmt::join(options.crops_for_assign, ", ")),
-      "a non-empty list of crop indices below num_crops");
+      fmt::format(
+          "a non-empty list of crop indices below SwavLossOptions::num_crops = {}",
+          options.num_crops));
 }
 
 // exp(scores / epsilon), transposed to [K, n + q]: in float64 directly (VISSL's double

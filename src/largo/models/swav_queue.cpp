@@ -11,21 +11,20 @@
 namespace largo::models {
 namespace {
 
-void require(bool ok, const char* option, const std::string& value, const char* expected) {
-  if (!ok) {
-    throw OptionError(std::string("SwavQueueOptions::") + option, value, expected);
-  }
-}
-
 void validate(const SwavQueueOptions& o) {
-  require(o.length > 0, "length", std::to_string(o.length), "> 0");
-  require(o.start_iter >= 0, "start_iter", std::to_string(o.start_iter), ">= 0");
-  require(o.embedding_dim > 0, "embedding_dim", std::to_string(o.embedding_dim), "> 0");
-  require(
+  require_option(o.length > 0, "SwavQueueOptions::length", std::to_string(o.length), "> 0");
+  require_option(
+      o.start_iter >= 0, "SwavQueueOptions::start_iter", std::to_string(o.start_iter), ">= 0");
+  require_option(
+      o.embedding_dim > 0,
+      "SwavQueueOptions::embedding_dim",
+      std::to_string(o.embedding_dim),
+      "> 0");
+  require_option(
       !o.num_prototypes.empty() &&
           std::all_of(
               o.num_prototypes.begin(), o.num_prototypes.end(), [](int64_t k) { return k > 0; }),
-      "num_prototypes",
+      "SwavQueueOptions::num_prototypes",
       fmt::format("[{}]", fmt::join(o.num_prototypes, ", ")),
       "one cluster count > 0 per prototype set");
   const bool crops_ok =
@@ -33,11 +32,11 @@ void validate(const SwavQueueOptions& o) {
       std::all_of(o.crops_for_assign.begin(), o.crops_for_assign.end(), [&](int64_t c) {
         return c >= 0 && c < o.num_crops;
       });
-  require(
+  require_option(
       crops_ok,
-      "crops_for_assign",
+      "SwavQueueOptions::crops_for_assign",
       fmt::format("[{}]", fmt::join(o.crops_for_assign, ", ")),
-      "crop indices in [0, num_crops)");
+      fmt::format("crop indices in [0, SwavQueueOptions::num_crops = {})", o.num_crops));
 }
 
 void require_shape(

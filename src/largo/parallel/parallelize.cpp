@@ -48,6 +48,7 @@ void check_pipeline_options(const ParallelOptions& options, int world_size) {
                       "autocast (O1, pytorch) or float32 with a pipeline: a cast of the stages "
                       "(O2, O3) is not built");
   }
+  check_pipeline_parallel_options(pipeline.stages);
 }
 
 } // namespace

@@ -85,6 +85,16 @@ std::vector<RankSchedule> forward_only_schedule(const PipelineShape& shape) {
 
 } // namespace
 
+void check_pipeline_parallel_options(const PipelineParallelOptions& options) {
+  require_option(
+      !(options.checkpoint_stages() && options.schedule() == PipelineScheduleKind::kZeroBubbleH1),
+      "PipelineParallelOptions::checkpoint_stages",
+      "true",
+      "false with PipelineParallelOptions::schedule = zb_h1: a checkpointed stage is one "
+      "autograd node, so zb_h1's weight pass would recompute the stage a second time; "
+      "recompute stages with gpipe, 1f1b or interleaved_1f1b, or run zb_h1 without");
+}
+
 PipelineParallel::PipelineParallel(
     std::vector<PipelineBlock> blocks,
     std::shared_ptr<comm::ProcessGroup> pipeline_group,
@@ -101,13 +111,7 @@ PipelineParallel::PipelineParallel(
   shape = {
       impl.pipeline->world_size(), impl.options.num_microbatches(), impl.options.virtual_stages()};
   check_pipeline_shape(impl.options.schedule(), shape);
-  if (impl.options.checkpoint_stages() &&
-      impl.options.schedule() == PipelineScheduleKind::kZeroBubbleH1) {
-    throw ConfigError("MODEL.PIPELINE.CHECKPOINT_STAGES = True with SCHEDULE = zb_h1: a "
-                      "checkpointed stage is one autograd node, so zb_h1's weight pass would "
-                      "recompute the stage a second time; use 1f1b or interleaved_1f1b with "
-                      "checkpointing");
-  }
+  check_pipeline_parallel_options(impl.options);
   impl.boundaries =
       cut_model(blocks, shape.num_stages(), impl.options, *impl.pipeline, impl.data_parallel.get());
   std::vector<std::string> buffer_names;

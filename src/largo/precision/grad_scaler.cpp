@@ -15,16 +15,6 @@ namespace {
 using c10::IValue;
 using c10::impl::GenericDict;
 
-constexpr const char* kKeyPrefix = "MODEL.AMP_PARAMS.GRAD_SCALER.";
-
-void require(bool ok, const char* option, const char* key, const std::string& value,
-             const char* expected) {
-  if (!ok) {
-    throw ConfigError(fmt::format("GradScaler option {} ({}{}) = {}: expected {}", option,
-                                  kKeyPrefix, key, value, expected));
-  }
-}
-
 double number_in(const GenericDict& dict, const char* key) {
   auto it = dict.find(IValue(std::string(key)));
   if (it == dict.end()) {
@@ -80,24 +70,43 @@ at::Tensor non_finite_flag(const std::vector<at::Tensor>& grads) {
 
 GradScaler::GradScaler(GradScalerOptions options) : options_(std::move(options)) {
   const auto& o = options_;
-  require(std::isfinite(o.init_scale) && o.init_scale > 0 &&
-              std::isfinite(static_cast<float>(o.init_scale)),
-          "init_scale", "INIT_SCALE", fmt::format("{}", o.init_scale),
-          "a number > 0 that float32 can hold (< 3.4e38)");
-  require(o.growth_factor > 1.0 && std::isfinite(o.growth_factor), "growth_factor",
-          "GROWTH_FACTOR", fmt::format("{}", o.growth_factor), "a number > 1");
-  require(o.backoff_factor > 0.0 && o.backoff_factor < 1.0, "backoff_factor", "BACKOFF_FACTOR",
-          fmt::format("{}", o.backoff_factor), "a number in (0, 1)");
-  require(o.growth_interval >= 1, "growth_interval", "GROWTH_INTERVAL",
-          std::to_string(o.growth_interval), "an integer >= 1");
-  require(o.hysteresis >= 1, "hysteresis", "HYSTERESIS", std::to_string(o.hysteresis),
-          "an integer >= 1 (1: back off on every overflow)");
-  require(o.min_loss_scale >= 0.0 && o.min_loss_scale <= o.init_scale, "min_loss_scale",
-          "MIN_LOSS_SCALE", fmt::format("{}", o.min_loss_scale),
-          fmt::format("a number in [0, init_scale = {}] (0: no minimum)", o.init_scale).c_str());
-  require(o.max_loss_scale >= o.init_scale, "max_loss_scale", "MAX_LOSS_SCALE",
-          fmt::format("{}", o.max_loss_scale),
-          fmt::format("a number >= init_scale = {}", o.init_scale).c_str());
+  require_option(
+      std::isfinite(o.init_scale) && o.init_scale > 0 &&
+          std::isfinite(static_cast<float>(o.init_scale)),
+      "GradScalerOptions::init_scale",
+      fmt::format("{}", o.init_scale),
+      "a number > 0 that float32 can hold (< 3.4e38)");
+  require_option(
+      o.growth_factor > 1.0 && std::isfinite(o.growth_factor),
+      "GradScalerOptions::growth_factor",
+      fmt::format("{}", o.growth_factor),
+      "a number > 1");
+  require_option(
+      o.backoff_factor > 0.0 && o.backoff_factor < 1.0,
+      "GradScalerOptions::backoff_factor",
+      fmt::format("{}", o.backoff_factor),
+      "a number in (0, 1)");
+  require_option(
+      o.growth_interval >= 1,
+      "GradScalerOptions::growth_interval",
+      std::to_string(o.growth_interval),
+      "an integer >= 1");
+  require_option(
+      o.hysteresis >= 1,
+      "GradScalerOptions::hysteresis",
+      std::to_string(o.hysteresis),
+      "an integer >= 1 (1: back off on every overflow)");
+  require_option(
+      o.min_loss_scale >= 0.0 && o.min_loss_scale <= o.init_scale,
+      "GradScalerOptions::min_loss_scale",
+      fmt::format("{}", o.min_loss_scale),
+      fmt::format(
+          "a number in [0, GradScalerOptions::init_scale = {}] (0: no minimum)", o.init_scale));
+  require_option(
+      o.max_loss_scale >= o.init_scale,
+      "GradScalerOptions::max_loss_scale",
+      fmt::format("{}", o.max_loss_scale),
+      fmt::format("a number >= GradScalerOptions::init_scale = {}", o.init_scale));
   scale_ = static_cast<float>(o.init_scale);
   hysteresis_left_ = o.hysteresis;
 }

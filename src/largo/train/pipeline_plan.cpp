@@ -53,8 +53,9 @@ std::vector<std::pair<std::string, std::string>> conflicts(const RunPlan& plan) 
   return found;
 }
 
-// The schedule's shape, the stage recomputation it allows and the boundaries' count (their
-// end, the model's block count, is checked when the model is cut).
+// The schedule's shape and the boundaries' count (their end, the model's block count, is
+// checked when the model is cut). The stage recomputation a schedule allows is the library's
+// rule (parallel::check_pipeline_parallel_options, through check_parallel_options).
 void check_schedule(const parallel::PipelineOptions& pipeline) {
   const parallel::PipelineParallelOptions& stages = pipeline.stages;
   try {
@@ -63,12 +64,6 @@ void check_schedule(const parallel::PipelineOptions& pipeline) {
         parallel::PipelineShape{pipeline.size, stages.num_microbatches(), stages.virtual_stages()});
   } catch (const ConfigError& e) {
     throw ConfigError(fmt::format("MODEL.PIPELINE: {}", e.what()));
-  }
-  if (stages.checkpoint_stages() &&
-      stages.schedule() == parallel::PipelineScheduleKind::kZeroBubbleH1) {
-    throw ConfigError(
-        "MODEL.PIPELINE.CHECKPOINT_STAGES = True with SCHEDULE zb_h1: zb_h1's weight pass would "
-        "recompute each stage a second time; use 1f1b with CHECKPOINT_STAGES, or zb_h1 without");
   }
   const std::vector<int64_t>& boundaries = stages.boundaries();
   const size_t expected = static_cast<size_t>(pipeline.size * stages.virtual_stages()) + 1;

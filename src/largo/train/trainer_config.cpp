@@ -10,6 +10,7 @@
 #include <largo/parallel/sync_batch_norm.h>
 #include <largo/precision/model_cast.h>
 #include <largo/train/data_config.h>
+#include <largo/train/option_keys.h>
 #include <largo/train/unavailable_keys.h>
 
 #include <fmt/format.h>
@@ -805,7 +806,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   fsdp_options_from(config, options);
   // Built here too, so that a bad AMP setting fails while the config is validated.
   precision::resolve_precision_policy(options.amp);
-  precision::GradScaler validated_scaler(options.grad_scaler);
+  rethrow_with_yaml_keys([&] { precision::GradScaler validated_scaler(options.grad_scaler); });
   options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
 
   options.device = config.get_string("MACHINE.DEVICE");
