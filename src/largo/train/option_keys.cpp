@@ -35,11 +35,11 @@ const std::map<std::string, std::string>& option_keys() {
       {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
       {"ParallelOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
       {"ParallelOptions::tensor_parallel_size", "DISTRIBUTED.TENSOR_PARALLEL_SIZE"},
-      {"TensorParallelPlanOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
       {"PipelineParallelOptions::balance", "MODEL.PIPELINE.BALANCE"},
       {"PipelineParallelOptions::checkpoint_stages", "MODEL.PIPELINE.CHECKPOINT_STAGES"},
       {"PipelineParallelOptions::schedule", "MODEL.PIPELINE.SCHEDULE"},
       {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},
+      {"TensorParallelPlanOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
       {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
   };
   return keys;
