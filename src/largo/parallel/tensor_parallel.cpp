@@ -131,6 +131,24 @@ at::Tensor tokens_of_rank(const at::Tensor& full, const comm::ProcessGroup& grou
   return full.narrow(-2, shard.begin, shard.size).clone(at::MemoryFormat::Contiguous);
 }
 
+// What a region that keeps this rank's tokens of a sequence saves (its group and the
+// sequence's length), and its backward: every rank's tokens' gradients gathered.
+void save_sequence(
+    torch::autograd::AutogradContext* context, comm::ProcessGroup* group, const at::Tensor& input) {
+  save_tensor_parallel_group(context, group);
+  context->saved_data["length"] = input.size(-2);
+}
+
+torch::autograd::variable_list gathered_token_gradients(
+    torch::autograd::AutogradContext* context, const torch::autograd::variable_list& gradients) {
+  return {
+      all_gather_tokens(
+          gradients[0],
+          saved_tensor_parallel_group(context),
+          context->saved_data["length"].toInt()),
+      at::Tensor()};
+}
+
 class ScatterToSequenceParallelRegion
     : public torch::autograd::Function<ScatterToSequenceParallelRegion> {
  public:
@@ -138,18 +156,12 @@ class ScatterToSequenceParallelRegion
       torch::autograd::AutogradContext* context,
       const at::Tensor& input,
       comm::ProcessGroup* group) {
-    save_tensor_parallel_group(context, group);
-    context->saved_data["length"] = input.size(-2);
+    save_sequence(context, group, input);
     return tokens_of_rank(input, *group);
   }
   static torch::autograd::variable_list
   backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
-    return {
-        all_gather_tokens(
-            gradients[0],
-            saved_tensor_parallel_group(context),
-            context->saved_data["length"].toInt()),
-        at::Tensor()};
+    return gathered_token_gradients(context, gradients);
   }
 };
 
@@ -180,26 +192,21 @@ class ReduceScatterToSequenceParallelRegion
       torch::autograd::AutogradContext* context,
       const at::Tensor& input,
       comm::ProcessGroup* group) {
-    save_tensor_parallel_group(context, group);
-    context->saved_data["length"] = input.size(-2);
+    save_sequence(context, group, input);
     return reduce_scatter_tokens(input, *group);
   }
   static torch::autograd::variable_list
   backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
-    return {
-        all_gather_tokens(
-            gradients[0],
-            saved_tensor_parallel_group(context),
-            context->saved_data["length"].toInt()),
-        at::Tensor()};
+    return gathered_token_gradients(context, gradients);
   }
 };
 
 // A column-parallel product of sequence-parallel input: all-gather this rank's tokens, then
-// multiply by the weight (the caller adds the bias). Saved for backward are this rank's tokens, not
-// the gathered sequence, which is gathered again (Megatron-LM's sequence-parallel Linear): T times
-// less activation memory for one more all-gather in backward. Backward runs in the gradient's dtype
-// (an autocast forward computed in it) and gives each gradient its tensor's dtype.
+// multiply by the weight (the caller adds the bias). Saved for backward are this rank's
+// tokens, not the gathered sequence, which is gathered again (Megatron-LM's
+// sequence-parallel Linear): T times less activation memory for one more all-gather in
+// backward. Backward runs in the gradient's dtype (an autocast forward computed in it) and
+// gives each gradient its tensor's dtype.
 class SequenceGatheredLinear : public torch::autograd::Function<SequenceGatheredLinear> {
  public:
   static at::Tensor forward(
