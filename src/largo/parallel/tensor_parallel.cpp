@@ -126,44 +126,37 @@ at::Tensor reduce_scatter_tokens(const at::Tensor& full, comm::ProcessGroup& gro
   return output.narrow(-2, 0, shard.size).contiguous();
 }
 
-at::Tensor tokens_of_rank(const at::Tensor& full, const comm::ProcessGroup& group) {
+at::Tensor tokens_of_rank(const at::Tensor& full, comm::ProcessGroup& group) {
   const SequenceShard shard = sequence_shard_of(full.size(-2), group.rank(), group.world_size());
   return full.narrow(-2, shard.begin, shard.size).clone(at::MemoryFormat::Contiguous);
 }
 
-// What a region that keeps this rank's tokens of a sequence saves (its group and the
-// sequence's length), and its backward: every rank's tokens' gradients gathered.
-void save_sequence(
-    torch::autograd::AutogradContext* context, comm::ProcessGroup* group, const at::Tensor& input) {
-  save_tensor_parallel_group(context, group);
-  context->saved_data["length"] = input.size(-2);
-}
-
-torch::autograd::variable_list gathered_token_gradients(
-    torch::autograd::AutogradContext* context, const torch::autograd::variable_list& gradients) {
-  return {
-      all_gather_tokens(
-          gradients[0],
-          saved_tensor_parallel_group(context),
-          context->saved_data["length"].toInt()),
-      at::Tensor()};
-}
-
-class ScatterToSequenceParallelRegion
-    : public torch::autograd::Function<ScatterToSequenceParallelRegion> {
+// A region that keeps this rank's tokens of the sequence `keep` gives it (its slice of the
+// same sequence, or its tokens of the ranks' summed partial sequences); backward gathers
+// every rank's tokens' gradients.
+template <at::Tensor (*keep)(const at::Tensor&, comm::ProcessGroup&)>
+class KeepTokensOfRank : public torch::autograd::Function<KeepTokensOfRank<keep>> {
  public:
   static at::Tensor forward(
       torch::autograd::AutogradContext* context,
       const at::Tensor& input,
       comm::ProcessGroup* group) {
-    save_sequence(context, group, input);
-    return tokens_of_rank(input, *group);
+    save_tensor_parallel_group(context, group);
+    context->saved_data["length"] = input.size(-2);
+    return keep(input, *group);
   }
   static torch::autograd::variable_list
   backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
-    return gathered_token_gradients(context, gradients);
+    return {
+        all_gather_tokens(
+            gradients[0],
+            saved_tensor_parallel_group(context),
+            context->saved_data["length"].toInt()),
+        at::Tensor()};
   }
 };
+using ScatterToSequenceParallelRegion = KeepTokensOfRank<tokens_of_rank>;
+using ReduceScatterToSequenceParallelRegion = KeepTokensOfRank<reduce_scatter_tokens>;
 
 class GatherFromSequenceParallelRegion
     : public torch::autograd::Function<GatherFromSequenceParallelRegion> {
@@ -182,22 +175,6 @@ class GatherFromSequenceParallelRegion
         tokens_of_rank(gradients[0], saved_tensor_parallel_group(context)),
         at::Tensor(),
         at::Tensor()};
-  }
-};
-
-class ReduceScatterToSequenceParallelRegion
-    : public torch::autograd::Function<ReduceScatterToSequenceParallelRegion> {
- public:
-  static at::Tensor forward(
-      torch::autograd::AutogradContext* context,
-      const at::Tensor& input,
-      comm::ProcessGroup* group) {
-    save_sequence(context, group, input);
-    return reduce_scatter_tokens(input, *group);
-  }
-  static torch::autograd::variable_list
-  backward(torch::autograd::AutogradContext* context, torch::autograd::variable_list gradients) {
-    return gathered_token_gradients(context, gradients);
   }
 };
 
