@@ -7,6 +7,7 @@
 //
 // Usage: precision_bench MODEL [--precision P] [--device cpu|cuda] [--batch N] [--threads T]
 //                        [--warmup W] [--steps S] [--memory] [--channels-last]
+//                        [--profile PATH] [--profile-steps K]
 //   MODEL: small_cnn ([N, 1, 28, 28]), resnet18 (cifar stem, [N, 3, 32, 32]), resnet50
 //          (imagenet stem, [N, 3, 224, 224], 1000 classes) or vit_b16 (ViT-B/16 at 224 with
 //          qkv biases, as torchvision's vit_b_16, 1000 classes); the last two are meant for
@@ -23,6 +24,10 @@
 //      returns freed blocks at once: run_precision_bench.sh sets LARGO_MALLOC_TUNING=0 and
 //      GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536 for both sides. Parameter, master,
 //      gradient and optimizer-state bytes are summed from the tensors themselves.
+//   --profile PATH: after the timed steps, K more (default 3) under libtorch's Kineto profiler
+//      (host and, on CUDA, the GPU's kernels, copies and launches), written to PATH as a Chrome
+//      trace; precision_reference.py --profile writes PyTorch's, and
+//      bench/kernel_profile_table.py compares the two (bench/run_gpu_train_bench.sh --profile).
 // Prints one JSON line.
 #include <largo/core/malloc_tuning.h>
 #include <largo/core/memory_tracker.h>
@@ -35,6 +40,7 @@
 #include <largo/precision/tf32.h>
 
 #include <nlohmann/json.hpp>
+#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -45,6 +51,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -62,6 +69,8 @@ struct BenchOptions {
   int steps = 0;
   bool memory = false;
   bool channels_last = false;
+  std::string profile_path; // empty: no profile
+  int profile_steps = 3;
 };
 
 BenchOptions parse(int argc, char** argv) {
@@ -70,7 +79,7 @@ BenchOptions parse(int argc, char** argv) {
     throw std::invalid_argument(
         "usage: precision_bench small_cnn|resnet18|resnet50|vit_b16 [--precision fp32|tf32|o1_bf16|"
         "o2_bf16|o1_fp16|o2_fp16] [--device cpu|cuda] [--batch N] [--threads T] [--warmup W] "
-        "[--steps S] [--memory] [--channels-last]");
+        "[--steps S] [--memory] [--channels-last] [--profile PATH] [--profile-steps K]");
   }
   options.model = argv[1];
   for (int i = 2; i < argc; ++i) {
@@ -97,6 +106,10 @@ BenchOptions parse(int argc, char** argv) {
       options.memory = true;
     } else if (flag == "--channels-last") {
       options.channels_last = true;
+    } else if (flag == "--profile") {
+      options.profile_path = text();
+    } else if (flag == "--profile-steps") {
+      options.profile_steps = std::stoi(text());
     } else {
       throw std::invalid_argument("unknown flag " + flag);
     }
@@ -157,6 +170,22 @@ void reset_peak_rss() {
 
 int64_t tensor_bytes(const at::Tensor& tensor) {
   return tensor.defined() ? static_cast<int64_t>(tensor.numel() * tensor.element_size()) : 0;
+}
+
+// Runs `steps` under the Kineto profiler (what torch.profiler.profile drives in Python) and
+// saves its Chrome trace to `path`.
+template <typename Steps>
+void write_kineto_trace(const std::string& path, bool cuda, Steps&& steps) {
+  namespace impl = torch::profiler::impl;
+  const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
+  std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
+  if (cuda) {
+    activities.insert(impl::ActivityType::CUDA);
+  }
+  torch::autograd::profiler::prepareProfiler(config, activities);
+  torch::autograd::profiler::enableProfiler(config, activities);
+  steps();
+  torch::autograd::profiler::disableProfiler()->save(path);
 }
 
 } // namespace
@@ -341,6 +370,16 @@ int main(int argc, char** argv) try {
     result["optimizer_state_bytes"] = optimizer.state_bytes();
     result["forward_peak_bytes"] = forward_peak_kb * 1024;
     result["step_peak_bytes"] = step_peak_kb * 1024;
+  }
+  if (!options.profile_path.empty()) {
+    write_kineto_trace(options.profile_path, cuda, [&] {
+      for (int i = 0; i < options.profile_steps; ++i) {
+        one_step(false);
+      }
+      synchronize();
+    });
+    result["profile"] = options.profile_path;
+    result["profile_steps"] = options.profile_steps;
   }
   std::cout << result.dump() << std::endl;
   return 0;

@@ -20,12 +20,16 @@ from the tensors.
 --compile runs the model through torch.compile (default mode; its compilation happens in the
 warm-up steps, which must be at least 2; the warm-up's seconds are reported as
 warmup_seconds).
+--profile PATH: after the timed steps, --profile-steps more (default 3) under torch.profiler
+(CPU and, on CUDA, the GPU's kernels), written to PATH as a Chrome trace;
+bench/kernel_profile_table.py compares it with precision_bench's.
 On CUDA the result also holds the allocator's peak over the timed steps and the training
 FLOPs per image counted by torch.utils.flop_counter (forward + backward of one step).
 
 Usage: precision_reference.py MODEL [--precision P] [--device cpu|cuda] [--batch N]
                               [--threads T] [--warmup W] [--steps S] [--memory]
-                              [--channels-last] [--compile]
+                              [--channels-last] [--compile] [--profile PATH]
+                              [--profile-steps K]
 """
 import argparse
 import json
@@ -81,6 +85,8 @@ def main():
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--channels-last", action="store_true")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--profile")
+    parser.add_argument("--profile-steps", type=int, default=3)
     args = parser.parse_args()
     cuda = args.device == "cuda"
     d = defaults(args.model, cuda)
@@ -241,6 +247,16 @@ def main():
             nbytes(v) for state in optimizer.state.values() for v in state.values()
             if torch.is_tensor(v))
         result.update(measured)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=activities) as prof:
+            for _ in range(args.profile_steps):
+                one_step(False)
+            synchronize()
+        prof.export_chrome_trace(args.profile)
+        result["profile"] = args.profile
+        result["profile_steps"] = args.profile_steps
     print(json.dumps(result))
 
 

@@ -12,6 +12,9 @@
 #   LARGO_BENCH_WARMUP / LARGO_BENCH_STEPS: warm-up and timed steps per run (default 5, 20;
 #   torch.compile gets at least 3 warm-up steps, in which it compiles).
 #   LARGO_GPU_BENCH_MODELS: which of "resnet50 vit_b16" to run (default both).
+#   LARGO_GPU_BENCH_PROFILE=DIR: the Largo and eager runs also profile 3 steps after their
+#   timed ones (Kineto, which does not touch the timing) into DIR/MODEL_{largo,pytorch}.json.gz,
+#   and bench/kernel_profile_table.py prints where each side's GPU time goes (DIR/MODEL_table.md).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="${1:-build}"
@@ -31,10 +34,25 @@ for model in ${LARGO_GPU_BENCH_MODELS:-resnet50 vit_b16}; do
     *) echo "unknown model $model" >&2; exit 64 ;;
   esac
   common=(--precision o1_bf16 --device cuda --threads 16 --steps "$steps" "${flags[@]}")
+  largo_profile=() pytorch_profile=()
+  if [ -n "${LARGO_GPU_BENCH_PROFILE:-}" ]; then
+    mkdir -p "$LARGO_GPU_BENCH_PROFILE"
+    largo_profile=(--profile "$LARGO_GPU_BENCH_PROFILE/${model}_largo.json" --profile-steps 3)
+    pytorch_profile=(--profile "$LARGO_GPU_BENCH_PROFILE/${model}_pytorch.json" --profile-steps 3)
+  fi
   echo "run_gpu_train_bench: $model largo" >&2
-  "$bin" "$model" "${common[@]}" --warmup "$warmup" | tee -a "$results"
+  "$bin" "$model" "${common[@]}" --warmup "$warmup" "${largo_profile[@]}" | tee -a "$results"
   echo "run_gpu_train_bench: $model pytorch eager" >&2
-  "$python" "$here/precision_reference.py" "$model" "${common[@]}" --warmup "$warmup" | tee -a "$results"
+  "$python" "$here/precision_reference.py" "$model" "${common[@]}" --warmup "$warmup" \
+    "${pytorch_profile[@]}" | tee -a "$results"
+  if [ -n "${LARGO_GPU_BENCH_PROFILE:-}" ]; then
+    echo "run_gpu_train_bench: $model, where the GPU time goes (3 profiled steps each)"
+    "$python" "$here/kernel_profile_table.py" "$LARGO_GPU_BENCH_PROFILE/${model}_largo.json" \
+      "$LARGO_GPU_BENCH_PROFILE/${model}_pytorch.json" --steps 3 --top 20 \
+      --json "$LARGO_GPU_BENCH_PROFILE/${model}_summary.json" |
+      tee "$LARGO_GPU_BENCH_PROFILE/${model}_table.md" || echo "kernel_profile_table failed" >&2
+    gzip -f "$LARGO_GPU_BENCH_PROFILE/${model}_largo.json" "$LARGO_GPU_BENCH_PROFILE/${model}_pytorch.json"
+  fi
   echo "run_gpu_train_bench: $model pytorch torch.compile" >&2
   "$python" "$here/precision_reference.py" "$model" "${common[@]}" --warmup "$compile_warmup" \
     --compile | tee -a "$results"

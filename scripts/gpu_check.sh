@@ -43,12 +43,15 @@ usage: scripts/gpu_check.sh [--plan] [--report PATH] [--build-dir DIR] [--deps D
                   tf32 and O1/O2 float16/bfloat16, Largo against PyTorch)
   --list-layers   print the test layers that hold CUDA tests, and exit
   --benches LIST  which benchmarks run, of "train loader memory" (default all three)
+  --profile       the train bench also profiles 3 steps of Largo and of PyTorch eager per
+                  model (Kineto traces under \$OUT/profile or <build>/gpu_check_logs/profile)
+                  and reports where each side's GPU time goes (bench/kernel_profile_table.py)
   --filter PAT    a GoogleTest filter for the CUDA tests (default '*Cuda*'), e.g. to rerun
                   the ones that failed
 EOF
 }
 
-plan=0 build_only=0 skip_bench=0 list_layers=0 precision_sweep=0 prebuilt=""
+plan=0 build_only=0 skip_bench=0 list_layers=0 precision_sweep=0 prebuilt="" profile=0
 benches="train loader memory" test_filter='*Cuda*' 
 report=""
 build_dir="$repo/build-gpu"
@@ -65,6 +68,7 @@ while [ $# -gt 0 ]; do
     --benches) benches="${2?--benches needs a list}"; shift ;;
     --filter) test_filter="${2:?--filter needs a pattern}"; shift ;;
     --precision-sweep) precision_sweep=1 ;;
+    --profile) profile=1 ;;
     --prebuilt) prebuilt="${2:?--prebuilt needs a folder}"; shift ;;
     --report) report="${2:?--report needs a path}"; shift ;;
     --build-dir) build_dir="${2:?--build-dir needs a folder}"; shift ;;
@@ -186,7 +190,7 @@ if [ "$plan" = 1 ]; then
   echo "     (first: $python $reference_script <logs>/cuda_reference --device cuda, LARGO_CUDA_REFERENCE_DIR set to it)"
   if [ "$skip_bench" = 0 ]; then
     [[ " $benches " != *" train "* ]] ||
-      echo "  6. train bench: bench/run_gpu_train_bench.sh: ResNet-50 and ViT-B/16, Largo vs PyTorch eager and torch.compile"
+      echo "  6. train bench: bench/run_gpu_train_bench.sh: ResNet-50 and ViT-B/16, Largo vs PyTorch eager and torch.compile$( ((profile)) && echo ", 3 steps of each profiled (Kineto)")"
     [[ " $benches " != *" loader "* ]] ||
       echo "  7. loader bench: bench/run_gpu_loader_bench.sh: largo train ResNet-50 from $loader_images JPEGs"
     [[ " $benches " != *" memory "* ]] ||
@@ -211,6 +215,7 @@ no_gpu() {
 start_time=$(date +%s)
 deadline=$(( start_time + budget ))
 logs="$build_dir/gpu_check_logs"
+profile_dir="${OUT:-$logs}/profile" # --profile's traces; under $OUT they come back with the report
 step_names=() step_status=() step_secs=() step_notes=()
 record() { # name status seconds note
   step_names+=("$1"); step_status+=("$2"); step_secs+=("$3"); step_notes+=("${4:-}")
@@ -325,6 +330,12 @@ write_report() {
       sed -n '/measured bf16 matrix peak/,$p' "$logs/train_bench.log"
       echo "-- raw results"
       cat "$logs/gpu_train_results.jsonl" 2>/dev/null || true
+      for table in "$profile_dir"/*_table.md; do
+        [ -s "$table" ] || continue
+        echo
+        echo "-- where the GPU time goes, $(basename "$table" _table.md): Largo against PyTorch eager, per step (bench/kernel_profile_table.py)"
+        cat "$table"
+      done
     fi
     if [ -s "$logs/loader_bench.log" ]; then
       echo
@@ -598,6 +609,7 @@ record "CUDA tests" "$tests_status" $(( $(date +%s) - tests_began )) "${tests_no
 if [ "$skip_bench" = 0 ]; then
   if [[ " $benches " == *" train "* ]] && ! run_step "train bench" "$limit_train_bench" "$logs/train_bench.log" \
        env "LARGO_BENCH_WARMUP=$bench_warmup" "LARGO_BENCH_STEPS=$bench_steps" \
+       "LARGO_GPU_BENCH_PROFILE=$( ((profile)) && echo "$profile_dir")" \
        bash "$repo/bench/run_gpu_train_bench.sh" "$build_dir" "$logs/gpu_train_results.jsonl"; then
     failed_logs+=("$logs/train_bench.log")
   fi

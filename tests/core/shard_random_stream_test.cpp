@@ -1,11 +1,13 @@
 // run_in_shard_random_stream (core/shard_random_stream.h): two ranks with the same CPU
 // generator state, simulated in one process by restoring it, draw different numbers in
 // different streams and the same in the same stream, and leave the region with the CPU
-// generator where one draw leaves it, however much each drew inside (also when it throws).
+// generator where one draw leaves it, however much each drew inside (also when it throws);
+// on a GPU the region draws from the CUDA generator, which it leaves where it found it.
 #include <largo/core/rng_state.h>
 #include <largo/core/shard_random_stream.h>
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <stdexcept>
@@ -53,6 +55,34 @@ TEST(ShardRandomStream, GeneratorIsRestoredWhenTheRegionThrows) {
           }),
       std::runtime_error);
   EXPECT_TRUE(at::equal(at::rand({8}, at::kDouble), after));
+}
+
+// On CUDA the region reseeds the device's generator (a seed and an offset into Philox's
+// stream) and puts it back: the streams differ inside, and the CUDA generator's next draws
+// after the region are the ones it would have drawn without it.
+TEST(ShardRandomStream, CudaStreamsDifferInsideAndTheCudaGeneratorIsRestored) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  const at::Device cuda(at::kCUDA, 0);
+  torch::manual_seed(5); // seeds the CUDA generator too
+  at::Generator cuda_generator = at::globalContext().defaultGenerator(cuda);
+  const at::Tensor cpu_start = cpu_rng_state();
+  const at::Tensor cuda_start = cuda_generator.get_state();
+  auto region_on_cuda = [&](int64_t stream) {
+    set_cpu_rng_state(cpu_start);
+    return run_in_shard_random_stream(
+        stream, cuda, [&] { return at::rand({64}, at::TensorOptions(cuda)).cpu(); });
+  };
+  const at::Tensor stream0 = region_on_cuda(0);
+  const at::Tensor stream1 = region_on_cuda(1);
+  EXPECT_FALSE(at::equal(stream0, stream1));
+  EXPECT_TRUE(at::equal(stream0, region_on_cuda(0)));
+  const at::Tensor after = at::rand({64}, at::TensorOptions(cuda)).cpu();
+  cuda_generator.set_state(cuda_start);
+  const at::Tensor without_region = at::rand({64}, at::TensorOptions(cuda)).cpu();
+  EXPECT_TRUE(at::equal(after, without_region));
+  EXPECT_FALSE(at::equal(stream0, without_region));
 }
 
 } // namespace

@@ -2,7 +2,9 @@
 // arithmetic as functions of (rank, world); the zoo's MLP trunk and a small ViT sharded over
 // two ranks (Gloo, the world group as the tensor-parallel group) against the same model
 // unsharded, built from the same seed in the same process: forward outputs, every gradient,
-// the gradient norm, and 20 clipped AdamW steps; and the plan's error messages.
+// the gradient norm, and 20 clipped AdamW steps (the ViT with sequence parallelism also on
+// the GPU); one step under autocast against the unsharded model under the same autocast
+// (bfloat16 on the CPU, float16 and bfloat16 on the GPU); and the plan's error messages.
 //
 // Both models run in float64, so that any difference is rounding in a different order
 // (partial products summed by an all-reduce, the bias added after it) and the bound can be
@@ -14,14 +16,18 @@
 #include <largo/optim/adamw.h>
 #include <largo/parallel/tensor_parallel.h>
 #include <largo/parallel/tensor_parallel_plan.h>
+#include <largo/precision/autocast.h>
+#include <largo/precision/tf32.h>
 
 #include "comm/distributed_test_util.h"
 #include "parallel/parallelize_test_util.h"
 #include "parallel/tensor_parallel_test_util.h"
 
 #include <fmt/format.h>
+#include <torch/cuda.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 
 namespace largo::parallel::tensor_parallel_test {
@@ -54,22 +60,31 @@ models::TrunkHeadModel make_mlp() {
   return model;
 }
 
-models::TrunkHeadModel make_vit() {
+// The same weights on every device and in every dtype: drawn on the CPU in float32, then moved.
+models::TrunkHeadModel make_vit_on(at::Device device, at::ScalarType dtype) {
   torch::manual_seed(12);
   auto model = with_linear_head(models::build_vit_trunk(small_vit_options(), 3, 16), kClasses);
-  model->to(at::kDouble);
+  model->to(device, dtype);
   return model;
 }
 
+models::TrunkHeadModel make_vit() {
+  return make_vit_on(at::kCPU, at::kDouble);
+}
+
 // Step `step`'s batch, the same on every rank (tensor parallelism splits the model, not the
-// data).
-std::pair<at::Tensor, at::Tensor> batch(int step, at::IntArrayRef image_shape) {
+// data), drawn on the CPU and moved to `device`.
+std::pair<at::Tensor, at::Tensor> batch(
+    int step,
+    at::IntArrayRef image_shape,
+    at::Device device = at::kCPU,
+    at::ScalarType dtype = at::kDouble) {
   auto generator = at::make_generator<at::CPUGeneratorImpl>(900 + step);
   std::vector<int64_t> shape{kBatch};
   shape.insert(shape.end(), image_shape.begin(), image_shape.end());
   at::Tensor images = at::randn(shape, generator, at::kDouble);
   at::Tensor labels = at::randint(0, kClasses, {kBatch}, generator);
-  return {images, labels};
+  return {images.to(device, dtype), labels.to(device)};
 }
 
 at::Tensor loss_of(models::TrunkHeadModel& model, const std::pair<at::Tensor, at::Tensor>& data) {
@@ -132,13 +147,14 @@ void expect_trains_like_unsharded(
     const std::function<models::TrunkHeadModel()>& make,
     at::IntArrayRef image_shape,
     comm::ProcessGroup& group,
-    TensorParallelPlanOptions plan = {}) {
+    TensorParallelPlanOptions plan = {},
+    at::Device device = at::kCPU) {
   models::TrunkHeadModel unsharded = make();
   models::TrunkHeadModel sharded = make();
   EXPECT_FALSE(apply_tensor_parallel(*sharded, borrow(group), plan).empty());
 
   // First step in detail: outputs, gradients, gradient norm.
-  const auto first = batch(0, image_shape);
+  const auto first = batch(0, image_shape, device);
   expect_close(sharded->forward(first.first), unsharded->forward(first.first), "output");
   loss_of(sharded, first).backward();
   loss_of(unsharded, first).backward();
@@ -155,7 +171,7 @@ void expect_trains_like_unsharded(
   for (int step = 0; step < kSteps; ++step) {
     sharded_optimizer.zero_grad();
     unsharded_optimizer.zero_grad();
-    const auto data = batch(step, image_shape);
+    const auto data = batch(step, image_shape, device);
     at::Tensor sharded_loss = loss_of(sharded, data);
     at::Tensor unsharded_loss = loss_of(unsharded, data);
     expect_close(sharded_loss.detach(), unsharded_loss.detach(), fmt::format("loss {}", step));
@@ -270,6 +286,105 @@ TEST(TensorParallel, VitWithSequenceParallelismTrainsLikeUnsharded) {
       expect_trains_like_unsharded(make_vit, {3, 16, 16}, group, plan);
     });
   }
+}
+
+// The same comparison on the GPU (float64, 2 ranks sharing it over Gloo, which stages CUDA
+// tensors through host memory): the sequence regions' gathers and reduce-scatters, and the
+// shard random streams' device generator, on CUDA tensors. The bound is the CPU run's: cuBLAS
+// sums float64 products in another order, within the same K * u.
+TEST(TensorParallel, CudaVitWithSequenceParallelismOverGlooTrainsLikeUnsharded) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    const at::Device cuda(at::kCUDA, 0);
+    TensorParallelPlanOptions plan;
+    plan.sequence_parallel = true;
+    expect_trains_like_unsharded(
+        [cuda] { return make_vit_on(cuda, at::kDouble); }, {3, 16, 16}, group, plan, cuda);
+  });
+}
+
+// Autocast with tensor and sequence parallelism on `device`, one forward and backward of a
+// float32 ViT against the unsharded model under the same autocast: the sequence-gathered
+// column layers compute their backward in the gradient's dtype and every parameter's
+// gradient comes back in float32. Bound, with the low dtype's unit roundoff u (2^-8 bfloat16,
+// 2^-11 float16): the shards round their partial products before summing them where one
+// process rounds the sum once, at most u more per sharded linear layer relative to its
+// output. The loss sits behind 4 row layers (2 encoder layers), at most ~4u; a gradient behind
+// those and the 4 column layers' input gradients of backward, ~12u of the gradients' norm.
+// 16u for both: 6 % in bfloat16, 0.8 % in float16, where a missing reduction or a wrong shard
+// is off by the order of the values themselves.
+void autocast_with_sequence_parallelism_matches_unsharded(
+    comm::ProcessGroup& group, at::Device device, at::ScalarType low) {
+  SCOPED_TRACE(fmt::format("{} autocast on {}", c10::toString(low), device.str()));
+  TensorParallelPlanOptions plan;
+  plan.sequence_parallel = true;
+  models::TrunkHeadModel unsharded = make_vit_on(device, at::kFloat);
+  models::TrunkHeadModel sharded = make_vit_on(device, at::kFloat);
+  apply_tensor_parallel(*sharded, borrow(group), plan);
+  const auto data = batch(0, {3, 16, 16}, device, at::kFloat);
+  at::Tensor sharded_loss;
+  at::Tensor unsharded_loss;
+  {
+    precision::AutocastGuard autocast(device.type(), low);
+    sharded_loss = loss_of(sharded, data);
+    unsharded_loss = loss_of(unsharded, data);
+  }
+  sharded_loss.backward();
+  unsharded_loss.backward();
+  const double bound = 16.0 * std::ldexp(1.0, low == at::kBFloat16 ? -8 : -11);
+  const double expected_loss = unsharded_loss.item<double>();
+  EXPECT_NEAR(sharded_loss.item<double>(), expected_loss, bound * std::abs(expected_loss));
+
+  const auto specs = tensor_parallel_sharded_parameters(*sharded);
+  const auto full = unsharded->named_parameters();
+  double difference_squares = 0.0;
+  double expected_squares = 0.0;
+  for (const auto& item : sharded->named_parameters()) {
+    const at::Tensor& grad = item.value().grad();
+    ASSERT_TRUE(grad.defined()) << item.key();
+    EXPECT_EQ(grad.scalar_type(), at::kFloat) << item.key();
+    EXPECT_TRUE(grad.isfinite().all().item<bool>()) << item.key();
+    const auto spec = specs.find(item.key());
+    const at::Tensor& full_grad = full[item.key()].grad();
+    const at::Tensor expected =
+        spec == specs.end() ? full_grad : shard_of(full_grad, spec->second, group.rank(), 2);
+    difference_squares += (grad - expected).to(at::kDouble).square().sum().item<double>();
+    expected_squares += expected.to(at::kDouble).square().sum().item<double>();
+  }
+  // Printed for the record (docs/gpu.md quotes the GPU's): the measured share of the bound.
+  std::printf(
+      "%s autocast on %s, rank %d: loss off by %.2e, gradients by %.2e (relative; bound %.2e)\n",
+      c10::toString(low),
+      device.str().c_str(),
+      group.rank(),
+      std::abs(sharded_loss.item<double>() - expected_loss) / std::abs(expected_loss),
+      std::sqrt(difference_squares / expected_squares),
+      bound);
+  std::fflush(stdout); // a rank is a child process that ends without flushing
+  EXPECT_LE(std::sqrt(difference_squares), bound * std::sqrt(expected_squares))
+      << "|gradient difference| " << std::sqrt(difference_squares) << " of |gradient| "
+      << std::sqrt(expected_squares) << " (this rank's part)";
+}
+
+TEST(TensorParallel, AutocastWithSequenceParallelismOnCpuMatchesUnsharded) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    autocast_with_sequence_parallelism_matches_unsharded(group, at::kCPU, at::kBFloat16);
+  });
+}
+
+TEST(TensorParallel, CudaAutocastWithSequenceParallelismOverGlooMatchesUnsharded) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    const at::Device cuda(at::kCUDA, 0);
+    precision::apply_tf32({/*matmul=*/false, /*cudnn=*/false}); // float32 parts in float32
+    for (const at::ScalarType low : {at::kHalf, at::kBFloat16}) {
+      autocast_with_sequence_parallelism_matches_unsharded(group, cuda, low);
+    }
+  });
 }
 
 TEST(SequenceParallel, RanksHoldConsecutiveTokensTheLastOnesFewer) {
