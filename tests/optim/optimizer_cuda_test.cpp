@@ -1,5 +1,6 @@
-// The optimizers on CUDA tensors (the _foreach path, ATen's multi-tensor kernels) agree
-// with the fused CPU pass, for every optimizer, LARC and global-norm clipping. Skipped
+// The optimizers on CUDA tensors (SGD through ATen's fused kernel, and through the _foreach
+// path with fused = false; the others through the _foreach path, ATen's multi-tensor kernels)
+// agree with the fused CPU pass, for every optimizer, LARC and global-norm clipping. Skipped
 // without a GPU.
 #include "optim_test_util.h"
 
@@ -29,11 +30,11 @@ std::vector<ParamGroup> groups_over(const std::vector<at::Tensor>& params) {
 // and reduction order: 1e-12 relative after 30 steps (a wrong branch is >= 1e-4).
 constexpr double kTolerance = 1e-12;
 
-TEST(OptimizerCuda, ForeachOnCudaMatchesFusedCpu) {
+TEST(OptimizerCuda, FusedAndForeachOnCudaMatchTheFusedCpuPass) {
   if (!torch::cuda::is_available()) {
     GTEST_SKIP() << "no CUDA device: the CUDA path is checked on GPU machines only";
   }
-  std::vector<std::pair<std::string, OptimizerSpec>> specs(6);
+  std::vector<std::pair<std::string, OptimizerSpec>> specs(8);
   specs[0].first = "sgd";
   specs[0].second.sgd = SGDOptions{0.9, 0.0, true};
   specs[1].first = "adamw";
@@ -52,6 +53,11 @@ TEST(OptimizerCuda, ForeachOnCudaMatchesFusedCpu) {
   specs[4].second.larc.excluded_from_adaptation = {"b"};
   specs[5].first = "sgd_clipped";
   specs[5].second.sgd.momentum = 0.9;
+  specs[6].first = "sgd_foreach"; // SGD's _foreach path on CUDA (SGD above: ATen's fused kernel)
+  specs[6].second.sgd = SGDOptions{0.9, 0.0, true};
+  specs[6].second.sgd.fused = false;
+  specs[7].first = "sgd_no_momentum"; // the fused kernel without momentum buffers
+  specs[7].second.sgd.momentum = 0.0;
   for (const auto& [label, spec] : specs) {
     const bool clip = label == "sgd_clipped";
     std::vector<at::Tensor> cpu = make_params({{3, 4}, {5}, {40000}});

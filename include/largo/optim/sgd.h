@@ -5,14 +5,17 @@
 //   p -= lr * g
 // State per parameter: "momentum_buffer" (only when momentum != 0).
 //
-// Two update paths with the same arithmetic: CPU float32/float64 parameters whose gradient
+// Three update paths with the same arithmetic: CPU float32/float64 parameters whose gradient
 // and buffer have their layout go through one fused pass (each element of p, g and the
-// buffer read and written once, all parameters in one parallel region); everything else
-// (other devices and dtypes, odd layouts, or fused = false) through ATen's _foreach_ ops,
-// the ops of torch.optim.SGD(foreach=True), which match torch.optim bit for bit. The fused
-// pass evaluates the same expressions per element but may round differently from ATen's
-// vectorized kernels (which use fused multiply-adds where the CPU has them): within a few
-// ulp per step (tests/optim/optimizer_baseline_test.cpp).
+// buffer read and written once, all parameters in one parallel region); CUDA parameters
+// whose gradient and buffer have their layout through ATen's fused kernel, that of
+// torch.optim.SGD(fused=True) (one multi-tensor launch per group instead of the _foreach
+// path's five or six, and no temporaries: docs/gpu.md measured what the launches cost a
+// ResNet-50 step); everything else (other devices and dtypes, odd layouts, or fused = false)
+// through ATen's _foreach_ ops, the ops of torch.optim.SGD(foreach=True), which match
+// torch.optim bit for bit. The fused passes evaluate the same expressions per element but
+// may round differently (fused multiply-adds): within a few ulp per step
+// (tests/optim/optimizer_baseline_test.cpp, tests/optim/optimizer_cuda_test.cpp).
 #pragma once
 
 #include <largo/optim/optimizer.h>
@@ -24,7 +27,8 @@ struct SGDOptions {
   double momentum = 0.0; // OPTIMIZER.momentum
   double dampening = 0.0;
   bool nesterov = false; // OPTIMIZER.nesterov
-  // The fused CPU pass where the tensors allow it; false forces the _foreach path.
+  // The fused CPU pass or CUDA kernel where the tensors allow it; false forces the _foreach
+  // path.
   bool fused = true;
 };
 

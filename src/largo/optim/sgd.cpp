@@ -75,6 +75,49 @@ void sgd_kernel(
   });
 }
 
+// True when ATen's fused CUDA kernel (torch.optim.SGD(fused=True)) can take the tensors: on
+// one CUDA device, of one floating dtype, the same shape and strides, dense.
+bool can_use_fused_cuda_kernel(std::initializer_list<const at::Tensor*> tensors) {
+  const at::Tensor* first = *tensors.begin();
+  if (!first->defined() || !first->is_cuda() || !at::isFloatingType(first->scalar_type()) ||
+      !first->is_non_overlapping_and_dense()) {
+    return false;
+  }
+  for (const at::Tensor* t : tensors) {
+    if (!t->defined() || t->device() != first->device() ||
+        t->scalar_type() != first->scalar_type() || t->sizes() != first->sizes() ||
+        t->strides() != first->strides() || t->is_sparse()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The CUDA parameters of one group that take the fused kernel, split by whether their
+// momentum buffer is new (the kernel's is_first_step is one flag per call).
+struct FusedCudaLists {
+  std::vector<at::Tensor> params[2], grads[2], buffers[2]; // [0] existing buffers, [1] new
+};
+
+void fused_cuda_step(FusedCudaLists& lists, const ParamGroup& group, const SGDOptions& options) {
+  for (int first_step = 0; first_step < 2; ++first_step) {
+    if (lists.params[first_step].empty()) {
+      continue;
+    }
+    at::_fused_sgd_(
+        lists.params[first_step],
+        lists.grads[first_step],
+        lists.buffers[first_step], // empty without momentum
+        group.weight_decay,
+        options.momentum,
+        group.lr,
+        options.dampening,
+        options.nesterov,
+        /*maximize=*/false,
+        /*is_first_step=*/first_step == 1);
+  }
+}
+
 } // namespace
 
 SGD::SGD(std::vector<ParamGroup> param_groups, SGDOptions options)
@@ -108,6 +151,7 @@ void SGD::step() {
     // The _foreach path, per group (lr and weight decay are per group).
     std::vector<at::Tensor> params, grads, buffers;
     std::vector<std::string> names;
+    FusedCudaLists fused_cuda;
     for (size_t i = 0; i < group.params.size(); ++i) {
       at::Tensor& param = group.params[i];
       const at::Tensor& grad = param.grad();
@@ -128,16 +172,24 @@ void SGD::step() {
           buffer = it->second;
         }
       }
-      const bool can_fuse = options_.fused &&
-          (momentum == 0.0 ? detail::can_use_cpu_kernels({&param, &grad})
-                           : detail::can_use_cpu_kernels(
-                                 {&param, &grad, first_step ? &grad : &buffer}));
-      if (can_fuse) {
-        if (first_step) { // torch.clone keeps the gradient's layout
+      const at::Tensor* layout_of_buffer = momentum == 0.0 ? &grad : first_step ? &grad : &buffer;
+      const bool on_cpu = detail::can_use_cpu_kernels({&param, &grad, layout_of_buffer});
+      const bool on_cuda = !on_cpu && can_use_fused_cuda_kernel({&param, &grad, layout_of_buffer});
+      if (options_.fused && (on_cpu || on_cuda)) {
+        if (momentum != 0.0 && first_step) { // torch.clone keeps the gradient's layout
           buffer = at::empty_like(grad, at::MemoryFormat::Preserve);
           state(group.names[i])["momentum_buffer"] = buffer;
         }
-        fused.push_back({param, grad, buffer, group.lr, group.weight_decay, first_step});
+        if (on_cpu) {
+          fused.push_back({param, grad, buffer, group.lr, group.weight_decay, first_step});
+        } else {
+          const int list = momentum != 0.0 && first_step ? 1 : 0;
+          fused_cuda.params[list].push_back(param);
+          fused_cuda.grads[list].push_back(grad);
+          if (momentum != 0.0) {
+            fused_cuda.buffers[list].push_back(buffer);
+          }
+        }
       } else {
         params.push_back(param);
         grads.push_back(grad);
@@ -145,6 +197,7 @@ void SGD::step() {
         names.push_back(group.names[i]);
       }
     }
+    fused_cuda_step(fused_cuda, group, options_);
     if (params.empty()) {
       continue;
     }
