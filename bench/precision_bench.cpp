@@ -7,7 +7,7 @@
 //
 // Usage: precision_bench MODEL [--precision P] [--device cpu|cuda] [--batch N] [--threads T]
 //                        [--warmup W] [--steps S] [--memory] [--channels-last]
-//                        [--profile PATH] [--profile-steps K]
+//                        [--profile PATH] [--profile-steps K] [--no-finite-check]
 //   MODEL: small_cnn ([N, 1, 28, 28]), resnet18 (cifar stem, [N, 3, 32, 32]), resnet50
 //          (imagenet stem, [N, 3, 224, 224], 1000 classes) or vit_b16 (ViT-B/16 at 224 with
 //          qkv biases, as torchvision's vit_b_16, 1000 classes); the last two are meant for
@@ -28,6 +28,9 @@
 //      (host and, on CUDA, the GPU's kernels, copies and launches), written to PATH as a Chrome
 //      trace; precision_reference.py --profile writes PyTorch's, and
 //      bench/kernel_profile_table.py compares the two (bench/run_gpu_train_bench.sh --profile).
+//   --no-finite-check: without loss scaling, skip the inf/NaN check of the gradients before
+//      the step (HOOKS.CHECK_NAN = false in `largo train`): one pass over the gradients and a
+//      host sync per step that PyTorch's loop in precision_reference.py does not do.
 // Prints one JSON line.
 #include <largo/core/malloc_tuning.h>
 #include <largo/core/memory_tracker.h>
@@ -71,6 +74,7 @@ struct BenchOptions {
   bool channels_last = false;
   std::string profile_path; // empty: no profile
   int profile_steps = 3;
+  bool finite_check = true;
 };
 
 BenchOptions parse(int argc, char** argv) {
@@ -79,7 +83,8 @@ BenchOptions parse(int argc, char** argv) {
     throw std::invalid_argument(
         "usage: precision_bench small_cnn|resnet18|resnet50|vit_b16 [--precision fp32|tf32|o1_bf16|"
         "o2_bf16|o1_fp16|o2_fp16] [--device cpu|cuda] [--batch N] [--threads T] [--warmup W] "
-        "[--steps S] [--memory] [--channels-last] [--profile PATH] [--profile-steps K]");
+        "[--steps S] [--memory] [--channels-last] [--profile PATH] [--profile-steps K] "
+        "[--no-finite-check]");
   }
   options.model = argv[1];
   for (int i = 2; i < argc; ++i) {
@@ -106,6 +111,8 @@ BenchOptions parse(int argc, char** argv) {
       options.memory = true;
     } else if (flag == "--channels-last") {
       options.channels_last = true;
+    } else if (flag == "--no-finite-check") {
+      options.finite_check = false;
     } else if (flag == "--profile") {
       options.profile_path = text();
     } else if (flag == "--profile-steps") {
@@ -247,7 +254,8 @@ int main(int argc, char** argv) try {
     images = images.contiguous(at::MemoryFormat::ChannelsLast);
   }
   model->train();
-  largo::precision::MixedPrecision precision(policy_for(options.precision), *model, device);
+  largo::precision::MixedPrecision precision(
+      policy_for(options.precision), *model, device, {}, options.finite_check);
 
   // The default job's optimizer: SGD, Nesterov momentum 0.9, weight decay 5e-4 except on
   // BatchNorm parameters; under O2 it updates the float32 masters.
@@ -348,6 +356,7 @@ int main(int argc, char** argv) try {
       {"cpu_ms_per_step", cpu_ms_per_step},
       {"images_per_sec", options.batch * 1000.0 / ms_per_step},
       {"channels_last", options.channels_last},
+      {"finite_check", options.finite_check},
       {"training_flops_per_image", largo::models::training_flops_per_sample(model_options)},
       {"final_loss", last_loss},
       {"skipped_steps", precision.skipped_steps()}};

@@ -14,6 +14,8 @@
 #   LARGO_GPU_BENCH_MODELS: which of "resnet50 vit_b16" to run (default both).
 #   LARGO_GPU_BENCH_ROUNDS: how many times Largo and eager run, alternately (default 1); the
 #   table shows each side's median images/s and, with more than one round, the range.
+#   LARGO_GPU_BENCH_UNCHECKED=1: each round also runs Largo with --no-finite-check (no inf/NaN
+#   check of the gradients before the step: what PyTorch's loop does), a row of its own.
 #   LARGO_GPU_BENCH_COMPILE=0 leaves torch.compile out (its warm-up compiles for 40-60 s).
 #   LARGO_GPU_BENCH_PROFILE=DIR: the Largo and eager runs also profile 3 steps after their
 #   timed ones (Kineto, which does not touch the timing) into DIR/MODEL_{largo,pytorch}.json.gz,
@@ -46,6 +48,10 @@ for model in ${LARGO_GPU_BENCH_MODELS:-resnet50 vit_b16}; do
   for round in $(seq "${LARGO_GPU_BENCH_ROUNDS:-1}"); do
     echo "run_gpu_train_bench: $model largo, round $round" >&2
     "$bin" "$model" "${common[@]}" --warmup "$warmup" "${largo_profile[@]}" | tee -a "$results"
+    if [ "${LARGO_GPU_BENCH_UNCHECKED:-0}" = 1 ]; then
+      echo "run_gpu_train_bench: $model largo without the finite check, round $round" >&2
+      "$bin" "$model" "${common[@]}" --warmup "$warmup" --no-finite-check | tee -a "$results"
+    fi
     echo "run_gpu_train_bench: $model pytorch eager, round $round" >&2
     "$python" "$here/precision_reference.py" "$model" "${common[@]}" --warmup "$warmup" \
       "${pytorch_profile[@]}" | tee -a "$results"
@@ -76,8 +82,9 @@ print(f"\n{peak['device']}: measured bf16 matrix peak {peak['bf16_tflops']:.0f} 
 print(f"{'model':9} {'side':16} {'batch':>5} {'img/s':>8} {'vs eager':>8} {'MFU':>6} "
       f"{'peak GiB':>8}  notes")
 def side_of(r):
-    return "largo" if r["impl"] == "largo" else (
-        "pytorch compile" if r.get("compiled") else "pytorch eager")
+    if r["impl"] == "largo":
+        return "largo" if r.get("finite_check", True) else "largo unchecked"
+    return "pytorch compile" if r.get("compiled") else "pytorch eager"
 for model in dict.fromkeys(r["model"] for r in rows if "model" in r):
     runs = [r for r in rows if r.get("model") == model]
     eager_runs = [r for r in runs if side_of(r) == "pytorch eager"]
@@ -91,7 +98,7 @@ for model in dict.fromkeys(r["model"] for r in rows if "model" in r):
         notes = []
         if len(rates) > 1:
             notes.append(f"median of {len(rates)} rounds, {min(rates):.0f}-{max(rates):.0f}")
-        if side == "largo":
+        if side.startswith("largo"):
             notes.append(f"analytic FLOPs/img {mine[0]['training_flops_per_image'] / 1e9:.1f} G "
                          f"vs counted {flops / 1e9:.1f} G")
         if side == "pytorch compile":

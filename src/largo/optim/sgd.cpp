@@ -75,18 +75,33 @@ void sgd_kernel(
   });
 }
 
+// True when two tensors of one shape lay their elements out in the same order: their strides
+// agree on every dimension longer than 1 (a dimension of size 1 may have any stride, e.g. a
+// 1x1 convolution's channels-last weight against its gradient; ATen's fused kernels compare
+// strides the same way).
+bool same_memory_order(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes()) {
+    return false;
+  }
+  for (int64_t dim = 0; dim < a.dim(); ++dim) {
+    if (a.size(dim) != 1 && a.stride(dim) != b.stride(dim)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // True when ATen's fused CUDA kernel (torch.optim.SGD(fused=True)) can take the tensors: on
-// one CUDA device, of one floating dtype, the same shape and strides, dense.
+// one CUDA device, of one floating dtype, dense, their elements in the same order.
 bool can_use_fused_cuda_kernel(std::initializer_list<const at::Tensor*> tensors) {
   const at::Tensor* first = *tensors.begin();
-  if (!first->defined() || !first->is_cuda() || !at::isFloatingType(first->scalar_type()) ||
-      !first->is_non_overlapping_and_dense()) {
+  if (!first->defined() || !first->is_cuda() || !at::isFloatingType(first->scalar_type())) {
     return false;
   }
   for (const at::Tensor* t : tensors) {
-    if (!t->defined() || t->device() != first->device() ||
-        t->scalar_type() != first->scalar_type() || t->sizes() != first->sizes() ||
-        t->strides() != first->strides() || t->is_sparse()) {
+    if (!t->defined() || t->layout() != at::kStrided || t->device() != first->device() ||
+        t->scalar_type() != first->scalar_type() || !t->is_non_overlapping_and_dense() ||
+        !same_memory_order(*t, *first)) {
       return false;
     }
   }
