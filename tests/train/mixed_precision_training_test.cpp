@@ -253,7 +253,10 @@ TEST_F(MixedPrecisionTrainingTest, LossScaleAtItsMinimumStopsTheRun) {
              "MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE=3.4e38"});
   const std::string message = training_error_of(trainer_options_from_config(config));
   EXPECT_NE(message.find("global iteration 1"), std::string::npos) << message;
-  EXPECT_NE(message.find("MIN_LOSS_SCALE"), std::string::npos) << message;
+  EXPECT_NE(message.find("MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("MODEL.AMP_PARAMS.DTYPE"), std::string::npos) << message;
+  EXPECT_EQ(message.find("Options::"), std::string::npos) << message; // keys, not option names
   EXPECT_FALSE(fs::exists(dir_ / "checkpoint.torch"));
 }
 

@@ -1,8 +1,11 @@
 // The schedules VISSL configs use beyond ClassyVision's basic ones: polynomial and
 // step_with_fixed_gamma (ClassyVision's, registered for VISSL), cosine_warm_restart and
 // inverse_sqrt (VISSL's vissl/optimizers/param_scheduler/). Values as VISSL computes them,
-// checked against tests/reference/gen_vissl_schedule_baselines.py.
+// checked against tests/reference/gen_vissl_schedule_baselines.py. Invalid values throw
+// OptionError (core/error.h) naming the schedule's option under the caller's name for it.
 #include "lr_schedule_parts.h"
+
+#include <largo/core/error.h>
 
 #include <algorithm>
 #include <cmath>
@@ -98,13 +101,6 @@ class InverseSqrtSchedule : public LrSchedule {
  private:
   double factor_;
 };
-
-void require_option(
-    bool ok, const std::string& key, const std::string& value, const char* expected) {
-  if (!ok) {
-    throw ConfigError(fmt::format("{} = {}: expected {}", key, value, expected));
-  }
-}
 
 std::unique_ptr<LrSchedule>
 make_step_with_fixed_gamma(const ScheduleOptions& options, const std::string& key) {

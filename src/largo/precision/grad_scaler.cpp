@@ -218,12 +218,13 @@ void GradScaler::update() {
     // clamped scale must count as being at the minimum.
     const float min_scale = static_cast<float>(options_.min_loss_scale);
     if (min_scale > 0.0f && scale_ <= min_scale) {
+      // In option names; the config layer shows its users the keys (train/option_keys.h).
       throw TrainingError(fmt::format(
-          "the loss scale is already at its minimum {} (MODEL.AMP_PARAMS.GRAD_SCALER."
-          "MIN_LOSS_SCALE) and the gradients still contain inf/NaN, so every step would be "
-          "skipped from now on. The model diverged or float16 cannot represent its values: "
-          "lower the learning rate, use bfloat16 (MODEL.AMP_PARAMS.DTYPE), or resume from an "
-          "earlier checkpoint",
+          "the loss scale is already at its minimum {} (GradScalerOptions::min_loss_scale) "
+          "and the gradients still contain inf/NaN, so every step would be skipped from now "
+          "on. The model diverged or float16 cannot represent its values: lower the learning "
+          "rate, use bfloat16 (PrecisionPolicyOptions::dtype), or resume from an earlier "
+          "checkpoint",
           options_.min_loss_scale));
     }
     scale_ = std::max(static_cast<float>(static_cast<double>(scale_) * options_.backoff_factor),
@@ -231,8 +232,8 @@ void GradScaler::update() {
     if (scale_ == 0.0f) {
       throw TrainingError(
           "the loss scale underflowed to 0 after repeated inf/NaN gradients: the model "
-          "diverged. Set MODEL.AMP_PARAMS.GRAD_SCALER.MIN_LOSS_SCALE (e.g. 1.0) to stop "
-          "earlier, and lower the learning rate or use bfloat16");
+          "diverged. Set GradScalerOptions::min_loss_scale (e.g. 1.0) to stop earlier, and "
+          "lower the learning rate or use bfloat16");
     }
     return;
   }

@@ -36,6 +36,7 @@ const std::map<std::string, std::string>& option_keys() {
       {"ParallelOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
       {"ParallelOptions::tensor_parallel_size", "DISTRIBUTED.TENSOR_PARALLEL_SIZE"},
       {"PipelineParallelOptions::balance", "MODEL.PIPELINE.BALANCE"},
+      {"PrecisionPolicyOptions::dtype", "MODEL.AMP_PARAMS.DTYPE"},
       {"PipelineParallelOptions::checkpoint_stages", "MODEL.PIPELINE.CHECKPOINT_STAGES"},
       {"PipelineParallelOptions::schedule", "MODEL.PIPELINE.SCHEDULE"},
       {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},

@@ -453,7 +453,7 @@ StepResult Trainer::State::run_step() {
         progress().epoch + 1,
         progress().iteration_in_epoch + 1,
         progress().iteration + 1,
-        error.what()));
+        with_yaml_keys(error.what()))); // the library names its options
   }
 }
 

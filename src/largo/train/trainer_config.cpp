@@ -776,10 +776,12 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   optimizer.lr_head = schedule_from(
       config.node(schedulers + "lr_head"), schedulers + "lr_head", optimizer.num_epochs);
   optimizer.lr_head_scaling = auto_scaling_from(config, schedulers + "lr_head.auto_lr_scaling");
-  optim::make_schedule(optimizer.lr, schedulers + "lr"); // the library's validator
-  if (optimizer.head_use_different_lr) { // otherwise the trainer uses lr for the head too
-    optim::make_schedule(optimizer.lr_head, schedulers + "lr_head");
-  }
+  rethrow_with_yaml_keys([&] { // the library's validator, its options named by their keys
+    optim::make_schedule(optimizer.lr, schedulers + "lr");
+    if (optimizer.head_use_different_lr) { // otherwise the trainer uses lr for the head too
+      optim::make_schedule(optimizer.lr_head, schedulers + "lr_head");
+    }
+  });
 
   options.use_grad_clip = config.get_bool("MODEL.GRAD_CLIP.USE_GRAD_CLIP");
   options.grad_clip_max_norm = config.get_double("MODEL.GRAD_CLIP.MAX_NORM");
