@@ -95,5 +95,48 @@ TEST(OptimizerCuda, FusedAndForeachOnCudaMatchTheFusedCpuPass) {
   }
 }
 
+// Channels-last convolution weights with contiguous gradients, as a model moved to
+// channels-last has them: a 1x1 weight's two layouts differ only in the strides of its size-1
+// dimensions (the same element order: SGD takes ATen's fused kernel), a 3x3 weight's in the
+// order itself (the foreach path). Both must step as the CPU does.
+TEST(OptimizerCuda, SgdStepsChannelsLastWeightsWithContiguousGradients) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device: the CUDA path is checked on GPU machines only";
+  }
+  std::vector<at::Tensor> cpu = make_params({{8, 4, 1, 1}, {6, 3, 3, 3}});
+  std::vector<at::Tensor> cuda;
+  for (const at::Tensor& p : cpu) {
+    cuda.push_back(
+        p.detach().to(at::kCUDA).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_());
+  }
+  ASSERT_NE(cuda[0].strides(), cpu[0].strides()); // [4, 1, 4, 4] against [4, 1, 1, 1]
+  auto groups = [](std::vector<at::Tensor> params) {
+    ParamGroup group;
+    group.params = std::move(params);
+    group.names = {"one_by_one", "three_by_three"};
+    group.lr = 0.05;
+    group.weight_decay = 0.01;
+    return std::vector<ParamGroup>{group};
+  };
+  SGD cpu_optimizer(groups(cpu), SGDOptions{0.9, 0.0, true});
+  SGD cuda_optimizer(groups(cuda), SGDOptions{0.9, 0.0, true});
+  for (int64_t step = 1; step <= 30; ++step) {
+    set_grads(cpu, step);
+    for (size_t k = 0; k < cpu.size(); ++k) {
+      cuda[k].mutable_grad() = cpu[k].grad().to(at::kCUDA); // contiguous
+    }
+    cpu_optimizer.step();
+    cuda_optimizer.step();
+  }
+  for (size_t k = 0; k < cpu.size(); ++k) {
+    const at::Tensor cuda_on_cpu = cuda[k].detach().to(at::kCPU);
+    const double worst =
+        ((cuda_on_cpu - cpu[k].detach()).abs() / cpu[k].detach().abs().clamp_min(1.0))
+            .max()
+            .item<double>();
+    EXPECT_LT(worst, kTolerance) << "param " << k;
+  }
+}
+
 } // namespace
 } // namespace largo::optim::optimizer_cuda_test
