@@ -95,21 +95,22 @@ TEST(OptimizerCuda, FusedAndForeachOnCudaMatchTheFusedCpuPass) {
   }
 }
 
-// Channels-last convolution weights with contiguous gradients, as a model moved to
-// channels-last has them: a 1x1 weight's two layouts differ only in the strides of its size-1
-// dimensions (the same element order: SGD takes ATen's fused kernel), a 3x3 weight's in the
-// order itself (the foreach path). Both must step as the CPU does.
-TEST(OptimizerCuda, SgdStepsChannelsLastWeightsWithContiguousGradients) {
+// A parameter and its gradient in two layouts, as in a channels-last model: cuDNN hands a 1x1
+// convolution's weight gradient with channels-last strides [4, 1, 4, 4] while the weight has
+// [4, 1, 1, 1] (contiguous(ChannelsLast) leaves a 1x1 weight as it is, and AccumulateGrad
+// keeps such a gradient, the strides of size-1 dimensions not mattering): the same element
+// order, so SGD takes ATen's fused kernel. A 3x3 channels-last weight with a contiguous
+// gradient differs in the order itself: the foreach path. Both must step as the CPU does.
+// (A first version of this test, run on an H200 on 2026-11-28, built the 1x1 case with
+// contiguous(ChannelsLast) and stopped at its own layout check: not yet rerun.)
+TEST(OptimizerCuda, SgdStepsParametersAndGradientsOfOtherLayoutsAsTheCpuDoes) {
   if (!torch::cuda::is_available()) {
     GTEST_SKIP() << "no CUDA device: the CUDA path is checked on GPU machines only";
   }
   std::vector<at::Tensor> cpu = make_params({{8, 4, 1, 1}, {6, 3, 3, 3}});
-  std::vector<at::Tensor> cuda;
-  for (const at::Tensor& p : cpu) {
-    cuda.push_back(
-        p.detach().to(at::kCUDA).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_());
-  }
-  ASSERT_NE(cuda[0].strides(), cpu[0].strides()); // [4, 1, 4, 4] against [4, 1, 1, 1]
+  std::vector<at::Tensor> cuda = {
+      cpu[0].detach().to(at::kCUDA).requires_grad_(),
+      cpu[1].detach().to(at::kCUDA).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_()};
   auto groups = [](std::vector<at::Tensor> params) {
     ParamGroup group;
     group.params = std::move(params);
@@ -122,9 +123,11 @@ TEST(OptimizerCuda, SgdStepsChannelsLastWeightsWithContiguousGradients) {
   SGD cuda_optimizer(groups(cuda), SGDOptions{0.9, 0.0, true});
   for (int64_t step = 1; step <= 30; ++step) {
     set_grads(cpu, step);
-    for (size_t k = 0; k < cpu.size(); ++k) {
-      cuda[k].mutable_grad() = cpu[k].grad().to(at::kCUDA); // contiguous
-    }
+    cuda[0].mutable_grad() =
+        at::empty_strided({8, 4, 1, 1}, {4, 1, 4, 4}, cuda[0].options()).copy_(cpu[0].grad());
+    cuda[1].mutable_grad() = cpu[1].grad().to(at::kCUDA); // contiguous
+    ASSERT_NE(cuda[0].grad().strides(), cuda[0].strides());
+    ASSERT_NE(cuda[1].grad().strides(), cuda[1].strides());
     cpu_optimizer.step();
     cuda_optimizer.step();
   }
