@@ -133,6 +133,51 @@ void fused_cuda_step(FusedCudaLists& lists, const ParamGroup& group, const SGDOp
   }
 }
 
+// The ops of torch.optim.SGD(foreach=True) (PyTorch 1.13), in its order, except that nesterov
+// does not write into the gradients as PyTorch's foreach path does. An undefined buffer (a
+// first step) is replaced by the new one.
+void foreach_step(
+    const std::vector<at::Tensor>& params,
+    const std::vector<at::Tensor>& grads,
+    std::vector<at::Tensor>& buffers,
+    const ParamGroup& group,
+    const SGDOptions& options) {
+  std::vector<at::Tensor> updates =
+      group.weight_decay != 0.0 ? at::_foreach_add(grads, params, group.weight_decay) : grads;
+  if (options.momentum != 0.0) {
+    std::vector<at::Tensor> existing, existing_updates;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (buffers[k].defined()) {
+        existing.push_back(buffers[k]);
+        existing_updates.push_back(updates[k]);
+      } else {
+        buffers[k] = updates[k].clone().detach();
+      }
+    }
+    if (!existing.empty()) {
+      at::_foreach_mul_(existing, options.momentum);
+      at::_foreach_add_(existing, existing_updates, 1.0 - options.dampening);
+    }
+    updates = options.nesterov ? at::_foreach_add(updates, buffers, options.momentum) : buffers;
+  }
+  at::_foreach_add_(params, updates, -group.lr);
+}
+
+// The fused CPU pass over every item, all parameters' chunks in one parallel region.
+void fused_cpu_step(const std::vector<FusedSgdItem>& fused, const SGDOptions& options) {
+  std::vector<int64_t> numels;
+  for (const FusedSgdItem& item : fused) {
+    numels.push_back(item.param.numel());
+  }
+  const std::vector<detail::Chunk> chunks = detail::make_chunks(numels);
+  detail::for_each_chunk(chunks, [&](int64_t, const detail::Chunk& chunk) {
+    const FusedSgdItem& item = fused[static_cast<size_t>(chunk.tensor)];
+    AT_DISPATCH_FLOATING_TYPES(item.param.scalar_type(), "sgd_step", [&] {
+      sgd_kernel<scalar_t>(item, options, chunk.begin, chunk.end);
+    });
+  });
+}
+
 } // namespace
 
 SGD::SGD(std::vector<ParamGroup> param_groups, SGDOptions options)
@@ -163,7 +208,8 @@ void SGD::step() {
   const double momentum = options_.momentum;
   std::vector<FusedSgdItem> fused;
   for (ParamGroup& group : param_groups()) {
-    // The _foreach path, per group (lr and weight decay are per group).
+    // Per group (lr and weight decay are per group): the _foreach path's and the fused CUDA
+    // kernel's lists; the CPU pass takes every group's items at once.
     std::vector<at::Tensor> params, grads, buffers;
     std::vector<std::string> names;
     FusedCudaLists fused_cuda;
@@ -213,44 +259,14 @@ void SGD::step() {
       }
     }
     fused_cuda_step(fused_cuda, group, options_);
-    if (params.empty()) {
-      continue;
-    }
-    // The ops of torch.optim.SGD(foreach=True) (PyTorch 1.13), in its order, except that
-    // nesterov does not write into the gradients as PyTorch's foreach path does.
-    std::vector<at::Tensor> updates =
-        group.weight_decay != 0.0 ? at::_foreach_add(grads, params, group.weight_decay) : grads;
-    if (momentum != 0.0) {
-      std::vector<at::Tensor> existing, existing_updates;
-      for (size_t k = 0; k < params.size(); ++k) {
-        if (buffers[k].defined()) {
-          existing.push_back(buffers[k]);
-          existing_updates.push_back(updates[k]);
-        } else {
-          buffers[k] = updates[k].clone().detach();
-          state(names[k])["momentum_buffer"] = buffers[k];
-        }
+    if (!params.empty()) {
+      foreach_step(params, grads, buffers, group, options_);
+      for (size_t k = 0; momentum != 0.0 && k < params.size(); ++k) {
+        state(names[k])["momentum_buffer"] = buffers[k]; // new ones on a first step
       }
-      if (!existing.empty()) {
-        at::_foreach_mul_(existing, momentum);
-        at::_foreach_add_(existing, existing_updates, 1.0 - options_.dampening);
-      }
-      updates = options_.nesterov ? at::_foreach_add(updates, buffers, momentum) : buffers;
     }
-    at::_foreach_add_(params, updates, -group.lr);
   }
-
-  std::vector<int64_t> numels;
-  for (const FusedSgdItem& item : fused) {
-    numels.push_back(item.param.numel());
-  }
-  const std::vector<detail::Chunk> chunks = detail::make_chunks(numels);
-  detail::for_each_chunk(chunks, [&](int64_t, const detail::Chunk& chunk) {
-    const FusedSgdItem& item = fused[static_cast<size_t>(chunk.tensor)];
-    AT_DISPATCH_FLOATING_TYPES(item.param.scalar_type(), "sgd_step", [&] {
-      sgd_kernel<scalar_t>(item, options_, chunk.begin, chunk.end);
-    });
-  });
+  fused_cpu_step(fused, options_);
 }
 
 } // namespace largo::optim
