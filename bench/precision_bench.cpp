@@ -27,7 +27,8 @@
 //   --profile PATH: after the timed steps, K more (default 3) under libtorch's Kineto profiler
 //      (host and, on CUDA, the GPU's kernels, copies and launches), written to PATH as a Chrome
 //      trace; precision_reference.py --profile writes PyTorch's, and
-//      bench/kernel_profile_table.py compares the two (bench/run_gpu_train_bench.sh --profile).
+//      bench/kernel_profile_table.py compares the two (LARGO_GPU_BENCH_PROFILE in
+//      bench/run_gpu_train_bench.sh, scripts/gpu_check.sh --profile).
 //   --no-finite-check: without loss scaling, skip the inf/NaN check of the gradients before
 //      the step (HOOKS.CHECK_NAN = false in `largo train`): one pass over the gradients and a
 //      host sync per step that PyTorch's loop in precision_reference.py does not do.
@@ -180,7 +181,8 @@ int64_t tensor_bytes(const at::Tensor& tensor) {
 }
 
 // Runs `steps` under the Kineto profiler (what torch.profiler.profile drives in Python) and
-// saves its Chrome trace to `path`.
+// saves its Chrome trace to `path`. profiler_kineto.h is libtorch's internal C++ API (as of
+// 2.11), used only here: a benchmark, not the library.
 template <typename Steps>
 void write_kineto_trace(const std::string& path, bool cuda, Steps&& steps) {
   namespace impl = torch::profiler::impl;
