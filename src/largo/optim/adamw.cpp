@@ -144,11 +144,7 @@ void AdamW::step() {
     at::_foreach_addcdiv_(params, exp_avgs, denoms, neg_step_sizes);
   }
 
-  std::vector<int64_t> numels;
-  for (const FusedAdamWItem& item : fused) {
-    numels.push_back(item.param.numel());
-  }
-  const std::vector<detail::Chunk> chunks = detail::make_chunks(numels);
+  const std::vector<detail::Chunk> chunks = detail::chunks_of_items(fused);
   detail::for_each_chunk(chunks, [&](int64_t, const detail::Chunk& chunk) {
     const FusedAdamWItem& item = fused[static_cast<size_t>(chunk.tensor)];
     AT_DISPATCH_FLOATING_TYPES(item.param.scalar_type(), "adamw_step", [&] {

@@ -183,11 +183,7 @@ void LAMB::step() {
   }
 
   // Pass 1, fused: moments and per-chunk partial norms.
-  std::vector<int64_t> numels;
-  for (const LambItem& item : fused) {
-    numels.push_back(item.param.numel());
-  }
-  const std::vector<detail::Chunk> chunks = detail::make_chunks(numels);
+  const std::vector<detail::Chunk> chunks = detail::chunks_of_items(fused);
   std::vector<double> p_partials(chunks.size()), u_partials(chunks.size());
   detail::for_each_chunk(chunks, [&](int64_t c, const detail::Chunk& chunk) {
     const LambItem& item = fused[static_cast<size_t>(chunk.tensor)];

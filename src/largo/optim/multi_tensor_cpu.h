@@ -64,6 +64,17 @@ inline std::vector<Chunk> make_chunks(const std::vector<int64_t>& numels) {
   return chunks;
 }
 
+// The chunks of a fused pass's items (anything with a `param` tensor), in item order.
+template <typename Item>
+std::vector<Chunk> chunks_of_items(const std::vector<Item>& items) {
+  std::vector<int64_t> numels;
+  numels.reserve(items.size());
+  for (const Item& item : items) {
+    numels.push_back(item.param.numel());
+  }
+  return make_chunks(numels);
+}
+
 // Calls fn(chunk_index, chunk) once for every chunk, in parallel over the chunks.
 template <typename Fn>
 void for_each_chunk(const std::vector<Chunk>& chunks, const Fn& fn) {

@@ -165,11 +165,7 @@ void foreach_step(
 
 // The fused CPU pass over every item, all parameters' chunks in one parallel region.
 void fused_cpu_step(const std::vector<FusedSgdItem>& fused, const SGDOptions& options) {
-  std::vector<int64_t> numels;
-  for (const FusedSgdItem& item : fused) {
-    numels.push_back(item.param.numel());
-  }
-  const std::vector<detail::Chunk> chunks = detail::make_chunks(numels);
+  const std::vector<detail::Chunk> chunks = detail::chunks_of_items(fused);
   detail::for_each_chunk(chunks, [&](int64_t, const detail::Chunk& chunk) {
     const FusedSgdItem& item = fused[static_cast<size_t>(chunk.tensor)];
     AT_DISPATCH_FLOATING_TYPES(item.param.scalar_type(), "sgd_step", [&] {
@@ -211,7 +207,7 @@ void SGD::step() {
     // Per group (lr and weight decay are per group): the _foreach path's and the fused CUDA
     // kernel's lists; the CPU pass takes every group's items at once.
     std::vector<at::Tensor> params, grads, buffers;
-    std::vector<std::string> names;
+    std::vector<std::pair<size_t, std::string>> new_buffers; // (index in buffers, name)
     FusedCudaLists fused_cuda;
     for (size_t i = 0; i < group.params.size(); ++i) {
       at::Tensor& param = group.params[i];
@@ -224,7 +220,7 @@ void SGD::step() {
             fmt::format("SGD does not support sparse gradients (parameter '{}')", group.names[i]));
       }
       at::Tensor buffer;
-      bool first_step = false;
+      bool first_step = false; // a momentum buffer is made this step
       if (momentum != 0.0) {
         ParamState& param_state = state(group.names[i]);
         auto it = param_state.find("momentum_buffer");
@@ -233,18 +229,21 @@ void SGD::step() {
           buffer = it->second;
         }
       }
-      const at::Tensor* layout_of_buffer = momentum == 0.0 ? &grad : first_step ? &grad : &buffer;
-      const bool on_cpu = detail::can_use_cpu_kernels({&param, &grad, layout_of_buffer});
-      const bool on_cuda = !on_cpu && can_use_fused_cuda_kernel({&param, &grad, layout_of_buffer});
-      if (options_.fused && (on_cpu || on_cuda)) {
-        if (momentum != 0.0 && first_step) { // torch.clone keeps the gradient's layout
+      // A new buffer will take the gradient's layout.
+      const at::Tensor* buffer_layout = buffer.defined() ? &buffer : &grad;
+      const bool on_cpu =
+          options_.fused && detail::can_use_cpu_kernels({&param, &grad, buffer_layout});
+      const bool on_cuda =
+          options_.fused && !on_cpu && can_use_fused_cuda_kernel({&param, &grad, buffer_layout});
+      if (on_cpu || on_cuda) {
+        if (first_step) { // torch.clone keeps the gradient's layout
           buffer = at::empty_like(grad, at::MemoryFormat::Preserve);
           state(group.names[i])["momentum_buffer"] = buffer;
         }
         if (on_cpu) {
           fused.push_back({param, grad, buffer, group.lr, group.weight_decay, first_step});
         } else {
-          const int list = momentum != 0.0 && first_step ? 1 : 0;
+          const int list = first_step ? 1 : 0;
           fused_cuda.params[list].push_back(param);
           fused_cuda.grads[list].push_back(grad);
           if (momentum != 0.0) {
@@ -255,14 +254,16 @@ void SGD::step() {
         params.push_back(param);
         grads.push_back(grad);
         buffers.push_back(buffer);
-        names.push_back(group.names[i]);
+        if (first_step) {
+          new_buffers.emplace_back(buffers.size() - 1, group.names[i]);
+        }
       }
     }
     fused_cuda_step(fused_cuda, group, options_);
     if (!params.empty()) {
       foreach_step(params, grads, buffers, group, options_);
-      for (size_t k = 0; momentum != 0.0 && k < params.size(); ++k) {
-        state(names[k])["momentum_buffer"] = buffers[k]; // new ones on a first step
+      for (const auto& [k, name] : new_buffers) { // the buffers foreach_step made
+        state(name)["momentum_buffer"] = buffers[k];
       }
     }
   }
