@@ -176,6 +176,81 @@ TEST(ParallelizeTest, ActivationCheckpointingChangesNothing) {
   });
 }
 
+// Parameterless: `repeats` tanh layers, each holding its output for the backward, so the
+// activation bytes it holds are set by `repeats`.
+struct TanhChainImpl : torch::nn::Module {
+  explicit TanhChainImpl(int64_t repeats) : repeats(repeats) {}
+  at::Tensor forward(at::Tensor x) {
+    for (int64_t i = 0; i < repeats; ++i) {
+      x = torch::tanh(x);
+    }
+    return x;
+  }
+  int64_t repeats;
+};
+TORCH_MODULE(TanhChain);
+
+struct ChainNetImpl : torch::nn::Module {
+  ChainNetImpl(int64_t first_repeats, int64_t last_repeats)
+      : blocks(register_module(
+            "blocks",
+            torch::nn::Sequential(
+                torch::nn::Linear(kInputs, kWidth),
+                TanhChain(first_repeats),
+                torch::nn::Linear(kWidth, kWidth),
+                TanhChain(1),
+                torch::nn::Linear(kWidth, kWidth),
+                TanhChain(last_repeats),
+                torch::nn::Linear(kWidth, kClasses)))) {}
+  at::Tensor forward(at::Tensor x) {
+    return blocks->forward(x);
+  }
+  torch::nn::Sequential blocks;
+};
+TORCH_MODULE(ChainNet);
+
+// Every rank's cut (the same number of boundaries on each), by rank.
+std::vector<std::vector<int64_t>>
+every_ranks(const std::vector<int64_t>& boundaries, comm::ProcessGroup& group) {
+  const auto count = static_cast<int64_t>(boundaries.size());
+  at::Tensor all = torch::empty({group.world_size() * count}, torch::kLong);
+  group.all_gather(all, torch::tensor(boundaries, torch::kLong));
+  std::vector<std::vector<int64_t>> cuts;
+  for (int rank = 0; rank < group.world_size(); ++rank) {
+    const int64_t* begin = all.data_ptr<int64_t>() + rank * count;
+    cuts.emplace_back(begin, begin + count);
+  }
+  return cuts;
+}
+
+// Each rank measures activation bytes itself; a cut that differed between ranks would order
+// FSDP's recomputation gathers differently (a hang). Here the ranks' measurements are made to
+// differ (rank 1's heavy element is first, rank 0's last): every rank installs rank 0's cut.
+TEST(ParallelizeTest, EveryRankInstallsRankZerosCheckpointingCut) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    const bool rank0 = group.rank() == 0;
+    ChainNet net(/*first_repeats=*/rank0 ? 1 : 40, /*last_repeats=*/rank0 ? 40 : 1);
+    const SequentialCheckpointPlan own = plan_sequential_checkpointing(
+        torch::nn::AnyModule(net),
+        *net->blocks,
+        "blocks",
+        2,
+        SegmentCost::kActivationBytes,
+        {kInputs});
+    const auto own_cuts = every_ranks(own.boundaries, group);
+    ASSERT_NE(own_cuts[0], own_cuts[1]) << "precondition: the ranks' own cuts differ";
+    ParallelOptions options = mode_options(DataParallelism::kDdp);
+    options.activation_checkpointing.sequential = "blocks";
+    options.activation_checkpointing.num_splits = 2;
+    options.activation_checkpointing.probe_input_shape = {kInputs};
+    auto model = parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), options);
+    ASSERT_TRUE(model->checkpoint_plan().has_value());
+    const std::vector<int64_t>& installed = model->checkpoint_plan()->boundaries;
+    EXPECT_EQ(installed, own_cuts[0]);
+  });
+}
+
 // bfloat16 autocast with ZeRO-2, FSDP (float32 units) and checkpointing trains like DDP under
 // the same autocast: the bfloat16 matmuls are the same on every path, only float32
 // reductions are ordered differently.

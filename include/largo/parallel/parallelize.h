@@ -63,8 +63,8 @@
 // units and checkpointed modules are elements of torch::nn::Sequential containers chosen by
 // a WrapPolicy (wrap_policy.h); everything else works on any module.
 //
-// Collectives: parallelize() (with a pipeline, the DeviceMesh's new_group calls first; the
-// initial broadcast), and on the returned object forward()
+// Collectives: parallelize() (with a pipeline, the DeviceMesh's new_group calls first; rank
+// 0's checkpointing cut; the initial broadcast), and on the returned object forward()
 // (buffer broadcasts, FSDP's gathers), backward() (gradient reductions), finish_backward()
 // (manual reduction; the inf/NaN agreement), clip_grad_norm(), step() (ZeRO's all-gathers,
 // norm reductions), model_state_dict() under FSDP. With tensor parallelism also forward()
@@ -129,6 +129,8 @@ struct ActivationCheckpointingOptions {
   // Where to cut: balanced by the activation bytes each element holds, measured on a probe
   // batch of zeros of `probe_input_shape` (the module's input, without the batch dimension;
   // falls back to equal element counts where memory cannot be measured), or equal counts.
+  // Every rank installs rank 0's cut (each measures its own bytes; the ranks must recompute
+  // alike).
   SegmentCost cost = SegmentCost::kActivationBytes;
   std::vector<int64_t> probe_input_shape;
   int64_t probe_batch_size = 2;

@@ -163,15 +163,34 @@ torch::nn::Sequential find_sequential(torch::nn::Module& module, const std::stri
                     "the name of a torch::nn::Sequential registered in the module");
 }
 
-// Step 1: where the Sequential is cut and what it saves, probed on the bare module.
+// Every rank must install the same cut: under FSDP the segments' recomputation gathers units
+// again, so different cuts would order the collectives differently (a hang). Each rank
+// measures its own activation bytes, and allocations of the process's other threads (Gloo's,
+// the heartbeat's) can land in a probe, so rank 0's boundaries are taken by all. Collective.
+std::vector<int64_t> agreed_boundaries(
+    const std::vector<int64_t>& boundaries, comm::ProcessGroup& group, torch::Device device) {
+  if (group.world_size() == 1) {
+    return boundaries;
+  }
+  auto tensor = torch::tensor(boundaries, torch::kLong).to(device);
+  group.broadcast(tensor, 0);
+  tensor = tensor.cpu();
+  const int64_t* agreed = tensor.data_ptr<int64_t>();
+  return {agreed, agreed + tensor.numel()};
+}
+
+// Step 1: where the Sequential is cut (the same on every rank of `group`) and what it saves,
+// probed on the bare module.
 struct Cut {
   torch::nn::Sequential container{nullptr};
   SequentialCheckpointPlan plan;
   std::optional<ActivationMemoryReport> report;
 };
 
-std::optional<Cut> plan_checkpointing(torch::nn::AnyModule model,
-                                      const ActivationCheckpointingOptions& options) {
+std::optional<Cut> plan_checkpointing(
+    torch::nn::AnyModule model,
+    const ActivationCheckpointingOptions& options,
+    comm::ProcessGroup& group) {
   if (options.num_splits <= 0) {
     return std::nullopt;
   }
@@ -180,6 +199,8 @@ std::optional<Cut> plan_checkpointing(torch::nn::AnyModule model,
   cut.plan = plan_sequential_checkpointing(model, *cut.container, options.sequential,
                                            options.num_splits, options.cost,
                                            options.probe_input_shape, options.probe_batch_size);
+  cut.plan.boundaries =
+      agreed_boundaries(cut.plan.boundaries, group, models::module_device(*model.ptr()));
   if (options.report_batch_size > 0 && !options.probe_input_shape.empty()) {
     cut.report = measure_activation_memory(model, cut.container, cut.plan.boundaries,
                                            options.probe_input_shape, options.report_batch_size,
@@ -335,7 +356,7 @@ std::unique_ptr<ParallelModel> parallelize(
   torch::nn::AnyModule model = std::get<torch::nn::AnyModule>(input.model);
   check_mesh(options, *group);
   check_tensor_parallel_module(options, *model.ptr());                    // 0. was the caller's
-  auto cut = plan_checkpointing(model, options.activation_checkpointing); // 1.
+  auto cut = plan_checkpointing(model, options.activation_checkpointing, *group); // 1.
 
   auto parallel = wrap_for_data_parallelism(
       model,
