@@ -52,7 +52,8 @@ std::string describe_optimizer(const optim::OptimizerSpec& spec) {
 
 // Stage 3 holds more than its shards during a step: the units it gathers, in the
 // parameters' dtype or as compute copies (the BatchNorm parameters then a float32 unit).
-void print_fsdp_gathers(const train::RunPlan& plan, const parallel::FsdpGatherEstimate& gathers) {
+void print_fsdp_gathers(
+    const Config& config, const train::RunPlan& plan, const parallel::FsdpGatherEstimate& gathers) {
   const auto& compute_dtype = plan.parallel.fsdp.compute_dtype;
   const std::string copies =
       compute_dtype ? fmt::format(", as {} compute copies", c10::toString(*compute_dtype))
@@ -70,7 +71,7 @@ void print_fsdp_gathers(const train::RunPlan& plan, const parallel::FsdpGatherEs
       kept.c_str(),
       format_bytes(gathers.kept_bytes).c_str(),
       static_cast<long long>(gathers.num_block_units),
-      static_cast<long long>(plan.options.fsdp.auto_wrap_threshold),
+      static_cast<long long>(config.get_int("MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD")),
       gathers.largest_block_unit.c_str(),
       format_bytes(gathers.largest_block_unit_bytes).c_str(),
       copies.c_str());
@@ -115,7 +116,7 @@ void print_zero_table(
         format_bytes(row.formula.total()).c_str());
   }
   if (estimate.fsdp_gathers) {
-    print_fsdp_gathers(plan, *estimate.fsdp_gathers);
+    print_fsdp_gathers(config, plan, *estimate.fsdp_gathers);
   } else {
     std::printf("\nFSDP's transient gathers (the full units it holds during a step) are not "
                 "estimated with tensor parallelism\n");

@@ -378,16 +378,20 @@ MODEL:
   Config config = synthetic_job_config(test_dir());
   config.merge_yaml(seed, "the seed");
   const TrainerOptions options = trainer_options_from_config(config);
-  EXPECT_TRUE(options.fsdp.enabled);
-  EXPECT_EQ(options.fsdp.auto_wrap_threshold, 5000);
-  EXPECT_TRUE(options.fsdp.mixed_precision);
-  EXPECT_TRUE(options.fsdp.fp32_reduce_scatter);
-  EXPECT_TRUE(options.fsdp.reshard_after_forward);
+  const parallel::FullyShardedDataParallelOptions& fsdp = options.parallel.fsdp;
+  EXPECT_EQ(options.parallel.data_parallelism, parallel::DataParallelism::kFsdp);
+  EXPECT_EQ(
+      fsdp.wrap_policy.describe(),
+      "the elements of trunk that are modules with >= 5000 trainable parameter elements");
+  EXPECT_TRUE(fsdp.fp32_reduce_scatter); // allowed: AMP on turns mixed_precision on
+  EXPECT_FALSE(fsdp.compute_dtype);      // compute_dtype float32: float32 units
+  EXPECT_TRUE(fsdp.reshard_after_forward);
   EXPECT_EQ(options.amp.amp_type, "pytorch");
-  // AMP off: mixed_precision off whatever the key says.
+  // AMP off: mixed_precision off whatever the key says, so no compute copies.
   const TrainerOptions no_amp =
       trainer_options_from_config(synthetic_job_config(test_dir(), kFsdp));
-  EXPECT_FALSE(no_amp.fsdp.mixed_precision);
+  EXPECT_FALSE(no_amp.parallel.fsdp.compute_dtype);
+  EXPECT_FALSE(no_amp.amp.use_amp);
 }
 
 } // namespace

@@ -5,6 +5,7 @@
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
 #include <largo/parallel/sync_batch_norm.h>
+#include <largo/train/run_plan.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
@@ -179,6 +180,38 @@ TEST(TrainerModelSetupTest, TheStartUpLogNamesTheOptimizerLarcAndSyncBatchNorm) 
   });
   EXPECT_NE(adamw.find("optimizer: AdamW (betas "), std::string::npos) << adamw;
   EXPECT_NE(adamw.find("; LARC off; SyncBatchNorm off"), std::string::npos) << adamw;
+  fs::remove_all(dir);
+}
+
+// A library user sets TrainerOptions::parallel, the library's own ParallelOptions: the trunk's
+// checkpointing cut (probed on the data's shape, which the Trainer fills in); precision and
+// the inf/NaN check are the run's (TrainerOptions::amp, check_nan), refused there.
+TEST(TrainerModelSetupTest, LibraryUsersSetTheParallelOptionsTheRunFillsItsOwnParts) {
+  const fs::path dir = test_dir("parallel_options");
+  fs::remove_all(dir);
+  TrainerOptions options = trainer_options_from_config(one_step_job(dir));
+  options.parallel.activation_checkpointing.sequential = "trunk";
+  options.parallel.activation_checkpointing.num_splits = 2;
+  const std::string log = log_during([&] { Trainer trainer(options); });
+  EXPECT_NE(
+      log.find("the first 1 of 2 segments checkpointed; cut to balance measured "
+               "activation bytes"),
+      std::string::npos)
+      << log;
+  auto expect_refused = [&](TrainerOptions refused, const std::string& option) {
+    try {
+      resolve_run(std::move(refused), RunWorld{});
+      ADD_FAILURE() << "expected an OptionError naming " << option;
+    } catch (const OptionError& error) {
+      EXPECT_EQ(error.option(), option) << error.what();
+    }
+  };
+  TrainerOptions precision = options;
+  precision.parallel.precision.enabled = true;
+  expect_refused(precision, "TrainerOptions::parallel.precision");
+  TrainerOptions unchecked = options;
+  unchecked.parallel.check_finite = false;
+  expect_refused(unchecked, "TrainerOptions::parallel.check_finite");
   fs::remove_all(dir);
 }
 

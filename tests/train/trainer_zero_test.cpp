@@ -172,8 +172,7 @@ OPTIMIZER:
   Config config = synthetic_job_config(test_dir());
   config.merge_yaml(seed, "the seed");
   const TrainerOptions options = trainer_options_from_config(config);
-  EXPECT_TRUE(options.zero.shard_optimizer_state);
-  EXPECT_FALSE(options.zero.shard_gradients);
+  EXPECT_EQ(options.parallel.data_parallelism, parallel::DataParallelism::kZero1);
   EXPECT_EQ(options.optimizer.spec.name, "sgd");
   EXPECT_DOUBLE_EQ(options.optimizer.weight_decay, 1e-6);
   EXPECT_DOUBLE_EQ(options.optimizer.spec.sgd.momentum, 0.9);
@@ -184,9 +183,8 @@ OPTIMIZER:
   // SDP alone implies the sharded optimizer, over OPTIMIZER's own settings.
   Config sdp = synthetic_job_config(test_dir(), {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True"});
   const TrainerOptions sdp_options = trainer_options_from_config(sdp);
-  EXPECT_TRUE(sdp_options.zero.shard_optimizer_state);
-  EXPECT_TRUE(sdp_options.zero.shard_gradients);
-  EXPECT_EQ(sdp_options.zero.reduce_buffer_elements, int64_t{1} << 23);
+  EXPECT_EQ(sdp_options.parallel.data_parallelism, parallel::DataParallelism::kZero2);
+  EXPECT_EQ(sdp_options.parallel.zero.reduce_buffer_bytes, (int64_t{1} << 23) * 4); // elements
 }
 
 TEST(TrainerZeroConfigTest, IncompleteOrMistypedBaseOptimizersAreClearErrors) {

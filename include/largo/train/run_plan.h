@@ -4,8 +4,9 @@
 // `largo train` would refuse, and `largo estimate` sizes the run the trainer builds
 // (overrides included).
 //
-// What it derives: the precision policy, the data-parallel mode and the library options of
-// parallel::parallelize() (ParallelOptions), the world (from the launcher's environment when
+// What it derives: the precision policy, the options parallel::parallelize() is given
+// (TrainerOptions::parallel with the run's precision, loss scaler, inf/NaN check and
+// checkpointing probe set), the world (from the launcher's environment when
 // it defines one, else DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE), the data's sample shape
 // and class count (without reading the data), the model's options, the batch per rank, per
 // node and globally, and the learning-rate schedules after VISSL's auto scaling.
@@ -46,7 +47,7 @@ struct RunPlan {
   // With in_channels and image_size from model_data(), num_classes from the head's last dim
   // (MODEL.HEAD.PARAMS) or else from model_data()'s classes.
   models::ModelOptions model;
-  parallel::ParallelOptions parallel;
+  parallel::ParallelOptions parallel; // options.parallel, completed (see the top)
 
   int64_t batch_per_rank = 0;  // DATA.TRAIN.BATCHSIZE_PER_REPLICA, one micro-step
   int64_t batch_per_node = 0;  // per rank x ranks per node x accumulation steps

@@ -60,59 +60,19 @@ struct CheckpointOptions {
   bool overwrite_existing = false;   // train again even if a final checkpoint exists
 };
 
-// MODEL.ACTIVATION_CHECKPOINTING: the trunk's blocks are cut into num_splits segments of
-// balanced measured activation bytes and every segment but the last is checkpointed
-// (parallel/checkpointed_trunk.h).
-struct ActivationCheckpointingOptions {
-  bool enabled = false;   // USE_ACTIVATION_CHECKPOINTING
-  int64_t num_splits = 2; // NUM_ACTIVATION_CHECKPOINTING_SPLITS
-};
-
-// Data parallelism (DISTRIBUTED.*, DATA.DDP_BUCKET_CAP_MB). The world itself (rank, world
-// size, master) comes from the launcher's environment (comm/world_info.h).
+// How this process joins the world (DISTRIBUTED.*). The world itself (rank, world size,
+// master) comes from the launcher's environment (comm/world_info.h); how the ranks train
+// together is TrainerOptions::parallel.
 struct DistributedOptions {
   std::string backend = "gloo"; // gloo | nccl
-  bool broadcast_buffers = true;
-  bool manual_gradient_reduction = false;
-  bool find_unused_parameters = false;
-  bool delay_allreduce = false;
-  int64_t bucket_cap_mb = 25;
   int64_t rendezvous_timeout_seconds = 300;
   int64_t collective_timeout_seconds = 1800;
 };
 
-// ZeRO (docs/zero.md): stage 1 shards the optimizer state (OPTIMIZER.name: zero with
-// OPTIMIZER.base_optimizer, or OPTIMIZER.use_zero); stage 2 also shards the gradients
-// (MODEL.SHARDED_DDP_SETUP.USE_SDP, which implies stage 1).
-struct ZeroOptions {
-  bool shard_optimizer_state = false;
-  bool shard_gradients = false;
-  // MODEL.SHARDED_DDP_SETUP.reduce_buffer_size, in elements (-1 there: FairScale's 2^23).
-  int64_t reduce_buffer_elements = int64_t{1} << 23;
-};
-
-// ZeRO stage 3 (MODEL.FSDP_CONFIG, docs/fsdp.md): parameters, gradients and optimizer state
-// sharded (parallel/fully_sharded_data_parallel.h).
-struct FsdpOptions {
-  bool enabled = false;              // AUTO_SETUP_FSDP
-  int64_t auto_wrap_threshold = 0;   // AUTO_WRAP_THRESHOLD
-  bool reshard_after_forward = true; // reshard_after_forward
-  bool prefetch = true;              // Largo extension: prefetch the next unit's all-gather
-  // mixed_precision (MODEL.AMP_PARAMS.USE_AMP) with compute_dtype float32: float32 units, the
-  // forward under autocast; with float16 or bfloat16: compute copies of float32 shards
-  // (FullyShardedDataParallelOptions::compute_dtype). fp32_reduce_scatter needs it.
-  bool mixed_precision = false;
-  bool fp32_reduce_scatter = false;
-  std::string compute_dtype = "float32"; // float32 | float16 | bfloat16
-
-  // The dtype of FSDP's compute copies, or nullopt for float32 units (autocast, if AMP is on).
-  std::optional<at::ScalarType> compute_copies() const {
-    if (!enabled || !mixed_precision || compute_dtype == "float32") {
-      return std::nullopt;
-    }
-    return compute_dtype == "bfloat16" ? at::kBFloat16 : at::kHalf;
-  }
-};
+// The library's parallel options (parallel/parallelize.h) as the Trainer starts from them:
+// FSDP units are the trunk's blocks (VISSL's auto-wrap, with AUTO_WRAP_THRESHOLD 0) and its
+// compute copies keep BatchNorm in float32 (Apex's keep_batchnorm_fp32).
+parallel::ParallelOptions trainer_parallel_defaults();
 
 // MODEL.SYNC_BN_CONFIG: the model's BatchNorm2d layers replaced by parallel::SyncBatchNorm
 // (statistics over the ranks of a group) before it is wrapped for data parallelism.
@@ -140,7 +100,6 @@ struct TrainerOptions {
 
   // in_channels, image_size and num_classes are taken from the training data when 0.
   models::ModelOptions model;
-  ActivationCheckpointingOptions activation_checkpointing;
   OptimizerOptions optimizer;
   SyncBatchNormSettings sync_batch_norm;
   ModelEmaSettings model_ema;
@@ -176,15 +135,16 @@ struct TrainerOptions {
   int64_t num_threads = 0;    // intra-op threads; 0 = every core
 
   DistributedOptions distributed;
-  ZeroOptions zero;
-  FsdpOptions fsdp;
-  // Pipeline parallelism (docs/pipeline.md): DISTRIBUTED.PIPELINE_SIZE and MODEL.PIPELINE.*.
-  parallel::PipelineOptions pipeline;
-  // Tensor parallelism (docs/tensor_parallel.md): DISTRIBUTED.TENSOR_PARALLEL_SIZE shards per
-  // data-parallel replica; 1: off.
-  int tensor_parallel_size = 1;
-  // DISTRIBUTED.SEQUENCE_PARALLEL: the tensor-parallel ViT layers split by tokens too.
-  bool sequence_parallel = false;
+  // How the ranks train together (docs/parallelism.md): the data-parallel mode (DDP, ZeRO-1/2,
+  // FSDP) and its options, the pipeline, tensor parallelism, activation checkpointing. The
+  // Trainer builds its model with parallel::parallelize(..., parallel), having set the
+  // run's own parts:
+  // - precision, grad_scaler and check_finite from `amp`, `grad_scaler` and `check_nan` (a
+  //   precision or check_finite set here is refused: set those instead);
+  // - the activation checkpointing probe's input shape, when empty, from the data (the cut
+  //   of a Sequential, e.g. sequential "trunk" with num_splits, VISSL's
+  //   MODEL.ACTIVATION_CHECKPOINTING), and its report at the training batch size.
+  parallel::ParallelOptions parallel = trainer_parallel_defaults();
   // Micro-batches of BATCHSIZE_PER_REPLICA whose gradients are summed into one optimizer
   // step (TRAINER.GRADIENT_ACCUMULATION_STEPS); the loss of each is divided by their count.
   int64_t gradient_accumulation_steps = 1;

@@ -332,12 +332,14 @@ ExtractionResult extract_features(
   prepare_output_dir(result.output_dir, output_dir.empty());
   if (result.rank == 0) {
     remove_stale_temporaries(result.output_dir); // of an extraction killed while writing
-    if (plan.parallel.pipeline.enabled()) { // the checkpoint holds the whole model
+    const parallel::ParallelOptions& layout = plan.parallel;
+    if (layout.pipeline.size * layout.tensor_parallel_size > 1) { // the checkpoint is whole
       spdlog::info(
           "extraction runs the whole model on each of the {} ranks, each on its share of the "
-          "data; DISTRIBUTED.PIPELINE_SIZE = {} applies to training",
+          "data; DISTRIBUTED.PIPELINE_SIZE = {} and TENSOR_PARALLEL_SIZE = {} apply to training",
           result.world_size,
-          plan.parallel.pipeline.size);
+          layout.pipeline.size,
+          layout.tensor_parallel_size);
     }
   }
 

@@ -85,7 +85,7 @@ void check_schedule(const parallel::PipelineOptions& pipeline) {
 } // namespace
 
 void check_pipeline_keys(const RunPlan& plan) {
-  const parallel::PipelineOptions& pipeline = plan.options.pipeline;
+  const parallel::PipelineOptions& pipeline = plan.options.parallel.pipeline;
   if (!pipeline.enabled()) {
     const auto changed = changed_stage_keys(pipeline.stages);
     if (!changed.empty()) {

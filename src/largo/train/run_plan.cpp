@@ -19,33 +19,6 @@
 namespace largo::train {
 namespace {
 
-// FSDP's settings that only make sense with mixed precision (VISSL's AUTO_SETUP_FSDP turns
-// it on with MODEL.AMP_PARAMS.USE_AMP), and the ZeRO stages that exclude each other.
-void check_fsdp_keys(const TrainerOptions& options) {
-  const FsdpOptions& fsdp = options.fsdp;
-  if (!fsdp.enabled) {
-    return;
-  }
-  if (fsdp.fp32_reduce_scatter && !fsdp.mixed_precision) {
-    throw ConfigError(
-        "MODEL.FSDP_CONFIG.fp32_reduce_scatter needs mixed_precision (AUTO_SETUP_FSDP turns "
-        "mixed_precision on with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set "
-        "fp32_reduce_scatter to False");
-  }
-  if (fsdp.compute_dtype != "float32" && !fsdp.mixed_precision) {
-    throw ConfigError(fmt::format(
-        "MODEL.FSDP_CONFIG.compute_dtype {} needs mixed_precision (AUTO_SETUP_FSDP turns it on "
-        "with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set compute_dtype float32",
-        fsdp.compute_dtype));
-  }
-  if (options.zero.shard_optimizer_state) {
-    throw ConfigError(
-        "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP (ZeRO stage 3) and ZeRO stage 1/2 (OPTIMIZER.use_zero, "
-        "OPTIMIZER.name zero or MODEL.SHARDED_DDP_SETUP.USE_SDP) are both on; stage 3 already "
-        "shards the optimizer state and the gradients: turn the other off");
-  }
-}
-
 // The average's evaluation runs on the test split.
 void check_model_ema_keys(const TrainerOptions& options) {
   if (!options.model_ema.enabled()) {
@@ -58,66 +31,35 @@ void check_model_ema_keys(const TrainerOptions& options) {
   }
 }
 
-parallel::DataParallelism data_parallelism_of(const TrainerOptions& options) {
-  if (options.fsdp.enabled) {
-    return parallel::DataParallelism::kFsdp;
+// What the user sets in TrainerOptions::amp and check_nan, not in the parallel options.
+void refuse_run_parts_in_parallel_options(const parallel::ParallelOptions& parallel) {
+  if (parallel.precision.enabled) {
+    throw OptionError(
+        "TrainerOptions::parallel.precision",
+        parallel.precision.describe(),
+        "unset: the Trainer resolves it from TrainerOptions::amp (set that instead)");
   }
-  if (options.zero.shard_gradients) {
-    return parallel::DataParallelism::kZero2;
+  if (!parallel.check_finite) {
+    throw OptionError(
+        "TrainerOptions::parallel.check_finite",
+        "false",
+        "true: the Trainer sets it from TrainerOptions::check_nan (set that instead)");
   }
-  return options.zero.shard_optimizer_state ? parallel::DataParallelism::kZero1
-                                            : parallel::DataParallelism::kDdp;
 }
 
-// MODEL.FSDP_CONFIG, the buffer broadcast, compute copies with BatchNorm kept float32.
-parallel::FullyShardedDataParallelOptions fully_sharded_options(const TrainerOptions& options) {
-  parallel::FullyShardedDataParallelOptions fsdp;
-  // VISSL wraps the trunk's blocks that reach AUTO_WRAP_THRESHOLD; the head stays in the root.
-  fsdp.wrap_policy =
-      parallel::WrapPolicy::elements_of("trunk") &&
-      parallel::WrapPolicy::min_trainable_parameters(options.fsdp.auto_wrap_threshold);
-  fsdp.reshard_after_forward = options.fsdp.reshard_after_forward;
-  fsdp.prefetch = options.fsdp.prefetch;
-  fsdp.broadcast_buffers = options.distributed.broadcast_buffers;
-  fsdp.compute_dtype = options.fsdp.compute_copies();
-  fsdp.fp32_reduce_scatter = options.fsdp.fp32_reduce_scatter;
-  fsdp.keeps_fp32 = [](const torch::nn::Module& module) {
-    return precision::is_batchnorm(module); // Apex's keep_batchnorm_fp32
-  };
-  return fsdp;
-}
-
-constexpr int64_t kMebibyte = 1024 * 1024;
-
-// The library's options for parallelize(), from the config's (units converted here).
+// The options parallelize() is given: the user's, with the run's own parts set.
 parallel::ParallelOptions parallel_options_of(const RunPlan& plan) {
   const TrainerOptions& options = plan.options;
-  parallel::ParallelOptions parallel;
-  parallel.data_parallelism = data_parallelism_of(options);
-  const DistributedOptions& distributed = options.distributed;
-  parallel.ddp.bucket_cap_bytes = distributed.bucket_cap_mb * kMebibyte;
-  parallel.ddp.broadcast_buffers = distributed.broadcast_buffers;
-  parallel.ddp.delay_allreduce = distributed.delay_allreduce;
-  parallel.ddp.manual_reduction = distributed.manual_gradient_reduction;
-  parallel.ddp.find_unused_parameters = distributed.find_unused_parameters;
-  parallel.zero.reduce_buffer_bytes =
-      options.zero.reduce_buffer_elements * static_cast<int64_t>(sizeof(float));
-  parallel.zero.broadcast_buffers = distributed.broadcast_buffers;
-  parallel.zero.find_unused_parameters = distributed.find_unused_parameters;
-  parallel.fsdp = fully_sharded_options(options);
-  if (options.activation_checkpointing.enabled) {
-    auto& checkpointing = parallel.activation_checkpointing;
-    checkpointing.sequential = "trunk";
-    checkpointing.num_splits = options.activation_checkpointing.num_splits;
+  refuse_run_parts_in_parallel_options(options.parallel);
+  parallel::ParallelOptions parallel = options.parallel;
+  auto& checkpointing = parallel.activation_checkpointing;
+  if (checkpointing.num_splits > 0 && checkpointing.probe_input_shape.empty()) {
     checkpointing.probe_input_shape = plan.model_data().sample_shape;
     if (!plan.model.view_shapes.empty()) { // a MultiCropModel takes its views packed
       checkpointing.probe_input_shape = {models::packed_size(plan.model.view_shapes)};
     }
     checkpointing.report_batch_size = options.train.batch_size;
   }
-  parallel.pipeline = options.pipeline;
-  parallel.tensor_parallel_size = options.tensor_parallel_size;
-  parallel.sequence_parallel = options.sequence_parallel;
   parallel.precision = plan.precision;
   parallel.grad_scaler = options.grad_scaler;
   parallel.check_finite = options.check_nan;
@@ -248,13 +190,15 @@ void fill_model_from_data(RunPlan& plan) {
   }
 }
 
-// Splits larger than the trunk can only be found with the model in hand.
+// Splits larger than the trunk can only be found with the model in hand (parallelize() finds
+// them too, but only once the model is built).
 void check_checkpointing_splits(const RunPlan& plan) {
-  if (!plan.options.activation_checkpointing.enabled) {
+  const auto& checkpointing = plan.options.parallel.activation_checkpointing;
+  if (checkpointing.num_splits <= 0 || checkpointing.sequential != "trunk") {
     return;
   }
   const int64_t blocks = models::build_model(plan.model)->num_trunk_blocks();
-  const int64_t splits = plan.options.activation_checkpointing.num_splits;
+  const int64_t splits = checkpointing.num_splits;
   if (splits < 1 || splits > blocks) {
     throw config_error(
         "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS",
@@ -321,12 +265,12 @@ void check_linear_evaluation(const RunPlan& plan) {
     throw ConfigError(fmt::format(
         "{}EVAL_MODE_ON (a linear evaluation) with {} is not available: {}", key, what, why));
   };
-  if (o.fsdp.enabled) {
+  if (o.parallel.data_parallelism == parallel::DataParallelism::kFsdp) {
     refuse_with(
         "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
         "FSDP shards trained units, and the frozen trunk is none; use DDP or ZeRO-1/2");
   }
-  if (o.activation_checkpointing.enabled) {
+  if (o.parallel.activation_checkpointing.enabled()) {
     refuse_with(
         "MODEL.ACTIVATION_CHECKPOINTING",
         "the frozen trunk runs without gradients and keeps no activations to save");
@@ -471,21 +415,21 @@ void check_self_supervised(const RunPlan& plan) {
   if (!ssl.is_swav() && !plan.model.swav_head.dims.empty()) {
     refuse("a swav_head", "SimCLR's projection is one or more mlp heads in MODEL.HEAD.PARAMS");
   }
-  if (o.pipeline.enabled()) {
+  const parallel::DataParallelism mode = o.parallel.data_parallelism;
+  if (o.parallel.pipeline.enabled()) {
     refuse(
         "DISTRIBUTED.PIPELINE_SIZE > 1",
         "the views of several resolutions run through the whole trunk; use data "
         "parallelism");
   }
-  if (o.fsdp.enabled && ssl.is_swav() && ssl.queue_length > 0) {
+  if (mode == parallel::DataParallelism::kFsdp && ssl.is_swav() && ssl.queue_length > 0) {
     refuse(
         "LOSS.swav_loss.queue under FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
         "the queue is rescored with the prototypes outside the forward, where FSDP keeps them "
         "sharded; use ZeRO-1/2 (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP) or DDP "
         "with a queue, or set queue_length 0");
   }
-  const bool sharded = o.zero.shard_optimizer_state || o.zero.shard_gradients || o.fsdp.enabled;
-  if (sharded && !ssl.frozen_parameters.empty()) {
+  if (parallel::zero_stage(mode) > 0 && !ssl.frozen_parameters.empty()) {
     refuse(
         "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP under ZeRO or FSDP",
         "a sharded optimizer steps flat shards that a parameter cannot be left out of; "
@@ -525,6 +469,17 @@ void scale_learning_rates(RunPlan& plan) {
 
 } // namespace
 
+parallel::ParallelOptions trainer_parallel_defaults() {
+  parallel::ParallelOptions defaults;
+  // VISSL wraps the trunk's blocks that reach AUTO_WRAP_THRESHOLD; the head stays in the root.
+  defaults.fsdp.wrap_policy = parallel::WrapPolicy::elements_of("trunk") &&
+                              parallel::WrapPolicy::min_trainable_parameters(0);
+  defaults.fsdp.keeps_fp32 = [](const torch::nn::Module& module) {
+    return precision::is_batchnorm(module); // Apex's keep_batchnorm_fp32
+  };
+  return defaults;
+}
+
 std::string process_group_backend(const TrainerOptions& options) {
   return options.distributed.backend == "nccl" && device_of(options).is_cuda() ? "nccl" : "gloo";
 }
@@ -561,7 +516,6 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   plan.options = std::move(options);
   plan.world = world;
   const TrainerOptions& o = plan.options;
-  check_fsdp_keys(o);
   check_model_ema_keys(o);
   if (o.test_only && !o.test_model) {
     throw config_error(
@@ -603,7 +557,7 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   // replicas make the global batch, and a node holds procs_per_node / (PIPELINE_SIZE x
   // TENSOR_PARALLEL_SIZE) of them (at least a part of one).
   const int64_t accumulation = o.gradient_accumulation_steps;
-  const int ranks_per_replica = o.pipeline.size * o.tensor_parallel_size;
+  const int ranks_per_replica = plan.parallel.pipeline.size * plan.parallel.tensor_parallel_size;
   const int64_t replicas_per_node = std::max(1, world.procs_per_node / ranks_per_replica);
   plan.batch_per_rank = o.train.batch_size;
   plan.batch_per_node = plan.batch_per_rank * replicas_per_node * accumulation;

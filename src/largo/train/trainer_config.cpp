@@ -492,28 +492,17 @@ models::FeatureEvalOptions feature_eval_options_from(const Config& config) {
 }
 } // namespace
 
-// MODEL.FSDP_CONFIG (ZeRO stage 3, docs/fsdp.md). AUTO_SETUP_FSDP turns it on and, as VISSL
-// does, derives the rest from MODEL.AMP_PARAMS: AMP on selects AMP_TYPE pytorch and
-// mixed_precision, computing in float32 under autocast with FSDP's AMP_TYPE O1, or in
-// compute copies of MODEL.AMP_PARAMS.DTYPE (float16 unless set) with O2; AMP off turns
-// mixed_precision off and computes in float32 (FSDP's AMP_TYPE then changes nothing). An
-// explicit compute_dtype float16 or bfloat16 with O1 asks for compute copies too (a Largo
-// extension), and is the dtype the loss scaler then plans for; without AMP it is an error.
-// The combinations this version cannot run are ConfigErrors raised when the run is resolved
-// (run_plan.cpp), before anything is built.
-void fsdp_options_from(const Config& config, TrainerOptions& options) {
+namespace {
+
+// MODEL.FSDP_CONFIG's precision keys. As VISSL does, they follow MODEL.AMP_PARAMS: AMP on
+// selects AMP_TYPE pytorch and mixed_precision, computing in float32 under autocast with
+// FSDP's AMP_TYPE O1, or in compute copies of MODEL.AMP_PARAMS.DTYPE (float16 unless set) with
+// O2; AMP off turns mixed_precision off and computes in float32 (FSDP's AMP_TYPE then changes
+// nothing). An explicit compute_dtype float16 or bfloat16 with O1 asks for compute copies too
+// (a Largo extension), and is the dtype the loss scaler then plans for; without AMP it is an
+// error.
+void fsdp_precision_from(const Config& config, TrainerOptions& options) {
   const std::string prefix = "MODEL.FSDP_CONFIG.";
-  auto& fsdp = options.fsdp;
-  fsdp.enabled = config.get_bool(prefix + "AUTO_SETUP_FSDP");
-  if (!fsdp.enabled) {
-    return;
-  }
-  fsdp.auto_wrap_threshold = config.get_int(prefix + "AUTO_WRAP_THRESHOLD");
-  require(
-      fsdp.auto_wrap_threshold >= 0,
-      prefix + "AUTO_WRAP_THRESHOLD",
-      std::to_string(fsdp.auto_wrap_threshold),
-      "an integer >= 0 (0 wraps every trunk block that has parameters)");
   const std::string amp_type = config.get_string(prefix + "AMP_TYPE");
   require(
       amp_type == "01" || amp_type == "O1" || amp_type == "O2",
@@ -521,24 +510,70 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
       amp_type,
       "O1 (float32 compute; VISSL's default \"01\" reads the same) or O2 (compute copies in "
       "MODEL.AMP_PARAMS.DTYPE)");
-  fsdp.compute_dtype = config.get_string(prefix + "compute_dtype");
+  std::string compute_dtype = config.get_string(prefix + "compute_dtype");
   require(
-      fsdp.compute_dtype == "float32" || fsdp.compute_dtype == "float16" ||
-          fsdp.compute_dtype == "bfloat16",
+      compute_dtype == "float32" || compute_dtype == "float16" || compute_dtype == "bfloat16",
       prefix + "compute_dtype",
-      fsdp.compute_dtype,
+      compute_dtype,
       "float32, float16 or bfloat16");
+  auto& fsdp = options.parallel.fsdp;
+  fsdp.fp32_reduce_scatter = config.get_bool(prefix + "fp32_reduce_scatter");
+  const bool mixed_precision = options.amp.use_amp; // VISSL's FSDP_CONFIG.mixed_precision
+  if (fsdp.fp32_reduce_scatter && !mixed_precision) {
+    throw ConfigError(
+        "MODEL.FSDP_CONFIG.fp32_reduce_scatter needs mixed_precision (AUTO_SETUP_FSDP turns "
+        "mixed_precision on with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set "
+        "fp32_reduce_scatter to False");
+  }
+  if (compute_dtype != "float32" && !mixed_precision) {
+    throw ConfigError(fmt::format(
+        "MODEL.FSDP_CONFIG.compute_dtype {} needs mixed_precision (AUTO_SETUP_FSDP turns it on "
+        "with MODEL.AMP_PARAMS.USE_AMP): turn AMP on, or set compute_dtype float32",
+        compute_dtype));
+  }
+  if (!mixed_precision) {
+    return;
+  }
+  options.amp.amp_type = "pytorch"; // VISSL forces it for FSDP; apex's O2/O3 casts do not apply
+  if (amp_type == "O2") {
+    compute_dtype = options.amp.dtype; // VISSL: O2 computes with float16 copies
+  } else if (compute_dtype != "float32") {
+    options.amp.dtype = compute_dtype;
+  }
+  if (compute_dtype != "float32") { // else float32 units, the forward under autocast
+    fsdp.compute_dtype = compute_dtype == "bfloat16" ? at::kBFloat16 : at::kHalf;
+  }
+}
+
+} // namespace
+
+// MODEL.FSDP_CONFIG (ZeRO stage 3, docs/fsdp.md): AUTO_SETUP_FSDP turns it on, after the
+// ZeRO keys were read (the two exclude each other).
+void fsdp_options_from(const Config& config, TrainerOptions& options) {
+  const std::string prefix = "MODEL.FSDP_CONFIG.";
+  if (!config.get_bool(prefix + "AUTO_SETUP_FSDP")) {
+    return;
+  }
+  const bool zero_on = options.parallel.data_parallelism != parallel::DataParallelism::kDdp;
+  options.parallel.data_parallelism = parallel::DataParallelism::kFsdp;
+  auto& fsdp = options.parallel.fsdp;
+  const int64_t auto_wrap_threshold = config.get_int(prefix + "AUTO_WRAP_THRESHOLD");
+  require(
+      auto_wrap_threshold >= 0,
+      prefix + "AUTO_WRAP_THRESHOLD",
+      std::to_string(auto_wrap_threshold),
+      "an integer >= 0 (0 wraps every trunk block that has parameters)");
+  // VISSL wraps the trunk's blocks that reach the threshold; the head stays in the root.
+  fsdp.wrap_policy = parallel::WrapPolicy::elements_of("trunk") &&
+                     parallel::WrapPolicy::min_trainable_parameters(auto_wrap_threshold);
   fsdp.reshard_after_forward = config.get_bool(prefix + "reshard_after_forward");
   fsdp.prefetch = config.get_bool(prefix + "prefetch");
-  fsdp.mixed_precision = options.amp.use_amp;
-  fsdp.fp32_reduce_scatter = config.get_bool(prefix + "fp32_reduce_scatter");
-  if (options.amp.use_amp) {
-    options.amp.amp_type = "pytorch"; // VISSL forces it for FSDP; apex's O2/O3 casts do not apply
-    if (amp_type == "O2") {
-      fsdp.compute_dtype = options.amp.dtype; // VISSL: O2 computes with float16 copies
-    } else if (fsdp.compute_dtype != "float32") {
-      options.amp.dtype = fsdp.compute_dtype;
-    }
+  fsdp_precision_from(config, options);
+  if (zero_on) {
+    throw ConfigError(
+        "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP (ZeRO stage 3) and ZeRO stage 1/2 (OPTIMIZER.use_zero, "
+        "OPTIMIZER.name zero or MODEL.SHARDED_DDP_SETUP.USE_SDP) are both on; stage 3 already "
+        "shards the optimizer state and the gradients: turn the other off");
   }
   // flatten_parameters: units are always flat here (with LARC too: its per-parameter norms
   // are completed across ranks). bucket_cap_mb: each unit is reduce-scattered on its own.
@@ -665,15 +700,19 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.loading = data_loading_from(config);
 
   options.model = model_options_from(config);
-  options.pipeline = pipeline_options_from(config);
-  options.tensor_parallel_size =
+  options.parallel.pipeline = pipeline_options_from(config);
+  options.parallel.tensor_parallel_size =
       static_cast<int>(positive_int(config, "DISTRIBUTED.TENSOR_PARALLEL_SIZE"));
-  options.sequence_parallel = config.get_bool("DISTRIBUTED.SEQUENCE_PARALLEL");
+  options.parallel.sequence_parallel = config.get_bool("DISTRIBUTED.SEQUENCE_PARALLEL");
+  // The trunk cut into NUM_ACTIVATION_CHECKPOINTING_SPLITS segments of balanced measured
+  // activation bytes, every one but the last checkpointed (parallel/parallelize.h).
   const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
-  options.activation_checkpointing.enabled =
-      config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING");
-  options.activation_checkpointing.num_splits =
+  const int64_t num_splits =
       positive_int(config, checkpointing + "NUM_ACTIVATION_CHECKPOINTING_SPLITS");
+  if (config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING")) {
+    options.parallel.activation_checkpointing.sequential = "trunk";
+    options.parallel.activation_checkpointing.num_splits = num_splits;
+  }
 
   // Loss.
   const std::string loss = config.get_string("LOSS.name");
@@ -699,25 +738,29 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   auto& optimizer = options.optimizer;
   auto& spec = optimizer.spec;
   const bool zero_by_name = config.get_string("OPTIMIZER.name") == "zero";
-  auto& zero = options.zero;
-  zero.shard_gradients = config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP");
-  zero.shard_optimizer_state =
-      zero_by_name || config.get_bool("OPTIMIZER.use_zero") || zero.shard_gradients;
+  const bool shard_gradients = config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP");
+  const bool shard_optimizer_state =
+      zero_by_name || config.get_bool("OPTIMIZER.use_zero") || shard_gradients;
+  if (shard_optimizer_state) {
+    options.parallel.data_parallelism =
+        shard_gradients ? parallel::DataParallelism::kZero2 : parallel::DataParallelism::kZero1;
+  }
   const int64_t reduce_buffer_size = config.get_int("MODEL.SHARDED_DDP_SETUP.reduce_buffer_size");
   require(
       reduce_buffer_size == -1 || reduce_buffer_size > 0,
       "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size",
       std::to_string(reduce_buffer_size),
       "-1 (FairScale's default, 2^23 elements) or a number of elements > 0");
-  if (reduce_buffer_size > 0) {
-    zero.reduce_buffer_elements = reduce_buffer_size;
+  if (reduce_buffer_size > 0) { // in elements of float32 gradients
+    options.parallel.zero.reduce_buffer_bytes =
+        reduce_buffer_size * static_cast<int64_t>(sizeof(float));
   }
-  if (zero.shard_optimizer_state) {
+  if (shard_optimizer_state) {
     check_base_optimizer_keys(config);
   }
   auto optimizer_key = [&](const std::string& key) {
     const std::string nested = "OPTIMIZER.base_optimizer." + key;
-    return zero.shard_optimizer_state && config.has(nested) ? nested : "OPTIMIZER." + key;
+    return shard_optimizer_state && config.has(nested) ? nested : "OPTIMIZER." + key;
   };
   const std::string name_key = optimizer_key("name");
   spec.name = config.get_string(name_key);
@@ -731,7 +774,7 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb",
       name_key,
       spec.name,
-      zero.shard_optimizer_state ? "sgd, adamw or lamb" : "sgd, adamw, lamb or zero");
+      shard_optimizer_state ? "sgd, adamw or lamb" : "sgd, adamw, lamb or zero");
   spec.sgd.momentum = non_negative(config, optimizer_key("momentum"));
   spec.sgd.dampening = non_negative(config, optimizer_key("dampening"));
   spec.sgd.nesterov = config.get_bool(optimizer_key("nesterov"));
@@ -852,11 +895,17 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       "DISTRIBUTED.BACKEND",
       distributed.backend,
       "gloo (CPU) or nccl (CUDA)");
-  distributed.broadcast_buffers = config.get_bool("DISTRIBUTED.BROADCAST_BUFFERS");
-  distributed.manual_gradient_reduction = config.get_bool("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION");
-  distributed.find_unused_parameters = config.get_bool("DISTRIBUTED.FIND_UNUSED_PARAMETERS");
-  distributed.delay_allreduce = config.get_bool("DISTRIBUTED.DELAY_ALLREDUCE");
-  distributed.bucket_cap_mb = positive_int(config, "DATA.DDP_BUCKET_CAP_MB");
+  parallel::ParallelOptions& modes = options.parallel;
+  const bool broadcast_buffers = config.get_bool("DISTRIBUTED.BROADCAST_BUFFERS");
+  modes.ddp.broadcast_buffers = broadcast_buffers;
+  modes.zero.broadcast_buffers = broadcast_buffers;
+  modes.fsdp.broadcast_buffers = broadcast_buffers;
+  const bool find_unused_parameters = config.get_bool("DISTRIBUTED.FIND_UNUSED_PARAMETERS");
+  modes.ddp.find_unused_parameters = find_unused_parameters;
+  modes.zero.find_unused_parameters = find_unused_parameters;
+  modes.ddp.manual_reduction = config.get_bool("DISTRIBUTED.MANUAL_GRADIENT_REDUCTION");
+  modes.ddp.delay_allreduce = config.get_bool("DISTRIBUTED.DELAY_ALLREDUCE");
+  modes.ddp.bucket_cap_bytes = positive_int(config, "DATA.DDP_BUCKET_CAP_MB") * 1024 * 1024;
   distributed.rendezvous_timeout_seconds =
       positive_int(config, "DISTRIBUTED.RENDEZVOUS_TIMEOUT_SECONDS");
   distributed.collective_timeout_seconds =
@@ -866,16 +915,16 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.gradient_accumulation_steps = positive_int(config, "TRAINER.GRADIENT_ACCUMULATION_STEPS");
   // Manual reduction is DistributedDataParallel's; ZeRO stage 2 and FSDP reduce (and scatter)
   // gradients from their own hooks, so the switch would change nothing there.
-  if (distributed.manual_gradient_reduction && (zero.shard_gradients || options.fsdp.enabled)) {
+  const bool fsdp = modes.data_parallelism == parallel::DataParallelism::kFsdp;
+  if (modes.ddp.manual_reduction && parallel::zero_stage(modes.data_parallelism) >= 2) {
     throw config_error(
         "DISTRIBUTED.MANUAL_GRADIENT_REDUCTION",
         "True",
         fmt::format(
             "False with {}: it applies to DistributedDataParallel, and {} "
             "reduces gradients in its own hooks",
-            options.fsdp.enabled ? "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP"
-                                 : "MODEL.SHARDED_DDP_SETUP.USE_SDP",
-            options.fsdp.enabled ? "FSDP" : "ZeRO stage 2"));
+            fsdp ? "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP" : "MODEL.SHARDED_DDP_SETUP.USE_SDP",
+            fsdp ? "FSDP" : "ZeRO stage 2"));
   }
   return options;
 }
