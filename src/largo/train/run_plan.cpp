@@ -553,15 +553,16 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   rethrow_with_yaml_keys(
       [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
 
-  // A pipeline's stages and a layer's tensor-parallel shards share their replica's batch: the
-  // replicas make the global batch, and a node holds procs_per_node / (PIPELINE_SIZE x
-  // TENSOR_PARALLEL_SIZE) of them (at least a part of one).
+  // The ranks of a replica (a pipeline's stages, a layer's tensor-parallel shards) share its
+  // batch: the mesh's data replicas make the global batch, and a node holds procs_per_node /
+  // (ranks per replica) of them (at least a part of one).
   const int64_t accumulation = o.gradient_accumulation_steps;
-  const int ranks_per_replica = plan.parallel.pipeline.size * plan.parallel.tensor_parallel_size;
+  const int replicas = data_replicas(plan);
+  const int ranks_per_replica = world.world_size / replicas;
   const int64_t replicas_per_node = std::max(1, world.procs_per_node / ranks_per_replica);
   plan.batch_per_rank = o.train.batch_size;
   plan.batch_per_node = plan.batch_per_rank * replicas_per_node * accumulation;
-  plan.global_batch = plan.batch_per_rank * data_replicas(plan) * accumulation;
+  plan.global_batch = plan.batch_per_rank * replicas * accumulation;
   scale_learning_rates(plan);
   return plan;
 }
