@@ -165,8 +165,8 @@ torch::nn::Sequential find_sequential(torch::nn::Module& module, const std::stri
 
 // Every rank must install the same cut: under FSDP the segments' recomputation gathers units
 // again, so different cuts would order the collectives differently (a hang). Each rank
-// measures its own activation bytes, and allocations of the process's other threads (Gloo's,
-// the heartbeat's) can land in a probe, so rank 0's boundaries are taken by all. Collective.
+// measures its own activation bytes (the CPU counter is process-wide: another thread's
+// allocation during a probe counts), so rank 0's boundaries are taken by all. Collective.
 std::vector<int64_t> agreed_boundaries(
     const std::vector<int64_t>& boundaries, comm::ProcessGroup& group, torch::Device device) {
   if (group.world_size() == 1) {
