@@ -69,9 +69,13 @@ struct DistributedOptions {
   int64_t collective_timeout_seconds = 1800;
 };
 
+// VISSL's FSDP units: the trunk's blocks with at least `auto_wrap_threshold` trainable
+// parameter elements (MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD); the head stays in the root.
+parallel::WrapPolicy trunk_block_units(int64_t auto_wrap_threshold);
+
 // The library's parallel options (parallel/parallelize.h) as the Trainer starts from them:
-// FSDP units are the trunk's blocks (VISSL's auto-wrap, with AUTO_WRAP_THRESHOLD 0) and its
-// compute copies keep BatchNorm in float32 (Apex's keep_batchnorm_fp32).
+// FSDP units are trunk_block_units(0) and its compute copies keep BatchNorm in float32
+// (Apex's keep_batchnorm_fp32). Both are defined in run_plan.cpp.
 parallel::ParallelOptions trainer_parallel_defaults();
 
 // MODEL.SYNC_BN_CONFIG: the model's BatchNorm2d layers replaced by parallel::SyncBatchNorm

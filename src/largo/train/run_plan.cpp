@@ -469,11 +469,14 @@ void scale_learning_rates(RunPlan& plan) {
 
 } // namespace
 
+parallel::WrapPolicy trunk_block_units(int64_t auto_wrap_threshold) {
+  return parallel::WrapPolicy::elements_of("trunk") &&
+         parallel::WrapPolicy::min_trainable_parameters(auto_wrap_threshold);
+}
+
 parallel::ParallelOptions trainer_parallel_defaults() {
   parallel::ParallelOptions defaults;
-  // VISSL wraps the trunk's blocks that reach AUTO_WRAP_THRESHOLD; the head stays in the root.
-  defaults.fsdp.wrap_policy = parallel::WrapPolicy::elements_of("trunk") &&
-                              parallel::WrapPolicy::min_trainable_parameters(0);
+  defaults.fsdp.wrap_policy = trunk_block_units(0);
   defaults.fsdp.keeps_fp32 = [](const torch::nn::Module& module) {
     return precision::is_batchnorm(module); // Apex's keep_batchnorm_fp32
   };

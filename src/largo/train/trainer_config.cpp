@@ -563,9 +563,7 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
       prefix + "AUTO_WRAP_THRESHOLD",
       std::to_string(auto_wrap_threshold),
       "an integer >= 0 (0 wraps every trunk block that has parameters)");
-  // VISSL wraps the trunk's blocks that reach the threshold; the head stays in the root.
-  fsdp.wrap_policy = parallel::WrapPolicy::elements_of("trunk") &&
-                     parallel::WrapPolicy::min_trainable_parameters(auto_wrap_threshold);
+  fsdp.wrap_policy = trunk_block_units(auto_wrap_threshold);
   fsdp.reshard_after_forward = config.get_bool(prefix + "reshard_after_forward");
   fsdp.prefetch = config.get_bool(prefix + "prefetch");
   fsdp_precision_from(config, options);
@@ -915,8 +913,8 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   options.gradient_accumulation_steps = positive_int(config, "TRAINER.GRADIENT_ACCUMULATION_STEPS");
   // Manual reduction is DistributedDataParallel's; ZeRO stage 2 and FSDP reduce (and scatter)
   // gradients from their own hooks, so the switch would change nothing there.
-  const bool fsdp = modes.data_parallelism == parallel::DataParallelism::kFsdp;
   if (modes.ddp.manual_reduction && parallel::zero_stage(modes.data_parallelism) >= 2) {
+    const bool fsdp = modes.data_parallelism == parallel::DataParallelism::kFsdp;
     throw config_error(
         "DISTRIBUTED.MANUAL_GRADIENT_REDUCTION",
         "True",
