@@ -5,6 +5,7 @@
 // mesh is examples/device_mesh_loop.
 #include <largo/comm/process_group.h>
 #include <largo/optim/adamw.h>
+#include <largo/optim/param_groups.h>
 #include <largo/parallel/parallelize.h>
 
 #include <torch/torch.h>
@@ -65,12 +66,7 @@ int main(int argc, char** argv) {
 
   torch::manual_seed(0); // every rank draws the same weights
   Net net;
-  largo::optim::ParamGroup all; // what the optimizer steps, by name (ZeRO and FSDP shard it)
-  for (const auto& item : net->named_parameters()) {
-    all.params.push_back(item.value());
-    all.names.push_back(item.key());
-  }
-  all.lr = 3e-3;
+  auto groups = largo::optim::build_param_groups(*net, {.lr = 3e-3}); // by name: ZeRO shards it
 
   // A pipeline cuts the model's chain of blocks, named as the model names them.
   std::vector<parallel::PipelineBlock> blocks{{"embed", torch::nn::AnyModule(net->embed)}};
@@ -84,7 +80,8 @@ int main(int argc, char** argv) {
   if (mode == "pipeline") {
     input = std::move(blocks);
   }
-  auto model = parallel::parallelize(std::move(input), {all}, adamw, world, options);
+  // Given the world, the mesh is built for the options (pp(2) x dp(world / 2) for the pipeline).
+  auto model = parallel::parallelize(std::move(input), groups, adamw, world, options);
 
   // The task: labels from a fixed random linear teacher; each replica draws its own samples
   // (a pipeline's stages draw the same ones).

@@ -1,5 +1,5 @@
 // The device mesh from a libtorch user's side: the world's ranks laid out as pp x dp x tp, the
-// user's own blocks split over the mesh's "tp" group, parallelize() over the world:
+// user's own blocks split over the mesh's "tp" group, parallelize() over the mesh:
 //   largo launch --nproc_per_node 4 -- ./device_mesh_loop tp_dp   # tp 2 x dp 2 (DDP)
 //   largo launch --nproc_per_node 4 -- ./device_mesh_loop tp_pp   # tp 2 x pp 2 (stages)
 // Tensor parallelism composes with DDP over "dp" and a pipeline over "pp" (the 3-D mesh: tp_pp
@@ -55,13 +55,11 @@ int main(int argc, char** argv) {
     options.pipeline.stages.num_microbatches(4); // the 1f1b schedule
   }
   // tp innermost (consecutive ranks for the heaviest traffic). Collective: makes every group.
-  options.mesh = std::make_shared<parallel::DeviceMesh>(
-      *world, parallel::mesh_dimensions(options, world->world_size()));
-  options.tensor_parallel_group = options.mesh->group("tp");
-  std::printf("rank %d: %s\n", world->rank(), options.mesh->describe().c_str());
+  auto mesh = parallel::make_device_mesh(world, options);
+  std::printf("rank %d: %s\n", world->rank(), mesh->describe().c_str());
 
   torch::manual_seed(0); // every rank draws the same full weights, and the same task
-  const Group& tp = options.tensor_parallel_group; // embed, split blocks, head (replicated)
+  const Group& tp = mesh->group("tp"); // embed, split blocks, head (replicated)
   Net net(torch::nn::Linear(32, 64), Block(tp), Block(tp), torch::nn::Linear(64, 10));
   const torch::Tensor teacher = torch::randn({32, 10}); // labels: a fixed random linear map
   auto groups = largo::optim::build_param_groups(*net, {.lr = 3e-3}); // this rank's shards
@@ -71,11 +69,11 @@ int main(int argc, char** argv) {
     input = parallel::pipeline_blocks(torch::nn::Sequential(chain));
   }
   auto adamw = [](auto groups) { return std::make_unique<largo::optim::AdamW>(std::move(groups)); };
-  // Given the world: DDP over the mesh's "dp" groups, the pipeline's stages over its "pp".
-  auto model = parallel::parallelize(std::move(input), groups, adamw, world, options);
+  // DDP over the mesh's "dp" groups, the pipeline's stages over its "pp".
+  auto model = parallel::parallelize(std::move(input), groups, adamw, mesh, options);
 
   // Each replica draws its own samples; ranks that differ only in tp or pp, the same ones.
-  torch::manual_seed(1 + options.mesh->data_shard().index);
+  torch::manual_seed(1 + mesh->data_shard().index);
   double first = 0, last = 0;
   const int steps = 40;
   for (int step = 0; step < steps; ++step) {

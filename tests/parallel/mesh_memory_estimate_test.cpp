@@ -264,7 +264,7 @@ TEST(MeshMemoryEstimateTest, TensorParallelPipelineRanksHoldHalfTheirStagesSplit
 }
 
 // Balanced by parameters, the estimate cuts where PipelineParallel cuts the model
-// apply_mesh_to_module split (each rank's shard sizes), on 4 ranks (pp 2 x tp 2); the
+// apply_tensor_parallel_plan split (each rank's shard sizes), on 4 ranks (pp 2 x tp 2); the
 // unsplit model is cut elsewhere, so the comparison tells the two apart.
 TEST(MeshMemoryEstimateTest, TensorParallelPipelineCutIsTheTrainersOfTheSplitModel) {
   const auto split =
@@ -275,13 +275,11 @@ TEST(MeshMemoryEstimateTest, TensorParallelPipelineCutIsTheTrainersOfTheSplitMod
       << "halving the encoder layers' Linears moves the balanced cut";
   run_on_ranks(4, [&](comm::ProcessGroup& world) {
     models::TrunkHeadModel model = make_vit();
-    ParallelOptions parallel = pipeline_options(2).parallel;
-    apply_mesh_to_module(*model, borrow(world), parallel);
+    const ParallelOptions parallel = pipeline_options(2).parallel;
+    const auto mesh = make_device_mesh(borrow(world), parallel);
+    apply_tensor_parallel_plan(*model, *mesh, parallel);
     PipelineParallel trainer(
-        pipeline_blocks(*model),
-        parallel.mesh->group("pp"),
-        parallel.mesh->group("dp"),
-        parallel.pipeline.stages);
+        pipeline_blocks(*model), mesh->group("pp"), mesh->group("dp"), parallel.pipeline.stages);
     EXPECT_EQ(split.pipeline->boundaries, trainer.boundaries()) << "rank " << world.rank();
   });
 }

@@ -1,11 +1,10 @@
 // Tensor parallelism through parallelize() (parallelize.h, step 0), composed on 4 Gloo ranks
 // with another dimension:
 //   - with DDP, as torchtitan's 2-D parallelism: tensor-parallel pairs (TP 2) times two
-//     data-parallel replicas (DP 2), world rank = dp_index * 2 + tp_index, the groups laid
-//     out by hand (ParallelOptions::tensor_parallel_group, parallelize() over the replicas);
+//     data-parallel replicas (DP 2), world rank = dp_index * 2 + tp_index, on the mesh
+//     make_device_mesh builds (pp(1) * dp(2) * tp(2));
 //   - with a pipeline: two stages (PP 2), each split over a tensor-parallel pair, on the mesh
-//     apply_mesh_to_module builds (pp(2) * dp(1) * tp(2), world rank = pp_index * 2 +
-//     tp_index); each pair's ranks exchange activations with the other stage's rank of the
+//     pp(2) * dp(1) * tp(2), world rank = pp_index * 2 + tp_index; each pair's ranks exchange activations with the other stage's rank of the
 //     same shard.
 // Each rank also runs the unsharded model in one process on the global batch (parallelize()
 // over ProcessGroup::single_process()), built from the same seed, and the 2-D run must train
@@ -120,68 +119,62 @@ struct Case {
   OptimizerFactory optimizer = adamw();
 };
 
-// The 2-D layout by hand: the tensor-parallel pairs {0, 1}, {2, 3} and the data-parallel
-// pairs {0, 2}, {1, 3}; every rank creates every group, in this order. With a pipeline the
-// groups are the mesh's: only the world is kept.
+// The layouts of the file's top on the library's mesh, built once per test so that its runs
+// share the groups: TP x DP, pp(1) * dp(2) * tp(2) (the tensor-parallel pairs {0, 1}, {2, 3},
+// the data-parallel pairs {0, 2}, {1, 3}), or TP x PP, pp(2) * dp(world / 4) * tp(2).
 struct Mesh {
   comm::ProcessGroup* world = nullptr;
+  std::shared_ptr<DeviceMesh> layout;
   bool pipeline = false;
   PipelineParallelOptions stages; // with a pipeline
-  std::shared_ptr<comm::ProcessGroup> tensor_parallel;
-  std::shared_ptr<comm::ProcessGroup> data_parallel;
-  DataParallelism data_parallelism = DataParallelism::kDdp; // over data_parallel
+  DataParallelism data_parallelism = DataParallelism::kDdp; // over the "dp" group
   bool sequence_parallel = false;                           // in the ViT's layers
 };
+
+// The options of a run on `mesh`: its sizes and modes.
+ParallelOptions options_on(const Mesh& mesh) {
+  ParallelOptions options;
+  options.tensor_parallel_size = kTensorParallelSize;
+  if (mesh.pipeline) {
+    options.pipeline.size = 2;
+    options.pipeline.stages = mesh.stages;
+  }
+  options.data_parallelism = mesh.data_parallelism;
+  options.sequence_parallel = mesh.sequence_parallel;
+  return options;
+}
 
 Mesh make_pipeline_mesh(comm::ProcessGroup& world, PipelineParallelOptions stages = {}) {
   Mesh mesh;
   mesh.world = &world;
   mesh.pipeline = true;
   mesh.stages = std::move(stages);
+  mesh.layout = make_device_mesh(borrow(world), options_on(mesh));
   return mesh;
 }
 
 Mesh make_mesh(comm::ProcessGroup& world) {
   Mesh mesh;
   mesh.world = &world;
-  for (int dp_index = 0; dp_index < kDataParallelSize; ++dp_index) {
-    if (auto group = world.new_group({dp_index * 2, dp_index * 2 + 1})) {
-      mesh.tensor_parallel = group;
-    }
-  }
-  for (int tp_index = 0; tp_index < kTensorParallelSize; ++tp_index) {
-    if (auto group = world.new_group({tp_index, tp_index + kTensorParallelSize})) {
-      mesh.data_parallel = group;
-    }
-  }
+  mesh.layout = make_device_mesh(borrow(world), options_on(mesh));
   return mesh;
 }
 
 // The unsharded model in one process (mesh null), or this rank's part of the 2-D run.
 std::unique_ptr<ParallelModel> make_run(const Case& c, const Mesh* mesh) {
   models::TrunkHeadModel model = c.make();
-  ParallelOptions options;
-  std::shared_ptr<comm::ProcessGroup> group = comm::ProcessGroup::single_process();
-  if (mesh != nullptr && mesh->pipeline) { // step 0 on the library's mesh
-    options.pipeline.size = 2;
-    options.pipeline.stages = mesh->stages;
-    options.tensor_parallel_size = kTensorParallelSize;
-    options.data_parallelism = mesh->data_parallelism;
-    options.sequence_parallel = mesh->sequence_parallel;
-    group = borrow(*mesh->world);
-    apply_mesh_to_module(*model, group, options);
-  } else if (mesh != nullptr) {
-    TensorParallelPlanOptions plan;
-    plan.sequence_parallel = mesh->sequence_parallel;
-    apply_tensor_parallel(*model, mesh->tensor_parallel, plan); // step 0: before the groups
-    options.tensor_parallel_group = mesh->tensor_parallel;
-    options.data_parallelism = mesh->data_parallelism;
-    group = mesh->data_parallel;
+  const ParallelOptions options = mesh != nullptr ? options_on(*mesh) : ParallelOptions{};
+  if (mesh != nullptr) {
+    apply_tensor_parallel_plan(*model, *mesh->layout, options); // step 0: before the groups
   }
   auto param_groups = groups_of(*model);
   param_groups[0].lr = kLearningRate;
   param_groups[0].weight_decay = 0.05;
-  return parallelize(model, std::move(param_groups), c.optimizer, group, options);
+  if (mesh == nullptr) {
+    return parallelize(
+        model, std::move(param_groups), c.optimizer, comm::ProcessGroup::single_process(), options);
+  }
+  return parallelize(model, std::move(param_groups), c.optimizer, mesh->layout, options);
 }
 
 // Step `step`'s global batch, the same on every rank.
@@ -507,12 +500,14 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
   }
 }
 
-// The hand-made TP x DP groups, checked against the layout the file's top describes.
+// The TP x DP mesh, checked against the layout the file's top describes.
 Mesh checked_mesh(comm::ProcessGroup& world) {
   Mesh mesh = make_mesh(world);
-  EXPECT_TRUE(mesh.tensor_parallel && mesh.data_parallel);
-  EXPECT_EQ(mesh.tensor_parallel->rank(), world.rank() % kTensorParallelSize);
-  EXPECT_EQ(mesh.data_parallel->rank(), world.rank() / kTensorParallelSize);
+  EXPECT_EQ(describe_sizes(mesh.layout->dimensions()), "pp(1) * dp(2) * tp(2)");
+  EXPECT_EQ(mesh.layout->group("tp")->rank(), world.rank() % kTensorParallelSize);
+  EXPECT_EQ(mesh.layout->group("tp")->global_rank(0), world.rank() / 2 * 2);
+  EXPECT_EQ(mesh.layout->group("dp")->rank(), world.rank() / kTensorParallelSize);
+  EXPECT_EQ(mesh.layout->group("dp")->global_rank(0), world.rank() % kTensorParallelSize);
   return mesh;
 }
 
@@ -617,19 +612,19 @@ TEST(TensorParallelComposition, LarcAndLambNormsAreTheUnshardedParameters) {
   });
 }
 
-// Without data parallelism (a group of one replica): update_full_parameter() changes the full
-// value of a shard (SwAV's prototypes normalised between steps), and full_parameters() gives
-// it back, bit for bit.
+// Without data parallelism (a mesh of one replica, tp(2)): update_full_parameter() changes
+// the full value of a shard (SwAV's prototypes normalised between steps), and
+// full_parameters() gives it back, bit for bit.
 TEST(TensorParallelComposition, TensorParallelAloneUpdatesFullParameters) {
-  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& tp_group) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& world) {
     models::TrunkHeadModel model = make_mlp();
     const auto full = model->named_parameters(); // before sharding: the full values
     const at::Tensor expected = full["trunk.1.linear.weight"].detach() * 2.0 + 1.0;
-    apply_tensor_parallel(*model, borrow(tp_group));
     ParallelOptions options;
-    options.tensor_parallel_group = borrow(tp_group);
-    auto run = parallelize(
-        model, groups_of(*model), adamw(), comm::ProcessGroup::single_process(), options);
+    options.tensor_parallel_size = kTensorParallelSize;
+    auto mesh = make_device_mesh(borrow(world), options);
+    apply_tensor_parallel(*model, mesh->group("tp")); // a user's own split of the layers
+    auto run = parallelize(model, groups_of(*model), adamw(), mesh, options);
     EXPECT_NE(run->describe().find("tensor parallel over 2 ranks"), std::string::npos)
         << run->describe();
     ASSERT_NE(run->tensor_parallel_group(), nullptr);
@@ -645,13 +640,13 @@ TEST(TensorParallelComposition, TensorParallelAloneUpdatesFullParameters) {
   });
 }
 
-// The OptionError parallelize() throws, or "" when it throws none (then it built the model).
-std::string parallelize_error(
-    models::TrunkHeadModel model,
-    ParallelOptions options,
-    std::shared_ptr<comm::ProcessGroup> group) {
+// The OptionError parallelize() throws on `layout` (a mesh, or the world), or "" when it
+// throws none (then it built the model).
+template <typename Layout>
+std::string
+parallelize_error(models::TrunkHeadModel model, ParallelOptions options, Layout layout) {
   try {
-    parallelize(model, groups_of(*model), adamw(), std::move(group), std::move(options));
+    parallelize(model, groups_of(*model), adamw(), std::move(layout), std::move(options));
   } catch (const OptionError& error) {
     return error.what();
   }
@@ -663,33 +658,35 @@ void expect_contains(const std::string& message, const std::string& part) {
       << "\"" << message << "\" lacks \"" << part << "\"";
 }
 
-// Refused before any collective, so each rank may check them alone.
+// Refused before any collective, so each rank may check them alone (the meshes of 2 ranks
+// here make no new group: each dimension is one rank or the world).
 TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
-  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& tp_group) {
-    const auto single = comm::ProcessGroup::single_process();
-    ParallelOptions with_group;
-    with_group.tensor_parallel_group = borrow(tp_group);
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& world) {
+    ParallelOptions with_size;
+    with_size.tensor_parallel_size = kTensorParallelSize;
+    const auto tp_mesh = make_device_mesh(borrow(world), with_size); // tp(2)
 
-    // A group, but the module was not sharded.
-    const std::string unsharded = parallelize_error(make_mlp(), with_group, single);
-    expect_contains(unsharded, "ParallelOptions::tensor_parallel_group");
-    expect_contains(unsharded, "apply_tensor_parallel");
+    // Tensor parallelism, but the module was not split.
+    const std::string unsharded = parallelize_error(make_mlp(), with_size, tp_mesh);
+    expect_contains(unsharded, "ParallelOptions::tensor_parallel_size");
+    expect_contains(unsharded, "apply_tensor_parallel_plan");
 
-    // A sharded module without its group.
+    // A split module without tensor parallelism.
     models::TrunkHeadModel sharded = make_mlp();
-    apply_tensor_parallel(*sharded, borrow(tp_group));
-    const std::string no_group = parallelize_error(sharded, ParallelOptions{}, single);
-    expect_contains(no_group, "ParallelOptions::tensor_parallel_group");
-    expect_contains(no_group, "the group of 2 ranks");
+    apply_tensor_parallel(*sharded, tp_mesh->group("tp"));
+    const std::string unsplit_run =
+        parallelize_error(sharded, ParallelOptions{}, comm::ProcessGroup::single_process());
+    expect_contains(unsplit_run, "ParallelOptions::tensor_parallel_size = 1");
+    expect_contains(unsplit_run, "expected 2, the size of the mesh's \"tp\" group");
 
     // FSDP's compute copies.
     {
-      ParallelOptions options = with_group;
+      ParallelOptions options = with_size;
       options.data_parallelism = DataParallelism::kFsdp;
       options.fsdp.compute_dtype = at::kHalf;
       models::TrunkHeadModel model = make_mlp();
-      apply_tensor_parallel(*model, borrow(tp_group));
-      const std::string message = parallelize_error(model, options, single);
+      apply_tensor_parallel_plan(*model, *tp_mesh, options);
+      const std::string message = parallelize_error(model, options, tp_mesh);
       expect_contains(message, "FullyShardedDataParallelOptions::compute_dtype");
       EXPECT_THROW(check_parallel_options(options, 2), OptionError);
     }
@@ -716,8 +713,8 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
     staged.data_parallelism = DataParallelism::kZero1; // over each stage's replicas
     EXPECT_EQ(options_error(staged), "");
 
-    // The size alone (a run plan's, before any group exists) is checked the same way, and
-    // at parallelize() it needs its group.
+    // The size alone (a run plan's, before any group exists) is checked the same way; at
+    // parallelize() it needs the mesh it was split over, not the world nor another mesh.
     ParallelOptions by_size;
     by_size.tensor_parallel_size = 2;
     by_size.activation_checkpointing.sequential = "trunk";
@@ -730,10 +727,14 @@ TEST(TensorParallelComposition, RefusesWhatDoesNotCompose) {
     }
     by_size.activation_checkpointing = {};
     models::TrunkHeadModel model = make_mlp();
-    apply_tensor_parallel(*model, borrow(tp_group));
-    const std::string size_without_group = parallelize_error(model, by_size, borrow(tp_group));
-    expect_contains(size_without_group, "ParallelOptions::tensor_parallel_group");
-    expect_contains(size_without_group, "tensor_parallel_size = 2 ranks");
+    apply_tensor_parallel_plan(*model, *tp_mesh, by_size);
+    const std::string given_the_world = parallelize_error(model, by_size, borrow(world));
+    expect_contains(given_the_world, "ParallelOptions::tensor_parallel_size = 2");
+    expect_contains(given_the_world, "give parallelize() the mesh");
+    const auto dp_mesh = make_device_mesh(borrow(world), ParallelOptions{}); // dp(2)
+    const std::string other_mesh = parallelize_error(model, by_size, dp_mesh);
+    expect_contains(other_mesh, "parallelize's mesh = pp(1) * dp(2) * tp(1)");
+    expect_contains(other_mesh, "pp(1) * dp(1) * tp(2)");
   });
 }
 

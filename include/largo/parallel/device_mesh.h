@@ -23,7 +23,9 @@
 //
 // Collectives: the constructor, which calls world.new_group for every group of every
 // dimension, dimensions in order, groups in order of their first rank; every rank of `world`
-// must build the same mesh at the same point of its new_group calls.
+// must build the same mesh at the same point of its new_group calls. A dimension of the
+// world's size is the world itself (no new_group call), and groups of one rank connect no
+// backend, so the mesh of plain data parallelism, pp(1) * dp(N) * tp(1), connects nothing.
 #pragma once
 
 #include <largo/comm/process_group.h>
@@ -78,8 +80,10 @@ DataShard data_shard(int world_rank, const std::vector<MeshDimension>& dimension
 
 class DeviceMesh {
  public:
-  // Checks the dimensions (check_mesh_dimensions) and builds every dimension's groups.
-  // `world` must outlive the mesh. Collective (see the top of this file).
+  // Checks the dimensions (check_mesh_dimensions) and builds every dimension's groups; the
+  // mesh keeps `world`. Collective (see the top of this file).
+  DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<MeshDimension> dimensions);
+  // The same over a world the caller keeps alive for as long as the mesh.
   DeviceMesh(comm::ProcessGroup& world, std::vector<MeshDimension> dimensions);
 
   // This rank's group along dimension `name` (rank = this rank's coordinate there).
@@ -89,6 +93,9 @@ class DeviceMesh {
   int coordinate(const std::string& name) const;
   comm::ProcessGroup& world() const {
     return *world_;
+  }
+  const std::shared_ptr<comm::ProcessGroup>& world_group() const {
+    return world_;
   }
   const std::vector<MeshDimension>& dimensions() const {
     return dimensions_;
@@ -103,7 +110,7 @@ class DeviceMesh {
  private:
   size_t index_of(const std::string& name) const;
 
-  comm::ProcessGroup* world_;
+  std::shared_ptr<comm::ProcessGroup> world_;
   std::vector<MeshDimension> dimensions_;
   std::vector<int> coordinates_;                            // per dimension
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups_; // per dimension

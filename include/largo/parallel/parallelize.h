@@ -3,7 +3,7 @@
 // wrapping). A libtorch user's own module and loop:
 //
 //   auto model = largo::parallel::parallelize(torch::nn::AnyModule(net), groups, make_sgd,
-//                                             group, options);
+//                                             world, options);   // or a DeviceMesh
 //   for each step:
 //     model->zero_grad();
 //     for each micro-batch k of K:
@@ -26,24 +26,28 @@
 //     auto scope = model->micro_step(k + 1 == K);
 //     model->forward_backward(x_k, y_k, cross_entropy, /*loss_divisor=*/K);
 //
+// Every run is laid out on a DeviceMesh (device_mesh.h): pp x dp x tp, its sizes from the
+// options (mesh_dimensions), built once by make_device_mesh(world, options); given the world,
+// parallelize() builds it itself. Each mode runs over its dimension's group: data parallelism
+// over "dp", tensor parallelism over "tp", pipeline stages over "pp".
+//
 // Tensor parallelism (tensor_parallel_plan.h) composes with DDP, ZeRO-1, ZeRO-2 and FSDP
-// over the replicas as torchtitan's 2-D parallelism, and with DDP or ZeRO-1 in a pipeline: step 0
-// is the caller's, before the param groups are built, because it replaces the planned layers'
-// parameters by this rank's shards:
-//   0. apply_tensor_parallel(*net, tp_group);            // the same seed on every rank first
+// over the replicas as torchtitan's 2-D parallelism, and with DDP or ZeRO-1 in a pipeline
+// (3-D: pp x dp x tp): step 0 is the caller's, before the param groups are built, because it
+// replaces the planned layers' parameters by this rank's shards:
+//   auto mesh = make_device_mesh(world, options);       // options.tensor_parallel_size = 2
+//   0. apply_tensor_parallel_plan(*net, *mesh, options); // the same seed on every rank first
 //      auto groups = optim::build_param_groups(...);     // over the sharded parameters
-//      options.tensor_parallel_group = tp_group;         // and `group` is the dp group
-//      auto model = parallelize(AnyModule(net), groups, make_optimizer, dp_group, options);
-// parallelize() checks that the module's shards are for that group's size (and refuses a
-// group with an unsharded module, or the reverse). The returned model's clip_grad_norm() is
-// the unsharded model's norm, and its state (model_state_dict(), full_parameters(),
+//      auto model = parallelize(AnyModule(net), groups, make_optimizer, mesh, options);
+// (a user's own layers: ColumnParallelLinear / RowParallelLinear over mesh->group("tp")).
+// parallelize() checks that the module's shards are for the mesh's "tp" size (and refuses an
+// unsharded module there, or the reverse). The returned model's clip_grad_norm() is the
+// unsharded model's norm, and its state (model_state_dict(), full_parameters(),
 // optimizer_state_dict()) is the unsharded model's, gathered over the tensor-parallel group,
 // so that a run with and one without tensor parallelism read each other's checkpoints
 // (with ZeRO and FSDP, optimizer_state_dict() gives it on the first replica only: the
-// replicas' pieces are consolidated there; FSDP's model_state_dict() too).
-// Inside a pipeline's stages (3-D: pp x dp x tp), apply_mesh_to_module() is step 0: it
-// builds the mesh and splits the model before parallelize() cuts it into stages; each stage's
-// rank exchanges activations with the other stages' ranks of the same shards.
+// replicas' pieces are consolidated there; FSDP's model_state_dict() too). In a pipeline each
+// stage's rank exchanges activations with the other stages' ranks of the same shards.
 //
 // The order that makes them compose is fixed here, in parallelize():
 //   1. activation checkpointing is planned: its probe steps run forward and backward on the
@@ -63,8 +67,8 @@
 // units and checkpointed modules are elements of torch::nn::Sequential containers chosen by
 // a WrapPolicy (wrap_policy.h); everything else works on any module.
 //
-// Collectives: parallelize() (with a pipeline, the DeviceMesh's new_group calls first; rank
-// 0's checkpointing cut; the initial broadcast), and on the returned object forward()
+// Collectives: make_device_mesh() (its new_group calls), parallelize() (given the world, the
+// mesh's first; rank 0's checkpointing cut; the initial broadcast), and on the returned object forward()
 // (buffer broadcasts, FSDP's gathers), backward() (gradient reductions), finish_backward()
 // (manual reduction; the inf/NaN agreement), clip_grad_norm(), step() (ZeRO's all-gathers,
 // norm reductions), model_state_dict() under FSDP. With tensor parallelism also forward()
@@ -170,28 +174,18 @@ struct ParallelOptions {
   precision::GradScalerOptions grad_scaler;
   // Check gradients for inf/NaN in runs without loss scaling too (finish_backward()).
   bool check_finite = true;
-  // The ranks the module's tensor-parallel layers are split over (apply_tensor_parallel,
-  // step 0 above); parallelize()'s group is then each tensor-parallel rank's data-parallel
-  // group. Null or one rank: off. Composes with every data_parallelism (FSDP without its
-  // compute_dtype), without a cast of the module (O2, O3) and without activation
-  // checkpointing; with a pipeline only on
-  // apply_mesh_to_module()'s mesh, its stages cut by parameters or boundaries (not timed)
-  // and not recomputed.
-  std::shared_ptr<comm::ProcessGroup> tensor_parallel_group;
   // The mesh's "tp" dimension (mesh_dimensions(); DISTRIBUTED.TENSOR_PARALLEL_SIZE): the
-  // number of tensor-parallel shards per data-parallel replica. > 1 needs
-  // tensor_parallel_group, of that many ranks, at parallelize(); the composition rules above
-  // apply to it already in check_parallel_options(), before any group exists. A library user
-  // who lays out the groups alone may leave it at 1 and set only the group.
+  // number of tensor-parallel shards per data-parallel replica. Composes with every
+  // data_parallelism (FSDP without its compute_dtype), without a cast of the module (O2, O3)
+  // and without activation checkpointing; with a pipeline only with stages cut by parameters
+  // or boundaries (not timed) and not recomputed. The module's layers must be split over the
+  // mesh's "tp" group before the param groups are built (apply_tensor_parallel_plan(), or
+  // apply_tensor_parallel() for a user's own layers).
   int tensor_parallel_size = 1;
   // Sequence parallelism in the tensor-parallel ViT layers (TensorParallelPlanOptions;
-  // DISTRIBUTED.SEQUENCE_PARALLEL): what apply_mesh_to_module() splits them with. Needs
-  // tensor_parallel_size > 1. A library user who shards the module alone passes it to
-  // apply_tensor_parallel() instead.
+  // DISTRIBUTED.SEQUENCE_PARALLEL): what apply_tensor_parallel_plan() splits them with. Needs
+  // tensor_parallel_size > 1.
   bool sequence_parallel = false;
-  // The run's mesh when apply_mesh_to_module() built one (tensor_parallel_size > 1):
-  // parallelize()'s group is then the mesh's world, the replicas its "dp" group.
-  std::shared_ptr<DeviceMesh> mesh;
 };
 
 using OptimizerFactory =
@@ -319,22 +313,27 @@ class ParallelModel {
   const std::shared_ptr<torch::nn::Module>& module() const {
     return module_;
   }
+  // Every rank of the run: the mesh's world.
   comm::ProcessGroup& process_group() const {
     return *group_;
   }
+  // The run's layout (pp x dp x tp), which parallelize() was given or built.
+  const DeviceMesh& mesh() const {
+    return *mesh_;
+  }
   // The ranks that read different data, over which per-rank sums (images, losses, meters)
-  // add up to the global batch's: every rank, except in a pipeline, whose stages share
-  // their replica's batch: there, this stage's replicas.
-  virtual comm::ProcessGroup& data_parallel_group() const {
-    return *group_;
+  // add up to the global batch's: the mesh's "dp" group (every rank, unless pipeline stages
+  // or tensor-parallel shards share their replica's batch).
+  comm::ProcessGroup& data_parallel_group() const {
+    return *replicas_;
   }
   // The pipeline of the pipeline mode; null in the others.
   virtual const PipelineParallel* pipeline() const {
     return nullptr;
   }
-  // The tensor-parallel group (ParallelOptions::tensor_parallel_group); null without one.
-  virtual comm::ProcessGroup* tensor_parallel_group() const {
-    return nullptr;
+  // The mesh's "tp" group; null without tensor parallelism.
+  comm::ProcessGroup* tensor_parallel_group() const {
+    return mesh_->size("tp") > 1 ? mesh_->group("tp").get() : nullptr;
   }
   DataParallelism data_parallelism() const {
     return options_.data_parallelism;
@@ -422,12 +421,11 @@ class ParallelModel {
   virtual std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
 
  protected:
-  ParallelModel(torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+  ParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
                 ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision);
   // A module whose forward the mode runs itself (run_forward; the pipeline's stages).
-  ParallelModel(std::shared_ptr<torch::nn::Module> module,
-                std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
-                std::unique_ptr<precision::MixedPrecision> precision);
+  ParallelModel(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<DeviceMesh> mesh,
+                ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision);
 
   // What differs between the modes.
   virtual void before_forward() {}
@@ -444,7 +442,9 @@ class ParallelModel {
 
   torch::nn::AnyModule model_;
   std::shared_ptr<torch::nn::Module> module_;
-  std::shared_ptr<comm::ProcessGroup> group_;
+  std::shared_ptr<DeviceMesh> mesh_;
+  std::shared_ptr<comm::ProcessGroup> group_;    // the mesh's world
+  std::shared_ptr<comm::ProcessGroup> replicas_; // the mesh's "dp" group
   ParallelOptions options_;
   std::unique_ptr<precision::MixedPrecision> precision_;
   std::unique_ptr<optim::Optimizer> optimizer_;
@@ -457,7 +457,7 @@ class ParallelModel {
       ModelToParallelize,
       std::vector<optim::ParamGroup>,
       const OptimizerFactory&,
-      std::shared_ptr<comm::ProcessGroup>,
+      std::shared_ptr<DeviceMesh>,
       ParallelOptions);
 };
 
@@ -475,40 +475,55 @@ void check_parallel_options(const ParallelOptions& options, int world_size);
 // group exists.
 std::vector<MeshDimension> mesh_dimensions(const ParallelOptions& options, int world_size);
 
-// Step 0 of a run laid out by mesh_dimensions(options, world->world_size()): with
-// options.tensor_parallel_size > 1, builds that DeviceMesh over `world` (options.mesh),
-// splits `module`'s planned layers over its "tp" group (apply_tensor_parallel) and sets
-// options.tensor_parallel_group to it; parallelize(..., world, options) then runs the
-// data-parallel mode over the mesh's "dp" group, or the pipeline over its "pp" and "dp"
-// groups. Nothing without tensor parallelism (a pipeline alone lays out its mesh inside
-// parallelize()). Call it before building the param groups. Collective (the mesh's new_group
-// calls) with tensor parallelism.
-void apply_mesh_to_module(
-    torch::nn::Module& module,
-    const std::shared_ptr<comm::ProcessGroup>& world,
-    ParallelOptions& options);
+// The run's mesh: `world` laid out as mesh_dimensions(options, world->world_size()) (which
+// refuses sizes that do not divide the world, before any group is made; what composes with
+// what is parallelize()'s check). Collective: the mesh's new_group calls (none without a
+// pipeline or tensor parallelism).
+std::shared_ptr<DeviceMesh>
+make_device_mesh(std::shared_ptr<comm::ProcessGroup> world, const ParallelOptions& options);
 
-// Applies `options` to `model` in the order described at the top, with `make_optimizer`
-// building the optimizer over `param_groups` (or over this rank's pieces of them).
+// Step 0 of a run on `mesh` (make_device_mesh(world, options)): with
+// options.tensor_parallel_size > 1, splits `module`'s planned layers (tensor_parallel_plan.h:
+// the zoo's ViT and MLP trunks) over the mesh's "tp" group, with options.sequence_parallel;
+// nothing otherwise. Call it before building the param groups. No collective.
+void apply_tensor_parallel_plan(
+    torch::nn::Module& module, const DeviceMesh& mesh, const ParallelOptions& options);
+
+// Applies `options` to `model` on `mesh` (make_device_mesh(world, options), or a DeviceMesh
+// of the same sizes) in the order described at the top, with `make_optimizer` building the
+// optimizer over `param_groups` (or over this rank's pieces of them). Data parallelism runs
+// over the mesh's "dp" group, tensor parallelism over its "tp" group (the module split there
+// already, step 0), the pipeline over its "pp" group.
 //
 // With a pipeline (ParallelOptions::pipeline): the blocks (the same model on every rank)
-// are cut into stages over the "pp" groups of a DeviceMesh of `group`, DDP (or ZeRO-1) over
-// its "dp" groups; `param_groups` (over the whole model) keep this rank's parameters, and the
-// optimizer steps those. The other stages' blocks are emptied (their parameters and buffers
-// become empty tensors, in the caller's model too), so a rank holds only its part. The
-// returned model's forward_backward runs the schedule; forward() gives every rank the
-// outputs; model_state_dict() and optimizer_state_dict() are the whole model's, gathered on
-// rank 0.
+// are cut into stages over the "pp" groups, DDP (or ZeRO-1) over the "dp" groups;
+// `param_groups` (over the whole model) keep this rank's parameters, and the optimizer steps
+// those. The other stages' blocks are emptied (their parameters and buffers become empty
+// tensors, in the caller's model too), so a rank holds only its part. The returned model's
+// forward_backward runs the schedule; forward() gives every rank the outputs;
+// model_state_dict() and optimizer_state_dict() are the whole model's, gathered on rank 0.
 //
 // Throws OptionError for what cannot be honoured: combinations that do not compose (ZeRO
 // with O2's master weights, FSDP with a cast of the module, a pipeline with ZeRO-2, FSDP,
-// ActivationCheckpointingOptions or a cast...), a pipeline over a module that is not a chain
-// of blocks, blocks without a pipeline. Collective.
+// ActivationCheckpointingOptions or a cast...), a mesh of other sizes than the options', a
+// module not split for the mesh's "tp" size, a pipeline over a module that is not a chain of
+// blocks, blocks without a pipeline. Collective.
 std::unique_ptr<ParallelModel> parallelize(
     ModelToParallelize model,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer,
-    std::shared_ptr<comm::ProcessGroup> group,
+    std::shared_ptr<DeviceMesh> mesh,
+    ParallelOptions options);
+
+// The same over the mesh make_device_mesh(world, options) builds: for runs whose module needs
+// no step 0 (data parallelism, a pipeline). With tensor_parallel_size > 1 it throws
+// OptionError: the module must be split over the mesh's "tp" group first, so build the mesh,
+// apply_tensor_parallel_plan(), then parallelize over the mesh. Collective.
+std::unique_ptr<ParallelModel> parallelize(
+    ModelToParallelize model,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer,
+    std::shared_ptr<comm::ProcessGroup> world,
     ParallelOptions options);
 
 } // namespace largo::parallel

@@ -117,7 +117,7 @@ class TensorParallelModule {
   // replicated: the same on every rank of the group.
   virtual std::map<std::string, TensorParallelShardSpec> sharded_parameters() const = 0;
   // The number of ranks the parameters are split over (what parallelize() checks
-  // ParallelOptions::tensor_parallel_group against).
+  // ParallelOptions::tensor_parallel_size against).
   virtual int64_t tensor_parallel_size() const = 0;
   // Whether the layer takes or gives only this rank's tokens (sequence parallelism).
   virtual bool splits_sequence() const {

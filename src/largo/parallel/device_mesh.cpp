@@ -92,24 +92,35 @@ DataShard data_shard(int world_rank, const std::vector<MeshDimension>& dimension
   return shard;
 }
 
-DeviceMesh::DeviceMesh(comm::ProcessGroup& world, std::vector<MeshDimension> dimensions)
-    : world_(&world), dimensions_(std::move(dimensions)) {
-  check_mesh_dimensions(dimensions_, world.world_size());
-  coordinates_ = mesh_coordinates(world.rank(), dimensions_);
+DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world,
+                       std::vector<MeshDimension> dimensions)
+    : world_(std::move(world)), dimensions_(std::move(dimensions)) {
+  check_mesh_dimensions(dimensions_, world_->world_size());
+  coordinates_ = mesh_coordinates(world_->rank(), dimensions_);
   groups_.resize(dimensions_.size());
   // Every rank creates every group, in the same order (new_group's contract): per
-  // dimension, the groups in order of their first rank, which has coordinate 0 there.
+  // dimension, the groups in order of their first rank, which has coordinate 0 there. A
+  // dimension of the whole world is the world itself (every rank decides that alike from the
+  // sizes), so a 1-D mesh connects no new group; groups of one rank connect nothing either.
   for (size_t d = 0; d < dimensions_.size(); ++d) {
-    for (int rank = 0; rank < world.world_size(); ++rank) {
+    if (dimensions_[d].size > 1 && dimensions_[d].size == world_->world_size()) {
+      groups_[d] = world_;
+      continue;
+    }
+    for (int rank = 0; rank < world_->world_size(); ++rank) {
       if (mesh_coordinates(rank, dimensions_)[d] != 0) {
         continue;
       }
-      if (auto group = world.new_group(mesh_group_ranks(rank, d, dimensions_))) {
+      if (auto group = world_->new_group(mesh_group_ranks(rank, d, dimensions_))) {
         groups_[d] = std::move(group);
       }
     }
   }
 }
+
+DeviceMesh::DeviceMesh(comm::ProcessGroup& world, std::vector<MeshDimension> dimensions)
+    : DeviceMesh(std::shared_ptr<comm::ProcessGroup>(&world, [](comm::ProcessGroup*) {}),
+                 std::move(dimensions)) {}
 
 size_t DeviceMesh::index_of(const std::string& name) const {
   for (size_t i = 0; i < dimensions_.size(); ++i) {

@@ -1,6 +1,6 @@
 // FSDP (ZeRO-3): parameters, gradients and optimizer state sharded over the ranks; with
 // tensor parallelism (torchtitan's 2-D FSDP x TP), over the replicas of a module whose layers
-// are split over ParallelOptions::tensor_parallel_group: FSDP flattens and shards each rank's
+// are split over the mesh's "tp" group: FSDP flattens and shards each rank's
 // slices, and what must see the unsharded model (the gradient norm, LARC's and LAMB's
 // per-parameter norms, the model and optimizer state) is completed over the tensor-parallel
 // group, as tensor_parallel_model.cpp does for DDP and ZeRO-1/2.
@@ -21,17 +21,14 @@ namespace {
 
 class FsdpModel : public ParallelModel {
  public:
-  FsdpModel(torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+  FsdpModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
             ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
             std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer)
-      : ParallelModel(model, std::move(group), std::move(options), std::move(precision)) {
-    // With tensor parallelism on the run's mesh, `group` is its world and FSDP shards over
-    // its "dp" group; otherwise over `group` (the replicas, laid out by the caller).
-    replicas_ = group_;
+      : ParallelModel(model, std::move(mesh), std::move(options), std::move(precision)) {
+    // FSDP shards over the mesh's "dp" group (replicas_), of the "tp" group's slices.
     ParameterNormCompletion tensor_parallel_norms;
     if (tensor_parallel_enabled(options_)) {
-      tp_.emplace(*module_, options_.tensor_parallel_group);
-      replicas_ = options_.mesh ? options_.mesh->group("dp") : group_;
+      tp_.emplace(*module_, mesh_->group("tp"));
       tensor_parallel_norms = [this](const std::vector<optim::ParamGroup>& piece_groups) {
         return tp_->parameter_norm_reducer(piece_groups);
       };
@@ -44,12 +41,6 @@ class FsdpModel : public ParallelModel {
     }
   }
 
-  comm::ProcessGroup& data_parallel_group() const override {
-    return fsdp_->process_group();
-  }
-  comm::ProcessGroup* tensor_parallel_group() const override {
-    return tp_ ? &tp_->group() : nullptr;
-  }
 
   // On the first replica, with tensor parallelism: its ranks are each other's shards.
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
@@ -217,7 +208,6 @@ class FsdpModel : public ParallelModel {
     return state;
   }
 
-  std::shared_ptr<comm::ProcessGroup> replicas_; // what FSDP shards over
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
   std::optional<TensorParallelState> tp_; // with tensor parallelism
 };
@@ -278,10 +268,10 @@ void FsdpModel::measure(ModelStateReport& report, const optim::OptimizerSpec* sp
 } // namespace
 
 std::unique_ptr<ParallelModel> make_fsdp_model(
-    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer) {
-  return std::make_unique<FsdpModel>(std::move(model), std::move(group), std::move(options),
+  return std::make_unique<FsdpModel>(std::move(model), std::move(mesh), std::move(options),
                                      std::move(precision), std::move(param_groups),
                                      make_optimizer);
 }

@@ -148,7 +148,7 @@ MeshMemoryEstimate estimate_memory(
   }
   if (estimate.tensor_parallel_size > 1 && parallel.sequence_parallel) {
     // It changes no parameter's size, but a model whose tokens it cannot split is refused
-    // here as apply_mesh_to_module() refuses it.
+    // here as apply_tensor_parallel_plan() refuses it.
     TensorParallelPlanOptions plan;
     plan.sequence_parallel = true;
     check_tensor_parallel_plan(*module, estimate.tensor_parallel_size, plan);

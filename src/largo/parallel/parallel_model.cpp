@@ -72,20 +72,24 @@ ParallelModel::MicroStep::MicroStep(std::unique_ptr<DistributedDataParallel::NoS
 
 ParallelModel::MicroStep::~MicroStep() = default;
 
-ParallelModel::ParallelModel(torch::nn::AnyModule model,
-                             std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
+ParallelModel::ParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
+                             ParallelOptions options,
                              std::unique_ptr<precision::MixedPrecision> precision)
     : model_(std::move(model)),
       module_(model_.ptr()),
-      group_(std::move(group)),
+      mesh_(std::move(mesh)),
+      group_(mesh_->world_group()),
+      replicas_(mesh_->group("dp")),
       options_(std::move(options)),
       precision_(std::move(precision)) {}
 
 ParallelModel::ParallelModel(std::shared_ptr<torch::nn::Module> module,
-                             std::shared_ptr<comm::ProcessGroup> group, ParallelOptions options,
+                             std::shared_ptr<DeviceMesh> mesh, ParallelOptions options,
                              std::unique_ptr<precision::MixedPrecision> precision)
     : module_(std::move(module)),
-      group_(std::move(group)),
+      mesh_(std::move(mesh)),
+      group_(mesh_->world_group()),
+      replicas_(mesh_->group("dp")),
       options_(std::move(options)),
       precision_(std::move(precision)) {}
 

@@ -10,47 +10,46 @@ namespace largo::parallel {
 
 // Local (one process) and DDP.
 std::unique_ptr<ParallelModel> make_replicated_model(
-    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
 // ZeRO-1 and ZeRO-2.
 std::unique_ptr<ParallelModel> make_zero_model(
-    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
 // FSDP (ZeRO-3), over the replicas of tensor-parallel shards too (as
 // make_tensor_parallel_model says).
 std::unique_ptr<ParallelModel> make_fsdp_model(
-    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
-// DDP, ZeRO-1 or ZeRO-2 (or one process) over the replicas of a module whose layers are
-// tensor-parallel over options.tensor_parallel_group: the replicas are options.mesh's "dp"
-// group when a mesh is given (`group` is then its world), else `group`
-// (tensor_parallel_model.cpp).
+// DDP, ZeRO-1 or ZeRO-2 (or one process) over the mesh's "dp" group, of a module whose
+// layers are tensor-parallel over its "tp" group (tensor_parallel_model.cpp).
 std::unique_ptr<ParallelModel> make_tensor_parallel_model(
     torch::nn::AnyModule model,
-    std::shared_ptr<comm::ProcessGroup> group,
+    std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options,
     std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer);
 
-// Whether options.tensor_parallel_size > 1, or tensor_parallel_group has more than one rank.
+// Whether options.tensor_parallel_size > 1.
 bool tensor_parallel_enabled(const ParallelOptions& options);
 // The checks of the options alone (check_parallel_options): the modes tensor parallelism
 // composes with. Throws OptionError.
 void check_tensor_parallel_options(const ParallelOptions& options);
-// That `module` is sharded for options.tensor_parallel_group's size, and not sharded
-// without one. Throws OptionError naming ParallelOptions::tensor_parallel_group.
+// That `module` is sharded for options.tensor_parallel_size (the mesh's "tp" size), and not
+// sharded without tensor parallelism. Throws OptionError naming
+// ParallelOptions::tensor_parallel_size.
 void check_tensor_parallel_module(const ParallelOptions& options, const torch::nn::Module& module);
 
-// Pipeline stages over the pipeline ranks, DDP over each stage's replicas.
+// Pipeline stages over the mesh's "pp" groups, DDP over each stage's replicas ("dp").
 std::unique_ptr<ParallelModel> make_pipeline_model(
-    std::vector<PipelineBlock> blocks, std::shared_ptr<comm::ProcessGroup> group,
+    std::vector<PipelineBlock> blocks, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer);
 

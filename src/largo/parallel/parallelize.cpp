@@ -78,20 +78,26 @@ std::vector<MeshDimension> mesh_dimensions(const ParallelOptions& options, int w
   return pp_dp_tp_dimensions(pp, world_size / (pp * tp), tp);
 }
 
-void apply_mesh_to_module(
-    torch::nn::Module& module,
-    const std::shared_ptr<comm::ProcessGroup>& world,
-    ParallelOptions& options) {
+std::shared_ptr<DeviceMesh>
+make_device_mesh(std::shared_ptr<comm::ProcessGroup> world, const ParallelOptions& options) {
+  if (!world) {
+    throw OptionError(
+        "make_device_mesh's world",
+        "null",
+        "a process group (comm::ProcessGroup::single_process() for one process)");
+  }
+  auto dimensions = mesh_dimensions(options, world->world_size()); // before any group
+  return std::make_shared<DeviceMesh>(std::move(world), std::move(dimensions));
+}
+
+void apply_tensor_parallel_plan(
+    torch::nn::Module& module, const DeviceMesh& mesh, const ParallelOptions& options) {
   if (options.tensor_parallel_size <= 1) {
     return;
   }
-  check_parallel_options(options, world->world_size()); // before any group is made
-  options.mesh =
-      std::make_shared<DeviceMesh>(*world, mesh_dimensions(options, world->world_size()));
   TensorParallelPlanOptions plan;
   plan.sequence_parallel = options.sequence_parallel;
-  apply_tensor_parallel(module, options.mesh->group("tp"), plan);
-  options.tensor_parallel_group = options.mesh->group("tp");
+  apply_tensor_parallel(module, mesh.group("tp"), plan);
 }
 
 void check_parallel_options(const ParallelOptions& options, int world_size) {
@@ -212,26 +218,14 @@ std::optional<Cut> plan_checkpointing(
 // Steps 2 to 4 for a module: the precision policy, the optimizer, the data-parallel mode.
 std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
     torch::nn::AnyModule model,
-    std::shared_ptr<comm::ProcessGroup> group,
+    std::shared_ptr<DeviceMesh> mesh,
     const ParallelOptions& options,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer) {
   // 2. The precision cast, and the tensors the optimizer steps (O2: the float32 masters).
   precision::GradScalerOptions scaler_options = options.grad_scaler;
-  if (group->world_size() > 1) { // every rank skips (or stops) together
-    scaler_options.found_inf_reducer = precision::found_inf_all_reduce(group);
-  }
-  // Without a mesh `group` is the replicas only: the tensor-parallel group must agree too
-  // (with one, `group` is the mesh's world, which holds it).
-  if (tensor_parallel_enabled(options) && !options.mesh) {
-    auto data_parallel = scaler_options.found_inf_reducer;
-    auto tensor_parallel = precision::found_inf_all_reduce(options.tensor_parallel_group);
-    scaler_options.found_inf_reducer = [data_parallel, tensor_parallel](at::Tensor& found_inf) {
-      if (data_parallel) {
-        data_parallel(found_inf);
-      }
-      tensor_parallel(found_inf);
-    };
+  if (mesh->world().world_size() > 1) { // every rank (replica and shard) skips or stops together
+    scaler_options.found_inf_reducer = precision::found_inf_all_reduce(mesh->world_group());
   }
   auto precision = std::make_unique<precision::MixedPrecision>(
       effective_policy(options),
@@ -251,22 +245,22 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
   // DDP or ZeRO-1/2 over the replicas of tensor-parallel shards (FSDP holds them itself).
   if (tensor_parallel_enabled(options) && options.data_parallelism != DataParallelism::kFsdp) {
     parallel = make_tensor_parallel_model(
-        model, group, options, std::move(precision), std::move(param_groups), make_optimizer);
+        model, mesh, options, std::move(precision), std::move(param_groups), make_optimizer);
     parallel->precision().copy_model_to_masters();
     return parallel;
   }
   switch (options.data_parallelism) {
   case DataParallelism::kDdp:
-    parallel = make_replicated_model(model, group, options, std::move(precision),
+    parallel = make_replicated_model(model, mesh, options, std::move(precision),
                                      std::move(param_groups), make_optimizer);
     break;
   case DataParallelism::kZero1:
   case DataParallelism::kZero2:
-    parallel = make_zero_model(model, group, options, std::move(precision),
+    parallel = make_zero_model(model, mesh, options, std::move(precision),
                                std::move(param_groups), make_optimizer);
     break;
   case DataParallelism::kFsdp:
-    parallel = make_fsdp_model(model, group, options, std::move(precision),
+    parallel = make_fsdp_model(model, mesh, options, std::move(precision),
                                std::move(param_groups), make_optimizer);
     break;
   }
@@ -302,20 +296,17 @@ std::shared_ptr<torch::nn::Module> chain_of(const std::vector<PipelineBlock>& bl
   return chain;
 }
 
-// A given mesh (apply_mesh_to_module's) must be laid out for these options over `group`.
-void check_mesh(const ParallelOptions& options, const comm::ProcessGroup& group) {
-  if (!options.mesh) {
-    return;
-  }
-  const std::string expected = describe_sizes(mesh_dimensions(options, group.world_size()));
-  const std::string given = describe_sizes(options.mesh->dimensions());
-  if (given != expected || &options.mesh->world() != &group) {
+// The mesh must be laid out for these options: the sizes of mesh_dimensions() over its world.
+void check_mesh(const ParallelOptions& options, const DeviceMesh& mesh) {
+  const std::string expected = describe_sizes(mesh_dimensions(options, mesh.world().world_size()));
+  const std::string given = describe_sizes(mesh.dimensions());
+  if (given != expected) {
     throw OptionError(
-        "ParallelOptions::mesh",
+        "parallelize's mesh",
         given,
         fmt::format(
-            "the mesh of pipeline.size and tensor_parallel_size over "
-            "parallelize()'s group, {} (apply_mesh_to_module builds it)",
+            "the mesh of ParallelOptions::pipeline.size and tensor_parallel_size over its "
+            "world, {} (make_device_mesh builds it)",
             expected));
   }
 }
@@ -326,27 +317,24 @@ std::unique_ptr<ParallelModel> parallelize(
     ModelToParallelize input,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer,
-    std::shared_ptr<comm::ProcessGroup> group,
+    std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options) {
-  if (!group) {
-    throw OptionError(
-        "parallelize's process group",
-        "null",
-        "a process group (comm::ProcessGroup::single_process() for one process)");
+  if (!mesh) {
+    throw OptionError("parallelize's mesh", "null", "make_device_mesh(world, options)");
   }
   if (options.pipeline.enabled()) {
     auto blocks = blocks_of(std::move(input), options.pipeline); // the model first, then the world
-    check_parallel_options(options, group->world_size());
-    check_mesh(options, *group);
+    check_parallel_options(options, mesh->world().world_size());
+    check_mesh(options, *mesh);
     check_tensor_parallel_module(options, *chain_of(blocks));
     return make_pipeline_model(
         std::move(blocks),
-        std::move(group),
+        std::move(mesh),
         std::move(options),
         std::move(param_groups),
         make_optimizer);
   }
-  check_parallel_options(options, group->world_size());
+  check_parallel_options(options, mesh->world().world_size());
   if (!std::holds_alternative<torch::nn::AnyModule>(input.model)) {
     throw OptionError(
         "ParallelOptions::pipeline.size",
@@ -354,13 +342,13 @@ std::unique_ptr<ParallelModel> parallelize(
         "> 1 for a model given as blocks (without a pipeline, give the module)");
   }
   torch::nn::AnyModule model = std::get<torch::nn::AnyModule>(input.model);
-  check_mesh(options, *group);
-  check_tensor_parallel_module(options, *model.ptr());                    // 0. was the caller's
-  auto cut = plan_checkpointing(model, options.activation_checkpointing, *group); // 1.
+  check_mesh(options, *mesh);
+  check_tensor_parallel_module(options, *model.ptr());                          // 0. was the caller's
+  auto cut = plan_checkpointing(model, options.activation_checkpointing, mesh->world()); // 1.
 
   auto parallel = wrap_for_data_parallelism(
       model,
-      group,
+      mesh,
       options,
       std::move(param_groups),
       make_optimizer); // 2.-4.
@@ -378,6 +366,28 @@ std::unique_ptr<ParallelModel> parallelize(
         parallel->module_, checkpointing.modules, checkpointing.preserve_rng_state);
   }
   return parallel;
+}
+
+std::unique_ptr<ParallelModel> parallelize(
+    ModelToParallelize model,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer,
+    std::shared_ptr<comm::ProcessGroup> world,
+    ParallelOptions options) {
+  if (options.tensor_parallel_size > 1) {
+    throw OptionError(
+        "ParallelOptions::tensor_parallel_size",
+        std::to_string(options.tensor_parallel_size),
+        "1 when parallelize() is given the world: tensor parallelism splits the module before "
+        "its param groups are built, so build the mesh (make_device_mesh), split the module "
+        "over it (apply_tensor_parallel_plan) and give parallelize() the mesh");
+  }
+  if (options.pipeline.enabled()) { // the model first, then the world
+    model = ModelToParallelize(blocks_of(std::move(model), options.pipeline));
+  }
+  auto mesh = make_device_mesh(std::move(world), options);
+  return parallelize(
+      std::move(model), std::move(param_groups), make_optimizer, std::move(mesh), std::move(options));
 }
 
 } // namespace largo::parallel

@@ -103,17 +103,15 @@ class PipelineModel : public ParallelModel {
   PipelineModel(
       std::shared_ptr<DeviceMesh> mesh,
       std::unique_ptr<PipelineParallel> pipeline,
-      std::shared_ptr<comm::ProcessGroup> group,
       ParallelOptions options,
       std::unique_ptr<precision::MixedPrecision> precision,
       std::vector<optim::ParamGroup> param_groups,
       const OptimizerFactory& make_optimizer)
       : ParallelModel(
-            pipeline->module(), std::move(group), std::move(options), std::move(precision)),
-        mesh_(std::move(mesh)),
+            pipeline->module(), std::move(mesh), std::move(options), std::move(precision)),
         pipeline_(std::move(pipeline)) {
     if (tensor_parallel_enabled(options_)) {
-      tp_.emplace(*module_, options_.tensor_parallel_group);
+      tp_.emplace(*module_, mesh_->group("tp"));
     }
     auto own_groups = groups_of(std::move(param_groups), *module_);
     if (options_.data_parallelism == DataParallelism::kZero1) {
@@ -175,9 +173,6 @@ class PipelineModel : public ParallelModel {
   bool forward_communicates_without_grad() const override {
     return true; // every forward runs the pipeline
   }
-  comm::ProcessGroup& data_parallel_group() const override {
-    return *mesh_->group("dp");
-  }
   const PipelineParallel* pipeline() const override {
     return pipeline_.get();
   }
@@ -186,9 +181,6 @@ class PipelineModel : public ParallelModel {
   }
   bool optimizer_covers_whole_model() const override {
     return false; // this stage's parameters
-  }
-  comm::ProcessGroup* tensor_parallel_group() const override {
-    return tp_ ? &tp_->group() : nullptr;
   }
   bool local_state_is_sharded() const override {
     return tp_.has_value(); // the stages' tensor-parallel slices
@@ -376,7 +368,6 @@ class PipelineModel : public ParallelModel {
     return merge_optimizer_state_dicts(parts, pipeline_->full_parameter_names());
   }
 
-  std::shared_ptr<DeviceMesh> mesh_; // pp x dp x tp over group_
   std::unique_ptr<PipelineParallel> pipeline_;
   ShardedOptimizer* sharded_ = nullptr;   // optimizer_, with ZeRO-1
   std::optional<TensorParallelState> tp_; // with tensor parallelism
@@ -386,7 +377,7 @@ class PipelineModel : public ParallelModel {
 
 std::unique_ptr<ParallelModel> make_pipeline_model(
     std::vector<PipelineBlock> blocks,
-    std::shared_ptr<comm::ProcessGroup> group,
+    std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer) {
@@ -394,20 +385,6 @@ std::unique_ptr<ParallelModel> make_pipeline_model(
   std::vector<std::shared_ptr<torch::nn::Module>> all_blocks;
   for (const auto& block : blocks) {
     all_blocks.push_back(block.module.ptr());
-  }
-  // The world as pipeline ranks x each stage's replicas (x tensor-parallel shards: then
-  // apply_mesh_to_module's mesh, which split the blocks); the mesh refers to `group`, which
-  // the model keeps.
-  std::shared_ptr<DeviceMesh> mesh = options.mesh;
-  if (tensor_parallel_enabled(options) && !mesh) {
-    throw OptionError(
-        "ParallelOptions::mesh",
-        "null",
-        "apply_mesh_to_module's mesh with a pipeline and tensor parallelism: the stages and "
-        "their tensor-parallel shards are laid out on it");
-  }
-  if (!mesh) {
-    mesh = std::make_shared<DeviceMesh>(*group, mesh_dimensions(options, group->world_size()));
   }
   PipelineParallelOptions stages = options.pipeline.stages;
   stages.data_parallel(options.ddp); // manual reduction is forced over the replicas
@@ -419,7 +396,7 @@ std::unique_ptr<ParallelModel> make_pipeline_model(
   scaler_options.found_inf_reducer = pipeline->found_inf_reducer();
   if (tensor_parallel_enabled(options)) {
     auto stages_and_replicas = scaler_options.found_inf_reducer;
-    auto shards = precision::found_inf_all_reduce(options.tensor_parallel_group);
+    auto shards = precision::found_inf_all_reduce(mesh->group("tp"));
     scaler_options.found_inf_reducer = [stages_and_replicas, shards](at::Tensor& found_inf) {
       stages_and_replicas(found_inf);
       shards(found_inf);
@@ -430,7 +407,6 @@ std::unique_ptr<ParallelModel> make_pipeline_model(
   return std::make_unique<PipelineModel>(
       std::move(mesh),
       std::move(pipeline),
-      std::move(group),
       std::move(options),
       std::move(precision),
       std::move(param_groups),

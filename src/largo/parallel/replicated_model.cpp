@@ -8,19 +8,19 @@ namespace {
 
 class ReplicatedModel : public ParallelModel {
  public:
-  ReplicatedModel(torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+  ReplicatedModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
                   ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
                   std::vector<optim::ParamGroup> param_groups,
                   const OptimizerFactory& make_optimizer)
-      : ParallelModel(std::move(model), std::move(group), std::move(options),
+      : ParallelModel(std::move(model), std::move(mesh), std::move(options),
                       std::move(precision)) {
     optimizer_ = make_optimizer(std::move(param_groups));
     for (const auto& param_group : optimizer_->param_groups()) {
       trained_parameters_.insert(trained_parameters_.end(), param_group.params.begin(),
                                  param_group.params.end());
     }
-    if (group_->world_size() > 1) { // broadcasts rank 0's weights
-      ddp_ = std::make_unique<DistributedDataParallel>(module_, group_, options_.ddp);
+    if (replicas_->world_size() > 1) { // broadcasts rank 0's weights
+      ddp_ = std::make_unique<DistributedDataParallel>(module_, replicas_, options_.ddp);
     }
   }
 
@@ -42,8 +42,8 @@ class ReplicatedModel : public ParallelModel {
     if (!ddp_) {
       return "one process";
     }
-    return fmt::format("DDP over {} ranks ({}), {} gradient buckets", group_->world_size(),
-                       group_->backend(), ddp_->num_buckets());
+    return fmt::format("DDP over {} ranks ({}), {} gradient buckets", replicas_->world_size(),
+                       replicas_->backend(), ddp_->num_buckets());
   }
 
  private:
@@ -53,10 +53,10 @@ class ReplicatedModel : public ParallelModel {
 } // namespace
 
 std::unique_ptr<ParallelModel> make_replicated_model(
-    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer) {
-  return std::make_unique<ReplicatedModel>(std::move(model), std::move(group), std::move(options),
+  return std::make_unique<ReplicatedModel>(std::move(model), std::move(mesh), std::move(options),
                                            std::move(precision), std::move(param_groups),
                                            make_optimizer);
 }

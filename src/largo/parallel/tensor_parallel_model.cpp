@@ -1,8 +1,7 @@
 // Tensor parallelism composed with data parallelism over the replicas (torchtitan's 2-D
-// parallelism): the module's planned layers are split over
-// ParallelOptions::tensor_parallel_group (apply_tensor_parallel, done by the caller before
-// the param groups were built), and DDP, ZeRO-1 or ZeRO-2 runs that sharded module over the
-// data-parallel group: rank r of every replica holds the same slices, so the replicas
+// parallelism): the module's planned layers are split over the mesh's "tp" group
+// (apply_tensor_parallel_plan, done by the caller before the param groups were built), and
+// DDP, ZeRO-1 or ZeRO-2 runs that sharded module over its "dp" group: rank r of every replica holds the same slices, so the replicas
 // average (and ZeRO partitions) like with like. What differs from those modes alone is
 // everything that must see the unsharded model: the gradient norm (the shards' partial norms
 // summed over the tensor-parallel group, the replicated parameters counted once), LARC's and
@@ -30,29 +29,8 @@
 namespace largo::parallel {
 
 bool tensor_parallel_enabled(const ParallelOptions& options) {
-  return options.tensor_parallel_size > 1 ||
-         (options.tensor_parallel_group && options.tensor_parallel_group->world_size() > 1);
+  return options.tensor_parallel_size > 1;
 }
-
-namespace {
-
-std::string describe_tensor_parallel_group(const ParallelOptions& options) {
-  if (!options.tensor_parallel_group) {
-    return "null";
-  }
-  return fmt::format("a group of {} rank(s)", options.tensor_parallel_group->world_size());
-}
-
-// The option that switched tensor parallelism on, and its value, for the refusals: the size
-// when a run plan set it (checked before any group exists), else the group.
-std::pair<std::string, std::string> tensor_parallel_option(const ParallelOptions& options) {
-  if (options.tensor_parallel_size > 1) {
-    return {"ParallelOptions::tensor_parallel_size", std::to_string(options.tensor_parallel_size)};
-  }
-  return {"ParallelOptions::tensor_parallel_group", describe_tensor_parallel_group(options)};
-}
-
-} // namespace
 
 void check_tensor_parallel_options(const ParallelOptions& options) {
   if (options.sequence_parallel && options.tensor_parallel_size <= 1) {
@@ -67,7 +45,6 @@ void check_tensor_parallel_options(const ParallelOptions& options) {
   if (!tensor_parallel_enabled(options)) {
     return;
   }
-  const auto [option, group] = tensor_parallel_option(options);
   if (options.data_parallelism == DataParallelism::kFsdp && options.fsdp.compute_dtype) {
     throw OptionError(
         "FullyShardedDataParallelOptions::compute_dtype",
@@ -99,8 +76,8 @@ void check_tensor_parallel_options(const ParallelOptions& options) {
   }
   if (options.activation_checkpointing.enabled()) {
     throw OptionError(
-        option,
-        group,
+        "ParallelOptions::tensor_parallel_size",
+        std::to_string(options.tensor_parallel_size),
         "1 (off) with ActivationCheckpointingOptions: checkpointing a "
         "tensor-parallel module is not built");
   }
@@ -114,47 +91,34 @@ void check_tensor_parallel_module(const ParallelOptions& options, const torch::n
     }
   }
   sharded_sizes.erase(1); // a layer "split" over one rank is whole
-  const std::string group = describe_tensor_parallel_group(options);
+  const std::string size = std::to_string(options.tensor_parallel_size);
   if (!tensor_parallel_enabled(options)) {
     if (!sharded_sizes.empty()) {
       throw OptionError(
-          "ParallelOptions::tensor_parallel_group",
-          group,
+          "ParallelOptions::tensor_parallel_size",
+          size,
           fmt::format(
-              "the group of {} ranks the module's layers were split over by "
-              "apply_tensor_parallel (without it, parallelize() would train each "
-              "rank's shards as if they were the whole model)",
+              "{}, the size of the mesh's \"tp\" group the module's layers were split over "
+              "(without it, parallelize() would train each rank's shards as if they were the "
+              "whole model)",
               *sharded_sizes.begin()));
     }
     return;
   }
-  if (!options.tensor_parallel_group ||
-      (options.tensor_parallel_size > 1 &&
-       options.tensor_parallel_group->world_size() != options.tensor_parallel_size)) {
-    throw OptionError(
-        "ParallelOptions::tensor_parallel_group",
-        group,
-        fmt::format(
-            "a group of ParallelOptions::tensor_parallel_size = {} ranks (a DeviceMesh's "
-            "\"tp\" group), the one apply_tensor_parallel split the module over",
-            options.tensor_parallel_size));
-  }
-  const int64_t size = options.tensor_parallel_group->world_size();
   if (sharded_sizes.empty()) {
     throw OptionError(
-        "ParallelOptions::tensor_parallel_group",
-        group,
-        "null for a module without tensor-parallel layers, or call "
-        "apply_tensor_parallel(module, group) before building the param groups "
-        "and parallelize()");
+        "ParallelOptions::tensor_parallel_size",
+        size,
+        "1 for a module without tensor-parallel layers, or split the module over the mesh's "
+        "\"tp\" group (apply_tensor_parallel_plan, or apply_tensor_parallel for a user's own "
+        "layers) before building the param groups and parallelize()");
   }
-  if (sharded_sizes != std::set<int64_t>{size}) {
+  if (sharded_sizes != std::set<int64_t>{options.tensor_parallel_size}) {
     throw OptionError(
-        "ParallelOptions::tensor_parallel_group",
-        group,
+        "ParallelOptions::tensor_parallel_size",
+        size,
         fmt::format(
-            "the group the module was sharded over: its layers are split "
-            "over {} rank(s)",
+            "the size the module was sharded for: its layers are split over {} rank(s)",
             fmt::join(sharded_sizes, ", ")));
   }
 }
@@ -165,16 +129,13 @@ class TensorParallelModel : public ParallelModel {
  public:
   TensorParallelModel(
       torch::nn::AnyModule model,
-      std::shared_ptr<comm::ProcessGroup> group,
+      std::shared_ptr<DeviceMesh> mesh,
       ParallelOptions options,
       std::unique_ptr<precision::MixedPrecision> precision,
       std::vector<optim::ParamGroup> param_groups,
       const OptimizerFactory& make_optimizer)
-      : ParallelModel(std::move(model), std::move(group), std::move(options), std::move(precision)),
-        tp_(*module_, options_.tensor_parallel_group),
-        // With the run's mesh, `group` is its world and the replicas are its "dp" group;
-        // without, `group` is the replicas (the caller laid out the groups).
-        dp_group_(options_.mesh ? options_.mesh->group("dp") : group_) {
+      : ParallelModel(std::move(model), std::move(mesh), std::move(options), std::move(precision)),
+        tp_(*module_, mesh_->group("tp")) {
     if (options_.data_parallelism == DataParallelism::kDdp) {
       optimizer_ = make_optimizer(std::move(param_groups));
       // LARC's and LAMB's per-parameter norms are the unsharded parameters'.
@@ -186,23 +147,16 @@ class TensorParallelModel : public ParallelModel {
       trained_parameters_.insert(
           trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
     }
-    if (dp_group_->world_size() == 1) {
+    if (replicas_->world_size() == 1) {
       return;
     }
     if (options_.data_parallelism == DataParallelism::kZero2) {
-      sdp_ = std::make_unique<ShardedDataParallel>(module_, *sharded_, dp_group_, options_.zero);
+      sdp_ = std::make_unique<ShardedDataParallel>(module_, *sharded_, replicas_, options_.zero);
     } else { // DDP, and ZeRO-1 (full gradients all-reduced, each replica reads its part)
-      ddp_ = std::make_unique<DistributedDataParallel>(module_, dp_group_, options_.ddp);
+      ddp_ = std::make_unique<DistributedDataParallel>(module_, replicas_, options_.ddp);
     }
   }
 
-  comm::ProcessGroup& data_parallel_group() const override {
-    return *dp_group_;
-  }
-
-  comm::ProcessGroup* tensor_parallel_group() const override {
-    return &tp_.group();
-  }
   // local_state() is the module's tensors: this rank's slices of the sharded layers, which a
   // checkpoint of a per-rank average (the model EMA) gathers through model_state_dict().
   bool local_state_is_sharded() const override {
@@ -297,22 +251,22 @@ class TensorParallelModel : public ParallelModel {
         pieces,
         max_norm,
         norm_type,
-        tp_.piece_norm_reducer(sharded_->named_shard_parameters(), norm_type, dp_group_));
+        tp_.piece_norm_reducer(sharded_->named_shard_parameters(), norm_type, replicas_));
   }
 
   std::string describe_mode() const override {
     std::string text = tp_.describe();
     if (sharded_ != nullptr) {
       text +=
-          fmt::format("; ZeRO stage {} over {} replica(s)", sdp_ ? 2 : 1, dp_group_->world_size());
+          fmt::format("; ZeRO stage {} over {} replica(s)", sdp_ ? 2 : 1, replicas_->world_size());
     }
     if (ddp_ || sdp_) {
       return fmt::format(
           "{}; {} over {} ranks ({}), {} gradient buckets",
           text,
           sdp_ ? "gradients reduced to their owners" : "DDP",
-          dp_group_->world_size(),
-          dp_group_->backend(),
+          replicas_->world_size(),
+          replicas_->backend(),
           sdp_ ? sdp_->num_buckets() : ddp_->num_buckets());
     }
     return text + ", one data-parallel replica";
@@ -335,7 +289,7 @@ class TensorParallelModel : public ParallelModel {
     zero.complete_parameter_norms = [this](const std::vector<optim::ParamGroup>& base_groups) {
       return tp_.parameter_norm_reducer(base_groups);
     };
-    auto sharded = std::make_unique<ShardedOptimizer>(std::move(param_groups), dp_group_, zero);
+    auto sharded = std::make_unique<ShardedOptimizer>(std::move(param_groups), replicas_, zero);
     sharded_ = sharded.get();
     optimizer_ = std::move(sharded);
   }
@@ -347,12 +301,11 @@ class TensorParallelModel : public ParallelModel {
         sharded_->base(),
         sharded_->piece_ownership(),
         sharded_->type(),
-        *dp_group_,
+        *replicas_,
         ParallelModel::trained_parameter_shapes());
   }
 
   TensorParallelState tp_;
-  std::shared_ptr<comm::ProcessGroup> dp_group_;
   ShardedOptimizer* sharded_ = nullptr; // optimizer_, with ZeRO
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<ShardedDataParallel> sdp_;
@@ -362,14 +315,14 @@ class TensorParallelModel : public ParallelModel {
 
 std::unique_ptr<ParallelModel> make_tensor_parallel_model(
     torch::nn::AnyModule model,
-    std::shared_ptr<comm::ProcessGroup> group,
+    std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options,
     std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer) {
   return std::make_unique<TensorParallelModel>(
       std::move(model),
-      std::move(group),
+      std::move(mesh),
       std::move(options),
       std::move(precision),
       std::move(param_groups),

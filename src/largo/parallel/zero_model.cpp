@@ -11,30 +11,30 @@ namespace {
 
 class ZeroModel : public ParallelModel {
  public:
-  ZeroModel(torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+  ZeroModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
             ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
             std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer)
-      : ParallelModel(std::move(model), std::move(group), std::move(options),
+      : ParallelModel(std::move(model), std::move(mesh), std::move(options),
                       std::move(precision)) {
     // The sharded optimizer moves the parameters into flat buffers first: stage 2's reducer
     // reduces into its gradient shards, DDP's buckets view the flattened parameters' grads.
     ShardedOptimizerOptions zero_options;
     zero_options.make_base_optimizer = make_optimizer;
     auto sharded =
-        std::make_unique<ShardedOptimizer>(std::move(param_groups), group_, zero_options);
+        std::make_unique<ShardedOptimizer>(std::move(param_groups), replicas_, zero_options);
     sharded_ = sharded.get();
     optimizer_ = std::move(sharded);
     for (const auto& param_group : optimizer_->param_groups()) {
       trained_parameters_.insert(trained_parameters_.end(), param_group.params.begin(),
                                  param_group.params.end());
     }
-    if (group_->world_size() == 1) {
+    if (replicas_->world_size() == 1) {
       return;
     }
     if (options_.data_parallelism == DataParallelism::kZero2) {
-      sdp_ = std::make_unique<ShardedDataParallel>(module_, *sharded_, group_, options_.zero);
+      sdp_ = std::make_unique<ShardedDataParallel>(module_, *sharded_, replicas_, options_.zero);
     } else { // stage 1: full gradients all-reduced, each rank reads its part
-      ddp_ = std::make_unique<DistributedDataParallel>(module_, group_, options_.ddp);
+      ddp_ = std::make_unique<DistributedDataParallel>(module_, replicas_, options_.ddp);
     }
   }
 
@@ -69,9 +69,9 @@ class ZeroModel : public ParallelModel {
     const int stage = sdp_ || options_.data_parallelism == DataParallelism::kZero2 ? 2 : 1;
     std::string text = fmt::format("ZeRO stage {}: optimizer state{} sharded over {} rank(s)",
                                    stage, stage == 2 ? " and gradients" : "",
-                                   group_->world_size());
+                                   replicas_->world_size());
     if (sdp_ || ddp_) {
-      text += fmt::format(" ({}), {} gradient buckets", group_->backend(),
+      text += fmt::format(" ({}), {} gradient buckets", replicas_->backend(),
                           sdp_ ? sdp_->num_buckets() : ddp_->num_buckets());
     }
     return text;
@@ -90,10 +90,10 @@ class ZeroModel : public ParallelModel {
 } // namespace
 
 std::unique_ptr<ParallelModel> make_zero_model(
-    torch::nn::AnyModule model, std::shared_ptr<comm::ProcessGroup> group,
+    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer) {
-  return std::make_unique<ZeroModel>(std::move(model), std::move(group), std::move(options),
+  return std::make_unique<ZeroModel>(std::move(model), std::move(mesh), std::move(options),
                                      std::move(precision), std::move(param_groups),
                                      make_optimizer);
 }

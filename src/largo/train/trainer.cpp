@@ -57,6 +57,7 @@ struct Trainer::State {
   RunPlan plan;
   std::string config_yaml;
   std::shared_ptr<comm::ProcessGroup> group;
+  std::shared_ptr<parallel::DeviceMesh> mesh; // the run's layout of `group` (pp x dp x tp)
   torch::Device device{torch::kCPU};
   int64_t threads = 1;
   parallel::DataShard data_shard; // this rank's data replica: the batches it reads, its seed
@@ -151,12 +152,10 @@ void Trainer::State::setup() {
   }
   threads = set_threads(options().num_threads, plan.world.procs_per_node);
   device = pick_device(options());
-  // Ranks that differ only in their pipeline stage (or tensor-parallel shard) read the same
-  // batches: the mesh's data shard, known before parallelize() builds its groups.
-  data_shard = rethrow_with_yaml_keys([&] {
-    return parallel::data_shard(
-        group->rank(), parallel::mesh_dimensions(plan.parallel, group->world_size()));
-  });
+  // Built once, before anything that runs on it. Ranks that differ only in their pipeline
+  // stage (or tensor-parallel shard) read the same batches: the mesh's data shard.
+  mesh = rethrow_with_yaml_keys([&] { return parallel::make_device_mesh(group, plan.parallel); });
+  data_shard = mesh->data_shard();
   data = std::make_unique<TrainingData>(options(), data_shard.index, data_shard.count, device);
   check_data_matches_plan(*data, plan);
   build_model();
@@ -246,15 +245,14 @@ void Trainer::State::parallelize_model() {
     groups.head_prefix = model.linear_eval->head_prefix();
   }
   parallel = rethrow_with_yaml_keys([&] {
-    parallel::ParallelOptions options = parallel_options();
     // Step 0: tensor parallelism splits the layers before the groups hold their tensors.
-    parallel::apply_mesh_to_module(*model.module(), group, options);
+    parallel::apply_tensor_parallel_plan(*model.module(), *mesh, plan.parallel);
     return parallel::parallelize(
         model.any_module(),
         optim::build_param_groups(*model.module(), groups),
         make_optimizer,
-        group,
-        std::move(options));
+        mesh,
+        parallel_options());
   });
   if (parallel->activation_memory_report()) {
     step_memory.emplace(device);
