@@ -20,17 +20,24 @@
 #                          inductor cache, /tmp/torchinductor_$USER, takes longer than the
 #                          others, which load the cached kernels), and a compile that fails
 #                          shows as an "error" row instead of stopping the run.
-# The tuned variants isolate the allocator: what remains is Largo's own overhead vs Python's.
-# Both sides start from the same weights and batch, so their final losses must agree exactly
-# (a check that the reference still mirrors Largo's model) -- except that Largo's SGD updates
-# the parameters in one fused pass that rounds differently from ATen's kernels, which use
-# fused multiply-adds (include/largo/optim/sgd.h): its loss drifts from PyTorch's by float32
-# rounding, amplified over the steps. So each model also runs once with --foreach (SGD
-# through ATen's _foreach ops, torch.optim's arithmetic), untimed: that run's final loss
-# must equal every PyTorch variant's bit for bit ("same loss as largo --foreach"), and the
-# fused pass's relative difference from it is printed below the table. torch.compile's
-# kernels fuse pointwise ops and reorder reductions, so pytorch_compile is not held to bit
-# equality either: its row prints its relative difference from that loss instead.
+# The tuned variants isolate the allocator: what remains is Largo's own overhead vs
+# Python's. Both sides start from the same weights and batch, so their final losses must
+# agree exactly (a check that the reference still mirrors Largo's model). Exactly on every
+# CPU, by construction: both run the same libtorch's kernels, op for op, on the same shapes,
+# strides, 64-byte alignment (c10's allocator) and thread count, so whichever instruction
+# set (AVX2, AVX-512, ...) a kernel picks, it picks it on both sides. An op the reference
+# computes another way breaks that even where the maths is the same: attention as matmul,
+# softmax, matmul rounds differently from Largo's scaled_dot_product_attention on any CPU,
+# so the reference calls that kernel too. Largo's default optimizer pass breaks it as well:
+# its SGD updates the parameters in one fused pass that rounds differently from ATen's
+# kernels, which use fused multiply-adds (include/largo/optim/sgd.h): its loss drifts from
+# PyTorch's by float32 rounding, amplified over the steps. So each model also runs once with
+# --foreach (SGD through ATen's _foreach ops, torch.optim's arithmetic), untimed: that run's
+# final loss must equal every PyTorch variant's bit for bit ("same loss as largo
+# --foreach"), and the fused pass's relative difference from it is printed below the table.
+# torch.compile's kernels fuse pointwise ops and reorder reductions, so pytorch_compile is
+# not held to bit equality either: its row prints its relative difference from that loss
+# instead.
 #
 # Usage: [VARIANTS="largo pytorch ..."] [BENCH_FLAGS="--warmup W --steps S"]
 #        bench/run_train_throughput.sh [BUILD_DIR] [THREADS] [ROUNDS] [MODEL...]

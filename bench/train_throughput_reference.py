@@ -195,9 +195,10 @@ class VitEncoderLayer(nn.Module):
         b, t, d = x.shape
         hd = d // self.heads
         qkv = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
-        q = qkv[0] * (1.0 / math.sqrt(hd))
-        weights = torch.matmul(q, qkv[1].transpose(-2, -1)).softmax(-1)
-        out = torch.matmul(weights, qkv[2]).transpose(1, 2).reshape(b, t, d)
+        # Largo's kernel (at::scaled_dot_product_attention): scaling q and running matmul,
+        # softmax, matmul computes the same to float rounding only, never bit for bit.
+        out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        out = out.transpose(1, 2).reshape(b, t, d)
         x = x + self.proj(out)
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 

@@ -4,5 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
-bash scripts/build.sh -DLARGO_BUILD_TESTS=OFF -DLARGO_BUILD_BENCH=OFF
+# AUTO: the NCCL backend when libtorch has it, whatever scripts/run_tests.sh (which insists
+# on it) left in build/'s CMake cache; the default job trains over Gloo.
+bash scripts/build.sh -DLARGO_BUILD_TESTS=OFF -DLARGO_BUILD_BENCH=OFF -DLARGO_WITH_NCCL=AUTO
 exec ./build/largo train "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Every ready config (configs/**/*.yaml) and every complete config shown in the docs
 (a ```yaml block with a top-level `config:` key, in README.md and docs/*.md) must pass
-`largo config`, i.e. parse and validate as written.
+`largo config`, i.e. parse and validate as written. And docs/config.md's count of VISSL's
+keys that Largo lacks must be the number configs/vissl_keys.yaml holds.
 
 `largo config` looks at a disk_folder's class folders (the class count sizes the head), so a
 folder the docs name but this machine lacks (/datasets/imagenet/train) is stood in for by a
@@ -67,6 +68,24 @@ def stand_in_missing_folders(text, tmp):
     return yaml.safe_dump(document) if replaced else None
 
 
+def leaf_keys(node):
+    """The keys a config can set under `node`, counted as core/vissl_keys.cpp walks them: a
+    non-empty map holds keys, anything else (a value, a list, an empty map) is one."""
+    if isinstance(node, dict) and node:
+        return sum(leaf_keys(value) for value in node.values())
+    return 1
+
+
+vissl_keys = leaf_keys(
+    yaml.safe_load((source_dir / "configs" / "vissl_keys.yaml").read_text())["config"])
+stated = re.search(
+    r"(\d+)\s+keys,\s+listed\s+with\s+VISSL's\s+defaults\s+in\s+`configs/vissl_keys\.yaml`",
+    (source_dir / "docs" / "config.md").read_text())
+count_ok = stated is not None and int(stated.group(1)) == vissl_keys
+print(f"{'ok' if count_ok else 'FAILED'}: docs/config.md gives "
+      f"{stated.group(1) if stated else 'no'} keys for configs/vissl_keys.yaml, which holds "
+      f"{vissl_keys}")
+
 failures = 0
 with tempfile.TemporaryDirectory() as tmp:
     checks = []
@@ -88,4 +107,4 @@ with tempfile.TemporaryDirectory() as tmp:
             print(result.stderr)
             failures += 1
 print(f"{len(checks) - failures} passed, {failures} failed")
-sys.exit(1 if failures or not checks else 0)
+sys.exit(1 if failures or not checks or not count_ok else 0)
