@@ -427,6 +427,9 @@ class ParallelModel {
   ParallelModel(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<DeviceMesh> mesh,
                 ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision);
 
+  // The optimizer the mode built, and the tensors of its groups (what it steps).
+  void set_optimizer(std::unique_ptr<optim::Optimizer> optimizer);
+
   // What differs between the modes.
   virtual void before_forward() {}
   virtual at::Tensor run_forward(const at::Tensor& input);

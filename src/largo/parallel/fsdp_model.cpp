@@ -34,11 +34,8 @@ class FsdpModel : public ParallelModel {
       };
     }
     fsdp_ = std::make_unique<FullyShardedDataParallel>(std::move(model), replicas_, options_.fsdp);
-    optimizer_ = fsdp_->make_optimizer(param_groups, make_optimizer, tensor_parallel_norms);
-    for (const auto& param_group : optimizer_->param_groups()) { // this rank's pieces
-      trained_parameters_.insert(trained_parameters_.end(), param_group.params.begin(),
-                                 param_group.params.end());
-    }
+    // Over this rank's pieces.
+    set_optimizer(fsdp_->make_optimizer(param_groups, make_optimizer, tensor_parallel_norms));
   }
 
 

@@ -142,6 +142,15 @@ void ParallelModel::zero_grad() {
   optimizer_->zero_grad();
 }
 
+void ParallelModel::set_optimizer(std::unique_ptr<optim::Optimizer> optimizer) {
+  optimizer_ = std::move(optimizer);
+  trained_parameters_.clear();
+  for (const auto& param_group : optimizer_->param_groups()) {
+    trained_parameters_.insert(
+        trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
+  }
+}
+
 std::vector<at::Tensor> ParallelModel::gradient_holders() const {
   return trained_parameters_;
 }

@@ -8,14 +8,9 @@
 
 namespace largo::parallel {
 
-// Local (one process) and DDP.
-std::unique_ptr<ParallelModel> make_replicated_model(
-    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
-    ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
-    std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
-
-// ZeRO-1 and ZeRO-2.
-std::unique_ptr<ParallelModel> make_zero_model(
+// DDP, ZeRO-1 and ZeRO-2 (or one process): the data-parallel stage of
+// options.data_parallelism over the mesh's "dp" group (data_parallel_model.cpp).
+std::unique_ptr<ParallelModel> make_data_parallel_model(
     torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);

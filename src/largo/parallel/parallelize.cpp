@@ -249,20 +249,12 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
     parallel->precision().copy_model_to_masters();
     return parallel;
   }
-  switch (options.data_parallelism) {
-  case DataParallelism::kDdp:
-    parallel = make_replicated_model(model, mesh, options, std::move(precision),
-                                     std::move(param_groups), make_optimizer);
-    break;
-  case DataParallelism::kZero1:
-  case DataParallelism::kZero2:
-    parallel = make_zero_model(model, mesh, options, std::move(precision),
-                               std::move(param_groups), make_optimizer);
-    break;
-  case DataParallelism::kFsdp:
+  if (options.data_parallelism == DataParallelism::kFsdp) {
     parallel = make_fsdp_model(model, mesh, options, std::move(precision),
                                std::move(param_groups), make_optimizer);
-    break;
+  } else {
+    parallel = make_data_parallel_model(model, mesh, options, std::move(precision),
+                                        std::move(param_groups), make_optimizer);
   }
   parallel->precision().copy_model_to_masters(); // O2: from the broadcast weights
   return parallel;

@@ -122,19 +122,14 @@ class PipelineModel : public ParallelModel {
           return tp_->parameter_norm_reducer(pieces);
         };
       }
-      auto sharded =
-          std::make_unique<ShardedOptimizer>(std::move(own_groups), mesh_->group("dp"), zero);
+      auto sharded = std::make_unique<ShardedOptimizer>(std::move(own_groups), replicas_, zero);
       sharded_ = sharded.get();
-      optimizer_ = std::move(sharded);
+      set_optimizer(std::move(sharded));
     } else {
-      optimizer_ = make_optimizer(std::move(own_groups));
+      set_optimizer(make_optimizer(std::move(own_groups)));
     }
     if (tp_ && sharded_ == nullptr) { // LARC's and LAMB's norms: the unsharded parameters'
       optimizer_->set_norm_reducer(tp_->parameter_norm_reducer(optimizer_->param_groups()));
-    }
-    for (const auto& param_group : optimizer_->param_groups()) {
-      trained_parameters_.insert(
-          trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
     }
   }
 
@@ -281,7 +276,7 @@ class PipelineModel : public ParallelModel {
   void reduce_gradients() override {
     pipeline_->reduce_gradients();
     if (options_.ddp.broadcast_buffers && mesh_->size("dp") > 1) {
-      broadcast_coalesced(*mesh_->group("dp"), module_->buffers(), /*root=*/0);
+      broadcast_coalesced(*replicas_, module_->buffers(), /*root=*/0);
     }
   }
   // ZeRO-1: only this replica's pieces are unscaled, checked and clipped; the pieces of all
@@ -299,7 +294,7 @@ class PipelineModel : public ParallelModel {
           tp_->piece_norm_reducer(
               sharded_->named_shard_parameters(),
               norm_type,
-              mesh_->group("dp"),
+              replicas_,
               pipeline_->norm_reducer()));
     }
     if (sharded_ != nullptr) {
@@ -355,7 +350,7 @@ class PipelineModel : public ParallelModel {
         sharded_->base(),
         sharded_->piece_ownership(),
         sharded_->type(),
-        *mesh_->group("dp"),
+        *replicas_,
         ParallelModel::trained_parameter_shapes()); // this rank's slices
   }
   // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that

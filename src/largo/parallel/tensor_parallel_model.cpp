@@ -137,15 +137,11 @@ class TensorParallelModel : public ParallelModel {
       : ParallelModel(std::move(model), std::move(mesh), std::move(options), std::move(precision)),
         tp_(*module_, mesh_->group("tp")) {
     if (options_.data_parallelism == DataParallelism::kDdp) {
-      optimizer_ = make_optimizer(std::move(param_groups));
+      set_optimizer(make_optimizer(std::move(param_groups)));
       // LARC's and LAMB's per-parameter norms are the unsharded parameters'.
       optimizer_->set_norm_reducer(tp_.parameter_norm_reducer(optimizer_->param_groups()));
     } else {
-      build_sharded_optimizer(std::move(param_groups), make_optimizer);
-    }
-    for (const auto& param_group : optimizer_->param_groups()) {
-      trained_parameters_.insert(
-          trained_parameters_.end(), param_group.params.begin(), param_group.params.end());
+      set_optimizer(sharded_optimizer(std::move(param_groups), make_optimizer));
     }
     if (replicas_->world_size() == 1) {
       return;
@@ -282,7 +278,7 @@ class TensorParallelModel : public ParallelModel {
   // ZeRO-1 or 2 over the replicas: a sharded optimizer over this rank's slices, whose base
   // optimizer's per-parameter norms (LARC, LAMB) are completed over the replicas, then over
   // the tensor-parallel shards.
-  void build_sharded_optimizer(
+  std::unique_ptr<optim::Optimizer> sharded_optimizer(
       std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer) {
     ShardedOptimizerOptions zero;
     zero.make_base_optimizer = make_optimizer;
@@ -291,7 +287,7 @@ class TensorParallelModel : public ParallelModel {
     };
     auto sharded = std::make_unique<ShardedOptimizer>(std::move(param_groups), replicas_, zero);
     sharded_ = sharded.get();
-    optimizer_ = std::move(sharded);
+    return sharded;
   }
 
   // The optimizer state of this rank's slices, consolidated from the replicas' pieces on
