@@ -6,8 +6,8 @@
 
 #include <largo/core/resources.h>
 #include <largo/models/resnet.h>
-#include <largo/parallel/fully_sharded_data_parallel.h>
-#include <largo/parallel/sync_batch_norm.h>
+#include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
+#include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/precision/model_cast.h>
 #include <largo/train/data_config.h>
 #include <largo/train/option_keys.h>
@@ -689,15 +689,10 @@ models::ModelOptions model_options_from(const Config& config) {
   return model;
 }
 
-TrainerOptions trainer_options_from_config(const Config& config) {
-  refuse_unavailable_keys(config);
-  TrainerOptions options;
+namespace {
 
-  options.train = data_split_from(config, "DATA.TRAIN");
-  options.test = data_split_from(config, "DATA.TEST");
-  options.loading = data_loading_from(config);
-
-  options.model = model_options_from(config);
+// DISTRIBUTED's pipeline and tensor-parallel sizes, and MODEL.ACTIVATION_CHECKPOINTING.
+void model_parallel_options_from(const Config& config, TrainerOptions& options) {
   options.parallel.pipeline = pipeline_options_from(config);
   options.parallel.tensor_parallel_size =
       static_cast<int>(positive_int(config, "DISTRIBUTED.TENSOR_PARALLEL_SIZE"));
@@ -711,8 +706,10 @@ TrainerOptions trainer_options_from_config(const Config& config) {
     options.parallel.activation_checkpointing.sequential = "trunk";
     options.parallel.activation_checkpointing.num_splits = num_splits;
   }
+}
 
-  // Loss.
+// LOSS.name: a classification loss or one of the self-supervised ones Largo has.
+void check_loss_name(const Config& config) {
   const std::string loss = config.get_string("LOSS.name");
   refuse_other_vissl_losses(loss);
   require(
@@ -722,19 +719,12 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       loss,
       "CrossEntropyLoss or cross_entropy_multiple_output_single_target (classification), or "
       "swav_loss or simclr_info_nce_loss (self-supervised)");
-  options.self_supervised = self_supervised_options_from(config);
-  if (!options.self_supervised.enabled()) {
-    options.loss = classification_loss_options_from(config);
-  }
-  options.sync_batch_norm = sync_batch_norm_settings_from(config);
-  options.model_ema = model_ema_settings_from(config);
-  options.weights_init = weights_init_options_from(config, options.model);
+}
 
-  // Optimizer. ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True)
-  // shards the state of the optimizer that OPTIMIZER.base_optimizer describes; the settings
-  // it leaves out come from OPTIMIZER itself.
-  auto& optimizer = options.optimizer;
-  auto& spec = optimizer.spec;
+// ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True; with
+// MODEL.SHARDED_DDP_SETUP.USE_SDP its gradients sharded too). Returns whether the optimizer
+// state is sharded, and so whether OPTIMIZER.base_optimizer describes the optimizer.
+bool zero_options_from(const Config& config, TrainerOptions& options) {
   const bool zero_by_name = config.get_string("OPTIMIZER.name") == "zero";
   const bool shard_gradients = config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP");
   const bool shard_optimizer_state =
@@ -756,6 +746,16 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   if (shard_optimizer_state) {
     check_base_optimizer_keys(config);
   }
+  return shard_optimizer_state;
+}
+
+// The optimizer ZeRO shards (OPTIMIZER.base_optimizer, the settings it leaves out from
+// OPTIMIZER itself), or OPTIMIZER: its name, hyperparameters and LARC.
+void optimizer_spec_from(
+    const Config& config, bool shard_optimizer_state, TrainerOptions& options) {
+  const bool zero_by_name = config.get_string("OPTIMIZER.name") == "zero";
+  auto& optimizer = options.optimizer;
+  auto& spec = optimizer.spec;
   auto optimizer_key = [&](const std::string& key) {
     const std::string nested = "OPTIMIZER.base_optimizer." + key;
     return shard_optimizer_state && config.has(nested) ? nested : "OPTIMIZER." + key;
@@ -799,6 +799,11 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       "a number > 0");
   optimizer.larc_exclude_bias_and_norm =
       config.get_bool(optimizer_key("larc_config.exclude_bias_and_norm"));
+}
+
+// OPTIMIZER's epochs, parameter groups and learning-rate schedules.
+void optimizer_schedule_from(const Config& config, TrainerOptions& options) {
+  auto& optimizer = options.optimizer;
   optimizer.num_epochs = positive_int(config, "OPTIMIZER.num_epochs");
   auto& groups = optimizer.param_groups;
   groups.weight_decay = optimizer.weight_decay;
@@ -823,7 +828,9 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       optim::make_schedule(optimizer.lr_head, schedulers + "lr_head");
     }
   });
+}
 
+void grad_clip_options_from(const Config& config, TrainerOptions& options) {
   options.use_grad_clip = config.get_bool("MODEL.GRAD_CLIP.USE_GRAD_CLIP");
   options.grad_clip_max_norm = config.get_double("MODEL.GRAD_CLIP.MAX_NORM");
   options.grad_clip_norm_type = config.get_double("MODEL.GRAD_CLIP.NORM_TYPE");
@@ -832,8 +839,10 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       "MODEL.GRAD_CLIP.MAX_NORM",
       fmt::format("{}", options.grad_clip_max_norm),
       "a number > 0");
+}
 
-  // Trainer loop, logging and evaluation.
+// The trainer loop, logging and evaluation.
+void loop_options_from(const Config& config, TrainerOptions& options) {
   options.log_frequency = positive_int(config, "LOG_FREQUENCY");
   options.test_model = config.get_bool("TEST_MODEL");
   options.test_only = config.get_bool("TEST_ONLY");
@@ -845,13 +854,9 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       "[]",
       "at least one k, e.g. [1, 5]");
   options.check_nan = config.get_bool("HOOKS.CHECK_NAN");
-  amp_options_from(config, options);
-  fsdp_options_from(config, options);
-  // Built here too, so that a bad AMP setting fails while the config is validated.
-  precision::resolve_precision_policy(options.amp);
-  rethrow_with_yaml_keys([&] { precision::GradScaler validated_scaler(options.grad_scaler); });
-  options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
+}
 
+void machine_options_from(const Config& config, TrainerOptions& options) {
   options.device = config.get_string("MACHINE.DEVICE");
   require(
       options.device == "cpu" || options.device == "gpu",
@@ -869,7 +874,9 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       options.num_threads,
       available_cpu_cores(),
       "one per core; 0 = every core");
+}
 
+void checkpoint_options_from(const Config& config, TrainerOptions& options) {
   auto& checkpoint = options.checkpoint;
   checkpoint.dir = config.get_string("CHECKPOINT.DIR");
   require(!checkpoint.dir.empty(), "CHECKPOINT.DIR", "\"\"", "a directory path");
@@ -883,8 +890,10 @@ TrainerOptions trainer_options_from_config(const Config& config) {
       "-1 (off) or an integer > 0");
   checkpoint.overwrite_existing = config.get_bool("CHECKPOINT.OVERWRITE_EXISTING");
   options.use_tensorboard = config.get_bool("HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD");
+}
 
-  // Data parallelism. NUM_NODES / NUM_PROC_PER_NODE / INIT_METHOD / RUN_ID decide how the
+void distributed_options_from(const Config& config, TrainerOptions& options) {
+  // NUM_NODES / NUM_PROC_PER_NODE / INIT_METHOD / RUN_ID decide how the
   // workers start (train/worker_launch.h); a worker learns its rank from the environment.
   auto& distributed = options.distributed;
   distributed.backend = config.get_string("DISTRIBUTED.BACKEND");
@@ -924,6 +933,43 @@ TrainerOptions trainer_options_from_config(const Config& config) {
             fsdp ? "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP" : "MODEL.SHARDED_DDP_SETUP.USE_SDP",
             fsdp ? "FSDP" : "ZeRO stage 2"));
   }
+}
+
+} // namespace
+
+TrainerOptions trainer_options_from_config(const Config& config) {
+  refuse_unavailable_keys(config);
+  TrainerOptions options;
+
+  options.train = data_split_from(config, "DATA.TRAIN");
+  options.test = data_split_from(config, "DATA.TEST");
+  options.loading = data_loading_from(config);
+
+  options.model = model_options_from(config);
+  model_parallel_options_from(config, options);
+  check_loss_name(config);
+  options.self_supervised = self_supervised_options_from(config);
+  if (!options.self_supervised.enabled()) {
+    options.loss = classification_loss_options_from(config);
+  }
+  options.sync_batch_norm = sync_batch_norm_settings_from(config);
+  options.model_ema = model_ema_settings_from(config);
+  options.weights_init = weights_init_options_from(config, options.model);
+
+  const bool shard_optimizer_state = zero_options_from(config, options);
+  optimizer_spec_from(config, shard_optimizer_state, options);
+  optimizer_schedule_from(config, options);
+  grad_clip_options_from(config, options);
+  loop_options_from(config, options);
+  amp_options_from(config, options);
+  fsdp_options_from(config, options);
+  // Built here too, so that a bad AMP setting fails while the config is validated.
+  precision::resolve_precision_policy(options.amp);
+  rethrow_with_yaml_keys([&] { precision::GradScaler validated_scaler(options.grad_scaler); });
+  options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
+  machine_options_from(config, options);
+  checkpoint_options_from(config, options);
+  distributed_options_from(config, options);
   return options;
 }
 

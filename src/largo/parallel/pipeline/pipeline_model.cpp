@@ -1,0 +1,411 @@
+// Pipeline parallelism as a mode of parallelize(): PipelineParallel's stages behind the
+// ParallelModel interface, so the trainer's step, evaluation and checkpoints run it like any
+// other mode. What differs: a micro-step is the whole schedule (forward_backward), evaluation
+// forwards go through the pipeline and every rank gets the outputs, the data-parallel group
+// is the stage's replicas, and model and optimizer states are the whole model's, gathered on
+// pipeline rank 0. With ZeRO-1 each replica steps its shard of the stage's parameters; the
+// checkpoint still holds the whole optimizer state (consolidated over the replicas, merged
+// over the stages), so every layout reads it. With tensor parallelism (a pp x dp x tp mesh)
+// each stage's planned layers are split over its "tp" group: a rank exchanges activations
+// with the ranks of the next and previous stages that hold the same shards (its "pp" group),
+// the gradient norm and the state are the unsharded model's (tensor_parallel_state.h), and
+// found_inf is agreed over the "tp" group too.
+#include "../parallel_modes.h"
+#include "../tensor_parallel/tensor_parallel_state.h"
+
+#include <largo/core/error.h>
+#include <largo/models/module_device.h>
+#include <largo/optim/grad_clipping.h>
+#include <largo/parallel/mesh/device_mesh.h>
+#include <largo/parallel/pipeline/pipeline_checkpoint.h>
+#include <largo/parallel/data_parallel/sharded_optimizer.h>
+#include <largo/precision/autocast.h>
+
+#include <fmt/format.h>
+
+#include <optional>
+#include <unordered_set>
+
+namespace largo::parallel {
+namespace {
+
+torch::Device blocks_device(const std::vector<PipelineBlock>& blocks) {
+  for (const auto& block : blocks) {
+    for (const auto& parameter : block.module.ptr()->parameters()) {
+      return parameter.device();
+    }
+  }
+  return torch::Device(torch::kCPU);
+}
+
+// The entries of `groups` whose tensors are `module`'s parameters (this rank's stages);
+// groups left empty are dropped, as optim::build_param_groups drops them.
+std::vector<optim::ParamGroup>
+groups_of(std::vector<optim::ParamGroup> groups, const torch::nn::Module& module) {
+  std::unordered_set<const void*> own;
+  for (const auto& parameter : module.parameters()) {
+    own.insert(parameter.unsafeGetTensorImpl());
+  }
+  std::vector<optim::ParamGroup> kept;
+  for (auto& group : groups) {
+    optim::ParamGroup part = group;
+    part.params.clear();
+    part.names.clear();
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      if (own.count(group.params[i].unsafeGetTensorImpl()) > 0) {
+        part.params.push_back(group.params[i]);
+        part.names.push_back(group.names.at(i));
+      }
+    }
+    if (!part.params.empty()) {
+      kept.push_back(std::move(part));
+    }
+  }
+  return kept;
+}
+
+// Empties every parameter and buffer of `blocks` that `own` (this rank's stages) does not
+// hold, so that a rank keeps about 1/S of a model every rank built whole (the caller's
+// model shares these tensors).
+void empty_other_stages(
+    const std::vector<std::shared_ptr<torch::nn::Module>>& blocks, const torch::nn::Module& own) {
+  std::unordered_set<const void*> kept;
+  for (const auto& tensor : own.parameters()) {
+    kept.insert(tensor.unsafeGetTensorImpl());
+  }
+  for (const auto& tensor : own.buffers()) {
+    kept.insert(tensor.unsafeGetTensorImpl());
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& block : blocks) {
+    for (auto tensor : block->parameters()) {
+      if (kept.count(tensor.unsafeGetTensorImpl()) == 0) {
+        tensor.set_data(at::empty({0}, tensor.options()));
+      }
+    }
+    for (auto tensor : block->buffers()) {
+      if (kept.count(tensor.unsafeGetTensorImpl()) == 0) {
+        tensor.set_data(at::empty({0}, tensor.options()));
+      }
+    }
+  }
+}
+
+// The leading rows of `batch` padded with zero rows to `rows`.
+at::Tensor pad_rows(const at::Tensor& batch, int64_t rows) {
+  std::vector<int64_t> shape = batch.sizes().vec();
+  shape[0] = rows - batch.size(0);
+  return at::cat({batch, at::zeros(shape, batch.options())});
+}
+
+class PipelineModel : public ParallelModel {
+ public:
+  PipelineModel(
+      std::shared_ptr<DeviceMesh> mesh,
+      std::unique_ptr<PipelineParallel> pipeline,
+      ParallelOptions options,
+      std::unique_ptr<precision::MixedPrecision> precision,
+      std::vector<optim::ParamGroup> param_groups,
+      const OptimizerFactory& make_optimizer)
+      : ParallelModel(
+            pipeline->module(), std::move(mesh), std::move(options), std::move(precision)),
+        pipeline_(std::move(pipeline)) {
+    if (tensor_parallel_enabled(options_)) {
+      tp_.emplace(*module_, mesh_->group("tp"));
+    }
+    auto own_groups = groups_of(std::move(param_groups), *module_);
+    if (options_.data_parallelism == DataParallelism::kZero1) {
+      ShardedOptimizerOptions zero;
+      zero.make_base_optimizer = make_optimizer;
+      if (tp_) { // the per-parameter norms over the replicas, then over the shards
+        zero.complete_parameter_norms = [this](const std::vector<optim::ParamGroup>& pieces) {
+          return tp_->parameter_norm_reducer(pieces);
+        };
+      }
+      auto sharded = std::make_unique<ShardedOptimizer>(std::move(own_groups), replicas_, zero);
+      sharded_ = sharded.get();
+      set_optimizer(std::move(sharded));
+    } else {
+      set_optimizer(make_optimizer(std::move(own_groups)));
+    }
+    if (tp_ && sharded_ == nullptr) { // LARC's and LAMB's norms: the unsharded parameters'
+      optimizer_->set_norm_reducer(tp_->parameter_norm_reducer(optimizer_->param_groups()));
+    }
+  }
+
+  double forward_backward(
+      const at::Tensor& inputs,
+      const at::Tensor& targets,
+      const LossFunction& loss,
+      int64_t loss_divisor) override {
+    const precision::PrecisionPolicy& policy = precision_->policy();
+    const bool autocast = policy.enabled && policy.autocast;
+    const c10::DeviceType device_type = module_device().type();
+    std::optional<precision::AutocastGuard> guard;
+    if (autocast) {
+      guard.emplace(device_type, policy.low_precision);
+    }
+    // The loss outside autocast, on outputs of a mixed-precision policy in float32, as the
+    // other modes compute it (MixedPrecision::forward): a float64 model's stays float64.
+    auto outside_autocast_loss = [&](const at::Tensor& output, const at::Tensor& target) {
+      std::optional<precision::AutocastGuard> off;
+      if (autocast) {
+        off.emplace(device_type, policy.low_precision, /*enabled=*/false);
+      }
+      const bool to_float32 =
+          policy.enabled && output.is_floating_point() && output.scalar_type() != at::kFloat;
+      return loss(to_float32 ? output.to(at::kFloat) : output, target);
+    };
+    precision::GradScaler* scaler = precision_->grad_scaler();
+    auto scale = [scaler, loss_divisor](const at::Tensor& weighted) {
+      at::Tensor divided =
+          loss_divisor > 1 ? weighted / static_cast<double>(loss_divisor) : weighted;
+      return scaler != nullptr ? scaler->scale(divided) : divided;
+    };
+    return pipeline_->forward_backward(inputs, targets, outside_autocast_loss, scale);
+  }
+
+  bool forward_communicates_without_grad() const override {
+    return true; // every forward runs the pipeline
+  }
+  const PipelineParallel* pipeline() const override {
+    return pipeline_.get();
+  }
+  std::vector<std::string> whole_model_names() const override {
+    return pipeline_->full_model_names();
+  }
+  bool optimizer_covers_whole_model() const override {
+    return false; // this stage's parameters
+  }
+  bool local_state_is_sharded() const override {
+    return tp_.has_value(); // the stages' tensor-parallel slices
+  }
+
+  // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).
+  std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
+    if (root != 0) {
+      throw OptionError(
+          "model_state_dict's root",
+          std::to_string(root),
+          "0 with a pipeline (its rank 0 gathers the stages)");
+    }
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    for (const auto& item : pipeline_->full_state_dict(stage_state())) {
+      state.emplace_back(item.key().toStringRef(), item.value().toTensor().cpu());
+    }
+    return state;
+  }
+  void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override {
+    ParallelModel::load_model_state_dict(tp_ ? tp_->shard(state) : state);
+  }
+  void update_full_parameter(
+      const std::string& name, const std::function<void(at::Tensor&)>& update) override {
+    if (!tp_ || !tp_->update_full_value(*module_, name, update)) {
+      ParallelModel::update_full_parameter(name, update);
+    }
+  }
+  std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
+    return tp_ ? tp_->full_shapes(optimizer_->param_groups())
+               : ParallelModel::trained_parameter_shapes();
+  }
+  // Pipeline rank 0 gets every parameter; the others their stages' (a collective).
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
+    auto state = model_state_dict(0);
+    if (state.empty() && !tp_) {
+      return ParallelModel::full_parameters();
+    }
+    if (state.empty()) { // this rank's stages, whole
+      for (const auto& item : stage_state()) {
+        state.emplace_back(item.key().toStringRef(), item.value().toTensor().clone());
+      }
+    }
+    const auto& names = pipeline_->full_parameter_names();
+    const std::unordered_set<std::string> parameters(names.begin(), names.end());
+    std::vector<std::pair<std::string, at::Tensor>> values;
+    for (auto& [name, value] : state) {
+      if (parameters.count(name) > 0) {
+        values.emplace_back(name, std::move(value));
+      }
+    }
+    return values;
+  }
+  // ZeRO-1's pieces consolidated over the replicas (on the first), tensor parallelism's
+  // slices gathered whole (over "tp"), then the stages merged (over "pp").
+  c10::IValue optimizer_state_dict() override {
+    if (sharded_ == nullptr && !tp_) {
+      return full_optimizer_state_dict(*pipeline_, *optimizer_);
+    }
+    c10::IValue stage = sharded_ != nullptr ? stage_optimizer_state() : optimizer_->state_dict();
+    if (tp_ && !stage.isNone()) { // the first replica's ranks are each other's shards
+      stage = tp_->map_optimizer_state(stage, optimizer_->param_groups(), /*gather=*/true);
+    }
+    return merge_over_stages(stage);
+  }
+  void load_optimizer_state_dict(const c10::IValue& state) override {
+    std::vector<std::string> names;
+    for (const auto& param_group : optimizer_->param_groups()) {
+      names.insert(names.end(), param_group.names.begin(), param_group.names.end());
+    }
+    c10::IValue own = select_optimizer_state(state, names);
+    if (tp_) {
+      own = tp_->map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/false);
+    }
+    if (sharded_ != nullptr) {
+      sharded_->load_whole_state_dict(own);
+    } else {
+      optimizer_->load_state_dict(own);
+    }
+  }
+
+ protected:
+  // Evaluation: every rank gets the outputs. A batch smaller than the number of
+  // micro-batches (a test set's last) is padded with zero rows, which are dropped again.
+  at::Tensor run_forward(const at::Tensor& input) override {
+    const int64_t rows = input.size(0);
+    const int64_t microbatches = pipeline_->options().num_microbatches();
+    if (rows >= microbatches) {
+      return pipeline_->forward(input, /*broadcast_outputs=*/true);
+    }
+    return pipeline_->forward(pad_rows(input, microbatches), /*broadcast_outputs=*/true)
+        .narrow(0, 0, rows);
+  }
+  // The replicas' gradients averaged; with broadcast_buffers their buffers (BatchNorm's
+  // running statistics) then become replica 0's, so that every replica evaluates and
+  // checkpoints with the same ones (DDP broadcasts them before each forward instead; here a
+  // step's micro-batches each update them).
+  void reduce_gradients() override {
+    pipeline_->reduce_gradients();
+    if (options_.ddp.broadcast_buffers && mesh_->size("dp") > 1) {
+      broadcast_coalesced(*replicas_, module_->buffers(), /*root=*/0);
+    }
+  }
+  // ZeRO-1: only this replica's pieces are unscaled, checked and clipped; the pieces of all
+  // ranks tile the whole model once, so their norms add up over the world.
+  std::vector<at::Tensor> gradient_holders() const override {
+    return sharded_ != nullptr ? sharded_->shard_parameters() : trained_parameters_;
+  }
+  double clip_gradients(double max_norm, double norm_type) override {
+    if (sharded_ != nullptr && tp_) { // summed over the replicas, the shards, the stages
+      const std::vector<at::Tensor> pieces = sharded_->shard_parameters();
+      return optim::clip_grad_norm(
+          pieces,
+          max_norm,
+          norm_type,
+          tp_->piece_norm_reducer(
+              sharded_->named_shard_parameters(),
+              norm_type,
+              replicas_,
+              pipeline_->norm_reducer()));
+    }
+    if (sharded_ != nullptr) {
+      return clip_grad_norm_of_pieces(sharded_->shard_parameters(), *group_, max_norm, norm_type);
+    }
+    if (tp_) { // each stage's norm over its shards, then summed over the stages
+      const auto parameters = pipeline_->parameters();
+      return optim::clip_grad_norm(
+          parameters,
+          max_norm,
+          norm_type,
+          tp_->norm_reducer(parameters, norm_type, pipeline_->norm_reducer()));
+    }
+    return pipeline_->clip_grad_norm(max_norm, norm_type);
+  }
+  std::string describe_mode() const override {
+    const std::string tensor_parallel = tp_ ? "; " + tp_->describe() : std::string();
+    return fmt::format(
+        "pipeline: {}; {}{}{}",
+        mesh_->describe(),
+        pipeline_->describe(),
+        sharded_ != nullptr ? "; ZeRO-1 over each stage's replicas" : "",
+        tensor_parallel);
+  }
+
+ private:
+  torch::Device module_device() const {
+    return models::module_device(*module_);
+  }
+
+  // This rank's stages' parameters and buffers, with tensor parallelism's shards gathered
+  // whole (a collective over "tp").
+  c10::impl::GenericDict stage_state() const {
+    c10::impl::GenericDict own = pipeline_->state_dict();
+    if (!tp_) {
+      return own;
+    }
+    TensorParallelState::NamedTensors named;
+    for (const auto& item : own) {
+      named.emplace_back(item.key().toStringRef(), item.value().toTensor());
+    }
+    c10::impl::GenericDict whole(c10::StringType::get(), c10::TensorType::get());
+    for (auto& [name, tensor] : tp_->unshard(std::move(named))) {
+      whole.insert(name, tensor);
+    }
+    return whole;
+  }
+
+  // ZeRO-1: the stage's optimizer state on replica 0, consolidated from every replica's
+  // pieces (None on the other replicas). Collective (replicas).
+  c10::IValue stage_optimizer_state() {
+    return consolidate_on_first_rank(
+        sharded_->base(),
+        sharded_->piece_ownership(),
+        sharded_->type(),
+        *replicas_,
+        ParallelModel::trained_parameter_shapes()); // this rank's slices
+  }
+  // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that
+  // of another replica, gets None too). Collective (pipeline).
+  c10::IValue merge_over_stages(const c10::IValue& stage_state) {
+    const std::vector<c10::IValue> parts = gather_to_root(pipeline_->pipeline_group(), stage_state);
+    if (parts.empty() || parts.front().isNone()) {
+      return {};
+    }
+    return merge_optimizer_state_dicts(parts, pipeline_->full_parameter_names());
+  }
+
+  std::unique_ptr<PipelineParallel> pipeline_;
+  ShardedOptimizer* sharded_ = nullptr;   // optimizer_, with ZeRO-1
+  std::optional<TensorParallelState> tp_; // with tensor parallelism
+};
+
+} // namespace
+
+std::unique_ptr<ParallelModel> make_pipeline_model(
+    std::vector<PipelineBlock> blocks,
+    std::shared_ptr<DeviceMesh> mesh,
+    ParallelOptions options,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer) {
+  const torch::Device device = blocks_device(blocks);
+  std::vector<std::shared_ptr<torch::nn::Module>> all_blocks;
+  for (const auto& block : blocks) {
+    all_blocks.push_back(block.module.ptr());
+  }
+  PipelineParallelOptions stages = options.pipeline.stages;
+  stages.data_parallel(options.ddp); // manual reduction is forced over the replicas
+  auto pipeline = std::make_unique<PipelineParallel>(
+      std::move(blocks), mesh->group("pp"), mesh->group("dp"), stages);
+  empty_other_stages(all_blocks, *pipeline->module());
+  // Every stage, replica and tensor-parallel shard skips (or stops) together.
+  precision::GradScalerOptions scaler_options = options.grad_scaler;
+  scaler_options.found_inf_reducer = pipeline->found_inf_reducer();
+  if (tensor_parallel_enabled(options)) {
+    auto stages_and_replicas = scaler_options.found_inf_reducer;
+    auto shards = precision::found_inf_all_reduce(mesh->group("tp"));
+    scaler_options.found_inf_reducer = [stages_and_replicas, shards](at::Tensor& found_inf) {
+      stages_and_replicas(found_inf);
+      shards(found_inf);
+    };
+  }
+  auto precision = std::make_unique<precision::MixedPrecision>(
+      options.precision, *pipeline->module(), device, scaler_options, options.check_finite);
+  return std::make_unique<PipelineModel>(
+      std::move(mesh),
+      std::move(pipeline),
+      std::move(options),
+      std::move(precision),
+      std::move(param_groups),
+      make_optimizer);
+}
+
+} // namespace largo::parallel
