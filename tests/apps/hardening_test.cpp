@@ -27,6 +27,13 @@ TEST(HardeningTest, AbsurdConfigValuesAreRefusedNamingTheKey) {
       {{"SEED_VALUE=1000000000000000000000000000000"}, 2, "between -9223372036854775808"},
       {{"MODEL.TRUNK.NAME=resnet_typo"}, 2, "config key MODEL.TRUNK.NAME = resnet_typo"},
       {{"DATA.TRAIN.TRANSFORMS=[{name: RandomCrapp}]"}, 2, "config key DATA.TRAIN.TRANSFORMS"},
+      // Found by fuzzing: refused when the config is resolved, naming the split's key (it
+      // was refused only when the first batch was normalised, naming no key).
+      {{"DATA.TRAIN.TRANSFORMS=[{name: ToTensor}, {name: Normalize, mean: [0.5, 0.5, 0.5], "
+        "std: [1, 1, 1]}]"},
+       2,
+       "config key DATA.TRAIN.TRANSFORMS: Normalize: mean/std have 3 values but the images have "
+       "1 channel(s)"},
       {{"OPTIMIZER.param_schedulers.lr={name: composite, schedulers: [{name: constant, "
         "value: 0.1}, {name: linear, start_vaule: 0.1, end_value: 0.0}], lengths: [0.5, 0.5]}"},
        2,

@@ -49,6 +49,10 @@ TEST(Normalize, RejectsBadArgumentsAndInputs) {
   EXPECT_THROW(Normalize({0.5, 0.5}, {0.5}), ConfigError);
   EXPECT_THROW(Normalize({0.5}, {0.0}), ConfigError);
   EXPECT_THROW(Normalize({0.1, 0.2}, {1.0, 1.0}).apply(at::zeros({1, 3, 2, 2}), gen), ConfigError);
+  // The same before any data: a pipeline's shape over 3-channel samples.
+  EXPECT_THROW(Normalize({0.1, 0.2}, {1.0, 1.0}).output_shape({3, 2, 2}), ConfigError);
+  EXPECT_EQ(Normalize({0.1, 0.2}, {1.0, 1.0}).output_shape({2, 5, 4}),
+            (std::vector<int64_t>{2, 5, 4}));
   EXPECT_THROW(Normalize({0.1}, {1.0}).apply(at::zeros({1, 1, 2, 2}, at::kByte), gen), ConfigError);
 }
 

@@ -55,8 +55,14 @@ class Normalize : public Transform {
   at::Tensor apply(const at::Tensor& batch, at::Generator& gen) const override;
   std::string name() const override;
   bool elementwise() const override;
+  // The shape unchanged, after the check apply() makes of the channel count (so that a
+  // pipeline's shape, worked out before any data is read, refuses what apply() would).
+  std::vector<int64_t> output_shape(const std::vector<int64_t>& input_shape) const override;
 
  private:
+  // Throws ConfigError unless mean/std have one value, or one per channel.
+  void check_channels(int64_t channels) const;
+
   std::vector<double> mean_;
   std::vector<double> std_;
 };

@@ -85,19 +85,30 @@ at::Tensor Normalize::apply(const at::Tensor& batch, at::Generator& /*gen*/) con
         "the transforms",
         c10::toString(batch.scalar_type())));
   }
-  const int64_t channels = batch.size(1);
+  check_channels(batch.size(1));
   const auto num_values = static_cast<int64_t>(mean_.size());
-  if (num_values != 1 && num_values != channels) {
-    throw ConfigError(fmt::format(
-        "Normalize: mean/std have {} values but the images have {} "
-        "channels",
-        num_values,
-        channels));
-  }
   const auto options = batch.options(); // the batch's dtype and device (CUDA batches too)
   at::Tensor mean = at::tensor(mean_, at::kDouble).to(options).view({1, num_values, 1, 1});
   at::Tensor std = at::tensor(std_, at::kDouble).to(options).view({1, num_values, 1, 1});
   return batch.sub(mean).div_(std);
+}
+
+void Normalize::check_channels(int64_t channels) const {
+  const auto num_values = static_cast<int64_t>(mean_.size());
+  if (num_values != 1 && num_values != channels) {
+    throw ConfigError(fmt::format(
+        "Normalize: mean/std have {} values but the images have {} channel(s) (give one value, "
+        "or one per channel)",
+        num_values,
+        channels));
+  }
+}
+
+std::vector<int64_t> Normalize::output_shape(const std::vector<int64_t>& input_shape) const {
+  if (input_shape.size() == 3) { // [channels, height, width], as apply()'s batches are 4-D
+    check_channels(input_shape.front());
+  }
+  return input_shape;
 }
 
 std::string Normalize::name() const {
