@@ -26,8 +26,8 @@
 #include <largo/core/memory_tracker.h>
 #include <largo/models/model_factory.h>
 #include <largo/models/parameter_count.h>
-#include <largo/parallel/activation_checkpoint.h>
-#include <largo/parallel/checkpointed_trunk.h>
+#include <largo/parallel/activation_checkpointing/activation_checkpoint.h>
+#include <largo/parallel/activation_checkpointing/checkpointed_trunk.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

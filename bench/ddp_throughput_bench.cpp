@@ -22,7 +22,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
-#include <largo/parallel/distributed_data_parallel.h>
+#include <largo/parallel/data_parallel/distributed_data_parallel.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

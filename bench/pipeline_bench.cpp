@@ -38,11 +38,11 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
-#include <largo/parallel/device_mesh.h>
-#include <largo/parallel/distributed_data_parallel.h>
-#include <largo/parallel/pipeline_parallel.h>
-#include <largo/parallel/pipeline_simulation.h>
-#include <largo/parallel/pipeline_split_backward.h>
+#include <largo/parallel/data_parallel/distributed_data_parallel.h>
+#include <largo/parallel/mesh/device_mesh.h>
+#include <largo/parallel/pipeline/pipeline_parallel.h>
+#include <largo/parallel/pipeline/pipeline_simulation.h>
+#include <largo/parallel/pipeline/pipeline_split_backward.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

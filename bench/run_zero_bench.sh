@@ -4,7 +4,7 @@
 # FSDP2's fully_shard) and FairScale (bench/fairscale_reference.py: OSS, ShardedDataParallel
 # and FullyShardedDataParallel, the seeds' own ZeRO) side by side on the same wide MLP
 # (>= 50 M parameters), batch and optimizer. Prints, per stage: per-rank model-state memory measured, estimated
-# (parallel/memory_estimate.h) and by the ZeRO paper's formula; step time relative to
+# (parallel/estimate/memory_estimate.h) and by the ZeRO paper's formula; step time relative to
 # Largo's DDP; Largo's stage 1 against PyTorch's ZeroRedundancyOptimizer; stage 3 (FSDP) with
 # and without prefetch, and with bfloat16 compute copies, and the most full-unit bytes it
 # gathered at once. FairScale's FSDP assumes CUDA streams and NCCL's collectives; on the CPU

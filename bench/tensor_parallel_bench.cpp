@@ -27,8 +27,8 @@
 #include <largo/models/trunk_head_model.h>
 #include <largo/models/vit.h>
 #include <largo/optim/adamw.h>
-#include <largo/parallel/memory_estimate.h>
-#include <largo/parallel/tensor_parallel_plan.h>
+#include <largo/parallel/estimate/memory_estimate.h>
+#include <largo/parallel/tensor_parallel/tensor_parallel_plan.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

@@ -16,18 +16,18 @@
 // (zero_grad -> forward -> cross-entropy -> backward -> step, each a full iteration). After
 // the last step, before zero_grad, each rank measures the bytes it holds
 // (parallel::measure_model_state_bytes) next to the estimate and the ZeRO formula
-// (parallel/memory_estimate.h). Rank 0 prints one JSON line per stage with its step times
+// (parallel/estimate/memory_estimate.h). Rank 0 prints one JSON line per stage with its step times
 // (median and mean ms) and every rank's measured/estimated bytes.
 #include <largo/comm/process_group.h>
 #include <largo/comm/world_info.h>
 #include <largo/core/malloc_tuning.h>
-#include <largo/optim/optimizer_factory.h>
-#include <largo/parallel/distributed_data_parallel.h>
 #include <largo/models/trunk_head_model.h>
-#include <largo/parallel/fully_sharded_data_parallel.h>
-#include <largo/parallel/memory_estimate.h>
-#include <largo/parallel/sharded_data_parallel.h>
-#include <largo/parallel/sharded_optimizer.h>
+#include <largo/optim/optimizer_factory.h>
+#include <largo/parallel/data_parallel/distributed_data_parallel.h>
+#include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
+#include <largo/parallel/data_parallel/sharded_data_parallel.h>
+#include <largo/parallel/data_parallel/sharded_optimizer.h>
+#include <largo/parallel/estimate/memory_estimate.h>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

@@ -24,12 +24,13 @@ function(largo_apply_unity_build target)
 endfunction()
 
 # largo_add_layer(<name> DEPS ...): a static library `largo_<name>` built from
-# src/largo/<name>/*.cpp with public headers in include/largo/<name>/.
+# src/largo/<name>/**/*.cpp with public headers in include/largo/<name>/ (a layer that holds
+# several subsystems keeps each in a sub-folder, e.g. parallel/pipeline/).
 # The first layer (core) owns the precompiled header; the others reuse it, so
 # torch/torch.h is parsed once per build instead of once per source file.
 function(largo_add_layer name)
   cmake_parse_arguments(ARG "" "" "DEPS" ${ARGN})
-  file(GLOB sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/largo/${name}/*.cpp)
+  file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/largo/${name}/*.cpp)
   set(target largo_${name})
   if(NOT sources AND NOT name STREQUAL "core")
     # A layer with no sources yet is a header-only interface (keeps the graph valid).

@@ -2,7 +2,7 @@
 
 #include <largo/core/byte_format.h>
 #include <largo/models/model_factory.h>
-#include <largo/parallel/mesh_memory_estimate.h>
+#include <largo/parallel/estimate/mesh_memory_estimate.h>
 #include <largo/train/run_plan.h>
 
 #include <fmt/format.h>

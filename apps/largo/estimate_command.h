@@ -1,6 +1,6 @@
 // `largo estimate CONFIG [KEY=VALUE ...]`: what every rank of the configured run will hold,
 // from the config's model, optimizer, dataset and mesh, without training: a printer over
-// parallel::estimate_memory (parallel/mesh_memory_estimate.h; docs/zero_memory.md).
+// parallel::estimate_memory (parallel/estimate/mesh_memory_estimate.h; docs/zero_memory.md).
 //   - Without a pipeline: per-rank bytes of parameters, gradients and optimizer state for
 //     ZeRO stages 0-3 over the data-parallel replicas, the configured stage marked, and what
 //     stage 3 gathers during a step. With DISTRIBUTED.TENSOR_PARALLEL_SIZE > 1 the same

@@ -7,9 +7,9 @@
 #include <largo/comm/process_group.h>
 #include <largo/optim/adamw.h>
 #include <largo/optim/param_groups.h>
-#include <largo/parallel/device_mesh.h>
+#include <largo/parallel/mesh/device_mesh.h>
 #include <largo/parallel/parallelize.h>
-#include <largo/parallel/tensor_parallel.h>
+#include <largo/parallel/tensor_parallel/tensor_parallel.h>
 
 #include <torch/torch.h>
 

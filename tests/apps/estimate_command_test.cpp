@@ -3,9 +3,9 @@
 // over each rank's shards; with a pipeline, per pipeline rank its stages' model state and
 // peak activations (with tensor parallelism too: its stages' shards, activations not
 // measured). The numbers themselves are checked
-// against measurements in tests/parallel/memory_estimate_test.cpp; here the program's
+// against measurements in tests/parallel/estimate/memory_estimate_test.cpp; here the program's
 // reading of the config and its report
-// (tests/parallel/mesh_memory_estimate_test.cpp checks the library's estimate).
+// (tests/parallel/estimate/mesh_memory_estimate_test.cpp checks the library's estimate).
 #include "apps/program_runner.h"
 
 #include <gtest/gtest.h>

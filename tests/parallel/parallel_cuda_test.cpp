@@ -15,7 +15,7 @@
 // wrong scale moves parameters by 1e-2. TF32 is turned off on the GPU: it would round the
 // matmul inputs to 10 bits (2^-11 relative), differently for the two batch shapes.
 #include <largo/parallel/parallelize.h>
-#include <largo/parallel/pipeline_parallel.h>
+#include <largo/parallel/pipeline/pipeline_parallel.h>
 #include <largo/precision/precision_policy.h>
 #include <largo/precision/tf32.h>
 

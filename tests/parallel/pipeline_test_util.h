@@ -7,7 +7,7 @@
 #include <largo/models/trunk_head_model.h>
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
-#include <largo/parallel/pipeline_parallel.h>
+#include <largo/parallel/pipeline/pipeline_parallel.h>
 
 #include "parallel/parallelize_test_util.h" // borrow
 

@@ -1,8 +1,8 @@
 // Wrap policies over arbitrary module trees, and intercepting Sequential elements without
 // changing what the module is (names, parameters, state dict).
 #include <largo/core/error.h>
-#include <largo/parallel/checkpointed_segments.h>
-#include <largo/parallel/sequential_interception.h>
+#include <largo/parallel/activation_checkpointing/checkpointed_segments.h>
+#include <largo/parallel/activation_checkpointing/sequential_interception.h>
 #include <largo/parallel/wrap_policy.h>
 
 #include <gtest/gtest.h>

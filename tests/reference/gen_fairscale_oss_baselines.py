@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/parallel/baselines/fairscale_oss_baselines.json: FairScale's ZeRO stage 1
 (fairscale.optim.OSS, the implementation VISSL uses) for Largo's ZeRO-1 parity test
-(tests/parallel/fairscale_oss_parity_test.cpp).
+(tests/parallel/data_parallel/fairscale_oss_parity_test.cpp).
 
 Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv of
 scripts/install_deps.sh, PyTorch 2.11) with FairScale 0.4.13 installed in that venv

@@ -4,7 +4,7 @@
 // ranks share) and the options of LOSS.cross_entropy_multiple_output_single_target.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/error.h>
-#include <largo/parallel/sync_batch_norm.h>
+#include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/train/run_plan.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>

@@ -14,7 +14,7 @@ StateDict model_state_dict(const torch::nn::Module& module);
 // Throws CheckpointError listing the names `state` lacks or has in excess of the module's
 // parameters and buffers, and any shape or dtype mismatch. Reads only the tensors' metadata
 // (so it also checks a module whose parameters are sharded,
-// parallel/fully_sharded_data_parallel.h). exact_floating_dtypes false: a floating-point entry may
+// parallel/data_parallel/fully_sharded_data_parallel.h). exact_floating_dtypes false: a floating-point entry may
 // have another floating-point dtype than the module's tensor (FSDP's compute copies: the module's
 // parameters are bfloat16 views, the checkpoint holds the float32 masters, cast when they are
 // loaded). `source` (the checkpoint's path) starts the message when given. `whole_shapes`: the

@@ -1,5 +1,5 @@
 // ZeRO checkpoints: the optimizer state of a sharded run (stages 1-2:
-// parallel/sharded_optimizer.h; stage 3: parallel/fully_sharded_data_parallel.h) is written
+// parallel/data_parallel/sharded_optimizer.h; stage 3: parallel/data_parallel/fully_sharded_data_parallel.h) is written
 // by every rank as its own file beside the main checkpoint, so no rank ever gathers the
 // whole state:
 //
@@ -20,7 +20,7 @@
 
 #include <largo/comm/process_group.h>
 #include <largo/optim/optimizer.h>
-#include <largo/parallel/piece_optimizer_state.h>
+#include <largo/parallel/data_parallel/piece_optimizer_state.h>
 
 #include <filesystem>
 #include <map>

@@ -34,7 +34,7 @@ class MlpBlockImpl : public torch::nn::Module {
   MlpBlockImpl(int64_t in_features, int64_t out_features, bool flatten_input, double dropout);
   at::Tensor forward(at::Tensor x);
 
-  // The hook of tensor parallelism (parallel/tensor_parallel_plan.h): replaces the Linear child
+  // The hook of tensor parallelism (parallel/tensor_parallel/tensor_parallel_plan.h): replaces the Linear child
   // (same name, so parameter names stay) by `parallel`, built from it, which maps the block's
   // input (or this rank's share of it) to its output (or this rank's share). The models layer
   // knows no process groups, hence a module of any type.

@@ -1,5 +1,5 @@
 // Swapping submodules of a model after it is built (e.g. every BatchNorm2d for a
-// SyncBatchNorm, parallel/sync_batch_norm.h), keeping their parameter names.
+// SyncBatchNorm, parallel/data_parallel/sync_batch_norm.h), keeping their parameter names.
 //
 // Why this needs the parents' help: a libtorch module calls its children through typed
 // members (`torch::nn::BatchNorm2d bn1_; ... bn1_(x)`), and a Sequential through its own

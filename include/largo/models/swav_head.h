@@ -63,7 +63,7 @@ class SwavHeadImpl : public torch::nn::Module, public SwappableChildren {
   }
 
   // The projection ("projection_head", a Sequential) may be swapped for a rebuilt one
-  // (its BatchNorm1d layers for SyncBatchNorm, parallel/sync_batch_norm.h).
+  // (its BatchNorm1d layers for SyncBatchNorm, parallel/data_parallel/sync_batch_norm.h).
   void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:

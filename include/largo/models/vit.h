@@ -99,7 +99,7 @@ class VitEncoderLayerImpl : public torch::nn::Module {
     return options_;
   }
 
-  // Sequence parallelism's hooks (Korthikanti et al. 2022; parallel/tensor_parallel_plan.h):
+  // Sequence parallelism's hooks (Korthikanti et al. 2022; parallel/tensor_parallel/tensor_parallel_plan.h):
   // set, the layer holds only this rank's tokens between its column- and row-parallel
   // layers, i.e. its input, norms, residual stream and output; the column-parallel qkv and
   // fc1 gather the tokens they need and the row-parallel proj and fc2 scatter theirs.
@@ -116,7 +116,7 @@ class VitEncoderLayerImpl : public torch::nn::Module {
     std::function<at::Tensor(const at::Tensor&)> sum_gradient_over_shards;
   };
 
-  // The hook of tensor parallelism (parallel/tensor_parallel_plan.h), which builds these from
+  // The hook of tensor parallelism (parallel/tensor_parallel/tensor_parallel_plan.h), which builds these from
   // the layer's own qkv, proj, fc1 and fc2 (registered under those names): `qkv` maps
   // [b, t, d] to the q, k and v of this rank's `local_heads` heads, [b, t, 3 * local_heads *
   // head_dim] in the layout qkv has for all heads; `proj` takes this rank's heads' outputs,

@@ -68,28 +68,28 @@
 // a WrapPolicy (wrap_policy.h); everything else works on any module.
 //
 // Collectives: make_device_mesh() (its new_group calls), parallelize() (given the world, the
-// mesh's first; rank 0's checkpointing cut; the initial broadcast), and on the returned object forward()
-// (buffer broadcasts, FSDP's gathers), backward() (gradient reductions), finish_backward()
-// (manual reduction; the inf/NaN agreement), clip_grad_norm(), step() (ZeRO's all-gathers,
-// norm reductions), model_state_dict() under FSDP. With tensor parallelism also forward()
-// and backward() (the layers' all-reduces over the tensor-parallel group), clip_grad_norm()
-// and finish_backward() over it, and model_state_dict(), full_parameters(),
-// optimizer_state_dict() and update_full_parameter() (its all-gathers). Every rank must make
-// the same calls in the same order.
+// mesh's first; rank 0's checkpointing cut; the initial broadcast), and on the returned object
+// forward() (buffer broadcasts, FSDP's gathers), backward() (gradient reductions),
+// finish_backward() (manual reduction; the inf/NaN agreement), clip_grad_norm(), step()
+// (ZeRO's all-gathers, norm reductions), model_state_dict() under FSDP. With tensor
+// parallelism also forward() and backward() (the layers' all-reduces over the
+// tensor-parallel group), clip_grad_norm() and finish_backward() over it, and
+// model_state_dict(), full_parameters(), optimizer_state_dict() and update_full_parameter()
+// (its all-gathers). Every rank must make the same calls in the same order.
 #pragma once
 
 #include <largo/comm/process_group.h>
 #include <largo/optim/optimizer.h>
 #include <largo/optim/optimizer_factory.h>
-#include <largo/parallel/checkpointed_segments.h>
-#include <largo/parallel/device_mesh.h>
-#include <largo/parallel/distributed_data_parallel.h>
-#include <largo/parallel/fully_sharded_data_parallel.h>
-#include <largo/parallel/memory_estimate.h>
-#include <largo/parallel/piece_optimizer_state.h>
-#include <largo/parallel/pipeline_parallel.h>
-#include <largo/parallel/sequential_checkpoint_plan.h>
-#include <largo/parallel/sharded_data_parallel.h>
+#include <largo/parallel/activation_checkpointing/checkpointed_segments.h>
+#include <largo/parallel/activation_checkpointing/sequential_checkpoint_plan.h>
+#include <largo/parallel/data_parallel/distributed_data_parallel.h>
+#include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
+#include <largo/parallel/data_parallel/piece_optimizer_state.h>
+#include <largo/parallel/data_parallel/sharded_data_parallel.h>
+#include <largo/parallel/estimate/memory_estimate.h>
+#include <largo/parallel/mesh/device_mesh.h>
+#include <largo/parallel/pipeline/pipeline_parallel.h>
 #include <largo/parallel/wrap_policy.h>
 #include <largo/precision/grad_scaler.h>
 #include <largo/precision/mixed_precision.h>

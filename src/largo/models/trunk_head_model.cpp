@@ -64,7 +64,7 @@ std::shared_ptr<torch::nn::Module> TrunkHeadModelImpl::trunk_block(int64_t index
         num_trunk_blocks() - 1));
   }
   // The registered block, not what the trunk runs in its place (an FSDP unit or a checkpointed
-  // segment intercepts its forward: parallel/sequential_interception.h).
+  // segment intercepts its forward: parallel/activation_checkpointing/sequential_interception.h).
   return trunk_->named_children()[static_cast<size_t>(index)].value();
 }
 

@@ -3,10 +3,10 @@
 #include <largo/core/error.h>
 #include <largo/models/module_device.h>
 #include <largo/models/trunk_head_model.h>
-#include <largo/parallel/checkpointed_segments.h>
-#include <largo/parallel/device_mesh.h>
-#include <largo/parallel/sequential_checkpoint_plan.h>
-#include <largo/parallel/tensor_parallel_plan.h>
+#include <largo/parallel/activation_checkpointing/checkpointed_segments.h>
+#include <largo/parallel/activation_checkpointing/sequential_checkpoint_plan.h>
+#include <largo/parallel/mesh/device_mesh.h>
+#include <largo/parallel/tensor_parallel/tensor_parallel_plan.h>
 
 #include "parallel_modes.h"
 
@@ -335,7 +335,7 @@ std::unique_ptr<ParallelModel> parallelize(
   }
   torch::nn::AnyModule model = std::get<torch::nn::AnyModule>(input.model);
   check_mesh(options, *mesh);
-  check_tensor_parallel_module(options, *model.ptr());                          // 0. was the caller's
+  check_tensor_parallel_module(options, *model.ptr()); // 0. was the caller's
   auto cut = plan_checkpointing(model, options.activation_checkpointing, mesh->world()); // 1.
 
   auto parallel = wrap_for_data_parallelism(
@@ -348,9 +348,11 @@ std::unique_ptr<ParallelModel> parallelize(
   // 5. Checkpointed segments, around whatever the elements run now (FSDP's interceptors).
   const auto& checkpointing = options.activation_checkpointing;
   if (cut) {
-    parallel->checkpointing_ =
-        CheckpointedSegments::split_sequential(cut->container, checkpointing.sequential,
-                                               cut->plan.boundaries, checkpointing.preserve_rng_state);
+    parallel->checkpointing_ = CheckpointedSegments::split_sequential(
+        cut->container,
+        checkpointing.sequential,
+        cut->plan.boundaries,
+        checkpointing.preserve_rng_state);
     parallel->checkpoint_plan_ = std::move(cut->plan);
     parallel->activation_memory_report_ = std::move(cut->report);
   } else if (!checkpointing.modules.empty()) {
@@ -379,7 +381,11 @@ std::unique_ptr<ParallelModel> parallelize(
   }
   auto mesh = make_device_mesh(std::move(world), options);
   return parallelize(
-      std::move(model), std::move(param_groups), make_optimizer, std::move(mesh), std::move(options));
+      std::move(model),
+      std::move(param_groups),
+      make_optimizer,
+      std::move(mesh),
+      std::move(options));
 }
 
 } // namespace largo::parallel

@@ -15,8 +15,8 @@
 #include <largo/models/parameter_count.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
+#include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/parallel/parallelize.h>
-#include <largo/parallel/sync_batch_norm.h>
 #include <largo/train/model_ema_hook.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>

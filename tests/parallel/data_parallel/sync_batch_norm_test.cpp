@@ -8,8 +8,8 @@
 #include <largo/optim/sgd.h>
 #include <largo/parallel/activation_checkpointing/activation_checkpoint.h>
 #include <largo/parallel/data_parallel/distributed_data_parallel.h>
-#include <largo/parallel/parallelize.h>
 #include <largo/parallel/data_parallel/sync_batch_norm.h>
+#include <largo/parallel/parallelize.h>
 #include <largo/precision/autocast.h>
 
 #include "comm/distributed_test_util.h"

@@ -6,9 +6,9 @@
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
 #include <largo/parallel/data_parallel/distributed_data_parallel.h>
-#include <largo/parallel/estimate/memory_estimate.h>
 #include <largo/parallel/data_parallel/sharded_data_parallel.h>
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
+#include <largo/parallel/estimate/memory_estimate.h>
 
 #include "comm/distributed_test_util.h"
 

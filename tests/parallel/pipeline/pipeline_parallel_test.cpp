@@ -15,9 +15,9 @@
 // tensor relative to its largest entry: reassociation moves them by ~18 * 2^-24 ~ 1e-6 of
 // that scale, so 1e-5 holds, while a micro-batch's loss weighted 1 % off moves them by
 // 2e-3 to 2e-2 of it (measured).
+#include <largo/parallel/data_parallel/sharded_optimizer.h>
 #include <largo/parallel/mesh/device_mesh.h>
 #include <largo/parallel/pipeline/pipeline_parallel.h>
-#include <largo/parallel/data_parallel/sharded_optimizer.h>
 
 #include "comm/distributed_test_util.h"
 #include "parallel/pipeline_test_util.h"

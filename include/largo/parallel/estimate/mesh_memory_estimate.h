@@ -22,8 +22,8 @@
 #pragma once
 
 #include <largo/optim/param_groups.h>
-#include <largo/parallel/mesh/device_mesh.h>
 #include <largo/parallel/estimate/memory_estimate.h>
+#include <largo/parallel/mesh/device_mesh.h>
 #include <largo/parallel/parallelize.h>
 #include <largo/parallel/pipeline/pipeline_rank_estimate.h>
 

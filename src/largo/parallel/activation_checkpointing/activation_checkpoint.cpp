@@ -4,8 +4,8 @@
 #include <largo/core/torch_compat.h>
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <atomic>
 #include <ATen/core/ivalue.h>
+#include <atomic>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/autograd.h>

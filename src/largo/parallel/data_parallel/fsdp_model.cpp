@@ -10,8 +10,8 @@
 #include <largo/core/memory_tracker.h>
 #include <largo/models/module_device.h>
 #include <largo/optim/grad_clipping.h>
-#include <largo/parallel/mesh/device_mesh.h>
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
+#include <largo/parallel/mesh/device_mesh.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

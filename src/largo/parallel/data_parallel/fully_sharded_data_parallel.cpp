@@ -2,9 +2,9 @@
 
 #include <largo/core/error.h>
 #include <largo/parallel/activation_checkpointing/activation_checkpoint.h>
+#include <largo/parallel/activation_checkpointing/sequential_interception.h>
 #include <largo/parallel/data_parallel/distributed_data_parallel.h>
 #include <largo/parallel/data_parallel/grad_ready_hooks.h>
-#include <largo/parallel/activation_checkpointing/sequential_interception.h>
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
 
 #include <c10/core/StorageImpl.h>

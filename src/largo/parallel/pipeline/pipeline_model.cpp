@@ -16,9 +16,9 @@
 #include <largo/core/error.h>
 #include <largo/models/module_device.h>
 #include <largo/optim/grad_clipping.h>
+#include <largo/parallel/data_parallel/sharded_optimizer.h>
 #include <largo/parallel/mesh/device_mesh.h>
 #include <largo/parallel/pipeline/pipeline_checkpoint.h>
-#include <largo/parallel/data_parallel/sharded_optimizer.h>
 #include <largo/precision/autocast.h>
 
 #include <fmt/format.h>
