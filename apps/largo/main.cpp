@@ -89,16 +89,26 @@ int run_train(const std::vector<std::string>& arguments) {
   if (plan.kind == Kind::kExternalWorker) {
     const int64_t configured =
         config.get_int("DISTRIBUTED.NUM_NODES") * config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
+    const largo::comm::WorldInfo& world = *plan.world;
     spdlog::info(
-        "rank {} of {} (from the launcher's {} variables){}",
-        plan.world->rank,
-        plan.world->world_size,
-        plan.world->source,
-        configured > 1 && configured != plan.world->world_size
+        "rank {} of {} (from the launcher's {} variables){}; master {}:{} (address from {}, "
+        "port from {}){}",
+        world.rank,
+        world.world_size,
+        world.source,
+        configured > 1 && configured != world.world_size
             ? fmt::format(
                   "; DISTRIBUTED.NUM_NODES x NUM_PROC_PER_NODE = {} is not used: "
                   "the launcher defines the world",
                   configured)
+            : "",
+        world.master_addr,
+        world.master_port,
+        world.master_addr_origin,
+        world.master_port_origin,
+        world.launcher_serves_store
+            ? fmt::format("; the launcher serves the store, attempt {} (TORCHELASTIC_RESTART_COUNT)",
+                          world.restart_count)
             : "");
   }
   const std::filesystem::path run_dir = run.options.checkpoint.dir;

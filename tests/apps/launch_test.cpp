@@ -114,6 +114,7 @@ TEST(LaunchTest, WorkersGetTheTorchrunEnvironment) {
     EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
     EXPECT_EQ(env["MASTER_PORT"], "23456");
     EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "0");
+    EXPECT_EQ(env["TORCHELASTIC_USE_AGENT_STORE"], "False") << "rank 0 serves the store";
     EXPECT_EQ(env["OMP_NUM_THREADS"], "1") << "set when unset, as torchrun does";
   }
 }

@@ -7,6 +7,8 @@
 #include "../../src/largo/comm/failure_advice.h"
 #include "comm/distributed_test_util.h"
 
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
 #include <arpa/inet.h>
 #include <csignal>
 #include <cstdio>
@@ -278,6 +280,46 @@ TEST(ProcessGroupFailureTest, WorldSizeMismatchIsNamed) {
         EXPECT_NE(message.find("world size mismatch"), std::string::npos) << message;
       },
       options);
+}
+
+// torchrun's agent serves the job's store and keeps it across restarts
+// (TORCHELASTIC_USE_AGENT_STORE=True): here the test process plays the agent. Attempt 0 and
+// then attempt 1 (TORCHELASTIC_RESTART_COUNT) of a 2-rank job meet in the same store; the
+// second must not read the first one's rank claims or Gloo addresses, and rank 0 must not try
+// to serve the agent's port itself.
+TEST(ProcessGroupLauncherStoreTest, EachAttemptMeetsInTheLaunchersStoreAfresh) {
+  c10::intrusive_ptr<c10d::TCPStore> agent_store;
+  if (largo::testing::is_parent()) {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = 0; // any free port
+    store_options.isServer = true;
+    store_options.waitWorkers = false;
+    agent_store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", store_options);
+  }
+  const int agent_port = agent_store ? agent_store->getPort() : 0;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    largo::testing::RankRunOptions options;
+    options.extra_env = [&](int) {
+      return std::map<std::string, std::string>{
+          {"MASTER_PORT", std::to_string(agent_port)},
+          {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+          {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)}};
+    };
+    run_processes(
+        2,
+        [](int rank) {
+          ProcessGroupOptions group_options;
+          group_options.rendezvous_timeout = std::chrono::seconds(20);
+          group_options.gloo_threads = 1;
+          auto group = ProcessGroup::from_environment(group_options);
+          ASSERT_EQ(group->world_size(), 2);
+          at::Tensor value = at::full({4}, static_cast<float>(rank + 1));
+          group->all_reduce(value);
+          EXPECT_TRUE(value.eq(1 + 2).all().item<bool>()) << value;
+          group->barrier();
+        },
+        options);
+  }
 }
 
 // NCCL's "invalid usage" (seen on an H200 with two ranks on one GPU) is a refusal, not a lost

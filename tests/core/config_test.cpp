@@ -169,6 +169,9 @@ TEST(ConfigTest, VisslKeysLargoLacksLoadAtTheirDefaultOnly) {
       message.find("SLURM.USE_SLURM = true: VISSL's SLURM is not available"), std::string::npos)
       << message;
   EXPECT_NE(message.find("VISSL's default, false"), std::string::npos) << message;
+  EXPECT_NE(message.find("`srun largo train CONFIG` in an sbatch script"), std::string::npos)
+      << "the way to run under SLURM instead:\n"
+      << message;
   message = config_error_message([] {
     Config::load(
         {}, {"MODEL.NON_TRAINABLE_PARAMS=[module.heads.0.prototypes0.weight]"});

@@ -8,6 +8,8 @@
 //   ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME=default        as torchrun sets them
 //   MASTER_ADDR, MASTER_PORT                             where rank 0 serves the rendezvous
 //   TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID
+//   TORCHELASTIC_USE_AGENT_STORE=False                   rank 0 serves the store, not the
+//                                                        launcher (unlike torchrun's agent)
 //   OMP_NUM_THREADS=1                                    only when unset and several workers
 //                                                        share the node (as torchrun)
 // Ranks are node-major: node n's local rank l is RANK n * nproc_per_node + l.

@@ -28,12 +28,15 @@
 // collective of the parent group (see new_group).
 #pragma once
 
+#include <largo/comm/world_info.h>
+
 #include <ATen/Tensor.h>
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +57,13 @@ struct ProcessGroupOptions {
   // How often each rank publishes its heartbeat and collective count to the store, so that a
   // timed-out collective names the rank that stalled it (and what it was doing).
   std::chrono::milliseconds heartbeat_interval{std::chrono::seconds(1)};
+  // Who serves the job's store. false: rank 0 serves it, and it ends with rank 0. true: the
+  // launcher does (torchrun's agent, TORCHELASTIC_USE_AGENT_STORE=True), every rank (rank 0
+  // too) connects to it, and it outlives one attempt of the job: the keys this group writes
+  // (rank claims, world sizes, Gloo's addresses, heartbeats) are then scoped to `attempt`
+  // (TORCHELASTIC_RESTART_COUNT), so a restarted job never reads the previous attempt's.
+  bool launcher_serves_store = false;
+  int attempt = 0;
 };
 
 // A collective in flight. wait() blocks until it is done (or throws CommError); a
@@ -88,10 +98,13 @@ class ProcessGroup {
   static std::shared_ptr<ProcessGroup> single_process();
 
   // The job a launcher started this process in (torch.distributed's env://): rank, world
-  // size and master from world_from_environment() (largo launch / torchrun, SLURM or Open
-  // MPI variables), the rest (backend, timeouts) from `options`; a single process when the
-  // environment names no world of more than one rank. Collective like create().
-  static std::shared_ptr<ProcessGroup> from_environment(ProcessGroupOptions options = {});
+  // size, master, who serves the store and the attempt from world_from_environment()
+  // (largo launch / torchrun, SLURM or Open MPI variables; `master_port_fallback` when
+  // MASTER_PORT is unset), the rest (backend, timeouts) from `options`; a single process when
+  // the environment names no world of more than one rank. Collective like create().
+  static std::shared_ptr<ProcessGroup> from_environment(
+      ProcessGroupOptions options = {},
+      std::optional<MasterPortFallback> master_port_fallback = std::nullopt);
 
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;

@@ -7,8 +7,9 @@
 
 namespace largo {
 
-// Configure the default spdlog logger for this process. Call once at start-up
-// (the trainer does); safe to call again, e.g. after the rank is known.
+// Configure the default spdlog logger for this process, and route libtorch's own log records
+// into it at debug level (libtorch_log.h). Call once at start-up (the trainer does); safe to
+// call again, e.g. after the rank is known.
 void init_logging(int rank = 0, bool verbose = false);
 
 } // namespace largo

@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 #include <torch/version.h>
+#include <c10/util/Logging.h>
 
 #if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 11)
 // scripts/install_deps.sh installs PyTorch 2.11; README.md says how to name another libtorch.
@@ -67,6 +68,15 @@ inline bool allow_tf32_matmul() {
 
 inline bool allow_tf32_cudnn() {
   return at::globalContext().allowTF32CuDNN();
+}
+
+// ---- libtorch's log records ------------------------------------------------------------
+// A libtorch built without glog (PyTorch's wheels, 2.11) writes each c10 log record (LOG(...),
+// c10d's warnings, TORCH_WARN through the default WarningHandler) as one insertion into
+// std::cerr plus a flush (c10::MessageLogger's destructor); core/libtorch_log.h routes
+// them by replacing std::cerr's buffer. A glog build writes through glog instead.
+constexpr bool libtorch_logs_to_std_cerr() {
+  return !c10::IsUsingGoogleLogging();
 }
 
 } // namespace largo::compat

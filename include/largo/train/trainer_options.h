@@ -67,6 +67,9 @@ struct DistributedOptions {
   std::string backend = "gloo"; // gloo | nccl
   int64_t rendezvous_timeout_seconds = 300;
   int64_t collective_timeout_seconds = 1800;
+  // DISTRIBUTED.RUN_ID's port (INIT_METHOD tcp, RUN_ID host:port): the master port under a
+  // launcher that sets no MASTER_PORT (srun, mpirun).
+  std::optional<int> run_id_master_port;
 };
 
 // VISSL's FSDP units: the trunk's blocks with at least `auto_wrap_threshold` trainable

@@ -47,6 +47,11 @@ struct TrainLaunchPlan {
 // auto nor host:port, or RUN_ID auto with NUM_NODES > 1.
 void validate_launch_config(const Config& config);
 
+// DISTRIBUTED.RUN_ID's port when INIT_METHOD is tcp and RUN_ID is host:port (nullopt for
+// auto or INIT_METHOD env): the master port of a job whose launcher sets no MASTER_PORT
+// (srun, mpirun). Throws validate_launch_config's error for a malformed RUN_ID.
+std::optional<comm::MasterPortFallback> run_id_master_port(const Config& config);
+
 // validate_launch_config's errors, and also (from the environment) a missing or out-of-range
 // NODE_RANK with NUM_NODES > 1, or INIT_METHOD env without MASTER_PORT (or without
 // MASTER_ADDR on several nodes). `getenv_fn` is injectable for tests.

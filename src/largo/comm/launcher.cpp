@@ -408,6 +408,10 @@ std::map<std::string, std::string> worker_environment(
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(options.max_restarts);
   env["TORCHELASTIC_RUN_ID"] = std::string("none");
+  // Rank 0 serves the job's store, not this launcher (torchrun's agent does, and says True):
+  // a Largo or PyTorch worker must not look for a launcher's store, even when this launcher
+  // itself runs under torchrun.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = std::string("False");
   const char* omp = inherited("OMP_NUM_THREADS");
   if (options.default_omp_num_threads && options.nproc_per_node > 1 &&
       (omp == nullptr || *omp == '\0') && !options.extra_env.count("OMP_NUM_THREADS")) {

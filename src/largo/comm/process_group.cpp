@@ -171,8 +171,10 @@ bool ProcessGroup::nccl_built() {
 #endif
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::from_environment(ProcessGroupOptions options) {
-  const auto world = world_from_environment();
+std::shared_ptr<ProcessGroup> ProcessGroup::from_environment(
+    ProcessGroupOptions options,
+    std::optional<MasterPortFallback> master_port_fallback) {
+  const auto world = world_from_environment(nullptr, std::move(master_port_fallback));
   if (!world || world->world_size == 1) {
     return single_process();
   }
@@ -180,6 +182,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::from_environment(ProcessGroupOptions
   options.world_size = world->world_size;
   options.master_addr = world->master_addr;
   options.master_port = world->master_port;
+  options.launcher_serves_store = world->launcher_serves_store;
+  options.attempt = world->restart_count;
   return create(options);
 }
 
@@ -189,21 +193,46 @@ std::shared_ptr<ProcessGroup> ProcessGroup::single_process() {
 
 namespace {
 
-// Rank 0 serves the store; the others connect to it. c10d's errors are turned into ones
-// that say which of the usual causes it is.
+// The prefix of every key this job writes in the store: a store the launcher serves outlives
+// an attempt, so each attempt gets keys of its own (ProcessGroupOptions::attempt).
+std::string job_key_prefix(const ProcessGroupOptions& options) {
+  return options.launcher_serves_store ? fmt::format("largo/attempt_{}/", options.attempt) : "";
+}
+
+// Rank 0 serves the store (unless the launcher does); the others connect to it. c10d's errors
+// are turned into ones that say which of the usual causes it is.
 c10::intrusive_ptr<c10d::Store> connect_store(const ProcessGroupOptions& options) {
+  const bool serves = options.rank == 0 && !options.launcher_serves_store;
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<std::uint16_t>(options.master_port);
-  store_options.isServer = options.rank == 0;
+  store_options.isServer = serves;
   store_options.numWorkers = static_cast<std::size_t>(options.world_size);
-  store_options.waitWorkers = true;
+  // A launcher's store counts its own clients (torchrun's agents) and every attempt's: only a
+  // store of this job's own waits for its workers (check_world waits for the others anyway).
+  store_options.waitWorkers = !options.launcher_serves_store;
   store_options.timeout = options.rendezvous_timeout;
   const std::string where = fmt::format("{}:{}", options.master_addr, options.master_port);
   try {
-    return c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
+    if (!options.launcher_serves_store) {
+      return store;
+    }
+    std::string prefix = job_key_prefix(options);
+    prefix.pop_back(); // PrefixStore adds the '/'
+    return c10::make_intrusive<c10d::PrefixStore>(prefix, store);
   } catch (const std::exception& e) {
     const std::string message = e.what();
     const long seconds = static_cast<long>(options.rendezvous_timeout.count() / 1000);
+    if (options.launcher_serves_store) {
+      throw CommError(fmt::format(
+          "rank {} could not reach the store that its launcher (torchrun's agent, "
+          "TORCHELASTIC_USE_AGENT_STORE=True) serves at {} within {} s: has the launcher "
+          "stopped? c10d said: {}",
+          options.rank,
+          where,
+          seconds,
+          c10d_reason(e)));
+    }
     if (options.rank == 0 && (message.find("in use") != std::string::npos ||
                               message.find("failed to listen") != std::string::npos ||
                               message.find("bind") != std::string::npos)) {
@@ -260,9 +289,12 @@ void check_world(c10d::Store& store, const ProcessGroupOptions& options) {
   try {
     if (store.add(fmt::format("largo/rank_claimed/{}", options.rank), 1) > 1) {
       throw CommError(fmt::format(
-          "two processes claim rank {} of this job; every process needs a distinct RANK in "
+          "two processes claim rank {} of this job{}; every process needs a distinct RANK in "
           "[0, {})",
           options.rank,
+          options.launcher_serves_store
+              ? fmt::format(" in attempt {} (TORCHELASTIC_RESTART_COUNT)", options.attempt)
+              : "",
           options.world_size));
     }
     set_text(fmt::format("largo/world_size/{}", options.rank), own_size);
@@ -341,6 +373,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const ProcessGroupOptions& op
     impl->beacon = std::make_shared<detail::ProgressBeacon>(
         options.master_addr,
         options.master_port,
+        job_key_prefix(options),
+        options.launcher_serves_store ? "the launcher (torchrun's agent)" : "rank 0",
         options.rank,
         options.world_size,
         options.heartbeat_interval);

@@ -20,13 +20,11 @@ struct Beacon {
   std::string what; // the collective it last started
 };
 
-std::string key_of(int rank) {
-  return fmt::format("largo/beacon/{}", rank);
-}
-
 } // namespace
 
 struct ProgressBeacon::Shared {
+  std::string key_prefix;
+  std::string store_server = "rank 0";
   int rank = 0;
   int world_size = 1;
   std::chrono::milliseconds interval{1000};
@@ -63,6 +61,10 @@ struct ProgressBeacon::Shared {
     }
   }
 
+  std::string key_of(int of_rank) const {
+    return fmt::format("{}largo/beacon/{}", key_prefix, of_rank);
+  }
+
   void publish(int64_t heartbeat) {
     std::string text;
     {
@@ -95,10 +97,14 @@ struct ProgressBeacon::Shared {
 ProgressBeacon::ProgressBeacon(
     const std::string& master_addr,
     int master_port,
+    std::string key_prefix,
+    std::string store_server,
     int rank,
     int world_size,
     std::chrono::milliseconds interval)
     : shared_(std::make_shared<Shared>()) {
+  shared_->key_prefix = std::move(key_prefix);
+  shared_->store_server = std::move(store_server);
   shared_->rank = rank;
   shared_->world_size = world_size;
   shared_->interval = interval;
@@ -131,15 +137,16 @@ int64_t ProgressBeacon::enter(const std::string& what) {
 }
 
 std::string ProgressBeacon::diagnose(int64_t sequence, const std::string& what) const {
-  constexpr const char* kStoreSilent =
-      "rank 0, which serves the job's store, does not answer: it is stopped (SIGSTOP), hung "
-      "or gone";
+  const std::string store_silent = fmt::format(
+      "{}, which serves the job's store, does not answer: it is stopped (SIGSTOP), hung or gone",
+      shared_->store_server);
   std::vector<Beacon> before(shared_->world_size);
   for (int r = 0; r < shared_->world_size; ++r) {
     before[r] = r == shared_->rank ? Beacon{} : shared_->read(r);
   }
-  if (shared_->rank != 0 && !before[0].read) {
-    return kStoreSilent;
+  const int any_other = shared_->rank == 0 ? 1 : 0;
+  if (!before[any_other].read) {
+    return store_silent; // (a store that cannot be read at all is gone for every rank)
   }
   std::this_thread::sleep_for(shared_->interval * 5 / 2);
   std::vector<std::string> findings;
@@ -148,8 +155,9 @@ std::string ProgressBeacon::diagnose(int64_t sequence, const std::string& what) 
       continue;
     }
     const Beacon after = shared_->read(r);
-    if (!after.read && r == 0) {
-      findings.push_back(kStoreSilent);
+    if (!after.read) {
+      findings.push_back(store_silent);
+      break;
     } else if (after.heartbeat == before[r].heartbeat) {
       findings.push_back(fmt::format(
           "rank {} stopped making progress (its heartbeat stopped) during its collective #{}, "

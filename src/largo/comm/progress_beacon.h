@@ -3,7 +3,8 @@
 // When a collective times out, every rank that waited only knows that *someone* did not
 // arrive; c10d's message names the waiting rank. Each rank therefore publishes, once per
 // heartbeat interval from a thread of its own, a beacon in the job's TCP store:
-//   largo/beacon/<rank> = "<heartbeat count> <collective sequence number> <what it is>"
+//   <key prefix>largo/beacon/<rank> = "<heartbeat count> <collective sequence number> <what>"
+// (the key prefix scopes a store that outlives the attempt: ProcessGroupOptions::attempt)
 // The collective sequence number counts the collectives the rank has started (every rank
 // starts the same ones in the same order). After a failure, diagnose() reads every beacon
 // twice, a few heartbeats apart: a rank whose heartbeat did not move is stopped (SIGSTOP),
@@ -25,9 +26,12 @@ namespace largo::comm::detail {
 
 class ProgressBeacon {
  public:
+  // `store_server` names who serves the store, for the diagnosis ("rank 0").
   ProgressBeacon(
       const std::string& master_addr,
       int master_port,
+      std::string key_prefix,
+      std::string store_server,
       int rank,
       int world_size,
       std::chrono::milliseconds interval);

@@ -1,5 +1,7 @@
 #include <largo/core/logging.h>
 
+#include <largo/core/libtorch_log.h>
+
 #include <fmt/format.h>
 
 namespace largo {
@@ -12,6 +14,7 @@ void init_logging(int rank, bool verbose) {
   } else {
     spdlog::set_level(spdlog::level::warn);
   }
+  route_libtorch_logs();
 }
 
 } // namespace largo

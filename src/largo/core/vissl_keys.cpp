@@ -43,14 +43,20 @@ void check_value(
   if (same_config_value(value, vissl_default)) {
     return;
   }
+  // VISSL's SLURM section writes and submits a batch script; Largo's workers read what srun
+  // sets instead, so the way there is a short batch script.
+  const bool slurm = section.rfind("SLURM", 0) == 0;
   throw ConfigError(fmt::format(
       "{}: config key {} = {}: VISSL's {} is not available in this version of Largo; Largo "
-      "accepts the key only at VISSL's default, {} (which changes nothing): remove it",
+      "accepts the key only at VISSL's default, {} (which changes nothing): remove it{}",
       origin,
       key,
       abbreviate(config_value_text(value)),
       section,
-      abbreviate(config_value_text(vissl_default))));
+      abbreviate(config_value_text(vissl_default)),
+      slurm ? ", and start the workers with `srun largo train CONFIG` in an sbatch script "
+              "(docs/launch.md, SLURM)"
+            : ""));
 }
 
 } // namespace

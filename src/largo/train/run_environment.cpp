@@ -16,8 +16,12 @@ join_world(const DistributedOptions& options, const std::string& backend) {
   group_options.backend = backend;
   group_options.rendezvous_timeout = std::chrono::seconds(options.rendezvous_timeout_seconds);
   group_options.collective_timeout = std::chrono::seconds(options.collective_timeout_seconds);
+  std::optional<comm::MasterPortFallback> port_fallback;
+  if (options.run_id_master_port) {
+    port_fallback = comm::MasterPortFallback{*options.run_id_master_port, "DISTRIBUTED.RUN_ID"};
+  }
   return rethrow_with_yaml_keys(
-      [&] { return comm::ProcessGroup::from_environment(group_options); });
+      [&] { return comm::ProcessGroup::from_environment(group_options, port_fallback); });
 }
 
 RunWorld world_of(const comm::ProcessGroup& group) {

@@ -12,6 +12,7 @@
 #include <largo/train/data_config.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/unavailable_keys.h>
+#include <largo/train/worker_launch.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -917,6 +918,9 @@ void distributed_options_from(const Config& config, TrainerOptions& options) {
       positive_int(config, "DISTRIBUTED.RENDEZVOUS_TIMEOUT_SECONDS");
   distributed.collective_timeout_seconds =
       positive_int(config, "DISTRIBUTED.COLLECTIVE_TIMEOUT_SECONDS");
+  if (auto fallback = run_id_master_port(config)) {
+    distributed.run_id_master_port = fallback->port;
+  }
   positive_int(config, "DISTRIBUTED.NUM_NODES");
   positive_int(config, "DISTRIBUTED.NUM_PROC_PER_NODE");
   options.gradient_accumulation_steps = positive_int(config, "TRAINER.GRADIENT_ACCUMULATION_STEPS");

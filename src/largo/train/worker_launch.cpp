@@ -95,12 +95,20 @@ void validate_launch_config(const Config& config) {
   }
 }
 
+std::optional<comm::MasterPortFallback> run_id_master_port(const Config& config) {
+  const std::string run_id = config.get_string("DISTRIBUTED.RUN_ID");
+  if (config.get_string("DISTRIBUTED.INIT_METHOD") != "tcp" || run_id == "auto") {
+    return std::nullopt;
+  }
+  return comm::MasterPortFallback{host_and_port(run_id).second, "DISTRIBUTED.RUN_ID"};
+}
+
 TrainLaunchPlan plan_train_launch(const Config& config, const Getenv& getenv_arg) {
   const Getenv getenv_fn = getenv_arg ? getenv_arg : [](const char* name) -> const char* {
     return std::getenv(name);
   };
   TrainLaunchPlan plan;
-  if (auto world = comm::world_from_environment(getenv_fn)) {
+  if (auto world = comm::world_from_environment(getenv_fn, run_id_master_port(config))) {
     plan.kind = TrainLaunchPlan::Kind::kExternalWorker;
     plan.world = std::move(world);
     return plan;
