@@ -7,7 +7,8 @@
 // WarningHandler logs through the same LOG; set_warning_handler only replaces it for the
 // calling thread). A user would read those stack frames before Largo's own error, which
 // already names the rank that died and what to do. Routed, they reach the log at debug level
-// (VERBOSE=True on rank 0 shows them), one line each, with their severity and origin.
+// (VERBOSE=True on rank 0 shows them), one line each, with their severity and origin; a
+// fatal record (which precedes an abort) at error level, still without its stack trace.
 //
 // How (libtorch 2.11 without glog, torch_compat.h): every c10 log record is one insertion into
 // std::cerr ("[W106 12:00:00.123456 file.cpp:42] message\n") followed by a flush, so a

@@ -40,8 +40,13 @@ class RoutingBuffer : public std::streambuf {
       return 0;
     }
     if (auto record = parse_libtorch_log_record(text)) {
-      spdlog::debug(
-          "libtorch {} ({}): {}", severity_word(record->severity), record->origin, record->message);
+      // A fatal record precedes an abort, which it alone explains: shown, without its trace.
+      spdlog::log(
+          record->severity == 'F' ? spdlog::level::err : spdlog::level::debug,
+          "libtorch {} ({}): {}",
+          severity_word(record->severity),
+          record->origin,
+          record->message);
       return 0;
     }
     std::lock_guard<std::mutex> lock(stderr_mutex_);
