@@ -1,9 +1,9 @@
 // FSDP (ZeRO-3): parameters, gradients and optimizer state sharded over the ranks; with
 // tensor parallelism (torchtitan's 2-D FSDP x TP), over the replicas of a module whose layers
-// are split over the mesh's "tp" group: FSDP flattens and shards each rank's
-// slices, and what must see the unsharded model (the gradient norm, LARC's and LAMB's
-// per-parameter norms, the model and optimizer state) is completed over the tensor-parallel
-// group, as tensor_parallel_model.cpp does for DDP and ZeRO-1/2.
+// are split over the mesh's "tp" group: FSDP flattens and shards each rank's slices, and what
+// must see the unsharded model (the gradient norm, LARC's and LAMB's per-parameter norms, the
+// model and optimizer state) is completed over the tensor-parallel group, as
+// tensor_parallel_model.cpp does for DDP and ZeRO-1/2.
 #include "../parallel_modes.h"
 #include "../tensor_parallel/tensor_parallel_state.h"
 
@@ -37,7 +37,6 @@ class FsdpModel : public ParallelModel {
     // Over this rank's pieces.
     set_optimizer(fsdp_->make_optimizer(param_groups, make_optimizer, tensor_parallel_norms));
   }
-
 
   // On the first replica, with tensor parallelism: its ranks are each other's shards.
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
