@@ -100,20 +100,31 @@ void print_zero_table(
   const std::array<const char*, 4> stage_names{
       "0 DDP", "1 ZeRO-1 (optimizer state)", "2 ZeRO-2 (+ gradients)",
       "3 ZeRO-3 (+ parameters; FSDP)"};
-  std::printf("  %-46s %12s %12s %16s %12s %14s\n", "stage", "parameters", "gradients",
-              "optimizer state", "total", "ZeRO formula");
+  // With offload, the device's total and the host's bytes (stages 1-3 offload).
+  const bool offload = estimate.state_options.offload_optimizer;
+  std::printf("  %-46s %12s %12s %16s %12s %14s%s\n", "stage", "parameters", "gradients",
+              "optimizer state", offload ? "device total" : "total", "ZeRO formula",
+              offload ? "   host memory" : "");
   for (int s = 0; s <= 3; ++s) {
     const auto& row = estimate.zero_stages[static_cast<size_t>(s)];
     const auto& bytes = row.estimated;
+    const std::string host =
+        offload ? fmt::format(" {:>14}", s == 0 ? "-" : format_bytes(bytes.host)) : "";
     std::printf(
-        "%c %-46s %12s %12s %16s %12s %14s\n",
+        "%c %-46s %12s %12s %16s %12s %14s%s\n",
         s == estimate.state_options.stage ? '*' : ' ',
         stage_names[s],
         format_bytes(bytes.parameters).c_str(),
         format_bytes(bytes.gradients).c_str(),
         format_bytes(bytes.optimizer_state).c_str(),
         format_bytes(bytes.total()).c_str(),
-        format_bytes(row.formula.total()).c_str());
+        format_bytes(row.formula.total()).c_str(),
+        host.c_str());
+  }
+  if (offload) {
+    std::printf("\nthe optimizer is offloaded (OPTIMIZER.offload_optimizer, "
+                "MODEL.FSDP_CONFIG.offload_optimizer): its state and copies of the rank's "
+                "pieces and gradients are in host memory; the ZeRO formula is without offload\n");
   }
   if (estimate.fsdp_gathers) {
     print_fsdp_gathers(config, plan, *estimate.fsdp_gathers);

@@ -1,7 +1,8 @@
 // The parallel modes on CUDA tensors: 2 processes sharing the one GPU over Gloo (c10d's Gloo
 // stages CUDA tensors through host memory; Largo's send, recv and sum reduce do it
 // themselves, process_group.h) train like one process on that GPU: DDP, ZeRO-1, ZeRO-2 and
-// FSDP through parallelize(), and a 2-stage pipeline under every schedule; and with float16
+// FSDP through parallelize() (the sharded ones also with their optimizer offloaded to the
+// host), and a 2-stage pipeline under every schedule; and with float16
 // and loss scaling, an inf in one rank's gradient makes every rank skip the step. Each body takes
 // the device and runs on the CPU too (the tests without Cuda in their name), so that on a
 // GPU only the device changes. Each rank trains the one-process reference itself and
@@ -14,6 +15,7 @@
 // a few SGD steps by a few 1e-7; 1e-5 holds that with a margin, while a missed reduction or a
 // wrong scale moves parameters by 1e-2. TF32 is turned off on the GPU: it would round the
 // matmul inputs to 10 bits (2^-11 relative), differently for the two batch shapes.
+#include <largo/parallel/data_parallel/host_offload_optimizer.h>
 #include <largo/parallel/parallelize.h>
 #include <largo/parallel/pipeline/pipeline_parallel.h>
 #include <largo/precision/precision_policy.h>
@@ -167,8 +169,24 @@ void expect_close(const NamedTensors& actual, const NamedTensors& expected) {
   }
 }
 
-// DDP, ZeRO-1, ZeRO-2 and FSDP, each without and with gradient accumulation, against one
-// process on the same device.
+// With the optimizer offloaded: its state is on the host, pinned when the model is on a GPU
+// (so that the copies are asynchronous).
+void expect_state_on_the_host(ParallelModel& model, at::Device device) {
+  const HostOffloadOptimizer* offload = find_host_offload(model.optimizer());
+  ASSERT_NE(offload, nullptr);
+  const auto& groups = offload->host_optimizer().param_groups();
+  ASSERT_FALSE(groups.front().names.empty());
+  const optim::ParamState* state = offload->find_state(groups.front().names.front());
+  ASSERT_NE(state, nullptr);
+  const at::Tensor& momentum = state->at("momentum_buffer");
+  EXPECT_TRUE(momentum.device().is_cpu());
+  EXPECT_EQ(momentum.is_pinned(), device.is_cuda());
+}
+
+// DDP, ZeRO-1, ZeRO-2 and FSDP, each without and with gradient accumulation, and the sharded
+// ones with their optimizer offloaded to the host, against one process on the same device.
+// Offloaded on a GPU, the host's SGD replaces the device's: the same element-wise update,
+// rounded alike but for fused multiply-adds, a last-bit difference within the tolerance.
 void modes_train_like_one_process(comm::ProcessGroup& group, at::Device device) {
   prepare(device);
   const NamedTensors reference = train_one_process(device);
@@ -177,13 +195,22 @@ void modes_train_like_one_process(comm::ProcessGroup& group, at::Device device) 
         DataParallelism::kZero1,
         DataParallelism::kZero2,
         DataParallelism::kFsdp}) {
-    for (int accumulation : {1, 2}) {
-      SCOPED_TRACE(fmt::format(
-          "{} on {}, {} micro-steps per step", to_string(mode), device.str(), accumulation));
-      Net net = make_net(group.rank(), device);
-      auto model =
-          parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), mode_options(mode));
-      expect_close(train(*model, device, accumulation), reference);
+    for (bool offload : {false, true}) {
+      for (int accumulation : {1, 2}) {
+        if (offload && mode == DataParallelism::kDdp) {
+          continue; // DDP's optimizer is not sharded: nothing to offload
+        }
+        SCOPED_TRACE(fmt::format("{} on {}, {} micro-steps per step{}", to_string(mode),
+                                 device.str(), accumulation, offload ? ", offloaded" : ""));
+        ParallelOptions options = mode_options(mode);
+        options.offload_optimizer = offload;
+        Net net = make_net(group.rank(), device);
+        auto model = parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), options);
+        expect_close(train(*model, device, accumulation), reference);
+        if (offload) {
+          expect_state_on_the_host(*model, device);
+        }
+      }
     }
   }
 }

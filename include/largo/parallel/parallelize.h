@@ -174,6 +174,11 @@ struct ParallelOptions {
   precision::GradScalerOptions grad_scaler;
   // Check gradients for inf/NaN in runs without loss scaling too (finish_backward()).
   bool check_finite = true;
+  // Keep the sharded optimizer's state and its copy of this rank's pieces in host memory and
+  // step them there (host_offload_optimizer.h; DeepSpeed's offload_optimizer): ZeRO-1,
+  // ZeRO-2 and FSDP, without a pipeline and without tensor parallelism. The device keeps the
+  // parameters and gradients, and no optimizer state.
+  bool offload_optimizer = false;
   // The mesh's "tp" dimension (mesh_dimensions(); DISTRIBUTED.TENSOR_PARALLEL_SIZE): the
   // number of tensor-parallel shards per data-parallel replica. Composes with every
   // data_parallelism (FSDP without its compute_dtype), without a cast of the module (O2, O3)

@@ -53,6 +53,11 @@ std::string ModelStateReport::describe(int rank) const {
       pair(measured.gradients, estimated ? std::optional(estimated->gradients) : std::nullopt),
       pair(measured.optimizer_state,
            estimated ? std::optional(estimated->optimizer_state) : std::nullopt));
+  if (measured.host > 0 || (estimated && estimated->host > 0)) {
+    text += fmt::format("; in host memory (offloaded optimizer) {}",
+                        pair(measured.host, estimated ? std::optional(estimated->host)
+                                                      : std::nullopt));
+  }
   if (zero_stage == 3) {
     text += fmt::format("; at most {} of full units gathered at once so far (transient, on top "
                         "of the model state)",
@@ -161,6 +166,9 @@ double ParallelModel::clip_gradients(double max_norm, double norm_type) {
 
 std::string ParallelModel::describe() const {
   std::string text = describe_mode();
+  if (options_.offload_optimizer) {
+    text += "; optimizer state offloaded to host memory and stepped there";
+  }
   text += fmt::format("; precision {}", precision_->policy().describe());
   if (checkpoint_plan_) {
     text += fmt::format("; activation checkpointing: {}",
@@ -181,6 +189,7 @@ void ParallelModel::measure(ModelStateReport& report, const optim::OptimizerSpec
   estimate.world_size = data_parallel_group().world_size(); // what ZeRO shards over
   estimate.rank = data_parallel_group().rank();
   estimate.stage = report.zero_stage;
+  estimate.offload_optimizer = options_.offload_optimizer;
   // O2: the optimizer's groups hold the float32 masters, which are not the module's tensors.
   const bool masters = precision_->master_weights() != nullptr;
   if (masters) {

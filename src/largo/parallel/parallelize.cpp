@@ -5,6 +5,7 @@
 #include <largo/models/trunk_head_model.h>
 #include <largo/parallel/activation_checkpointing/checkpointed_segments.h>
 #include <largo/parallel/activation_checkpointing/sequential_checkpoint_plan.h>
+#include <largo/parallel/data_parallel/host_offload_optimizer.h>
 #include <largo/parallel/mesh/device_mesh.h>
 #include <largo/parallel/tensor_parallel/tensor_parallel_plan.h>
 
@@ -49,6 +50,29 @@ void check_pipeline_options(const ParallelOptions& options, int world_size) {
                       "(O2, O3) is not built");
   }
   check_pipeline_parallel_options(pipeline.stages);
+}
+
+// Offload moves a sharded optimizer, one data-parallel replica's pieces of the whole model.
+void check_offload_options(const ParallelOptions& options) {
+  if (!options.offload_optimizer) {
+    return;
+  }
+  const std::string option = "ParallelOptions::offload_optimizer";
+  if (options.data_parallelism == DataParallelism::kDdp) {
+    throw OptionError(option, "true",
+                      "false with ParallelOptions::data_parallelism = DDP: offload moves a "
+                      "sharded optimizer's state (ZeRO-1, ZeRO-2 or FSDP)");
+  }
+  if (options.pipeline.enabled()) {
+    throw OptionError(option, "true",
+                      "false with a pipeline (ParallelOptions::pipeline.size > 1): offloading "
+                      "the stages' optimizers is not built");
+  }
+  if (options.tensor_parallel_size > 1) {
+    throw OptionError(option, "true",
+                      "false with tensor parallelism (ParallelOptions::tensor_parallel_size > "
+                      "1): offloading the shards' optimizer state is not built");
+  }
 }
 
 } // namespace
@@ -134,6 +158,7 @@ void check_parallel_options(const ParallelOptions& options, int world_size) {
                       "0 when ActivationCheckpointingOptions::modules selects modules (one "
                       "way of cutting at a time)");
   }
+  check_offload_options(options);
   check_pipeline_options(options, world_size);
   check_tensor_parallel_options(options);
 }
@@ -240,21 +265,24 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
     }
   }
 
-  // 3 and 4. The optimizer and the data-parallel wrapper (rank 0's weights broadcast).
+  // 3 and 4. The optimizer (stepping on the host with offload) and the data-parallel
+  // wrapper (rank 0's weights broadcast).
+  const OptimizerFactory make_shard_optimizer =
+      options.offload_optimizer ? offload_to_host(make_optimizer) : make_optimizer;
   std::unique_ptr<ParallelModel> parallel;
   // DDP or ZeRO-1/2 over the replicas of tensor-parallel shards (FSDP holds them itself).
   if (tensor_parallel_enabled(options) && options.data_parallelism != DataParallelism::kFsdp) {
     parallel = make_tensor_parallel_model(
-        model, mesh, options, std::move(precision), std::move(param_groups), make_optimizer);
+        model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);
     parallel->precision().copy_model_to_masters();
     return parallel;
   }
   if (options.data_parallelism == DataParallelism::kFsdp) {
     parallel = make_fsdp_model(model, mesh, options, std::move(precision),
-                               std::move(param_groups), make_optimizer);
+                               std::move(param_groups), make_shard_optimizer);
   } else {
     parallel = make_data_parallel_model(model, mesh, options, std::move(precision),
-                                        std::move(param_groups), make_optimizer);
+                                        std::move(param_groups), make_shard_optimizer);
   }
   parallel->precision().copy_model_to_masters(); // O2: from the broadcast weights
   return parallel;

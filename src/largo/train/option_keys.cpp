@@ -31,6 +31,8 @@ const std::map<std::string, std::string>& option_keys() {
       {"ParallelOptions::data_parallelism = ZeRO-2",
        "MODEL.SHARDED_DDP_SETUP.USE_SDP = True (ZeRO-2)"},
       {"ParallelOptions::data_parallelism = ZeRO-1", "OPTIMIZER.use_zero = True (ZeRO-1)"},
+      {"ParallelOptions::offload_optimizer",
+       "OPTIMIZER.offload_optimizer (ZeRO-1/2) or MODEL.FSDP_CONFIG.offload_optimizer (FSDP)"},
       {"ParallelOptions::pipeline.size", "DISTRIBUTED.PIPELINE_SIZE"},
       {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
       {"ParallelOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},

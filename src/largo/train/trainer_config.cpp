@@ -55,7 +55,7 @@ void check_base_optimizer_keys(const Config& config) {
   }
   for (const auto& item : base) {
     const std::string key = item.first.as<std::string>();
-    if (key == "base_optimizer" || !config.has("OPTIMIZER." + key)) {
+    if (key == "base_optimizer" || key == "offload_optimizer" || !config.has("OPTIMIZER." + key)) {
       throw config_error(
           "OPTIMIZER.base_optimizer." + key,
           "(given)",
@@ -552,7 +552,11 @@ void fsdp_precision_from(const Config& config, TrainerOptions& options) {
 // ZeRO keys were read (the two exclude each other).
 void fsdp_options_from(const Config& config, TrainerOptions& options) {
   const std::string prefix = "MODEL.FSDP_CONFIG.";
+  const bool offload = config.get_bool(prefix + "offload_optimizer");
   if (!config.get_bool(prefix + "AUTO_SETUP_FSDP")) {
+    require(!offload, prefix + "offload_optimizer", "True",
+            "False without FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP); ZeRO-1/2's is "
+            "OPTIMIZER.offload_optimizer");
     return;
   }
   const bool zero_on = options.parallel.data_parallelism != parallel::DataParallelism::kDdp;
@@ -567,6 +571,7 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
   fsdp.wrap_policy = trunk_block_units(auto_wrap_threshold);
   fsdp.reshard_after_forward = config.get_bool(prefix + "reshard_after_forward");
   fsdp.prefetch = config.get_bool(prefix + "prefetch");
+  options.parallel.offload_optimizer = offload;
   fsdp_precision_from(config, options);
   if (zero_on) {
     throw ConfigError(
@@ -747,6 +752,14 @@ bool zero_options_from(const Config& config, TrainerOptions& options) {
   if (shard_optimizer_state) {
     check_base_optimizer_keys(config);
   }
+  // FSDP's is MODEL.FSDP_CONFIG.offload_optimizer (fsdp_options_from).
+  options.parallel.offload_optimizer = config.get_bool("OPTIMIZER.offload_optimizer");
+  require(
+      !options.parallel.offload_optimizer || shard_optimizer_state,
+      "OPTIMIZER.offload_optimizer",
+      "True",
+      "False without ZeRO: the sharded optimizer is offloaded (turn on OPTIMIZER.use_zero or "
+      "MODEL.SHARDED_DDP_SETUP.USE_SDP; under FSDP set MODEL.FSDP_CONFIG.offload_optimizer)");
   return shard_optimizer_state;
 }
 

@@ -75,6 +75,33 @@ TEST(MemoryEstimateTest, AdamWFp32ClosedForm) {
   expect_bytes(zero_formula_bytes(params, options), frozen + 13 * 4, 13 * 4, 13 * 8 / 2);
 }
 
+TEST(MemoryEstimateTest, OffloadMovesTheStateAndCopiesOfThePiecesToTheHost) {
+  MemoryEstimateOptions options;
+  options.optimizer = adamw_spec();
+  options.world_size = 2;
+  options.offload_optimizer = true;
+  const auto params = small_parameters();
+  const int64_t frozen = 7 * 4;
+  // Rank 0's 7 elements in 2 pieces: their state (2 moments, 2 steps) and a copy of the
+  // pieces and of their gradients on the host; the device keeps parameters and gradients.
+  for (int stage = 1; stage <= 3; ++stage) {
+    options.stage = stage;
+    const ModelStateBytes bytes = estimate_model_state_bytes(params, options);
+    EXPECT_EQ(bytes.optimizer_state, 0) << "stage " << stage;
+    EXPECT_EQ(bytes.host, 7 * 8 + 2 * 4 + 2 * 7 * 4) << "stage " << stage;
+    MemoryEstimateOptions on_device = options;
+    on_device.offload_optimizer = false;
+    const ModelStateBytes without = estimate_model_state_bytes(params, on_device);
+    EXPECT_EQ(bytes.parameters, without.parameters);
+    EXPECT_EQ(bytes.gradients, without.gradients);
+    EXPECT_EQ(without.host, 0);
+  }
+  options.stage = 3;
+  EXPECT_EQ(estimate_model_state_bytes(params, options).parameters, frozen + 7 * 4);
+  options.stage = 0; // DDP's optimizer is whole: nothing to offload
+  EXPECT_THROW(estimate_model_state_bytes(params, options), largo::ConfigError);
+}
+
 TEST(MemoryEstimateTest, StatePerElementFollowsTheOptimizer) {
   EXPECT_EQ(optimizer_state_bytes_per_element(sgd_spec(0.0), at::kFloat, false), 0);
   EXPECT_EQ(optimizer_state_bytes_per_element(sgd_spec(0.9), at::kFloat, false), 4);

@@ -67,9 +67,12 @@ struct MemoryEstimateOptions {
   int world_size = 1;
   int stage = 0; // ZeRO stage 0 (DDP) .. 3
   int rank = 0;  // whose bytes; rank 0 holds the most (the padding sits in the last shard)
+  // Stages 1-3: the optimizer state and copies of the pieces in host memory (ModelStateBytes::
+  // host) rather than on the device.
+  bool offload_optimizer = false;
 
   // Throws ConfigError for a world size < 1, a stage outside 0..3, a rank outside
-  // [0, world_size) or an optimizer name other than sgd, adamw, lamb.
+  // [0, world_size), an optimizer name other than sgd, adamw, lamb, or offload at stage 0.
   void validate() const;
 };
 
@@ -77,6 +80,10 @@ struct ModelStateBytes {
   int64_t parameters = 0;
   int64_t gradients = 0;
   int64_t optimizer_state = 0;
+  // In host memory, with the optimizer offloaded (host_offload_optimizer.h): its state and
+  // the copies of this rank's pieces and of their gradients. Not part of total(), which is
+  // the device's.
+  int64_t host = 0;
   int64_t total() const {
     return parameters + gradients + optimizer_state;
   }
@@ -104,7 +111,8 @@ ModelStateBytes zero_formula_bytes(const std::vector<ParameterSize>& parameters,
 //     trained ones are views into ShardedOptimizer's padded flat buffers, counted whole);
 //   gradients: the storages of the parameters' .grad tensors (DDP's buckets: the .grad are
 //     views into them), plus ShardedOptimizer::gradient_shard_bytes() (stage 2);
-//   optimizer state: optimizer.state_bytes() (a ShardedOptimizer's is its shard's).
+//   optimizer state: optimizer.state_bytes() (a ShardedOptimizer's is its shard's); with the
+//     optimizer offloaded, none, and its host bytes in host.
 // Measure after backward and step but before zero_grad(set_to_none), which frees the .grad
 // tensors. Master weights are not measured (no optimizer keeps them yet).
 ModelStateBytes measure_model_state_bytes(const torch::nn::Module& model,

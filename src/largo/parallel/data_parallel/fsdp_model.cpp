@@ -249,6 +249,7 @@ void FsdpModel::measure(ModelStateReport& report, const optim::OptimizerSpec* sp
   estimate.world_size = replicas_->world_size();
   estimate.rank = replicas_->rank();
   estimate.stage = 3;
+  estimate.offload_optimizer = options_.offload_optimizer;
   std::vector<ParameterSize> sizes = parameter_sizes(*module_);
   if (fsdp_->options().compute_dtype) {
     // The module's parameters are views of the compute copies; the shards are float32.

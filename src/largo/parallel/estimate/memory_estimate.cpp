@@ -4,6 +4,7 @@
 #include <largo/core/error.h>
 #include <largo/parallel/data_parallel/flat_layout.h>
 #include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
+#include <largo/parallel/data_parallel/host_offload_optimizer.h>
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
 
 #include <fmt/format.h>
@@ -110,6 +111,10 @@ void MemoryEstimateOptions::validate() const {
     throw config_error("MemoryEstimateOptions.rank", std::to_string(rank),
                        fmt::format("a rank in [0, {}) (the world size)", world_size));
   }
+  if (offload_optimizer && stage == 0) {
+    throw config_error("MemoryEstimateOptions.offload_optimizer", "true",
+                       "false at stage 0 (DDP): offload moves a sharded optimizer");
+  }
   if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb") {
     throw config_error("OPTIMIZER.name", optimizer.name,
                        "sgd, adamw or lamb (for zero, the name of OPTIMIZER.base_optimizer)");
@@ -159,10 +164,15 @@ ModelStateBytes estimate_model_state_bytes(const std::vector<ParameterSize>& par
     bytes.parameters += (options.stage == 3 ? layout.shard_numel() : layout.padded_numel()) * size;
     // Gradients: full (stage 1 reads its part of DDP's full gradients), else the shard.
     bytes.gradients += (options.stage == 1 ? layout.total_numel() : layout.shard_numel()) * size;
-    // Optimizer state: this rank's pieces only (the padding has no state).
+    // Optimizer state: this rank's pieces only (the padding has no state). Offloaded: on the
+    // host, with a copy of each piece and of its gradient.
     const int64_t per_element = state_bytes_per_element(dtype, options);
+    int64_t& state = options.offload_optimizer ? bytes.host : bytes.optimizer_state;
     for (const ShardPiece& piece : layout.pieces_of_rank(options.rank)) {
-      bytes.optimizer_state += piece.numel * per_element + (step_scalar ? kStepScalarBytes : 0);
+      state += piece.numel * per_element + (step_scalar ? kStepScalarBytes : 0);
+      if (options.offload_optimizer) {
+        bytes.host += 2 * piece.numel * size;
+      }
     }
   }
   return bytes;
@@ -210,7 +220,11 @@ ModelStateBytes measure_model_state_bytes(const torch::nn::Module& model,
   if (const auto* sharded = dynamic_cast<const ShardedOptimizer*>(&optimizer)) {
     bytes.gradients += sharded->gradient_shard_bytes();
   }
-  bytes.optimizer_state = optimizer.state_bytes();
+  if (const HostOffloadOptimizer* offload = find_host_offload(optimizer)) {
+    bytes.host = offload->host_bytes();
+  } else {
+    bytes.optimizer_state = optimizer.state_bytes();
+  }
   return bytes;
 }
 

@@ -160,6 +160,7 @@ MeshMemoryEstimate estimate_memory(
   state.master_weights_dtype = estimate.master_weights_dtype;
   state.world_size = estimate.data_parallel_size;
   state.stage = zero_stage(parallel.data_parallelism);
+  state.offload_optimizer = parallel.offload_optimizer;
   state.rank = 0; // the padding sits in the last shard: rank 0 holds the most
   if (parallel.pipeline.enabled()) {
     estimate.pipeline = pipeline_ranks(module, options, estimate);
@@ -168,6 +169,7 @@ MeshMemoryEstimate estimate_memory(
   for (int stage = 0; stage < 4; ++stage) {
     MemoryEstimateOptions at_stage = state;
     at_stage.stage = stage;
+    at_stage.offload_optimizer = state.offload_optimizer && stage > 0; // DDP's is not sharded
     estimate.zero_stages[static_cast<size_t>(stage)] = {
         estimate_model_state_bytes(estimate.rank_parameters, at_stage),
         zero_formula_bytes(estimate.rank_parameters, at_stage)};
