@@ -155,6 +155,31 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("{}_accumulate{}", name, std::get<1>(info.param));
     });
 
+// Each data-parallel mode states its placements: DDP replicates everything, ZeRO-1/2 flat-shard
+// the optimizer state over "dp", FSDP the values too (which the module then holds as gathered
+// copies); none owns a part of the model alone.
+TEST(ParallelizeTest, EachDataParallelModeStatesItsPlacements) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    for (DataParallelism mode : {DataParallelism::kDdp, DataParallelism::kZero1,
+                                 DataParallelism::kZero2, DataParallelism::kFsdp}) {
+      SCOPED_TRACE(to_string(mode));
+      Net net = make_net(group.rank());
+      const size_t trained = net->parameters().size();
+      auto model =
+          parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), mode_options(mode));
+      const StatePlacements placements = model->placements();
+      const std::string value = mode == DataParallelism::kFsdp ? "{dp: FlatShard}" : "{}";
+      const std::string state = mode == DataParallelism::kDdp ? "{}" : "{dp: FlatShard}";
+      EXPECT_EQ(placements.describe(), fmt::format("value {}, optimizer state {}: {} parameters",
+                                                   value, state, trained));
+      EXPECT_EQ(placements.module_holds_whole_model(), mode != DataParallelism::kFsdp);
+      EXPECT_EQ(placements.module_holds_gathered_copies(), mode == DataParallelism::kFsdp);
+      EXPECT_TRUE(placements.cover_whole_model());
+    }
+  });
+}
+
 // Offload on the CPU, where the host is the device: the host optimizer steps the same values
 // as the device's would, so the run is the same bit for bit; the device then holds no
 // optimizer state, and the host what the estimate says.

@@ -2,8 +2,11 @@
 // Largo's checkpoints write: uncompressed entries "<folder>/data.pkl", "<folder>/data/<key>",
 // "<folder>/version"), with the CRC-32 of every entry checked as it is read.
 //
-// libtorch's own reader skips the CRC check, so a bit flipped on disk loads as a silently
-// wrong weight; here a damaged entry is refused, naming the file and the entry. Entries are
+// Why not libtorch's reader (caffe2::serialize::PyTorchStreamReader, which Largo's writer
+// does use: streaming_checkpoint.cpp): it skips the CRC check, so a bit flipped on disk loads
+// as a silently wrong weight (checked with libtorch 2.11: a flipped bit in a stored tensor
+// entry loads without an error through torch::pickle_load, as through Python's torch.load);
+// here a damaged entry is refused, naming the file and the entry. Entries are
 // read straight from the file into the caller's memory (no whole-file copy), so loading
 // needs the file's size in memory once, not twice. Sizes and offsets are checked against the
 // file before anything is allocated: a damaged directory cannot ask for more memory than the

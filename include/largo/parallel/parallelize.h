@@ -89,6 +89,7 @@
 #include <largo/parallel/data_parallel/sharded_data_parallel.h>
 #include <largo/parallel/estimate/memory_estimate.h>
 #include <largo/parallel/mesh/device_mesh.h>
+#include <largo/parallel/mesh/placement.h>
 #include <largo/parallel/pipeline/pipeline_parallel.h>
 #include <largo/parallel/wrap_policy.h>
 #include <largo/precision/grad_scaler.h>
@@ -343,22 +344,11 @@ class ParallelModel {
   DataParallelism data_parallelism() const {
     return options_.data_parallelism;
   }
-  // Whether module() holds compute copies of the trained values (FSDP: gathered, possibly in
-  // a lower precision), so that a saved state's floating dtypes need not be the module's.
-  virtual bool module_holds_compute_copies() const {
-    return false;
-  }
-  // Whether local_state() holds this rank's pieces of the parameters rather than whole
-  // ones (FSDP; tensor parallelism's shards).
-  virtual bool local_state_is_sharded() const {
-    return false;
-  }
-  // Whether optimizer() steps every trained parameter of the whole model, so that a
-  // checkpoint's ZeRO pieces can be consolidated into it (false in a pipeline, whose
-  // optimizer steps one stage's).
-  virtual bool optimizer_covers_whole_model() const {
-    return true;
-  }
+  // Where each trained parameter of module() and its optimizer state live on the mesh
+  // (mesh/placement.h): whether the module holds whole values (or FSDP's gathered copies of
+  // flat shards, tensor parallelism's splits) and whether this rank's parameters are the
+  // whole model's (or a pipeline rank's). What checkpoints read instead of the mode.
+  StatePlacements placements() const;
   // "ZeRO stage 2: optimizer state and gradients sharded over 4 rank(s) (gloo), 3 gradient
   // buckets; precision ...; activation checkpointing: ..." for the start-up log.
   std::string describe() const;
@@ -446,6 +436,9 @@ class ParallelModel {
   virtual std::vector<at::Tensor> gradient_holders() const;
   virtual double clip_gradients(double max_norm, double norm_type);
   virtual std::string describe_mode() const = 0;
+  // Each strategy states its dimensions' placements over the default (every parameter
+  // replicated on every dimension).
+  virtual void place(StatePlacements& /*placements*/) const {}
   virtual void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const;
 
   torch::nn::AnyModule model_;

@@ -273,13 +273,13 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
 void TrainingState::load_model(const StateDict& state, const std::string& where) {
   const StateDict model_state =
       own_entries(model_, state_at(state, "model", where).toGenericDict(), where);
-  // Compute copies (FSDP's) may differ in dtype from the float32 values saved.
-  // Tensor parallelism's module holds shards: the trained parameters' whole shapes are
-  // checked (a replicated or unsharded parameter's whole shape is its own).
+  // Copies gathered from flat shards (FSDP's compute copies) may differ in dtype from the
+  // float32 values saved. Split values (tensor parallelism's) are checked against their
+  // whole shapes (a replicated parameter's whole shape is its own).
   check_model_state_dict(
       *model_.module(),
       model_state,
-      /*exact_floating_dtypes=*/!model_.module_holds_compute_copies(),
+      /*exact_floating_dtypes=*/!model_.placements().module_holds_gathered_copies(),
       where,
       model_.trained_parameter_shapes());
   std::unordered_map<std::string, at::Tensor> values;
@@ -292,7 +292,9 @@ void TrainingState::load_model(const StateDict& state, const std::string& where)
 void TrainingState::load_optimizer(
     const StateDict& state, const fs::path& checkpoint_dir, const std::string& where) {
   const c10::IValue& entry = state_at(state, "optimizer", where);
-  if (!model_.optimizer_covers_whole_model() && !model_.optimizer_shard() &&
+  // A pipeline rank's optimizer steps its stages' parameters only: ZeRO's pieces of the
+  // whole model cannot be laid onto it.
+  if (!model_.placements().cover_whole_model() && !model_.optimizer_shard() &&
       is_sharded_optimizer_entry(entry)) {
     throw CheckpointError(fmt::format(
         "{} holds ZeRO optimizer shards, which a pipeline cannot split by stage; consolidate "
@@ -404,7 +406,7 @@ c10::IValue TrainingState::model_ema_entry() {
     return {};
   }
   c10::IValue entry = ema_->state_dict();
-  if (model_.local_state_is_sharded()) {
+  if (!model_.placements().module_holds_whole_model()) {
     std::vector<std::pair<std::string, at::Tensor>> whole;
     {
       const optim::AverageInModel average(*ema_, ema_tensors_);
@@ -434,7 +436,7 @@ void TrainingState::load_model_ema(const StateDict& state, const std::string& wh
   }
   try {
     // Whole tensors in a sharded model: each rank keeps its pieces, via the model.
-    if (model_.local_state_is_sharded()) {
+    if (!model_.placements().module_holds_whole_model()) {
       const optim::AverageInModel keep_own(*ema_, ema_tensors_);
       model_.load_model_state_dict(whole_averages(entry->value()));
       ema_->set(ema_tensors_);

@@ -1,10 +1,12 @@
 // A pickle reader for the subset of Python's pickle format that torch files use (private to
 // the checkpoint layer; torch_file.h is the public entry point).
 //
-// libtorch 1.13's own unpickler reads what torch::pickle_save writes but not what Python's
-// torch.save writes: it lacks SETITEM (Python's pickler uses it for one-item dicts), turns
-// collections.OrderedDict (every state_dict) into None and reads only 8-byte LONG1 integers.
-// It also trusts its input (an empty stack is popped without a check). This reader takes
+// Why not libtorch's own unpickler (torch::jit::Unpickler, torch::pickle_load): it reads what
+// torch::pickle_save writes but not what Python's torch.save writes. Checked again with
+// libtorch 2.11: pickle_load of a torch.save'd {"model": OrderedDict(...)} (every state_dict)
+// fails with "Expected GenericDict but got None" (collections.OrderedDict becomes None); 1.13
+// also lacked SETITEM (one-item dicts) and read only 8-byte LONG1 integers. It trusts its
+// input too (an empty stack is popped without a check). This reader takes
 // protocols 2-5, the containers and scalars a checkpoint holds, tensors rebuilt from their
 // storages, and the type tags torch::pickle_save adds (restore_type_tag, build_intlist ...),
 // and checks every read, so a damaged pickle is an error, never a crash.

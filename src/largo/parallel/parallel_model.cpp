@@ -320,6 +320,16 @@ void ParallelModel::match_evaluation_forwards(
   }
 }
 
+StatePlacements ParallelModel::placements() const {
+  std::vector<ParameterPlacement> parameters;
+  for (auto& [name, shape] : trained_parameter_shapes()) {
+    parameters.push_back({name, std::move(shape), {}, {}});
+  }
+  StatePlacements placements(std::move(parameters));
+  place(placements);
+  return placements;
+}
+
 std::map<std::string, std::vector<int64_t>> ParallelModel::trained_parameter_shapes() const {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& group : optimizer_->param_groups()) {

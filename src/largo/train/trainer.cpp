@@ -389,6 +389,7 @@ void Trainer::State::log_start() const {
   }
   spdlog::info("run: {}", plan.describe());
   spdlog::info("parallel: {}", parallel->describe());
+  spdlog::info("placements on the mesh: {}", parallel->placements().describe());
   spdlog::info("optimizer: {}; {}", optim::describe(optimizer_spec), sync_batch_norm_text());
   if (self_supervised) {
     spdlog::info("loss: {}", self_supervised->describe());

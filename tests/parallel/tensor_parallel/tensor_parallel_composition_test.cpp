@@ -358,6 +358,40 @@ bool gives_optimizer_state(const ParallelModel& run, const Mesh& mesh) {
          (mesh.data_parallelism == DataParallelism::kDdp || run.data_parallel_group().rank() == 0);
 }
 
+// Each dimension's strategy states its placements: the split layers Shard over "tp" (value
+// and optimizer state), ZeRO's and FSDP's optimizer state FlatShard over "dp" (FSDP's values
+// too), a pipeline rank's parameters OwnedBy it over "pp".
+void expect_placements(const ParallelModel& run, const Mesh& mesh) {
+  const StatePlacements placements = run.placements();
+  auto kind_over = [](const Placements& placements, const std::string& dimension) {
+    auto found = placements.find(dimension);
+    return found == placements.end() ? Placement::Kind::kReplicate : found->second.kind;
+  };
+  const bool zero = mesh.data_parallelism != DataParallelism::kDdp;
+  const bool fsdp = mesh.data_parallelism == DataParallelism::kFsdp;
+  int split = 0;
+  for (const ParameterPlacement& parameter : placements.parameters()) {
+    if (kind_over(parameter.value, "tp") == Placement::Kind::kShard) {
+      ++split;
+      EXPECT_EQ(parameter.optimizer_state.at("tp"), parameter.value.at("tp")) << parameter.name;
+    }
+    EXPECT_EQ(kind_over(parameter.optimizer_state, "dp") == Placement::Kind::kFlatShard, zero)
+        << parameter.name;
+    EXPECT_EQ(kind_over(parameter.value, "dp") == Placement::Kind::kFlatShard, fsdp)
+        << parameter.name;
+    if (mesh.pipeline) {
+      EXPECT_EQ(parameter.value.at("pp"), Placement::owned_by(run.pipeline()->pipeline_rank()))
+          << parameter.name;
+    }
+  }
+  if (!mesh.pipeline) { // a stage may hold only replicated layers (the head)
+    EXPECT_GT(split, 0) << placements.describe();
+  }
+  EXPECT_FALSE(placements.module_holds_whole_model());
+  EXPECT_EQ(placements.module_holds_gathered_copies(), fsdp);
+  EXPECT_EQ(placements.cover_whole_model(), !mesh.pipeline);
+}
+
 void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh) {
   comm::ProcessGroup& world = *mesh.world;
   const double max_norm = 0.5 * first_grad_norm(c);
@@ -381,6 +415,7 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
     EXPECT_NE(described.find("pp(2) * dp(2) * tp(2)"), std::string::npos) << described;
     EXPECT_NE(described.find("ZeRO-1 over each stage's replicas"), std::string::npos) << described;
   }
+  expect_placements(*two_d, mesh);
   const bool holds_state = gives_state(*two_d, mesh);
   // Before training: the full state is the unsharded model's, bit for bit (a gather of
   // slices), with its names in its order.

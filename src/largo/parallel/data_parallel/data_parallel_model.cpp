@@ -90,6 +90,12 @@ std::string DataParallelModel::describe_mode() const {
   return text;
 }
 
+void DataParallelModel::place(StatePlacements& placements) const {
+  if (sharded_ != nullptr) {
+    placements.place_all("dp", Placement::replicate(), Placement::flat_shard());
+  }
+}
+
 void DataParallelModel::measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const {
   if (sharded_ != nullptr) {
     report.zero_stage = sdp_ ? 2 : 1; // one rank: no gradient shards, stage 1's layout

@@ -32,6 +32,8 @@ class DataParallelModel : public ParallelModel {
   std::vector<at::Tensor> gradient_holders() const override;
   double clip_gradients(double max_norm, double norm_type) override;
   std::string describe_mode() const override;
+  // Stages 1 and 2: the optimizer state flat-sharded over "dp", the values replicated.
+  void place(StatePlacements& placements) const override;
   void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const override;
 
   int stage_ = 0;

@@ -116,11 +116,13 @@ class FsdpModel : public ParallelModel {
   bool forward_communicates_without_grad() const override {
     return true; // units are gathered for evaluation too
   }
-  bool module_holds_compute_copies() const override {
-    return true; // gathered from the float32 shards, in compute_dtype when one is set
-  }
-  bool local_state_is_sharded() const override {
-    return true;
+  // Flat shards over "dp", gathered into the module as compute copies (in compute_dtype when
+  // one is set); with tensor parallelism, of the split layers' slices.
+  void place(StatePlacements& placements) const override {
+    placements.place_all("dp", Placement::flat_shard(), Placement::flat_shard());
+    if (tp_) {
+      tp_->place(placements);
+    }
   }
 
  protected:

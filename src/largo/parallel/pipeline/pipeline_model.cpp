@@ -174,11 +174,17 @@ class PipelineModel : public ParallelModel {
   std::vector<std::string> whole_model_names() const override {
     return pipeline_->full_model_names();
   }
-  bool optimizer_covers_whole_model() const override {
-    return false; // this stage's parameters
-  }
-  bool local_state_is_sharded() const override {
-    return tp_.has_value(); // the stages' tensor-parallel slices
+  // This pipeline rank's stages' parameters (ZeRO-1: their optimizer state flat-sharded over
+  // the stage's replicas; with tensor parallelism, the stages' slices).
+  void place(StatePlacements& placements) const override {
+    const Placement owned = Placement::owned_by(pipeline_->pipeline_rank());
+    placements.place_all("pp", owned, owned);
+    if (sharded_ != nullptr) {
+      placements.place_all("dp", Placement::replicate(), Placement::flat_shard());
+    }
+    if (tp_) {
+      tp_->place(placements);
+    }
   }
 
   // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).

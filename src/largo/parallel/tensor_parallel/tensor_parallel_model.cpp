@@ -156,10 +156,11 @@ class TensorParallelModel : public DataParallelModel {
     return std::nullopt;
   }
 
-  // local_state() is the module's tensors: this rank's slices of the sharded layers, which a
-  // checkpoint of a per-rank average (the model EMA) gathers through model_state_dict().
-  bool local_state_is_sharded() const override {
-    return true;
+  // The module holds this rank's slices of the split layers (its local_state() too, which a
+  // checkpoint of a per-rank average, the model EMA, gathers through model_state_dict()).
+  void place(StatePlacements& placements) const override {
+    DataParallelModel::place(placements);
+    tp_->place(placements);
   }
 
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int /*root*/) override {

@@ -48,6 +48,16 @@ TensorParallelState::full_shapes(const std::vector<optim::ParamGroup>& groups) c
   return shapes;
 }
 
+void TensorParallelState::place(StatePlacements& placements) const {
+  for (const ParameterPlacement& parameter : placements.parameters()) {
+    auto spec = specs_.find(parameter.name);
+    if (spec != specs_.end()) {
+      const Placement split = Placement::shard(spec->second.dim, spec->second.num_blocks);
+      placements.place(parameter.name, "tp", split, split);
+    }
+  }
+}
+
 std::string TensorParallelState::describe() const {
   return fmt::format(
       "tensor parallel over {} ranks ({}), {} sharded parameters{}",

@@ -12,6 +12,7 @@
 #include <largo/comm/process_group.h>
 #include <largo/optim/optimizer.h>
 #include <largo/optim/tensor_norms.h>
+#include <largo/parallel/mesh/placement.h>
 #include <largo/parallel/tensor_parallel/tensor_parallel.h>
 
 #include <ATen/core/ivalue.h>
@@ -46,6 +47,9 @@ class TensorParallelState {
   std::string describe() const;
   // The spec of a shard of the module; null for a replicated parameter.
   const TensorParallelShardSpec* spec_of(const at::Tensor& parameter) const;
+  // The shards' placements over "tp" (Shard of their split dimension), value and optimizer
+  // state alike, among `placements`' parameters (a frozen shard has none).
+  void place(StatePlacements& placements) const;
   // Whether the module's parameter `name` is a shard.
   bool is_shard(const std::string& name) const {
     return specs_.count(name) > 0;

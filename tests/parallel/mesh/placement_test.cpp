@@ -1,0 +1,57 @@
+// StatePlacements on its own: what its questions answer for each kind of placement, how it
+// describes them, and a name that is not a trained parameter.
+#include <largo/core/error.h>
+#include <largo/parallel/mesh/placement.h>
+
+#include <gtest/gtest.h>
+
+namespace largo::parallel::placement_test {
+namespace {
+
+StatePlacements two_parameters() {
+  return StatePlacements({{"fc.weight", {4, 8}, {}, {}}, {"fc.bias", {4}, {}, {}}});
+}
+
+TEST(PlacementTest, ReplicatedEverywhereHoldsTheWholeModel) {
+  const StatePlacements placements = two_parameters();
+  EXPECT_TRUE(placements.module_holds_whole_model());
+  EXPECT_FALSE(placements.module_holds_gathered_copies());
+  EXPECT_TRUE(placements.cover_whole_model());
+  EXPECT_EQ(placements.describe(), "value {}, optimizer state {}: 2 parameters");
+}
+
+TEST(PlacementTest, EachKindAnswersItsQuestion) {
+  StatePlacements zero = two_parameters(); // ZeRO-1/2: the values stay whole
+  zero.place_all("dp", Placement::replicate(), Placement::flat_shard());
+  EXPECT_TRUE(zero.module_holds_whole_model());
+  EXPECT_EQ(zero.describe(), "value {}, optimizer state {dp: FlatShard}: 2 parameters");
+
+  StatePlacements fsdp = two_parameters();
+  fsdp.place_all("dp", Placement::flat_shard(), Placement::flat_shard());
+  EXPECT_FALSE(fsdp.module_holds_whole_model());
+  EXPECT_TRUE(fsdp.module_holds_gathered_copies());
+
+  StatePlacements split = two_parameters(); // a column-parallel layer: the weight and bias
+  split.place("fc.weight", "tp", Placement::shard(0), Placement::shard(0));
+  EXPECT_FALSE(split.module_holds_whole_model());
+  EXPECT_FALSE(split.module_holds_gathered_copies());
+  EXPECT_EQ(split.describe(),
+            "value {tp: Shard(0)}, optimizer state {tp: Shard(0)}: 1 parameter; "
+            "value {}, optimizer state {}: 1 parameter");
+
+  StatePlacements stage = two_parameters();
+  stage.place_all("pp", Placement::owned_by(1), Placement::owned_by(1));
+  EXPECT_FALSE(stage.cover_whole_model());
+  EXPECT_FALSE(stage.module_holds_whole_model());
+  EXPECT_EQ(Placement::shard(0, 3).describe(), "Shard(0, 3 blocks)");
+  EXPECT_EQ(Placement::owned_by(1).describe(), "OwnedBy(1)");
+}
+
+TEST(PlacementTest, PlacingAnUnknownNameIsAnError) {
+  StatePlacements placements = two_parameters();
+  EXPECT_THROW(placements.place("head.weight", "tp", Placement::shard(1), Placement::shard(1)),
+               largo::Error);
+}
+
+} // namespace
+} // namespace largo::parallel::placement_test
