@@ -323,7 +323,7 @@ TEST(MultiViewFactory, RejectsInconsistentMultiCropArguments) {
 
 TEST(MultiViewFactory, RejectsMisplacedOrSizeChangingTransforms) {
   TransformSpec apply("ImgPilMultiCropRandomApply", {{"prob", {0.0, 0.2, 0.5}}});
-  apply.transform_args["transforms"] = {{"ImgPilRandomSolarize", {{"prob", {1.0}}}}};
+  apply.transform_args["transforms"] = {{"ImgPilRandomSolarize", {{"p", {1.0}}}}};
   const TransformSpec two_crops = multicrop_spec({2}, {32}, {{0.08, 1}}, 2);
   expect_config_error(
       {two_crops, apply},

@@ -135,7 +135,7 @@ def cases():
     add("pil_gaussian_blur", "rgb.png",
         [{"name": "ImgPilGaussianBlur", "p": 1.0, "radius_min": 0.5, "radius_max": 2.5}],
         vissl_pil_gaussian_blur(1.0, 0.5, 2.5), 4)
-    add("solarize", "rgb.png", [{"name": "ImgPilRandomSolarize", "prob": 1.0}], vissl_random_solarize(1.0), 2)
+    add("solarize", "rgb.png", [{"name": "ImgPilRandomSolarize", "p": 1.0}], vissl_random_solarize(1.0), 2)
     add("full_train", "rgb444.jpg",
         [{"name": "RandomResizedCrop", "size": [48]}, {"name": "RandomHorizontalFlip"},
          {"name": "ColorJitter", "brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1},

@@ -156,7 +156,7 @@ def recipes():
         {"name": "ImgPilToMultiCrop", "total_num_crops": 2, "num_crops": [2], "size_crops": [40],
          "crop_scales": [[0.08, 1.0]]},
         {"name": "ImgPilMultiCropRandomApply", "prob": [0.0, 1.0],
-         "transforms": [{"name": "ImgPilRandomSolarize", "prob": 1.0}]},
+         "transforms": [{"name": "ImgPilRandomSolarize", "p": 1.0}]},
         {"name": "ImgPilMultiCropRandomApply", "prob": [0.9, 0.6],
          "transforms": [{"name": "ImgPilGaussianBlur", "p": 1.0, "radius_min": 0.1,
                          "radius_max": 2.0}]},

@@ -280,7 +280,7 @@ config:
           transforms: [{name: ImgPilGaussianBlur, p: 1., radius_min: 0.1, radius_max: 2.0}]
           prob: [1., 0.1]
         - name: ImgPilMultiCropRandomApply
-          transforms: [{name: ImgPilRandomSolarize, prob: 1.0}]
+          transforms: [{name: ImgPilRandomSolarize, p: 1.0}]
           prob: [0., 0.2]
         - {name: ToTensor}
 )"),
@@ -289,7 +289,7 @@ config:
   blur.transform_args["transforms"] = {
       {"ImgPilGaussianBlur", {{"p", {1.0}}, {"radius_min", {0.1}}, {"radius_max", {2.0}}}}};
   data::TransformSpec solarize("ImgPilMultiCropRandomApply", {{"prob", {0.0, 0.2}}});
-  solarize.transform_args["transforms"] = {{"ImgPilRandomSolarize", {{"prob", {1.0}}}}};
+  solarize.transform_args["transforms"] = {{"ImgPilRandomSolarize", {{"p", {1.0}}}}};
   expect_same_specs(
       split.source.transforms,
       {{"ImgReplicatePil", {{"num_times", {2}}}},
@@ -329,8 +329,8 @@ config:
   expect_key_error(
       head + pair +
           "        - {name: ImgPilMultiCropRandomApply, prob: [1, 1], transforms: "
-          "[{name: ImgPilRandomSolarize, prob: [x]}]}\n",
-      "DATA.TRAIN.TRANSFORMS[2].transforms[0].prob");
+          "[{name: ImgPilRandomSolarize, p: [x]}]}\n",
+      "DATA.TRAIN.TRANSFORMS[2].transforms[0].p");
   expect_key_error(
       head + pair +
           "        - {name: ImgPilMultiCropRandomApply, prob: [1, 1], transforms: "

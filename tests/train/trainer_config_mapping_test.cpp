@@ -376,6 +376,21 @@ TEST(TrainerConfigMappingTest, SelfSupervisedKeysReachTheTrainerOptions) {
   EXPECT_EQ(simclr.self_supervised.name, "simclr_info_nce_loss");
   EXPECT_EQ(simclr.self_supervised.simclr.temperature, 0.5);
   EXPECT_EQ(simclr.self_supervised.simclr_embedding_dim, 64);
+  const TrainerOptions barlow_twins = options_with(
+      {"LOSS.name=barlow_twins_loss",
+       "LOSS.barlow_twins_loss.lambda_=0.01",
+       "LOSS.barlow_twins_loss.scale_loss=0.5",
+       "LOSS.barlow_twins_loss.embedding_dim=32"});
+  EXPECT_TRUE(barlow_twins.self_supervised.is_barlow_twins());
+  EXPECT_EQ(barlow_twins.self_supervised.barlow_twins.lambda, 0.01);
+  EXPECT_EQ(barlow_twins.self_supervised.barlow_twins.scale_loss, 0.5);
+  EXPECT_EQ(barlow_twins.self_supervised.projection_width(), 32);
+  EXPECT_THROW(
+      options_with({"LOSS.name=barlow_twins_loss", "LOSS.barlow_twins_loss.lambda_=-1"}),
+      ConfigError);
+  EXPECT_THROW(
+      options_with({"LOSS.name=barlow_twins_loss", "LOSS.barlow_twins_loss.scale_loss=0"}),
+      ConfigError);
   EXPECT_THROW(options_with({"LOSS.name=swav_loss", swav + "temperature=0"}), ConfigError);
   EXPECT_THROW(
       options_with({"MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 4], num_clusters: [3], "

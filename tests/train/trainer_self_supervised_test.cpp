@@ -1,6 +1,6 @@
-// Self-supervised pretraining through the Trainer, as VISSL's SwAV and SimCLR configs set it
-// up (multi-view TRANSFORMS, collator, swav_head or chained mlp heads, LOSS.swav_loss /
-// simclr_info_nce_loss) on a small folder of PNG images:
+// Self-supervised pretraining through the Trainer, as VISSL's SwAV, SimCLR and Barlow Twins
+// configs set it up (multi-view TRANSFORMS, collator, swav_head or chained mlp heads,
+// LOSS.swav_loss / simclr_info_nce_loss / barlow_twins_loss) on a small folder of PNG images:
 //   - 2 ranks train as one process on the same global batch: the losses are collective
 //     (gathered negatives, Sinkhorn's all-reduced sums) and DDP averages the gradients, so
 //     losses and parameters agree within float32 rounding of reordered sums: measured 3e-8
@@ -8,6 +8,7 @@
 //     bound is 1e-5 (a wrong crop, view order or grouping moves the first loss by 0.1 and
 //     more). Over more ResNet steps the rounding grows (SimCLR 7e-5 after 4 steps, SwAV 6e-4
 //     after 2, Sinkhorn's exp(score / 0.05) amplifying it), so those are not compared;
+//   - Barlow Twins at 2 ranks steps with half of one process's gradient, as VISSL's does;
 //   - SwAV with its queue resumes mid-epoch bit for bit at 2 ranks (each rank's queue in the
 //     checkpoint), the prototypes stay normalised and the frozen prototypes do not move;
 //   - what does not compose is refused naming the key.
@@ -102,6 +103,19 @@ Overrides simclr_job(int world_size) {
              "skip_last_layer_relu_bn: False}], [mlp, {dims: [64, 16]}]]"};
 }
 
+// VISSL's Barlow Twins recipe, small: SimCLR's views and projection (VISSL's has BatchNorm in
+// its mlp heads; here the trunk's is synchronised) with barlow_twins_loss, plain SGD at a
+// learning rate that grows with the world size (see the test below) and no weight decay.
+Overrides barlow_twins_job(int world_size, double lr_per_rank = 0.05) {
+  return simclr_job(world_size) +
+         Overrides{
+             "LOSS.name=barlow_twins_loss",
+             "LOSS.barlow_twins_loss.embedding_dim=16",
+             "OPTIMIZER.weight_decay=0",
+             "OPTIMIZER.param_schedulers.lr={name: constant, value: " +
+                 std::to_string(lr_per_rank * world_size) + "}"};
+}
+
 // VISSL's SwAV recipe, small: 2 x 32 + 2 x 16 crops (by default), a swav_head with
 // BatchNorm1d (converted to SyncBatchNorm with the trunk's BatchNorm2d, so 2 ranks normalise
 // like 1 process) and 2 prototype sets.
@@ -193,6 +207,33 @@ TEST(TrainerSelfSupervisedTest, SimclrOnResNetAtTwoRanksEqualsOneProcess) {
 TEST(TrainerSelfSupervisedTest, SimclrOnMlpAtTwoRanksEqualsOneProcessOverFourSteps) {
   expect_two_ranks_equal_one_process(
       [](int world_size) { return simclr_job(world_size) + kMlpTrunk; }, 4, "SimCLR, MLP");
+}
+
+// VISSL's Barlow Twins loss is the same value on every rank, but each rank's backward reaches
+// only its own embeddings (models/barlow_twins_loss.h), so DDP's average steps with half of
+// one process's gradient: 2 ranks at twice the learning rate train as one process (without
+// weight decay, which the learning rate would scale too). A gradient summed over the ranks
+// (SimCLR's) would instead make them diverge by a factor 2 in every update.
+TEST(TrainerSelfSupervisedTest, BarlowTwinsAtTwoRanksStepsWithHalfTheGradientOfOneProcess) {
+  expect_two_ranks_equal_one_process(
+      [](int world_size) { return barlow_twins_job(world_size) + kMlpTrunk; },
+      4,
+      "Barlow Twins, MLP");
+}
+
+// The converse: at one process's learning rate, 2 ranks end elsewhere (the factor is real).
+TEST(TrainerSelfSupervisedTest, BarlowTwinsAtTwoRanksAndTheSameLearningRateDoesNotTrainAsOne) {
+  const fs::path dir = test_dir_for("ssl");
+  auto same_lr = [](int world_size) {
+    return barlow_twins_job(world_size, 0.05 / world_size) + kMlpTrunk;
+  };
+  const RunResult one = run_at(1, same_lr, dir / "one");
+  const RunResult two = run_at(2, same_lr, dir / "two");
+  double largest = 0.0;
+  for (const auto& [name, value] : one.parameters) {
+    largest = std::max(largest, (two.parameters.at(name) - value).abs().max().item<double>());
+  }
+  EXPECT_GT(largest, 100 * kTolerance);
 }
 
 TEST(TrainerSelfSupervisedTest, SwavOnResNetAtTwoRanksEqualsOneProcess) {
@@ -446,6 +487,12 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       simclr_job(1) + Overrides{"LOSS.simclr_info_nce_loss.buffer_params."
                                 "embedding_dim=128"},
       "the projection head ends in 16 outputs");
+  expect_refused(
+      barlow_twins_job(1) + Overrides{"LOSS.barlow_twins_loss.embedding_dim=8192"},
+      "LOSS.barlow_twins_loss.embedding_dim = 8192");
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.name=barlow_twins_loss"},
+      "LOSS.barlow_twins_loss.embedding_dim = 8192: the loss needs a projection head");
   expect_refused(
       swav_job(1) +
           Overrides{

@@ -56,7 +56,8 @@ class RandomGrayscale : public SampleTransform {
   double p_;
 };
 
-// VISSL's ImgPilRandomSolarize(prob): with probability prob (torchvision's RandomApply:
+// VISSL's ImgPilRandomSolarize(prob), configured as {name: ImgPilRandomSolarize, p: 0.66}
+// (VISSL's from_config reads "p"): with probability prob (torchvision's RandomApply:
 // applied unless prob < torch.rand(1)), solarize at a threshold drawn uniformly from the
 // integers 0..256. (VISSL draws the threshold with NumPy; Largo draws it from the sample's
 // torch generator: same distribution, reproducible per sample.)

@@ -60,7 +60,7 @@ class SamplePipeline {
 //   RandomGrayscale       p 0.1
 //   GaussianBlur          kernel_size ([k] or [kx, ky], odd), sigma [0.1, 2.0] (or one value)
 //   ImgPilGaussianBlur    p, radius_min, radius_max
-//   ImgPilRandomSolarize  prob
+//   ImgPilRandomSolarize  p
 //   ImgPilColorDistortion strength 1.0 (color_transforms.h)
 // interpolation: nearest, bilinear, bicubic, box, hamming, lanczos or PIL's code 0-5.
 // Throws ConfigError for an unknown name (listing these) or a bad argument, and for the

@@ -1,11 +1,12 @@
-// The loss of a self-supervised pretraining run (LOSS.name swav_loss or
-// simclr_info_nce_loss) with what it keeps between steps, called by the train step in
-// VISSL's order:
+// The loss of a self-supervised pretraining run (LOSS.name swav_loss, simclr_info_nce_loss or
+// barlow_twins_loss) with what it keeps between steps, called by the train step in VISSL's
+// order:
 //   start_iteration(t)          before optimizer step t (the run's iteration)
 //   loss(output, labels)        each micro-step, after the forward (the ParallelModel's
 //                               LossFunction; the labels are not used):
 //     SimCLR  simclr_info_nce_loss over the rank's [2n, d] embeddings (view-major),
 //             L2-normalised first as VISSL's SimclrInfoNCELoss does
+//     Barlow Twins  barlow_twins_loss over the rank's [2n, d] embeddings (view-major)
 //     SwAV    the queue rescored with the current prototypes when it was used by the previous
 //             call, swav_loss averaged over the prototype sets (the queue's scores appended
 //             from queue.start_iter on), then the assigned crops' embeddings pushed;
@@ -17,10 +18,12 @@
 //   after_optimizer_step(model) SwAV's prototypes normalised (normalize_last_layer), through
 //                               the ParallelModel: in the module, or under FSDP in the
 //                               shards (a collective there)
-// The losses are collective over the data-parallel group (Sinkhorn's sums, SimCLR's gather).
+// The losses are collective over the data-parallel group (Sinkhorn's sums, SimCLR's gather,
+// Barlow Twins' batch statistics and cross-correlation).
 #pragma once
 
 #include <largo/comm/process_group.h>
+#include <largo/models/barlow_twins_loss.h>
 #include <largo/models/simclr_info_nce_loss.h>
 #include <largo/models/swav_head.h>
 #include <largo/models/swav_loss.h>
@@ -40,7 +43,8 @@
 namespace largo::train {
 
 struct SelfSupervisedLossOptions {
-  std::string name; // LOSS.name: "swav_loss" | "simclr_info_nce_loss"; empty: not SSL
+  // LOSS.name: "swav_loss" | "simclr_info_nce_loss" | "barlow_twins_loss"; empty: not SSL
+  std::string name;
   // LOSS.swav_loss: temperature, epsilon, num_iters, crops_for_assign,
   // use_double_precision (num_crops is the data's view count, as VISSL infers it).
   models::SwavLossOptions swav;
@@ -53,6 +57,9 @@ struct SelfSupervisedLossOptions {
   models::SimclrInfoNceOptions simclr; // LOSS.simclr_info_nce_loss.temperature
   // LOSS.simclr_info_nce_loss.buffer_params.embedding_dim: the head's output width (checked).
   int64_t simclr_embedding_dim = 128;
+  models::BarlowTwinsLossOptions barlow_twins; // LOSS.barlow_twins_loss.lambda_, scale_loss
+  // LOSS.barlow_twins_loss.embedding_dim: the head's output width (checked).
+  int64_t barlow_twins_embedding_dim = 8192;
   // MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: parameter name (the module's, e.g.
   // "head.0.prototypes0.weight") -> the iteration from which it trains.
   std::vector<std::pair<std::string, int64_t>> frozen_parameters;
@@ -62,6 +69,21 @@ struct SelfSupervisedLossOptions {
   }
   bool is_swav() const {
     return name == "swav_loss";
+  }
+  bool is_barlow_twins() const {
+    return name == "barlow_twins_loss";
+  }
+  // SimCLR and Barlow Twins: two views of one size per image through a projection of mlp
+  // heads, whose output width is this key's value.
+  bool compares_two_views() const {
+    return name == "simclr_info_nce_loss" || is_barlow_twins();
+  }
+  int64_t projection_width() const {
+    return is_barlow_twins() ? barlow_twins_embedding_dim : simclr_embedding_dim;
+  }
+  std::string projection_width_key() const {
+    return is_barlow_twins() ? "LOSS.barlow_twins_loss.embedding_dim"
+                             : "LOSS.simclr_info_nce_loss.buffer_params.embedding_dim";
   }
 };
 

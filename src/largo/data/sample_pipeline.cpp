@@ -152,8 +152,9 @@ std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec
         args.probability("p", 0.5), args.number("radius_min"), args.number("radius_max"));
   }
   if (name == "ImgPilRandomSolarize") {
-    const TransformArgs args(spec, {"prob"});
-    return std::make_shared<ImgPilRandomSolarize>(args.probability("prob", 0.5));
+    // VISSL's from_config reads "p" (default 0.66), as every VISSL config writes it.
+    const TransformArgs args(spec, {"p"});
+    return std::make_shared<ImgPilRandomSolarize>(args.probability("p", 0.66));
   }
   if (name == "ImgPilColorDistortion") {
     const TransformArgs args(spec, {"strength"});

@@ -304,7 +304,7 @@ void check_views_match_loss(const RunPlan& plan) {
     if (!views.empty()) {
       throw ConfigError(fmt::format(
           "DATA.TRAIN.TRANSFORMS make {} views of each image, which only a self-supervised "
-          "loss trains on: set LOSS.name to swav_loss or simclr_info_nce_loss, or use a "
+          "loss trains on: set LOSS.name to swav_loss, simclr_info_nce_loss or barlow_twins_loss, or use a "
           "one-image TRANSFORMS list (e.g. RandomResizedCrop)",
           views.size()));
     }
@@ -313,15 +313,16 @@ void check_views_match_loss(const RunPlan& plan) {
   if (views.empty()) {
     throw ConfigError(fmt::format(
         "LOSS.name = {} trains on several views of each image, but DATA.TRAIN.TRANSFORMS make "
-        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR) with COLLATE_FUNCTION "
+        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR, Barlow Twins) with COLLATE_FUNCTION "
         "multicrop_collator or simclr_collator (configs/examples/)",
         ssl.name));
   }
-  if (!ssl.is_swav() && (views.size() != 2 || views[0] != views[1])) {
+  if (ssl.compares_two_views() && (views.size() != 2 || views[0] != views[1])) {
     throw ConfigError(fmt::format(
-        "LOSS.name = simclr_info_nce_loss compares 2 views of one size per image, but "
+        "LOSS.name = {} compares 2 views of one size per image, but "
         "DATA.TRAIN.TRANSFORMS make {} views; use ImgReplicatePil with num_times 2 and a "
         "fixed-size crop",
+        ssl.name,
         views.size()));
   }
   const auto& assign = ssl.swav.crops_for_assign;
@@ -346,7 +347,7 @@ void check_label_types(const TrainerOptions& o) {
   if (o.train.source.label_type == "sample_index" && !o.self_supervised.enabled()) {
     throw ConfigError(std::string(
         "DATA.TRAIN.LABEL_TYPE = sample_index gives each image its index as label, which only a "
-        "self-supervised loss (LOSS.name swav_loss or simclr_info_nce_loss) can train with; a "
+        "self-supervised loss (LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss) can train with; a "
         "classification loss needs standard labels"));
   }
   if (o.reads_test_split() && o.test.source.label_type == "sample_index") {
@@ -364,13 +365,14 @@ void check_self_supervised(const RunPlan& plan) {
     if (!ssl.frozen_parameters.empty()) {
       throw ConfigError(
           "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP freezes parameters of a self-supervised run "
-          "(LOSS.name swav_loss or simclr_info_nce_loss); leave it empty ([]) otherwise");
+          "(LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss); leave it empty "
+          "([]) otherwise");
     }
     if (!plan.model.head_chain.empty() || !plan.model.swav_head.dims.empty()) {
       throw ConfigError(
           "MODEL.HEAD.PARAMS holds a swav_head or several mlp heads run one after another, "
-          "which only a self-supervised loss trains (LOSS.name swav_loss or "
-          "simclr_info_nce_loss); a classifier takes one mlp head, or several in a linear "
+          "which only a self-supervised loss trains (LOSS.name swav_loss, "
+          "simclr_info_nce_loss or barlow_twins_loss); a classifier takes one mlp head, or several in a linear "
           "evaluation (MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
     }
     check_views_match_loss(plan);
@@ -401,19 +403,18 @@ void check_self_supervised(const RunPlan& plan) {
   const int64_t head_width = !model.head_chain.empty()  ? model.head_chain.back().dims.back()
                              : !model.head_dims.empty() ? model.head_dims.back()
                                                         : 0;
-  if (!ssl.is_swav() && head_width != ssl.simclr_embedding_dim) {
+  if (ssl.compares_two_views() && head_width != ssl.projection_width()) {
     refuse(
-        fmt::format(
-            "LOSS.simclr_info_nce_loss.buffer_params.embedding_dim = {}", ssl.simclr_embedding_dim),
+        fmt::format("{} = {}", ssl.projection_width_key(), ssl.projection_width()),
         head_width == 0
-            ? std::string("SimCLR needs a projection head: set MODEL.HEAD.PARAMS to "
+            ? std::string("the loss needs a projection head: set MODEL.HEAD.PARAMS to "
                           "mlp heads, e.g. [[\"mlp\", {\"dims\": [2048, 2048], "
                           "\"use_relu\": True}], [\"mlp\", {\"dims\": [2048, 128]}]]")
             : fmt::format(
                   "the projection head ends in {} outputs; make the two agree", head_width));
   }
-  if (!ssl.is_swav() && !plan.model.swav_head.dims.empty()) {
-    refuse("a swav_head", "SimCLR's projection is one or more mlp heads in MODEL.HEAD.PARAMS");
+  if (ssl.compares_two_views() && !plan.model.swav_head.dims.empty()) {
+    refuse("a swav_head", "the projection is one or more mlp heads in MODEL.HEAD.PARAMS");
   }
   const parallel::DataParallelism mode = o.parallel.data_parallelism;
   if (o.parallel.pipeline.enabled()) {

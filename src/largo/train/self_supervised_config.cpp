@@ -61,6 +61,21 @@ SelfSupervisedLossOptions simclr_options_from(const Config& config) {
   return options;
 }
 
+SelfSupervisedLossOptions barlow_twins_options_from(const Config& config) {
+  const std::string key = "LOSS.barlow_twins_loss.";
+  SelfSupervisedLossOptions options;
+  options.name = "barlow_twins_loss";
+  options.barlow_twins.lambda = config.get_double(key + "lambda_");
+  require(
+      options.barlow_twins.lambda >= 0.0,
+      key + "lambda_",
+      fmt::format("{}", options.barlow_twins.lambda),
+      "a number >= 0 (the off-diagonal terms' weight)");
+  options.barlow_twins.scale_loss = positive_number(config, key + "scale_loss");
+  options.barlow_twins_embedding_dim = positive_int(config, key + "embedding_dim");
+  return options;
+}
+
 // VISSL names parameters of the wrapped model ("module.heads.0.prototypes0.weight"); Largo's
 // module has "head.0.prototypes0.weight".
 std::string largo_parameter_name(std::string name) {
@@ -111,6 +126,8 @@ SelfSupervisedLossOptions self_supervised_options_from(const Config& config) {
     options = swav_options_from(config);
   } else if (loss == "simclr_info_nce_loss") {
     options = simclr_options_from(config);
+  } else if (loss == "barlow_twins_loss") {
+    options = barlow_twins_options_from(config);
   }
   frozen_parameters_from(config, options);
   return options;

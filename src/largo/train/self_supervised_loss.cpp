@@ -77,6 +77,9 @@ SelfSupervisedLoss::SelfSupervisedLoss(
 }
 
 at::Tensor SelfSupervisedLoss::loss(const at::Tensor& output, const at::Tensor& /*labels*/) {
+  if (options_.is_barlow_twins()) {
+    return models::barlow_twins_loss(output, group_, options_.barlow_twins);
+  }
   if (!options_.is_swav()) {
     // VISSL's SimclrInfoNCELoss L2-normalises the head's output (F.normalize, eps 1e-12)
     // before its criterion.
@@ -158,6 +161,14 @@ void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>
 }
 
 std::string SelfSupervisedLoss::describe() const {
+  if (options_.is_barlow_twins()) {
+    return fmt::format(
+        "Barlow Twins (lambda {}, scale_loss {}, batch statistics and cross-correlation over "
+        "{} rank(s))",
+        options_.barlow_twins.lambda,
+        options_.barlow_twins.scale_loss,
+        group_.world_size());
+  }
   if (!options_.is_swav()) {
     return fmt::format(
         "SimCLR InfoNCE (temperature {}, negatives from {} rank(s))",

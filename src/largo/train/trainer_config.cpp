@@ -174,7 +174,6 @@ void read_vissl_schedule_fields(
 // an unexpected value.
 void refuse_other_vissl_losses(const std::string& loss) {
   static const std::vector<std::string> vissl_losses = {
-      "barlow_twins_loss",
       "bce_logits_multiple_output_single_target",
       "deepclusterv2_loss",
       "dino_distillation_loss",
@@ -193,8 +192,8 @@ void refuse_other_vissl_losses(const std::string& loss) {
     throw ConfigError(fmt::format(
         "config key LOSS.name = {}: VISSL's {} is not available in this version of Largo "
         "(it trains classifiers with CrossEntropyLoss or "
-        "cross_entropy_multiple_output_single_target, and pretrains with swav_loss or "
-        "simclr_info_nce_loss)",
+        "cross_entropy_multiple_output_single_target, and pretrains with swav_loss, "
+        "simclr_info_nce_loss or barlow_twins_loss)",
         loss,
         loss));
   }
@@ -720,11 +719,11 @@ void check_loss_name(const Config& config) {
   refuse_other_vissl_losses(loss);
   require(
       loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target" ||
-          loss == "swav_loss" || loss == "simclr_info_nce_loss",
+          loss == "swav_loss" || loss == "simclr_info_nce_loss" || loss == "barlow_twins_loss",
       "LOSS.name",
       loss,
       "CrossEntropyLoss or cross_entropy_multiple_output_single_target (classification), or "
-      "swav_loss or simclr_info_nce_loss (self-supervised)");
+      "swav_loss, simclr_info_nce_loss or barlow_twins_loss (self-supervised)");
 }
 
 // ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True; with
