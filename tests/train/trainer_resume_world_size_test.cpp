@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <numeric>
 
@@ -23,9 +24,11 @@ namespace fs = std::filesystem;
 using largo::testing::run_on_ranks;
 
 // 48 samples in batches of 4 on the stateful sampler, 2 epochs, a checkpoint every
-// `checkpoint_every` iterations, no evaluation (what is checked is what the steps read).
+// `checkpoint_every` iterations, no evaluation (what is checked is what the steps read), every
+// step's learning rate logged (a cosine from 0.1 over the run's steps).
 Overrides job(int64_t checkpoint_every) {
   return {
+      "LOG_FREQUENCY=1",
       "DATA.TRAIN.SYNTHETIC.NUM_SAMPLES=48",
       "DATA.TRAIN.BATCHSIZE_PER_REPLICA=4",
       "DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True",
@@ -68,6 +71,22 @@ read_in_epoch(const fs::path& dir, const std::string& name, int ranks, int64_t e
     }
   }
   return read;
+}
+
+// The learning rate rank 0 logged last for global iteration `iteration` (1-based).
+double logged_lr(const fs::path& run_dir, int64_t iteration) {
+  double lr = -1.0;
+  for (const auto& event : read_metrics(run_dir / "metrics.jsonl")) {
+    if (event["phase"] == "train" && event["iteration"] == iteration) {
+      lr = event["lr"].get<double>();
+    }
+  }
+  return lr;
+}
+
+// The synthetic job's cosine at `position` (0 to 1) through the run.
+double cosine_lr(double position) {
+  return 0.1 * (1.0 + std::cos(M_PI * position)) / 2.0;
 }
 
 void expect_each_sample_once(std::vector<int64_t> read, const std::string& what) {
@@ -114,6 +133,13 @@ void expect_epoch_continued(
       checkpoint::load_checkpoint(dir / "run" / "model_final_checkpoint_phase1.torch");
   EXPECT_TRUE(final_state.at("complete").toBool()) << name;
   EXPECT_EQ(final_state.at("world_size").toInt(), to) << name;
+  // Both jobs stop halfway through epoch 0 of 2: the schedule goes on from a quarter of the
+  // run by the samples read (counting the new iterations per epoch would say otherwise), and
+  // epoch 1 starts at half of it.
+  EXPECT_NEAR(logged_lr(dir / "run", stop_after + 1), cosine_lr(0.25), 1e-12) << name;
+  const int64_t epoch1_steps = 48 / (to * 4);
+  const int64_t epoch1_first = stop_after + iterations_after - epoch1_steps + 1;
+  EXPECT_NEAR(logged_lr(dir / "run", epoch1_first), cosine_lr(0.5), 1e-12) << name;
 }
 
 // 2 ranks read 3 batches of their 24 each; 3 ranks read the other 24 in 2 batches each, then
