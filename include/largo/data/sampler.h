@@ -6,7 +6,7 @@
 // StatefulDistributedSampler reproduces VISSL's sampler of the same name: a contiguous
 // block per rank, and a start iteration so a resumed run continues mid-epoch without
 // replaying or skipping samples. It also continues an epoch that other numbers of replicas
-// began (a mid-epoch resume at another world size): see Stretch.
+// began (a mid-epoch resume at another world size): see set_earlier_stretches.
 // Both are pure functions of their arguments and the epoch: no collectives.
 #pragma once
 
