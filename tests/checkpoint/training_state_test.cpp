@@ -156,6 +156,51 @@ TEST(TrainingStateTest, MidEpochResumeWithOtherIterationsPerEpochIsAClearError) 
   }
 }
 
+// A mid-epoch checkpoint of the stateful sampler read otherwise (here: another batch size, as
+// another world size would) continues the epoch as a new stretch, recording what was read;
+// that stretch's own checkpoint keeps it, and another training set is refused by name.
+TEST(TrainingStateTest, MidEpochResumeReadingOtherwiseContinuesTheEpochAsANewStretch) {
+  auto group = comm::ProcessGroup::single_process();
+  const fs::path dir = fresh_test_dir(*group);
+  auto model = parallelize(make_net(0), *group, parallel::DataParallelism::kDdp);
+  const SamplerDescription batch4{"StatefulDistributedSampler", 4, 1, 48};
+  TrainingState state(*model, batch4, "", 0);
+  state.progress.iterations_per_epoch = 12;
+  train_steps(*model, state.progress, 3);
+  state.save(dir, "model_iteration3.torch");
+
+  const SamplerDescription batch8{"StatefulDistributedSampler", 8, 1, 48};
+  TrainingState continued(*model, batch8, "", 0);
+  continued.progress.iterations_per_epoch = 6;
+  ASSERT_TRUE(continued.load(dir / kLatestCheckpointName));
+  ASSERT_EQ(continued.progress.earlier_stretches.size(), 1U);
+  EXPECT_EQ(continued.progress.earlier_stretches[0].num_replicas, 1);
+  EXPECT_EQ(continued.progress.earlier_stretches[0].samples_per_replica, 12);
+  EXPECT_EQ(continued.progress.stretch_start_iteration, 3);
+
+  // One step into the stretch, saved and loaded alike: the stretch is the saved one.
+  train_steps(*model, continued.progress, 1);
+  continued.save(dir, "model_iteration4.torch");
+  TrainingState alike(*model, batch8, "", 0);
+  alike.progress.iterations_per_epoch = 6;
+  ASSERT_TRUE(alike.load(dir / kLatestCheckpointName));
+  ASSERT_EQ(alike.progress.earlier_stretches.size(), 1U);
+  EXPECT_EQ(alike.progress.earlier_stretches[0].samples_per_replica, 12);
+  EXPECT_EQ(alike.progress.stretch_start_iteration, 3);
+  EXPECT_EQ(alike.progress.iteration_in_epoch, 4);
+
+  TrainingState other_data(*model, SamplerDescription{"StatefulDistributedSampler", 4, 1, 40}, "", 0);
+  other_data.progress.iterations_per_epoch = 10;
+  try {
+    other_data.load(dir / "model_iteration3.torch");
+    FAIL() << "expected a CheckpointError";
+  } catch (const CheckpointError& error) {
+    EXPECT_NE(std::string(error.what()).find("48 training samples and this one 40"), std::string::npos)
+        << error.what();
+    EXPECT_NE(std::string(error.what()).find("DATA.TRAIN.DATA_SOURCES"), std::string::npos);
+  }
+}
+
 // Another optimizer than the checkpoint's: the error names the file it is about.
 TEST(TrainingStateTest, ResumingWithAnotherOptimizerNamesTheCheckpoint) {
   auto group = comm::ProcessGroup::single_process();

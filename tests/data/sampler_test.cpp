@@ -3,6 +3,7 @@
 // (tests/reference/gen_sampler_baselines.py), and both in closed form.
 #include "largo/data/sampler.h"
 
+#include <algorithm>
 #include <fstream>
 #include <numeric>
 #include <set>
@@ -184,6 +185,130 @@ TEST(StatefulDistributedSampler, StartIterSkipsWholeBatchesAndStateRoundTrips) {
   EXPECT_EQ(sampler.start_iter(), 4);
   EXPECT_THROW(sampler.set_start_iter(-1), ConfigError);
   EXPECT_THROW(StatefulDistributedSampler(10, 2, 0, 0), ConfigError);
+}
+
+// ---- Continuing an epoch at another number of replicas ------------------------------------
+
+using Stretch = StatefulDistributedSampler::Stretch;
+
+// The samples `samplers` read from start_iter on (as a run resumed there would), all ranks.
+std::vector<int64_t> read_by(const std::vector<StatefulDistributedSampler>& samplers) {
+  std::vector<int64_t> read;
+  for (const auto& sampler : samplers) {
+    const auto indices = sampler.indices();
+    read.insert(read.end(), indices.begin(), indices.end());
+  }
+  return read;
+}
+
+// Every rank of `replicas`, at epoch 2 with seed 7, continuing after `earlier`.
+std::vector<StatefulDistributedSampler>
+world(int64_t dataset_size, int64_t replicas, const std::vector<Stretch>& earlier) {
+  std::vector<StatefulDistributedSampler> samplers;
+  for (int64_t rank = 0; rank < replicas; ++rank) {
+    samplers.emplace_back(dataset_size, replicas, rank, /*batch_size=*/4, /*seed=*/7);
+    samplers.back().set_epoch(2);
+    samplers.back().set_earlier_stretches(earlier);
+  }
+  return samplers;
+}
+
+// The first `samples` of each rank's order: what a world read before its checkpoint.
+std::vector<int64_t>
+first_of_each(const std::vector<StatefulDistributedSampler>& samplers, int64_t samples) {
+  std::vector<int64_t> read;
+  for (const auto& sampler : samplers) {
+    const auto order = sampler.epoch_indices();
+    read.insert(read.end(), order.begin(), order.begin() + std::min<size_t>(samples, order.size()));
+  }
+  return read;
+}
+
+// Each of 0 .. n-1 once, and nothing else.
+void expect_each_once(std::vector<int64_t> read, int64_t n, const std::string& what) {
+  std::sort(read.begin(), read.end());
+  std::vector<int64_t> expected(static_cast<size_t>(n));
+  std::iota(expected.begin(), expected.end(), int64_t{0});
+  EXPECT_EQ(read, expected) << what;
+}
+
+TEST(StatefulDistributedSampler, TwoReplicasContinuedByThreeReadEverySampleOnce) {
+  // 48 samples, 2 replicas of 24; each read 12 (3 batches of 4); 24 left, 8 for each of 3.
+  const auto before = world(48, 2, {});
+  const auto after = world(48, 3, {{2, 12}});
+  auto read = first_of_each(before, 12);
+  for (const auto& sampler : after) {
+    EXPECT_EQ(sampler.num_samples(), 8);
+    EXPECT_EQ(sampler.epoch_indices().size(), 8U);
+    EXPECT_EQ(sampler.num_earlier_samples(), 24);
+    EXPECT_EQ(sampler.epoch_size(), 48);
+  }
+  const auto rest = read_by(after);
+  read.insert(read.end(), rest.begin(), rest.end());
+  expect_each_once(read, 48, "2 -> 3");
+  // In order: replica 0's unread tail first, so the new rank 0 reads its next 8.
+  const auto old_rank0 = before[0].epoch_indices();
+  EXPECT_EQ(
+      after[0].epoch_indices(),
+      std::vector<int64_t>(old_rank0.begin() + 12, old_rank0.begin() + 20));
+}
+
+TEST(StatefulDistributedSampler, ThreeToTwoAndAChainOfResumesReadEverySampleOnce) {
+  // 48 samples, 3 replicas of 16, each read 8; 24 left: 12 for each of 2.
+  const auto before = world(48, 3, {});
+  const auto after = world(48, 2, {{3, 8}});
+  auto read = first_of_each(before, 8);
+  const auto rest = read_by(after);
+  read.insert(read.end(), rest.begin(), rest.end());
+  expect_each_once(read, 48, "3 -> 2");
+
+  // 2 -> 3 -> 2 in one epoch: the 3 replicas' 8 each are split again after 4 of them.
+  auto chain = first_of_each(world(48, 2, {}), 12);
+  const auto middle = first_of_each(world(48, 3, {{2, 12}}), 4);
+  const auto last = world(48, 2, {{2, 12}, {3, 4}});
+  EXPECT_EQ(last[0].num_samples(), 6);
+  EXPECT_EQ(last[0].num_earlier_samples(), 36);
+  chain.insert(chain.end(), middle.begin(), middle.end());
+  const auto tail = read_by(last);
+  chain.insert(chain.end(), tail.begin(), tail.end());
+  expect_each_once(chain, 48, "2 -> 3 -> 2");
+}
+
+TEST(StatefulDistributedSampler, ContinuationLeavesOutTheRemainderAndCountsStartIterFromItsStart) {
+  // 2 replicas of 24, each read 13: 22 left over 3 replicas, 7 each; the last unread one
+  // (replica 1's last sample) is read by none, as a fresh epoch leaves out N % R.
+  const auto before = world(48, 2, {});
+  auto after = world(48, 3, {{2, 13}});
+  EXPECT_EQ(after[2].num_samples(), 7);
+  std::set<int64_t> read;
+  for (const int64_t i : first_of_each(before, 13)) {
+    read.insert(i);
+  }
+  for (const int64_t i : read_by(after)) {
+    EXPECT_TRUE(read.insert(i).second) << i << " read twice";
+  }
+  EXPECT_EQ(read.size(), 47U);
+  EXPECT_EQ(read.count(before[1].epoch_indices().back()), 0U);
+  // start_iter counts batches of the continuation.
+  after[1].set_start_iter(1);
+  const auto whole = after[1].epoch_indices();
+  EXPECT_EQ(after[1].indices(), std::vector<int64_t>(whole.begin() + 4, whole.end()));
+  // More consumed than a replica held counts as all of it.
+  EXPECT_EQ(world(48, 3, {{2, 100}})[0].num_samples(), 0);
+  EXPECT_TRUE(world(48, 3, {{2, 100}})[0].epoch_indices().empty());
+}
+
+TEST(StatefulDistributedSampler, EarlierStretchesRoundTripAndAreChecked) {
+  auto sampler = world(48, 3, {{2, 12}})[1];
+  sampler.set_start_iter(1);
+  StatefulDistributedSampler resumed(48, 3, 1, 4, 7);
+  resumed.load_state_dict(sampler.state_dict());
+  EXPECT_EQ(resumed.indices(), sampler.indices());
+  resumed.set_earlier_stretches({}); // back to a fresh epoch
+  EXPECT_EQ(resumed.num_samples(), 16);
+  EXPECT_EQ(resumed.num_earlier_samples(), 0);
+  EXPECT_THROW(resumed.set_earlier_stretches({{0, 4}}), ConfigError);
+  EXPECT_THROW(resumed.set_earlier_stretches({{2, -1}}), ConfigError);
 }
 
 } // namespace

@@ -71,7 +71,7 @@ std::vector<WiredKey> wired_keys() {
       {"HOOKS.EMA_MODEL.EMA_DEVICE", "cpu keeps the average on the CPU, gpu beside the model", kMapping},
       {"DATA.NUM_DATALOADER_WORKERS", "loader threads per process (the batches do not depend on it)", "DataLoader.SameBatchesForAnyNumberOfWorkers"},
       {"DATA.DDP_BUCKET_CAP_MB", "DDP gradient bucket size", "DistributedDataParallelTest.BucketsCoverEveryParameterOnce"},
-      {"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER", "VISSL's stateful sampler order (mid-epoch resume)", "TrainerDistributedTest.MidEpochResumeWithStatefulSamplerIsBitExact"},
+      {"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER", "VISSL's stateful sampler order (mid-epoch resume, at another world size too)", "TrainerDistributedTest.MidEpochResumeWithStatefulSamplerIsBitExact"},
   };
   for (const std::string split : {"TRAIN", "TEST"}) {
     const std::string p = "DATA." + split + ".";

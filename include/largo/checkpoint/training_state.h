@@ -12,7 +12,9 @@
 //   precision            loss scaler and O2 master weights (mixed_precision.h)
 //   epoch, iteration_in_epoch, iteration, iterations_per_epoch, num_epochs, complete
 //   rng_state            this rank's CPU generator; rng_states: every rank's
-//   world_size, train_sampler (VISSL's view of the position), top1, top5, best_top1,
+//   world_size, train_sampler (VISSL's view of the position, and what continuing the epoch
+//   at another world size needs: num_replicas, dataset_size, samples_per_replica read in
+//   this stretch, earlier_stretches [replicas, samples, ...]), top1, top5, best_top1,
 //   largo_version, config (the effective YAML)
 //   loss, loss_states    with a loss that keeps state (SwAV's queue): rank 0's {name: tensor}
 //                        (VISSL's "loss" entry) and every rank's, stacked [world, ...]
@@ -39,8 +41,18 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace largo::checkpoint {
+
+// A stretch of the epoch in progress that an earlier run read with another number of data
+// replicas, up to the mid-epoch checkpoint this run resumed from: how many replicas read it,
+// and how many samples of its order each had consumed (data::StatefulDistributedSampler's
+// Stretch, which continues the epoch with the samples they left).
+struct ReadStretch {
+  int64_t num_replicas = 1;
+  int64_t samples_per_replica = 0;
+};
 
 // Where a run stands. `epoch` is the epoch in progress (or the next to start) and
 // `iteration_in_epoch` the optimizer steps of it already done; `iteration` counts all steps.
@@ -48,7 +60,15 @@ struct TrainingProgress {
   int64_t epoch = 0;
   int64_t iteration_in_epoch = 0;
   int64_t iteration = 0;
+  // Of the epoch in progress: an epoch continued at another world size has the steps of its
+  // earlier stretches plus those of this run's.
   int64_t iterations_per_epoch = 0;
+  // An epoch begun by other numbers of data replicas (a mid-epoch resume at another world
+  // size): what they read, oldest first, and the iteration_in_epoch at which this run's
+  // stretch began. Empty and 0 for an epoch read by one world throughout; the trainer clears
+  // them when the epoch ends.
+  std::vector<ReadStretch> earlier_stretches;
+  int64_t stretch_start_iteration = 0;
   int64_t num_epochs = 0;
   bool complete = false;
   std::optional<double> top1; // the last evaluation, percent
@@ -56,12 +76,14 @@ struct TrainingProgress {
   std::optional<double> best_top1;
 };
 
-// How the training sampler reads, for the checkpoint's VISSL-style "train_sampler" entry
-// (informational: every rank recomputes its order from epoch and iteration_in_epoch).
+// How the training sampler reads, for the checkpoint's VISSL-style "train_sampler" entry:
+// every rank recomputes its order from it and the progress; load() compares it with the
+// saved one to tell whether the rest of an epoch is read as saved or continued anew.
 struct SamplerDescription {
   std::string type = "DistributedSampler"; // or "StatefulDistributedSampler"
   int64_t batch_size = 1;                  // per rank and micro-step
   int64_t micro_steps_per_iteration = 1;   // gradient accumulation
+  int64_t dataset_size = 0;                // the samples it partitions (DATA_LIMIT applied)
 };
 
 class TrainingState {
@@ -87,9 +109,14 @@ class TrainingState {
   void save_model(const std::filesystem::path& dir, const std::string& file_name);
 
   // Restores a checkpoint written by save() at any world size and ZeRO stage (sharded
-  // optimizer state is resharded or consolidated). Mid-epoch, the world size and iterations
-  // per epoch must be the saved ones (CheckpointError otherwise: the rest of that epoch
-  // cannot be served exactly); progress.iterations_per_epoch must be set beforehand. With
+  // optimizer state is resharded or consolidated). Mid-epoch, a run that reads as the saved
+  // one did continues its epoch as saved; one that reads otherwise (another number of data
+  // replicas, batch size or accumulation) continues it with the samples not yet read: the
+  // saved stretch is appended to progress.earlier_stretches and this run's begins at
+  // iteration_in_epoch. That needs the stateful sampler in both runs, one rank per data
+  // replica (DDP, ZeRO, FSDP: no pipeline or tensor parallelism) and the same training
+  // samples; otherwise CheckpointError names what to change. progress.iterations_per_epoch
+  // must be set beforehand (an epoch read as saved); for a continued one the caller sets it. With
   // `unless_final`, a final checkpoint (complete) is not loaded and false is returned
   // (CHECKPOINT.OVERWRITE_EXISTING: train again from scratch).
   bool load(const std::filesystem::path& path, bool unless_final = false);
@@ -118,6 +145,8 @@ class TrainingState {
  private:
   void insert_progress(StateDict& state) const;
   void load_progress(const StateDict& state, const std::string& where);
+  void load_epoch_position(
+      const StateDict& state, const std::string& where, int64_t iterations_per_epoch);
   StateDict state_dict(
       const c10::IValue& optimizer_entry,
       const at::Tensor& rng_states,

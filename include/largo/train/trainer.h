@@ -39,6 +39,9 @@ struct TrainSummary {
   bool resumed = false; // started from a checkpoint
   bool interrupted = false; // stopped by stop_after_iterations
   bool already_complete = false; // a final checkpoint existed; nothing was trained
+  // With TrainerOptions::record_samples_read: this rank's training samples (dataset indices)
+  // read by this run's steps, in order, by epoch.
+  std::map<int64_t, std::vector<int64_t>> samples_read;
 };
 
 class Trainer {

@@ -168,6 +168,9 @@ struct TrainerOptions {
   // Testing aid: return as if the process were killed after this many iterations
   // of this run (no checkpoint is written at that point); -1 = never.
   int64_t stop_after_iterations = -1;
+  // Testing aid: keep the dataset indices of the training samples this run's steps read, by
+  // epoch, in TrainSummary::samples_read (a resumed run reads each sample of an epoch once).
+  bool record_samples_read = false;
 };
 
 } // namespace largo::train

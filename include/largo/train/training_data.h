@@ -8,8 +8,10 @@
 // No collectives.
 #pragma once
 
+#include <largo/checkpoint/training_state.h>
 #include <largo/data/data_loader.h>
 #include <largo/data/dataset.h>
+#include <largo/data/sampler.h>
 #include <largo/train/trainer_options.h>
 
 #include <cstdint>
@@ -29,8 +31,16 @@ class TrainingData {
   TrainingData(const TrainerOptions& options, int rank, int world_size,
                torch::Device device = torch::kCPU);
 
-  // This rank's dataset indices for training epoch `epoch`, in order.
-  std::vector<int64_t> train_epoch_order(int64_t epoch) const;
+  // This rank's dataset indices for training epoch `epoch`, in order; with `earlier`
+  // stretches (an epoch continued at another world size; the stateful sampler only), its
+  // share of the samples they left unread (data::StatefulDistributedSampler).
+  std::vector<int64_t>
+  train_epoch_order(int64_t epoch, const std::vector<checkpoint::ReadStretch>& earlier = {}) const;
+  // How far through the epoch `earlier` stretches read, as a fraction of its samples.
+  double fraction_read(const std::vector<checkpoint::ReadStretch>& earlier) const;
+  // Optimizer steps that read `samples_per_rank` samples: batches (DATA.TRAIN.DROP_LAST
+  // drops a short last one), gradient_accumulation_steps at a time.
+  int64_t iterations_for(int64_t samples_per_rank) const;
   // This rank's share of the test set: every world_size-th sample from its rank on, with no
   // padding, so each sample is evaluated exactly once and the summed counts are exact.
   std::vector<int64_t> test_order() const;
@@ -70,6 +80,8 @@ class TrainingData {
 
  private:
   void open_train_split(torch::Device device);
+  data::StatefulDistributedSampler
+  stateful_sampler(int64_t epoch, const std::vector<checkpoint::ReadStretch>& earlier) const;
 
   TrainerOptions options_;
   int rank_;

@@ -48,15 +48,53 @@ std::unordered_map<std::string, at::Tensor> whole_averages(const c10::IValue& en
   return averages;
 }
 
-// How many ranks read data in the run that wrote `state`: its sampler's replicas (a
-// pipeline's stages share theirs), else every rank.
-int64_t saved_data_replicas(const StateDict& state, int64_t saved_world_size) {
+constexpr const char* kStatefulSampler = "StatefulDistributedSampler";
+
+// How the run that wrote a checkpoint read its training data: its "train_sampler" entry, with
+// what the checkpoints of earlier versions lack derived from the rest (dataset_size -1:
+// unknown).
+struct SavedReading {
+  std::string type;
+  int64_t num_replicas = 1; // a pipeline's stages share theirs
+  int64_t batch_size = 1;
+  int64_t micro_steps = 1;
+  int64_t dataset_size = -1;
+  int64_t samples_per_replica = 0; // read by each replica in its stretch of the epoch
+  std::vector<ReadStretch> earlier_stretches;
+  int64_t stretch_start_iteration = 0;
+};
+
+int64_t int_entry(const c10::impl::GenericDict& entries, const char* key, int64_t fallback) {
+  return entries.contains(key) ? entries.at(key).toInt() : fallback;
+}
+
+SavedReading
+saved_reading(const StateDict& state, int64_t saved_world_size, int64_t iteration_in_epoch) {
+  SavedReading saved;
+  saved.num_replicas = saved_world_size;
   auto sampler = state.find("train_sampler");
   if (sampler == state.end() || !sampler->value().isGenericDict()) {
-    return saved_world_size;
+    return saved;
   }
   const auto entries = sampler->value().toGenericDict();
-  return entries.contains("num_replicas") ? entries.at("num_replicas").toInt() : saved_world_size;
+  saved.type = entries.contains("type") ? entries.at("type").toStringRef() : "";
+  saved.num_replicas = int_entry(entries, "num_replicas", saved_world_size);
+  saved.batch_size = int_entry(entries, "batch_size", 1);
+  saved.stretch_start_iteration = int_entry(entries, "stretch_start_iteration", 0);
+  const int64_t start_iter = int_entry(entries, "start_iter", 0); // micro-batches
+  const int64_t steps = iteration_in_epoch - saved.stretch_start_iteration;
+  saved.micro_steps =
+      int_entry(entries, "micro_steps_per_iteration", steps > 0 ? start_iter / steps : 1);
+  saved.dataset_size = int_entry(entries, "dataset_size", -1);
+  saved.samples_per_replica =
+      int_entry(entries, "samples_per_replica", start_iter * saved.batch_size);
+  if (entries.contains("earlier_stretches")) {
+    const auto flat = entries.at("earlier_stretches").toListRef(); // [replicas, samples, ...]
+    for (size_t i = 0; i + 1 < flat.size(); i += 2) {
+      saved.earlier_stretches.push_back(ReadStretch{flat[i].toInt(), flat[i + 1].toInt()});
+    }
+  }
+  return saved;
 }
 
 // This rank's part of a whole model's state (the entries its module holds: a pipeline stage's
@@ -197,9 +235,24 @@ StateDict TrainingState::state_dict(
   StateDict sampler = make_state_dict();
   sampler.insert("type", sampler_.type);
   sampler.insert("epoch", progress.epoch);
-  sampler.insert("start_iter", progress.iteration_in_epoch * sampler_.micro_steps_per_iteration);
+  // start_iter counts the micro-batches of this run's stretch of the epoch (all of it, unless
+  // the epoch was continued at another world size).
+  const int64_t micro_steps = (progress.iteration_in_epoch - progress.stretch_start_iteration) *
+                              sampler_.micro_steps_per_iteration;
+  sampler.insert("start_iter", micro_steps);
   sampler.insert("batch_size", sampler_.batch_size);
   sampler.insert("num_replicas", static_cast<int64_t>(model_.data_parallel_group().world_size()));
+  // What continuing the epoch at another world size needs.
+  sampler.insert("micro_steps_per_iteration", sampler_.micro_steps_per_iteration);
+  sampler.insert("dataset_size", sampler_.dataset_size);
+  sampler.insert("samples_per_replica", micro_steps * sampler_.batch_size);
+  sampler.insert("stretch_start_iteration", progress.stretch_start_iteration);
+  c10::List<int64_t> earlier;
+  for (const ReadStretch& stretch : progress.earlier_stretches) {
+    earlier.push_back(stretch.num_replicas);
+    earlier.push_back(stretch.samples_per_replica);
+  }
+  sampler.insert("earlier_stretches", earlier);
   state.insert("train_sampler", sampler);
   if (!ema_entry.isNone()) {
     state.insert("ema_model", ema_entry);
@@ -215,6 +268,8 @@ void TrainingState::load_progress(const StateDict& state, const std::string& whe
   progress.iteration_in_epoch = entry("iteration_in_epoch").toInt();
   progress.iteration = entry("iteration").toInt();
   progress.complete = entry("complete").toBool();
+  progress.earlier_stretches.clear(); // load_epoch_position restores them
+  progress.stretch_start_iteration = 0;
   progress.top1 = optional_double(state, "top1");
   progress.top5 = optional_double(state, "top5");
   progress.best_top1 = optional_double(state, "best_top1");
@@ -237,28 +292,8 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
   }
   const int64_t iterations_per_epoch = progress.iterations_per_epoch;
   load_progress(state, where);
-  const int64_t saved_iterations_per_epoch = entry("iterations_per_epoch").toInt();
   const int64_t saved_world_size = state.contains("world_size") ? entry("world_size").toInt() : 1;
-  const int world_size = model_.process_group().world_size();
-  const int64_t saved_replicas = saved_data_replicas(state, saved_world_size);
-  const int replicas = model_.data_parallel_group().world_size();
-  if (progress.iteration_in_epoch > 0 &&
-      (saved_iterations_per_epoch != iterations_per_epoch || saved_world_size != world_size ||
-       saved_replicas != replicas)) {
-    throw CheckpointError(fmt::format(
-        "{} was written mid-epoch by {} rank(s) ({} reading data) with {} iterations per epoch, "
-        "but this run has {} rank(s) ({} reading data) and {} iterations per epoch (world size, "
-        "pipeline size, batch size, accumulation or data changed), so the rest of that epoch "
-        "cannot be served exactly; resume with the original settings, or from an end-of-epoch "
-        "checkpoint (model_phase*.torch)",
-        where,
-        saved_world_size,
-        saved_replicas,
-        saved_iterations_per_epoch,
-        world_size,
-        replicas,
-        iterations_per_epoch));
-  }
+  load_epoch_position(state, where, iterations_per_epoch);
   load_model(state, where);
   auto precision_state = state.find("precision"); // absent in checkpoints of Largo 0.1.0
   model_.precision().load_state_dict(
@@ -268,6 +303,110 @@ bool TrainingState::load(const fs::path& path, bool unless_final) {
   load_model_ema(state, where);
   load_loss_state(state, saved_world_size, where);
   return true;
+}
+
+namespace {
+
+// Whether a run reads its epochs as the saved one did (then the saved position is its own).
+bool reads_alike(const SavedReading& saved, const SamplerDescription& current, int64_t replicas) {
+  return saved.type == current.type && saved.num_replicas == replicas &&
+         saved.batch_size == current.batch_size &&
+         saved.micro_steps == current.micro_steps_per_iteration &&
+         (saved.dataset_size < 0 || saved.dataset_size == current.dataset_size);
+}
+
+// Throws CheckpointError, naming the key to change, unless the samples an interrupted epoch
+// has not read can be told and split over this run's replicas.
+void check_epoch_can_continue(
+    const SavedReading& saved,
+    int64_t saved_world_size,
+    const SamplerDescription& current,
+    bool one_rank_per_replica,
+    const std::string& layout) {
+  const std::string instead =
+      "; resume with the original settings, or from an end-of-epoch checkpoint "
+      "(model_phase*.torch)";
+  if (saved_world_size != saved.num_replicas || !one_rank_per_replica) {
+    throw CheckpointError(fmt::format(
+        "{}, so the rest of that epoch cannot be served exactly: an epoch continues in another "
+        "layout only with one rank per data replica (DDP, ZeRO, FSDP), not with "
+        "DISTRIBUTED.PIPELINE_SIZE or DISTRIBUTED.TENSOR_PARALLEL_SIZE above 1 in either run, "
+        "whose ranks' random streams would not carry over{}",
+        layout,
+        instead));
+  }
+  if (saved.type != kStatefulSampler || current.type != kStatefulSampler) {
+    throw CheckpointError(fmt::format(
+        "{}, so the rest of that epoch cannot be served exactly: continuing it in another layout "
+        "needs DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER=True in both runs (the saved run used "
+        "{}, this one {}){}",
+        layout,
+        saved.type.empty() ? "an unrecorded sampler" : saved.type,
+        current.type,
+        instead));
+  }
+  if (saved.dataset_size != current.dataset_size) {
+    throw CheckpointError(fmt::format(
+        "{}, so the rest of that epoch cannot be served exactly: the saved run partitioned {} "
+        "training samples and this one {} (DATA.TRAIN.DATA_SOURCES / DATA_LIMIT changed){}",
+        layout,
+        saved.dataset_size < 0 ? std::string("an unrecorded number of")
+                               : std::to_string(saved.dataset_size),
+        current.dataset_size,
+        instead));
+  }
+}
+
+} // namespace
+
+// Mid-epoch, the rest of the epoch is read as the saved run would have read it when this run
+// reads alike; otherwise it is continued with the samples not yet read (a new stretch), when
+// that can be done exactly.
+void TrainingState::load_epoch_position(
+    const StateDict& state, const std::string& where, int64_t iterations_per_epoch) {
+  if (progress.iteration_in_epoch == 0) {
+    return; // at an epoch's start every run reads the epoch afresh
+  }
+  const int64_t saved_world_size =
+      state.contains("world_size") ? state.at("world_size").toInt() : 1;
+  const SavedReading saved = saved_reading(state, saved_world_size, progress.iteration_in_epoch);
+  const int64_t saved_iterations = state_at(state, "iterations_per_epoch", where).toInt();
+  const int world_size = model_.process_group().world_size();
+  const int replicas = model_.data_parallel_group().world_size();
+  if (reads_alike(saved, sampler_, replicas) && saved_world_size == world_size &&
+      (!saved.earlier_stretches.empty() || saved_iterations == iterations_per_epoch)) {
+    progress.earlier_stretches = saved.earlier_stretches;
+    progress.stretch_start_iteration = saved.stretch_start_iteration;
+    return;
+  }
+  const std::string layout = fmt::format(
+      "{} was written mid-epoch by {} rank(s) ({} reading data, batch {} x {} micro-step(s)) "
+      "with {} iterations per epoch, but this run has {} rank(s) ({} reading data, batch {} x {}) "
+      "and {} iterations per epoch",
+      where,
+      saved_world_size,
+      saved.num_replicas,
+      saved.batch_size,
+      saved.micro_steps,
+      saved_iterations,
+      world_size,
+      replicas,
+      sampler_.batch_size,
+      sampler_.micro_steps_per_iteration,
+      iterations_per_epoch);
+  check_epoch_can_continue(saved, saved_world_size, sampler_, world_size == replicas, layout);
+  progress.earlier_stretches = saved.earlier_stretches;
+  progress.earlier_stretches.push_back(ReadStretch{saved.num_replicas, saved.samples_per_replica});
+  progress.stretch_start_iteration = progress.iteration_in_epoch;
+  if (model_.process_group().rank() == 0) {
+    spdlog::info(
+        "{} was written mid-epoch {} by {} data replica(s); this run's {} continue it with the "
+        "samples not yet read",
+        where,
+        progress.epoch + 1,
+        saved.num_replicas,
+        replicas);
+  }
 }
 
 void TrainingState::load_model(const StateDict& state, const std::string& where) {

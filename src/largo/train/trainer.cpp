@@ -77,6 +77,7 @@ struct Trainer::State {
   bool model_state_logged = false;
   int64_t num_parameters = 0; // the whole model's, counted before a pipeline empties the rest
   optim::OptimizerSpec optimizer_spec; // with LARC's excluded names filled in
+  double earlier_fraction = 0.0;       // of the epoch in progress, read by its earlier stretches
 
   const TrainerOptions& options() const {
     return plan.options;
@@ -99,7 +100,11 @@ struct Trainer::State {
   void keep_model_ema();
   void log_start() const;
   std::string sync_batch_norm_text() const;
+  void set_epoch_length();
+  double position_in_run(const optim::ScheduleOptions& schedule) const;
   void set_learning_rates();
+  void record_samples_read(
+      TrainSummary& summary, const std::vector<int64_t>& order, int64_t first_batch);
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
   StepResult run_step();
   void end_epoch();
@@ -163,7 +168,8 @@ void Trainer::State::setup() {
   checkpoint::SamplerDescription sampler{
       options().train.use_stateful_sampler ? "StatefulDistributedSampler" : "DistributedSampler",
       options().train.batch_size,
-      options().gradient_accumulation_steps};
+      options().gradient_accumulation_steps,
+      data->num_train_samples()};
   state =
       std::make_unique<checkpoint::TrainingState>(*parallel, sampler, config_yaml, options().seed);
   progress().iterations_per_epoch = data->iterations_per_epoch();
@@ -412,22 +418,66 @@ std::string Trainer::State::sync_batch_norm_text() const {
       size == 0 ? group->world_size() : size);
 }
 
+// The steps of the epoch in progress. One continued at another world size (earlier_stretches)
+// has its earlier stretches' steps and those that read this run's share of what they left.
+void Trainer::State::set_epoch_length() {
+  checkpoint::TrainingProgress& p = progress();
+  earlier_fraction = data->fraction_read(p.earlier_stretches);
+  if (p.earlier_stretches.empty()) {
+    p.iterations_per_epoch = data->iterations_per_epoch();
+    return;
+  }
+  const auto order = data->train_epoch_order(p.epoch, p.earlier_stretches);
+  p.iterations_per_epoch =
+      p.stretch_start_iteration + data->iterations_for(static_cast<int64_t>(order.size()));
+}
+
+// How far through the run a step-wise schedule stands (0 to 1). In an epoch continued at
+// another world size the steps no longer count alike, so the schedule goes on from the share
+// of the epoch's samples read before this run's stretch, and over the stretch's steps to the
+// epoch's end; an epoch read by one world throughout counts its steps, as it always has.
+double Trainer::State::position_in_run(const optim::ScheduleOptions& schedule) const {
+  const checkpoint::TrainingProgress& p = state->progress;
+  const double where = optim::where_for(
+      p.epoch,
+      p.iteration_in_epoch,
+      p.iterations_per_epoch,
+      p.num_epochs,
+      schedule.update_interval);
+  if (p.earlier_stretches.empty() || schedule.update_interval == "epoch") {
+    return where;
+  }
+  const int64_t steps = p.iterations_per_epoch - p.stretch_start_iteration;
+  const double in_stretch =
+      steps > 0 ? static_cast<double>(p.iteration_in_epoch - p.stretch_start_iteration) / steps
+                : 1.0;
+  const double in_epoch = earlier_fraction + (1.0 - earlier_fraction) * in_stretch;
+  return (static_cast<double>(p.epoch) + in_epoch) / static_cast<double>(p.num_epochs);
+}
+
 void Trainer::State::set_learning_rates() {
-  const checkpoint::TrainingProgress& p = progress();
   auto lr_at = [&](const optim::LrSchedule& schedule, const optim::ScheduleOptions& options) {
-    const double where = optim::where_for(
-        p.epoch,
-        p.iteration_in_epoch,
-        p.iterations_per_epoch,
-        p.num_epochs,
-        options.update_interval);
-    return schedule.value_at(std::min(where, 1.0));
+    return schedule.value_at(std::min(position_in_run(options), 1.0));
   };
   const double trunk_lr = lr_at(*lr_schedule, plan.lr);
   const double head_lr = lr_at(*lr_head_schedule, plan.lr_head);
   for (auto& group : parallel->optimizer().param_groups()) {
     group.lr = group.name.rfind("head", 0) == 0 ? head_lr : trunk_lr; // "head", "head_no_wd"
   }
+}
+
+// The samples the steps since start_epoch(order, ..., first_batch) read.
+void Trainer::State::record_samples_read(
+    TrainSummary& summary, const std::vector<int64_t>& order, int64_t first_batch) {
+  if (!options().record_samples_read) {
+    return;
+  }
+  const data::DataLoader& loader = data->train_loader();
+  const int64_t batch_size = loader.options().batch_size;
+  const auto begin = std::min<size_t>(first_batch * batch_size, order.size());
+  const auto end = std::min<size_t>(loader.next_batch_index() * batch_size, order.size());
+  auto& read = summary.samples_read[progress().epoch];
+  read.insert(read.end(), order.begin() + begin, order.begin() + end);
 }
 
 // One optimizer step over the next batches of the epoch; the last step of an epoch takes
@@ -479,10 +529,11 @@ void Trainer::State::throw_diverged(const StepResult& result) const {
 bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
   checkpoint::TrainingProgress& p = progress();
   model.module()->train(); // a linear evaluation keeps its frozen trunk in eval mode
-  data->train_loader().start_epoch(
-      data->train_epoch_order(p.epoch),
-      p.epoch,
-      p.iteration_in_epoch * options().gradient_accumulation_steps);
+  // An epoch continued at another world size counts its batches from this run's stretch.
+  const std::vector<int64_t> order = data->train_epoch_order(p.epoch, p.earlier_stretches);
+  const int64_t first_batch =
+      (p.iteration_in_epoch - p.stretch_start_iteration) * options().gradient_accumulation_steps;
+  data->train_loader().start_epoch(order, p.epoch, first_batch);
   while (p.iteration_in_epoch < p.iterations_per_epoch) {
     set_learning_rates();
     if (self_supervised) {
@@ -509,9 +560,11 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     if (iterations_left > 0 && --iterations_left == 0) {
       records.progress_bar.clear();
       summary.interrupted = true;
+      record_samples_read(summary, order, first_batch);
       return false;
     }
   }
+  record_samples_read(summary, order, first_batch);
   return true;
 }
 
@@ -520,6 +573,9 @@ void Trainer::State::end_epoch() {
   ++p.epoch;
   p.iteration_in_epoch = 0;
   p.complete = p.epoch == p.num_epochs;
+  p.earlier_stretches.clear(); // the next epoch is read by this world alone
+  p.stretch_start_iteration = 0;
+  set_epoch_length();
   for (auto& hook : hooks) {
     hook->on_epoch_end(p);
   }
@@ -540,6 +596,7 @@ TrainSummary Trainer::run() {
     return summary;
   }
   summary.resumed = resume_or_start_fresh(*s.state, s.options().checkpoint, *s.group);
+  s.set_epoch_length(); // a resumed epoch may be continued at another world size
   if (p.complete) {
     spdlog::info(
         "training is already complete in {} (final checkpoint, {} epochs); set "

@@ -135,21 +135,25 @@ void TrainingData::open_train_split(torch::Device device) {
   train_loader_ = make_loader(options_, options_.train, std::move(train), rank_, device);
 
   const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
-  const int64_t batch_size = options_.train.batch_size;
-  const int64_t batches_per_epoch = options_.train.drop_last
-                                        ? samples_per_rank / batch_size
-                                        : (samples_per_rank + batch_size - 1) / batch_size;
-  const int64_t accumulation = options_.gradient_accumulation_steps;
-  iterations_per_epoch_ = (batches_per_epoch + accumulation - 1) / accumulation;
+  iterations_per_epoch_ = iterations_for(samples_per_rank);
   if (iterations_per_epoch_ == 0) {
     throw ConfigError(fmt::format(
         "DATA.TRAIN.BATCHSIZE_PER_REPLICA = {}{} leaves no batch from the {} samples each of the "
         "{} ranks reads",
-        batch_size,
+        options_.train.batch_size,
         options_.train.drop_last ? " with DROP_LAST" : "",
         samples_per_rank,
         world_size_));
   }
+}
+
+int64_t TrainingData::iterations_for(int64_t samples_per_rank) const {
+  const int64_t batch_size = options_.train.batch_size;
+  const int64_t batches = options_.train.drop_last
+                              ? samples_per_rank / batch_size
+                              : (samples_per_rank + batch_size - 1) / batch_size;
+  const int64_t accumulation = options_.gradient_accumulation_steps;
+  return (batches + accumulation - 1) / accumulation;
 }
 
 data::DataLoader& TrainingData::train_loader() {
@@ -157,15 +161,42 @@ data::DataLoader& TrainingData::train_loader() {
   return *train_loader_;
 }
 
-std::vector<int64_t> TrainingData::train_epoch_order(int64_t epoch) const {
+data::StatefulDistributedSampler TrainingData::stateful_sampler(
+    int64_t epoch, const std::vector<checkpoint::ReadStretch>& earlier) const {
+  data::StatefulDistributedSampler sampler(
+      static_cast<int64_t>(train_subset_.size()),
+      world_size_,
+      rank_,
+      options_.train.batch_size,
+      options_.seed);
+  sampler.set_epoch(epoch);
+  std::vector<data::StatefulDistributedSampler::Stretch> stretches;
+  for (const checkpoint::ReadStretch& stretch : earlier) {
+    stretches.push_back({stretch.num_replicas, stretch.samples_per_replica});
+  }
+  sampler.set_earlier_stretches(std::move(stretches));
+  return sampler;
+}
+
+double TrainingData::fraction_read(const std::vector<checkpoint::ReadStretch>& earlier) const {
+  if (earlier.empty()) {
+    return 0.0;
+  }
+  const data::StatefulDistributedSampler sampler = stateful_sampler(0, earlier);
+  return static_cast<double>(sampler.num_earlier_samples()) /
+         static_cast<double>(std::max<int64_t>(sampler.epoch_size(), 1));
+}
+
+std::vector<int64_t> TrainingData::train_epoch_order(
+    int64_t epoch, const std::vector<checkpoint::ReadStretch>& earlier) const {
   const auto size = static_cast<int64_t>(train_subset_.size());
   std::vector<int64_t> positions;
   if (options_.train.use_stateful_sampler) {
-    data::StatefulDistributedSampler sampler(
-        size, world_size_, rank_, options_.train.batch_size, options_.seed);
-    sampler.set_epoch(epoch);
-    positions = sampler.epoch_indices();
+    positions = stateful_sampler(epoch, earlier).epoch_indices();
   } else {
+    // TrainingState refuses to continue an epoch at another world size without the stateful
+    // sampler.
+    TORCH_INTERNAL_ASSERT(earlier.empty(), "DistributedSampler cannot continue an epoch");
     data::DistributedSampler sampler(
         size, world_size_, rank_, /*shuffle=*/true, options_.seed, options_.train.drop_last);
     sampler.set_epoch(epoch);
