@@ -275,7 +275,8 @@ std::vector<WiredKey> wired_keys() {
        "FullyShardedDataParallelTest.WithoutPrefetchEqualsDdp",
        with_fsdp},
       {fsdp + "offload_optimizer",
-       "Largo extension: the optimizer state in host memory, stepped there ([offload.md](offload.md))",
+       "Largo extension: the optimizer state in host memory, stepped there "
+       "([offload.md](offload.md))",
        "TrainerOffloadTest.TrainsBitForBitLikeTheRunWithoutOffload"},
       {"MODEL.GRAD_CLIP.USE_GRAD_CLIP",
        "global gradient-norm clipping",

@@ -163,7 +163,8 @@ TEST(TrainerConfigMappingTest, LarsKeysReachTheSpecAndAreRefusedWithoutLars) {
   EXPECT_EQ(options_with({"OPTIMIZER.name=lars"}).optimizer.spec.lars.eta, 0.001);
 
   const TrainerOptions zero = options_with(
-      {"OPTIMIZER.name=zero", "+OPTIMIZER.base_optimizer.name=lars",
+      {"OPTIMIZER.name=zero",
+       "+OPTIMIZER.base_optimizer.name=lars",
        "+OPTIMIZER.base_optimizer.eta=0.003"});
   EXPECT_EQ(zero.optimizer.spec.name, "lars");
   EXPECT_EQ(zero.optimizer.spec.lars.eta, 0.003);
@@ -178,7 +179,8 @@ TEST(TrainerConfigMappingTest, LarsKeysReachTheSpecAndAreRefusedWithoutLars) {
     EXPECT_NE(exclude.find("OPTIMIZER.exclude_bias_and_norm"), std::string::npos) << exclude;
   }
   const std::string nested = mapping_error(
-      {"OPTIMIZER.name=zero", "+OPTIMIZER.base_optimizer.name=sgd",
+      {"OPTIMIZER.name=zero",
+       "+OPTIMIZER.base_optimizer.name=sgd",
        "+OPTIMIZER.base_optimizer.exclude_bias_and_norm=True"});
   EXPECT_NE(nested.find("OPTIMIZER.base_optimizer.exclude_bias_and_norm"), std::string::npos)
       << nested;

@@ -13,8 +13,8 @@ namespace {
 // One parameter of a step.
 struct LarsItem {
   at::Tensor param, grad, mu;
-  at::Tensor update;  // dp = g + weight_decay * p, then dp * q
-  int64_t index = 0;  // position among all the optimizer's parameters (the partials' layout)
+  at::Tensor update; // dp = g + weight_decay * p, then dp * q
+  int64_t index = 0; // position among all the optimizer's parameters (the partials' layout)
   const ParamGroup* group = nullptr;
   bool adapted = true; // not excluded from the trust ratio
   double trust_ratio = 1.0;
@@ -42,7 +42,8 @@ void decay_into_updates(std::vector<LarsItem>& items) {
 
 // This rank's [2 * num_params] float64 partials: ||p||^2 and ||dp||^2 of the adapted items
 // at their positions, zeros elsewhere; on the device of the items' tensors.
-at::Tensor local_partials(const std::vector<LarsItem>& items, int64_t num_params, at::Device device) {
+at::Tensor
+local_partials(const std::vector<LarsItem>& items, int64_t num_params, at::Device device) {
   std::vector<at::Tensor> params, updates;
   std::vector<int64_t> positions;
   for (const LarsItem& item : items) {
@@ -142,8 +143,8 @@ void LARS::step() {
         continue;
       }
       if (grad.is_sparse()) {
-        throw TrainingError(fmt::format(
-            "LARS does not support sparse gradients (parameter '{}')", group.names[i]));
+        throw TrainingError(
+            fmt::format("LARS does not support sparse gradients (parameter '{}')", group.names[i]));
       }
       ParamState& param_state = state(group.names[i]);
       if (param_state.empty()) {
@@ -162,8 +163,8 @@ void LARS::step() {
   }
   decay_into_updates(items);
   // Every rank reaches the reducer, with zeros where it holds nothing: it is a collective.
-  const at::Tensor reduced = reduce_partials(
-      norm_reducer(), local_partials(items, num_params, device), NormReduceOp::sum);
+  const at::Tensor reduced =
+      reduce_partials(norm_reducer(), local_partials(items, num_params, device), NormReduceOp::sum);
   set_trust_ratios(items, reduced, options_.eta);
   if (!items.empty()) {
     apply_updates(items, options_.momentum);

@@ -779,18 +779,31 @@ void lars_options_from(
   const bool exclude_bias_and_norm = config.get_bool(exclude_key);
   if (spec.name != "lars") {
     const optim::LARSOptions defaults;
-    require(eta == defaults.eta, eta_key, fmt::format("{}", eta),
-            fmt::format("{} (its default) unless the optimizer is lars; this one is {}",
-                        defaults.eta, spec.name));
-    require(!exclude_bias_and_norm, exclude_key, "True",
-            fmt::format("False unless the optimizer is lars; this one is {} (LARC's is "
-                        "OPTIMIZER.larc_config.exclude_bias_and_norm)", spec.name));
+    require(
+        eta == defaults.eta,
+        eta_key,
+        fmt::format("{}", eta),
+        fmt::format(
+            "{} (its default) unless the optimizer is lars; this one is {}",
+            defaults.eta,
+            spec.name));
+    require(
+        !exclude_bias_and_norm,
+        exclude_key,
+        "True",
+        fmt::format(
+            "False unless the optimizer is lars; this one is {} (LARC's is "
+            "OPTIMIZER.larc_config.exclude_bias_and_norm)",
+            spec.name));
     return;
   }
   const std::string momentum_key = optimizer_key("momentum");
   spec.lars.momentum = config.get_double(momentum_key);
-  require(spec.lars.momentum >= 0.0 && spec.lars.momentum < 1.0, momentum_key,
-          fmt::format("{}", spec.lars.momentum), "a number in [0, 1) for lars (VISSL's rule)");
+  require(
+      spec.lars.momentum >= 0.0 && spec.lars.momentum < 1.0,
+      momentum_key,
+      fmt::format("{}", spec.lars.momentum),
+      "a number in [0, 1) for lars (VISSL's rule)");
   require(eta > 0.0 && std::isfinite(eta), eta_key, fmt::format("{}", eta), "a number > 0");
   spec.lars.eta = eta;
   optimizer.lars_exclude_bias_and_norm = exclude_bias_and_norm;

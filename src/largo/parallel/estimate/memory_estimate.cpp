@@ -117,8 +117,10 @@ void MemoryEstimateOptions::validate() const {
   }
   if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb" &&
       optimizer.name != "lars") {
-    throw config_error("OPTIMIZER.name", optimizer.name,
-                       "sgd, adamw, lamb or lars (for zero, the name of OPTIMIZER.base_optimizer)");
+    throw config_error(
+        "OPTIMIZER.name",
+        optimizer.name,
+        "sgd, adamw, lamb or lars (for zero, the name of OPTIMIZER.base_optimizer)");
   }
 }
 
