@@ -1,7 +1,8 @@
-// SGD, AdamW, LAMB and LARC (around SGD, AdamW and LAMB) replayed for 200 steps against
-// PyTorch (values from tests/reference/gen_optim_baselines.py: torch.optim for SGD and AdamW,
-// tests/reference/reference_optimizers.py for LAMB and Apex's LARC), each through both
-// update paths: the fused CPU pass and the _foreach path. Built with make_optimizer, so the
+// SGD, AdamW, LAMB, LARC (around SGD, AdamW and LAMB) and LARS replayed for 200 steps
+// against PyTorch (values from tests/reference/gen_optim_baselines.py: torch.optim for SGD
+// and AdamW, tests/reference/reference_optimizers.py for LAMB, Apex's LARC and VISSL's LARS),
+// each through both update paths: the fused CPU pass and the _foreach path (LARS has only
+// the latter). Built with make_optimizer, so the
 // factory is exercised too. Also global-norm clipping against torch.nn.utils.clip_grad_norm_.
 #include "optim_test_util.h"
 
@@ -39,6 +40,16 @@ constexpr double kFusedTolerance = 1e-13;
 // the last bits (measured: at most 1.5e-15). 1e-13 is still 10^9 times smaller than the
 // effect of a wrong branch (decay applied to a zero-gradient parameter, an excluded
 // parameter scaled, clip mode ignored, a missing trust ratio: >= 1e-4 within 50 steps).
+//
+// LARS takes this tolerance too, by the same derivation: its ops are VISSL's, in its order,
+// except ||p|| and ||dp||, which Largo sums in another order. A sum of n <= 12 float64
+// squares is off by at most ~n ulp, so q = eta ||p|| / ||dp|| is off by at most ~3e-15
+// relative, and each step's move by as much of itself; a parameter's error is then at most
+// that times the sum of |move| over the run (errors fed back through later norms are of
+// the same order): at most 2.1 for an adapted parameter in these cases (lars_zero_norms),
+// so <= 7e-15, 1e-13 leaving a margin of 15. A wrong branch (q applied to an excluded
+// parameter, eta ||p|| / 0, decay left out) moves a parameter by >= 1e-3 (the smallest
+// change over a run, lars_default's, is 7e-3).
 constexpr double kNormTolerance = 1e-13;
 
 struct Case {
@@ -63,6 +74,16 @@ OptimizerSpec spec_from(const nlohmann::json& json, bool fused) {
     spec.adamw.betas = {options["betas"][0], options["betas"][1]};
     spec.adamw.eps = options["eps"];
     spec.adamw.amsgrad = options["amsgrad"];
+  } else if (spec.name == "lars") {
+    spec.lars.momentum = options["momentum"];
+    spec.lars.eta = options["eta"];
+    // As the trainer fills it for OPTIMIZER.exclude_bias_and_norm: the 1-D parameters.
+    const auto shapes = json["param_shapes"].get<std::vector<std::vector<int64_t>>>();
+    for (size_t k = 0; k < shapes.size(); ++k) {
+      if (options["exclude_bias_and_norm"].get<bool>() && shapes[k].size() == 1) {
+        spec.lars.excluded_from_adaptation.insert(fmt::format("p{}", k));
+      }
+    }
   } else {
     spec.lamb.betas = {options["betas"][0], options["betas"][1]};
     spec.lamb.eps = options["eps"];
@@ -119,7 +140,7 @@ TEST_P(OptimizerBaselineTest, MatchesPyTorch) {
   auto optimizer = make_optimizer(std::move(groups), spec_from(*spec, test_case.fused));
   const std::string type = (*spec)["type"];
   EXPECT_EQ(optimizer->type(), type == "larc" ? (*spec)["inner"].get<std::string>() : type);
-  const bool norms = type == "larc" || type == "lamb";
+  const bool norms = type == "larc" || type == "lamb" || type == "lars";
   const double tolerance =
       norms ? kNormTolerance : (test_case.fused ? kFusedTolerance : kSameOpsTolerance);
 
@@ -173,6 +194,10 @@ std::vector<Case> all_cases() {
         "lamb_zero_norm", "larc_sgd_clip", "larc_sgd_scale", "larc_sgd_zero_norms",
         "larc_sgd_excluded", "larc_adamw_scale", "larc_lamb_clip"}) {
     cases.push_back({name, true});
+    cases.push_back({name, false});
+  }
+  // One path: labelled _foreach, which it is.
+  for (const char* name : {"lars_default", "lars_excluded_weight_decay", "lars_zero_norms"}) {
     cases.push_back({name, false});
   }
   return cases;

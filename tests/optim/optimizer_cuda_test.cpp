@@ -1,7 +1,7 @@
 // The optimizers on CUDA tensors (SGD through ATen's fused kernel, and through the _foreach
 // path with fused = false; the others through the _foreach path, ATen's multi-tensor kernels)
-// agree with the fused CPU pass, for every optimizer, LARC and global-norm clipping. Skipped
-// without a GPU.
+// agree with the fused CPU pass, for every optimizer, LARC and global-norm clipping (LARS,
+// which has only the _foreach path, with that path on the CPU). Skipped without a GPU.
 #include "optim_test_util.h"
 
 #include <largo/optim/grad_clipping.h>
@@ -34,7 +34,7 @@ TEST(OptimizerCuda, FusedAndForeachOnCudaMatchTheFusedCpuPass) {
   if (!torch::cuda::is_available()) {
     GTEST_SKIP() << "no CUDA device: the CUDA path is checked on GPU machines only";
   }
-  std::vector<std::pair<std::string, OptimizerSpec>> specs(8);
+  std::vector<std::pair<std::string, OptimizerSpec>> specs(9);
   specs[0].first = "sgd";
   specs[0].second.sgd = SGDOptions{0.9, 0.0, true};
   specs[1].first = "adamw";
@@ -58,6 +58,10 @@ TEST(OptimizerCuda, FusedAndForeachOnCudaMatchTheFusedCpuPass) {
   specs[6].second.sgd.fused = false;
   specs[7].first = "sgd_no_momentum"; // the fused kernel without momentum buffers
   specs[7].second.sgd.momentum = 0.0;
+  specs[8].first = "lars"; // _foreach ops and the norms on CUDA (not run on a GPU yet)
+  specs[8].second.name = "lars";
+  specs[8].second.lars.eta = 0.02;
+  specs[8].second.lars.excluded_from_adaptation = {"b"};
   for (const auto& [label, spec] : specs) {
     const bool clip = label == "sgd_clipped";
     std::vector<at::Tensor> cpu = make_params({{3, 4}, {5}, {40000}});

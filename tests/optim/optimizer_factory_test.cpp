@@ -15,7 +15,7 @@ std::vector<ParamGroup> one_group() {
 }
 
 TEST(OptimizerFactory, BuildsEveryOptimizerAndWrapsLarc) {
-  for (const std::string name : {"sgd", "adamw", "lamb"}) {
+  for (const std::string name : {"sgd", "adamw", "lamb", "lars"}) {
     OptimizerSpec spec;
     spec.name = name;
     auto plain = make_optimizer(one_group(), spec);
@@ -38,6 +38,12 @@ TEST(OptimizerFactory, BuildsEveryOptimizerAndWrapsLarc) {
   spec.sgd.nesterov = true;
   auto sgd = make_optimizer(one_group(), spec);
   EXPECT_TRUE(dynamic_cast<SGD&>(*sgd).options().nesterov);
+  spec.name = "lars";
+  spec.lars.eta = 0.02;
+  spec.lars.excluded_from_adaptation = {"b"};
+  auto lars = make_optimizer(one_group(), spec);
+  EXPECT_EQ(dynamic_cast<LARS&>(*lars).options().eta, 0.02);
+  EXPECT_EQ(dynamic_cast<LARS&>(*lars).options().excluded_from_adaptation.count("b"), 1U);
 }
 
 TEST(OptimizerFactory, UnknownNameIsAConfigError) {
@@ -65,6 +71,9 @@ TEST(OptimizerFactory, DescribeSaysWhatIsBuilt) {
   spec.name = "lamb";
   spec.use_larc = false;
   EXPECT_EQ(describe(spec), "LAMB (betas 0.9/0.999, eps 1e-06); LARC off");
+  spec.name = "lars";
+  spec.lars.excluded_from_adaptation = {"head.bias"};
+  EXPECT_EQ(describe(spec), "LARS (momentum 0.9, eta 0.001, 1 parameters not adapted); LARC off");
 }
 
 } // namespace

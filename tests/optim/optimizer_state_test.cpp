@@ -7,6 +7,7 @@
 #include <largo/optim/adamw.h>
 #include <largo/optim/lamb.h>
 #include <largo/optim/larc.h>
+#include <largo/optim/lars.h>
 #include <largo/optim/sgd.h>
 
 #include <fmt/format.h>
@@ -59,6 +60,14 @@ std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> groups) {
 
 std::unique_ptr<Optimizer> make_lamb(std::vector<ParamGroup> groups) {
   return std::make_unique<LAMB>(std::move(groups));
+}
+
+// The bias ("trunk.bias", 1-D) excluded as exclude_bias_and_norm would.
+std::unique_ptr<Optimizer> make_lars(std::vector<ParamGroup> groups) {
+  LARSOptions options;
+  options.eta = 0.02;
+  options.excluded_from_adaptation = {"trunk.bias"};
+  return std::make_unique<LARS>(std::move(groups), options);
 }
 
 std::unique_ptr<Optimizer> make_larc_sgd(std::vector<ParamGroup> groups) {
@@ -134,6 +143,10 @@ TEST(OptimizerState, AdamWResumeIsBitExact) {
 
 TEST(OptimizerState, LambResumeIsBitExact) {
   expect_resume_is_bit_exact(make_lamb);
+}
+
+TEST(OptimizerState, LarsResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_lars);
 }
 
 TEST(OptimizerState, LarcSgdResumeIsBitExact) {
@@ -406,6 +419,24 @@ TEST(OptimizerValidation, LambAndLarcOptions) {
       [&] { (void)LARC(make_sgd(two_groups(params)), bad_eps); },
       {"OPTIMIZER.larc_config.eps", "-1"});
   EXPECT_THROW((void)LARC(nullptr), Error);
+}
+
+// VISSL asserts momentum in [0, 1) for lars; eta must be a positive number.
+TEST(OptimizerValidation, LarsOptions) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  for (double momentum : {1.0, -0.1}) {
+    LARSOptions bad_momentum;
+    bad_momentum.momentum = momentum;
+    expect_config_error(
+        [&] { (void)LARS(two_groups(params), bad_momentum); },
+        {"OPTIMIZER.momentum", fmt::format("{}", momentum), "[0, 1)"});
+  }
+  LARSOptions bad_eta;
+  bad_eta.eta = 0.0;
+  expect_config_error([&] { (void)LARS(two_groups(params), bad_eta); }, {"OPTIMIZER.eta", "0"});
+  LARSOptions zero_momentum;
+  zero_momentum.momentum = 0.0;
+  EXPECT_NO_THROW((void)LARS(two_groups(params), zero_momentum));
 }
 
 TEST(OptimizerValidation, ParameterNames) {

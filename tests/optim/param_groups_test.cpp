@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -270,6 +271,19 @@ TEST(ParamGroups, BiasAndNormNamesForLarc) {
       "trunk.0.bias", "trunk.1.weight", "trunk.1.bias", "trunk.2.weight", "trunk.2.bias",
       "trunk.3.weight", "trunk.3.bias", "trunk.4.linear.bias", "head.0.weight", "head.0.bias",
       "head.1.bias"};
+  EXPECT_EQ(names, expected);
+}
+
+// VISSL's lars excludes by p.ndim == 1: pos_embed (1-D, neither bias nor norm) too, the frozen
+// parameter not (it is not trained), and no weight of more than one dimension.
+TEST(ParamGroups, OneDimensionalNamesForLars) {
+  Net net;
+  Names names = one_dimensional_parameter_names(*net);
+  std::sort(names.begin(), names.end());
+  const Names expected = {
+      "head.0.bias", "head.0.weight", "head.1.bias", "trunk.0.bias", "trunk.1.bias",
+      "trunk.1.weight", "trunk.2.bias", "trunk.2.weight", "trunk.3.bias", "trunk.3.weight",
+      "trunk.4.linear.bias", "trunk.4.pos_embed"};
   EXPECT_EQ(names, expected);
 }
 

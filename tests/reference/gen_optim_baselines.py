@@ -8,8 +8,8 @@ scripts/install_deps.sh, PyTorch 2.11):
     $LARGO_PYTHON tests/reference/gen_optim_baselines.py
 
 Optimizers: float64 parameters, replayed for NUM_STEPS steps with torch.optim.SGD / AdamW,
-and with LAMB and LARC as written from their published algorithms in
-tests/reference/reference_optimizers.py (PyTorch 2.11 has neither).
+and with LAMB, LARC and VISSL's LARS as written from their published algorithms in
+tests/reference/reference_optimizers.py (PyTorch 2.11 has none of them).
 Everything the C++ test needs to replay the same run is a closed-form formula, evaluated
 the same way on both sides (scalar libm calls, then the same tensor ops):
   initial parameter k, flat element i:  0.5 * cos(0.37 * i + k)
@@ -17,7 +17,7 @@ the same way on both sides (scalar libm calls, then the same tensor ops):
   learning rate of a group at step t:   group_lr * (1 - lr_decay_per_step * (t - 1))
 The parameters are recorded every RECORD_EVERY steps. A case may start some parameters at
 zero ("zero_init_params") or give some a zero gradient at every step ("zero_grad_params"),
-to reach LARC's and LAMB's zero-norm branches.
+to reach LARC's, LAMB's and LARS's zero-norm branches.
 
 Gradient clipping: torch.nn.utils.clip_grad_norm_ on the closed-form gradients of a few
 steps, scaled up so that most cases clip, for several norm types.
@@ -34,7 +34,7 @@ import warnings
 
 import torch
 
-from reference_optimizers import LAMB, LARC
+from reference_optimizers import LAMB, LARC, LARS
 
 NUM_STEPS = 200
 RECORD_EVERY = 50
@@ -117,6 +117,26 @@ OPTIMIZER_CASES = [
          options=dict(betas=[0.9, 0.999], eps=1e-6),
          larc=dict(trust_coefficient=0.02, clip=True, eps=1e-8),
          groups=[dict(lr=1e-2, weight_decay=1e-2, params=[0, 1])]),
+    # LARS (VISSL's lars): its defaults, every parameter adapted.
+    dict(name="lars_default", type="lars",
+         options=dict(momentum=0.9, eta=0.001, exclude_bias_and_norm=False),
+         groups=[dict(lr=0.1, weight_decay=0.0, params=[0, 1])]),
+    # exclude_bias_and_norm: parameter 1 (1-D) keeps q = 1 but is still decayed; a larger eta
+    # so that the adapted parameter moves visibly.
+    dict(name="lars_excluded_weight_decay", type="lars",
+         options=dict(momentum=0.9, eta=0.02, exclude_bias_and_norm=True),
+         groups=[dict(lr=0.1, weight_decay=1e-3, params=[0]),
+                 dict(lr=0.05, weight_decay=1e-2, params=[1])]),
+    # The where() branches: parameter 2 starts at zero (||p|| = 0 at step 1: q = 1); parameter
+    # 3 has a zero gradient and, in a group without decay, ||dp|| = 0 at every step (q = 1,
+    # not eta ||p|| / 0); parameter 4 is zero with a zero gradient (q = 1, not 0 / 0); parameter
+    # 1 has a zero gradient but decay, so dp = wd p and q = eta / wd.
+    dict(name="lars_zero_norms", type="lars",
+         options=dict(momentum=0.9, eta=0.02, exclude_bias_and_norm=False),
+         param_shapes=[[3, 4], [5], [4], [2, 3], [3]], zero_init_params=[2, 4],
+         zero_grad_params=[1, 3, 4],
+         groups=[dict(lr=0.1, weight_decay=1e-2, params=[0, 1, 2]),
+                 dict(lr=0.1, weight_decay=0.0, params=[3, 4])]),
 ]
 
 
@@ -129,6 +149,9 @@ def make_torch_optimizer(kind, opts, groups):
                                  amsgrad=opts["amsgrad"])
     if kind == "lamb":
         return LAMB(groups, lr=0.1, betas=tuple(opts["betas"]), eps=opts["eps"])
+    if kind == "lars":
+        return LARS(groups, lr=0.1, momentum=opts["momentum"], eta=opts["eta"],
+                    exclude_bias_and_norm=opts["exclude_bias_and_norm"])
     raise ValueError(kind)
 
 

@@ -1,6 +1,6 @@
-"""LAMB and LARC in PyTorch, written from their published algorithms: the references that
-Largo's LAMB and LARC are tested (tests/reference/gen_optim_baselines.py) and benchmarked
-(bench/optimizer_step_reference.py) against. PyTorch 2.11 has neither.
+"""LAMB, LARC and LARS in PyTorch, written from their published algorithms: the references
+that Largo's LAMB, LARC and LARS are tested (tests/reference/gen_optim_baselines.py) and
+benchmarked (bench/optimizer_step_reference.py) against. PyTorch 2.11 has none of them.
 
 LAMB: You et al., "Large Batch Optimization for Deep Learning: Training BERT in 76 minutes"
 (ICLR 2020), Algorithm 2, with Adam's bias correction and decoupled weight decay:
@@ -9,6 +9,11 @@ LAMB: You et al., "Large Batch Optimization for Deep Learning: Training BERT in 
     r = ||p|| / ||u|| if both are non-zero else 1;   p -= lr r u
 
 LARC: NVIDIA Apex's apex.parallel.LARC (the one VISSL uses), step for step.
+
+LARS: VISSL's _LARS (vissl/optimizers/lars.py, from the Barlow Twins code), step for step:
+    dp = g + wd p;   unless excluded (exclude_bias_and_norm and p.ndim == 1):
+    q = eta ||p|| / ||dp|| if both are > 0 else 1;   dp = q dp
+    mu = momentum mu + dp;   p -= lr mu
 """
 
 import torch
@@ -150,3 +155,36 @@ class LARC:
             torch._foreach_add_(decayed_grads, torch._foreach_mul(decayed, weight_decay))
         if scaled_grads:
             torch._foreach_mul_(scaled_grads, scales)
+
+
+class LARS(torch.optim.Optimizer):
+    """VISSL's _LARS, its step() copied as written (torch.where for the zero-norm branches)."""
+
+    def __init__(self, params, lr=0.1, momentum=0.9, weight_decay=0.0, eta=0.001,
+                 exclude_bias_and_norm=False):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum,
+                                      eta=eta, exclude=exclude_bias_and_norm))
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            for p in g["params"]:
+                dp = p.grad
+                if dp is None:
+                    continue
+                dp = dp.add(p, alpha=g["weight_decay"])
+                if not g["exclude"] or p.ndim != 1:
+                    param_norm = torch.norm(p)
+                    update_norm = torch.norm(dp)
+                    one = torch.ones_like(param_norm)
+                    q = torch.where(
+                        param_norm > 0.0,
+                        torch.where(update_norm > 0, (g["eta"] * param_norm / update_norm), one),
+                        one)
+                    dp = dp.mul(q)
+                param_state = self.state[p]
+                if "mu" not in param_state:
+                    param_state["mu"] = torch.zeros_like(p)
+                mu = param_state["mu"]
+                mu.mul_(g["momentum"]).add_(dp)
+                p.add_(mu, alpha=-g["lr"])

@@ -142,6 +142,54 @@ std::string mapping_error(const std::vector<std::string>& overrides) {
   return "(accepted)";
 }
 
+// OPTIMIZER.name lars with VISSL's Barlow Twins settings reaches the spec; lars's own keys
+// (eta, exclude_bias_and_norm) set for another optimizer, which would ignore them, are
+// refused by name, plain and as ZeRO's base_optimizer; momentum outside [0, 1) too.
+TEST(TrainerConfigMappingTest, LarsKeysReachTheSpecAndAreRefusedWithoutLars) {
+  const TrainerOptions options = options_with(
+      {"OPTIMIZER.name=lars",
+       "OPTIMIZER.weight_decay=0.000001",
+       "OPTIMIZER.momentum=0.9",
+       "OPTIMIZER.exclude_bias_and_norm=True",
+       "OPTIMIZER.eta=0.002",
+       "OPTIMIZER.regularize_bn=False",
+       "OPTIMIZER.regularize_bias=False"});
+  EXPECT_EQ(options.optimizer.spec.name, "lars");
+  EXPECT_EQ(options.optimizer.spec.lars.momentum, 0.9);
+  EXPECT_EQ(options.optimizer.spec.lars.eta, 0.002);
+  EXPECT_TRUE(options.optimizer.lars_exclude_bias_and_norm);
+  EXPECT_EQ(options.optimizer.weight_decay, 0.000001);
+  EXPECT_FALSE(options_with({"OPTIMIZER.name=lars"}).optimizer.lars_exclude_bias_and_norm);
+  EXPECT_EQ(options_with({"OPTIMIZER.name=lars"}).optimizer.spec.lars.eta, 0.001);
+
+  const TrainerOptions zero = options_with(
+      {"OPTIMIZER.name=zero",
+       "+OPTIMIZER.base_optimizer.name=lars",
+       "+OPTIMIZER.base_optimizer.eta=0.003"});
+  EXPECT_EQ(zero.optimizer.spec.name, "lars");
+  EXPECT_EQ(zero.optimizer.spec.lars.eta, 0.003);
+
+  for (const std::string name : {"sgd", "adamw", "lamb"}) {
+    SCOPED_TRACE(name);
+    const std::string eta = mapping_error({"OPTIMIZER.name=" + name, "OPTIMIZER.eta=0.002"});
+    EXPECT_NE(eta.find("OPTIMIZER.eta = 0.002"), std::string::npos) << eta;
+    EXPECT_NE(eta.find("unless the optimizer is lars"), std::string::npos) << eta;
+    const std::string exclude =
+        mapping_error({"OPTIMIZER.name=" + name, "OPTIMIZER.exclude_bias_and_norm=True"});
+    EXPECT_NE(exclude.find("OPTIMIZER.exclude_bias_and_norm"), std::string::npos) << exclude;
+  }
+  const std::string nested = mapping_error(
+      {"OPTIMIZER.name=zero",
+       "+OPTIMIZER.base_optimizer.name=sgd",
+       "+OPTIMIZER.base_optimizer.exclude_bias_and_norm=True"});
+  EXPECT_NE(nested.find("OPTIMIZER.base_optimizer.exclude_bias_and_norm"), std::string::npos)
+      << nested;
+  const std::string momentum = mapping_error({"OPTIMIZER.name=lars", "OPTIMIZER.momentum=1.0"});
+  EXPECT_NE(momentum.find("OPTIMIZER.momentum = 1"), std::string::npos) << momentum;
+  const std::string eta = mapping_error({"OPTIMIZER.name=lars", "OPTIMIZER.eta=0"});
+  EXPECT_NE(eta.find("OPTIMIZER.eta = 0"), std::string::npos) << eta;
+}
+
 // MODEL.TRUNK.REGNET: VISSL's keyword map of ClassyVision's RegNetParams; a preset by name
 // (with the keyword arguments its constructor takes) or explicit parameters; every other
 // entry is refused by name.

@@ -50,6 +50,11 @@ TEST(TrainerFsdpTest, TrainsLikeDdp) {
         {"accumulation 2", {"TRAINER.GRADIENT_ACCUMULATION_STEPS=2"}, {}},
         {"adamw", {"OPTIMIZER.name=adamw", "OPTIMIZER.param_schedulers.lr.start_value=0.002"}, {}},
         {"larc", {"OPTIMIZER.use_larc=True"}, {}},
+        // LARS's norms completed across the ranks' pieces, its exclusion by name (every
+        // piece is 1-D); eta 0.02 so that a per-piece norm would show.
+        {"lars",
+         {"OPTIMIZER.name=lars", "OPTIMIZER.eta=0.02", "OPTIMIZER.exclude_bias_and_norm=True"},
+         {}},
         // Every block its own segment, the first two checkpointed: the recompute in the
         // backward gathers each unit again.
         {"activation checkpointing",

@@ -23,6 +23,8 @@ using largo::testing::run_on_ranks;
 constexpr double kTolerance = 1e-5;
 
 const Overrides kStage1 = {"OPTIMIZER.use_zero=True"};
+const Overrides kLars = {
+    "OPTIMIZER.name=lars", "OPTIMIZER.eta=0.02", "OPTIMIZER.exclude_bias_and_norm=True"};
 // A small reduce buffer, so buckets straddle the two ranks' shards.
 const Overrides kStage2 = {
     "MODEL.SHARDED_DDP_SETUP.USE_SDP=True", "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=3000"};
@@ -60,6 +62,9 @@ TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
         {"sgd momentum, accumulation 2", {"TRAINER.GRADIENT_ACCUMULATION_STEPS=2"}},
         {"adamw", {"OPTIMIZER.name=adamw", "OPTIMIZER.param_schedulers.lr.start_value=0.002"}},
         {"larc", {"OPTIMIZER.use_larc=True"}},
+        // LARS's norms are completed across the ranks' pieces, and its exclusion is by name
+        // (every piece is 1-D); eta 0.02 so that a per-piece norm would show.
+        {"lars", kLars},
         {"activation checkpointing",
          {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"}},
     };

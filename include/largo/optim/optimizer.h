@@ -1,7 +1,7 @@
 // The optimizer base class: parameter groups, per-parameter state keyed by parameter
 // name, zero_grad, and a state_dict that PyTorch's torch.load can read.
 //
-// Concrete optimizers (SGD, AdamW, LAMB) implement step() and describe their
+// Concrete optimizers (SGD, AdamW, LAMB, LARS) implement step() and describe their
 // hyperparameters; the base owns the groups, the state and its (de)serialization, so every
 // optimizer saves and resumes the same way. A wrapper (LARC; later a sharded optimizer)
 // constructs the base with no groups and overrides the virtual accessors below to forward
@@ -86,10 +86,10 @@ class Optimizer {
 
   // Installs the hook that completes per-parameter partial norms across ranks (see
   // tensor_norms.h); a sharded wrapper calls it on the optimizer it builds over its shard.
-  // Optimizers with per-parameter norms (LAMB, LARC) pass one tensor through it per step:
-  // [2 * P] float64 for the P parameters of all groups in order, the first P entries the
-  // squared norms of the parameters, the last P those of the gradients (LARC) or of the
-  // updates (LAMB); a parameter without a gradient contributes zeros. Others ignore it.
+  // Optimizers with per-parameter norms (LAMB, LARC, LARS) pass one tensor through it per
+  // step: [2 * P] float64 for the P parameters of all groups in order, the first P entries
+  // the squared norms of the parameters, the last P those of the gradients (LARC) or of the
+  // updates (LAMB, LARS); a parameter without a gradient contributes zeros. Others ignore it.
   virtual void set_norm_reducer(PartialNormReducer reducer) {
     norm_reducer_ = std::move(reducer);
   }

@@ -7,6 +7,7 @@
 #include <largo/optim/adamw.h>
 #include <largo/optim/lamb.h>
 #include <largo/optim/larc.h>
+#include <largo/optim/lars.h>
 #include <largo/optim/optimizer.h>
 #include <largo/optim/sgd.h>
 
@@ -17,10 +18,12 @@
 namespace largo::optim {
 
 struct OptimizerSpec {
-  std::string name = "sgd"; // OPTIMIZER.name: sgd | adamw | lamb (lamb: a Largo extension)
+  // OPTIMIZER.name: sgd | adamw | lamb | lars (lamb: a Largo extension)
+  std::string name = "sgd";
   SGDOptions sgd;           // read when name is sgd
   AdamWOptions adamw;       // read when name is adamw
   LAMBOptions lamb;         // read when name is lamb
+  LARSOptions lars;         // read when name is lars
   bool use_larc = false;    // OPTIMIZER.use_larc: wrap the optimizer in LARC
   LARCOptions larc;         // OPTIMIZER.larc_config
 };

@@ -50,4 +50,10 @@ std::vector<std::string> bias_and_norm_parameter_names(
     const torch::nn::Module& model,
     const std::function<bool(const torch::nn::Module&)>& is_norm_layer = {});
 
+// The names of the trained parameters with one dimension (biases, norm layers' weights):
+// what VISSL's lars leaves out of its adaptation with exclude_bias_and_norm (p.ndim == 1).
+// Taken from the whole parameters, because a sharded optimizer sees 1-D pieces of all of
+// them (OPTIMIZER.exclude_bias_and_norm fills LARSOptions::excluded_from_adaptation).
+std::vector<std::string> one_dimensional_parameter_names(const torch::nn::Module& model);
+
 } // namespace largo::optim

@@ -32,7 +32,8 @@ struct DataLoadingOptions {
 };
 
 struct OptimizerOptions {
-  // OPTIMIZER.name (sgd | adamw | lamb), its hyperparameters, use_larc and larc_config.
+  // OPTIMIZER.name (sgd | adamw | lamb | lars), its hyperparameters, use_larc and
+  // larc_config.
   optim::OptimizerSpec spec = [] {
     optim::OptimizerSpec sgd_with_momentum; // VISSL's default, momentum 0.9
     sgd_with_momentum.sgd.momentum = 0.9;
@@ -41,6 +42,10 @@ struct OptimizerOptions {
   // OPTIMIZER.larc_config.exclude_bias_and_norm: the trainer fills
   // spec.larc.excluded_from_adaptation with the model's norm-layer and bias parameters.
   bool larc_exclude_bias_and_norm = false;
+  // OPTIMIZER.exclude_bias_and_norm (lars): the trainer fills
+  // spec.lars.excluded_from_adaptation with the model's 1-D parameters, as VISSL decides it
+  // (p.ndim == 1) but from the whole parameters, before any sharding.
+  bool lars_exclude_bias_and_norm = false;
   double weight_decay = 1e-4;
   int64_t num_epochs = 90;
   optim::ParamGroupOptions param_groups;

@@ -15,9 +15,12 @@ make_optimizer(std::vector<ParamGroup> param_groups, const OptimizerSpec& spec) 
     optimizer = std::make_unique<AdamW>(std::move(param_groups), spec.adamw);
   } else if (spec.name == "lamb") {
     optimizer = std::make_unique<LAMB>(std::move(param_groups), spec.lamb);
+  } else if (spec.name == "lars") {
+    optimizer = std::make_unique<LARS>(std::move(param_groups), spec.lars);
   } else {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.name = {} is not an optimizer Largo has; use sgd, adamw or lamb", spec.name));
+        "OPTIMIZER.name = {} is not an optimizer Largo has; use sgd, adamw, lamb or lars",
+        spec.name));
   }
   if (spec.use_larc) {
     optimizer = std::make_unique<LARC>(std::move(optimizer), spec.larc);
@@ -43,6 +46,14 @@ std::string describe_base(const OptimizerSpec& spec) {
   if (spec.name == "lamb") {
     const LAMBOptions& o = spec.lamb;
     return fmt::format("LAMB (betas {}/{}, eps {})", o.betas[0], o.betas[1], o.eps);
+  }
+  if (spec.name == "lars") {
+    const LARSOptions& o = spec.lars;
+    return fmt::format(
+        "LARS (momentum {}, eta {}, {} parameters not adapted)",
+        o.momentum,
+        o.eta,
+        o.excluded_from_adaptation.size());
   }
   return spec.name;
 }

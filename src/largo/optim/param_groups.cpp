@@ -118,4 +118,14 @@ std::vector<std::string> bias_and_norm_parameter_names(
   return names;
 }
 
+std::vector<std::string> one_dimensional_parameter_names(const torch::nn::Module& model) {
+  std::vector<std::string> names;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad() && item.value().dim() == 1) {
+      names.push_back(item.key());
+    }
+  }
+  return names;
+}
+
 } // namespace largo::optim

@@ -242,6 +242,11 @@ void Trainer::State::parallelize_model() {
       spec.larc.excluded_from_adaptation.insert(std::move(name));
     }
   }
+  if (spec.name == "lars" && optimizer.lars_exclude_bias_and_norm) {
+    for (auto& name : optim::one_dimensional_parameter_names(*model.module())) {
+      spec.lars.excluded_from_adaptation.insert(std::move(name));
+    }
+  }
   optimizer_spec = spec;
   auto make_optimizer = [spec](std::vector<optim::ParamGroup> groups) {
     return optim::make_optimizer(std::move(groups), spec);

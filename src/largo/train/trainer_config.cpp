@@ -18,6 +18,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <limits>
 
 namespace largo::train {
@@ -60,7 +62,7 @@ void check_base_optimizer_keys(const Config& config) {
           "OPTIMIZER.base_optimizer." + key,
           "(given)",
           "a key of OPTIMIZER: name, momentum, nesterov, dampening, weight_decay, "
-          "betas, eps, amsgrad, use_larc or larc_config");
+          "betas, eps, amsgrad, eta, exclude_bias_and_norm, use_larc or larc_config");
     }
     if (item.second.IsMap()) {
       for (const auto& nested : item.second) {
@@ -762,6 +764,50 @@ bool zero_options_from(const Config& config, TrainerOptions& options) {
   return shard_optimizer_state;
 }
 
+// lars's keys (VISSL passes eta and exclude_bias_and_norm to the optimizer it names; only
+// lars reads them): read for lars, refused at any value but their default for the others,
+// which would ignore them. `optimizer_key` names a key of OPTIMIZER or base_optimizer.
+void lars_options_from(
+    const Config& config,
+    const std::function<std::string(const std::string&)>& optimizer_key,
+    OptimizerOptions& optimizer) {
+  optim::OptimizerSpec& spec = optimizer.spec;
+  const std::string eta_key = optimizer_key("eta");
+  const std::string exclude_key = optimizer_key("exclude_bias_and_norm");
+  const double eta = config.get_double(eta_key);
+  const bool exclude_bias_and_norm = config.get_bool(exclude_key);
+  if (spec.name != "lars") {
+    const optim::LARSOptions defaults;
+    require(
+        eta == defaults.eta,
+        eta_key,
+        fmt::format("{}", eta),
+        fmt::format(
+            "{} (its default) unless the optimizer is lars; this one is {}",
+            defaults.eta,
+            spec.name));
+    require(
+        !exclude_bias_and_norm,
+        exclude_key,
+        "True",
+        fmt::format(
+            "False unless the optimizer is lars; this one is {} (LARC's is "
+            "OPTIMIZER.larc_config.exclude_bias_and_norm)",
+            spec.name));
+    return;
+  }
+  const std::string momentum_key = optimizer_key("momentum");
+  spec.lars.momentum = config.get_double(momentum_key);
+  require(
+      spec.lars.momentum >= 0.0 && spec.lars.momentum < 1.0,
+      momentum_key,
+      fmt::format("{}", spec.lars.momentum),
+      "a number in [0, 1) for lars (VISSL's rule)");
+  require(eta > 0.0 && std::isfinite(eta), eta_key, fmt::format("{}", eta), "a number > 0");
+  spec.lars.eta = eta;
+  optimizer.lars_exclude_bias_and_norm = exclude_bias_and_norm;
+}
+
 // The optimizer ZeRO shards (OPTIMIZER.base_optimizer, the settings it leaves out from
 // OPTIMIZER itself), or OPTIMIZER: its name, hyperparameters and LARC.
 void optimizer_spec_from(
@@ -779,13 +825,13 @@ void optimizer_spec_from(
     throw config_error(
         "OPTIMIZER.base_optimizer.name",
         "(missing)",
-        "the optimizer ZeRO shards: sgd, adamw or lamb (OPTIMIZER.name is zero)");
+        "the optimizer ZeRO shards: sgd, adamw, lamb or lars (OPTIMIZER.name is zero)");
   }
   require(
-      spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb",
+      spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb" || spec.name == "lars",
       name_key,
       spec.name,
-      shard_optimizer_state ? "sgd, adamw or lamb" : "sgd, adamw, lamb or zero");
+      shard_optimizer_state ? "sgd, adamw, lamb or lars" : "sgd, adamw, lamb, lars or zero");
   spec.sgd.momentum = non_negative(config, optimizer_key("momentum"));
   spec.sgd.dampening = non_negative(config, optimizer_key("dampening"));
   spec.sgd.nesterov = config.get_bool(optimizer_key("nesterov"));
@@ -812,6 +858,7 @@ void optimizer_spec_from(
       "a number > 0");
   optimizer.larc_exclude_bias_and_norm =
       config.get_bool(optimizer_key("larc_config.exclude_bias_and_norm"));
+  lars_options_from(config, optimizer_key, optimizer);
 }
 
 // OPTIMIZER's epochs, parameter groups and learning-rate schedules.

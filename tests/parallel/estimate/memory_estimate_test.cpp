@@ -111,6 +111,17 @@ TEST(MemoryEstimateTest, StatePerElementFollowsTheOptimizer) {
   optim::OptimizerSpec lamb;
   lamb.name = "lamb";
   EXPECT_EQ(optimizer_state_bytes_per_element(lamb, at::kFloat, false), 8);
+  // LARS keeps "mu" even at momentum 0 (VISSL's code): as much as the optimizer itself holds.
+  optim::OptimizerSpec lars;
+  lars.name = "lars";
+  lars.lars.momentum = 0.0;
+  EXPECT_EQ(optimizer_state_bytes_per_element(lars, at::kFloat, false), 4);
+  optim::ParamGroup group;
+  group.params = {torch::ones({10}).requires_grad_()};
+  group.params[0].mutable_grad() = torch::ones({10});
+  auto built = optim::make_optimizer({group}, lars);
+  built->step();
+  EXPECT_EQ(built->state_bytes(), 10 * optimizer_state_bytes_per_element(lars, at::kFloat, false));
   // LARC keeps no state: the same as the optimizer it wraps.
   optim::OptimizerSpec larc_sgd = sgd_spec(0.9);
   larc_sgd.use_larc = true;

@@ -115,9 +115,12 @@ void MemoryEstimateOptions::validate() const {
     throw config_error("MemoryEstimateOptions.offload_optimizer", "true",
                        "false at stage 0 (DDP): offload moves a sharded optimizer");
   }
-  if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb") {
-    throw config_error("OPTIMIZER.name", optimizer.name,
-                       "sgd, adamw or lamb (for zero, the name of OPTIMIZER.base_optimizer)");
+  if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb" &&
+      optimizer.name != "lars") {
+    throw config_error(
+        "OPTIMIZER.name",
+        optimizer.name,
+        "sgd, adamw, lamb or lars (for zero, the name of OPTIMIZER.base_optimizer)");
   }
 }
 
@@ -130,6 +133,8 @@ int64_t optimizer_state_bytes_per_element(const optim::OptimizerSpec& optimizer,
     tensors = optimizer.adamw.amsgrad ? 3 : 2; // exp_avg, exp_avg_sq (, max_exp_avg_sq)
   } else if (optimizer.name == "lamb") {
     tensors = 2; // exp_avg, exp_avg_sq
+  } else if (optimizer.name == "lars") {
+    tensors = 1; // mu, at any momentum (VISSL's LARS keeps it even at momentum 0)
   }
   // LARC keeps no state of its own: use_larc changes nothing here.
   if (with_master_weights) {
