@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Does self-supervised pretraining learn? SimCLR (or SwAV) pretrains a ResNet-18 briefly on
+# Does self-supervised pretraining learn? SimCLR (or SwAV, or Barlow Twins) pretrains a ResNet-18 briefly on
 # Fashion-MNIST PNGs (labels unused), then a linear head is trained on its frozen trunk and on
 # a randomly initialised frozen trunk, with the same data and schedule; both test accuracies
 # are printed. Run from the repository root after the build (README); takes minutes on 2 cores.
 #   bash bench/run_ssl_linear_eval.sh [N_TRAIN (5000)] [PRETRAIN_EPOCHS (10)] [EVAL_EPOCHS (5)]
-#                                     [METHOD: simclr (default) | swav]
+#                                     [METHOD: simclr (default) | swav | barlow_twins]
 set -euo pipefail
 N_TRAIN=${1:-5000}
 PRETRAIN_EPOCHS=${2:-10}
@@ -22,8 +22,19 @@ COMMON=(MACHINE.DEVICE=cpu DATA.NUM_DATALOADER_WORKERS=2 LOG_FREQUENCY=20
 
 # 1. Pretraining. SimCLR: two 24x24 views per image. SwAV: 2 x 24 + 4 x 16 crops, 100
 # prototypes frozen for the first epoch, no queue, float32 (the example's Apex O1 float16 is
-# slow on a CPU).
-if [ "$METHOD" = swav ]; then
+# slow on a CPU). Barlow Twins: SimCLR's views, a projection of 512 -> 512 -> 512 with
+# BatchNorm, VISSL's lars (its example's optimizer) from 0.2 on a cosine, float32.
+if [ "$METHOD" = barlow_twins ]; then
+  time ./build/largo train configs/examples/barlow_twins_resnet50_folder.yaml "${COMMON[@]}" \
+      "DATA.TRAIN.DATA_PATHS=[$WORK/png/train]" DATA.TRAIN.BATCHSIZE_PER_REPLICA=128 \
+      "DATA.TRAIN.TRANSFORMS=[{name: ImgReplicatePil, num_times: 2}, {name: RandomResizedCrop, size: 24, scale: [0.3, 1.0]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE]" \
+      "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 512], use_relu: True, use_bn: True, use_bias: False, skip_last_layer_relu_bn: False}], [mlp, {dims: [512, 512], use_bias: False}]]" \
+      LOSS.barlow_twins_loss.embedding_dim=512 \
+      MODEL.AMP_PARAMS.USE_AMP=False MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False \
+      OPTIMIZER.num_epochs="$PRETRAIN_EPOCHS" \
+      "OPTIMIZER.param_schedulers.lr={name: cosine, start_value: 0.2, end_value: 0.002, update_interval: step}" \
+      CHECKPOINT.DIR="$WORK/pretrain" 2>&1 | grep -E "iter .*loss|error|checkpoint written" | tail -4
+elif [ "$METHOD" = swav ]; then
   time ./build/largo train configs/examples/swav_resnet50_folder.yaml "${COMMON[@]}" \
       "DATA.TRAIN.DATA_PATHS=[$WORK/png/train]" DATA.TRAIN.BATCHSIZE_PER_REPLICA=128 \
       "DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 6, size_crops: [24, 16], num_crops: [2, 4], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE]" \
