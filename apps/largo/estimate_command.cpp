@@ -102,9 +102,15 @@ void print_zero_table(
       "3 ZeRO-3 (+ parameters; FSDP)"};
   // With offload, the device's total and the host's bytes (stages 1-3 offload).
   const bool offload = estimate.state_options.offload_optimizer;
-  std::printf("  %-46s %12s %12s %16s %12s %14s%s\n", "stage", "parameters", "gradients",
-              "optimizer state", offload ? "device total" : "total", "ZeRO formula",
-              offload ? "   host memory" : "");
+  std::printf(
+      "  %-46s %12s %12s %16s %12s %14s%s\n",
+      "stage",
+      "parameters",
+      "gradients",
+      "optimizer state",
+      offload ? "device total" : "total",
+      "ZeRO formula",
+      offload ? "   host memory" : "");
   for (int s = 0; s <= 3; ++s) {
     const auto& row = estimate.zero_stages[static_cast<size_t>(s)];
     const auto& bytes = row.estimated;

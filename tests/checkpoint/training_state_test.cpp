@@ -189,13 +189,15 @@ TEST(TrainingStateTest, MidEpochResumeReadingOtherwiseContinuesTheEpochAsANewStr
   EXPECT_EQ(alike.progress.stretch_start_iteration, 3);
   EXPECT_EQ(alike.progress.iteration_in_epoch, 4);
 
-  TrainingState other_data(*model, SamplerDescription{"StatefulDistributedSampler", 4, 1, 40}, "", 0);
+  TrainingState other_data(
+      *model, SamplerDescription{"StatefulDistributedSampler", 4, 1, 40}, "", 0);
   other_data.progress.iterations_per_epoch = 10;
   try {
     other_data.load(dir / "model_iteration3.torch");
     FAIL() << "expected a CheckpointError";
   } catch (const CheckpointError& error) {
-    EXPECT_NE(std::string(error.what()).find("48 training samples and this one 40"), std::string::npos)
+    EXPECT_NE(
+        std::string(error.what()).find("48 training samples and this one 40"), std::string::npos)
         << error.what();
     EXPECT_NE(std::string(error.what()).find("DATA.TRAIN.DATA_SOURCES"), std::string::npos);
   }

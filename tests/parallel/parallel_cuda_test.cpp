@@ -200,8 +200,12 @@ void modes_train_like_one_process(comm::ProcessGroup& group, at::Device device) 
         if (offload && mode == DataParallelism::kDdp) {
           continue; // DDP's optimizer is not sharded: nothing to offload
         }
-        SCOPED_TRACE(fmt::format("{} on {}, {} micro-steps per step{}", to_string(mode),
-                                 device.str(), accumulation, offload ? ", offloaded" : ""));
+        SCOPED_TRACE(fmt::format(
+            "{} on {}, {} micro-steps per step{}",
+            to_string(mode),
+            device.str(),
+            accumulation,
+            offload ? ", offloaded" : ""));
         ParallelOptions options = mode_options(mode);
         options.offload_optimizer = offload;
         Net net = make_net(group.rank(), device);

@@ -161,8 +161,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ParallelizeTest, EachDataParallelModeStatesItsPlacements) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     torch::set_num_threads(1);
-    for (DataParallelism mode : {DataParallelism::kDdp, DataParallelism::kZero1,
-                                 DataParallelism::kZero2, DataParallelism::kFsdp}) {
+    for (DataParallelism mode :
+         {DataParallelism::kDdp,
+          DataParallelism::kZero1,
+          DataParallelism::kZero2,
+          DataParallelism::kFsdp}) {
       SCOPED_TRACE(to_string(mode));
       Net net = make_net(group.rank());
       const size_t trained = net->parameters().size();
@@ -171,8 +174,9 @@ TEST(ParallelizeTest, EachDataParallelModeStatesItsPlacements) {
       const StatePlacements placements = model->placements();
       const std::string value = mode == DataParallelism::kFsdp ? "{dp: FlatShard}" : "{}";
       const std::string state = mode == DataParallelism::kDdp ? "{}" : "{dp: FlatShard}";
-      EXPECT_EQ(placements.describe(), fmt::format("value {}, optimizer state {}: {} parameters",
-                                                   value, state, trained));
+      EXPECT_EQ(
+          placements.describe(),
+          fmt::format("value {}, optimizer state {}: {} parameters", value, state, trained));
       EXPECT_EQ(placements.module_holds_whole_model(), mode != DataParallelism::kFsdp);
       EXPECT_EQ(placements.module_holds_gathered_copies(), mode == DataParallelism::kFsdp);
       EXPECT_TRUE(placements.cover_whole_model());
@@ -205,20 +209,23 @@ TEST_P(OffloadTest, TrainsBitForBitLikeWithoutAndReportsItsHostMemory) {
     if (mode != DataParallelism::kFsdp) { // the same flat layout: to the byte
       EXPECT_EQ(report.measured.host, report.estimated->host);
     } else { // per-unit layouts against one flat layout: the padding differs (5 %, as ZeRO's)
-      EXPECT_NEAR(static_cast<double>(report.measured.host),
-                  static_cast<double>(report.estimated->host),
-                  0.05 * static_cast<double>(report.estimated->host));
+      EXPECT_NEAR(
+          static_cast<double>(report.measured.host),
+          static_cast<double>(report.estimated->host),
+          0.05 * static_cast<double>(report.estimated->host));
     }
   });
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    ShardedModes, OffloadTest,
+    ShardedModes,
+    OffloadTest,
     ::testing::Values(DataParallelism::kZero1, DataParallelism::kZero2, DataParallelism::kFsdp),
     [](const auto& info) {
       std::string name = to_string(info.param);
-      name.erase(std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
-                 name.end());
+      name.erase(
+          std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
+          name.end());
       return name;
     });
 

@@ -77,8 +77,11 @@ TEST(TrainerOffloadTest, ResumesMidEpochBitForBitAndItsCheckpointsResumeWithoutO
     EXPECT_TRUE(train_run(run, stateful + zero2, borrow(group), 10).summary.interrupted);
     group.barrier();
     const Overrides without_offload = stateful + kZero2 + Overrides{"OPTIMIZER.name=adamw"};
-    expect_resumed_bit_exactly(train_run(run, without_offload, borrow(group)), reference, 8,
-                               "resumed without offload, rank " + std::to_string(group.rank()));
+    expect_resumed_bit_exactly(
+        train_run(run, without_offload, borrow(group)),
+        reference,
+        8,
+        "resumed without offload, rank " + std::to_string(group.rank()));
   });
 }
 
@@ -94,16 +97,18 @@ TEST(TrainerOffloadConfigTest, KeysWithoutTheirShardedOptimizerAreRefusedByName)
   // DDP has no sharded optimizer to offload; each key belongs to its modes.
   EXPECT_NE(error_of(kOffloadZero).find("OPTIMIZER.offload_optimizer"), std::string::npos)
       << error_of(kOffloadZero);
-  EXPECT_NE(error_of(kFsdp + kOffloadZero).find("MODEL.FSDP_CONFIG.offload_optimizer"),
-            std::string::npos)
+  EXPECT_NE(
+      error_of(kFsdp + kOffloadZero).find("MODEL.FSDP_CONFIG.offload_optimizer"), std::string::npos)
       << error_of(kFsdp + kOffloadZero);
-  EXPECT_NE(error_of(kZero1 + kOffloadFsdp).find("MODEL.FSDP_CONFIG.offload_optimizer"),
-            std::string::npos)
+  EXPECT_NE(
+      error_of(kZero1 + kOffloadFsdp).find("MODEL.FSDP_CONFIG.offload_optimizer"),
+      std::string::npos)
       << error_of(kZero1 + kOffloadFsdp);
-  EXPECT_NE(error_of({"OPTIMIZER.name=zero",
-                      "OPTIMIZER.base_optimizer={name: sgd, offload_optimizer: True}"})
-                .find("OPTIMIZER.base_optimizer.offload_optimizer"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(
+          {"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: sgd, offload_optimizer: True}"})
+          .find("OPTIMIZER.base_optimizer.offload_optimizer"),
+      std::string::npos);
   // Set where they belong, each reaches the library's option.
   EXPECT_TRUE(trainer_options_from_config(synthetic_job_config(test_dir(), kZero2 + kOffloadZero))
                   .parallel.offload_optimizer);

@@ -107,13 +107,12 @@ Overrides simclr_job(int world_size) {
 // its mlp heads; here the trunk's is synchronised) with barlow_twins_loss, plain SGD at a
 // learning rate that grows with the world size (see the test below) and no weight decay.
 Overrides barlow_twins_job(int world_size, double lr_per_rank = 0.05) {
-  return simclr_job(world_size) +
-         Overrides{
-             "LOSS.name=barlow_twins_loss",
-             "LOSS.barlow_twins_loss.embedding_dim=16",
-             "OPTIMIZER.weight_decay=0",
-             "OPTIMIZER.param_schedulers.lr={name: constant, value: " +
-                 std::to_string(lr_per_rank * world_size) + "}"};
+  return simclr_job(world_size) + Overrides{
+                                      "LOSS.name=barlow_twins_loss",
+                                      "LOSS.barlow_twins_loss.embedding_dim=16",
+                                      "OPTIMIZER.weight_decay=0",
+                                      "OPTIMIZER.param_schedulers.lr={name: constant, value: " +
+                                          std::to_string(lr_per_rank * world_size) + "}"};
 }
 
 // VISSL's SwAV recipe, small: 2 x 32 + 2 x 16 crops (by default), a swav_head with

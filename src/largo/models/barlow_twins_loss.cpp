@@ -60,14 +60,16 @@ class SyncNormalize : public torch::autograd::Function<SyncNormalize> {
 class SumOverRanksForward : public torch::autograd::Function<SumOverRanksForward> {
  public:
   static at::Tensor forward(
-      torch::autograd::AutogradContext* /*context*/, const at::Tensor& x, comm::ProcessGroup* group) {
+      torch::autograd::AutogradContext* /*context*/,
+      const at::Tensor& x,
+      comm::ProcessGroup* group) {
     at::Tensor total = x.contiguous().clone();
     group->all_reduce(total);
     return total;
   }
 
-  static torch::autograd::variable_list
-  backward(torch::autograd::AutogradContext* /*context*/, torch::autograd::variable_list gradients) {
+  static torch::autograd::variable_list backward(
+      torch::autograd::AutogradContext* /*context*/, torch::autograd::variable_list gradients) {
     return {gradients[0], at::Tensor()};
   }
 };
@@ -80,19 +82,23 @@ at::Tensor off_diagonal(const at::Tensor& square) {
 
 void check_options(const BarlowTwinsLossOptions& options) {
   if (!(options.lambda >= 0.0) || !std::isfinite(options.lambda)) {
-    throw OptionError("BarlowTwinsLossOptions::lambda", fmt::format("{}", options.lambda),
-                      "a number >= 0");
+    throw OptionError(
+        "BarlowTwinsLossOptions::lambda", fmt::format("{}", options.lambda), "a number >= 0");
   }
   if (!(options.scale_loss > 0.0) || !std::isfinite(options.scale_loss)) {
-    throw OptionError("BarlowTwinsLossOptions::scale_loss", fmt::format("{}", options.scale_loss),
-                      "a number > 0");
+    throw OptionError(
+        "BarlowTwinsLossOptions::scale_loss",
+        fmt::format("{}", options.scale_loss),
+        "a number > 0");
   }
 }
 
 } // namespace
 
 at::Tensor barlow_twins_loss(
-    const at::Tensor& embeddings, comm::ProcessGroup& group, const BarlowTwinsLossOptions& options) {
+    const at::Tensor& embeddings,
+    comm::ProcessGroup& group,
+    const BarlowTwinsLossOptions& options) {
   if (embeddings.dim() != 2 || embeddings.size(0) < 2 || embeddings.size(0) % 2 != 0) {
     throw Error(fmt::format(
         "barlow_twins_loss: embeddings of shape {} given; expected [2n, d]: two views of each "
@@ -105,9 +111,10 @@ at::Tensor barlow_twins_loss(
   const at::Tensor a = normalized.narrow(0, 0, images);
   const at::Tensor b = normalized.narrow(0, images, images);
   const at::Tensor local = at::mm(a.t(), b) / static_cast<double>(images);
-  const at::Tensor correlation = group.world_size() == 1
-      ? local
-      : SumOverRanksForward::apply(local, &group) / static_cast<double>(group.world_size());
+  const at::Tensor correlation =
+      group.world_size() == 1
+          ? local
+          : SumOverRanksForward::apply(local, &group) / static_cast<double>(group.world_size());
   const at::Tensor on_diagonal = (correlation.diagonal() - 1).pow(2).sum() * options.scale_loss;
   const at::Tensor off = off_diagonal(correlation).pow(2).sum() * options.scale_loss;
   return on_diagonal + options.lambda * off;

@@ -54,9 +54,9 @@ std::string ModelStateReport::describe(int rank) const {
       pair(measured.optimizer_state,
            estimated ? std::optional(estimated->optimizer_state) : std::nullopt));
   if (measured.host > 0 || (estimated && estimated->host > 0)) {
-    text += fmt::format("; in host memory (offloaded optimizer) {}",
-                        pair(measured.host, estimated ? std::optional(estimated->host)
-                                                      : std::nullopt));
+    text += fmt::format(
+        "; in host memory (offloaded optimizer) {}",
+        pair(measured.host, estimated ? std::optional(estimated->host) : std::nullopt));
   }
   if (zero_stage == 3) {
     text += fmt::format("; at most {} of full units gathered at once so far (transient, on top "

@@ -59,19 +59,25 @@ void check_offload_options(const ParallelOptions& options) {
   }
   const std::string option = "ParallelOptions::offload_optimizer";
   if (options.data_parallelism == DataParallelism::kDdp) {
-    throw OptionError(option, "true",
-                      "false with ParallelOptions::data_parallelism = DDP: offload moves a "
-                      "sharded optimizer's state (ZeRO-1, ZeRO-2 or FSDP)");
+    throw OptionError(
+        option,
+        "true",
+        "false with ParallelOptions::data_parallelism = DDP: offload moves a "
+        "sharded optimizer's state (ZeRO-1, ZeRO-2 or FSDP)");
   }
   if (options.pipeline.enabled()) {
-    throw OptionError(option, "true",
-                      "false with a pipeline (ParallelOptions::pipeline.size > 1): offloading "
-                      "the stages' optimizers is not built");
+    throw OptionError(
+        option,
+        "true",
+        "false with a pipeline (ParallelOptions::pipeline.size > 1): offloading "
+        "the stages' optimizers is not built");
   }
   if (options.tensor_parallel_size > 1) {
-    throw OptionError(option, "true",
-                      "false with tensor parallelism (ParallelOptions::tensor_parallel_size > "
-                      "1): offloading the shards' optimizer state is not built");
+    throw OptionError(
+        option,
+        "true",
+        "false with tensor parallelism (ParallelOptions::tensor_parallel_size > "
+        "1): offloading the shards' optimizer state is not built");
   }
 }
 
@@ -278,11 +284,11 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
     return parallel;
   }
   if (options.data_parallelism == DataParallelism::kFsdp) {
-    parallel = make_fsdp_model(model, mesh, options, std::move(precision),
-                               std::move(param_groups), make_shard_optimizer);
+    parallel = make_fsdp_model(
+        model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);
   } else {
-    parallel = make_data_parallel_model(model, mesh, options, std::move(precision),
-                                        std::move(param_groups), make_shard_optimizer);
+    parallel = make_data_parallel_model(
+        model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);
   }
   parallel->precision().copy_model_to_masters(); // O2: from the broadcast weights
   return parallel;

@@ -304,8 +304,8 @@ void check_views_match_loss(const RunPlan& plan) {
     if (!views.empty()) {
       throw ConfigError(fmt::format(
           "DATA.TRAIN.TRANSFORMS make {} views of each image, which only a self-supervised "
-          "loss trains on: set LOSS.name to swav_loss, simclr_info_nce_loss or barlow_twins_loss, or use a "
-          "one-image TRANSFORMS list (e.g. RandomResizedCrop)",
+          "loss trains on: set LOSS.name to swav_loss, simclr_info_nce_loss or barlow_twins_loss, "
+          "or use a one-image TRANSFORMS list (e.g. RandomResizedCrop)",
           views.size()));
     }
     return;
@@ -313,8 +313,8 @@ void check_views_match_loss(const RunPlan& plan) {
   if (views.empty()) {
     throw ConfigError(fmt::format(
         "LOSS.name = {} trains on several views of each image, but DATA.TRAIN.TRANSFORMS make "
-        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR, Barlow Twins) with COLLATE_FUNCTION "
-        "multicrop_collator or simclr_collator (configs/examples/)",
+        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR, Barlow Twins) with "
+        "COLLATE_FUNCTION multicrop_collator or simclr_collator (configs/examples/)",
         ssl.name));
   }
   if (ssl.compares_two_views() && (views.size() != 2 || views[0] != views[1])) {
@@ -347,8 +347,8 @@ void check_label_types(const TrainerOptions& o) {
   if (o.train.source.label_type == "sample_index" && !o.self_supervised.enabled()) {
     throw ConfigError(std::string(
         "DATA.TRAIN.LABEL_TYPE = sample_index gives each image its index as label, which only a "
-        "self-supervised loss (LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss) can train with; a "
-        "classification loss needs standard labels"));
+        "self-supervised loss (LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss) can "
+        "train with; a classification loss needs standard labels"));
   }
   if (o.reads_test_split() && o.test.source.label_type == "sample_index") {
     throw ConfigError(
@@ -372,8 +372,8 @@ void check_self_supervised(const RunPlan& plan) {
       throw ConfigError(
           "MODEL.HEAD.PARAMS holds a swav_head or several mlp heads run one after another, "
           "which only a self-supervised loss trains (LOSS.name swav_loss, "
-          "simclr_info_nce_loss or barlow_twins_loss); a classifier takes one mlp head, or several in a linear "
-          "evaluation (MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+          "simclr_info_nce_loss or barlow_twins_loss); a classifier takes one mlp head, or several "
+          "in a linear evaluation (MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
     }
     check_views_match_loss(plan);
     return;

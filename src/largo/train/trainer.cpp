@@ -65,7 +65,8 @@ struct Trainer::State {
   models::RunModel model; // with a linear evaluation over its trunk (FEATURE_EVAL_SETTINGS)
   std::unique_ptr<parallel::ParallelModel> parallel;
   std::unique_ptr<checkpoint::TrainingState> state;
-  std::unique_ptr<SelfSupervisedLoss> self_supervised; // LOSS.name swav_loss, simclr_info_nce_loss, barlow_twins_loss
+  // LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss
+  std::unique_ptr<SelfSupervisedLoss> self_supervised;
   std::unique_ptr<TrainStep> step;
   std::unique_ptr<optim::LrSchedule> lr_schedule;
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;

@@ -555,9 +555,12 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
   const std::string prefix = "MODEL.FSDP_CONFIG.";
   const bool offload = config.get_bool(prefix + "offload_optimizer");
   if (!config.get_bool(prefix + "AUTO_SETUP_FSDP")) {
-    require(!offload, prefix + "offload_optimizer", "True",
-            "False without FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP); ZeRO-1/2's is "
-            "OPTIMIZER.offload_optimizer");
+    require(
+        !offload,
+        prefix + "offload_optimizer",
+        "True",
+        "False without FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP); ZeRO-1/2's is "
+        "OPTIMIZER.offload_optimizer");
     return;
   }
   const bool zero_on = options.parallel.data_parallelism != parallel::DataParallelism::kDdp;

@@ -59,7 +59,8 @@ TEST(HostOffloadOptimizerTest, StepsLikeTheOptimizerItOffloadsFollowingTheGroups
     }
   }
   // The device's pieces are written, not replaced: callers keep their tensors.
-  EXPECT_TRUE(offloaded->param_groups().front().params[0].is_same(offload_groups.front().params[0]));
+  EXPECT_TRUE(
+      offloaded->param_groups().front().params[0].is_same(offload_groups.front().params[0]));
 }
 
 TEST(HostOffloadOptimizerTest, ItsStateAndStateDictAreTheHostOptimizersAndInterchangeable) {

@@ -35,9 +35,10 @@ TEST(PlacementTest, EachKindAnswersItsQuestion) {
   split.place("fc.weight", "tp", Placement::shard(0), Placement::shard(0));
   EXPECT_FALSE(split.module_holds_whole_model());
   EXPECT_FALSE(split.module_holds_gathered_copies());
-  EXPECT_EQ(split.describe(),
-            "value {tp: Shard(0)}, optimizer state {tp: Shard(0)}: 1 parameter; "
-            "value {}, optimizer state {}: 1 parameter");
+  EXPECT_EQ(
+      split.describe(),
+      "value {tp: Shard(0)}, optimizer state {tp: Shard(0)}: 1 parameter; "
+      "value {}, optimizer state {}: 1 parameter");
 
   StatePlacements stage = two_parameters();
   stage.place_all("pp", Placement::owned_by(1), Placement::owned_by(1));
@@ -49,8 +50,9 @@ TEST(PlacementTest, EachKindAnswersItsQuestion) {
 
 TEST(PlacementTest, PlacingAnUnknownNameIsAnError) {
   StatePlacements placements = two_parameters();
-  EXPECT_THROW(placements.place("head.weight", "tp", Placement::shard(1), Placement::shard(1)),
-               largo::Error);
+  EXPECT_THROW(
+      placements.place("head.weight", "tp", Placement::shard(1), Placement::shard(1)),
+      largo::Error);
 }
 
 } // namespace

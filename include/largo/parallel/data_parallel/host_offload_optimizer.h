@@ -47,8 +47,8 @@ class HostOffloadOptimizer : public optim::Optimizer {
   // `device_groups`: the pieces to step (1-D tensors on one device, their .grad set before
   // step()); `make_host_optimizer` gets the same groups over host copies of them (same names,
   // lr and weight decay).
-  HostOffloadOptimizer(std::vector<optim::ParamGroup> device_groups,
-                       const OptimizerFactory& make_host_optimizer);
+  HostOffloadOptimizer(
+      std::vector<optim::ParamGroup> device_groups, const OptimizerFactory& make_host_optimizer);
 
   // Copies the pieces and their gradients to the host, steps there with the groups' current
   // lr and weight decay, copies the pieces back. A piece without a gradient is not stepped.

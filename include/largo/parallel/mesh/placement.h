@@ -72,8 +72,11 @@ class StatePlacements {
   }
   // Sets `dimension`'s placement of the value and the optimizer state of `name`; throws
   // largo::Error for a name that is not a trained parameter here.
-  void place(const std::string& name, const std::string& dimension, Placement value,
-             Placement optimizer_state);
+  void place(
+      const std::string& name,
+      const std::string& dimension,
+      Placement value,
+      Placement optimizer_state);
   // The same for every parameter.
   void place_all(const std::string& dimension, Placement value, Placement optimizer_state);
 

@@ -30,8 +30,8 @@ void wait_for_device(const at::Device& device) {
 
 } // namespace
 
-HostOffloadOptimizer::HostOffloadOptimizer(std::vector<optim::ParamGroup> device_groups,
-                                           const OptimizerFactory& make_host_optimizer)
+HostOffloadOptimizer::HostOffloadOptimizer(
+    std::vector<optim::ParamGroup> device_groups, const OptimizerFactory& make_host_optimizer)
     : optim::Optimizer(std::move(device_groups)), device_(device_of(param_groups())) {
   // Pinned host memory makes the copies asynchronous; on the CPU there is nothing to pin.
   const bool pin = !device_.is_cpu();
@@ -45,9 +45,11 @@ HostOffloadOptimizer::HostOffloadOptimizer(std::vector<optim::ParamGroup> device
     host_group.weight_decay = group.weight_decay;
     for (const at::Tensor& piece : group.params) {
       if (piece.device() != device_) {
-        throw Error(fmt::format("HostOffloadOptimizer: the pieces are on {} and {}; offload "
-                                "steps pieces of one device",
-                                device_.str(), piece.device().str()));
+        throw Error(fmt::format(
+            "HostOffloadOptimizer: the pieces are on {} and {}; offload "
+            "steps pieces of one device",
+            device_.str(),
+            piece.device().str()));
       }
       const auto options = piece.options().device(at::kCPU).pinned_memory(pin);
       at::Tensor host = at::empty(piece.sizes(), options);
@@ -105,11 +107,10 @@ void HostOffloadOptimizer::set_norm_reducer(optim::PartialNormReducer reducer) {
     host_->set_norm_reducer(nullptr);
     return;
   }
-  host_->set_norm_reducer(
-      [reducer = std::move(reducer), device = device_](const at::Tensor& partials,
-                                                       optim::NormReduceOp op) {
-        return reducer(partials.to(device), op).to(partials.device());
-      });
+  host_->set_norm_reducer([reducer = std::move(reducer),
+                           device = device_](const at::Tensor& partials, optim::NormReduceOp op) {
+    return reducer(partials.to(device), op).to(partials.device());
+  });
 }
 
 int64_t HostOffloadOptimizer::host_bytes() const {
@@ -121,8 +122,8 @@ int64_t HostOffloadOptimizer::host_bytes() const {
 }
 
 OptimizerFactory offload_to_host(OptimizerFactory make_optimizer) {
-  return [make_optimizer = std::move(make_optimizer)](std::vector<optim::ParamGroup> groups)
-             -> std::unique_ptr<optim::Optimizer> {
+  return [make_optimizer = std::move(make_optimizer)](
+             std::vector<optim::ParamGroup> groups) -> std::unique_ptr<optim::Optimizer> {
     return std::make_unique<HostOffloadOptimizer>(std::move(groups), make_optimizer);
   };
 }

@@ -112,8 +112,10 @@ void MemoryEstimateOptions::validate() const {
                        fmt::format("a rank in [0, {}) (the world size)", world_size));
   }
   if (offload_optimizer && stage == 0) {
-    throw config_error("MemoryEstimateOptions.offload_optimizer", "true",
-                       "false at stage 0 (DDP): offload moves a sharded optimizer");
+    throw config_error(
+        "MemoryEstimateOptions.offload_optimizer",
+        "true",
+        "false at stage 0 (DDP): offload moves a sharded optimizer");
   }
   if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb" &&
       optimizer.name != "lars") {

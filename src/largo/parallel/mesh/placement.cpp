@@ -42,20 +42,25 @@ std::string describe(const Placements& placements) {
 StatePlacements::StatePlacements(std::vector<ParameterPlacement> parameters)
     : parameters_(std::move(parameters)) {}
 
-void StatePlacements::place(const std::string& name, const std::string& dimension,
-                            Placement value, Placement optimizer_state) {
-  auto found = std::find_if(parameters_.begin(), parameters_.end(),
-                            [&](const ParameterPlacement& p) { return p.name == name; });
+void StatePlacements::place(
+    const std::string& name,
+    const std::string& dimension,
+    Placement value,
+    Placement optimizer_state) {
+  auto found =
+      std::find_if(parameters_.begin(), parameters_.end(), [&](const ParameterPlacement& p) {
+        return p.name == name;
+      });
   if (found == parameters_.end()) {
-    throw Error(fmt::format("placement over {} of '{}': not a trained parameter of this rank",
-                            dimension, name));
+    throw Error(fmt::format(
+        "placement over {} of '{}': not a trained parameter of this rank", dimension, name));
   }
   found->value[dimension] = value;
   found->optimizer_state[dimension] = optimizer_state;
 }
 
-void StatePlacements::place_all(const std::string& dimension, Placement value,
-                                Placement optimizer_state) {
+void StatePlacements::place_all(
+    const std::string& dimension, Placement value, Placement optimizer_state) {
   for (ParameterPlacement& parameter : parameters_) {
     parameter.value[dimension] = value;
     parameter.optimizer_state[dimension] = optimizer_state;
@@ -64,8 +69,9 @@ void StatePlacements::place_all(const std::string& dimension, Placement value,
 
 bool StatePlacements::any_value(Placement::Kind kind) const {
   return std::any_of(parameters_.begin(), parameters_.end(), [kind](const ParameterPlacement& p) {
-    return std::any_of(p.value.begin(), p.value.end(),
-                       [kind](const auto& entry) { return entry.second.kind == kind; });
+    return std::any_of(p.value.begin(), p.value.end(), [kind](const auto& entry) {
+      return entry.second.kind == kind;
+    });
   });
 }
 
@@ -86,11 +92,12 @@ std::string StatePlacements::describe() const {
   // Distinct (value, optimizer state) descriptions in order of first appearance, counted.
   std::vector<std::pair<std::string, int>> kinds;
   for (const ParameterPlacement& parameter : parameters_) {
-    const std::string text =
-        fmt::format("value {}, optimizer state {}", parallel::describe(parameter.value),
-                    parallel::describe(parameter.optimizer_state));
-    auto found = std::find_if(kinds.begin(), kinds.end(),
-                              [&](const auto& kind) { return kind.first == text; });
+    const std::string text = fmt::format(
+        "value {}, optimizer state {}",
+        parallel::describe(parameter.value),
+        parallel::describe(parameter.optimizer_state));
+    auto found = std::find_if(
+        kinds.begin(), kinds.end(), [&](const auto& kind) { return kind.first == text; });
     if (found == kinds.end()) {
       kinds.emplace_back(text, 1);
     } else {
