@@ -25,6 +25,7 @@
 #include <largo/core/logging.h>
 #include <largo/core/malloc_tuning.h>
 #include <largo/core/resources.h>
+#include <largo/train/option_keys.h>
 #include <largo/train/run_plan.h>
 #include <largo/train/trainer.h>
 #include <largo/train/worker_launch.h>
@@ -170,7 +171,8 @@ std::string who_am_i(const char* program) {
 int report_errors(const char* program, const std::function<int()>& body) {
   largo::install_allocation_guard();
   try {
-    return body();
+    // The library names its options; the program's user wrote YAML keys.
+    return largo::train::rethrow_with_yaml_keys(body);
   } catch (...) {
     const largo::ErrorReport report = largo::report_error(std::current_exception());
     if (report.full_text != report.message) {

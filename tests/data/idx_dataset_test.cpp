@@ -199,7 +199,7 @@ TEST(IdxDataset, MissingFilesListThePathsTriedAndHowToGetTheData) {
   EXPECT_NE(message.find((dir.path() / "train-images-idx3-ubyte.gz").string()), std::string::npos)
       << message;
   EXPECT_NE(message.find("apt-get install dataset-fashion-mnist"), std::string::npos) << message;
-  EXPECT_NE(message.find("DATA.TRAIN.DATA_PATHS"), std::string::npos) << message;
+  EXPECT_NE(message.find("DataSourceOptions::path (train split)"), std::string::npos) << message;
 }
 
 TEST(IdxDataset, ImageAndLabelCountsMustMatch) {
@@ -236,7 +236,7 @@ TEST(IdxDataset, ImagesOfAnotherSizeThanMnistsAreRefusedNamingTheFile) {
       data_error_message([&] { open_dataset(options, Split::kTest, /*seed=*/0); });
   EXPECT_NE(
       message.find(
-          "DATA.TEST (the test split): " + (dir.path() / "t10k-images-idx3-ubyte").string() +
+          "DataSplitOptions (test split): " + (dir.path() / "t10k-images-idx3-ubyte").string() +
           " holds 27x28 images"),
       std::string::npos)
       << message;

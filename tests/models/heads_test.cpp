@@ -83,7 +83,7 @@ TEST(Heads, HeadDimsMustFitTrunkAndClasses) {
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
     const std::string message = error.what();
-    EXPECT_NE(message.find("MODEL.HEAD.PARAMS"), std::string::npos) << message;
+    EXPECT_NE(message.find("ModelOptions::head_dims"), std::string::npos) << message;
     EXPECT_NE(message.find("[128, 10]"), std::string::npos) << message;
     EXPECT_NE(message.find("64"), std::string::npos) << message;
   }

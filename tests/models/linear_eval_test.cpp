@@ -160,7 +160,7 @@ TEST(LinearEvalTest, RejectsUnknownFeaturesMismatchedHeadsAndOtherTrunks) {
     model->forward(torch::randn({2, 3, 16, 16}));
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("MODEL.HEAD.PARAMS[1]"), std::string::npos)
+    EXPECT_NE(std::string(error.what()).find("FeatureEvalOptions::heads[1]"), std::string::npos)
         << error.what();
   }
   ModelOptions small;

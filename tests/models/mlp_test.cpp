@@ -48,7 +48,7 @@ TEST(Mlp, RejectsNonPositiveWidths) {
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
     EXPECT_NE(
-        std::string(error.what()).find("MODEL.TRUNK.MLP.HIDDEN_DIMS = [128, 0]"), std::string::npos)
+        std::string(error.what()).find("MlpOptions::hidden_dims = [128, 0]"), std::string::npos)
         << error.what();
   }
 }

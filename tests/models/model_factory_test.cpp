@@ -42,7 +42,7 @@ TEST(ModelFactory, UnknownTrunkNamesTheKeyAndTheChoices) {
   ModelOptions options;
   options.trunk_name = "alexnet";
   const std::string message = error_of(options);
-  EXPECT_NE(message.find("MODEL.TRUNK.NAME"), std::string::npos) << message;
+  EXPECT_NE(message.find("ModelOptions::trunk_name"), std::string::npos) << message;
   EXPECT_NE(message.find("alexnet"), std::string::npos) << message;
   EXPECT_NE(message.find("mlp, small_cnn, resnet, regnet, vision_transformer"), std::string::npos)
       << message;

@@ -83,7 +83,7 @@ TEST(RegNet, PresetNamesInBothSpellings) {
     ADD_FAILURE() << "no error";
   } catch (const ConfigError& error) {
     const std::string message = error.what();
-    EXPECT_NE(message.find("MODEL.TRUNK.REGNET.name = regnet_y_42gf"), std::string::npos);
+    EXPECT_NE(message.find("RegNetOptions::name = regnet_y_42gf"), std::string::npos);
     EXPECT_NE(message.find("regnet_y_128gf"), std::string::npos) << message;
   }
 }
@@ -298,25 +298,25 @@ TEST(RegNet, RejectsBadOptionsNamingTheKey) {
     return error_of(regnet_model(options, 10, 32));
   };
   const std::vector<std::pair<std::string, std::string>> cases{
-      {error_for([](RegNetOptions& o) { o.w_0 = 12; }), "MODEL.TRUNK.REGNET.w_0 = 12"},
-      {error_for([](RegNetOptions& o) { o.w_m = 1; }), "MODEL.TRUNK.REGNET.w_m = 1"},
-      {error_for([](RegNetOptions& o) { o.w_a = -1; }), "MODEL.TRUNK.REGNET.w_a = -1"},
-      {error_for([](RegNetOptions& o) { o.depth = -3; }), "MODEL.TRUNK.REGNET.depth = -3"},
+      {error_for([](RegNetOptions& o) { o.w_0 = 12; }), "RegNetOptions::w_0 = 12"},
+      {error_for([](RegNetOptions& o) { o.w_m = 1; }), "RegNetOptions::w_m = 1"},
+      {error_for([](RegNetOptions& o) { o.w_a = -1; }), "RegNetOptions::w_a = -1"},
+      {error_for([](RegNetOptions& o) { o.depth = -3; }), "RegNetOptions::depth = -3"},
       {error_for([](RegNetOptions& o) { o.group_width = 0; }),
-       "MODEL.TRUNK.REGNET.group_width = 0"},
+       "RegNetOptions::group_width = 0"},
       {error_for([](RegNetOptions& o) { o.stem_type = "res_stem"; }),
-       "MODEL.TRUNK.REGNET.stem_type = res_stem"},
+       "RegNetOptions::stem_type = res_stem"},
       {error_for([](RegNetOptions& o) { o.block_type = "vanilla_block"; }),
-       "MODEL.TRUNK.REGNET.block_type = vanilla_block: expected res_bottleneck_block"},
+       "RegNetOptions::block_type = vanilla_block: expected res_bottleneck_block"},
       {error_for([](RegNetOptions& o) { o.activation = "gelu"; }),
-       "MODEL.TRUNK.REGNET.activation = gelu: expected relu or silu"},
+       "RegNetOptions::activation = gelu: expected relu or silu"},
       {error_for([](RegNetOptions& o) { o.se_ratio = 0.01; }),
-       "MODEL.TRUNK.REGNET.se_ratio = 0.01"},
+       "RegNetOptions::se_ratio = 0.01"},
       {error_for([](RegNetOptions& o) { o.bn_momentum = 2; }),
-       "MODEL.TRUNK.REGNET.bn_momentum = 2"},
-      {error_for([](RegNetOptions& o) { o.bn_epsilon = 0; }), "MODEL.TRUNK.REGNET.bn_epsilon = 0"},
+       "RegNetOptions::bn_momentum = 2"},
+      {error_for([](RegNetOptions& o) { o.bn_epsilon = 0; }), "RegNetOptions::bn_epsilon = 0"},
       {error_for([](RegNetOptions& o) { o = RegNetOptions{}; }),
-       "MODEL.TRUNK.REGNET sets no RegNet"},
+       "no RegNet is set"},
   };
   for (const auto& [message, expected] : cases) {
     EXPECT_NE(message.find(expected), std::string::npos) << message;

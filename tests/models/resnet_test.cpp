@@ -189,29 +189,29 @@ TEST(ResNet, ZeroInitResidualZeroesTheLastNormOfEachBlock) {
 TEST(ResNet, RejectsBadOptions) {
   ModelOptions options = resnet_options(19, "imagenet");
   std::string message = error_of(options);
-  EXPECT_NE(message.find("MODEL.TRUNK.RESNETS.DEPTH"), std::string::npos) << message;
+  EXPECT_NE(message.find("ResNetOptions::depth"), std::string::npos) << message;
   EXPECT_NE(message.find("19"), std::string::npos) << message;
   EXPECT_NE(message.find("18, 34, 50, 101, 152"), std::string::npos) << message;
 
   options = resnet_options(50, "tiny");
   message = error_of(options);
-  EXPECT_NE(message.find("MODEL.TRUNK.RESNETS.STEM"), std::string::npos) << message;
+  EXPECT_NE(message.find("ResNetOptions::stem"), std::string::npos) << message;
   EXPECT_NE(message.find("tiny"), std::string::npos) << message;
 
   options = resnet_options(50, "cifar");
   options.resnet.width_multiplier = 0;
   message = error_of(options);
-  EXPECT_NE(message.find("MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER"), std::string::npos) << message;
+  EXPECT_NE(message.find("ResNetOptions::width_multiplier"), std::string::npos) << message;
 
   options = resnet_options(18, "cifar");
   options.resnet.groups = 32;
   message = error_of(options);
-  EXPECT_NE(message.find("MODEL.TRUNK.RESNETS.GROUPS"), std::string::npos) << message;
+  EXPECT_NE(message.find("ResNetOptions::groups"), std::string::npos) << message;
 
   options = resnet_options(50, "cifar");
   options.resnet.layer4_stride = 3;
   message = error_of(options);
-  EXPECT_NE(message.find("MODEL.TRUNK.RESNETS.LAYER4_STRIDE"), std::string::npos) << message;
+  EXPECT_NE(message.find("ResNetOptions::layer4_stride"), std::string::npos) << message;
 }
 
 TEST(ResNet, Layer4StrideOneKeepsResolution) {

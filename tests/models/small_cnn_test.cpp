@@ -101,7 +101,7 @@ TEST(SmallCnn, RejectsBadOptions) {
     build_model(options);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
-    EXPECT_NE(std::string(error.what()).find("MODEL.TRUNK.SMALL_CNN.DROPOUT"), std::string::npos)
+    EXPECT_NE(std::string(error.what()).find("SmallCnnOptions::dropout"), std::string::npos)
         << error.what();
   }
   options = cnn_options(1, 28);

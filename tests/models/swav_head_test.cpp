@@ -124,13 +124,13 @@ TEST(SwavHeadTest, BadArgumentsNameTheArgument) {
   };
   SwavHeadOptions options;
   options.dims = {8};
-  EXPECT_NE(message_of(options).find("swav_head dims = [8]"), std::string::npos);
+  EXPECT_NE(message_of(options).find("SwavHeadOptions::dims = [8]"), std::string::npos);
   options.dims = {8, 4};
   options.num_clusters = {3000, 0};
-  EXPECT_NE(message_of(options).find("swav_head num_clusters = [3000, 0]"), std::string::npos);
+  EXPECT_NE(message_of(options).find("SwavHeadOptions::num_clusters = [3000, 0]"), std::string::npos);
   options.num_clusters = {5};
   options.activation = "Tanh";
-  EXPECT_NE(message_of(options).find("activation_name = Tanh"), std::string::npos);
+  EXPECT_NE(message_of(options).find("SwavHeadOptions::activation = Tanh"), std::string::npos);
 }
 
 } // namespace

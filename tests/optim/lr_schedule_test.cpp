@@ -217,12 +217,12 @@ TEST(LrSchedule, WhereFor) {
 TEST(LrSchedule, Validation) {
   expect_config_error(
       [] { make_schedule(named("cosine_annealing")); },
-      {"OPTIMIZER.param_schedulers.lr.name", "cosine_annealing", "multistep", "composite"});
+      {"ScheduleOptions.name", "cosine_annealing", "multistep", "composite"});
   auto multistep = named("multistep");
   multistep.milestones = {30};
   expect_config_error(
       [&] { make_schedule(multistep); },
-      {"OPTIMIZER.param_schedulers.lr.milestones", "1 entries", "has 3"});
+      {"ScheduleOptions.milestones", "1 entries", "has 3"});
   multistep.milestones = {60, 30};
   expect_config_error([&] { make_schedule(multistep); }, {"strictly increasing"});
   multistep.milestones = {30, 90};
@@ -248,16 +248,16 @@ TEST(LrSchedule, Validation) {
 TEST(LrSchedule, VisslSchedulesValidateTheirFields) {
   auto polynomial = named("polynomial");
   polynomial.power = -1.0;
-  expect_config_error([&] { make_schedule(polynomial); }, {"lr.power = -1", ">= 0"});
+  expect_config_error([&] { make_schedule(polynomial); }, {"ScheduleOptions.power = -1", ">= 0"});
   auto step = named("step_with_fixed_gamma");
   step.num_decays = 0;
-  expect_config_error([&] { make_schedule(step); }, {"lr.num_decays = 0", "> 0"});
+  expect_config_error([&] { make_schedule(step); }, {"ScheduleOptions.num_decays = 0", "> 0"});
   step.num_decays = 2;
   step.gamma = 0.0;
-  expect_config_error([&] { make_schedule(step); }, {"lr.gamma = 0", "> 0"});
+  expect_config_error([&] { make_schedule(step); }, {"ScheduleOptions.gamma = 0", "> 0"});
   step.gamma = 0.5;
   step.base_value = -0.1;
-  expect_config_error([&] { make_schedule(step); }, {"lr.base_value = -0.1"});
+  expect_config_error([&] { make_schedule(step); }, {"ScheduleOptions.base_value = -0.1"});
   auto restart = named("cosine_warm_restart");
   restart.restart_interval_length = 1.5;
   expect_config_error([&] { make_schedule(restart); }, {"restart_interval_length = 1.5", "(0, 1]"});
@@ -320,7 +320,7 @@ TEST(AutoLrScaling, SimpleSchedules) {
 
   expect_config_error(
       [&] { apply_auto_lr_scaling(untouched, auto_scaling("cubic"), 512, 512); },
-      {"auto_lr_scaling.scaling_type", "cubic"});
+      {"AutoLrScaling::scaling_type", "cubic"});
 }
 
 // VISSL's rules for the schedules it adds (vissl/utils/hydra_config.py): the value that

@@ -50,7 +50,7 @@ TEST(OptimizerFactory, UnknownNameIsAConfigError) {
   OptimizerSpec spec;
   spec.name = "adagrad";
   testing::expect_config_error(
-      [&] { (void)make_optimizer(one_group(), spec); }, {"OPTIMIZER.name", "adagrad", "lamb"});
+      [&] { (void)make_optimizer(one_group(), spec); }, {"OptimizerSpec::name", "adagrad", "lamb"});
 }
 
 // The start-up log's line: the optimizer, its settings and whether LARC wraps it.

@@ -366,28 +366,28 @@ TEST(OptimizerState, LoadRejectsShapeMismatchAndChangesNothing) {
 TEST(OptimizerValidation, SgdOptions) {
   std::vector<at::Tensor> params = make_params(kShapes);
   expect_config_error(
-      [&] { (void)SGD(two_groups(params), SGDOptions{-0.5}); }, {"OPTIMIZER.momentum", "-0.5"});
+      [&] { (void)SGD(two_groups(params), SGDOptions{-0.5}); }, {"SGDOptions::momentum", "-0.5"});
   expect_config_error(
       [&] {
         (void)SGD(two_groups(params), SGDOptions{0.0, 0.0, true});
       },
-      {"OPTIMIZER.nesterov", "momentum = 0"});
+      {"SGDOptions::nesterov", "momentum = 0"});
   expect_config_error(
       [&] {
         (void)SGD(two_groups(params), SGDOptions{0.9, 0.1, true});
       },
-      {"OPTIMIZER.nesterov", "dampening = 0.1"});
+      {"SGDOptions::nesterov", "dampening = 0.1"});
   auto groups = two_groups(params);
   groups[1].lr = -1.0;
   expect_config_error(
       [&] { (void)SGD(groups, SGDOptions{}); },
-      {"OPTIMIZER.param_schedulers.lr", "-1", "trunk_no_wd"});
+      {"ParamGroup::lr", "-1", "trunk_no_wd"});
   groups = two_groups(params);
   groups[0].weight_decay = -0.25;
   expect_config_error(
-      [&] { (void)SGD(groups, SGDOptions{}); }, {"OPTIMIZER.weight_decay", "-0.25"});
+      [&] { (void)SGD(groups, SGDOptions{}); }, {"ParamGroup::weight_decay", "-0.25"});
   SGD valid(two_groups(params), SGDOptions{0.9, 0.0, true});
-  expect_config_error([&] { valid.set_lr(-0.5); }, {"OPTIMIZER.param_schedulers.lr", "-0.5"});
+  expect_config_error([&] { valid.set_lr(-0.5); }, {"ParamGroup::lr", "-0.5"});
 }
 
 TEST(OptimizerValidation, AdamWOptions) {
@@ -395,11 +395,11 @@ TEST(OptimizerValidation, AdamWOptions) {
   AdamWOptions bad_beta;
   bad_beta.betas = {0.9, 1.0};
   expect_config_error(
-      [&] { (void)AdamW(two_groups(params), bad_beta); }, {"OPTIMIZER.betas[1]", "1"});
+      [&] { (void)AdamW(two_groups(params), bad_beta); }, {"AdamWOptions::betas[1]", "1"});
   AdamWOptions bad_eps;
   bad_eps.eps = -1e-8;
   expect_config_error(
-      [&] { (void)AdamW(two_groups(params), bad_eps); }, {"OPTIMIZER.eps", "-1e-08"});
+      [&] { (void)AdamW(two_groups(params), bad_eps); }, {"AdamWOptions::eps", "-1e-08"});
 }
 
 TEST(OptimizerValidation, LambAndLarcOptions) {
@@ -407,17 +407,17 @@ TEST(OptimizerValidation, LambAndLarcOptions) {
   LAMBOptions bad_beta;
   bad_beta.betas = {1.5, 0.9};
   expect_config_error(
-      [&] { (void)LAMB(two_groups(params), bad_beta); }, {"OPTIMIZER.betas[0]", "1.5"});
+      [&] { (void)LAMB(two_groups(params), bad_beta); }, {"LAMBOptions::betas[0]", "1.5"});
   LARCOptions bad_trust;
   bad_trust.trust_coefficient = 0.0;
   expect_config_error(
       [&] { (void)LARC(make_sgd(two_groups(params)), bad_trust); },
-      {"OPTIMIZER.larc_config.trust_coefficient", "0"});
+      {"LARCOptions::trust_coefficient", "0"});
   LARCOptions bad_eps;
   bad_eps.eps = -1.0;
   expect_config_error(
       [&] { (void)LARC(make_sgd(two_groups(params)), bad_eps); },
-      {"OPTIMIZER.larc_config.eps", "-1"});
+      {"LARCOptions::eps", "-1"});
   EXPECT_THROW((void)LARC(nullptr), Error);
 }
 
@@ -429,11 +429,11 @@ TEST(OptimizerValidation, LarsOptions) {
     bad_momentum.momentum = momentum;
     expect_config_error(
         [&] { (void)LARS(two_groups(params), bad_momentum); },
-        {"OPTIMIZER.momentum", fmt::format("{}", momentum), "[0, 1)"});
+        {"LARSOptions::momentum", fmt::format("{}", momentum), "[0, 1)"});
   }
   LARSOptions bad_eta;
   bad_eta.eta = 0.0;
-  expect_config_error([&] { (void)LARS(two_groups(params), bad_eta); }, {"OPTIMIZER.eta", "0"});
+  expect_config_error([&] { (void)LARS(two_groups(params), bad_eta); }, {"LARSOptions::eta", "0"});
   LARSOptions zero_momentum;
   zero_momentum.momentum = 0.0;
   EXPECT_NO_THROW((void)LARS(two_groups(params), zero_momentum));

@@ -239,7 +239,7 @@ TEST(TrainerConfigMappingTest, RegNetKeysReachTheModelAndOtherEntriesAreRefused)
   EXPECT_EQ(init.rename("fc.bias"), "head.0.bias");
 
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
-      {{trunk}, "MODEL.TRUNK.REGNET sets no RegNet"},
+      {{trunk}, "no RegNet is set: give a preset (MODEL.TRUNK.REGNET.name"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, depth: 20}"},
        "MODEL.TRUNK.REGNET.depth = 20: expected no depth beside name = regnet_y_400mf"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_x_400mf, use_se: True}"},

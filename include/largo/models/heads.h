@@ -28,7 +28,7 @@ struct MlpHeadOptions {
 
 // Linear(dims[0] -> dims[1]) [-> BN -> ReLU -> Dropout] ... -> Linear(-> dims.back()).
 // Module names follow VISSL's flat layout ("0", "1", ... in order of creation). Throws
-// ConfigError naming MODEL.HEAD.PARAMS unless there are >= 2 dims, all > 0.
+// OptionError naming MlpHeadSpec::dims unless there are >= 2 dims, all > 0.
 torch::nn::Sequential
 build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options = {});
 
@@ -42,7 +42,7 @@ struct MlpHeadSpec {
 // The heads' layers in order, in one flat Sequential (a libtorch Sequential cannot hold a
 // Sequential), so the names run on: VISSL's heads.1.0 of a [2048, 2048] head with ReLU is
 // head.2 here. Throws
-// ConfigError naming MODEL.HEAD.PARAMS[i] when a head's first dim is not the previous
+// OptionError naming ModelOptions::head_chain[i].dims when a head's first dim is not the previous
 // output's width (`in_features` for the first).
 torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<MlpHeadSpec>& heads);
 

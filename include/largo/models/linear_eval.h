@@ -77,7 +77,7 @@ struct FeatureEvalOptions {
   }
 };
 
-// Throws ConfigError naming MODEL.FEATURE_EVAL_SETTINGS.* / MODEL.HEAD.PARAMS for features
+// Throws OptionError naming FeatureEvalOptions::taps / heads for features
 // or pool ops that do not exist, pool arguments that do not fit, or heads that are not one
 // per tap.
 void validate_feature_eval_options(const FeatureEvalOptions& options);

@@ -59,10 +59,11 @@ struct ModelOptions {
 // The trunk names build_model accepts, in the order error messages list them.
 const std::vector<std::string>& supported_trunk_names();
 
-// Builds the trunk named by options.trunk_name and its head. Throws ConfigError naming the
-// key, the value and what was expected: MODEL.TRUNK.NAME for an unknown trunk (listing the
-// supported ones), MODEL.TRUNK.<TRUNK>.* for bad trunk options, MODEL.HEAD.PARAMS for head
-// dims that do not fit the trunk or the classes.
+// Builds the trunk named by options.trunk_name and its head. Throws OptionError naming the
+// option, the value and what was expected: ModelOptions::trunk_name for an unknown trunk
+// (listing the supported ones), the trunk's options (ResNetOptions::depth, ...) for bad trunk
+// options, ModelOptions::head_dims / SwavHeadOptions::dims for head dims that do not fit the
+// trunk or the classes.
 // Initialization draws from the global torch generator: seed it first for reproducibility.
 TrunkHeadModel build_model(const ModelOptions& options);
 

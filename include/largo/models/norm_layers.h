@@ -21,12 +21,12 @@ struct NormOptions {
   int64_t groupnorm_groups = 32;  // MODEL.TRUNK.RESNETS.GROUPNORM_GROUPS
 };
 
-// Throws ConfigError naming MODEL.TRUNK.RESNETS.NORM or GROUPNORM_GROUPS for an unknown type,
+// Throws OptionError naming NormOptions::type or groupnorm_groups for an unknown type,
 // or for groups that are not > 0.
 void validate_norm_options(const NormOptions& options);
 
 // A norm layer over `channels` channels ([b, channels, h, w] -> same), weight 1, bias 0.
-// Throws ConfigError naming GROUPNORM_GROUPS when GroupNorm's groups do not divide `channels`.
+// Throws OptionError naming NormOptions::groupnorm_groups when GroupNorm's groups do not divide `channels`.
 torch::nn::AnyModule make_norm2d(const NormOptions& options, int64_t channels);
 
 // The affine weight of a norm layer made by make_norm2d (or a module swapped in for it).

@@ -62,12 +62,12 @@ struct RegNetOptions {
 // regnet_y_1.6gf, regnet_y_3.2gf, regnet_y_8gf, regnet_y_16gf, regnet_y_32gf, regnet_y_64gf,
 // regnet_y_128gf, regnet_y_256gf and the regnet_x_* sizes (no SE); torchvision's spelling
 // (regnet_y_1_6gf) is accepted too. The other fields keep their defaults. Throws ConfigError
-// naming MODEL.TRUNK.REGNET.name and listing the presets for another name.
+// naming RegNetOptions::name and listing the presets for another name.
 RegNetOptions regnet_preset(const std::string& name);
 // The preset names, in the order errors list them.
 std::vector<std::string> regnet_preset_names();
 
-// Throws ConfigError naming MODEL.TRUNK.REGNET.<key>, the value and what is accepted.
+// Throws OptionError naming RegNetOptions::<field>, the value and what is accepted.
 void validate_regnet_options(const RegNetOptions& options);
 
 // One stage: `depth` blocks of output width `width`, the first with stride `stride`.

@@ -45,8 +45,8 @@ struct ResNetOptions {
   NormOptions norm;
 };
 
-// Residual blocks per stage for a depth, e.g. 50 -> {3, 4, 6, 3}. Throws ConfigError naming
-// MODEL.TRUNK.RESNETS.DEPTH for an unsupported depth.
+// Residual blocks per stage for a depth, e.g. 50 -> {3, 4, 6, 3}. Throws OptionError naming
+// ResNetOptions::depth for an unsupported depth.
 std::vector<int64_t> resnet_stage_sizes(int64_t depth);
 // 1 for BasicBlock depths (18, 34), 4 for Bottleneck depths (50+).
 int64_t resnet_expansion(int64_t depth);
@@ -70,7 +70,7 @@ struct ResNetBlockSpec {
 int64_t resnet_stem_channels(const ResNetOptions& options);
 std::vector<ResNetBlockSpec> resnet_blocks(const ResNetOptions& options);
 
-// Validates `options` (ConfigError naming the key, value and what is expected) and builds
+// Validates `options` (OptionError naming the ResNetOptions field, value and what is expected) and builds
 // the trunk. in_channels: channels of the input images.
 Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels);
 

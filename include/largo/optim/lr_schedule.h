@@ -62,11 +62,10 @@ class LrSchedule {
   virtual double value_at(double where) const = 0;
 };
 
-// Validates the options (ConfigError naming the key under key_prefix and the value) and
-// builds the schedule.
+// Validates the options (ConfigError naming the field under key_prefix, "ScheduleOptions.name",
+// and the value) and builds the schedule.
 std::unique_ptr<LrSchedule> make_schedule(
-    const ScheduleOptions& options,
-    const std::string& key_prefix = "OPTIMIZER.param_schedulers.lr");
+    const ScheduleOptions& options, const std::string& key_prefix = "ScheduleOptions");
 
 // OPTIMIZER.param_schedulers.lr.auto_lr_scaling
 struct AutoLrScaling {

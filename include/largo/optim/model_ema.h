@@ -41,7 +41,7 @@ struct ModelEmaOptions {
   std::optional<c10::Device> device;
 };
 
-// Throws ConfigError naming HOOKS.EMA_MODEL.DECAY / UPDATE_ITER / WARMUP for decay outside
+// Throws OptionError naming ModelEmaOptions::decay / update_iter / warmup for decay outside
 // [0, 1], update_iter < 1 or warmup outside [0, 1].
 void validate_model_ema_options(const ModelEmaOptions& options);
 

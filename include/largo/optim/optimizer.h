@@ -125,8 +125,10 @@ class Optimizer {
   PartialNormReducer norm_reducer_;
 };
 
-// The Adam family's moment settings (AdamW, LAMB): throws ConfigError naming OPTIMIZER.betas
-// or OPTIMIZER.eps for a beta outside [0, 1) or eps < 0 (NaN included).
-void check_adam_moments(const std::array<double, 2>& betas, double eps);
+// The Adam family's moment settings (AdamW, LAMB): throws ConfigError naming
+// `options_name`::betas or ::eps ("AdamWOptions::eps") for a beta outside [0, 1) or eps < 0
+// (NaN included).
+void check_adam_moments(
+    const std::array<double, 2>& betas, double eps, const std::string& options_name);
 
 } // namespace largo::optim

@@ -28,7 +28,7 @@ struct OptimizerSpec {
   LARCOptions larc;         // OPTIMIZER.larc_config
 };
 
-// Throws ConfigError naming OPTIMIZER.name for an unknown name, and the optimizers' own
+// Throws ConfigError naming OptimizerSpec::name for an unknown name, and the optimizers' own
 // ConfigErrors for invalid hyperparameters.
 std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup> param_groups, const OptimizerSpec& spec);
 

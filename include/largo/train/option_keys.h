@@ -7,6 +7,7 @@
 
 #include <largo/core/error.h>
 
+#include <exception>
 #include <string>
 
 namespace largo::train {
@@ -19,16 +20,20 @@ std::string yaml_key_for(const std::string& option);
 // replaced by its YAML key: what an OptionError's expectation says of other options.
 std::string with_yaml_keys(std::string text);
 
-// Runs `call`; an OptionError it throws becomes a ConfigError naming the YAML key, with the
-// same value, and the expectation in YAML keys too.
+// Rethrows `error` in the user's words: an OptionError as a ConfigError naming the YAML key,
+// with the same value and the expectation in YAML keys; any other largo::Error as the same
+// class with every option name in its message replaced by its key (unchanged when it names
+// none). Anything else is rethrown as it is.
+[[noreturn]] void rethrow_in_yaml_keys(std::exception_ptr error);
+
+// Runs `call`; a largo::Error it throws is rethrown in YAML keys (rethrow_in_yaml_keys). The
+// config layer runs the library's calls through this, and the `largo` program its commands.
 template <typename Call>
 decltype(auto) rethrow_with_yaml_keys(Call&& call) {
   try {
     return call();
-  } catch (const OptionError& error) {
-    throw ConfigError(
-        "config key " + yaml_key_for(error.option()) + " = " + error.value() + ": expected " +
-        with_yaml_keys(error.expected()));
+  } catch (const Error&) {
+    rethrow_in_yaml_keys(std::current_exception());
   }
 }
 

@@ -38,11 +38,11 @@ std::filesystem::path find_cifar_dir(const std::filesystem::path& root_dir, Spli
   throw DataError(fmt::format(
       "CIFAR-10 {} data not found: tried {} and {}. Download the binary version "
       "(cifar-10-binary.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html), extract it "
-      "and point DATA.{}.DATA_PATHS at the extracted directory.",
+      "and point DataSourceOptions::path ({} split) at the extracted directory.",
       to_string(split),
       (candidates[0] / first).string(),
       (candidates[1] / first).string(),
-      split == Split::kTrain ? "TRAIN" : "TEST"));
+      to_string(split)));
 }
 
 } // namespace

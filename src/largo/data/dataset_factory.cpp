@@ -24,7 +24,8 @@ void refuse_views_without_image_files(const DataSourceOptions& options) {
     if (is_multi_view_transform(spec.name)) {
       throw ConfigError(fmt::format(
           "transform {} makes several views of each image, which needs image files, but the "
-          "data source is {}{}; use DATA_SOURCES [disk_folder] or [disk_filelist], or a "
+          "data source is {}{}; use DataSourceOptions::source [disk_folder] or [disk_filelist], "
+          "or a "
           "one-view transform list",
           spec.name,
           options.source,
@@ -110,10 +111,10 @@ void check_mnist_image_size(
     return;
   }
   throw DataError(fmt::format(
-      "DATA.{} (the {} split): {} holds {}x{} images, but {} images are {}x{} (what the model "
-      "is sized for); use the dataset's own files, or store the images as an image folder "
-      "(DATA_SOURCES: [disk_folder]) with TRANSFORMS that crop both splits to one size",
-      split == Split::kTrain ? "TRAIN" : "TEST",
+      "DataSplitOptions ({} split): {} holds {}x{} images, but {} images are {}x{} (what the "
+      "model is sized for); use the dataset's own files, or store the images as an image "
+      "folder (DataSourceOptions::source: [disk_folder]) with DataSourceOptions::transforms "
+      "that crop both splits to one size",
       to_string(split),
       IdxDataset::images_file(options.path, split).string(),
       shape[1],
@@ -130,8 +131,8 @@ ImageList list_images(const DataSourceOptions& options) {
   }
   if (options.label_path.empty()) {
     throw ConfigError(fmt::format(
-        "data source disk_filelist ({}): no label file; give the .npy of labels (LABEL_PATHS, "
-        "with LABEL_SOURCES: [disk_filelist])",
+        "data source disk_filelist ({}): no label file; give the .npy of labels "
+        "(DataSourceOptions::label_path)",
         options.path.string()));
   }
   return list_image_filelist(options.path, options.label_path, options.remove_path_prefix,

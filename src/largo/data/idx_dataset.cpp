@@ -194,13 +194,13 @@ std::filesystem::path find_file(
       "MNIST-format {} data not found in '{}'{}; tried:{}\n"
       "Install Fashion-MNIST with `apt-get install dataset-fashion-mnist` (it goes to {}), "
       "put MNIST/Fashion-MNIST idx files (.gz or raw) in a directory, or point "
-      "DATA.{}.DATA_PATHS at the directory that holds them.",
+      "DataSourceOptions::path ({} split) at the directory that holds them.",
       to_string(split),
       root_dir.string(),
       std::filesystem::is_directory(root_dir) ? "" : " (no such directory)",
       tried,
       kFashionMnistSystemDir,
-      split == Split::kTrain ? "TRAIN" : "TEST"));
+      to_string(split)));
 }
 
 std::filesystem::path

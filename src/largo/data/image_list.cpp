@@ -87,7 +87,8 @@ std::vector<std::string> list_class_folders(const std::filesystem::path& root) {
   std::error_code error;
   if (!fs::is_directory(root, error)) {
     throw DataError(fmt::format(
-        "disk_folder: {} is not a directory; DATA_PATHS must name a folder holding one "
+        "disk_folder: {} is not a directory; DataSourceOptions::path must name a folder holding "
+        "one "
         "subfolder per class",
         root.string()));
   }

@@ -46,7 +46,7 @@ int64_t count_resnet_stem(
 int64_t
 count_resnet(Counter& counter, const ResNetOptions& options, int64_t in_channels, int64_t size) {
   if (options.stem != "imagenet" && options.stem != "cifar") {
-    throw config_error("MODEL.TRUNK.RESNETS.STEM", options.stem, "\"imagenet\" or \"cifar\"");
+    throw OptionError("ResNetOptions::stem", options.stem, "\"imagenet\" or \"cifar\"");
   }
   size = count_resnet_stem(counter, options, in_channels, size);
   const int64_t expansion = resnet_expansion(options.depth);
@@ -118,8 +118,8 @@ count_regnet(Counter& counter, const RegNetOptions& options, int64_t in_channels
 
 int64_t count_vit(Counter& counter, const VitOptions& options, int64_t in_channels, int64_t size) {
   if (options.patch_size <= 0 || size % options.patch_size != 0) {
-    throw config_error(
-        "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE",
+    throw OptionError(
+        "VitOptions::patch_size",
         std::to_string(options.patch_size),
         fmt::format("a divisor of the image size {}", size));
   }
@@ -179,8 +179,8 @@ int64_t count_trunk(Counter& counter, const ModelOptions& options) {
     }
     return features;
   }
-  throw config_error(
-      "MODEL.TRUNK.NAME",
+  throw OptionError(
+      "ModelOptions::trunk_name",
       name,
       fmt::format("one of: {}", fmt::join(supported_trunk_names(), ", ")));
 }

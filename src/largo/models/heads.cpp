@@ -27,8 +27,8 @@ build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options) 
   const bool dims_positive =
       std::all_of(dims.begin(), dims.end(), [](int64_t dim) { return dim > 0; });
   if (dims.size() < 2 || !dims_positive) {
-    throw config_error(
-        "MODEL.HEAD.PARAMS dims",
+    throw OptionError(
+        "MlpHeadSpec::dims",
         fmt::format("[{}]", fmt::join(dims, ", ")),
         "at least two dims [in, ..., out], all > 0");
   }
@@ -61,8 +61,8 @@ torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<Ml
   for (size_t i = 0; i < heads.size(); ++i) {
     const std::vector<int64_t>& dims = heads[i].dims;
     if (dims.empty() || dims.front() != width) {
-      throw config_error(
-          fmt::format("MODEL.HEAD.PARAMS[{}] dims", i),
+      throw OptionError(
+          fmt::format("ModelOptions::head_chain[{}].dims", i),
           fmt::format("[{}]", fmt::join(dims, ", ")),
           fmt::format(
               "the first dim to equal the width of what feeds it ({}: {})",

@@ -13,7 +13,6 @@
 namespace largo::models {
 namespace {
 
-const std::string kFeatureEvalKeys = "MODEL.FEATURE_EVAL_SETTINGS.";
 const std::vector<std::string> kFeatures{
     "conv1", "res1", "res2", "res3", "res4", "res5", "res5avg", "flatten"};
 const std::vector<std::string> kPools{
@@ -24,14 +23,13 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 }
 
 void validate_tap(const FeatureTap& tap, size_t index) {
-  const std::string key =
-      fmt::format("{}LINEAR_EVAL_FEAT_POOL_OPS_MAP[{}]", kFeatureEvalKeys, index);
+  const std::string key = fmt::format("FeatureEvalOptions::taps[{}]", index);
   if (!contains(kFeatures, tap.feature)) {
-    throw config_error(
+    throw OptionError(
         key, tap.feature, fmt::format("a ResNet feature: {}", fmt::join(kFeatures, ", ")));
   }
   if (!contains(kPools, tap.pool)) {
-    throw config_error(key, tap.pool, fmt::format("a pool op: {}", fmt::join(kPools, ", ")));
+    throw OptionError(key, tap.pool, fmt::format("a pool op: {}", fmt::join(kPools, ", ")));
   }
   const bool needs_size = tap.pool != "Identity";
   const bool size_ok = tap.kernel_size.size() == 1 || tap.kernel_size.size() == 2;
@@ -39,14 +37,14 @@ void validate_tap(const FeatureTap& tap, size_t index) {
       (!size_ok || std::any_of(tap.kernel_size.begin(), tap.kernel_size.end(), [](int64_t v) {
         return v <= 0;
       }))) {
-    throw config_error(
+    throw OptionError(
         key,
         fmt::format("{} [{}]", tap.pool, fmt::join(tap.kernel_size, ", ")),
         "a kernel (or output) size of one or two integers > 0, e.g. "
         "[\"AvgPool2d\", [[8, 8], 3, 0]]");
   }
   if (tap.stride < 0 || tap.padding < 0) {
-    throw config_error(
+    throw OptionError(
         key,
         fmt::format("stride {}, padding {}", tap.stride, tap.padding),
         "a stride >= 0 (0: the kernel size) and a padding >= 0");
@@ -54,15 +52,15 @@ void validate_tap(const FeatureTap& tap, size_t index) {
 }
 
 void validate_head(const EvalHeadOptions& head, size_t index) {
-  const std::string key = fmt::format("MODEL.HEAD.PARAMS[{}]", index);
+  const std::string key = fmt::format("FeatureEvalOptions::heads[{}]", index);
   if (head.name != "eval_mlp" && head.name != "mlp") {
-    throw config_error(key, head.name, "eval_mlp or mlp (one head per feature tap)");
+    throw OptionError(key, head.name, "eval_mlp or mlp (one head per feature tap)");
   }
   if (head.name == "eval_mlp" && head.in_channels <= 0) {
-    throw config_error(key + ".in_channels", std::to_string(head.in_channels), "an integer > 0");
+    throw OptionError(key + ".in_channels", std::to_string(head.in_channels), "an integer > 0");
   }
   if (head.dims.size() < 2) {
-    throw config_error(
+    throw OptionError(
         key + ".dims",
         fmt::format("[{}]", fmt::join(head.dims, ", ")),
         "at least two dims [in, ..., classes]");
@@ -85,10 +83,10 @@ std::vector<int64_t> stage_sizes_of(const torch::nn::Sequential& trunk) {
       }
     }
   }
-  throw config_error(
-      kFeatureEvalKeys + "LINEAR_EVAL_FEAT_POOL_OPS_MAP",
+  throw OptionError(
+      "FeatureEvalOptions::taps",
       "(features of ResNet stages)",
-      "a resnet trunk (MODEL.TRUNK.NAME resnet): the features are named after "
+      "a resnet trunk (ModelOptions::trunk_name resnet): the features are named after "
       "its stages; leave the map empty to evaluate another trunk's output");
 }
 
@@ -99,22 +97,18 @@ void validate_feature_eval_options(const FeatureEvalOptions& options) {
     validate_tap(options.taps[i], i);
   }
   if (!options.taps.empty() && options.heads.size() != options.taps.size()) {
-    throw config_error(
-        "MODEL.HEAD.PARAMS",
+    throw OptionError(
+        "FeatureEvalOptions::heads",
         fmt::format("{} heads", options.heads.size()),
         fmt::format(
-            "one head per entry of {}LINEAR_EVAL_FEAT_POOL_OPS_MAP ({})",
-            kFeatureEvalKeys,
-            options.taps.size()));
+            "one head per entry of FeatureEvalOptions::taps ({})", options.taps.size()));
   }
   if (options.taps.empty() && !options.heads.empty()) {
-    throw config_error(
-        "MODEL.HEAD.PARAMS",
+    throw OptionError(
+        "FeatureEvalOptions::heads",
         fmt::format("{} eval heads", options.heads.size()),
-        fmt::format(
-            "one [\"mlp\", ...] head (the pretrained model's) when "
-            "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP is empty",
-            kFeatureEvalKeys));
+        "one [\"mlp\", ...] head (the pretrained model's) when FeatureEvalOptions::taps is "
+        "empty");
   }
   for (size_t i = 0; i < options.heads.size(); ++i) {
     validate_head(options.heads[i], i);
@@ -158,11 +152,12 @@ LinearEvalModelImpl::LinearEvalModelImpl(
     : options_(options) {
   validate_feature_eval_options(options_);
   if (!options_.enabled()) {
-    throw config_error(
-        kFeatureEvalKeys + "EVAL_MODE_ON",
+    throw OptionError(
+        "FeatureEvalOptions::eval_mode_on",
         options_.eval_mode_on ? "True" : "False",
-        "True, with FREEZE_TRUNK_ONLY or FREEZE_TRUNK_AND_HEAD, to build a linear "
-        "evaluation model");
+        "True, with FeatureEvalOptions::freeze_trunk_only or "
+        "FeatureEvalOptions::freeze_trunk_and_head, to build "
+        "a linear evaluation model");
   }
   trunk_ = register_module("trunk", pretrained->trunk());
   for (auto& parameter : trunk_->parameters()) {
@@ -333,8 +328,8 @@ std::vector<at::Tensor> LinearEvalModelImpl::forward_outputs(at::Tensor images) 
                       (head.name == "eval_mlp" || feature.dim() <= 2 ||
                        feature.numel() == feature.size(0) * feature.size(1));
     if (!fits) {
-      throw config_error(
-          fmt::format("MODEL.HEAD.PARAMS[{}]", i),
+      throw OptionError(
+          fmt::format("FeatureEvalOptions::heads[{}]", i),
           fmt::format(
               "{} in_channels {} dims [{}]",
               head.name,

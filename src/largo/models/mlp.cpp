@@ -42,14 +42,14 @@ void MlpBlockImpl::use_tensor_parallel_linear(torch::nn::AnyModule parallel) {
 Trunk build_mlp_trunk(const MlpOptions& options, int64_t in_channels, int64_t image_size) {
   const auto& dims = options.hidden_dims;
   if (!std::all_of(dims.begin(), dims.end(), [](int64_t dim) { return dim > 0; })) {
-    throw config_error(
-        "MODEL.TRUNK.MLP.HIDDEN_DIMS",
+    throw OptionError(
+        "MlpOptions::hidden_dims",
         fmt::format("[{}]", fmt::join(dims, ", ")),
         "layer widths > 0 (an empty list means no hidden layer)");
   }
   if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
-    throw config_error(
-        "MODEL.TRUNK.MLP.DROPOUT", fmt::format("{}", options.dropout), "a rate in [0, 1)");
+    throw OptionError(
+        "MlpOptions::dropout", fmt::format("{}", options.dropout), "a rate in [0, 1)");
   }
   if (in_channels <= 0 || image_size <= 0) {
     throw ConfigError(fmt::format(

@@ -40,16 +40,16 @@ Trunk build_trunk(const ModelOptions& options) {
   if (name == "vision_transformer") {
     return build_vit_trunk(options.vit, options.in_channels, options.image_size);
   }
-  throw config_error(
-      "MODEL.TRUNK.NAME",
+  throw OptionError(
+      "ModelOptions::trunk_name",
       name,
       fmt::format("one of: {}", fmt::join(supported_trunk_names(), ", ")));
 }
 
 TrunkHeadModel build_model(const ModelOptions& options) {
   // Names what asks when a layer is larger than the memory (core/resources.h).
-  AllocationContext context(fmt::format("building the model (MODEL.TRUNK.NAME = {}, its "
-                                        "MODEL.TRUNK.* sizes and {} classes)",
+  AllocationContext context(fmt::format("building the model (ModelOptions::trunk_name = {}, "
+                                        "its sizes and {} classes)",
                                         options.trunk_name, options.num_classes));
   Trunk trunk = build_trunk(options);
   torch::nn::Sequential head;
@@ -57,8 +57,8 @@ TrunkHeadModel build_model(const ModelOptions& options) {
   const bool swav = !options.swav_head.dims.empty();
   if (swav) {
     if (options.swav_head.dims.front() != trunk.output_dim) {
-      throw config_error(
-          "MODEL.HEAD.PARAMS[0] swav_head dims",
+      throw OptionError(
+          "SwavHeadOptions::dims",
           fmt::format("[{}]", fmt::join(options.swav_head.dims, ", ")),
           fmt::format(
               "the first dim to equal the {} trunk's output width {}",
@@ -74,8 +74,8 @@ TrunkHeadModel build_model(const ModelOptions& options) {
     const auto& dims = options.head_dims;
     const std::string dims_text = fmt::format("[{}]", fmt::join(dims, ", "));
     if (dims.front() != trunk.output_dim) {
-      throw config_error(
-          "MODEL.HEAD.PARAMS dims",
+      throw OptionError(
+          "ModelOptions::head_dims",
           dims_text,
           fmt::format(
               "the first dim to equal the {} trunk's output width {}",
@@ -83,8 +83,8 @@ TrunkHeadModel build_model(const ModelOptions& options) {
               trunk.output_dim));
     }
     if (options.num_classes > 0 && dims.back() != options.num_classes) {
-      throw config_error(
-          "MODEL.HEAD.PARAMS dims",
+      throw OptionError(
+          "ModelOptions::head_dims",
           dims_text,
           fmt::format("the last dim to equal the number of classes {}", options.num_classes));
     }

@@ -10,16 +10,16 @@
 
 namespace largo::models {
 namespace {
-const std::string kResNetNormKeys = "MODEL.TRUNK.RESNETS.";
+
 }
 
 void validate_norm_options(const NormOptions& options) {
   if (options.type != "BatchNorm" && options.type != "GroupNorm" && options.type != "LayerNorm") {
-    throw config_error(kResNetNormKeys + "NORM", options.type, "BatchNorm, GroupNorm or LayerNorm");
+    throw OptionError("NormOptions::type", options.type, "BatchNorm, GroupNorm or LayerNorm");
   }
   if (options.type == "GroupNorm" && options.groupnorm_groups <= 0) {
-    throw config_error(
-        kResNetNormKeys + "GROUPNORM_GROUPS",
+    throw OptionError(
+        "NormOptions::groupnorm_groups",
         std::to_string(options.groupnorm_groups),
         "an integer > 0");
   }
@@ -32,8 +32,8 @@ torch::nn::AnyModule make_norm2d(const NormOptions& options, int64_t channels) {
   }
   const int64_t groups = options.type == "LayerNorm" ? 1 : options.groupnorm_groups;
   if (channels % groups != 0) {
-    throw config_error(
-        kResNetNormKeys + "GROUPNORM_GROUPS",
+    throw OptionError(
+        "NormOptions::groupnorm_groups",
         std::to_string(groups),
         fmt::format("a divisor of every norm layer's channel count (this one has {})", channels));
   }

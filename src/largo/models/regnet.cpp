@@ -20,7 +20,7 @@
 namespace largo::models {
 namespace {
 
-const std::string kRegNetKeys = "MODEL.TRUNK.REGNET.";
+const std::string kRegNetOptions = "RegNetOptions::";
 
 struct RegNetPreset {
   const char* name;
@@ -108,10 +108,8 @@ void init_like_classy_vision(torch::nn::Module& trunk) {
 }
 
 void require_regnet(
-    bool ok, const std::string& key, const std::string& value, const std::string& expected) {
-  if (!ok) {
-    throw config_error(kRegNetKeys + key, value, expected);
-  }
+    bool ok, const std::string& field, const std::string& value, const std::string& expected) {
+  require_option(ok, kRegNetOptions + field, value, expected);
 }
 
 // ClassyVision's per-block widths: the ramp w_0 + w_a * j, quantized in log space with base
@@ -248,8 +246,8 @@ RegNetOptions regnet_preset(const std::string& name) {
       return options;
     }
   }
-  throw config_error(
-      kRegNetKeys + "name",
+  throw OptionError(
+      kRegNetOptions + "name",
       name,
       fmt::format(
           "one of {} (or leave name out and set depth, w_0, w_a, w_m and group_width)",
@@ -259,8 +257,8 @@ RegNetOptions regnet_preset(const std::string& name) {
 void validate_regnet_options(const RegNetOptions& o) {
   if (o.depth == 0 && o.w_0 == 0 && o.group_width == 0) {
     throw ConfigError(
-        "MODEL.TRUNK.REGNET sets no RegNet: give a preset (name: regnet_y_400mf, ...) or the "
-        "parameters depth, w_0, w_a, w_m and group_width");
+        "no RegNet is set: give a preset (RegNetOptions::name: regnet_y_400mf, ...) or the "
+        "parameters RegNetOptions::depth, w_0, w_a, w_m and group_width");
   }
   require_regnet(o.depth > 0, "depth", std::to_string(o.depth), "an integer > 0");
   require_regnet(o.w_0 > 0 && o.w_0 % 8 == 0, "w_0", std::to_string(o.w_0), "a multiple of 8, > 0");

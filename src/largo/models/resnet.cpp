@@ -18,7 +18,7 @@
 namespace largo::models {
 namespace {
 
-const std::string kResNetKeys = "MODEL.TRUNK.RESNETS.";
+const std::string kResNetOptions = "ResNetOptions::";
 
 torch::nn::Conv2d
 conv(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups = 1) {
@@ -96,37 +96,38 @@ void init_like_torchvision(torch::nn::Module& trunk) {
 void validate_resnet(const ResNetOptions& options, int64_t in_channels) {
   resnet_stage_sizes(options.depth); // throws for an unsupported depth
   if (options.stem != "imagenet" && options.stem != "cifar") {
-    throw config_error(kResNetKeys + "STEM", options.stem, "\"imagenet\" or \"cifar\"");
+    throw OptionError(kResNetOptions + "stem", options.stem, "\"imagenet\" or \"cifar\"");
   }
   if (options.width_multiplier <= 0) {
-    throw config_error(
-        kResNetKeys + "WIDTH_MULTIPLIER",
+    throw OptionError(
+        kResNetOptions + "width_multiplier",
         std::to_string(options.width_multiplier),
         "an integer >= 1");
   }
   if (options.groups <= 0) {
-    throw config_error(kResNetKeys + "GROUPS", std::to_string(options.groups), "an integer >= 1");
+    throw OptionError(kResNetOptions + "groups", std::to_string(options.groups), "an integer >= 1");
   }
   if (options.width_per_group <= 0) {
-    throw config_error(
-        kResNetKeys + "WIDTH_PER_GROUP",
+    throw OptionError(
+        kResNetOptions + "width_per_group",
         std::to_string(options.width_per_group),
         "an integer >= 1");
   }
   if (resnet_expansion(options.depth) == 1 &&
       (options.groups != 1 || options.width_per_group != 64)) {
-    throw config_error(
-        kResNetKeys + "GROUPS",
-        fmt::format("{} (WIDTH_PER_GROUP {})", options.groups, options.width_per_group),
+    throw OptionError(
+        kResNetOptions + "groups",
+        fmt::format("{} (ResNetOptions::width_per_group {})", options.groups,
+                    options.width_per_group),
         fmt::format(
-            "GROUPS 1 and WIDTH_PER_GROUP 64 for depth {}: BasicBlock has no grouped "
-            "convolutions (use depth 50 or more for ResNeXt)",
+            "ResNetOptions::groups 1 and ResNetOptions::width_per_group 64 for depth {}: "
+            "BasicBlock has no grouped convolutions (use depth 50 or more for ResNeXt)",
             options.depth));
   }
   validate_norm_options(options.norm);
   if (options.layer4_stride != 1 && options.layer4_stride != 2) {
-    throw config_error(
-        kResNetKeys + "LAYER4_STRIDE", std::to_string(options.layer4_stride), "1 or 2");
+    throw OptionError(
+        kResNetOptions + "layer4_stride", std::to_string(options.layer4_stride), "1 or 2");
   }
   if (in_channels <= 0) {
     throw ConfigError(fmt::format("ResNet input channels must be > 0, got {}", in_channels));
@@ -149,8 +150,8 @@ std::vector<int64_t> resnet_stage_sizes(int64_t depth) {
   case 200:
     return {3, 24, 36, 3};
   default:
-    throw config_error(
-        kResNetKeys + "DEPTH", std::to_string(depth), "one of 18, 34, 50, 101, 152, 200");
+    throw OptionError(
+        kResNetOptions + "depth", std::to_string(depth), "one of 18, 34, 50, 101, 152, 200");
   }
 }
 

@@ -60,20 +60,20 @@ Trunk build_small_cnn_trunk(
   const bool channels_positive = std::all_of(
       options.channels.begin(), options.channels.end(), [](int64_t c) { return c > 0; });
   if (options.channels.empty() || !channels_positive) {
-    throw config_error(
-        "MODEL.TRUNK.SMALL_CNN.CHANNELS",
+    throw OptionError(
+        "SmallCnnOptions::channels",
         fmt::format("[{}]", fmt::join(options.channels, ", ")),
         "a non-empty list of channel counts > 0, one per conv stage");
   }
   if (options.pooled_size < 1) {
-    throw config_error(
-        "MODEL.TRUNK.SMALL_CNN.POOLED_SIZE",
+    throw OptionError(
+        "SmallCnnOptions::pooled_size",
         std::to_string(options.pooled_size),
         "an integer >= 1");
   }
   if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
-    throw config_error(
-        "MODEL.TRUNK.SMALL_CNN.DROPOUT", fmt::format("{}", options.dropout), "a rate in [0, 1)");
+    throw OptionError(
+        "SmallCnnOptions::dropout", fmt::format("{}", options.dropout), "a rate in [0, 1)");
   }
   if (in_channels <= 0) {
     throw ConfigError(fmt::format("small_cnn input channels must be > 0, got {}", in_channels));
@@ -82,7 +82,7 @@ Trunk build_small_cnn_trunk(
   if (num_stages >= 31 || image_size < (int64_t{1} << num_stages)) {
     throw ConfigError(fmt::format(
         "small_cnn with {} stages halves the image {} times, so it needs images of at least "
-        "{} pixels per side; got {}. Use fewer MODEL.TRUNK.SMALL_CNN.CHANNELS entries or "
+        "{} pixels per side; got {}. Use fewer SmallCnnOptions::channels entries or "
         "larger images.",
         num_stages,
         num_stages,

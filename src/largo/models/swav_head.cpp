@@ -20,20 +20,20 @@ bool all_positive(const std::vector<int64_t>& values) {
 
 void validate(const SwavHeadOptions& options) {
   if (options.dims.size() < 2 || !all_positive(options.dims)) {
-    throw config_error(
-        "MODEL.HEAD.PARAMS swav_head dims",
+    throw OptionError(
+        "SwavHeadOptions::dims",
         fmt::format("[{}]", fmt::join(options.dims, ", ")),
         "at least two dims [in, ..., embedding], all > 0");
   }
   if (!all_positive(options.num_clusters)) {
-    throw config_error(
-        "MODEL.HEAD.PARAMS swav_head num_clusters",
+    throw OptionError(
+        "SwavHeadOptions::num_clusters",
         fmt::format("[{}]", fmt::join(options.num_clusters, ", ")),
         "a list of prototype counts, each > 0");
   }
   if (options.activation != "ReLU" && options.activation != "GELU") {
-    throw config_error(
-        "MODEL.HEAD.PARAMS swav_head activation_name", options.activation, "ReLU or GELU");
+    throw OptionError(
+        "SwavHeadOptions::activation", options.activation, "ReLU or GELU");
   }
 }
 

@@ -13,23 +13,21 @@
 namespace largo::models {
 namespace {
 
-const std::string kVitKeys = "MODEL.TRUNK.VISION_TRANSFORMERS.";
 constexpr double kLayerNormEps = 1e-6; // VISSL's and torchvision's ViT
 
 torch::nn::LayerNorm layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps));
 }
 
-void require_positive(int64_t value, const std::string& name) {
-  if (value <= 0) {
-    throw config_error(kVitKeys + name, std::to_string(value), "an integer > 0");
-  }
+void require_positive(int64_t value, const std::string& field) {
+  require_option(value > 0, "VitOptions::" + field, std::to_string(value), "an integer > 0");
 }
 
-void require_rate(double value, const std::string& name) {
-  if (!(value >= 0.0 && value < 1.0)) {
-    throw config_error(kVitKeys + name, fmt::format("{}", value), "a rate in [0, 1)");
-  }
+void require_rate(double value, const std::string& field) {
+  require_option(value >= 0.0 && value < 1.0,
+                 "VitOptions::" + field,
+                 fmt::format("{}", value),
+                 "a rate in [0, 1)");
 }
 
 int64_t validate_vit(const VitOptions& options, int64_t in_channels, int64_t input_size) {
@@ -41,39 +39,37 @@ int64_t validate_vit(const VitOptions& options, int64_t in_channels, int64_t inp
         input_size));
   }
   if (options.image_size < 0) {
-    throw config_error(
-        kVitKeys + "IMAGE_SIZE",
-        std::to_string(options.image_size),
-        "an integer > 0 (or 0 = the data's)");
+    throw OptionError("VitOptions::image_size",
+                      std::to_string(options.image_size),
+                      "an integer > 0 (or 0 = the data's)");
   }
   if (options.image_size > 0 && options.image_size != input_size) {
-    throw config_error(
-        kVitKeys + "IMAGE_SIZE",
-        std::to_string(options.image_size),
-        fmt::format("the size of the input images, {}", input_size));
+    throw OptionError("VitOptions::image_size",
+                      std::to_string(options.image_size),
+                      fmt::format("the size of the input images, {}", input_size));
   }
-  require_positive(options.patch_size, "PATCH_SIZE");
+  require_positive(options.patch_size, "patch_size");
   if (input_size % options.patch_size != 0) {
-    throw config_error(
-        kVitKeys + "PATCH_SIZE",
+    throw OptionError(
+        "VitOptions::patch_size",
         std::to_string(options.patch_size),
         fmt::format("a divisor of the image size {}", input_size));
   }
-  require_positive(options.num_layers, "NUM_LAYERS");
-  require_positive(options.num_heads, "NUM_HEADS");
-  require_positive(options.hidden_dim, "HIDDEN_DIM");
-  require_positive(options.mlp_dim, "MLP_DIM");
+  require_positive(options.num_layers, "num_layers");
+  require_positive(options.num_heads, "num_heads");
+  require_positive(options.hidden_dim, "hidden_dim");
+  require_positive(options.mlp_dim, "mlp_dim");
   if (options.hidden_dim % options.num_heads != 0) {
-    throw config_error(
-        kVitKeys + "NUM_HEADS",
+    throw OptionError(
+        "VitOptions::num_heads",
         std::to_string(options.num_heads),
-        fmt::format("a divisor of HIDDEN_DIM {}", options.hidden_dim));
+        fmt::format("a divisor of VitOptions::hidden_dim {}", options.hidden_dim));
   }
-  require_rate(options.dropout, "DROPOUT_RATE");
-  require_rate(options.attention_dropout, "ATTENTION_DROPOUT_RATE");
-  require_rate(options.drop_path_rate, "DROP_PATH_RATE");
+  require_rate(options.dropout, "dropout");
+  require_rate(options.attention_dropout, "attention_dropout");
+  require_rate(options.drop_path_rate, "drop_path_rate");
   if (options.classifier != "token" && options.classifier != "gap") {
-    throw config_error(kVitKeys + "CLASSIFIER", options.classifier, "\"token\" or \"gap\"");
+    throw OptionError("VitOptions::classifier", options.classifier, "\"token\" or \"gap\"");
   }
   return input_size;
 }
@@ -134,8 +130,8 @@ VitPatchEmbeddingImpl::VitPatchEmbeddingImpl(
 at::Tensor VitPatchEmbeddingImpl::forward(at::Tensor x) {
   if (x.dim() != 4 || x.size(2) != image_size_ || x.size(3) != image_size_) {
     throw Error(fmt::format(
-        "vision_transformer was built for {}x{} images (MODEL.TRUNK.VISION_TRANSFORMERS."
-        "IMAGE_SIZE) but got input of shape [{}]",
+        "vision_transformer was built for {}x{} images (VitOptions::image_size) but got input "
+        "of shape [{}]",
         image_size_,
         image_size_,
         fmt::join(x.sizes(), "x")));

@@ -57,7 +57,7 @@ void adamw_kernel(
 
 AdamW::AdamW(std::vector<ParamGroup> param_groups, AdamWOptions options)
     : Optimizer(std::move(param_groups)), options_(options) {
-  check_adam_moments(options_.betas, options_.eps);
+  check_adam_moments(options_.betas, options_.eps, "AdamWOptions");
 }
 
 std::vector<std::pair<std::string, c10::IValue>> AdamW::hyperparameters() const {

@@ -167,22 +167,22 @@ void apply_auto_lr_scaling(
   if (!scaling.auto_scale) {
     return;
   }
-  const std::string key = "OPTIMIZER.param_schedulers.lr";
+  const std::string key = "AutoLrScaling";
   if (scaling.scaling_type != "linear" && scaling.scaling_type != "sqrt") {
     throw ConfigError(fmt::format(
-        "{}.auto_lr_scaling.scaling_type = '{}' is not supported; use 'linear' or 'sqrt'",
+        "{}::scaling_type = '{}' is not supported; use 'linear' or 'sqrt'",
         key,
         scaling.scaling_type));
   }
   if (scaling.base_lr_batch_size <= 0) {
     throw ConfigError(fmt::format(
-        "{}.auto_lr_scaling.base_lr_batch_size = {} must be > 0", key, scaling.base_lr_batch_size));
+        "{}::base_lr_batch_size = {} must be > 0", key, scaling.base_lr_batch_size));
   }
   if (global_batch_size <= 0 || per_node_batch_size <= 0 ||
       per_node_batch_size > global_batch_size) {
     throw ConfigError(fmt::format(
         "auto_lr_scaling needs 0 < per-node batch size ({}) <= global batch size ({}); check "
-        "DATA.TRAIN.BATCHSIZE_PER_REPLICA and DISTRIBUTED.NUM_NODES / NUM_PROC_PER_NODE",
+        "the batch size per replica and the number of nodes and processes per node",
         per_node_batch_size,
         global_batch_size));
   }

@@ -94,11 +94,11 @@ double clip_grad_norm(
   torch::NoGradGuard no_grad;
   if (!(max_norm > 0.0)) {
     throw ConfigError(fmt::format(
-        "MODEL.GRAD_CLIP.MAX_NORM = {} is invalid; use a number > 0", max_norm));
+        "clip_grad_norm's max_norm = {} is invalid; use a number > 0", max_norm));
   }
   if (!(norm_type > 0.0)) {
     throw ConfigError(fmt::format(
-        "MODEL.GRAD_CLIP.NORM_TYPE = {} is invalid; use a number > 0 or inf", norm_type));
+        "clip_grad_norm's norm_type = {} is invalid; use a number > 0 or inf", norm_type));
   }
   const bool is_max = std::isinf(norm_type);
   const at::Tensor partial = reduce_partials(

@@ -123,7 +123,7 @@ void lamb_apply_kernel(const LambItem& item, const LAMBOptions& options, int64_t
 
 LAMB::LAMB(std::vector<ParamGroup> param_groups, LAMBOptions options)
     : Optimizer(std::move(param_groups)), options_(options) {
-  check_adam_moments(options_.betas, options_.eps);
+  check_adam_moments(options_.betas, options_.eps, "LAMBOptions");
 }
 
 std::vector<std::pair<std::string, c10::IValue>> LAMB::hyperparameters() const {

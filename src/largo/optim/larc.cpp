@@ -74,13 +74,13 @@ LARC::LARC(std::unique_ptr<Optimizer> inner, LARCOptions options)
   }
   if (!(options_.trust_coefficient > 0.0)) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.larc_config.trust_coefficient = {} is invalid; use a value > 0 (VISSL's "
+        "LARCOptions::trust_coefficient = {} is invalid; use a value > 0 (VISSL's "
         "default is 0.001)",
         options_.trust_coefficient));
   }
   if (!(options_.eps >= 0.0)) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.larc_config.eps = {} is invalid; use a value >= 0", options_.eps));
+        "LARCOptions::eps = {} is invalid; use a value >= 0", options_.eps));
   }
 }
 

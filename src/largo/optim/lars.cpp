@@ -116,12 +116,12 @@ LARS::LARS(std::vector<ParamGroup> param_groups, LARSOptions options)
     : Optimizer(std::move(param_groups)), options_(std::move(options)) {
   if (!(options_.momentum >= 0.0 && options_.momentum < 1.0)) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.momentum = {} is invalid for lars; use a value in [0, 1) (VISSL's rule)",
+        "LARSOptions::momentum = {} is invalid; use a value in [0, 1) (VISSL's rule)",
         options_.momentum));
   }
   if (!(options_.eta > 0.0 && std::isfinite(options_.eta))) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.eta = {} is invalid; use a number > 0 (VISSL's default is 0.001)",
+        "LARSOptions::eta = {} is invalid; use a number > 0 (VISSL's default is 0.001)",
         options_.eta));
   }
 }

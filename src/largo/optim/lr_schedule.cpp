@@ -126,7 +126,7 @@ std::unique_ptr<LrSchedule> make_multistep(const ScheduleOptions& options, const
   }
   if (options.num_epochs <= 0) {
     throw ConfigError(fmt::format(
-        "{}.num_epochs (OPTIMIZER.num_epochs) = {} must be > 0", key, options.num_epochs));
+        "{}.num_epochs (ScheduleOptions::num_epochs) = {} must be > 0", key, options.num_epochs));
   }
   std::vector<int64_t> milestones = options.milestones;
   if (milestones.empty()) {
@@ -274,9 +274,9 @@ double where_for(
     int64_t iterations_per_epoch,
     int64_t num_epochs,
     const std::string& update_interval) {
-  check_update_interval(update_interval, "OPTIMIZER.param_schedulers.lr");
+  check_update_interval(update_interval, "ScheduleOptions");
   if (num_epochs <= 0) {
-    throw ConfigError(fmt::format("OPTIMIZER.num_epochs = {} must be > 0", num_epochs));
+    throw ConfigError(fmt::format("ScheduleOptions::num_epochs = {} must be > 0", num_epochs));
   }
   if (update_interval == "epoch") {
     return static_cast<double>(epoch) / static_cast<double>(num_epochs);

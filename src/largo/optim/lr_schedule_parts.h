@@ -25,7 +25,7 @@ inline void check_where(double where) {
   if (!(where >= 0.0 && where <= 1.0)) {
     throw Error(fmt::format(
         "a learning-rate schedule was asked for its value at training progress {}, outside "
-        "[0, 1]; training ran past OPTIMIZER.num_epochs",
+        "[0, 1]; training ran past ScheduleOptions::num_epochs",
         where));
   }
 }

@@ -24,16 +24,16 @@ at::ScalarType average_dtype(const at::Tensor& tensor) {
 } // namespace
 
 void validate_model_ema_options(const ModelEmaOptions& options) {
-  const std::string key = "HOOKS.EMA_MODEL.";
+  const std::string key = "ModelEmaOptions::";
   if (!(options.decay >= 0.0 && options.decay <= 1.0)) {
-    throw config_error(key + "DECAY", fmt::format("{}", options.decay), "a number in [0, 1]");
+    throw OptionError(key + "decay", fmt::format("{}", options.decay), "a number in [0, 1]");
   }
   if (options.update_iter < 1) {
-    throw config_error(key + "UPDATE_ITER", std::to_string(options.update_iter), "an integer >= 1");
+    throw OptionError(key + "update_iter", std::to_string(options.update_iter), "an integer >= 1");
   }
   if (!(options.warmup >= 0.0 && options.warmup <= 1.0)) {
-    throw config_error(
-        key + "WARMUP", fmt::format("{}", options.warmup), "a fraction of training in [0, 1]");
+    throw OptionError(
+        key + "warmup", fmt::format("{}", options.warmup), "a fraction of training in [0, 1]");
   }
 }
 

@@ -24,7 +24,7 @@ GenericDict make_string_dict() {
 void check_lr(double lr, const std::string& group_name) {
   if (!(lr >= 0.0)) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.param_schedulers.lr: learning rate {} for parameter group '{}' is invalid; "
+        "ParamGroup::lr: learning rate {} for parameter group '{}' is invalid; "
         "use a value >= 0",
         lr,
         group_name));
@@ -34,7 +34,7 @@ void check_lr(double lr, const std::string& group_name) {
 void check_weight_decay(double weight_decay, const std::string& group_name) {
   if (!(weight_decay >= 0.0)) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.weight_decay = {} for parameter group '{}' is invalid; use a value >= 0",
+        "ParamGroup::weight_decay = {} for parameter group '{}' is invalid; use a value >= 0",
         weight_decay,
         group_name));
   }
@@ -240,9 +240,8 @@ void Optimizer::load_state_dict(const c10::IValue& state_dict) {
   if (!saved_type.isString() || saved_type.toStringRef() != type()) {
     throw CheckpointError(fmt::format(
         "the checkpoint holds the state of a '{}' optimizer but this optimizer is '{}'; to "
-        "resume it, set OPTIMIZER.name to the checkpoint's optimizer; to train on with '{}' "
-        "from its weights alone, start a new run (another CHECKPOINT.DIR) with "
-        "MODEL.WEIGHTS_INIT.PARAMS_FILE set to the checkpoint",
+        "resume it, set OptimizerSpec::name to the checkpoint's optimizer; to train on with '{}' "
+        "from its weights alone, start a new run that loads only the checkpoint's weights",
         describe(saved_type),
         type(),
         type()));
@@ -257,7 +256,8 @@ void Optimizer::load_state_dict(const c10::IValue& state_dict) {
   if (saved_groups.size() != param_groups_.size()) {
     throw CheckpointError(fmt::format(
         "the checkpoint's optimizer has {} parameter groups but this optimizer has {}; the "
-        "model or the OPTIMIZER.regularize_* / head settings differ from the run that wrote it",
+        "model or the parameter groups' options (ParamGroupOptions) differ from the run that "
+        "wrote it",
         saved_groups.size(),
         param_groups_.size()));
   }
@@ -395,15 +395,17 @@ void Optimizer::load_state_dict(const c10::IValue& state_dict) {
   }
 }
 
-void check_adam_moments(const std::array<double, 2>& betas, double eps) {
+void check_adam_moments(
+    const std::array<double, 2>& betas, double eps, const std::string& options_name) {
   for (size_t i = 0; i < betas.size(); ++i) {
     if (!(betas[i] >= 0.0 && betas[i] < 1.0)) {
-      throw ConfigError(fmt::format(
-          "OPTIMIZER.betas[{}] = {} is invalid; each beta must be in [0, 1)", i, betas[i]));
+      throw ConfigError(fmt::format("{}::betas[{}] = {} is invalid; each beta must be in [0, 1)",
+                                    options_name, i, betas[i]));
     }
   }
   if (!(eps >= 0.0)) {
-    throw ConfigError(fmt::format("OPTIMIZER.eps = {} is invalid; use a value >= 0", eps));
+    throw ConfigError(
+        fmt::format("{}::eps = {} is invalid; use a value >= 0", options_name, eps));
   }
 }
 

@@ -19,7 +19,7 @@ make_optimizer(std::vector<ParamGroup> param_groups, const OptimizerSpec& spec) 
     optimizer = std::make_unique<LARS>(std::move(param_groups), spec.lars);
   } else {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.name = {} is not an optimizer Largo has; use sgd, adamw, lamb or lars",
+        "OptimizerSpec::name = {} is not an optimizer Largo has; use sgd, adamw, lamb or lars",
         spec.name));
   }
   if (spec.use_larc) {

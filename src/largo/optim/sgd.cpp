@@ -180,12 +180,12 @@ SGD::SGD(std::vector<ParamGroup> param_groups, SGDOptions options)
     : Optimizer(std::move(param_groups)), options_(options) {
   if (!(options_.momentum >= 0.0)) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.momentum = {} is invalid; use a value >= 0 (0 turns momentum off)",
+        "SGDOptions::momentum = {} is invalid; use a value >= 0 (0 turns momentum off)",
         options_.momentum));
   }
   if (options_.nesterov && (options_.momentum <= 0.0 || options_.dampening != 0.0)) {
     throw ConfigError(fmt::format(
-        "OPTIMIZER.nesterov = true needs OPTIMIZER.momentum > 0 and dampening = 0, got "
+        "SGDOptions::nesterov = true needs SGDOptions::momentum > 0 and dampening = 0, got "
         "momentum = {} and dampening = {}; set nesterov to false or fix those values",
         options_.momentum,
         options_.dampening));

@@ -131,7 +131,7 @@ void MasterWeights::load_state_dict(const c10::impl::GenericDict& state) {
     throw CheckpointError(fmt::format(
         "the checkpoint's float32 master weights do not match this model (missing: [{}]; "
         "unexpected: [{}]; wrong shape: [{}]); it was written with a different model or "
-        "MODEL.AMP_PARAMS setting (keep_batchnorm_fp32, opt_level)",
+        "ParallelOptions::precision setting (keep_batchnorm_fp32, opt_level)",
         fmt::join(missing, ", "), fmt::join(unexpected, ", "), fmt::join(mismatched, ", ")));
   }
   torch::NoGradGuard no_grad;

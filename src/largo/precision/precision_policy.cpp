@@ -16,7 +16,6 @@
 namespace largo::precision {
 namespace {
 
-constexpr const char* kArgs = "MODEL.AMP_PARAMS.AMP_ARGS.";
 
 OptLevel parse_opt_level(const std::string& text) {
   if (text == "O0") {
@@ -31,8 +30,8 @@ OptLevel parse_opt_level(const std::string& text) {
   if (text == "O3") {
     return OptLevel::kO3;
   }
-  throw config_error(std::string(kArgs) + "opt_level", text,
-                     "O0, O1, O2 or O3 (the letter O, as in Apex)");
+  throw OptionError(
+      "PrecisionPolicyOptions::opt_level", text, "O0, O1, O2 or O3 (the letter O, as in Apex)");
 }
 
 std::optional<double> parse_number(const std::string& text) {
@@ -96,7 +95,7 @@ std::string PrecisionPolicy::describe() const {
 PrecisionPolicy resolve_precision_policy(const PrecisionPolicyOptions& options) {
   PrecisionPolicy policy;
   if (options.amp_type != "apex" && options.amp_type != "pytorch") {
-    throw config_error("MODEL.AMP_PARAMS.AMP_TYPE", options.amp_type, "apex or pytorch");
+    throw OptionError("PrecisionPolicyOptions::amp_type", options.amp_type, "apex or pytorch");
   }
   at::ScalarType low_precision = at::kFloat;
   if (options.dtype == "float16") {
@@ -104,7 +103,7 @@ PrecisionPolicy resolve_precision_policy(const PrecisionPolicyOptions& options) 
   } else if (options.dtype == "bfloat16") {
     low_precision = at::kBFloat16;
   } else {
-    throw config_error("MODEL.AMP_PARAMS.DTYPE", options.dtype, "float16 or bfloat16");
+    throw OptionError("PrecisionPolicyOptions::dtype", options.dtype, "float16 or bfloat16");
   }
   // Validated even when AMP is off, so a typo does not wait for the day it is switched on.
   const OptLevel level = parse_opt_level(options.opt_level);
@@ -117,8 +116,9 @@ PrecisionPolicy resolve_precision_policy(const PrecisionPolicyOptions& options) 
       static_scale = parse_number(*options.loss_scale);
       if (!static_scale || !(*static_scale > 0) || !std::isfinite(*static_scale) ||
           !std::isfinite(static_cast<float>(*static_scale))) {
-        throw config_error(std::string(kArgs) + "loss_scale", *options.loss_scale,
-                           "\"dynamic\" or a number > 0 that float32 can hold");
+        throw OptionError("PrecisionPolicyOptions::loss_scale",
+                          *options.loss_scale,
+                          "\"dynamic\" or a number > 0 that float32 can hold");
       }
     }
   }
@@ -153,8 +153,8 @@ PrecisionPolicy resolve_precision_policy(const PrecisionPolicyOptions& options) 
   }
   // Apex's property overrides. They change nothing under O1 (the model stays float32).
   if (level == OptLevel::kO1 && (options.keep_batchnorm_fp32 || options.master_weights)) {
-    spdlog::warn("MODEL.AMP_PARAMS.AMP_ARGS: keep_batchnorm_fp32 and master_weights have no "
-                 "effect with opt_level O1, which keeps the model in float32");
+    spdlog::warn("Apex's keep_batchnorm_fp32 and master_weights have no effect with opt_level "
+                 "O1, which keeps the model in float32");
   } else {
     if (options.keep_batchnorm_fp32) {
       policy.keep_batchnorm_fp32 = *options.keep_batchnorm_fp32;

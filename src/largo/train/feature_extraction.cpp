@@ -6,6 +6,7 @@
 #include <largo/core/rng_state.h>
 #include <largo/data/npy.h>
 #include <largo/models/model_factory.h>
+#include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>
 #include <largo/train/training_data.h>
 
@@ -312,7 +313,9 @@ std::string extracted_file_name(
   return fmt::format("rank{}_chunk0_{}_{}_{}.npy", rank, split, name, array);
 }
 
-ExtractionResult extract_features(
+namespace {
+
+ExtractionResult extract(
     const RunPlan& plan, std::shared_ptr<comm::ProcessGroup> group, const fs::path& output_dir) {
   const TrainerOptions& options = plan.options;
   if (!group) {
@@ -369,6 +372,14 @@ ExtractionResult extract_features(
   }
   group->barrier(); // every rank's files are written when any rank returns
   return result;
+}
+
+} // namespace
+
+ExtractionResult extract_features(
+    const RunPlan& plan, std::shared_ptr<comm::ProcessGroup> group, const fs::path& output_dir) {
+  // The library's errors name its options; the plan came from YAML keys.
+  return rethrow_with_yaml_keys([&] { return extract(plan, std::move(group), output_dir); });
 }
 
 std::string ExtractionResult::describe() const {

@@ -468,6 +468,9 @@ void scale_learning_rates(RunPlan& plan) {
   }
 }
 
+// resolve_run's plan, its errors in the library's option names.
+RunPlan plan_run(TrainerOptions options, RunWorld world);
+
 } // namespace
 
 parallel::WrapPolicy trunk_block_units(int64_t auto_wrap_threshold) {
@@ -516,6 +519,13 @@ RunPlan resolve_run(const Config& config) {
 }
 
 RunPlan resolve_run(TrainerOptions options, RunWorld world) {
+  // The library's errors name its options; the plan's options came from YAML keys.
+  return rethrow_with_yaml_keys([&] { return plan_run(std::move(options), world); });
+}
+
+namespace {
+
+RunPlan plan_run(TrainerOptions options, RunWorld world) {
   RunPlan plan;
   plan.options = std::move(options);
   plan.world = world;
@@ -570,6 +580,8 @@ RunPlan resolve_run(TrainerOptions options, RunWorld world) {
   scale_learning_rates(plan);
   return plan;
 }
+
+} // namespace
 
 void refuse_extraction_keys(const RunPlan& plan) {
   if (plan.model.feature_eval.extract_trunk_features_only) {

@@ -90,6 +90,7 @@ struct Trainer::State {
     return plan.options.checkpoint.dir;
   }
   void setup();
+  TrainSummary run();
   void build_model();
   int64_t flops_per_sample() const;
   bool will_resume() const;
@@ -123,7 +124,7 @@ Trainer::Trainer(
   s.plan = resolve_run(std::move(options), world_of(*s.group));
   refuse_extraction_keys(s.plan);
   s.config_yaml = std::move(effective_config_yaml);
-  s.setup();
+  rethrow_with_yaml_keys([&] { s.setup(); });
 }
 
 Trainer::Trainer(
@@ -134,7 +135,7 @@ Trainer::Trainer(
   s.plan = std::move(plan);
   refuse_extraction_keys(s.plan);
   s.config_yaml = std::move(effective_config_yaml);
-  s.setup();
+  rethrow_with_yaml_keys([&] { s.setup(); });
 }
 
 Trainer::~Trainer() = default;
@@ -588,7 +589,12 @@ void Trainer::State::end_epoch() {
 }
 
 TrainSummary Trainer::run() {
-  State& s = *state_;
+  // The library's errors name its options; this run was configured in YAML keys.
+  return rethrow_with_yaml_keys([&] { return state_->run(); });
+}
+
+TrainSummary Trainer::State::run() {
+  State& s = *this;
   checkpoint::TrainingProgress& p = s.progress();
   TrainSummary summary;
   if (s.options().test_only) {

@@ -1003,7 +1003,9 @@ void distributed_options_from(const Config& config, TrainerOptions& options) {
 
 } // namespace
 
-TrainerOptions trainer_options_from_config(const Config& config) {
+namespace {
+
+TrainerOptions options_from_config(const Config& config) {
   refuse_unavailable_keys(config);
   TrainerOptions options;
 
@@ -1037,6 +1039,13 @@ TrainerOptions trainer_options_from_config(const Config& config) {
   checkpoint_options_from(config, options);
   distributed_options_from(config, options);
   return options;
+}
+
+} // namespace
+
+TrainerOptions trainer_options_from_config(const Config& config) {
+  // The library's validators name their options; the config names YAML keys.
+  return rethrow_with_yaml_keys([&] { return options_from_config(config); });
 }
 
 SyncBatchNormSettings sync_batch_norm_settings_from(const Config& config) {

@@ -187,7 +187,7 @@ void DistributedDataParallel::Reducer::on_grad_ready(size_t index) {
         "pass. A parameter may be used several times in a forward, but backward must reach its "
         "gradient accumulator once; this happens with reentrant activation checkpointing or a "
         "module run in two separate graphs. Use Largo's activation checkpointing, or "
-        "DISTRIBUTED.MANUAL_GRADIENT_REDUCTION=True",
+        "DistributedDataParallelOptions::manual_reduction = true",
         slot.name));
   }
   slot.ready = true;
@@ -279,7 +279,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
               "DistributedDataParallel needs a module and a process group");
   if (options.bucket_cap_bytes <= 0 || options.first_bucket_cap_bytes <= 0) {
     throw ConfigError(fmt::format(
-        "DATA.DDP_BUCKET_CAP_MB must be > 0 (bucket cap {} bytes, first bucket {} bytes)",
+        "DistributedDataParallelOptions::bucket_cap_bytes must be > 0 (bucket cap {} bytes, "
+        "first bucket {} bytes)",
         options.bucket_cap_bytes, options.first_bucket_cap_bytes));
   }
   reducer_->module = std::move(module);

@@ -196,7 +196,8 @@ void ShardedDataParallel::Reducer::finish_backward() {
     const size_t shown = std::min<size_t>(missing.size(), 8);
     throw TrainingError(fmt::format(
         "ShardedDataParallel: {} parameter(s) received no gradient in this backward pass ({}{}); "
-        "set DISTRIBUTED.FIND_UNUSED_PARAMETERS=True if the model really leaves them unused",
+        "set ShardedDataParallelOptions::find_unused_parameters = true if the model really "
+        "leaves them unused",
         missing.size(),
         fmt::join(std::vector<std::string>(missing.begin(), missing.begin() + shown), ", "),
         missing.size() > shown ? ", ..." : ""));
@@ -216,7 +217,7 @@ ShardedDataParallel::ShardedDataParallel(std::shared_ptr<torch::nn::Module> modu
     : reducer_(std::make_unique<Reducer>()) {
   if (options.reduce_buffer_bytes <= 0) {
     throw ConfigError(fmt::format(
-        "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size must be -1 (the default) or > 0, got {} bytes",
+        "ShardedDataParallelOptions::reduce_buffer_bytes must be > 0, got {} bytes",
         options.reduce_buffer_bytes));
   }
   Reducer& r = *reducer_;

@@ -16,7 +16,8 @@ ShardedOptimizer::ShardedOptimizer(std::vector<optim::ParamGroup> param_groups,
                                    ShardedOptimizerOptions options)
     : optim::Optimizer(std::move(param_groups)), group_(std::move(group)) {
   if (!options.make_base_optimizer) {
-    throw ConfigError("ZeRO: the sharded optimizer needs a base optimizer (OPTIMIZER.base_optimizer)");
+    throw ConfigError("ZeRO: the sharded optimizer needs a base optimizer "
+                      "(ShardedOptimizerOptions::make_base_optimizer)");
   }
   TORCH_CHECK(group_ != nullptr, "ShardedOptimizer needs a process group");
   const int rank = group_->rank();

@@ -205,8 +205,8 @@ SyncBatchNormImpl::SyncBatchNormImpl(
                 "one process)");
   }
   if (group_size < 0) {
-    throw config_error(
-        "MODEL.SYNC_BN_CONFIG.GROUP_SIZE",
+    throw OptionError(
+        "SyncBatchNorm::group_size",
         std::to_string(group_size),
         "0 (all ranks) or a number of ranks > 0");
   }
@@ -323,8 +323,8 @@ std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
 int64_t
 sync_bn_group_size(int64_t config_group_size, int64_t num_proc_per_node, int64_t world_size) {
   if (config_group_size < -1) {
-    throw config_error(
-        "MODEL.SYNC_BN_CONFIG.GROUP_SIZE",
+    throw OptionError(
+        "SyncBatchNorm::group_size",
         std::to_string(config_group_size),
         "-1 (the ranks of one machine), 0 (all ranks) or a number of ranks > 0");
   }

@@ -102,27 +102,26 @@ std::vector<ParameterSize> parameter_sizes(const torch::nn::Module& module,
 
 void MemoryEstimateOptions::validate() const {
   if (world_size < 1) {
-    throw config_error("MemoryEstimateOptions.world_size", std::to_string(world_size), "an integer >= 1");
+    throw OptionError("MemoryEstimateOptions::world_size", std::to_string(world_size), "an integer >= 1");
   }
   if (stage < 0 || stage > 3) {
-    throw config_error("MemoryEstimateOptions.stage", std::to_string(stage), "0 (DDP), 1, 2 or 3");
+    throw OptionError("MemoryEstimateOptions::stage", std::to_string(stage), "0 (DDP), 1, 2 or 3");
   }
   if (rank < 0 || rank >= world_size) {
-    throw config_error("MemoryEstimateOptions.rank", std::to_string(rank),
+    throw OptionError("MemoryEstimateOptions::rank", std::to_string(rank),
                        fmt::format("a rank in [0, {}) (the world size)", world_size));
   }
   if (offload_optimizer && stage == 0) {
-    throw config_error(
-        "MemoryEstimateOptions.offload_optimizer",
+    throw OptionError(
+        "MemoryEstimateOptions::offload_optimizer",
         "true",
         "false at stage 0 (DDP): offload moves a sharded optimizer");
   }
   if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb" &&
       optimizer.name != "lars") {
-    throw config_error(
-        "OPTIMIZER.name",
-        optimizer.name,
-        "sgd, adamw, lamb or lars (for zero, the name of OPTIMIZER.base_optimizer)");
+    throw OptionError("OptimizerSpec::name",
+                      optimizer.name,
+                      "sgd, adamw, lamb or lars (for ZeRO, the base optimizer's name)");
   }
 }
 

@@ -40,8 +40,8 @@ std::vector<double> shared_block_seconds(
     comm::ProcessGroup& pipeline,
     comm::ProcessGroup* data_parallel) {
   if (!options.balance_sample().defined()) {
-    throw ConfigError("MODEL.PIPELINE.BALANCE = time needs a sample micro-batch to time the "
-                      "blocks on (PipelineParallelOptions::balance_sample)");
+    throw ConfigError("PipelineParallelOptions::balance = time needs a sample micro-batch to "
+                      "time the blocks on (PipelineParallelOptions::balance_sample)");
   }
   at::Tensor seconds = at::zeros({static_cast<int64_t>(blocks.size())}, at::kDouble);
   if (pipeline.rank() == 0 && (!data_parallel || data_parallel->rank() == 0)) {

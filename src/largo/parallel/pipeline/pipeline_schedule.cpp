@@ -48,8 +48,8 @@ void check_pipeline_shape(PipelineScheduleKind kind, const PipelineShape& shape)
   const int V = shape.virtual_stages;
   if (S < 1 || M < 1 || V < 1) {
     throw ConfigError(fmt::format(
-        "pipeline shape: ranks = {}, micro-batches (NUM_MICROBATCHES) = {}, virtual stages "
-        "(VIRTUAL_STAGES) = {}: each must be >= 1",
+        "pipeline shape: ranks = {}, micro-batches (PipelineParallelOptions::num_microbatches) "
+        "= {}, virtual stages (PipelineParallelOptions::virtual_stages) = {}: each must be >= 1",
         S,
         M,
         V));
@@ -57,7 +57,8 @@ void check_pipeline_shape(PipelineScheduleKind kind, const PipelineShape& shape)
   if (kind != PipelineScheduleKind::kInterleaved1F1B) {
     if (V != 1) {
       throw ConfigError(fmt::format(
-          "pipeline virtual stages (VIRTUAL_STAGES) = {} with schedule {}: only "
+          "pipeline virtual stages (PipelineParallelOptions::virtual_stages) = {} with schedule "
+          "{}: only "
           "interleaved_1f1b runs several stages per rank; set it to 1 or choose "
           "interleaved_1f1b",
           V,
@@ -67,8 +68,10 @@ void check_pipeline_shape(PipelineScheduleKind kind, const PipelineShape& shape)
   }
   if (S < 2 || V < 2 || M % S != 0) {
     throw ConfigError(fmt::format(
-        "schedule interleaved_1f1b with {} pipeline ranks, VIRTUAL_STAGES = {} and "
-        "NUM_MICROBATCHES = {}: it needs >= 2 ranks, VIRTUAL_STAGES >= 2 and a number of "
+        "schedule interleaved_1f1b with {} pipeline ranks, "
+        "PipelineParallelOptions::virtual_stages = {} and "
+        "PipelineParallelOptions::num_microbatches = {}: it needs >= 2 ranks, "
+        "PipelineParallelOptions::virtual_stages >= 2 and a number of "
         "micro-batches that is a multiple of the pipeline size (e.g. {})",
         S,
         V,

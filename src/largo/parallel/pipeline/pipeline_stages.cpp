@@ -50,8 +50,7 @@ StageBalance parse_stage_balance(const std::string& name) {
       return balance;
     }
   }
-  throw ConfigError(
-      fmt::format("MODEL.PIPELINE.BALANCE = {}: expected parameters, time or blocks", name));
+  throw OptionError("PipelineParallelOptions::balance", name, "parameters, time or blocks");
 }
 
 std::vector<double> block_parameter_counts(const std::vector<PipelineBlock>& blocks) {
@@ -132,7 +131,7 @@ std::vector<int64_t> balanced_stage_boundaries(const std::vector<double>& costs,
   if (num_stages < 1 || static_cast<size_t>(num_stages) > costs.size()) {
     throw ConfigError(fmt::format(
         "cannot cut a model of {} blocks into {} pipeline stages (pipeline size x "
-        "MODEL.PIPELINE.VIRTUAL_STAGES): every stage needs at least one block",
+        "PipelineParallelOptions::virtual_stages): every stage needs at least one block",
         costs.size(),
         num_stages));
   }
@@ -169,8 +168,9 @@ void check_stage_boundaries(
   if (static_cast<int>(boundaries.size()) != num_stages + 1 ||
       !is_segmentation(boundaries, num_blocks)) {
     throw ConfigError(fmt::format(
-        "MODEL.PIPELINE.BOUNDARIES = [{}]: expected {} strictly increasing block indices from 0 "
-        "to {} (the model has {} blocks; {} stages = pipeline size x VIRTUAL_STAGES), e.g. [{}]",
+        "PipelineParallelOptions::boundaries = [{}]: expected {} strictly increasing block "
+        "indices from 0 to {} (the model has {} blocks; {} stages = pipeline size x "
+        "PipelineParallelOptions::virtual_stages), e.g. [{}]",
         fmt::join(boundaries, ", "),
         num_stages + 1,
         num_blocks,

@@ -87,7 +87,8 @@ void PipelineStep::set_batch_size(int64_t batch_size, const char* from) {
   }
   if (batch_size < M) {
     throw ConfigError(fmt::format(
-        "pipeline: a batch of {} cannot be split into NUM_MICROBATCHES = {} micro-batches; use "
+        "pipeline: a batch of {} cannot be split into PipelineParallelOptions::num_microbatches = "
+        "{} micro-batches; use "
         "a batch of at least {} or fewer micro-batches",
         batch_size,
         M,
