@@ -43,6 +43,9 @@ const std::map<std::string, std::string>& option_keys() {
       {"PrecisionPolicyOptions::dtype", "MODEL.AMP_PARAMS.DTYPE"},
       {"ProcessGroupOptions::backend", "DISTRIBUTED.BACKEND"},
       {"TensorParallelPlanOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
+      {"WebDatasetSamplerOptions::batch_size", "DATA.TRAIN.BATCHSIZE_PER_REPLICA"},
+      {"WebDatasetSamplerOptions::shuffle_buffer", "DATA.TRAIN.WEBDATASET.SHUFFLE_BUFFER"},
+      {"WebDatasetSamplerOptions::streams_per_replica", "DATA.NUM_DATALOADER_WORKERS"},
       {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
   };
   return keys;
