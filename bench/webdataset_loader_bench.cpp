@@ -22,13 +22,12 @@
 #include "largo/data/sampler.h"
 #include "largo/data/webdataset_index.h"
 #include "largo/data/webdataset_sampler.h"
+#include "loader_timing.h"
 
 using namespace largo::data;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr int kWarmupBatches = 2;
 
 std::vector<TransformSpec> training_transform() {
   return {
@@ -40,21 +39,6 @@ std::vector<TransformSpec> training_transform() {
 
 double seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// One epoch of `order`: the images delivered after the warm-up and the seconds they took.
-std::pair<int64_t, double> time_epoch(DataLoader& loader, const std::vector<int64_t>& order) {
-  loader.start_epoch(order, 0);
-  Clock::time_point start;
-  int64_t images = 0;
-  for (int64_t k = 0; auto batch = loader.next(); ++k) {
-    if (k == kWarmupBatches) {
-      start = Clock::now();
-    } else if (k > kWarmupBatches) {
-      images += batch->labels.size(0);
-    }
-  }
-  return {images, seconds(start)};
 }
 
 int throughput(
@@ -83,7 +67,7 @@ int throughput(
   } else {
     order = DistributedSampler(opened.dataset->size()).indices();
   }
-  const auto [images, elapsed] = time_epoch(loader, order);
+  const auto [images, elapsed] = largo::bench::time_epoch(loader, order);
   std::printf(
       "largo %s workers=%lld: %.1f images/s (%lld images, %.2f s; consumer waited %.0f%%)\n",
       source_name.c_str(),

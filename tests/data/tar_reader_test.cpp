@@ -25,15 +25,6 @@ std::vector<TarMember> all_members(TarReader& tar) {
   return members;
 }
 
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const DataError& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
 TEST(TarReader, ListsRegularMembersWithTheirDataAndSkipsDirectories) {
   TempDir dir;
   const auto path = dir.path() / "a.tar";
@@ -109,7 +100,7 @@ TEST(TarReader, ATruncatedMemberNamesTheFileAndTheMember) {
   testing::write_bytes(path, bytes);
   TarReader tar(path.string());
   ASSERT_TRUE(tar.next().has_value());
-  const std::string message = error_of([&] { tar.next(); });
+  const std::string message = testing::data_error_of([&] { tar.next(); });
   EXPECT_NE(message.find(path.string()), std::string::npos) << message;
   EXPECT_NE(message.find("truncated"), std::string::npos) << message;
   EXPECT_NE(message.find("k1.png"), std::string::npos) << message;
@@ -119,7 +110,7 @@ TEST(TarReader, ATruncatedMemberNamesTheFileAndTheMember) {
   testing::write_bytes(path, bytes);
   TarReader cut_header(path.string());
   ASSERT_TRUE(cut_header.next().has_value());
-  const std::string header_message = error_of([&] { cut_header.next(); });
+  const std::string header_message = testing::data_error_of([&] { cut_header.next(); });
   EXPECT_NE(header_message.find("after k0.png"), std::string::npos) << header_message;
 }
 
@@ -130,15 +121,15 @@ TEST(TarReader, ACorruptHeaderOrAFileThatIsNotATarIsNamed) {
   bytes[10] ^= 0x20; // the name changes, the stored checksum does not
   testing::write_bytes(path, bytes);
   TarReader tar(path.string());
-  const std::string message = error_of([&] { tar.next(); });
+  const std::string message = testing::data_error_of([&] { tar.next(); });
   EXPECT_NE(message.find("bad header checksum"), std::string::npos) << message;
   EXPECT_NE(message.find(path.string()), std::string::npos) << message;
 
   testing::write_bytes(path, std::vector<uint8_t>(2048, 'x'));
   TarReader text(path.string());
-  EXPECT_NE(error_of([&] { text.next(); }).find("not a tar file"), std::string::npos);
+  EXPECT_NE(testing::data_error_of([&] { text.next(); }).find("not a tar file"), std::string::npos);
   EXPECT_NE(
-      error_of([&] {
+      testing::data_error_of([&] {
         TarReader((dir.path() / "missing.tar").string());
       }).find("missing.tar: cannot open"),
       std::string::npos);

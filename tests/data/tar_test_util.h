@@ -7,12 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "data/image_test_util.h"
+#include "largo/core/error.h"
 
 namespace largo::data::testing {
 
@@ -93,6 +95,16 @@ inline void write_labelled_shards(const std::filesystem::path& dir, int num_shar
     }
     write_tar(dir / fmt::format("shard-{:06d}.tar", j), entries);
   }
+}
+
+// The message of the DataError `call` throws, or "(no error)".
+inline std::string data_error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const DataError& error) {
+    return error.what();
+  }
+  return "(no error)";
 }
 
 } // namespace largo::data::testing

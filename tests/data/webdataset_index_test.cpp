@@ -17,15 +17,6 @@ namespace {
 using testing::TarEntry;
 using testing::TempDir;
 
-std::string error_of(const std::function<void()>& call) {
-  try {
-    call();
-  } catch (const DataError& error) {
-    return error.what();
-  }
-  return "(no error)";
-}
-
 void expect_contains(const std::string& text, const std::string& part) {
   EXPECT_NE(text.find(part), std::string::npos) << "'" << part << "' not in: " << text;
 }
@@ -70,7 +61,8 @@ TEST(WebDatasetIndex, AMissingLabelOrImageNamesTheShardAndSampleOrIsSkipped) {
           std::vector<TarEntry>{{"k3.cls", testing::text_bytes("3")}} +
           std::vector<TarEntry>{
               {"k4.png", testing::tiny_png(4)}, {"k4.cls", testing::text_bytes("-1")}});
-  const std::string missing_label = error_of([&] { index_webdataset(shard.string(), false); });
+  const std::string missing_label =
+      testing::data_error_of([&] { index_webdataset(shard.string(), false); });
   expect_contains(
       missing_label, shard.string() + ": sample k1 (k1.png) has no label member k1.cls");
 
@@ -84,13 +76,14 @@ TEST(WebDatasetIndex, AMissingLabelOrImageNamesTheShardAndSampleOrIsSkipped) {
       testing::sample_entries("k0", 0, 0) +
           std::vector<TarEntry>{{"k3.cls", testing::text_bytes("3")}});
   expect_contains(
-      error_of([&] { index_webdataset(shard.string(), false); }), "sample k3 has no image member");
+      testing::data_error_of([&] { index_webdataset(shard.string(), false); }),
+      "sample k3 has no image member");
   testing::write_tar(
       shard,
       std::vector<TarEntry>{
           {"k4.png", testing::tiny_png(4)}, {"k4.cls", testing::text_bytes("-1")}});
   expect_contains(
-      error_of([&] { index_webdataset(shard.string(), false); }),
+      testing::data_error_of([&] { index_webdataset(shard.string(), false); }),
       "member k4.cls holds '-1', not a class index");
 }
 
@@ -104,7 +97,8 @@ TEST(WebDatasetIndex, ATruncatedShardIsNamedOrKeepsTheSamplesBeforeTheDamage) {
   const size_t k2_png_data = 4 * 1024 + 512;
   bytes.resize(k2_png_data + 20);
   testing::write_bytes(shard, bytes);
-  const std::string message = error_of([&] { index_webdataset(shard.string(), false); });
+  const std::string message =
+      testing::data_error_of([&] { index_webdataset(shard.string(), false); });
   expect_contains(message, shard.string());
   expect_contains(message, "truncated");
   expect_contains(message, "k2.png");
@@ -128,7 +122,7 @@ TEST(WebDatasetIndex, AnUndecodableImageNamesShardAndMemberOrIsReplaced) {
   source.transforms = {{"CenterCrop", {{"size", {4}}}}, {"ToTensor", {}}};
   OpenedDataset opened = open_dataset(source, Split::kTrain, 0);
   EXPECT_EQ(opened.shard_sizes, (std::vector<int64_t>{3}));
-  const std::string message = error_of([&] { opened.dataset->get_batch({1}); });
+  const std::string message = testing::data_error_of([&] { opened.dataset->get_batch({1}); });
   expect_contains(message, shard.string() + ":k1.png");
 
   source.images.skip_bad_samples = true;
