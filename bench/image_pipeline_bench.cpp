@@ -31,13 +31,12 @@
 #include "largo/data/image_list.h"
 #include "largo/data/multi_view_pipeline.h"
 #include "largo/data/sampler.h"
+#include "loader_timing.h"
 
 using namespace largo::data;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr int kWarmupBatches = 2;
 
 std::vector<TransformSpec>
 transforms(const std::string& which, int64_t size, bool normalize = true) {
@@ -61,21 +60,10 @@ double seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// One shuffled epoch of `loader`: the images delivered after kWarmupBatches batches and the
-// seconds they took (a multi-view batch counts its images once, not once per view).
+// One shuffled epoch of `loader` (bench/loader_timing.h).
 std::pair<int64_t, double> time_epoch(DataLoader& loader, int64_t dataset_size) {
-  DistributedSampler sampler(dataset_size, 1, 0, /*shuffle=*/true, 0);
-  loader.start_epoch(sampler.indices(), 0);
-  Clock::time_point start;
-  int64_t images = 0;
-  for (int64_t k = 0; auto batch_data = loader.next(); ++k) {
-    if (k == kWarmupBatches) {
-      start = Clock::now();
-    } else if (k > kWarmupBatches) {
-      images += batch_data->labels.size(0);
-    }
-  }
-  return {images, seconds(start)};
+  return largo::bench::time_epoch(
+      loader, DistributedSampler(dataset_size, 1, 0, /*shuffle=*/true, 0).indices());
 }
 
 int throughput(

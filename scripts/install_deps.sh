@@ -6,9 +6,9 @@
 #    every clone on the machine (CI's too) shares it. Its libtorch is what Largo builds
 #    against (found through torch.utils.cmake_prefix_path), and its Python runs the reference
 #    scripts and the benchmarks' PyTorch side.
-# `--bench` adds what only the benchmarks need (FairScale, and the photographs the image
-# pipeline bench cuts its folder from). Idempotent and quiet when everything is present (no
-# network then).
+# `--bench` adds what only the benchmarks need (FairScale, the photographs the image
+# pipeline bench cuts its folder from, webdataset's Python loader for the shard bench).
+# Idempotent and quiet when everything is present (no network then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/torch_env.sh
@@ -48,7 +48,7 @@ fi
 # Pinned: the image fixtures and baselines depend on Pillow's encoder and NumPy's formats.
 requirements=(torch==2.11.0 torchvision==0.26.0 numpy==2.4.6 pillow==13.0.0 pyyaml==6.0.4)
 if [ "${1:-}" = "--bench" ]; then
-  requirements+=(fairscale==0.4.13 scikit-image scikit-learn)
+  requirements+=(fairscale==0.4.13 scikit-image scikit-learn webdataset==1.0.2)
 fi
 # The stamp lists what was installed; anything missing from it is installed (pip skips what
 # is there). Written last, so an interrupted install is completed by the next run.

@@ -7,15 +7,19 @@ keys that Largo lacks must be the number configs/vissl_keys.yaml holds.
 `largo config` looks at a disk_folder's class folders (the class count sizes the head), so a
 folder the docs name but this machine lacks (/datasets/imagenet/train) is stood in for by a
 temporary ImageFolder tree of two class folders holding one small grey PNG each (a config whose
-transforms leave the size to the images needs one to read); everything else is checked as
-written.
+transforms leave the size to the images needs one to read); likewise a webdataset shard list
+that names no file here by 4 temporary shards of two such PNGs (labels 0 and 1) each;
+everything else is checked as written.
 
 Usage: check_doc_configs.py SOURCE_DIR LARGO_BINARY
 """
+import glob
+import io
 import pathlib
 import re
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zlib
 import struct
@@ -47,6 +51,31 @@ def write_grey_png(path, side=28):
                      + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 
 
+def grey_png_bytes(side=28):
+    with tempfile.TemporaryDirectory() as scratch:
+        path = pathlib.Path(scratch) / "grey.png"
+        write_grey_png(path, side)
+        return path.read_bytes()
+
+
+def stand_in_shards(prefix):
+    """4 WebDataset shards PREFIX-00000{0..3}.tar of two grey PNGs (labels 0, 1); the list."""
+    for j in range(4):
+        with tarfile.open(f"{prefix}-{j:06d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for k in range(2):
+                for name, data in ((f"{j}_{k}.png", grey_png_bytes()), (f"{j}_{k}.cls", str(k).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return f"{prefix}-{{000000..000003}}.tar"
+
+
+def names_no_file(shard_list):
+    """Whether a shard list's first brace expansion (or its glob) matches nothing here."""
+    first = re.sub(r"\{([^.,}]*)(\.\.|,)[^}]*\}", r"\1", shard_list)
+    return not glob.glob(first)
+
+
 def stand_in_missing_folders(text, tmp):
     """The config text with each missing disk_folder DATA_PATHS entry replaced by a
     temporary tree of two class folders of one image each; None when nothing was missing."""
@@ -54,6 +83,13 @@ def stand_in_missing_folders(text, tmp):
     replaced = False
     for split in ("TRAIN", "TEST"):
         data = document.get("config", {}).get("DATA", {}).get(split, {})
+        if "webdataset" in data.get("DATA_SOURCES", []):
+            paths = data.get("DATA_PATHS", [])
+            for i, shard_list in enumerate(paths):
+                if names_no_file(shard_list):
+                    paths[i] = stand_in_shards(str(pathlib.Path(tmp) / f"stand_in_{split.lower()}"))
+                    replaced = True
+            continue
         if "disk_folder" not in data.get("DATA_SOURCES", []):
             continue
         paths = data.get("DATA_PATHS", [])

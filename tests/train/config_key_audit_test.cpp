@@ -69,9 +69,10 @@ std::vector<WiredKey> wired_keys() {
       {"HOOKS.EMA_MODEL.WARMUP", "fraction of training during which the average is a copy of the model", kEma},
       {"HOOKS.EMA_MODEL.DECAY", "average = DECAY x average + (1 - DECAY) x weights", kEma},
       {"HOOKS.EMA_MODEL.EMA_DEVICE", "cpu keeps the average on the CPU, gpu beside the model", kMapping},
-      {"DATA.NUM_DATALOADER_WORKERS", "loader threads per process (the batches do not depend on it)", "DataLoader.SameBatchesForAnyNumberOfWorkers"},
+      {"DATA.NUM_DATALOADER_WORKERS", "loader threads per process (the batches do not depend on it, but for webdataset's streams: one per thread)", "DataLoader.SameBatchesForAnyNumberOfWorkers"},
       {"DATA.DDP_BUCKET_CAP_MB", "DDP gradient bucket size", "DistributedDataParallelTest.BucketsCoverEveryParameterOnce"},
       {"DATA.TRAIN.USE_STATEFUL_DISTRIBUTED_SAMPLER", "VISSL's stateful sampler order (mid-epoch resume, at another world size too)", "TrainerDistributedTest.MidEpochResumeWithStatefulSamplerIsBitExact"},
+      {"DATA.TRAIN.WEBDATASET.SHUFFLE_BUFFER", "Largo extension: samples each webdataset stream shuffles in (1: tar order)", "WebDatasetSampler.TheShuffleBufferIsBoundedAndOneReadsInTarOrder"},
   };
   for (const std::string split : {"TRAIN", "TEST"}) {
     const std::string p = "DATA." + split + ".";
@@ -80,13 +81,14 @@ std::vector<WiredKey> wired_keys() {
          "drop each rank's last short batch",
          "DataLoader.DropLastDropsOnlyTheShortBatch"},
         {p + "DATA_SOURCES",
-         "torchvision_dataset, synthetic, disk_folder or disk_filelist",
+         "torchvision_dataset, synthetic, disk_folder, disk_filelist or webdataset (Largo: tar "
+         "shards)",
          "DatasetFactory.OpensEverySourceWithItsOutputShape"},
         {p + "DATASET_NAMES",
          "MNIST, FashionMNIST or CIFAR10",
          "TrainerTest.ShortFashionMnistRunLearns"},
         {p + "DATA_PATHS",
-         "the dataset's directory, image folder or .npy list of image paths",
+         "the dataset's directory, image folder, .npy list of image paths or shard list",
          "TrainerTest.MissingDatasetIsAClearError"},
         {p + "LABEL_SOURCES",
          "[disk_filelist] with LABEL_PATHS, or [] / [disk_folder] (class folders)",

@@ -14,7 +14,8 @@
 //   rng_state            this rank's CPU generator; rng_states: every rank's
 //   world_size, train_sampler (VISSL's view of the position, and what continuing the epoch
 //   at another world size needs: num_replicas, dataset_size, samples_per_replica read in
-//   this stretch, earlier_stretches [replicas, samples, ...]), top1, top5, best_top1,
+//   this stretch, earlier_stretches [replicas, samples, ...]; order: what else a webdataset's
+//   order depends on), top1, top5, best_top1,
 //   largo_version, config (the effective YAML)
 //   loss, loss_states    with a loss that keeps state (SwAV's queue): rank 0's {name: tensor}
 //                        (VISSL's "loss" entry) and every rank's, stacked [world, ...]
@@ -80,10 +81,15 @@ struct TrainingProgress {
 // every rank recomputes its order from it and the progress; load() compares it with the
 // saved one to tell whether the rest of an epoch is read as saved or continued anew.
 struct SamplerDescription {
-  std::string type = "DistributedSampler"; // or "StatefulDistributedSampler"
-  int64_t batch_size = 1;                  // per rank and micro-step
-  int64_t micro_steps_per_iteration = 1;   // gradient accumulation
-  int64_t dataset_size = 0;                // the samples it partitions (DATA_LIMIT applied)
+  // Or "StatefulDistributedSampler", or "WebDatasetSampler" (a webdataset's streaming order).
+  std::string type = "DistributedSampler";
+  int64_t batch_size = 1;                // per rank and micro-step
+  int64_t micro_steps_per_iteration = 1; // gradient accumulation
+  int64_t dataset_size = 0;              // the samples it partitions (DATA_LIMIT applied)
+  // What else the epoch's order depends on, as text compared on resume (WebDatasetSampler:
+  // "streams_per_replica=2 shuffle_buffer=1000"); empty for the other samplers. An epoch
+  // whose order depended on it is resumed mid-epoch only with it unchanged.
+  std::string order{};
 };
 
 class TrainingState {

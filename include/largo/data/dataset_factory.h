@@ -5,6 +5,8 @@
 //   synthetic            random images, synthetic_* options
 //   disk_folder          an ImageFolder tree at `path` (image_list.h)
 //   disk_filelist        a .npy of image paths at `path`, a .npy of labels at `label_path`
+//   webdataset           tar shards named by `path`, a glob or brace pattern
+//                        (webdataset_index.h); read in WebDatasetSampler's order
 // For image files the transforms before ToTensor run per sample inside the dataset
 // (sample_pipeline.h) and the rest per batch in the loader; for in-memory datasets all
 // transforms are batch transforms (transforms.h).
@@ -30,7 +32,8 @@ namespace largo::data {
 struct DataSourceOptions {
   std::string source = "torchvision_dataset"; // DATA_SOURCES[0]
   std::string dataset_name = "FashionMNIST";  // DATASET_NAMES[0], torchvision_dataset only
-  std::filesystem::path path = "/usr/share/datasets/fashion-mnist"; // DATA_PATHS[0]
+  // DATA_PATHS[0]; webdataset: the shard list, e.g. "/data/train-{000000..000127}.tar"
+  std::filesystem::path path = "/usr/share/datasets/fashion-mnist";
   std::filesystem::path label_path; // LABEL_PATHS[0], disk_filelist only
   // disk_filelist: a path starting with remove_path_prefix gets new_path_prefix instead
   // (REMOVE_IMG_PATH_PREFIX / NEW_IMG_PATH_PREFIX).
@@ -44,8 +47,9 @@ struct DataSourceOptions {
   int64_t synthetic_num_samples = 2048;
   std::vector<int64_t> synthetic_image_shape{3, 32, 32};
   int64_t synthetic_num_classes = 10;
-  // disk_folder / disk_filelist: decoding limits and bad-file handling. skip_bad_samples
-  // also lets a disk_folder keep class folders without images.
+  // disk_folder / disk_filelist / webdataset: decoding limits and bad-file handling.
+  // skip_bad_samples also lets a disk_folder keep class folders without images, and a
+  // webdataset drop samples without a label or image and the rest of a truncated shard.
   ImageDatasetOptions images;
 };
 
@@ -62,6 +66,9 @@ struct DataSplitOptions {
   bool use_stateful_sampler = false; // USE_STATEFUL_DISTRIBUTED_SAMPLER
   int64_t data_limit = -1;           // DATA_LIMIT (-1: all samples)
   uint64_t data_limit_seed = 0;      // DATA_LIMIT_SAMPLING.SEED
+  // webdataset (training): samples each stream shuffles in (WEBDATASET.SHUFFLE_BUFFER;
+  // WebDatasetSamplerOptions::shuffle_buffer).
+  int64_t shuffle_buffer = 1000;
 };
 
 struct OpenedDataset {
@@ -75,6 +82,9 @@ struct OpenedDataset {
   // is view 0's). Empty for one view per sample.
   std::vector<std::vector<int64_t>> view_shapes;
   int64_t num_classes = 0;
+  // webdataset: the samples of each shard, in dataset index order (WebDatasetSampler's
+  // input). Empty for the other sources.
+  std::vector<int64_t> shard_sizes;
 };
 
 // What a split delivers, known without loading a sample: the shape of its batches' samples

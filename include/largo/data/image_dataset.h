@@ -1,6 +1,7 @@
-// A dataset of image files (an ImageList from disk_folder or disk_filelist) read through a
-// per-sample pipeline: each sample is read from disk, decoded (only the region its
-// transforms keep) and transformed into its slot of a uint8 batch [batch, 3, h, w].
+// A dataset of image files (an ImageList from disk_folder or disk_filelist, or a webdataset's
+// tar members: ImageList::bytes_source) read through a per-sample pipeline: each sample is
+// read from disk, decoded (only the region its transforms keep) and transformed into its
+// slot of a uint8 batch [batch, 3, h, w].
 //
 // Random transforms of sample i in epoch e draw from a generator seeded with
 // sample_seed(seed, e, i) (dataset.h): the result does not depend on the batch size, the

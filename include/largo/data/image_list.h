@@ -12,16 +12,30 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace largo::data {
 
+// Where the encoded bytes of a list's samples are when they are not files of their own (a
+// WebDataset's images are members of tar files: webdataset_index.h). Called by several
+// loader threads at once.
+class ImageBytesSource {
+ public:
+  virtual ~ImageBytesSource() = default;
+  // Reads sample `index`'s encoded image into `bytes`; throws DataError naming it.
+  virtual void read(int64_t index, std::vector<uint8_t>& bytes) const = 0;
+};
+
 struct ImageList {
-  std::vector<std::string> paths; // one per sample
-  std::vector<int64_t> labels;    // one per sample, >= 0
+  // One per sample: the file, or (with bytes_source) the name errors give the sample.
+  std::vector<std::string> paths;
+  std::vector<int64_t> labels; // one per sample, >= 0
   // disk_folder: the class folder names, in label order; disk_filelist: empty.
   std::vector<std::string> class_names;
+  // Null: paths are the image files. Otherwise the samples' bytes come from it.
+  std::shared_ptr<const ImageBytesSource> bytes_source;
 
   int64_t size() const;
   // class_names.size(), or 1 + the largest label when there are no names.

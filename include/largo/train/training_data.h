@@ -1,7 +1,8 @@
 // The data side of a training run: both splits loaded, DATA_LIMIT subsets, this rank's
-// share of each epoch (PyTorch's DistributedSampler or VISSL's StatefulDistributedSampler)
-// and of the test set, and the loaders that turn them into batches. The number of batches
-// and optimizer steps per epoch is derived here, once.
+// share of each epoch (PyTorch's DistributedSampler, VISSL's StatefulDistributedSampler, or
+// for DATA_SOURCES [webdataset] the shard streams of data::WebDatasetSampler, one per loader
+// thread) and of the test set, and the loaders that turn them into batches. The number of
+// batches and optimizer steps per epoch is derived here, once.
 //
 // Every rank reads the same number of samples per epoch (the samplers pad or drop to make
 // it so), hence takes the same number of steps, so the collectives of the steps stay paired.
@@ -12,6 +13,7 @@
 #include <largo/data/data_loader.h>
 #include <largo/data/dataset.h>
 #include <largo/data/sampler.h>
+#include <largo/data/webdataset_sampler.h>
 #include <largo/train/trainer_options.h>
 
 #include <cstdint>
@@ -41,6 +43,8 @@ class TrainingData {
   // Optimizer steps that read `samples_per_rank` samples: batches (DATA.TRAIN.DROP_LAST
   // drops a short last one), gradient_accumulation_steps at a time.
   int64_t iterations_for(int64_t samples_per_rank) const;
+  // How the training order is drawn, for the checkpoint's train_sampler entry.
+  checkpoint::SamplerDescription sampler_description() const;
   // This rank's share of the test set: every world_size-th sample from its rank on, with no
   // padding, so each sample is evaluated exactly once and the summed counts are exact.
   std::vector<int64_t> test_order() const;
@@ -82,6 +86,10 @@ class TrainingData {
   void open_train_split(torch::Device device);
   data::StatefulDistributedSampler
   stateful_sampler(int64_t epoch, const std::vector<checkpoint::ReadStretch>& earlier) const;
+  bool streams_webdataset() const;
+  // DATA_SOURCES [webdataset]: its streaming order at `epoch` (ConfigError naming the keys
+  // when the shards cannot feed every rank's loader threads).
+  data::WebDatasetSampler webdataset_sampler(int64_t epoch) const;
 
   TrainerOptions options_;
   int rank_;
@@ -92,6 +100,7 @@ class TrainingData {
   std::vector<int64_t> test_shape_;
   std::vector<std::vector<int64_t>> train_view_shapes_;
   std::vector<int64_t> train_subset_; // dataset indices the sampler's positions map to
+  std::vector<int64_t> train_shard_sizes_; // webdataset: samples per shard
   std::vector<int64_t> test_subset_;
   std::unique_ptr<data::DataLoader> train_loader_;
   std::unique_ptr<data::DataLoader> test_loader_;

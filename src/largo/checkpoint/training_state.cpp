@@ -49,6 +49,7 @@ std::unordered_map<std::string, at::Tensor> whole_averages(const c10::IValue& en
 }
 
 constexpr const char* kStatefulSampler = "StatefulDistributedSampler";
+constexpr const char* kWebDatasetSampler = "WebDatasetSampler";
 
 // How the run that wrote a checkpoint read its training data: its "train_sampler" entry, with
 // what the checkpoints of earlier versions lack derived from the rest (dataset_size -1:
@@ -62,6 +63,7 @@ struct SavedReading {
   int64_t samples_per_replica = 0; // read by each replica in its stretch of the epoch
   std::vector<ReadStretch> earlier_stretches;
   int64_t stretch_start_iteration = 0;
+  std::string order;
 };
 
 int64_t int_entry(const c10::impl::GenericDict& entries, const char* key, int64_t fallback) {
@@ -78,6 +80,7 @@ saved_reading(const StateDict& state, int64_t saved_world_size, int64_t iteratio
   }
   const auto entries = sampler->value().toGenericDict();
   saved.type = entries.contains("type") ? entries.at("type").toStringRef() : "";
+  saved.order = entries.contains("order") ? entries.at("order").toStringRef() : "";
   saved.num_replicas = int_entry(entries, "num_replicas", saved_world_size);
   saved.batch_size = int_entry(entries, "batch_size", 1);
   saved.stretch_start_iteration = int_entry(entries, "stretch_start_iteration", 0);
@@ -247,6 +250,7 @@ StateDict TrainingState::state_dict(
   sampler.insert("dataset_size", sampler_.dataset_size);
   sampler.insert("samples_per_replica", micro_steps * sampler_.batch_size);
   sampler.insert("stretch_start_iteration", progress.stretch_start_iteration);
+  sampler.insert("order", sampler_.order);
   c10::List<int64_t> earlier;
   for (const ReadStretch& stretch : progress.earlier_stretches) {
     earlier.push_back(stretch.num_replicas);
@@ -309,8 +313,8 @@ namespace {
 
 // Whether a run reads its epochs as the saved one did (then the saved position is its own).
 bool reads_alike(const SavedReading& saved, const SamplerDescription& current, int64_t replicas) {
-  return saved.type == current.type && saved.num_replicas == replicas &&
-         saved.batch_size == current.batch_size &&
+  return saved.type == current.type && saved.order == current.order &&
+         saved.num_replicas == replicas && saved.batch_size == current.batch_size &&
          saved.micro_steps == current.micro_steps_per_iteration &&
          (saved.dataset_size < 0 || saved.dataset_size == current.dataset_size);
 }
@@ -333,6 +337,19 @@ void check_epoch_can_continue(
         "DISTRIBUTED.PIPELINE_SIZE or DISTRIBUTED.TENSOR_PARALLEL_SIZE above 1 in either run, "
         "whose ranks' random streams would not carry over{}",
         layout,
+        instead));
+  }
+  if (saved.type == kWebDatasetSampler || current.type == kWebDatasetSampler) {
+    throw CheckpointError(fmt::format(
+        "{} (the saved order: {} {}; this run's: {} {}), so the rest of that epoch cannot be "
+        "served exactly: a webdataset epoch streams its shards per rank and loader thread, and "
+        "continues only with the world size, DATA.TRAIN.BATCHSIZE_PER_REPLICA, "
+        "DATA.NUM_DATALOADER_WORKERS and DATA.TRAIN.WEBDATASET.SHUFFLE_BUFFER it began with{}",
+        layout,
+        saved.type.empty() ? "an unrecorded sampler" : saved.type,
+        saved.order,
+        current.type,
+        current.order,
         instead));
   }
   if (saved.type != kStatefulSampler || current.type != kStatefulSampler) {

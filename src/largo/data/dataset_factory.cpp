@@ -13,6 +13,7 @@
 #include "largo/data/sample_index_labels.h"
 #include "largo/data/sample_pipeline.h"
 #include "largo/data/synthetic_dataset.h"
+#include "largo/data/webdataset_index.h"
 
 namespace largo::data {
 namespace {
@@ -124,8 +125,15 @@ void check_mnist_image_size(
       side));
 }
 
-// The files of a disk_folder or disk_filelist source and their labels.
+bool is_image_source(const std::string& source) {
+  return source == "disk_folder" || source == "disk_filelist" || source == "webdataset";
+}
+
+// The images of a disk_folder, disk_filelist or webdataset source and their labels.
 ImageList list_images(const DataSourceOptions& options) {
+  if (options.source == "webdataset") {
+    return index_webdataset(options.path.string(), options.images.skip_bad_samples)->list;
+  }
   if (options.source == "disk_folder") {
     return list_image_folder(options.path, options.images.skip_bad_samples);
   }
@@ -183,10 +191,10 @@ DatasetShape peek_dataset_shape(const DataSourceOptions& options) {
     shape.sample_shape = make_pipeline(options.transforms).output_shape(shape.sample_shape);
     return shape;
   }
-  if (options.source != "disk_folder" && options.source != "disk_filelist") {
+  if (!is_image_source(options.source)) {
     throw ConfigError(fmt::format(
-        "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder or "
-        "disk_filelist",
+        "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder, "
+        "disk_filelist or webdataset",
         options.source));
   }
   return image_files_shape(options);
@@ -222,12 +230,18 @@ OpenedDataset open_source(const DataSourceOptions& options, Split split, uint64_
         "or CIFAR10",
         options.dataset_name));
   }
-  if (options.source == "disk_folder" || options.source == "disk_filelist") {
+  if (options.source == "webdataset") {
+    auto shards = index_webdataset(options.path.string(), options.images.skip_bad_samples);
+    OpenedDataset opened = image_files(shards->list, options);
+    opened.shard_sizes = shards->shard_sizes;
+    return opened;
+  }
+  if (is_image_source(options.source)) {
     return image_files(list_images(options), options);
   }
   throw ConfigError(fmt::format(
-      "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder or "
-      "disk_filelist",
+      "unknown data source '{}'; expected torchvision_dataset, synthetic, disk_folder, "
+      "disk_filelist or webdataset",
       options.source));
 }
 

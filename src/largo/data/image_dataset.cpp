@@ -13,11 +13,17 @@ namespace {
 // Bad files named in warnings before the rest are only counted.
 constexpr int64_t kMaxNamedBadSamples = 10;
 
-// The encoded file of one sample, read into a per-thread buffer.
-EncodedImage open_image(const std::string& path, const DecodeOptions& options) {
+// The encoded image of sample `index`, read into a per-thread buffer: its file, or its bytes
+// from the list's source.
+EncodedImage open_image(const ImageList& list, int64_t index, const DecodeOptions& options) {
   thread_local std::vector<uint8_t> bytes;
-  read_file_bytes(path, bytes);
-  return EncodedImage(bytes.data(), bytes.size(), path, options);
+  const std::string& name = list.paths[static_cast<size_t>(index)];
+  if (list.bytes_source) {
+    list.bytes_source->read(index, bytes);
+  } else {
+    read_file_bytes(name, bytes);
+  }
+  return EncodedImage(bytes.data(), bytes.size(), name, options);
 }
 
 } // namespace
@@ -28,7 +34,7 @@ ImageDataset::ImageDataset(ImageList list, SamplePipeline pipeline, ImageDataset
   std::optional<ImageSize> size = pipeline_.output_size();
   if (!size) {
     // The transforms keep (or depend on) the image's size: take it from the first image.
-    const EncodedImage first = open_image(list_.paths[0], options_.decode);
+    const EncodedImage first = open_image(list_, 0, options_.decode);
     size = pipeline_.output_size(ImageSize{first.height(), first.width()});
   }
   output_size_ = *size;
@@ -100,7 +106,7 @@ at::Tensor ImageDataset::labels() const {
 
 void ImageDataset::load_sample(int64_t index, at::Generator& gen, uint8_t* out) const {
   TORCH_CHECK(!multi_view_, "ImageDataset::load_sample: this dataset makes several views");
-  const EncodedImage encoded = open_image(list_.paths[static_cast<size_t>(index)], options_.decode);
+  const EncodedImage encoded = open_image(list_, index, options_.decode);
   pipeline_.run(encoded, options_.decode, gen, output_size_, out);
 }
 
@@ -192,8 +198,7 @@ Batch ImageDataset::load_views(const BatchRequest& request) const {
     const int64_t index = request.indices[static_cast<size_t>(i)];
     const int64_t skipped =
         load_or_replace(index, request, [&](int64_t candidate, at::Generator& gen) {
-          const EncodedImage encoded =
-              open_image(list_.paths[static_cast<size_t>(candidate)], options_.decode);
+          const EncodedImage encoded = open_image(list_, candidate, options_.decode);
           multi_view_->run(encoded, options_.decode, gen, view_sizes_, outs);
         });
     batch.num_bad_samples += skipped;

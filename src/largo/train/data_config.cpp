@@ -30,14 +30,15 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
   source.source = single(
       config,
       prefix + ".DATA_SOURCES",
-      "exactly one source: [torchvision_dataset], [synthetic], [disk_folder] or [disk_filelist]");
+      "exactly one source: [torchvision_dataset], [synthetic], [disk_folder], [disk_filelist] or "
+      "[webdataset]");
   const std::string& kind = source.source;
   require(
       kind == "torchvision_dataset" || kind == "synthetic" || kind == "disk_folder" ||
-          kind == "disk_filelist",
+          kind == "disk_filelist" || kind == "webdataset",
       prefix + ".DATA_SOURCES",
       list_text({kind}),
-      "[torchvision_dataset], [synthetic], [disk_folder] or [disk_filelist]");
+      "[torchvision_dataset], [synthetic], [disk_folder], [disk_filelist] or [webdataset]");
   if (kind != "disk_filelist") { // keys only a file list reads: refused rather than ignored
     for (const char* key : {".LABEL_PATHS", ".REMOVE_IMG_PATH_PREFIX", ".NEW_IMG_PATH_PREFIX"}) {
       const YAML::Node value = config.node(prefix + key);
@@ -67,6 +68,8 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
       prefix + ".DATA_PATHS",
       kind == "disk_filelist" ? "one .npy file of image paths"
       : kind == "disk_folder" ? "one folder holding a subfolder per class"
+      : kind == "webdataset"  ? "one shard list: tar files as a glob or brace pattern, e.g. "
+                                "/data/train-{000000..000127}.tar"
                               : "one directory holding the dataset's files");
   source.label_type = config.get_string(prefix + ".LABEL_TYPE");
   require(
@@ -85,13 +88,46 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
     source.label_path = single(config, prefix + ".LABEL_PATHS", "one .npy file of labels");
     source.remove_path_prefix = config.get_string(prefix + ".REMOVE_IMG_PATH_PREFIX");
     source.new_path_prefix = config.get_string(prefix + ".NEW_IMG_PATH_PREFIX");
-  } else if (kind == "disk_folder") {
+  } else if (kind == "disk_folder" || kind == "webdataset") {
     require(
-        label_sources.empty() || label_sources == std::vector<std::string>{"disk_folder"},
+        label_sources.empty() || label_sources == std::vector<std::string>{kind},
         prefix + ".LABEL_SOURCES",
         list_text(label_sources),
-        "[] or [disk_folder] (labels are the class folders)");
+        kind == "disk_folder" ? "[] or [disk_folder] (labels are the class folders)"
+                              : "[] or [webdataset] (labels are the samples' .cls members)");
   }
+}
+
+// DATA.TRAIN with DATA_SOURCES [webdataset]: its shuffle buffer, and the keys that would
+// change its streaming order, refused rather than ignored (docs/data.md).
+void read_webdataset_order(
+    const Config& config, const std::string& prefix, data::DataSplitOptions& split) {
+  if (prefix != "DATA.TRAIN") {
+    return; // DATA.TEST is read in index order, as every test split
+  }
+  split.shuffle_buffer = positive_int(config, prefix + ".WEBDATASET.SHUFFLE_BUFFER");
+  if (split.source.source != "webdataset") {
+    require(
+        split.shuffle_buffer == data::DataSplitOptions{}.shuffle_buffer,
+        prefix + ".WEBDATASET.SHUFFLE_BUFFER",
+        std::to_string(split.shuffle_buffer),
+        fmt::format(
+            "unset ({}): it applies to DATA_SOURCES [webdataset] only",
+            data::DataSplitOptions{}.shuffle_buffer));
+    return;
+  }
+  require(
+      split.data_limit == -1,
+      prefix + ".DATA_LIMIT",
+      std::to_string(split.data_limit),
+      "-1 with DATA_SOURCES [webdataset]: its epochs stream whole shards, not a subset of "
+      "samples; list fewer shards in DATA_PATHS instead");
+  require(
+      !split.use_stateful_sampler,
+      prefix + ".USE_STATEFUL_DISTRIBUTED_SAMPLER",
+      "True",
+      "False with DATA_SOURCES [webdataset]: its order is its own (shards per rank and loader "
+      "thread, a shuffle buffer), and it resumes mid-epoch without VISSL's sampler");
 }
 
 void read_image_options(
@@ -361,6 +397,7 @@ data::DataSplitOptions data_split_from(const Config& config, const std::string& 
       "-1 (all samples) or a count > 0");
   split.data_limit_seed =
       static_cast<uint64_t>(config.get_int(prefix + ".DATA_LIMIT_SAMPLING.SEED"));
+  read_webdataset_order(config, prefix, split);
   if (source.source == "synthetic") {
     check_synthetic_fits_machine(split, prefix);
   }

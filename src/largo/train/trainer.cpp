@@ -167,13 +167,8 @@ void Trainer::State::setup() {
   check_data_matches_plan(*data, plan);
   build_model();
   parallelize_model();
-  checkpoint::SamplerDescription sampler{
-      options().train.use_stateful_sampler ? "StatefulDistributedSampler" : "DistributedSampler",
-      options().train.batch_size,
-      options().gradient_accumulation_steps,
-      data->num_train_samples()};
-  state =
-      std::make_unique<checkpoint::TrainingState>(*parallel, sampler, config_yaml, options().seed);
+  state = std::make_unique<checkpoint::TrainingState>(
+      *parallel, data->sampler_description(), config_yaml, options().seed);
   progress().iterations_per_epoch = data->iterations_per_epoch();
   progress().num_epochs = options().optimizer.num_epochs;
   build_self_supervised_loss();

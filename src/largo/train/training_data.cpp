@@ -2,6 +2,9 @@
 
 #include <largo/core/error.h>
 #include <largo/data/sampler.h>
+#include <largo/train/option_keys.h>
+
+#include <spdlog/spdlog.h>
 
 #include <fmt/format.h>
 
@@ -102,6 +105,26 @@ void check_not_empty(
       training ? "" : ", or set TEST_MODEL=False to train without evaluating"));
 }
 
+// What a webdataset epoch reads, said once: streams are whole shards, so some samples may
+// be left out of each epoch (a different set every epoch).
+void log_webdataset_epoch(const data::WebDatasetSampler& sampler, size_t num_shards, int rank) {
+  if (rank != 0) {
+    return;
+  }
+  const int64_t unread = sampler.num_unread_per_epoch();
+  const int64_t read = sampler.num_samples();
+  spdlog::info(
+      "webdataset: {} shards; each rank reads {} samples an epoch ({} per loader thread){}",
+      num_shards,
+      read,
+      sampler.samples_per_stream(),
+      unread == 0 ? std::string()
+                  : fmt::format(
+                        "; {} samples are left unread in each epoch (shards of unequal size, or "
+                        "not a multiple of ranks x loader threads)",
+                        unread));
+}
+
 } // namespace
 
 TrainingData::TrainingData(
@@ -130,10 +153,14 @@ void TrainingData::open_train_split(torch::Device device) {
   train_shape_ = train.sample_shape;
   train_view_shapes_ = train.view_shapes;
   train_data_ = train.dataset;
+  train_shard_sizes_ = train.shard_sizes;
   train_subset_ = subset_indices(train_data_->size(), options_.train);
   check_not_empty("DATA.TRAIN", options_.train, train_subset_.size(), /*training=*/true);
   train_loader_ = make_loader(options_, options_.train, std::move(train), rank_, device);
 
+  if (streams_webdataset()) {
+    log_webdataset_epoch(webdataset_sampler(0), train_shard_sizes_.size(), rank_);
+  }
   const int64_t samples_per_rank = static_cast<int64_t>(train_epoch_order(0).size());
   iterations_per_epoch_ = iterations_for(samples_per_rank);
   if (iterations_per_epoch_ == 0) {
@@ -187,10 +214,50 @@ double TrainingData::fraction_read(const std::vector<checkpoint::ReadStretch>& e
          static_cast<double>(std::max<int64_t>(sampler.epoch_size(), 1));
 }
 
+bool TrainingData::streams_webdataset() const {
+  return options_.train.source.source == "webdataset";
+}
+
+data::WebDatasetSampler TrainingData::webdataset_sampler(int64_t epoch) const {
+  data::WebDatasetSamplerOptions order;
+  order.num_replicas = world_size_;
+  order.rank = rank_;
+  order.streams_per_replica = std::max<int64_t>(1, options_.loading.num_workers);
+  order.batch_size = options_.train.batch_size;
+  order.shuffle_buffer = options_.train.shuffle_buffer;
+  order.seed = options_.seed;
+  data::WebDatasetSampler sampler =
+      rethrow_with_yaml_keys([&] { return data::WebDatasetSampler(train_shard_sizes_, order); });
+  sampler.set_epoch(epoch);
+  return sampler;
+}
+
+checkpoint::SamplerDescription TrainingData::sampler_description() const {
+  checkpoint::SamplerDescription sampler{
+      options_.train.use_stateful_sampler ? "StatefulDistributedSampler" : "DistributedSampler",
+      options_.train.batch_size,
+      options_.gradient_accumulation_steps,
+      num_train_samples()};
+  if (streams_webdataset()) {
+    sampler.type = "WebDatasetSampler";
+    sampler.order = fmt::format(
+        "streams_per_replica={} shuffle_buffer={}",
+        std::max<int64_t>(1, options_.loading.num_workers),
+        options_.train.shuffle_buffer);
+  }
+  return sampler;
+}
+
 std::vector<int64_t> TrainingData::train_epoch_order(
     int64_t epoch, const std::vector<checkpoint::ReadStretch>& earlier) const {
   const auto size = static_cast<int64_t>(train_subset_.size());
   std::vector<int64_t> positions;
+  if (streams_webdataset()) {
+    // TrainingState refuses to continue a webdataset epoch in another layout; DATA_LIMIT is
+    // refused with it, so its indices are the dataset's.
+    TORCH_INTERNAL_ASSERT(earlier.empty(), "a webdataset epoch cannot be continued");
+    return webdataset_sampler(epoch).indices();
+  }
   if (options_.train.use_stateful_sampler) {
     positions = stateful_sampler(epoch, earlier).epoch_indices();
   } else {
