@@ -143,7 +143,9 @@ const std::map<std::string, std::string>& option_keys() {
 
 std::string yaml_key_for(const std::string& option) {
   auto found = option_keys().find(option);
-  return found != option_keys().end() ? found->second : option;
+  // Not a table entry itself: a field under an entry's prefix ("RegNetOptions::w_0"), an
+  // indexed one ("FeatureEvalOptions::heads[1].dims"), or the option's own name.
+  return found != option_keys().end() ? found->second : with_yaml_keys(option);
 }
 
 std::string with_yaml_keys(std::string text) {
@@ -180,6 +182,9 @@ void rethrow_in_yaml_keys(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const OptionError& option) {
+    if (yaml_key_for(option.option()) == option.option()) {
+      std::rethrow_exception(error); // no key sets it: a library user's option, as it was
+    }
     throw ConfigError(
         "config key " + yaml_key_for(option.option()) + " = " + option.value() + ": expected " +
         with_yaml_keys(option.expected()));
