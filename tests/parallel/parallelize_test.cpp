@@ -63,7 +63,8 @@ std::pair<at::Tensor, at::Tensor> rows(int step, int64_t begin, int64_t count) {
 
 // The caller's own loop: kSteps steps, each rank its rows of the global batch in
 // `accumulation` micro-steps.
-NamedTensors train(ParallelModel& model, int accumulation = 1) {
+NamedTensors train(ParallelModel& model, int accumulation = 1,
+                   const std::vector<std::string>& dropped = {}) {
   comm::ProcessGroup& group = model.process_group();
   const int64_t per_rank = kGlobalBatch / group.world_size();
   const int64_t micro = per_rank / accumulation;
@@ -75,6 +76,9 @@ NamedTensors train(ParallelModel& model, int accumulation = 1) {
       model.backward(torch::nn::functional::cross_entropy(model.forward(x), y) / accumulation);
     }
     EXPECT_TRUE(model.finish_backward());
+    if (!dropped.empty()) {
+      model.drop_gradients(dropped);
+    }
     model.clip_grad_norm(10.0);
     EXPECT_TRUE(model.step());
   }
@@ -153,6 +157,47 @@ INSTANTIATE_TEST_SUITE_P(
       name.erase(std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
                  name.end());
       return fmt::format("{}_accumulate{}", name, std::get<1>(info.param));
+    });
+
+// drop_gradients (VISSL's frozen parameters) in every mode: the dropped parameters keep their
+// first value bit for bit (the sharded modes step pieces, whose gradients are what must go),
+// and the others train as one process dropping the same, clipping included.
+class DropGradientsTest : public ::testing::TestWithParam<DataParallelism> {};
+
+TEST_P(DropGradientsTest, DroppedParametersStayAndTheRestTrainLikeOneProcess) {
+  run_on_ranks(2, [mode = GetParam()](comm::ProcessGroup& group) {
+    torch::set_num_threads(1);
+    const std::vector<std::string> dropped = {"head.weight", "blocks.1.fc1.weight"};
+    Net reference_net = make_net(0);
+    auto reference = parallelize(reference_net, groups_of(*reference_net), sgd_momentum(),
+                                 comm::ProcessGroup::single_process(), ParallelOptions{});
+    const NamedTensors first = reference->full_parameters();
+    const NamedTensors expected = train(*reference, 1, dropped);
+    Net net = make_net(group.rank());
+    auto model = parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), mode_options(mode));
+    const NamedTensors actual = train(*model, 1, dropped);
+    expect_close(actual, expected, 1e-5);
+    for (size_t i = 0; i < first.size(); ++i) {
+      const bool is_dropped =
+          std::find(dropped.begin(), dropped.end(), first[i].first) != dropped.end();
+      EXPECT_EQ(torch::equal(actual[i].second, first[i].second), is_dropped) << first[i].first;
+    }
+    EXPECT_THROW(model->drop_gradients({"head.no_such_weight"}), Error);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EveryMode,
+    DropGradientsTest,
+    ::testing::Values(
+        DataParallelism::kDdp, DataParallelism::kZero1, DataParallelism::kZero2,
+        DataParallelism::kFsdp),
+    [](const auto& info) {
+      std::string name = to_string(info.param);
+      name.erase(
+          std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
+          name.end());
+      return name;
     });
 
 // Each data-parallel mode states its placements: DDP replicates everything, ZeRO-1/2 flat-shard

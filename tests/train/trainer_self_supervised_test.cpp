@@ -442,6 +442,38 @@ TEST(TrainerSelfSupervisedTest, FrozenPrototypesDoNotMoveUntilTheirIteration) {
   });
 }
 
+// The frozen map under the sharded modes, whose optimizers step pieces of flat shards: the
+// dropped gradients are the pieces' (ParallelModel::drop_gradients), so each mode trains as
+// DDP does and the frozen prototypes keep their first value, bit for bit, until their
+// iteration; LARC's per-parameter norms leave them out alike.
+TEST(TrainerSelfSupervisedTest, FrozenPrototypesUnderZeroAndFsdpTrainAsUnderDdp) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides job = swav_job(2) + kMlpTrunk +
+                          Overrides{
+                              "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0."
+                              "prototypes0.weight', 2]]",
+                              "LOSS.swav_loss.normalize_last_layer=False",
+                              "OPTIMIZER.use_larc=True"};
+    auto options = trainer_options_from_config(ssl_config(dir / "ddp", job));
+    options.stop_after_iterations = 2;
+    Trainer trainer(options, "", borrow(group));
+    const at::Tensor first = trainer.full_parameters().at("head.0.prototypes0.weight");
+    RunResult ddp{trainer.run(), trainer.full_parameters()};
+    ASSERT_TRUE(torch::equal(ddp.parameters.at("head.0.prototypes0.weight"), first));
+    const std::vector<std::pair<std::string, std::string>> modes = {
+        {"zero1", "OPTIMIZER.use_zero=True"},
+        {"zero2", "MODEL.SHARDED_DDP_SETUP.USE_SDP=True"},
+        {"fsdp", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}};
+    for (const auto& [name, mode] : modes) {
+      const RunResult sharded = ssl_run(dir / name, job + Overrides{mode}, group, 2);
+      expect_same_training(sharded, ddp, kTolerance, "frozen prototypes under " + name);
+      EXPECT_TRUE(torch::equal(sharded.parameters.at("head.0.prototypes0.weight"), first))
+          << name;
+    }
+  });
+}
+
 void expect_refused(const Overrides& overrides, const std::string& expected) {
   try {
     resolve_run(ssl_config(test_dir_for("ssl"), overrides));
@@ -497,12 +529,6 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
           Overrides{
               "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "LOSS.swav_loss.queue.queue_length=16"},
       "queue under FSDP");
-  expect_refused(
-      swav_job(1) +
-          Overrides{
-              "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
-              "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes1.weight', 2]]"},
-      "under ZeRO or FSDP");
   expect_refused(
       swav_job(1) +
           Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},

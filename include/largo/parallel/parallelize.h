@@ -102,6 +102,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -307,6 +308,15 @@ class ParallelModel {
   // Frees (or zeroes) every gradient before the next step's first micro-step.
   void zero_grad();
 
+  // Drops this step's gradients of the trained parameters named `names`, on every piece of
+  // them, as PyTorch's `param.grad = None` does (VISSL's TEMP_FROZEN_PARAMS_ITER_MAP): step()
+  // leaves those parameters and their optimizer state unchanged, and clip_grad_norm() does
+  // not count them. Call it between finish_backward() and clip_grad_norm() / step() with the
+  // same names on every rank; the next step's gradients are whole again. A pipeline rank
+  // drops the ones its stages hold. Throws largo::Error naming a name that is not a
+  // parameter of the model. No collective.
+  void drop_gradients(const std::vector<std::string>& names);
+
   // ---- what it holds ----
   // The optimizer whose param_groups() carry each group's lr and weight decay (set them
   // before step(); ZeRO passes them on to the shard's optimizer).
@@ -432,6 +442,8 @@ class ParallelModel {
     return nullptr;
   }
   virtual void reduce_gradients() {}
+  // What drop_gradients() does beyond the optimizer's groups: the strategy's own pieces.
+  virtual void drop_piece_gradients(const std::set<std::string>& /*names*/) {}
   // The tensors whose .grad the scaler unscales and clipping measures.
   virtual std::vector<at::Tensor> gradient_holders() const;
   virtual double clip_gradients(double max_norm, double norm_type);

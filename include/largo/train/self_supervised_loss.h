@@ -11,10 +11,11 @@
 //             call, swav_loss averaged over the prototype sets (the queue's scores appended
 //             from queue.start_iter on), then the assigned crops' embeddings pushed;
 //             hard assignments for the first temp_hard_assignment_iters calls
-//   before_optimizer_step(m)    MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: the gradients of the
-//                               listed parameters dropped while t < their iteration, so
-//                               the optimizer leaves them as they are (VISSL's
-//                               FreezeParametersHook)
+//   before_optimizer_step(model) MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: the gradients of the
+//                               listed parameters dropped while t < their iteration
+//                               (ParallelModel::drop_gradients, in every mode: their
+//                               pieces too), so the optimizer leaves them as they are
+//                               (VISSL's FreezeParametersHook)
 //   after_optimizer_step(model) SwAV's prototypes normalised (normalize_last_layer), through
 //                               the ParallelModel: in the module, or under FSDP in the
 //                               shards (a collective there)
@@ -109,7 +110,7 @@ class SelfSupervisedLoss {
     iteration_ = iteration;
   }
   at::Tensor loss(const at::Tensor& output, const at::Tensor& labels);
-  void before_optimizer_step();
+  void before_optimizer_step(parallel::ParallelModel& model);
   void after_optimizer_step(parallel::ParallelModel& model);
 
   // SwAV's queue and its call count, by VISSL's buffer names (empty without a queue): this
@@ -128,7 +129,8 @@ class SelfSupervisedLoss {
   std::vector<std::string> prototype_names_; // SwAV: the prototypes' weights in the module
   std::optional<models::SwavQueue> queue_;
   int64_t queue_length_ = 0;                           // images per rank
-  std::vector<std::pair<at::Tensor, int64_t>> frozen_; // parameter, iteration it trains from
+  // Parameter name, iteration it trains from.
+  std::vector<std::pair<std::string, int64_t>> frozen_;
   int64_t iteration_ = 0;
   int64_t calls_ = 0; // VISSL's num_iteration: loss calls (micro-steps) so far
 };

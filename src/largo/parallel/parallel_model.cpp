@@ -8,6 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <set>
+
 namespace largo::parallel {
 
 std::string to_string(DataParallelism mode) {
@@ -145,6 +148,26 @@ bool ParallelModel::step() {
 
 void ParallelModel::zero_grad() {
   optimizer_->zero_grad();
+}
+
+void ParallelModel::drop_gradients(const std::vector<std::string>& names) {
+  const std::vector<std::string> whole = whole_model_names();
+  for (const std::string& name : names) {
+    if (std::find(whole.begin(), whole.end(), name) == whole.end()) {
+      throw Error(fmt::format("ParallelModel::drop_gradients: the model has no parameter {}", name));
+    }
+  }
+  const std::set<std::string> dropped(names.begin(), names.end());
+  // The optimizer's tensors (the parameters, O2's masters or the sharded modes' pieces, each
+  // group naming them) lose their gradients, so that the optimizer skips them.
+  for (auto& group : optimizer_->param_groups()) {
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      if (dropped.count(group.names.at(i)) != 0) {
+        group.params[i].mutable_grad().reset();
+      }
+    }
+  }
+  drop_piece_gradients(dropped);
 }
 
 void ParallelModel::set_optimizer(std::unique_ptr<optim::Optimizer> optimizer) {

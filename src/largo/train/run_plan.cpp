@@ -430,12 +430,6 @@ void check_self_supervised(const RunPlan& plan) {
         "sharded; use ZeRO-1/2 (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP) or DDP "
         "with a queue, or set queue_length 0");
   }
-  if (parallel::zero_stage(mode) > 0 && !ssl.frozen_parameters.empty()) {
-    refuse(
-        "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP under ZeRO or FSDP",
-        "a sharded optimizer steps flat shards that a parameter cannot be left out of; "
-        "use DDP, or leave the map empty");
-  }
   if (ssl.is_swav() && ssl.normalize_last_layer && plan.precision.cast_model) {
     refuse(
         "LOSS.swav_loss.normalize_last_layer under Apex O2/O3",

@@ -46,7 +46,7 @@ SelfSupervisedLoss::SelfSupervisedLoss(
               "a parameter of the model, e.g. {} (VISSL's module.heads.<i>. is Largo's head.<i>.)",
               parameters.is_empty() ? std::string("none") : parameters.keys().back()));
     }
-    frozen_.emplace_back(*parameter, iteration);
+    frozen_.emplace_back(name, iteration);
   }
   if (!options_.is_swav()) {
     return;
@@ -119,11 +119,15 @@ at::Tensor SelfSupervisedLoss::swav(const at::Tensor& output) {
   return loss;
 }
 
-void SelfSupervisedLoss::before_optimizer_step() {
-  for (auto& [parameter, iteration] : frozen_) {
+void SelfSupervisedLoss::before_optimizer_step(parallel::ParallelModel& model) {
+  std::vector<std::string> frozen;
+  for (const auto& [name, iteration] : frozen_) {
     if (iteration_ < iteration) {
-      parameter.mutable_grad() = at::Tensor(); // the optimizer skips it: no decay, no momentum
+      frozen.push_back(name);
     }
+  }
+  if (!frozen.empty()) {
+    model.drop_gradients(frozen); // the optimizer skips them: no decay, no momentum
   }
 }
 

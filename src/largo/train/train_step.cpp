@@ -44,7 +44,7 @@ TrainStep::run(const std::function<data::Batch()>& next_batch, int64_t num_micro
   result.loss = loss_sum / static_cast<float>(num_micro_batches);
   result.finite = model_.finish_backward(losses_finite);
   if (self_supervised != nullptr) { // MODEL.TEMP_FROZEN_PARAMS_ITER_MAP, before clipping
-    self_supervised->before_optimizer_step();
+    self_supervised->before_optimizer_step(model_);
   }
   if (result.finite && options_.clip_gradients) { // after unscale, before LARC
     model_.clip_grad_norm(options_.max_norm, options_.norm_type);

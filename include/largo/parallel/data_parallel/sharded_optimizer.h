@@ -31,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,11 @@ class ShardedOptimizer : public optim::Optimizer {
 
   // Frees (or zeroes) the full gradients and zeroes the gradient shards.
   void zero_grad(bool set_to_none = true) override;
+
+  // This step's gradients of the parameters named `names` are dropped
+  // (ParallelModel::drop_gradients): their pieces have none until zero_grad(), so the base
+  // optimizer leaves them and clipping does not count them.
+  void drop_gradients(const std::set<std::string>& names);
 
   // Stage 2: gradients come from grad_shard of each buffer instead of .grad.
   void use_gradient_shards();
@@ -144,6 +150,7 @@ class ShardedOptimizer : public optim::Optimizer {
   std::vector<FlatBuffer> buffers_;
   std::unique_ptr<optim::Optimizer> base_;
   bool gradient_shards_ = false;
+  std::set<std::string> dropped_; // until zero_grad()
 };
 
 // The norm reducer of an optimizer over 1-D pieces of parameters (ZeRO 1-3): the base

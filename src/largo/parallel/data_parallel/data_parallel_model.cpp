@@ -58,6 +58,14 @@ std::unique_ptr<DistributedDataParallel::NoSyncGuard> DataParallelModel::no_sync
   return ddp_ ? std::make_unique<DistributedDataParallel::NoSyncGuard>(*ddp_) : nullptr;
 }
 
+// ZeRO's pieces are views of the flat gradients (stage 2: of the gradient shard), which the
+// sharded optimizer attaches anew before its step: it leaves the dropped ones out.
+void DataParallelModel::drop_piece_gradients(const std::set<std::string>& names) {
+  if (sharded_ != nullptr) {
+    sharded_->drop_gradients(names);
+  }
+}
+
 void DataParallelModel::reduce_gradients() {
   if (ddp_ && options_.ddp.manual_reduction) {
     ddp_->reduce_gradients();

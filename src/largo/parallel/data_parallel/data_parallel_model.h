@@ -29,6 +29,7 @@ class DataParallelModel : public ParallelModel {
   void before_forward() override;
   std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync() override;
   void reduce_gradients() override;
+  void drop_piece_gradients(const std::set<std::string>& names) override;
   std::vector<at::Tensor> gradient_holders() const override;
   double clip_gradients(double max_norm, double norm_type) override;
   std::string describe_mode() const override;

@@ -155,6 +155,10 @@ void ShardedOptimizer::attach_piece_gradients() {
     for (size_t p = 0; p < buffer.pieces.size(); ++p) {
       const ShardPiece& piece = buffer.pieces[p];
       at::Tensor& piece_grad = buffer.piece_params[p].mutable_grad();
+      if (dropped_.count(buffer.names[piece.tensor_index]) != 0) {
+        piece_grad = at::Tensor();
+        continue;
+      }
       if (gradient_shards_) {
         piece_grad = buffer.grad_shard.narrow(0, piece.flat_offset - shard_begin, piece.numel);
         continue;
@@ -206,7 +210,13 @@ void ShardedOptimizer::step() {
   }
 }
 
+void ShardedOptimizer::drop_gradients(const std::set<std::string>& names) {
+  dropped_.insert(names.begin(), names.end());
+  attach_piece_gradients();
+}
+
 void ShardedOptimizer::zero_grad(bool set_to_none) {
+  dropped_.clear();
   optim::Optimizer::zero_grad(set_to_none);
   for (FlatBuffer& buffer : buffers_) {
     if (buffer.grad_shard.defined()) {
