@@ -142,6 +142,20 @@ std::string mapping_error(const std::vector<std::string>& overrides) {
   return "(accepted)";
 }
 
+struct Refusal {
+  std::vector<std::string> overrides;
+  std::vector<std::string> parts; // each in the message
+};
+
+void expect_refused(const std::vector<Refusal>& refusals) {
+  for (const Refusal& refusal : refusals) {
+    const std::string message = mapping_error(refusal.overrides);
+    for (const std::string& part : refusal.parts) {
+      EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
+    }
+  }
+}
+
 // OPTIMIZER.name lars with VISSL's Barlow Twins settings reaches the spec; lars's own keys
 // (eta, exclude_bias_and_norm) set for another optimizer, which would ignore them, are
 // refused by name, plain and as ZeRO's base_optimizer; momentum outside [0, 1) too.
@@ -188,6 +202,66 @@ TEST(TrainerConfigMappingTest, LarsKeysReachTheSpecAndAreRefusedWithoutLars) {
   EXPECT_NE(momentum.find("OPTIMIZER.momentum = 1"), std::string::npos) << momentum;
   const std::string eta = mapping_error({"OPTIMIZER.name=lars", "OPTIMIZER.eta=0"});
   EXPECT_NE(eta.find("OPTIMIZER.eta = 0"), std::string::npos) << eta;
+}
+
+// VISSL's other optimizers: adam (its weight decay reaches the parameter groups, which Adam
+// applies as an L2 penalty), rmsprop (alpha, eps, momentum, centered; VISSL's default
+// momentum 0.9 applies), and sgd_fsdp, which is sgd. A key the named optimizer does not read
+// is refused by name at any value but its default, plain and as ZeRO's base_optimizer.
+TEST(TrainerConfigMappingTest, AdamRmspropAndSgdFsdpReachTheSpecAndIgnoredKeysAreRefused) {
+  const TrainerOptions adam = options_with(
+      {"OPTIMIZER.name=adam",
+       "OPTIMIZER.betas=[0.8, 0.99]",
+       "OPTIMIZER.eps=1e-6",
+       "OPTIMIZER.amsgrad=True",
+       "OPTIMIZER.weight_decay=0.05"});
+  EXPECT_EQ(adam.optimizer.spec.name, "adam");
+  EXPECT_EQ(adam.optimizer.spec.adam.betas, (std::array<double, 2>{0.8, 0.99}));
+  EXPECT_EQ(adam.optimizer.spec.adam.eps, 1e-6);
+  EXPECT_TRUE(adam.optimizer.spec.adam.amsgrad);
+  EXPECT_EQ(adam.optimizer.weight_decay, 0.05);
+
+  const TrainerOptions rmsprop = options_with(
+      {"OPTIMIZER.name=rmsprop",
+       "OPTIMIZER.alpha=0.9",
+       "OPTIMIZER.eps=1e-6",
+       "OPTIMIZER.centered=True"});
+  EXPECT_EQ(rmsprop.optimizer.spec.name, "rmsprop");
+  EXPECT_EQ(rmsprop.optimizer.spec.rmsprop.alpha, 0.9);
+  EXPECT_EQ(rmsprop.optimizer.spec.rmsprop.eps, 1e-6);
+  EXPECT_EQ(rmsprop.optimizer.spec.rmsprop.momentum, 0.9) << "VISSL's default momentum";
+  EXPECT_TRUE(rmsprop.optimizer.spec.rmsprop.centered);
+  const TrainerOptions zero = options_with(
+      {"OPTIMIZER.name=zero",
+       "+OPTIMIZER.base_optimizer.name=rmsprop",
+       "+OPTIMIZER.base_optimizer.momentum=0.0"});
+  EXPECT_EQ(zero.optimizer.spec.name, "rmsprop");
+  EXPECT_EQ(zero.optimizer.spec.rmsprop.momentum, 0.0);
+
+  const TrainerOptions sgd_fsdp = options_with(
+      {"OPTIMIZER.name=sgd_fsdp", "OPTIMIZER.momentum=0.8", "OPTIMIZER.use_larc=True"});
+  EXPECT_EQ(sgd_fsdp.optimizer.spec.name, "sgd");
+  EXPECT_EQ(sgd_fsdp.optimizer.spec.sgd.momentum, 0.8);
+  EXPECT_TRUE(sgd_fsdp.optimizer.spec.use_larc);
+
+  expect_refused({
+      {{"OPTIMIZER.name=adam", "OPTIMIZER.momentum=0.5"},
+       {"OPTIMIZER.momentum = 0.5",
+        "0.9 (its default) unless the optimizer is sgd or rmsprop "
+        "or lars: adam does not read it"}},
+      {{"OPTIMIZER.name=adam", "OPTIMIZER.alpha=0.9"}, {"OPTIMIZER.alpha = 0.9", "rmsprop"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.nesterov=True"}, {"OPTIMIZER.nesterov", "sgd"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.amsgrad=True"}, {"OPTIMIZER.amsgrad", "adamw"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.betas=[0.8, 0.9]"}, {"OPTIMIZER.betas", "lamb"}},
+      {{"OPTIMIZER.name=sgd", "OPTIMIZER.centered=True"}, {"OPTIMIZER.centered", "rmsprop"}},
+      {{"OPTIMIZER.name=sgd_fsdp", "OPTIMIZER.eps=1e-3"}, {"OPTIMIZER.eps", "sgd does not"}},
+      {{"OPTIMIZER.name=zero",
+        "+OPTIMIZER.base_optimizer.name=adam",
+        "+OPTIMIZER.base_optimizer.dampening=0.1"},
+       {"OPTIMIZER.base_optimizer.dampening = 0.1"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.momentum=1.0"}, {"OPTIMIZER.momentum = 1", "[0, 1)"}},
+      {{"OPTIMIZER.name=adagrad"}, {"OPTIMIZER.name = adagrad", "rmsprop", "sgd_fsdp"}},
+  });
 }
 
 // MODEL.TRUNK.REGNET: VISSL's keyword map of ClassyVision's RegNetParams; a preset by name
