@@ -7,6 +7,7 @@
 #include <largo/core/config_value.h>
 #include <largo/core/resources.h>
 #include <largo/models/resnet.h>
+#include <largo/models/vissl_names.h>
 #include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/precision/model_cast.h>
@@ -1145,18 +1146,7 @@ weights_init_options_from(const Config& config, const models::ModelOptions& mode
   options.append_prefix = config.get_string(key + "APPEND_PREFIX");
   options.init_heads = model.feature_eval.init_heads_from_weights();
   options.check_head_shapes = model.feature_eval.assert_head_layer_shape_init;
-  if (model.trunk_name == "resnet") {
-    const int64_t depth = model.resnet.depth;
-    options.rename = [depth](const std::string& name) {
-      return models::resnet_name_from_torchvision(name, depth);
-    };
-  }
-  if (model.trunk_name == "regnet") {
-    const models::RegNetOptions regnet = model.regnet;
-    options.rename = [regnet](const std::string& name) {
-      return models::regnet_name_from_torchvision(name, regnet);
-    };
-  }
+  options.rename = models::weights_name_mapping(model); // VISSL's and torchvision's names
   return options;
 }
 
