@@ -148,7 +148,8 @@ std::vector<WiredKey> wired_keys() {
   const std::string opt = "OPTIMIZER.";
   std::vector<WiredKey> model{
       {"MODEL.TRUNK.NAME",
-       "resnet, regnet, small_cnn, mlp or vision_transformer",
+       "resnet, regnet, small_cnn, mlp or vision_transformer; under FSDP also VISSL's "
+       "regnet_fsdp and vision_transformer_fsdp",
        "ModelFactory.BuildsEverySupportedTrunk"},
       {"MODEL.TRUNK.REGNET",
        "ClassyVision's RegNet parameters: name (a preset, e.g. regnet_y_400mf) or depth, w_0, "
@@ -200,7 +201,8 @@ std::vector<WiredKey> wired_keys() {
       {vit + "QKV_BIAS", "biases in the qkv projection", "Vit.ParameterCountMatchesClosedForm"},
       {"MODEL.HEAD.PARAMS",
        "the head: one mlp (or one head per feature under linear evaluation); a swav_head, or mlp "
-       "heads run one after another, in a self-supervised run",
+       "heads run one after another, in a self-supervised run; under FSDP also VISSL's "
+       "swav_head_fsdp, mlp_fsdp and eval_mlp_fsdp",
        "Heads.ModelWithMlpHead"},
       {"MODEL.HEAD.BATCHNORM_EPS",
        "eps of the heads' BatchNorm",

@@ -412,6 +412,59 @@ TEST(TrainerConfigMappingTest, SyncBnEmaWeightsInitAndLossSettingsAreReadAndChec
       ConfigError);
 }
 
+// VISSL's FSDP-wrapped models (<name>_fsdp) are their plain architecture under FSDP
+// (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP, which VISSL's own renaming requires too); without it,
+// or when Largo lacks the plain model, they are refused naming the key to set or the model.
+TEST(TrainerConfigMappingTest, VisslFsdpModelNamesAreTheirModelsUnderFsdp) {
+  const std::string fsdp = "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True";
+  const std::string swav_fsdp =
+      "MODEL.HEAD.PARAMS=[[swav_head_fsdp, {dims: [440, 64, 16], num_clusters: [12]}]]";
+  const TrainerOptions seer = options_with(
+      {fsdp,
+       "MODEL.TRUNK.NAME=regnet_fsdp",
+       "MODEL.TRUNK.REGNET={name: regnet_y_400mf}",
+       swav_fsdp,
+       "LOSS.name=swav_loss",
+       "OPTIMIZER.name=sgd_fsdp",
+       "OPTIMIZER.use_larc=True"});
+  EXPECT_EQ(seer.model.trunk_name, "regnet");
+  EXPECT_EQ(seer.model.regnet.depth, 16) << "regnet_y_400mf's REGNET keys reach regnet_fsdp";
+  EXPECT_EQ(seer.model.swav_head.dims, (std::vector<int64_t>{440, 64, 16}));
+  EXPECT_EQ(seer.parallel.data_parallelism, parallel::DataParallelism::kFsdp);
+  EXPECT_EQ(seer.optimizer.spec.name, "sgd");
+
+  const TrainerOptions vit = options_with(
+      {fsdp,
+       "MODEL.TRUNK.NAME=vision_transformer_fsdp",
+       "MODEL.HEAD.PARAMS=[[mlp_fsdp, {dims: [768, 10]}]]"});
+  EXPECT_EQ(vit.model.trunk_name, "vision_transformer");
+  EXPECT_EQ(vit.model.head_dims, (std::vector<int64_t>{768, 10}));
+
+  const models::ModelOptions eval = model_options_from(Config::load(
+      {},
+      {fsdp,
+       "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
+       "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True",
+       "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res5avg, [Identity, []]]]",
+       "MODEL.HEAD.PARAMS=[[eval_mlp_fsdp, {in_channels: 2048, dims: [2048, 1000]}]]"}));
+  ASSERT_EQ(eval.feature_eval.heads.size(), 1u);
+  EXPECT_EQ(eval.feature_eval.heads[0].name, "eval_mlp");
+
+  expect_refused({
+      {{"MODEL.TRUNK.NAME=regnet_fsdp"},
+       {"MODEL.TRUNK.NAME = regnet_fsdp",
+        "Set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+        "TRAINER.TASK_NAME"}},
+      {{swav_fsdp, "LOSS.name=swav_loss"},
+       {"MODEL.HEAD.PARAMS[0] = swav_head_fsdp", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}},
+      {{"MODEL.HEAD.PARAMS=[[mlp_fsdp, {dims: [128, 10]}]]"}, {"MODEL.HEAD.PARAMS[0] = mlp_fsdp"}},
+      {{fsdp, "MODEL.TRUNK.NAME=xcit_fsdp"}, {"MODEL.TRUNK.NAME = xcit_fsdp", "XCiT"}},
+      {{fsdp, "MODEL.HEAD.PARAMS=[[dino_head_fsdp, {dims: [128, 10]}]]"},
+       {"MODEL.HEAD.PARAMS[0] = dino_head_fsdp", "DINO"}},
+      {{fsdp, "MODEL.TRUNK.NAME=small_cnn_fsdp"}, {"MODEL.TRUNK.NAME = small_cnn_fsdp"}},
+  });
+}
+
 TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
   Config config = Config::load(
       {},

@@ -3,6 +3,7 @@
 #include "config_checks.h"
 #include "regnet_config.h"
 #include "self_supervised_config.h"
+#include "vissl_fsdp_names.h"
 
 #include <largo/core/config_value.h>
 #include <largo/core/resources.h>
@@ -388,7 +389,7 @@ heads_from(const Config& config, const models::MlpHeadOptions& defaults) {
         "a head written as [\"mlp\", {\"dims\": [in, ..., num_classes]}] or [\"eval_mlp\", "
         "{\"in_channels\": C, \"dims\": [in, ..., num_classes]}]");
     models::EvalHeadOptions options;
-    options.name = head[0].Scalar();
+    options.name = head_architecture(config, head[0].Scalar(), head_key); // mlp_fsdp: mlp
     require(
         options.name == "mlp" || options.name == "eval_mlp",
         head_key,
@@ -625,9 +626,10 @@ namespace {
 // one head alone), else a null node.
 YAML::Node swav_head_entry(const Config& config) {
   const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
-  const bool swav = params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
-                    params[0].size() == 2 && params[0][0].IsScalar() &&
-                    params[0][0].Scalar() == "swav_head";
+  const bool swav =
+      params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
+      params[0].size() == 2 && params[0][0].IsScalar() &&
+      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == "swav_head";
   if (!swav) {
     return YAML::Node(YAML::NodeType::Undefined);
   }
@@ -648,7 +650,7 @@ models::ModelOptions model_options_from(const Config& config) {
   model.in_channels = 0;
   model.image_size = 0;
   model.num_classes = 0;
-  model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
+  model.trunk_name = trunk_architecture(config); // VISSL's regnet_fsdp: regnet
   resnet_options_from(config, model.resnet);
   model.regnet = regnet_options_from(config);
   vit_options_from(config, model.vit);
