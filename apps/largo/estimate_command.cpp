@@ -44,7 +44,8 @@ std::string describe_optimizer(const optim::OptimizerSpec& spec) {
   std::string text = spec.name;
   if (spec.name == "sgd") {
     text += spec.sgd.momentum != 0.0 ? fmt::format(" (momentum {})", spec.sgd.momentum) : " (no momentum)";
-  } else if (spec.name == "adamw" && spec.adamw.amsgrad) {
+  } else if (
+      (spec.name == "adamw" && spec.adamw.amsgrad) || (spec.name == "adam" && spec.adam.amsgrad)) {
     text += " (amsgrad)";
   }
   return spec.use_larc ? text + " with LARC" : text;

@@ -7,6 +7,7 @@
 #include <largo/checkpoint/weights_init.h>
 #include <largo/core/error.h>
 #include <largo/models/model_factory.h>
+#include <largo/models/vissl_names.h>
 
 #include "data/temp_dir.h"
 
@@ -26,14 +27,18 @@ namespace {
 namespace fs = std::filesystem;
 using largo::data::testing::TempDir;
 
-models::TrunkHeadModel torchvision_like_resnet(int64_t depth, int64_t num_classes) {
+models::ModelOptions torchvision_like_resnet_options(int64_t depth, int64_t num_classes) {
   models::ModelOptions options;
   options.trunk_name = "resnet";
   options.resnet.depth = depth;
   options.resnet.stem = "imagenet";
   options.num_classes = num_classes;
   options.image_size = 32;
-  return models::build_model(options);
+  return options;
+}
+
+models::TrunkHeadModel torchvision_like_resnet(int64_t depth, int64_t num_classes) {
+  return models::build_model(torchvision_like_resnet_options(depth, num_classes));
 }
 
 std::function<std::string(const std::string&)> resnet_names(int64_t depth) {
@@ -138,7 +143,7 @@ TEST(WeightsInitTest, TorchvisionStateDictAndVisslCheckpointGiveTorchvisionsLogi
     models::TrunkHeadModel model = torchvision_like_resnet(18, 10);
     WeightsInitOptions options;
     options.params_file = files->vissl; // STATE_DICT_KEY_NAME: classy_state_dict (default)
-    options.rename = resnet_names(18);
+    options.rename = models::weights_name_mapping(torchvision_like_resnet_options(18, 10));
     WeightsInitReport report = init_weights_from_file(*model, options);
     EXPECT_EQ(report.source, "VISSL checkpoint");
     expect_reference_logits(model, *files);

@@ -162,7 +162,6 @@ TEST(RegNet, VisslNamesMapOntoLargos) {
       {"trunk._feature_blocks.res5.block4-5.f.se.excitation.2.weight", "trunk.16.f.se.fc2.weight"},
       {"trunk._feature_blocks.res5.block4-5.f.c.weight", "trunk.16.f.c.0.weight"},
       {"trunk._feature_blocks.res5.block4-5.f.final_bn.weight", "trunk.16.f.c.1.weight"},
-      {"heads.0.clf.0.weight", "head.0.weight"},
       // torchvision's, and names outside the model, for contrast
       {"trunk_output.block4.block4-5.f.c.1.weight", "trunk.16.f.c.1.weight"},
       {"trunk_output.block4.block4-6.f.c.1.weight", "trunk_output.block4.block4-6.f.c.1.weight"},

@@ -1,6 +1,7 @@
-// SGD, AdamW, LAMB, LARC (around SGD, AdamW and LAMB) and LARS replayed for 200 steps
-// against PyTorch (values from tests/reference/gen_optim_baselines.py: torch.optim for SGD
-// and AdamW, tests/reference/reference_optimizers.py for LAMB, Apex's LARC and VISSL's LARS),
+// SGD, Adam, AdamW, RMSprop, LAMB, LARC (around SGD, AdamW and LAMB) and LARS replayed for 200
+// steps against PyTorch (values from tests/reference/gen_optim_baselines.py: torch.optim for
+// SGD, Adam, AdamW and RMSprop, tests/reference/reference_optimizers.py for LAMB, Apex's LARC
+// and VISSL's LARS), Adam and RMSprop also for 20 steps in float32,
 // each through both update paths: the fused CPU pass and the _foreach path (LARS has only
 // the latter). Built with make_optimizer, so the
 // factory is exercised too. Also global-norm clipping against torch.nn.utils.clip_grad_norm_.
@@ -51,6 +52,24 @@ constexpr double kFusedTolerance = 1e-13;
 // parameter, eta ||p|| / 0, decay left out) moves a parameter by >= 1e-3 (the smallest
 // change over a run, lars_default's, is 7e-3).
 constexpr double kNormTolerance = 1e-13;
+// Adam and RMSprop take kSameOpsTolerance and kFusedTolerance by the same derivation as
+// AdamW and SGD: their _foreach paths are torch.optim's ops in its order, their fused passes
+// the same expressions per element.
+//
+// float32 (Adam and RMSprop, 20 steps), at float32's unit roundoff u = 2^-24 = 6.0e-8. One
+// step moves a parameter by Delta, |Delta| <= 0.03 in these cases (RMSprop's first step: lr
+// 2e-3 times at most 1 / sqrt(1 - alpha) = 3.2, times 1 / (1 - momentum) = 2 with momentum;
+// Adam's at most about lr = 1e-2). Two float32 implementations of the same expressions
+// (PyTorch's vectorized kernels and Largo's fused pass or _foreach ops: a fused multiply-add,
+// lerp's other form) compute Delta to within 2 k u |Delta| (k <= 10 rounded operations per
+// element, doubled for the state's rounding carried from earlier steps) and may round p +
+// Delta to neighbouring floats, 1 ulp <= 2 u |p| with |p| <= 0.75. A parameter's difference
+// feeds back only through the gradient and the decay (0.05 p each): negligible. Over N = 20
+// steps at most N (2 u 0.75 + 2 k u 0.03) = 2.5e-6: 5e-6 allowed (float32 PyTorch itself is
+// 1.4e-7 from float64 PyTorch here). A real mistake moves a parameter by >= 1e-4 within 20
+// steps (RMSprop's decay left out: 1.1e-4; Adam's L2 decay taken as decoupled: 5.9e-3;
+// centered or momentum ignored: > 0.06).
+constexpr double kFloat32Tolerance = 5e-6;
 
 struct Case {
   std::string name;
@@ -70,10 +89,16 @@ OptimizerSpec spec_from(const nlohmann::json& json, bool fused) {
     spec.sgd.momentum = options["momentum"];
     spec.sgd.dampening = options["dampening"];
     spec.sgd.nesterov = options["nesterov"];
-  } else if (spec.name == "adamw") {
-    spec.adamw.betas = {options["betas"][0], options["betas"][1]};
-    spec.adamw.eps = options["eps"];
-    spec.adamw.amsgrad = options["amsgrad"];
+  } else if (spec.name == "adam" || spec.name == "adamw") {
+    AdamOptions& adam = spec.name == "adam" ? spec.adam : spec.adamw;
+    adam.betas = {options["betas"][0], options["betas"][1]};
+    adam.eps = options["eps"];
+    adam.amsgrad = options["amsgrad"];
+  } else if (spec.name == "rmsprop") {
+    spec.rmsprop.alpha = options["alpha"];
+    spec.rmsprop.eps = options["eps"];
+    spec.rmsprop.momentum = options["momentum"];
+    spec.rmsprop.centered = options["centered"];
   } else if (spec.name == "lars") {
     spec.lars.momentum = options["momentum"];
     spec.lars.eta = options["eta"];
@@ -88,7 +113,8 @@ OptimizerSpec spec_from(const nlohmann::json& json, bool fused) {
     spec.lamb.betas = {options["betas"][0], options["betas"][1]};
     spec.lamb.eps = options["eps"];
   }
-  spec.sgd.fused = spec.adamw.fused = spec.lamb.fused = spec.larc.fused = fused;
+  spec.sgd.fused = spec.adam.fused = spec.adamw.fused = spec.rmsprop.fused = fused;
+  spec.lamb.fused = spec.larc.fused = fused;
   if (type == "larc") {
     spec.use_larc = true;
     spec.larc.trust_coefficient = json["larc"]["trust_coefficient"];
@@ -120,11 +146,14 @@ TEST_P(OptimizerBaselineTest, MatchesPyTorch) {
   auto listed = [](const std::vector<int64_t>& list, size_t k) {
     return std::find(list.begin(), list.end(), static_cast<int64_t>(k)) != list.end();
   };
+  // Computed in float64, then rounded to the case's dtype, as the Python side does.
+  const bool float32 = spec->value("dtype", "float64") == "float32";
+  const auto dtype = float32 ? torch::kFloat32 : torch::kFloat64;
   std::vector<at::Tensor> params;
   for (size_t k = 0; k < shapes.size(); ++k) {
     at::Tensor p = listed(zero_init, k) ? torch::zeros(shapes[k], torch::kFloat64)
                                         : initial_param(static_cast<int64_t>(k), shapes[k]);
-    params.push_back(p.requires_grad_());
+    params.push_back(p.to(dtype).requires_grad_());
   }
   std::vector<ParamGroup> groups;
   for (const auto& group_spec : (*spec)["groups"]) {
@@ -141,13 +170,14 @@ TEST_P(OptimizerBaselineTest, MatchesPyTorch) {
   const std::string type = (*spec)["type"];
   EXPECT_EQ(optimizer->type(), type == "larc" ? (*spec)["inner"].get<std::string>() : type);
   const bool norms = type == "larc" || type == "lamb" || type == "lars";
-  const double tolerance =
-      norms ? kNormTolerance : (test_case.fused ? kFusedTolerance : kSameOpsTolerance);
+  const double tolerance = float32 ? kFloat32Tolerance
+                           : norms ? kNormTolerance
+                                   : (test_case.fused ? kFusedTolerance : kSameOpsTolerance);
 
   const auto& group_specs = (*spec)["groups"];
   const double lr_decay = (*spec)["lr_decay_per_step"];
   const int64_t num_steps = (*spec)["num_steps"];
-  ASSERT_GE(num_steps, 200);
+  ASSERT_GE(num_steps, float32 ? 20 : 200);
   size_t next_record = 0;
   double worst = 0.0; // largest relative deviation seen, reported below
   const auto& records = (*spec)["records"];
@@ -157,15 +187,17 @@ TEST_P(OptimizerBaselineTest, MatchesPyTorch) {
           group_specs[g]["lr"].get<double>() * (1.0 - lr_decay * static_cast<double>(step - 1));
     }
     for (size_t k = 0; k < params.size(); ++k) {
-      params[k].mutable_grad() = listed(zero_grad, k)
-          ? torch::zeros_like(params[k])
-          : params[k].detach() * 0.05 + sin_term(step, static_cast<int64_t>(k), params[k].sizes());
+      params[k].mutable_grad() =
+          listed(zero_grad, k)
+              ? torch::zeros_like(params[k])
+              : params[k].detach() * 0.05 +
+                    sin_term(step, static_cast<int64_t>(k), params[k].sizes()).to(dtype);
     }
     optimizer->step();
     if (next_record < records.size() && records[next_record]["step"] == step) {
       const auto& expected = records[next_record]["params"];
       for (size_t k = 0; k < params.size(); ++k) {
-        const at::Tensor flat = params[k].detach().reshape(-1).contiguous();
+        const at::Tensor flat = params[k].detach().to(torch::kFloat64).reshape(-1).contiguous();
         const auto* actual = flat.data_ptr<double>();
         ASSERT_EQ(static_cast<size_t>(flat.numel()), expected[k].size());
         for (size_t i = 0; i < expected[k].size(); ++i) {
@@ -189,10 +221,29 @@ TEST_P(OptimizerBaselineTest, MatchesPyTorch) {
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const char* name :
-       {"sgd_plain", "sgd_momentum_weight_decay", "sgd_nesterov", "sgd_dampening",
-        "adamw_default", "adamw_amsgrad_weight_decay", "lamb_default", "lamb_weight_decay",
-        "lamb_zero_norm", "larc_sgd_clip", "larc_sgd_scale", "larc_sgd_zero_norms",
-        "larc_sgd_excluded", "larc_adamw_scale", "larc_lamb_clip"}) {
+       {"sgd_plain",
+        "sgd_momentum_weight_decay",
+        "sgd_nesterov",
+        "sgd_dampening",
+        "adamw_default",
+        "adamw_amsgrad_weight_decay",
+        "adam_default",
+        "adam_amsgrad_weight_decay",
+        "adam_small_beta1",
+        "rmsprop_default",
+        "rmsprop_vissl_defaults",
+        "rmsprop_centered_momentum_weight_decay",
+        "adam_amsgrad_weight_decay_float32",
+        "rmsprop_centered_momentum_weight_decay_float32",
+        "lamb_default",
+        "lamb_weight_decay",
+        "lamb_zero_norm",
+        "larc_sgd_clip",
+        "larc_sgd_scale",
+        "larc_sgd_zero_norms",
+        "larc_sgd_excluded",
+        "larc_adamw_scale",
+        "larc_lamb_clip"}) {
     cases.push_back({name, true});
     cases.push_back({name, false});
   }

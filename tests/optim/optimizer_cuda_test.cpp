@@ -1,7 +1,8 @@
 // The optimizers on CUDA tensors (SGD through ATen's fused kernel, and through the _foreach
 // path with fused = false; the others through the _foreach path, ATen's multi-tensor kernels)
-// agree with the fused CPU pass, for every optimizer, LARC and global-norm clipping (LARS,
-// which has only the _foreach path, with that path on the CPU). Skipped without a GPU.
+// agree with the fused CPU pass, for every optimizer (Adam and RMSprop not run on a GPU yet),
+// LARC and global-norm clipping (LARS, which has only the _foreach path, with that path on
+// the CPU). Skipped without a GPU.
 #include "optim_test_util.h"
 
 #include <largo/optim/grad_clipping.h>
@@ -34,7 +35,7 @@ TEST(OptimizerCuda, FusedAndForeachOnCudaMatchTheFusedCpuPass) {
   if (!torch::cuda::is_available()) {
     GTEST_SKIP() << "no CUDA device: the CUDA path is checked on GPU machines only";
   }
-  std::vector<std::pair<std::string, OptimizerSpec>> specs(9);
+  std::vector<std::pair<std::string, OptimizerSpec>> specs(11);
   specs[0].first = "sgd";
   specs[0].second.sgd = SGDOptions{0.9, 0.0, true};
   specs[1].first = "adamw";
@@ -62,6 +63,13 @@ TEST(OptimizerCuda, FusedAndForeachOnCudaMatchTheFusedCpuPass) {
   specs[8].second.name = "lars";
   specs[8].second.lars.eta = 0.02;
   specs[8].second.lars.excluded_from_adaptation = {"b"};
+  specs[9].first = "adam"; // L2 decay in the moments (not run on a GPU yet)
+  specs[9].second.name = "adam";
+  specs[9].second.adam.amsgrad = true;
+  specs[10].first = "rmsprop"; // centered, momentum (not run on a GPU yet)
+  specs[10].second.name = "rmsprop";
+  specs[10].second.rmsprop.momentum = 0.9;
+  specs[10].second.rmsprop.centered = true;
   for (const auto& [label, spec] : specs) {
     const bool clip = label == "sgd_clipped";
     std::vector<at::Tensor> cpu = make_params({{3, 4}, {5}, {40000}});

@@ -1,4 +1,5 @@
-// make_optimizer: every name, LARC wrapping, and the error for an unknown name.
+// make_optimizer: every name, LARC wrapping, and the error for an unknown name; the state
+// layout the memory estimate reads, against the built optimizers' state.
 #include "optim_test_util.h"
 
 #include <largo/optim/optimizer_factory.h>
@@ -15,7 +16,8 @@ std::vector<ParamGroup> one_group() {
 }
 
 TEST(OptimizerFactory, BuildsEveryOptimizerAndWrapsLarc) {
-  for (const std::string name : {"sgd", "adamw", "lamb", "lars"}) {
+  ASSERT_EQ(optimizer_names().size(), 6U);
+  for (const std::string& name : optimizer_names()) {
     OptimizerSpec spec;
     spec.name = name;
     auto plain = make_optimizer(one_group(), spec);
@@ -44,13 +46,56 @@ TEST(OptimizerFactory, BuildsEveryOptimizerAndWrapsLarc) {
   auto lars = make_optimizer(one_group(), spec);
   EXPECT_EQ(dynamic_cast<LARS&>(*lars).options().eta, 0.02);
   EXPECT_EQ(dynamic_cast<LARS&>(*lars).options().excluded_from_adaptation.count("b"), 1U);
+  spec.name = "rmsprop";
+  spec.rmsprop.centered = true;
+  auto rmsprop = make_optimizer(one_group(), spec);
+  EXPECT_TRUE(dynamic_cast<RMSprop&>(*rmsprop).options().centered);
+  spec.name = "adam";
+  spec.adam.amsgrad = true;
+  auto adam = make_optimizer(one_group(), spec);
+  EXPECT_TRUE(dynamic_cast<Adam&>(*adam).options().amsgrad);
+}
+
+// state_layout says what each optimizer keeps after a step: its tensors shaped like the
+// parameter, and whether a 0-dim "step".
+TEST(OptimizerFactory, StateLayoutIsWhatTheOptimizerKeeps) {
+  std::vector<OptimizerSpec> specs(9);
+  const char* names[] = {
+      "sgd", "sgd", "adam", "adamw", "rmsprop", "rmsprop", "rmsprop", "lamb", "lars"};
+  for (size_t i = 0; i < specs.size(); ++i) {
+    specs[i].name = names[i];
+  }
+  specs[0].sgd.momentum = 0.9;
+  specs[2].adam.amsgrad = true;
+  specs[5].rmsprop.momentum = 0.9;
+  specs[6].rmsprop.momentum = 0.9;
+  specs[6].rmsprop.centered = true;
+  for (const OptimizerSpec& spec : specs) {
+    std::vector<ParamGroup> groups = one_group();
+    auto optimizer = make_optimizer(groups, spec);
+    for (at::Tensor& p : groups[0].params) {
+      p.mutable_grad() = torch::ones_like(p);
+    }
+    optimizer->step();
+    const ParamState* state = optimizer->find_state("w"); // none for SGD without momentum
+    int64_t shaped = 0;
+    bool step = false;
+    for (const auto& [key, tensor] : state != nullptr ? *state : ParamState{}) {
+      shaped += tensor.dim() > 0 ? 1 : 0;
+      step = step || key == "step";
+    }
+    const OptimizerStateLayout layout = state_layout(spec);
+    EXPECT_EQ(layout.tensors_per_parameter, shaped) << describe(spec);
+    EXPECT_EQ(layout.step_scalar, step) << describe(spec);
+  }
 }
 
 TEST(OptimizerFactory, UnknownNameIsAConfigError) {
   OptimizerSpec spec;
   spec.name = "adagrad";
   testing::expect_config_error(
-      [&] { (void)make_optimizer(one_group(), spec); }, {"OptimizerSpec::name", "adagrad", "lamb"});
+      [&] { (void)make_optimizer(one_group(), spec); },
+      {"OptimizerSpec::name", "adagrad", "sgd, adam, adamw, rmsprop, lamb, lars"});
 }
 
 // The start-up log's line: the optimizer, its settings and whether LARC wraps it.
@@ -74,6 +119,12 @@ TEST(OptimizerFactory, DescribeSaysWhatIsBuilt) {
   spec.name = "lars";
   spec.lars.excluded_from_adaptation = {"head.bias"};
   EXPECT_EQ(describe(spec), "LARS (momentum 0.9, eta 0.001, 1 parameters not adapted); LARC off");
+  spec.name = "adam";
+  EXPECT_EQ(describe(spec), "Adam (betas 0.9/0.999, eps 1e-08, amsgrad false); LARC off");
+  spec.name = "rmsprop";
+  spec.rmsprop.momentum = 0.9;
+  EXPECT_EQ(
+      describe(spec), "RMSprop (alpha 0.99, eps 1e-08, momentum 0.9, centered false); LARC off");
 }
 
 } // namespace

@@ -4,10 +4,12 @@
 #include "optim_test_util.h"
 
 #include <largo/core/error.h>
+#include <largo/optim/adam.h>
 #include <largo/optim/adamw.h>
 #include <largo/optim/lamb.h>
 #include <largo/optim/larc.h>
 #include <largo/optim/lars.h>
+#include <largo/optim/rmsprop.h>
 #include <largo/optim/sgd.h>
 
 #include <fmt/format.h>
@@ -56,6 +58,28 @@ std::unique_ptr<Optimizer> make_adamw(std::vector<ParamGroup> groups) {
   AdamWOptions options;
   options.amsgrad = true;
   return std::make_unique<AdamW>(std::move(groups), options);
+}
+
+std::unique_ptr<Optimizer> make_adam(std::vector<ParamGroup> groups) {
+  AdamOptions options;
+  options.amsgrad = true;
+  return std::make_unique<Adam>(std::move(groups), options);
+}
+
+std::unique_ptr<Optimizer> make_rmsprop(std::vector<ParamGroup> groups) {
+  RMSpropOptions options;
+  options.momentum = 0.9;
+  options.centered = true;
+  return std::make_unique<RMSprop>(std::move(groups), options);
+}
+
+// The _foreach path (what a CUDA parameter takes).
+std::unique_ptr<Optimizer> make_rmsprop_foreach(std::vector<ParamGroup> groups) {
+  RMSpropOptions options;
+  options.momentum = 0.9;
+  options.centered = true;
+  options.fused = false;
+  return std::make_unique<RMSprop>(std::move(groups), options);
 }
 
 std::unique_ptr<Optimizer> make_lamb(std::vector<ParamGroup> groups) {
@@ -139,6 +163,15 @@ TEST(OptimizerState, SgdResumeIsBitExact) {
 
 TEST(OptimizerState, AdamWResumeIsBitExact) {
   expect_resume_is_bit_exact(make_adamw);
+}
+
+TEST(OptimizerState, AdamResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_adam);
+}
+
+TEST(OptimizerState, RmspropResumeIsBitExact) {
+  expect_resume_is_bit_exact(make_rmsprop);
+  expect_resume_is_bit_exact(make_rmsprop_foreach);
 }
 
 TEST(OptimizerState, LambResumeIsBitExact) {
@@ -254,6 +287,14 @@ TEST(OptimizerState, ADifferentHyperparameterIsNamedAndTheSameIsNot) {
       << warnings;
 }
 
+// Writes `script` to `path` and runs it with LARGO_PYTHON: its exit status (77: no torch
+// there; -1: it could not be started).
+int run_python(const std::filesystem::path& path, const std::string& script) {
+  std::ofstream(path) << script;
+  const int status = std::system((std::string(LARGO_PYTHON) + " " + path.string()).c_str());
+  return status == -1 ? -1 : WEXITSTATUS(status);
+}
+
 // The dict must be a plain one that PyTorch reads with torch.load. (Written here with
 // torch::pickle_save, whose TorchScript type tags torch.load's default weights_only mode
 // refuses; Largo's checkpoint files leave them out, and the checkpoint suites load those in
@@ -290,14 +331,71 @@ TEST(OptimizerState, PythonTorchLoadReadsStateDict) {
       path.string(),
       expected_first);
   const auto script_path = dir / "read_sgd_state.py";
-  std::ofstream(script_path) << script;
-  const int status = std::system((std::string(LARGO_PYTHON) + " " + script_path.string()).c_str());
-  ASSERT_NE(status, -1);
-  if (WEXITSTATUS(status) == 77) {
+  const int status = run_python(script_path, script);
+  if (status == 77) {
     GTEST_SKIP() << LARGO_PYTHON " has no torch";
   }
-  EXPECT_EQ(WEXITSTATUS(status), 0)
-      << "torch.load could not read the state dict; see " << script_path;
+  EXPECT_EQ(status, 0) << "torch.load could not read the state dict; see " << script_path;
+}
+
+// Largo's Adam and RMSprop state_dict() is torch.optim's format: torch.optim.Adam /
+// RMSprop's load_state_dict takes it (the "step" tensors, the state and the groups'
+// hyperparameters by torch's names), and PyTorch's next step from it is Largo's, to the
+// float64 rounding of two implementations (1e-12 relative, as in optimizer_baseline_test).
+void expect_torch_optim_continues(const std::string& torch_class, const OptimizerFactory& factory) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  auto optimizer = factory(two_groups(params));
+  run_steps(*optimizer, params, 1, 3);
+  c10::impl::GenericDict file(c10::StringType::get(), c10::AnyType::get());
+  // A copy: state_dict()'s tensors are the optimizer's, which the next step changes.
+  file.insert("optimizer", torch::pickle_load(torch::pickle_save(optimizer->state_dict())));
+  file.insert(
+      "params", c10::List<at::Tensor>({params[0].detach().clone(), params[1].detach().clone()}));
+  run_steps(*optimizer, params, 4, 1); // the step PyTorch takes too
+  file.insert("grads", c10::List<at::Tensor>({params[0].grad(), params[1].grad()}));
+  file.insert("lr", optimizer->param_groups()[0].lr);
+  file.insert("expected", c10::List<at::Tensor>({params[0].detach(), params[1].detach()}));
+  const auto dir = std::filesystem::path(LARGO_BINARY_DIR) / "optim_test_output";
+  std::filesystem::create_directories(dir);
+  const auto path = dir / (torch_class + "_state.pt");
+  {
+    const std::vector<char> bytes = torch::pickle_save(c10::IValue(file));
+    std::ofstream out(path, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  const std::string script = fmt::format(
+      "import sys\n"
+      "try:\n import torch\nexcept ImportError:\n sys.exit(77)\n"
+      "d = torch.load('{0}', weights_only=False)\n"
+      "params = [p.clone().requires_grad_() for p in d['params']]\n"
+      "opt = torch.optim.{1}([{{'params': [params[0]]}}, {{'params': [params[1]]}}])\n"
+      "opt.load_state_dict(d['optimizer'])\n"
+      "for group in opt.param_groups:\n"
+      " group['lr'] = d['lr']\n"
+      "for p, g in zip(params, d['grads']):\n"
+      " p.grad = g.clone()\n"
+      "opt.step()\n"
+      "for p, want in zip(params, d['expected']):\n"
+      " err = ((p.detach() - want).abs() / want.abs().clamp(min=1)).max().item()\n"
+      " assert err <= 1e-12, f'torch.optim.{1} differs from Largo by {{err}}'\n"
+      "assert float(opt.state[params[0]]['step']) == 4.0\n",
+      path.string(),
+      torch_class);
+  const auto script_path = dir / ("continue_" + torch_class + ".py");
+  const int status = run_python(script_path, script);
+  if (status == 77) {
+    GTEST_SKIP() << LARGO_PYTHON " has no torch";
+  }
+  EXPECT_EQ(status, 0) << "torch.optim." << torch_class
+                       << " did not continue from Largo's state; see " << script_path;
+}
+
+TEST(OptimizerState, TorchOptimContinuesFromAdamAndRmspropState) {
+  if (!std::filesystem::exists(LARGO_PYTHON)) {
+    GTEST_SKIP() << "no Python with torch (LARGO_PYTHON)";
+  }
+  expect_torch_optim_continues("Adam", make_adam);
+  expect_torch_optim_continues("RMSprop", make_rmsprop);
 }
 
 // Runs fn, expects a CheckpointError whose message contains every one of `parts`.
@@ -400,6 +498,28 @@ TEST(OptimizerValidation, AdamWOptions) {
   bad_eps.eps = -1e-8;
   expect_config_error(
       [&] { (void)AdamW(two_groups(params), bad_eps); }, {"AdamWOptions::eps", "-1e-08"});
+}
+
+TEST(OptimizerValidation, AdamAndRmspropOptions) {
+  std::vector<at::Tensor> params = make_params(kShapes);
+  AdamOptions bad_beta;
+  bad_beta.betas = {-0.1, 0.999};
+  expect_config_error(
+      [&] { (void)Adam(two_groups(params), bad_beta); }, {"AdamOptions::betas[0]", "-0.1"});
+  // ClassyVision's RMSProp rules: alpha and momentum in [0, 1), eps > 0.
+  RMSpropOptions bad_alpha;
+  bad_alpha.alpha = 1.0;
+  expect_config_error(
+      [&] { (void)RMSprop(two_groups(params), bad_alpha); }, {"RMSpropOptions::alpha", "1", "[0, 1)"});
+  RMSpropOptions bad_momentum;
+  bad_momentum.momentum = -0.5;
+  expect_config_error(
+      [&] { (void)RMSprop(two_groups(params), bad_momentum); },
+      {"RMSpropOptions::momentum", "-0.5", "[0, 1)"});
+  RMSpropOptions bad_eps;
+  bad_eps.eps = 0.0;
+  expect_config_error(
+      [&] { (void)RMSprop(two_groups(params), bad_eps); }, {"RMSpropOptions::eps", "0", "> 0"});
 }
 
 TEST(OptimizerValidation, LambAndLarcOptions) {

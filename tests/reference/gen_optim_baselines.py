@@ -7,15 +7,15 @@ Run from the repository root with LARGO_PYTHON (scripts/torch_env.sh: the venv o
 scripts/install_deps.sh, PyTorch 2.11):
     $LARGO_PYTHON tests/reference/gen_optim_baselines.py
 
-Optimizers: float64 parameters, replayed for NUM_STEPS steps with torch.optim.SGD / AdamW,
-and with LAMB, LARC and VISSL's LARS as written from their published algorithms in
+Optimizers: float64 parameters, replayed for NUM_STEPS steps with torch.optim.SGD / Adam /
+AdamW / RMSprop (a few cases also in float32, for NUM_STEPS_FLOAT32 steps), and with LAMB, LARC and VISSL's LARS as written from their published algorithms in
 tests/reference/reference_optimizers.py (PyTorch 2.11 has none of them).
 Everything the C++ test needs to replay the same run is a closed-form formula, evaluated
 the same way on both sides (scalar libm calls, then the same tensor ops):
   initial parameter k, flat element i:  0.5 * cos(0.37 * i + k)
   gradient at step t (1-based):         p * 0.05 + sin(0.1 * t + 0.01 * i + 0.5 * k)
   learning rate of a group at step t:   group_lr * (1 - lr_decay_per_step * (t - 1))
-The parameters are recorded every RECORD_EVERY steps. A case may start some parameters at
+The parameters are recorded RECORDS times, evenly spaced (float64 values in the JSON). A case may start some parameters at
 zero ("zero_init_params") or give some a zero gradient at every step ("zero_grad_params"),
 to reach LARC's, LAMB's and LARS's zero-norm branches.
 
@@ -37,7 +37,8 @@ import torch
 from reference_optimizers import LAMB, LARC, LARS
 
 NUM_STEPS = 200
-RECORD_EVERY = 50
+NUM_STEPS_FLOAT32 = 20  # float32 cases: four records, every NUM_STEPS_FLOAT32 / 4 steps
+RECORDS = 4
 PARAM_SHAPES = [[3, 4], [5]]
 LR_DECAY_PER_STEP = 0.002
 
@@ -77,6 +78,43 @@ OPTIMIZER_CASES = [
          options=dict(betas=[0.8, 0.99], eps=1e-6, amsgrad=True),
          groups=[dict(lr=1e-2, weight_decay=0.05, params=[0]),
                  dict(lr=5e-3, weight_decay=0.0, params=[1])]),
+    # Adam with VISSL's weight decay: torch.optim.Adam's L2 penalty (ClassyVision passes the
+    # group's weight_decay to it), amsgrad, and 1 - beta1 >= 0.5, where ATen's lerp takes its
+    # other form.
+    dict(name="adam_default", type="adam",
+         options=dict(betas=[0.9, 0.999], eps=1e-8, amsgrad=False),
+         groups=[dict(lr=1e-2, weight_decay=0.0, params=[0, 1])]),
+    dict(name="adam_amsgrad_weight_decay", type="adam",
+         options=dict(betas=[0.8, 0.99], eps=1e-6, amsgrad=True),
+         groups=[dict(lr=1e-2, weight_decay=0.05, params=[0]),
+                 dict(lr=5e-3, weight_decay=0.0, params=[1])]),
+    dict(name="adam_small_beta1", type="adam",
+         options=dict(betas=[0.3, 0.9], eps=1e-8, amsgrad=False),
+         groups=[dict(lr=5e-3, weight_decay=1e-2, params=[0, 1])]),
+    # RMSprop: torch's defaults; VISSL's (momentum 0.9 and weight decay 1e-4 from its
+    # OPTIMIZER defaults); centered with momentum and decay in one group only.
+    dict(name="rmsprop_default", type="rmsprop",
+         options=dict(alpha=0.99, eps=1e-8, momentum=0.0, centered=False),
+         groups=[dict(lr=1e-3, weight_decay=0.0, params=[0, 1])]),
+    dict(name="rmsprop_vissl_defaults", type="rmsprop",
+         options=dict(alpha=0.99, eps=1e-8, momentum=0.9, centered=False),
+         groups=[dict(lr=1e-3, weight_decay=1e-4, params=[0, 1])]),
+    dict(name="rmsprop_centered_momentum_weight_decay", type="rmsprop",
+         options=dict(alpha=0.9, eps=1e-6, momentum=0.5, centered=True),
+         groups=[dict(lr=2e-3, weight_decay=1e-2, params=[0]),
+                 dict(lr=1e-3, weight_decay=0.0, params=[1])]),
+    # float32 parameters, state and gradients (as training runs them): fewer steps, a
+    # tolerance derived from float32's rounding (tests/optim/optimizer_baseline_test.cpp).
+    dict(name="adam_amsgrad_weight_decay_float32", type="adam", dtype="float32",
+         num_steps=NUM_STEPS_FLOAT32,
+         options=dict(betas=[0.8, 0.99], eps=1e-6, amsgrad=True),
+         groups=[dict(lr=1e-2, weight_decay=0.05, params=[0]),
+                 dict(lr=5e-3, weight_decay=0.0, params=[1])]),
+    dict(name="rmsprop_centered_momentum_weight_decay_float32", type="rmsprop", dtype="float32",
+         num_steps=NUM_STEPS_FLOAT32,
+         options=dict(alpha=0.9, eps=1e-6, momentum=0.5, centered=True),
+         groups=[dict(lr=2e-3, weight_decay=1e-2, params=[0]),
+                 dict(lr=1e-3, weight_decay=0.0, params=[1])]),
     dict(name="lamb_default", type="lamb", options=dict(betas=[0.9, 0.999], eps=1e-6),
          groups=[dict(lr=1e-2, weight_decay=0.0, params=[0, 1])]),
     dict(name="lamb_weight_decay", type="lamb", options=dict(betas=[0.8, 0.99], eps=1e-8),
@@ -147,6 +185,12 @@ def make_torch_optimizer(kind, opts, groups):
     if kind == "adamw":
         return torch.optim.AdamW(groups, lr=0.1, betas=tuple(opts["betas"]), eps=opts["eps"],
                                  amsgrad=opts["amsgrad"])
+    if kind == "adam":
+        return torch.optim.Adam(groups, lr=0.1, betas=tuple(opts["betas"]), eps=opts["eps"],
+                                amsgrad=opts["amsgrad"])
+    if kind == "rmsprop":
+        return torch.optim.RMSprop(groups, lr=0.1, alpha=opts["alpha"], eps=opts["eps"],
+                                   momentum=opts["momentum"], centered=opts["centered"])
     if kind == "lamb":
         return LAMB(groups, lr=0.1, betas=tuple(opts["betas"]), eps=opts["eps"])
     if kind == "lars":
@@ -159,8 +203,12 @@ def run_optimizer_case(case):
     shapes = case.get("param_shapes", PARAM_SHAPES)
     zero_init = case.get("zero_init_params", [])
     zero_grad = case.get("zero_grad_params", [])
+    dtype = getattr(torch, case.get("dtype", "float64"))
+    num_steps = case.get("num_steps", NUM_STEPS)
+    record_every = num_steps // RECORDS
+    # Computed in float64, then rounded to the case's dtype (the C++ test does the same).
     params = [(torch.zeros(shape, dtype=torch.float64) if k in zero_init
-               else initial_param(k, shape)).requires_grad_()
+               else initial_param(k, shape)).to(dtype).requires_grad_()
               for k, shape in enumerate(shapes)]
     groups = [dict(params=[params[k] for k in g["params"]], lr=g["lr"],
                    weight_decay=g["weight_decay"]) for g in case["groups"]]
@@ -171,20 +219,21 @@ def run_optimizer_case(case):
     else:
         optimizer = make_torch_optimizer(case["type"], case["options"], groups)
     records = []
-    for step in range(1, NUM_STEPS + 1):
+    for step in range(1, num_steps + 1):
         for group, spec in zip(optimizer.param_groups, case["groups"]):
             group["lr"] = spec["lr"] * (1.0 - LR_DECAY_PER_STEP * (step - 1))
         for k, p in enumerate(params):
             p.grad = (torch.zeros_like(p) if k in zero_grad
-                      else p.detach() * 0.05 + sin_term(step, k, shapes[k]))
+                      else p.detach() * 0.05 + sin_term(step, k, shapes[k]).to(dtype))
         optimizer.step()
-        if step % RECORD_EVERY == 0:
+        if step % record_every == 0:
             records.append(dict(step=step,
-                                params=[p.detach().reshape(-1).tolist() for p in params]))
-    initial = [0.0 if k in zero_init else initial_param(k, shape) for k, shape in enumerate(shapes)]
+                                params=[p.detach().double().reshape(-1).tolist() for p in params]))
+    initial = [0.0 if k in zero_init else initial_param(k, shape).to(dtype)
+               for k, shape in enumerate(shapes)]
     moved = max(float((p.detach() - i).abs().max()) for p, i in zip(params, initial))
     print(f"{case['name']:28} largest change of a parameter over the run: {moved:.3g}")
-    return dict(case, param_shapes=shapes, num_steps=NUM_STEPS,
+    return dict(case, param_shapes=shapes, num_steps=num_steps, dtype=case.get("dtype", "float64"),
                 lr_decay_per_step=LR_DECAY_PER_STEP, records=records)
 
 

@@ -142,6 +142,20 @@ std::string mapping_error(const std::vector<std::string>& overrides) {
   return "(accepted)";
 }
 
+struct Refusal {
+  std::vector<std::string> overrides;
+  std::vector<std::string> parts; // each in the message
+};
+
+void expect_refused(const std::vector<Refusal>& refusals) {
+  for (const Refusal& refusal : refusals) {
+    const std::string message = mapping_error(refusal.overrides);
+    for (const std::string& part : refusal.parts) {
+      EXPECT_NE(message.find(part), std::string::npos) << part << " not in: " << message;
+    }
+  }
+}
+
 // OPTIMIZER.name lars with VISSL's Barlow Twins settings reaches the spec; lars's own keys
 // (eta, exclude_bias_and_norm) set for another optimizer, which would ignore them, are
 // refused by name, plain and as ZeRO's base_optimizer; momentum outside [0, 1) too.
@@ -188,6 +202,66 @@ TEST(TrainerConfigMappingTest, LarsKeysReachTheSpecAndAreRefusedWithoutLars) {
   EXPECT_NE(momentum.find("OPTIMIZER.momentum = 1"), std::string::npos) << momentum;
   const std::string eta = mapping_error({"OPTIMIZER.name=lars", "OPTIMIZER.eta=0"});
   EXPECT_NE(eta.find("OPTIMIZER.eta = 0"), std::string::npos) << eta;
+}
+
+// VISSL's other optimizers: adam (its weight decay reaches the parameter groups, which Adam
+// applies as an L2 penalty), rmsprop (alpha, eps, momentum, centered; VISSL's default
+// momentum 0.9 applies), and sgd_fsdp, which is sgd. A key the named optimizer does not read
+// is refused by name at any value but its default, plain and as ZeRO's base_optimizer.
+TEST(TrainerConfigMappingTest, AdamRmspropAndSgdFsdpReachTheSpecAndIgnoredKeysAreRefused) {
+  const TrainerOptions adam = options_with(
+      {"OPTIMIZER.name=adam",
+       "OPTIMIZER.betas=[0.8, 0.99]",
+       "OPTIMIZER.eps=1e-6",
+       "OPTIMIZER.amsgrad=True",
+       "OPTIMIZER.weight_decay=0.05"});
+  EXPECT_EQ(adam.optimizer.spec.name, "adam");
+  EXPECT_EQ(adam.optimizer.spec.adam.betas, (std::array<double, 2>{0.8, 0.99}));
+  EXPECT_EQ(adam.optimizer.spec.adam.eps, 1e-6);
+  EXPECT_TRUE(adam.optimizer.spec.adam.amsgrad);
+  EXPECT_EQ(adam.optimizer.weight_decay, 0.05);
+
+  const TrainerOptions rmsprop = options_with(
+      {"OPTIMIZER.name=rmsprop",
+       "OPTIMIZER.alpha=0.9",
+       "OPTIMIZER.eps=1e-6",
+       "OPTIMIZER.centered=True"});
+  EXPECT_EQ(rmsprop.optimizer.spec.name, "rmsprop");
+  EXPECT_EQ(rmsprop.optimizer.spec.rmsprop.alpha, 0.9);
+  EXPECT_EQ(rmsprop.optimizer.spec.rmsprop.eps, 1e-6);
+  EXPECT_EQ(rmsprop.optimizer.spec.rmsprop.momentum, 0.9) << "VISSL's default momentum";
+  EXPECT_TRUE(rmsprop.optimizer.spec.rmsprop.centered);
+  const TrainerOptions zero = options_with(
+      {"OPTIMIZER.name=zero",
+       "+OPTIMIZER.base_optimizer.name=rmsprop",
+       "+OPTIMIZER.base_optimizer.momentum=0.0"});
+  EXPECT_EQ(zero.optimizer.spec.name, "rmsprop");
+  EXPECT_EQ(zero.optimizer.spec.rmsprop.momentum, 0.0);
+
+  const TrainerOptions sgd_fsdp = options_with(
+      {"OPTIMIZER.name=sgd_fsdp", "OPTIMIZER.momentum=0.8", "OPTIMIZER.use_larc=True"});
+  EXPECT_EQ(sgd_fsdp.optimizer.spec.name, "sgd");
+  EXPECT_EQ(sgd_fsdp.optimizer.spec.sgd.momentum, 0.8);
+  EXPECT_TRUE(sgd_fsdp.optimizer.spec.use_larc);
+
+  expect_refused({
+      {{"OPTIMIZER.name=adam", "OPTIMIZER.momentum=0.5"},
+       {"OPTIMIZER.momentum = 0.5",
+        "0.9 (its default) unless the optimizer is sgd or rmsprop "
+        "or lars: adam does not read it"}},
+      {{"OPTIMIZER.name=adam", "OPTIMIZER.alpha=0.9"}, {"OPTIMIZER.alpha = 0.9", "rmsprop"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.nesterov=True"}, {"OPTIMIZER.nesterov", "sgd"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.amsgrad=True"}, {"OPTIMIZER.amsgrad", "adamw"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.betas=[0.8, 0.9]"}, {"OPTIMIZER.betas", "lamb"}},
+      {{"OPTIMIZER.name=sgd", "OPTIMIZER.centered=True"}, {"OPTIMIZER.centered", "rmsprop"}},
+      {{"OPTIMIZER.name=sgd_fsdp", "OPTIMIZER.eps=1e-3"}, {"OPTIMIZER.eps", "sgd does not"}},
+      {{"OPTIMIZER.name=zero",
+        "+OPTIMIZER.base_optimizer.name=adam",
+        "+OPTIMIZER.base_optimizer.dampening=0.1"},
+       {"OPTIMIZER.base_optimizer.dampening = 0.1"}},
+      {{"OPTIMIZER.name=rmsprop", "OPTIMIZER.momentum=1.0"}, {"OPTIMIZER.momentum = 1", "[0, 1)"}},
+      {{"OPTIMIZER.name=adagrad"}, {"OPTIMIZER.name = adagrad", "rmsprop", "sgd_fsdp"}},
+  });
 }
 
 // MODEL.TRUNK.REGNET: VISSL's keyword map of ClassyVision's RegNetParams; a preset by name
@@ -336,6 +410,59 @@ TEST(TrainerConfigMappingTest, SyncBnEmaWeightsInitAndLossSettingsAreReadAndChec
   EXPECT_THROW(
       sync_batch_norm_settings_from(Config::load({}, {"MODEL.SYNC_BN_CONFIG.SYNC_BN_TYPE=x"})),
       ConfigError);
+}
+
+// VISSL's FSDP-wrapped models (<name>_fsdp) are their plain architecture under FSDP
+// (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP, which VISSL's own renaming requires too); without it,
+// or when Largo lacks the plain model, they are refused naming the key to set or the model.
+TEST(TrainerConfigMappingTest, VisslFsdpModelNamesAreTheirModelsUnderFsdp) {
+  const std::string fsdp = "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True";
+  const std::string swav_fsdp =
+      "MODEL.HEAD.PARAMS=[[swav_head_fsdp, {dims: [440, 64, 16], num_clusters: [12]}]]";
+  const TrainerOptions seer = options_with(
+      {fsdp,
+       "MODEL.TRUNK.NAME=regnet_fsdp",
+       "MODEL.TRUNK.REGNET={name: regnet_y_400mf}",
+       swav_fsdp,
+       "LOSS.name=swav_loss",
+       "OPTIMIZER.name=sgd_fsdp",
+       "OPTIMIZER.use_larc=True"});
+  EXPECT_EQ(seer.model.trunk_name, "regnet");
+  EXPECT_EQ(seer.model.regnet.depth, 16) << "regnet_y_400mf's REGNET keys reach regnet_fsdp";
+  EXPECT_EQ(seer.model.swav_head.dims, (std::vector<int64_t>{440, 64, 16}));
+  EXPECT_EQ(seer.parallel.data_parallelism, parallel::DataParallelism::kFsdp);
+  EXPECT_EQ(seer.optimizer.spec.name, "sgd");
+
+  const TrainerOptions vit = options_with(
+      {fsdp,
+       "MODEL.TRUNK.NAME=vision_transformer_fsdp",
+       "MODEL.HEAD.PARAMS=[[mlp_fsdp, {dims: [768, 10]}]]"});
+  EXPECT_EQ(vit.model.trunk_name, "vision_transformer");
+  EXPECT_EQ(vit.model.head_dims, (std::vector<int64_t>{768, 10}));
+
+  const models::ModelOptions eval = model_options_from(Config::load(
+      {},
+      {fsdp,
+       "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
+       "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True",
+       "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res5avg, [Identity, []]]]",
+       "MODEL.HEAD.PARAMS=[[eval_mlp_fsdp, {in_channels: 2048, dims: [2048, 1000]}]]"}));
+  ASSERT_EQ(eval.feature_eval.heads.size(), 1u);
+  EXPECT_EQ(eval.feature_eval.heads[0].name, "eval_mlp");
+
+  expect_refused({
+      {{"MODEL.TRUNK.NAME=regnet_fsdp"},
+       {"MODEL.TRUNK.NAME = regnet_fsdp",
+        "Set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+        "TRAINER.TASK_NAME"}},
+      {{swav_fsdp, "LOSS.name=swav_loss"},
+       {"MODEL.HEAD.PARAMS[0] = swav_head_fsdp", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}},
+      {{"MODEL.HEAD.PARAMS=[[mlp_fsdp, {dims: [128, 10]}]]"}, {"MODEL.HEAD.PARAMS[0] = mlp_fsdp"}},
+      {{fsdp, "MODEL.TRUNK.NAME=xcit_fsdp"}, {"MODEL.TRUNK.NAME = xcit_fsdp", "XCiT"}},
+      {{fsdp, "MODEL.HEAD.PARAMS=[[dino_head_fsdp, {dims: [128, 10]}]]"},
+       {"MODEL.HEAD.PARAMS[0] = dino_head_fsdp", "DINO"}},
+      {{fsdp, "MODEL.TRUNK.NAME=small_cnn_fsdp"}, {"MODEL.TRUNK.NAME = small_cnn_fsdp"}},
+  });
 }
 
 TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {

@@ -49,6 +49,16 @@ TEST(TrainerFsdpTest, TrainsLikeDdp) {
          {"MODEL.FSDP_CONFIG.reshard_after_forward=False", "MODEL.FSDP_CONFIG.prefetch=False"}},
         {"accumulation 2", {"TRAINER.GRADIENT_ACCUMULATION_STEPS=2"}, {}},
         {"adamw", {"OPTIMIZER.name=adamw", "OPTIMIZER.param_schedulers.lr.start_value=0.002"}, {}},
+        {"adam, L2 decay and amsgrad",
+         {"OPTIMIZER.name=adam",
+          "OPTIMIZER.amsgrad=True",
+          "OPTIMIZER.param_schedulers.lr.start_value=0.002"},
+         {}},
+        {"rmsprop, centered with momentum",
+         {"OPTIMIZER.name=rmsprop",
+          "OPTIMIZER.centered=True",
+          "OPTIMIZER.param_schedulers.lr.start_value=0.001"},
+         {}},
         {"larc", {"OPTIMIZER.use_larc=True"}, {}},
         // LARS's norms completed across the ranks' pieces, its exclusion by name (every
         // piece is 1-D); eta 0.02 so that a per-piece norm would show.

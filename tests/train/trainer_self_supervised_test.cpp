@@ -11,6 +11,7 @@
 //   - Barlow Twins at 2 ranks steps with half of one process's gradient, as VISSL's does;
 //   - SwAV with its queue resumes mid-epoch bit for bit at 2 ranks (each rank's queue in the
 //     checkpoint), the prototypes stay normalised and the frozen prototypes do not move;
+//   - VISSL's checkpoints of the recipes initialize every head through MODEL.WEIGHTS_INIT;
 //   - what does not compose is refused naming the key.
 // A queue cannot make 2 ranks equal one process: each rank keeps its own newest images (the
 // oldest fall off per rank), as VISSL's do.
@@ -24,8 +25,11 @@
 #include "data/image_test_util.h"
 #include "train/trainer_run_util.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+
+#include <cstdlib>
 
 namespace largo::train::trainer_self_supervised_test {
 namespace {
@@ -481,6 +485,73 @@ void expect_refused(const Overrides& overrides, const std::string& expected) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
   }
+}
+
+// VISSL's checkpoint of each recipe (tests/reference/gen_vissl_head_checkpoints.py: VISSL's
+// layout, its ResNet trunk names and its head modules, random values) initializes the run
+// through MODEL.WEIGHTS_INIT as a user would give it: every head tensor lands in the parameter
+// or buffer PyTorch itself names when the same modules form Largo's flat head (swav_head's
+// heads.0.projection_head.0.weight -> head.0.projection_head.0.weight; the second mlp of a
+// chain after the first one's layers, BatchNorm and ReLU counted). A file whose head is not
+// the model's is refused naming its tensors.
+TEST(TrainerSelfSupervisedTest, VisslCheckpointsInitializeEveryHeadThroughWeightsInit) {
+  if (!fs::exists(LARGO_PYTHON)) {
+    GTEST_SKIP() << "no Python with torch (LARGO_PYTHON)";
+  }
+  const fs::path files = test_dir_for("vissl_heads_files");
+  fs::remove_all(files);
+  fs::create_directories(files);
+  const std::string command = fmt::format(
+      LARGO_PYTHON " {}/reference/gen_vissl_head_checkpoints.py {}",
+      LARGO_TEST_DATA_DIR,
+      files.string());
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const std::string barlow_twins_heads =
+      "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 32], use_bn: True, use_relu: True, use_bias: "
+      "False, skip_last_layer_relu_bn: False}], [mlp, {dims: [32, 32], use_bn: True, use_relu: "
+      "True, use_bias: False, skip_last_layer_relu_bn: False}], [mlp, {dims: [32, 16], use_bias: "
+      "False}]]";
+  const std::vector<std::pair<std::string, Overrides>> recipes = {
+      {"swav", swav_job(1)},
+      {"simclr", simclr_job(1)},
+      {"barlow_twins", barlow_twins_job(1) + Overrides{barlow_twins_heads}}};
+  auto weights_init = [&](const std::string& file) {
+    return Overrides{"MODEL.WEIGHTS_INIT.PARAMS_FILE=" + (files / (file + ".torch")).string()};
+  };
+  for (const auto& [name, job] : recipes) {
+    SCOPED_TRACE(name);
+    const fs::path dir = test_dir_for("vissl_heads_" + name);
+    fs::remove_all(dir);
+    Trainer trainer(trainer_options_from_config(ssl_config(dir, job + weights_init(name))));
+    std::map<std::string, at::Tensor> tensors = trainer.full_parameters();
+    for (const auto& item : trainer.model()->named_buffers()) {
+      tensors.emplace(item.key(), item.value());
+    }
+    const auto expected = checkpoint::load_checkpoint(files / (name + "_expected.torch"));
+    int64_t compared = 0;
+    for (const auto& item : expected) {
+      const std::string& largo_name = item.key().toStringRef();
+      if (largo_name.find("num_batches_tracked") != std::string::npos) {
+        continue; // SKIP_LAYERS' default
+      }
+      ASSERT_EQ(tensors.count(largo_name), 1U) << largo_name;
+      EXPECT_TRUE(tensors.at(largo_name).equal(item.value().toTensor())) << largo_name;
+      ++compared;
+    }
+    EXPECT_EQ(compared, name == "swav" ? 10 : (name == "simclr" ? 4 : 11));
+  }
+  // SimCLR's run from SwAV's checkpoint: the file's swav_head matches nothing of the model.
+  try {
+    Trainer(trainer_options_from_config(
+        ssl_config(test_dir_for("vissl_heads_mismatch"), simclr_job(1) + weights_init("swav"))));
+    ADD_FAILURE() << "SwAV's head loaded into SimCLR's";
+  } catch (const CheckpointError& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("not in the model"), std::string::npos) << message;
+    EXPECT_NE(message.find("heads.0.prototypes0.weight"), std::string::npos) << message;
+    EXPECT_NE(message.find("heads.0.projection_head.0.weight"), std::string::npos) << message;
+  }
+  fs::remove_all(files);
 }
 
 TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {

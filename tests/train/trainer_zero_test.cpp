@@ -61,6 +61,16 @@ TEST(TrainerZeroTest, StagesOneAndTwoTrainLikeDdp) {
         {"clipping", {"MODEL.GRAD_CLIP.USE_GRAD_CLIP=True", "MODEL.GRAD_CLIP.MAX_NORM=0.5"}},
         {"sgd momentum, accumulation 2", {"TRAINER.GRADIENT_ACCUMULATION_STEPS=2"}},
         {"adamw", {"OPTIMIZER.name=adamw", "OPTIMIZER.param_schedulers.lr.start_value=0.002"}},
+        // VISSL's other optimizers: their state (a "step" scalar per piece, moments shaped
+        // like the piece) sharded as AdamW's is.
+        {"adam, L2 decay and amsgrad",
+         {"OPTIMIZER.name=adam",
+          "OPTIMIZER.amsgrad=True",
+          "OPTIMIZER.param_schedulers.lr.start_value=0.002"}},
+        {"rmsprop, centered with momentum",
+         {"OPTIMIZER.name=rmsprop",
+          "OPTIMIZER.centered=True",
+          "OPTIMIZER.param_schedulers.lr.start_value=0.001"}},
         {"larc", {"OPTIMIZER.use_larc=True"}},
         // LARS's norms are completed across the ranks' pieces, and its exclusion is by name
         // (every piece is 1-D); eta 0.02 so that a per-piece norm would show.

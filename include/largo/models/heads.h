@@ -32,6 +32,12 @@ struct MlpHeadOptions {
 torch::nn::Sequential
 build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options = {});
 
+// The layers build_mlp_head makes for `num_dims` dims, in order: Linear, then (unless it is
+// the last Linear and skip_last_layer_relu_bn) BatchNorm1d, ReLU, Dropout as switched on.
+// VISSL's MLP makes the same list (vissl/models/heads/mlp.py), so index k here is its clf.<k>.
+enum class MlpLayer { kLinear, kBatchNorm, kReLU, kDropout };
+std::vector<MlpLayer> mlp_head_layers(size_t num_dims, const MlpHeadOptions& options);
+
 // One of several mlp heads applied one after another (VISSL's SimCLR projection:
 // [["mlp", {"dims": [2048, 2048], "use_relu": True, ...}], ["mlp", {"dims": [2048, 128]}]]).
 struct MlpHeadSpec {

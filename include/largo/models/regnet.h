@@ -100,9 +100,9 @@ std::vector<RegNetBlockSpec> regnet_blocks(const RegNetOptions& options);
 // ("stem.1.running_mean" -> "trunk.0.1.running_mean", "trunk_output.block2.block2-1.f.b.0.weight"
 // -> "trunk.<1 + depth of stage 1 + 1>.f.b.0.weight", "fc.bias" -> "head.0.bias") or as VISSL's
 // regnet trunk names it (ClassyVision's modules under "trunk._feature_blocks.": "conv1.stem.0.",
-// "res<r>.block<s>-<i>." with f.se.excitation.0/2, f.c, f.final_bn, proj, bn; VISSL's mlp head
-// "heads.0.clf.<k>." -> "head.<k>."). Other names come back unchanged. (checkpoint/
-// weights_init.h's rename.)
+// "res<r>.block<s>-<i>." with f.se.excitation.0/2, f.c, f.final_bn, proj, bn). Other names
+// come back unchanged. (checkpoint/weights_init.h's rename; weights_name_mapping in
+// vissl_names.h adds VISSL's head names.)
 std::string regnet_name_from_torchvision(const std::string& name, const RegNetOptions& options);
 
 // Validates `options` and builds the trunk. in_channels: channels of the input images.

@@ -55,8 +55,8 @@ int64_t resnet_expansion(int64_t depth);
 // ("conv1.weight", "bn1.running_mean", "layer2.0.downsample.1.weight" -> "trunk.0.conv1.weight",
 // "trunk.0.bn1.running_mean", "trunk.4.downsample.1.weight"; "fc.bias" -> "head.0.bias"), also
 // under VISSL's trunk prefixes ("trunk._feature_blocks.", "trunk.base_model._feature_blocks.",
-// "_feature_blocks.") and for VISSL's mlp head ("heads.0.clf.<k>." -> "head.<k>."). Other
-// names come back unchanged. (checkpoint/weights_init.h's rename.)
+// "_feature_blocks."). Other names come back unchanged. (checkpoint/weights_init.h's rename;
+// weights_name_mapping in vissl_names.h adds VISSL's head names.)
 std::string resnet_name_from_torchvision(const std::string& name, int64_t depth);
 
 // One residual block of the trunk: what build_resnet_trunk builds and count_model_flops

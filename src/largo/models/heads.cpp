@@ -33,26 +33,50 @@ build_mlp_head(const std::vector<int64_t>& dims, const MlpHeadOptions& options) 
         "at least two dims [in, ..., out], all > 0");
   }
   torch::nn::Sequential head;
-  const size_t num_layers = dims.size() - 1;
-  for (size_t i = 0; i < num_layers; ++i) {
-    head->push_back(
-        torch::nn::Linear(torch::nn::LinearOptions(dims[i], dims[i + 1]).bias(options.use_bias)));
-    if (i + 1 == num_layers && options.skip_last_layer_relu_bn) {
+  size_t linear = 0; // the Linear layers made so far
+  for (const MlpLayer layer : mlp_head_layers(dims.size(), options)) {
+    const int64_t width = dims[linear];
+    switch (layer) {
+    case MlpLayer::kLinear:
+      head->push_back(torch::nn::Linear(
+          torch::nn::LinearOptions(dims[linear], dims[linear + 1]).bias(options.use_bias)));
+      ++linear;
       break;
-    }
-    if (options.use_bn) {
-      head->push_back(torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(dims[i + 1])
+    case MlpLayer::kBatchNorm:
+      head->push_back(torch::nn::BatchNorm1d(torch::nn::BatchNormOptions(width)
                                                  .eps(options.batchnorm_eps)
                                                  .momentum(options.batchnorm_momentum)));
-    }
-    if (options.use_relu) {
+      break;
+    case MlpLayer::kReLU:
       head->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-    }
-    if (options.use_dropout) {
+      break;
+    case MlpLayer::kDropout:
       head->push_back(torch::nn::Dropout(0.5));
+      break;
     }
   }
   return head;
+}
+
+std::vector<MlpLayer> mlp_head_layers(size_t num_dims, const MlpHeadOptions& options) {
+  std::vector<MlpLayer> layers;
+  const size_t num_linear = num_dims < 2 ? 0 : num_dims - 1;
+  for (size_t i = 0; i < num_linear; ++i) {
+    layers.push_back(MlpLayer::kLinear);
+    if (i + 1 == num_linear && options.skip_last_layer_relu_bn) {
+      break;
+    }
+    if (options.use_bn) {
+      layers.push_back(MlpLayer::kBatchNorm);
+    }
+    if (options.use_relu) {
+      layers.push_back(MlpLayer::kReLU);
+    }
+    if (options.use_dropout) {
+      layers.push_back(MlpLayer::kDropout);
+    }
+  }
+  return layers;
 }
 
 torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<MlpHeadSpec>& heads) {

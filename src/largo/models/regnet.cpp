@@ -180,9 +180,6 @@ std::string regnet_trunk_block_name(
 std::string regnet_name_from_torchvision(const std::string& name, const RegNetOptions& options) {
   const std::vector<RegNetStageSpec> stages = regnet_stages(options);
   std::string rest;
-  if (strip_prefix(name, "heads.0.clf.", rest)) {
-    return "head." + rest; // VISSL's mlp head: the same flat layer list as Largo's
-  }
   if (strip_prefix(name, "stem.", rest)) {
     return "trunk.0." + rest;
   }

@@ -264,9 +264,6 @@ std::string resnet_name_from_torchvision(const std::string& name, int64_t depth)
     return true;
   };
   std::string rest;
-  if (strip(name, "heads.0.clf.", rest)) {
-    return "head." + rest; // VISSL's mlp head: the same flat layer list as Largo's
-  }
   const bool in_trunk = strip(name, "trunk._feature_blocks.", rest) ||
                         strip(name, "trunk.base_model._feature_blocks.", rest) ||
                         strip(name, "_feature_blocks.", rest);

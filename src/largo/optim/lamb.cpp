@@ -1,6 +1,7 @@
 #include <largo/optim/lamb.h>
 
 #include "multi_tensor_cpu.h"
+#include "param_loop.h"
 
 #include <largo/core/error.h>
 
@@ -137,45 +138,27 @@ void LAMB::step() {
   const double beta2 = options_.betas[1];
 
   std::vector<LambItem> fused, others;
-  size_t num_params = 0;
   at::Device device = at::kCPU;
-  for (ParamGroup& group : param_groups()) {
-    for (size_t i = 0; i < group.params.size(); ++i, ++num_params) {
-      at::Tensor& param = group.params[i];
-      const at::Tensor& grad = param.grad();
-      if (!grad.defined()) {
-        continue;
-      }
-      if (grad.is_sparse()) {
-        throw TrainingError(fmt::format(
-            "LAMB does not support sparse gradients (parameter '{}')", group.names[i]));
-      }
-      ParamState& param_state = state(group.names[i]);
-      if (param_state.empty()) {
-        param_state["step"] = torch::zeros({}, torch::kFloat32);
-        param_state["exp_avg"] = torch::zeros_like(param, at::MemoryFormat::Preserve);
-        param_state["exp_avg_sq"] = torch::zeros_like(param, at::MemoryFormat::Preserve);
-      }
-      at::Tensor& step_count = param_state.at("step");
-      step_count.add_(1);
-      const double step = static_cast<double>(step_count.item<float>());
-      LambItem item{
-          param,
-          grad,
-          param_state.at("exp_avg"),
-          param_state.at("exp_avg_sq"),
-          num_params,
-          group.lr,
-          group.weight_decay,
-          1.0 - std::pow(beta1, step),
-          1.0 - std::pow(beta2, step)};
-      device = param.device();
-      const bool can_fuse = options_.fused &&
-          detail::can_use_cpu_kernels({&param, &grad, &item.exp_avg, &item.exp_avg_sq});
-      (can_fuse ? fused : others).push_back(std::move(item));
-    }
-  }
-  const auto num = static_cast<int64_t>(num_params);
+  detail::for_each_dense_grad(param_groups(), "LAMB", [&](const detail::GradParam<ParamGroup>& p) {
+    ParamState& param_state = state(p.name());
+    const double step = detail::advance_step(param_state);
+    LambItem item{
+        p.param,
+        p.grad,
+        detail::state_like(param_state, "exp_avg", p.param),
+        detail::state_like(param_state, "exp_avg_sq", p.param),
+        static_cast<size_t>(p.position),
+        p.group.lr,
+        p.group.weight_decay,
+        1.0 - std::pow(beta1, step),
+        1.0 - std::pow(beta2, step)};
+    device = p.param.device();
+    const bool can_fuse =
+        options_.fused &&
+        detail::can_use_cpu_kernels({&p.param, &p.grad, &item.exp_avg, &item.exp_avg_sq});
+    (can_fuse ? fused : others).push_back(std::move(item));
+  });
+  const int64_t num = detail::num_params(param_groups());
   if (fused.empty() && others.empty()) {
     // Nothing to update here, but a sharded run's reducer is a collective every rank joins.
     reduce_partials(norm_reducer(), at::zeros({2 * num}, at::kDouble), NormReduceOp::sum);

@@ -1,6 +1,7 @@
 #include <largo/optim/larc.h>
 
 #include "multi_tensor_cpu.h"
+#include "param_loop.h"
 
 #include <largo/core/error.h>
 
@@ -98,24 +99,14 @@ void LARC::step() {
   std::vector<int64_t> positions; // of each parameter with a gradient among all P
   std::vector<const ParamGroup*> group_of;
   std::vector<const std::string*> name_of;
-  int64_t num_params = 0;
-  for (const ParamGroup& group : groups) {
-    for (size_t i = 0; i < group.params.size(); ++i, ++num_params) {
-      const at::Tensor& grad = group.params[i].grad();
-      if (!grad.defined()) {
-        continue;
-      }
-      if (grad.is_sparse()) {
-        throw TrainingError(fmt::format(
-            "LARC does not support sparse gradients (parameter '{}')", group.names[i]));
-      }
-      params.push_back(group.params[i]);
-      grads.push_back(grad);
-      positions.push_back(num_params);
-      group_of.push_back(&group);
-      name_of.push_back(&group.names[i]);
-    }
-  }
+  detail::for_each_dense_grad(groups, "LARC", [&](const detail::GradParam<ParamGroup>& p) {
+    params.push_back(p.param);
+    grads.push_back(p.grad);
+    positions.push_back(p.position);
+    group_of.push_back(&p.group);
+    name_of.push_back(&p.name());
+  });
+  const int64_t num_params = detail::num_params(groups);
   if (params.empty()) {
     // Nothing to adapt here, but a sharded run's reducer is a collective every rank joins.
     reduce_partials(norm_reducer(), at::zeros({2 * num_params}, at::kDouble), NormReduceOp::sum);

@@ -1,5 +1,7 @@
 #include <largo/optim/lars.h>
 
+#include "param_loop.h"
+
 #include <largo/core/error.h>
 
 #include <fmt/format.h>
@@ -133,34 +135,19 @@ std::vector<std::pair<std::string, c10::IValue>> LARS::hyperparameters() const {
 void LARS::step() {
   torch::NoGradGuard no_grad;
   std::vector<LarsItem> items; // grouped by group, in order (the _foreach calls rely on it)
-  int64_t num_params = 0;
   at::Device device = at::kCPU;
-  for (ParamGroup& group : param_groups()) {
-    for (size_t i = 0; i < group.params.size(); ++i, ++num_params) {
-      at::Tensor& param = group.params[i];
-      const at::Tensor& grad = param.grad();
-      if (!grad.defined()) {
-        continue;
-      }
-      if (grad.is_sparse()) {
-        throw TrainingError(
-            fmt::format("LARS does not support sparse gradients (parameter '{}')", group.names[i]));
-      }
-      ParamState& param_state = state(group.names[i]);
-      if (param_state.empty()) {
-        param_state["mu"] = torch::zeros_like(param);
-      }
-      LarsItem item;
-      item.param = param;
-      item.grad = grad;
-      item.mu = param_state.at("mu");
-      item.index = num_params;
-      item.group = &group;
-      item.adapted = options_.excluded_from_adaptation.count(group.names[i]) == 0;
-      device = param.device();
-      items.push_back(std::move(item));
-    }
-  }
+  detail::for_each_dense_grad(param_groups(), "LARS", [&](const detail::GradParam<ParamGroup>& p) {
+    LarsItem item;
+    item.param = p.param;
+    item.grad = p.grad;
+    item.mu = detail::state_like(state(p.name()), "mu", p.param);
+    item.index = p.position;
+    item.group = &p.group;
+    item.adapted = options_.excluded_from_adaptation.count(p.name()) == 0;
+    device = p.param.device();
+    items.push_back(std::move(item));
+  });
+  const int64_t num_params = detail::num_params(param_groups());
   decay_into_updates(items);
   // Every rank reaches the reducer, with zeros where it holds nothing: it is a collective.
   const at::Tensor reduced =

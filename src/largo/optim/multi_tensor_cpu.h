@@ -7,15 +7,16 @@
 // (norms) keep one partial per chunk and add the partials of a tensor in chunk order, so
 // their result does not depend on the number of threads (bit-reproducible runs).
 //
-// Only the update kernels in sgd.cpp, adamw.cpp, lamb.cpp, larc.cpp, tensor_norms.cpp and
-// grad_clipping.cpp use this; tensors that fail can_use_cpu_kernels() take those files'
-// tensor-op (foreach) path instead, which is also the path on other devices.
+// Only the update kernels in sgd.cpp, adam_update.cpp, rmsprop.cpp, lamb.cpp, larc.cpp,
+// tensor_norms.cpp and grad_clipping.cpp use this; tensors that fail can_use_cpu_kernels() take
+// those files' tensor-op (foreach) path instead, which is also the path on other devices.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -109,6 +110,15 @@ void with_flag(bool flag, Fn&& fn) {
   } else {
     fn(std::false_type{});
   }
+}
+
+// ATen's lerp(self, end, weight) (ATen/native/Lerp.h), which torch.optim's moving averages
+// call (Adam's exp_avg, centered RMSprop's grad_avg): one of two forms by the size of the
+// weight, each exact at its end of [0, 1]. A per-element kernel calls it to round as ATen does.
+template <typename scalar_t>
+scalar_t aten_lerp(scalar_t self, scalar_t end, scalar_t weight) {
+  return std::abs(weight) < scalar_t(0.5) ? self + weight * (end - self)
+                                          : end - (end - self) * (scalar_t(1) - weight);
 }
 
 // Sum of x * x over [begin, end), returned in float64, in an order fixed by the code (hence

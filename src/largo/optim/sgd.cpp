@@ -1,6 +1,7 @@
 #include <largo/optim/sgd.h>
 
 #include "multi_tensor_cpu.h"
+#include "param_loop.h"
 
 #include <largo/core/error.h>
 
@@ -202,68 +203,67 @@ std::vector<std::pair<std::string, c10::IValue>> SGD::hyperparameters() const {
 void SGD::step() {
   torch::NoGradGuard no_grad;
   const double momentum = options_.momentum;
+  std::vector<ParamGroup>& groups = param_groups();
   std::vector<FusedSgdItem> fused;
-  for (ParamGroup& group : param_groups()) {
-    // Per group (lr and weight decay are per group): the _foreach path's and the fused CUDA
-    // kernel's lists; the CPU pass takes every group's items at once.
+  // Per group (lr and weight decay are per group): the _foreach path's and the fused CUDA
+  // kernel's lists; the CPU pass takes every group's items at once.
+  struct GroupLists {
     std::vector<at::Tensor> params, grads, buffers;
     std::vector<std::pair<size_t, std::string>> new_buffers; // (index in buffers, name)
     FusedCudaLists fused_cuda;
-    for (size_t i = 0; i < group.params.size(); ++i) {
-      at::Tensor& param = group.params[i];
-      const at::Tensor& grad = param.grad();
-      if (!grad.defined()) {
-        continue;
-      }
-      if (grad.is_sparse()) {
-        throw TrainingError(
-            fmt::format("SGD does not support sparse gradients (parameter '{}')", group.names[i]));
-      }
-      at::Tensor buffer;
-      bool first_step = false; // a momentum buffer is made this step
-      if (momentum != 0.0) {
-        ParamState& param_state = state(group.names[i]);
-        auto it = param_state.find("momentum_buffer");
-        first_step = it == param_state.end();
-        if (!first_step) {
-          buffer = it->second;
-        }
-      }
-      // A new buffer will take the gradient's layout.
-      const at::Tensor* buffer_layout = buffer.defined() ? &buffer : &grad;
-      const bool on_cpu =
-          options_.fused && detail::can_use_cpu_kernels({&param, &grad, buffer_layout});
-      const bool on_cuda =
-          options_.fused && !on_cpu && can_use_fused_cuda_kernel({&param, &grad, buffer_layout});
-      if (on_cpu || on_cuda) {
-        if (first_step) { // torch.clone keeps the gradient's layout
-          buffer = at::empty_like(grad, at::MemoryFormat::Preserve);
-          state(group.names[i])["momentum_buffer"] = buffer;
-        }
-        if (on_cpu) {
-          fused.push_back({param, grad, buffer, group.lr, group.weight_decay, first_step});
-        } else {
-          const int list = first_step ? 1 : 0;
-          fused_cuda.params[list].push_back(param);
-          fused_cuda.grads[list].push_back(grad);
-          if (momentum != 0.0) {
-            fused_cuda.buffers[list].push_back(buffer);
-          }
-        }
-      } else {
-        params.push_back(param);
-        grads.push_back(grad);
-        buffers.push_back(buffer);
-        if (first_step) {
-          new_buffers.emplace_back(buffers.size() - 1, group.names[i]);
-        }
+  };
+  std::vector<GroupLists> lists(groups.size());
+  detail::for_each_dense_grad(groups, "SGD", [&](const detail::GradParam<ParamGroup>& item) {
+    const at::Tensor& param = item.param;
+    const at::Tensor& grad = item.grad;
+    at::Tensor buffer;
+    bool first_step = false; // a momentum buffer is made this step
+    if (momentum != 0.0) {
+      ParamState& param_state = state(item.name());
+      auto it = param_state.find("momentum_buffer");
+      first_step = it == param_state.end();
+      if (!first_step) {
+        buffer = it->second;
       }
     }
-    fused_cuda_step(fused_cuda, group, options_);
-    if (!params.empty()) {
-      foreach_step(params, grads, buffers, group, options_);
-      for (const auto& [k, name] : new_buffers) { // the buffers foreach_step made
-        state(name)["momentum_buffer"] = buffers[k];
+    // A new buffer will take the gradient's layout.
+    const at::Tensor* buffer_layout = buffer.defined() ? &buffer : &grad;
+    const bool on_cpu =
+        options_.fused && detail::can_use_cpu_kernels({&param, &grad, buffer_layout});
+    const bool on_cuda =
+        options_.fused && !on_cpu && can_use_fused_cuda_kernel({&param, &grad, buffer_layout});
+    GroupLists& list = lists[item.group_index];
+    if (on_cpu || on_cuda) {
+      if (first_step) { // torch.clone keeps the gradient's layout
+        buffer = at::empty_like(grad, at::MemoryFormat::Preserve);
+        state(item.name())["momentum_buffer"] = buffer;
+      }
+      if (on_cpu) {
+        fused.push_back({param, grad, buffer, item.group.lr, item.group.weight_decay, first_step});
+      } else {
+        const int slot = first_step ? 1 : 0;
+        list.fused_cuda.params[slot].push_back(param);
+        list.fused_cuda.grads[slot].push_back(grad);
+        if (momentum != 0.0) {
+          list.fused_cuda.buffers[slot].push_back(buffer);
+        }
+      }
+      return;
+    }
+    list.params.push_back(param);
+    list.grads.push_back(grad);
+    list.buffers.push_back(buffer);
+    if (first_step) {
+      list.new_buffers.emplace_back(list.buffers.size() - 1, item.name());
+    }
+  });
+  for (size_t g = 0; g < groups.size(); ++g) {
+    GroupLists& list = lists[g];
+    fused_cuda_step(list.fused_cuda, groups[g], options_);
+    if (!list.params.empty()) {
+      foreach_step(list.params, list.grads, list.buffers, groups[g], options_);
+      for (const auto& [k, name] : list.new_buffers) { // the buffers foreach_step made
+        state(name)["momentum_buffer"] = list.buffers[k];
       }
     }
   }

@@ -14,6 +14,8 @@ const std::map<std::string, std::string>& option_keys() {
   static const std::map<std::string, std::string> keys = {
       {"ActivationCheckpointingOptions", "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"},
       {"ActivationCheckpointingOptions::num_splits", "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS"},
+      {"AdamOptions::betas", "OPTIMIZER.betas"},
+      {"AdamOptions::eps", "OPTIMIZER.eps"},
       {"AdamWOptions::betas", "OPTIMIZER.betas"},
       {"AdamWOptions::eps", "OPTIMIZER.eps"},
       {"AutoLrScaling::base_lr_batch_size", "OPTIMIZER.param_schedulers.lr.auto_lr_scaling.base_lr_batch_size"},
@@ -91,6 +93,9 @@ const std::map<std::string, std::string>& option_keys() {
       {"ResNetOptions::stem", "MODEL.TRUNK.RESNETS.STEM"},
       {"ResNetOptions::width_multiplier", "MODEL.TRUNK.RESNETS.WIDTH_MULTIPLIER"},
       {"ResNetOptions::width_per_group", "MODEL.TRUNK.RESNETS.WIDTH_PER_GROUP"},
+      {"RMSpropOptions::alpha", "OPTIMIZER.alpha"},
+      {"RMSpropOptions::eps", "OPTIMIZER.eps"},
+      {"RMSpropOptions::momentum", "OPTIMIZER.momentum"},
       {"SGDOptions::momentum", "OPTIMIZER.momentum"},
       {"SGDOptions::nesterov", "OPTIMIZER.nesterov"},
       {"ScheduleOptions.", "OPTIMIZER.param_schedulers.lr."},

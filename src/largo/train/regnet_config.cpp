@@ -1,6 +1,7 @@
 #include "regnet_config.h"
 
 #include "config_checks.h"
+#include "vissl_fsdp_names.h"
 
 #include <largo/train/unavailable_keys.h>
 
@@ -112,7 +113,7 @@ models::RegNetOptions regnet_options_from(const Config& config) {
       kRegNetKey,
       config_value_text(map),
       "a map of RegNet parameters, e.g. {name: regnet_y_400mf}");
-  const std::string trunk = config.get_string("MODEL.TRUNK.NAME");
+  const std::string trunk = trunk_architecture(config);
   require(
       trunk == "regnet" || map.size() == 0,
       kRegNetKey,

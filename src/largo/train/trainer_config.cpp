@@ -3,9 +3,12 @@
 #include "config_checks.h"
 #include "regnet_config.h"
 #include "self_supervised_config.h"
+#include "vissl_fsdp_names.h"
 
+#include <largo/core/config_value.h>
 #include <largo/core/resources.h>
 #include <largo/models/resnet.h>
+#include <largo/models/vissl_names.h>
 #include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
 #include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/precision/model_cast.h>
@@ -386,7 +389,7 @@ heads_from(const Config& config, const models::MlpHeadOptions& defaults) {
         "a head written as [\"mlp\", {\"dims\": [in, ..., num_classes]}] or [\"eval_mlp\", "
         "{\"in_channels\": C, \"dims\": [in, ..., num_classes]}]");
     models::EvalHeadOptions options;
-    options.name = head[0].Scalar();
+    options.name = head_architecture(config, head[0].Scalar(), head_key); // mlp_fsdp: mlp
     require(
         options.name == "mlp" || options.name == "eval_mlp",
         head_key,
@@ -623,9 +626,10 @@ namespace {
 // one head alone), else a null node.
 YAML::Node swav_head_entry(const Config& config) {
   const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
-  const bool swav = params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
-                    params[0].size() == 2 && params[0][0].IsScalar() &&
-                    params[0][0].Scalar() == "swav_head";
+  const bool swav =
+      params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
+      params[0].size() == 2 && params[0][0].IsScalar() &&
+      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == "swav_head";
   if (!swav) {
     return YAML::Node(YAML::NodeType::Undefined);
   }
@@ -646,7 +650,7 @@ models::ModelOptions model_options_from(const Config& config) {
   model.in_channels = 0;
   model.image_size = 0;
   model.num_classes = 0;
-  model.trunk_name = config.get_string("MODEL.TRUNK.NAME");
+  model.trunk_name = trunk_architecture(config); // VISSL's regnet_fsdp: regnet
   resnet_options_from(config, model.resnet);
   model.regnet = regnet_options_from(config);
   vit_options_from(config, model.vit);
@@ -767,38 +771,54 @@ bool zero_options_from(const Config& config, TrainerOptions& options) {
   return shard_optimizer_state;
 }
 
-// lars's keys (VISSL passes eta and exclude_bias_and_norm to the optimizer it names; only
-// lars reads them): read for lars, refused at any value but their default for the others,
-// which would ignore them. `optimizer_key` names a key of OPTIMIZER or base_optimizer.
+// VISSL passes OPTIMIZER's keys to the optimizer it names, which reads its own: a key that
+// the named optimizer would ignore is refused at any value but its default. `name` is the
+// optimizer built (sgd_fsdp builds sgd); `optimizer_key` names a key of OPTIMIZER or
+// base_optimizer.
+void refuse_keys_the_optimizer_ignores(
+    const Config& config,
+    const std::function<std::string(const std::string&)>& optimizer_key,
+    const std::string& name) {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> readers = {
+      {"momentum", {"sgd", "rmsprop", "lars"}},
+      {"nesterov", {"sgd"}},
+      {"dampening", {"sgd"}},
+      {"betas", {"adam", "adamw", "lamb"}},
+      {"eps", {"adam", "adamw", "rmsprop", "lamb"}},
+      {"amsgrad", {"adam", "adamw"}},
+      {"alpha", {"rmsprop"}},
+      {"centered", {"rmsprop"}},
+      {"eta", {"lars"}},
+      {"exclude_bias_and_norm", {"lars"}},
+  };
+  static const Config defaults = Config::defaults();
+  for (const auto& [key, optimizers] : readers) {
+    if (std::find(optimizers.begin(), optimizers.end(), name) != optimizers.end()) {
+      continue;
+    }
+    const std::string full_key = optimizer_key(key);
+    const YAML::Node default_value = defaults.node("OPTIMIZER." + key);
+    require(
+        same_config_value(config.node(full_key), default_value),
+        full_key,
+        config_value_text(config.node(full_key)),
+        fmt::format(
+            "{} (its default) unless the optimizer is {}: {} does not read it{}",
+            config_value_text(default_value),
+            fmt::join(optimizers, " or "),
+            name,
+            key == "exclude_bias_and_norm"
+                ? " (LARC's is OPTIMIZER.larc_config.exclude_bias_and_norm)"
+                : ""));
+  }
+}
+
+// lars's keys: momentum in [0, 1) as VISSL requires, eta > 0.
 void lars_options_from(
     const Config& config,
     const std::function<std::string(const std::string&)>& optimizer_key,
     OptimizerOptions& optimizer) {
   optim::OptimizerSpec& spec = optimizer.spec;
-  const std::string eta_key = optimizer_key("eta");
-  const std::string exclude_key = optimizer_key("exclude_bias_and_norm");
-  const double eta = config.get_double(eta_key);
-  const bool exclude_bias_and_norm = config.get_bool(exclude_key);
-  if (spec.name != "lars") {
-    const optim::LARSOptions defaults;
-    require(
-        eta == defaults.eta,
-        eta_key,
-        fmt::format("{}", eta),
-        fmt::format(
-            "{} (its default) unless the optimizer is lars; this one is {}",
-            defaults.eta,
-            spec.name));
-    require(
-        !exclude_bias_and_norm,
-        exclude_key,
-        "True",
-        fmt::format(
-            "False unless the optimizer is lars; this one is {} (LARC's is "
-            "OPTIMIZER.larc_config.exclude_bias_and_norm)",
-            spec.name));
-    return;
-  }
   const std::string momentum_key = optimizer_key("momentum");
   spec.lars.momentum = config.get_double(momentum_key);
   require(
@@ -806,9 +826,36 @@ void lars_options_from(
       momentum_key,
       fmt::format("{}", spec.lars.momentum),
       "a number in [0, 1) for lars (VISSL's rule)");
+  const std::string eta_key = optimizer_key("eta");
+  const double eta = config.get_double(eta_key);
   require(eta > 0.0 && std::isfinite(eta), eta_key, fmt::format("{}", eta), "a number > 0");
   spec.lars.eta = eta;
-  optimizer.lars_exclude_bias_and_norm = exclude_bias_and_norm;
+  optimizer.lars_exclude_bias_and_norm = config.get_bool(optimizer_key("exclude_bias_and_norm"));
+}
+
+// rmsprop's keys (ClassyVision's RMSProp passes them to torch.optim.RMSprop; the optimizer
+// validates them: optim/rmsprop.h). VISSL's default momentum, 0.9, applies to rmsprop too.
+void rmsprop_options_from(
+    const Config& config,
+    const std::function<std::string(const std::string&)>& optimizer_key,
+    optim::RMSpropOptions& rmsprop) {
+  rmsprop.alpha = config.get_double(optimizer_key("alpha"));
+  rmsprop.eps = config.get_double(optimizer_key("eps"));
+  rmsprop.momentum = config.get_double(optimizer_key("momentum"));
+  rmsprop.centered = config.get_bool(optimizer_key("centered"));
+}
+
+// The optimizer OPTIMIZER.name (or base_optimizer.name under ZeRO) names: one of Largo's, or
+// VISSL's sgd_fsdp, its SGD whose LARC completes the norms across FSDP's shards: Largo's sgd,
+// whose LARC uses the whole parameters' norms in every mode.
+std::string optimizer_name_from(const std::string& name, const std::string& key, bool sharded) {
+  const auto& names = optim::optimizer_names();
+  require(
+      name == "sgd_fsdp" || std::find(names.begin(), names.end(), name) != names.end(),
+      key,
+      name,
+      fmt::format("one of {}, sgd_fsdp{}", fmt::join(names, ", "), sharded ? "" : " or zero"));
+  return name == "sgd_fsdp" ? "sgd" : name;
 }
 
 // The optimizer ZeRO shards (OPTIMIZER.base_optimizer, the settings it leaves out from
@@ -823,18 +870,15 @@ void optimizer_spec_from(
     return shard_optimizer_state && config.has(nested) ? nested : "OPTIMIZER." + key;
   };
   const std::string name_key = optimizer_key("name");
-  spec.name = config.get_string(name_key);
+  const std::string name = config.get_string(name_key);
   if (zero_by_name && name_key == "OPTIMIZER.name") {
     throw config_error(
         "OPTIMIZER.base_optimizer.name",
         "(missing)",
-        "the optimizer ZeRO shards: sgd, adamw, lamb or lars (OPTIMIZER.name is zero)");
+        "the optimizer ZeRO shards, e.g. sgd or adamw (OPTIMIZER.name is zero)");
   }
-  require(
-      spec.name == "sgd" || spec.name == "adamw" || spec.name == "lamb" || spec.name == "lars",
-      name_key,
-      spec.name,
-      shard_optimizer_state ? "sgd, adamw, lamb or lars" : "sgd, adamw, lamb, lars or zero");
+  spec.name = optimizer_name_from(name, name_key, shard_optimizer_state);
+  refuse_keys_the_optimizer_ignores(config, optimizer_key, spec.name);
   spec.sgd.momentum = non_negative(config, optimizer_key("momentum"));
   spec.sgd.dampening = non_negative(config, optimizer_key("dampening"));
   spec.sgd.nesterov = config.get_bool(optimizer_key("nesterov"));
@@ -846,9 +890,9 @@ void optimizer_spec_from(
       betas_key,
       "(given)",
       "two numbers in [0, 1)");
-  spec.adamw.betas = spec.lamb.betas = {betas[0], betas[1]};
-  spec.adamw.eps = spec.lamb.eps = non_negative(config, optimizer_key("eps"));
-  spec.adamw.amsgrad = config.get_bool(optimizer_key("amsgrad"));
+  spec.adam.betas = spec.adamw.betas = spec.lamb.betas = {betas[0], betas[1]};
+  spec.adam.eps = spec.adamw.eps = spec.lamb.eps = non_negative(config, optimizer_key("eps"));
+  spec.adam.amsgrad = spec.adamw.amsgrad = config.get_bool(optimizer_key("amsgrad"));
   spec.use_larc = config.get_bool(optimizer_key("use_larc"));
   spec.larc.clip = config.get_bool(optimizer_key("larc_config.clip"));
   spec.larc.eps = non_negative(config, optimizer_key("larc_config.eps"));
@@ -861,7 +905,13 @@ void optimizer_spec_from(
       "a number > 0");
   optimizer.larc_exclude_bias_and_norm =
       config.get_bool(optimizer_key("larc_config.exclude_bias_and_norm"));
-  lars_options_from(config, optimizer_key, optimizer);
+  if (spec.name == "lars") {
+    lars_options_from(config, optimizer_key, optimizer);
+  }
+  if (spec.name == "rmsprop") {
+    rmsprop_options_from(config, optimizer_key, spec.rmsprop);
+  }
+  (void)optim::make_optimizer({}, spec); // its own checks (optim/*.h), before anything runs
 }
 
 // OPTIMIZER's epochs, parameter groups and learning-rate schedules.
@@ -1098,18 +1148,7 @@ weights_init_options_from(const Config& config, const models::ModelOptions& mode
   options.append_prefix = config.get_string(key + "APPEND_PREFIX");
   options.init_heads = model.feature_eval.init_heads_from_weights();
   options.check_head_shapes = model.feature_eval.assert_head_layer_shape_init;
-  if (model.trunk_name == "resnet") {
-    const int64_t depth = model.resnet.depth;
-    options.rename = [depth](const std::string& name) {
-      return models::resnet_name_from_torchvision(name, depth);
-    };
-  }
-  if (model.trunk_name == "regnet") {
-    const models::RegNetOptions regnet = model.regnet;
-    options.rename = [regnet](const std::string& name) {
-      return models::regnet_name_from_torchvision(name, regnet);
-    };
-  }
+  options.rename = models::weights_name_mapping(model); // VISSL's and torchvision's names
   return options;
 }
 

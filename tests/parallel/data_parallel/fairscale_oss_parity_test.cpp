@@ -62,11 +62,11 @@ std::shared_ptr<comm::ProcessGroup> borrow(comm::ProcessGroup& group) {
 // formulas with possibly different roundings: ATen's vectorized kernels (FairScale's inner
 // torch.optim, single-tensor path on the CPU) may fuse a multiply-add where Largo's fused pass
 // rounds twice or the other way round, convert a double coefficient (lr, 1 - beta1, ...) to
-// float32 or not, and PyTorch 2.11's AdamW updates m with lerp, Largo with
-// beta1 * m + (1 - beta1) * g. What they share: every elementwise expression `a + c * b` is
-// rounded at most 3 times on each side (the coefficient, the product, the sum), each time with
-// a relative error <= u = 2^-24, relative to a magnitude <= |a| + |c * b|. So the two
-// results of one such expression differ by at most kOp * (|a| + |c * b|), kOp = 2 * 3u, and
+// float32 or not, and m's update may take either of lerp's two forms (both sides use lerp,
+// the bound below also covers beta1 * m + (1 - beta1) * g). What they share: every elementwise
+// expression `a + c * b` is rounded at most 3 times on each side (the coefficient, the product, the
+// sum), each time with a relative error <= u = 2^-24, relative to a magnitude <= |a| + |c * b|. So
+// the two results of one such expression differ by at most kOp * (|a| + |c * b|), kOp = 2 * 3u, and
 // an error already in an operand passes through scaled by its coefficient (first order; the
 // u^2 terms are ~1e-7 of the bound). Running this error analysis elementwise over the
 // recorded run — magnitudes from the baseline's own values — gives each element's bound after

@@ -8,6 +8,7 @@
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,7 +19,8 @@
 namespace largo::parallel {
 namespace {
 
-// AdamW's and LAMB's "step" is a 0-d float32 tensor per parameter (per piece when sharded).
+// Adam's, AdamW's, RMSprop's and LAMB's "step" is a 0-d float32 tensor per parameter (per
+// piece when sharded).
 constexpr int64_t kStepScalarBytes = 4;
 
 int64_t element_bytes(at::ScalarType dtype) {
@@ -26,7 +28,7 @@ int64_t element_bytes(at::ScalarType dtype) {
 }
 
 bool has_step_scalar(const optim::OptimizerSpec& optimizer) {
-  return optimizer.name == "adamw" || optimizer.name == "lamb";
+  return optim::state_layout(optimizer).step_scalar;
 }
 
 // The trained parameters grouped by dtype, in order of first appearance: ShardedOptimizer's
@@ -117,27 +119,19 @@ void MemoryEstimateOptions::validate() const {
         "true",
         "false at stage 0 (DDP): offload moves a sharded optimizer");
   }
-  if (optimizer.name != "sgd" && optimizer.name != "adamw" && optimizer.name != "lamb" &&
-      optimizer.name != "lars") {
-    throw OptionError("OptimizerSpec::name",
-                      optimizer.name,
-                      "sgd, adamw, lamb or lars (for ZeRO, the base optimizer's name)");
+  const auto& names = optim::optimizer_names();
+  if (std::find(names.begin(), names.end(), optimizer.name) == names.end()) {
+    throw OptionError(
+        "OptimizerSpec::name",
+        optimizer.name,
+        fmt::format("one of {} (for ZeRO, the base optimizer's name)", fmt::join(names, ", ")));
   }
 }
 
 int64_t optimizer_state_bytes_per_element(const optim::OptimizerSpec& optimizer,
                                           at::ScalarType state_dtype, bool with_master_weights) {
-  int64_t tensors = 0; // state tensors shaped like the parameter
-  if (optimizer.name == "sgd") {
-    tensors = optimizer.sgd.momentum != 0.0 ? 1 : 0; // momentum_buffer
-  } else if (optimizer.name == "adamw") {
-    tensors = optimizer.adamw.amsgrad ? 3 : 2; // exp_avg, exp_avg_sq (, max_exp_avg_sq)
-  } else if (optimizer.name == "lamb") {
-    tensors = 2; // exp_avg, exp_avg_sq
-  } else if (optimizer.name == "lars") {
-    tensors = 1; // mu, at any momentum (VISSL's LARS keeps it even at momentum 0)
-  }
-  // LARC keeps no state of its own: use_larc changes nothing here.
+  // State tensors shaped like the parameter; LARC keeps none of its own.
+  int64_t tensors = optim::state_layout(optimizer).tensors_per_parameter;
   if (with_master_weights) {
     tensors += 1;
   }
