@@ -28,6 +28,8 @@ std::vector<std::string> estimate_command(std::vector<std::string> overrides) {
                                    "DATA.TEST.DATA_SOURCES=[synthetic]",
                                    "MODEL.TRUNK.NAME=small_cnn",
                                    "OPTIMIZER.name=adamw",
+                                   // the default job's SGD sets it; adamw does not read it
+                                   "OPTIMIZER.nesterov=False",
                                    "DISTRIBUTED.NUM_PROC_PER_NODE=2"};
   argv.insert(argv.end(), overrides.begin(), overrides.end());
   return argv;

@@ -127,7 +127,8 @@ TEST(SwavHeadTest, BadArgumentsNameTheArgument) {
   EXPECT_NE(message_of(options).find("SwavHeadOptions::dims = [8]"), std::string::npos);
   options.dims = {8, 4};
   options.num_clusters = {3000, 0};
-  EXPECT_NE(message_of(options).find("SwavHeadOptions::num_clusters = [3000, 0]"), std::string::npos);
+  EXPECT_NE(
+      message_of(options).find("SwavHeadOptions::num_clusters = [3000, 0]"), std::string::npos);
   options.num_clusters = {5};
   options.activation = "Tanh";
   EXPECT_NE(message_of(options).find("SwavHeadOptions::activation = Tanh"), std::string::npos);

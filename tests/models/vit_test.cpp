@@ -138,35 +138,30 @@ TEST(Vit, RejectsInconsistentOptions) {
   ModelOptions options = vit_options();
   options.vit.patch_size = 5;
   std::string message = error_of(options);
-  EXPECT_NE(message.find("VitOptions::patch_size"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("VitOptions::patch_size"), std::string::npos) << message;
   EXPECT_NE(message.find("5"), std::string::npos) << message;
   EXPECT_NE(message.find("32"), std::string::npos) << message;
 
   options = vit_options();
   options.vit.num_heads = 5;
   message = error_of(options);
-  EXPECT_NE(message.find("VitOptions::num_heads"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("VitOptions::num_heads"), std::string::npos) << message;
   EXPECT_NE(message.find("48"), std::string::npos) << message;
 
   options = vit_options();
   options.vit.image_size = 224; // the data is 32x32
   message = error_of(options);
-  EXPECT_NE(message.find("VitOptions::image_size = 224"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("VitOptions::image_size = 224"), std::string::npos) << message;
 
   options = vit_options();
   options.vit.classifier = "pool";
   message = error_of(options);
-  EXPECT_NE(message.find("VitOptions::classifier"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("VitOptions::classifier"), std::string::npos) << message;
 
   options = vit_options();
   options.vit.dropout = 1.5;
   message = error_of(options);
-  EXPECT_NE(message.find("VitOptions::dropout"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("VitOptions::dropout"), std::string::npos) << message;
 }
 
 TEST(Vit, WrongInputSizeIsAClearError) {

@@ -221,8 +221,7 @@ TEST(LrSchedule, Validation) {
   auto multistep = named("multistep");
   multistep.milestones = {30};
   expect_config_error(
-      [&] { make_schedule(multistep); },
-      {"ScheduleOptions.milestones", "1 entries", "has 3"});
+      [&] { make_schedule(multistep); }, {"ScheduleOptions.milestones", "1 entries", "has 3"});
   multistep.milestones = {60, 30};
   expect_config_error([&] { make_schedule(multistep); }, {"strictly increasing"});
   multistep.milestones = {30, 90};

@@ -478,8 +478,7 @@ TEST(OptimizerValidation, SgdOptions) {
   auto groups = two_groups(params);
   groups[1].lr = -1.0;
   expect_config_error(
-      [&] { (void)SGD(groups, SGDOptions{}); },
-      {"ParamGroup::lr", "-1", "trunk_no_wd"});
+      [&] { (void)SGD(groups, SGDOptions{}); }, {"ParamGroup::lr", "-1", "trunk_no_wd"});
   groups = two_groups(params);
   groups[0].weight_decay = -0.25;
   expect_config_error(
@@ -510,7 +509,8 @@ TEST(OptimizerValidation, AdamAndRmspropOptions) {
   RMSpropOptions bad_alpha;
   bad_alpha.alpha = 1.0;
   expect_config_error(
-      [&] { (void)RMSprop(two_groups(params), bad_alpha); }, {"RMSpropOptions::alpha", "1", "[0, 1)"});
+      [&] { (void)RMSprop(two_groups(params), bad_alpha); },
+      {"RMSpropOptions::alpha", "1", "[0, 1)"});
   RMSpropOptions bad_momentum;
   bad_momentum.momentum = -0.5;
   expect_config_error(
@@ -536,8 +536,7 @@ TEST(OptimizerValidation, LambAndLarcOptions) {
   LARCOptions bad_eps;
   bad_eps.eps = -1.0;
   expect_config_error(
-      [&] { (void)LARC(make_sgd(two_groups(params)), bad_eps); },
-      {"LARCOptions::eps", "-1"});
+      [&] { (void)LARC(make_sgd(two_groups(params)), bad_eps); }, {"LARCOptions::eps", "-1"});
   EXPECT_THROW((void)LARC(nullptr), Error);
 }
 

@@ -63,8 +63,8 @@ std::pair<at::Tensor, at::Tensor> rows(int step, int64_t begin, int64_t count) {
 
 // The caller's own loop: kSteps steps, each rank its rows of the global batch in
 // `accumulation` micro-steps.
-NamedTensors train(ParallelModel& model, int accumulation = 1,
-                   const std::vector<std::string>& dropped = {}) {
+NamedTensors
+train(ParallelModel& model, int accumulation = 1, const std::vector<std::string>& dropped = {}) {
   comm::ProcessGroup& group = model.process_group();
   const int64_t per_rank = kGlobalBatch / group.world_size();
   const int64_t micro = per_rank / accumulation;
@@ -136,6 +136,15 @@ ParallelOptions mode_options(DataParallelism mode) {
   return options;
 }
 
+// A test name for a mode: "ZeRO-1" -> "ZeRO1".
+std::string mode_test_name(DataParallelism mode) {
+  std::string name = to_string(mode);
+  name.erase(
+      std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
+      name.end());
+  return name;
+}
+
 class ModesTest : public ::testing::TestWithParam<std::tuple<DataParallelism, int>> {};
 
 TEST_P(ModesTest, TrainLikeOneProcessOnTheGlobalBatch) {
@@ -148,15 +157,18 @@ TEST_P(ModesTest, TrainLikeOneProcessOnTheGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    EveryMode, ModesTest,
-    ::testing::Combine(::testing::Values(DataParallelism::kDdp, DataParallelism::kZero1,
-                                         DataParallelism::kZero2, DataParallelism::kFsdp),
-                       ::testing::Values(1, 2)),
+    EveryMode,
+    ModesTest,
+    ::testing::Combine(
+        ::testing::Values(
+            DataParallelism::kDdp,
+            DataParallelism::kZero1,
+            DataParallelism::kZero2,
+            DataParallelism::kFsdp),
+        ::testing::Values(1, 2)),
     [](const auto& info) {
-      std::string name = to_string(std::get<0>(info.param));
-      name.erase(std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
-                 name.end());
-      return fmt::format("{}_accumulate{}", name, std::get<1>(info.param));
+      return fmt::format(
+          "{}_accumulate{}", mode_test_name(std::get<0>(info.param)), std::get<1>(info.param));
     });
 
 // drop_gradients (VISSL's frozen parameters) in every mode: the dropped parameters keep their
@@ -169,12 +181,17 @@ TEST_P(DropGradientsTest, DroppedParametersStayAndTheRestTrainLikeOneProcess) {
     torch::set_num_threads(1);
     const std::vector<std::string> dropped = {"head.weight", "blocks.1.fc1.weight"};
     Net reference_net = make_net(0);
-    auto reference = parallelize(reference_net, groups_of(*reference_net), sgd_momentum(),
-                                 comm::ProcessGroup::single_process(), ParallelOptions{});
+    auto reference = parallelize(
+        reference_net,
+        groups_of(*reference_net),
+        sgd_momentum(),
+        comm::ProcessGroup::single_process(),
+        ParallelOptions{});
     const NamedTensors first = reference->full_parameters();
     const NamedTensors expected = train(*reference, 1, dropped);
     Net net = make_net(group.rank());
-    auto model = parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), mode_options(mode));
+    auto model =
+        parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), mode_options(mode));
     const NamedTensors actual = train(*model, 1, dropped);
     expect_close(actual, expected, 1e-5);
     for (size_t i = 0; i < first.size(); ++i) {
@@ -190,15 +207,11 @@ INSTANTIATE_TEST_SUITE_P(
     EveryMode,
     DropGradientsTest,
     ::testing::Values(
-        DataParallelism::kDdp, DataParallelism::kZero1, DataParallelism::kZero2,
+        DataParallelism::kDdp,
+        DataParallelism::kZero1,
+        DataParallelism::kZero2,
         DataParallelism::kFsdp),
-    [](const auto& info) {
-      std::string name = to_string(info.param);
-      name.erase(
-          std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
-          name.end());
-      return name;
-    });
+    [](const auto& info) { return mode_test_name(info.param); });
 
 // Each data-parallel mode states its placements: DDP replicates everything, ZeRO-1/2 flat-shard
 // the optimizer state over "dp", FSDP the values too (which the module then holds as gathered
@@ -266,13 +279,7 @@ INSTANTIATE_TEST_SUITE_P(
     ShardedModes,
     OffloadTest,
     ::testing::Values(DataParallelism::kZero1, DataParallelism::kZero2, DataParallelism::kFsdp),
-    [](const auto& info) {
-      std::string name = to_string(info.param);
-      name.erase(
-          std::remove_if(name.begin(), name.end(), [](char c) { return !std::isalnum(c); }),
-          name.end());
-      return name;
-    });
+    [](const auto& info) { return mode_test_name(info.param); });
 
 // Checkpointing recomputes the same operations on the same values: bit for bit the same run,
 // with every block its own segment or the Sequential cut in two, under DDP and FSDP (whose

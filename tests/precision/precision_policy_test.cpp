@@ -120,13 +120,17 @@ TEST(PrecisionPolicy, KeepBatchnormOverride) {
 
 TEST(PrecisionPolicy, BadValuesNameTheKey) {
   auto options = apex("o2");
-  EXPECT_NE(config_error_of(options).find("PrecisionPolicyOptions::opt_level = o2"), std::string::npos)
+  EXPECT_NE(
+      config_error_of(options).find("PrecisionPolicyOptions::opt_level = o2"), std::string::npos)
       << config_error_of(options);
   options = apex("O1");
   options.amp_type = "deepspeed";
-  EXPECT_NE(config_error_of(options).find("PrecisionPolicyOptions::amp_type = deepspeed"), std::string::npos);
+  EXPECT_NE(
+      config_error_of(options).find("PrecisionPolicyOptions::amp_type = deepspeed"),
+      std::string::npos);
   options = apex("O1", "float8");
-  EXPECT_NE(config_error_of(options).find("PrecisionPolicyOptions::dtype = float8"), std::string::npos);
+  EXPECT_NE(
+      config_error_of(options).find("PrecisionPolicyOptions::dtype = float8"), std::string::npos);
   options = apex("O1");
   options.loss_scale = "-4";
   EXPECT_NE(config_error_of(options).find("loss_scale = -4"), std::string::npos);

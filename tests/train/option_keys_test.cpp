@@ -35,14 +35,12 @@ TEST(OptionKeys, AnOptionErrorBecomesAConfigErrorNamingTheKey) {
       "config key MODEL.TRUNK.RESNETS.DEPTH = 7: expected one of 18, 34, 50, 101, 152, 200");
   // A field under a prefix entry, and the expectation's option names too.
   EXPECT_EQ(
-      message_in_keys<ConfigError>([] {
-        throw OptionError("RegNetOptions::w_0", "12", "a multiple of 8, > 0");
-      }),
+      message_in_keys<ConfigError>(
+          [] { throw OptionError("RegNetOptions::w_0", "12", "a multiple of 8, > 0"); }),
       "config key MODEL.TRUNK.REGNET.w_0 = 12: expected a multiple of 8, > 0");
   EXPECT_EQ(
       message_in_keys<ConfigError>([] {
-        throw OptionError(
-            "VitOptions::num_heads", "5", "a divisor of VitOptions::hidden_dim 768");
+        throw OptionError("VitOptions::num_heads", "5", "a divisor of VitOptions::hidden_dim 768");
       }),
       "config key MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS = 5: expected a divisor of "
       "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM 768");

@@ -453,7 +453,7 @@ TEST(TrainerSelfSupervisedTest, FrozenPrototypesDoNotMoveUntilTheirIteration) {
 TEST(TrainerSelfSupervisedTest, FrozenPrototypesUnderZeroAndFsdpTrainAsUnderDdp) {
   run_on_ranks(2, [](comm::ProcessGroup& group) {
     const fs::path dir = fresh(test_dir_for("ssl"), group);
-    const Overrides job = swav_job(2) + kMlpTrunk +
+    const Overrides job = swav_job(2) +
                           Overrides{
                               "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0."
                               "prototypes0.weight', 2]]",
@@ -472,8 +472,7 @@ TEST(TrainerSelfSupervisedTest, FrozenPrototypesUnderZeroAndFsdpTrainAsUnderDdp)
     for (const auto& [name, mode] : modes) {
       const RunResult sharded = ssl_run(dir / name, job + Overrides{mode}, group, 2);
       expect_same_training(sharded, ddp, kTolerance, "frozen prototypes under " + name);
-      EXPECT_TRUE(torch::equal(sharded.parameters.at("head.0.prototypes0.weight"), first))
-          << name;
+      EXPECT_TRUE(torch::equal(sharded.parameters.at("head.0.prototypes0.weight"), first)) << name;
     }
   });
 }

@@ -218,7 +218,7 @@ TEST(TrainerZeroConfigTest, IncompleteOrMistypedBaseOptimizersAreClearErrors) {
           .find("OPTIMIZER.base_optimizer.momentun"),
       std::string::npos);
   EXPECT_NE(
-      error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: rmsprop}"}).find("rmsprop"),
+      error_of({"OPTIMIZER.name=zero", "OPTIMIZER.base_optimizer={name: adagrad}"}).find("adagrad"),
       std::string::npos);
   EXPECT_NE(
       error_of(

@@ -26,7 +26,8 @@ struct NormOptions {
 void validate_norm_options(const NormOptions& options);
 
 // A norm layer over `channels` channels ([b, channels, h, w] -> same), weight 1, bias 0.
-// Throws OptionError naming NormOptions::groupnorm_groups when GroupNorm's groups do not divide `channels`.
+// Throws OptionError naming NormOptions::groupnorm_groups when GroupNorm's groups do not divide
+// `channels`.
 torch::nn::AnyModule make_norm2d(const NormOptions& options, int64_t channels);
 
 // The affine weight of a norm layer made by make_norm2d (or a module swapped in for it).

@@ -70,8 +70,8 @@ struct ResNetBlockSpec {
 int64_t resnet_stem_channels(const ResNetOptions& options);
 std::vector<ResNetBlockSpec> resnet_blocks(const ResNetOptions& options);
 
-// Validates `options` (OptionError naming the ResNetOptions field, value and what is expected) and builds
-// the trunk. in_channels: channels of the input images.
+// Validates `options` (OptionError naming the ResNetOptions field, value and what is expected) and
+// builds the trunk. in_channels: channels of the input images.
 Trunk build_resnet_trunk(const ResNetOptions& options, int64_t in_channels);
 
 // The stem: conv1 -> bn1 -> ReLU [-> max pool]. [b, in, h, w] -> [b, 64*w, h', w'].

@@ -48,8 +48,8 @@ struct VitOptions {
   std::string classifier = "token"; // CLASSIFIER: "token" (class token) or "gap" (mean)
 };
 
-// Validates (OptionError naming the VitOptions field, value and what is expected) and builds the trunk.
-// image_size: side of the input images (used when options.image_size is 0).
+// Validates (OptionError naming the VitOptions field, value and what is expected) and builds the
+// trunk. image_size: side of the input images (used when options.image_size is 0).
 Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t image_size);
 
 // Fills `tensor` with a normal(0, std) truncated to [-2 std, 2 std] (inverse-CDF method).

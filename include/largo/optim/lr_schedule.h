@@ -64,8 +64,8 @@ class LrSchedule {
 
 // Validates the options (ConfigError naming the field under key_prefix, "ScheduleOptions.name",
 // and the value) and builds the schedule.
-std::unique_ptr<LrSchedule> make_schedule(
-    const ScheduleOptions& options, const std::string& key_prefix = "ScheduleOptions");
+std::unique_ptr<LrSchedule>
+make_schedule(const ScheduleOptions& options, const std::string& key_prefix = "ScheduleOptions");
 
 // OPTIMIZER.param_schedulers.lr.auto_lr_scaling
 struct AutoLrScaling {

@@ -100,8 +100,7 @@ void validate_feature_eval_options(const FeatureEvalOptions& options) {
     throw OptionError(
         "FeatureEvalOptions::heads",
         fmt::format("{} heads", options.heads.size()),
-        fmt::format(
-            "one head per entry of FeatureEvalOptions::taps ({})", options.taps.size()));
+        fmt::format("one head per entry of FeatureEvalOptions::taps ({})", options.taps.size()));
   }
   if (options.taps.empty() && !options.heads.empty()) {
     throw OptionError(

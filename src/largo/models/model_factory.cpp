@@ -48,9 +48,11 @@ Trunk build_trunk(const ModelOptions& options) {
 
 TrunkHeadModel build_model(const ModelOptions& options) {
   // Names what asks when a layer is larger than the memory (core/resources.h).
-  AllocationContext context(fmt::format("building the model (ModelOptions::trunk_name = {}, "
-                                        "its sizes and {} classes)",
-                                        options.trunk_name, options.num_classes));
+  AllocationContext context(fmt::format(
+      "building the model (ModelOptions::trunk_name = {}, "
+      "its sizes and {} classes)",
+      options.trunk_name,
+      options.num_classes));
   Trunk trunk = build_trunk(options);
   torch::nn::Sequential head;
   // VISSL scales its mlp heads' weights (MLP.scale_weights); swav_head takes no multiplier.

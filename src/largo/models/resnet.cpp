@@ -117,8 +117,8 @@ void validate_resnet(const ResNetOptions& options, int64_t in_channels) {
       (options.groups != 1 || options.width_per_group != 64)) {
     throw OptionError(
         kResNetOptions + "groups",
-        fmt::format("{} (ResNetOptions::width_per_group {})", options.groups,
-                    options.width_per_group),
+        fmt::format(
+            "{} (ResNetOptions::width_per_group {})", options.groups, options.width_per_group),
         fmt::format(
             "ResNetOptions::groups 1 and ResNetOptions::width_per_group 64 for depth {}: "
             "BasicBlock has no grouped convolutions (use depth 50 or more for ResNeXt)",

@@ -67,9 +67,7 @@ Trunk build_small_cnn_trunk(
   }
   if (options.pooled_size < 1) {
     throw OptionError(
-        "SmallCnnOptions::pooled_size",
-        std::to_string(options.pooled_size),
-        "an integer >= 1");
+        "SmallCnnOptions::pooled_size", std::to_string(options.pooled_size), "an integer >= 1");
   }
   if (!(options.dropout >= 0.0 && options.dropout < 1.0)) {
     throw OptionError(

@@ -32,8 +32,7 @@ void validate(const SwavHeadOptions& options) {
         "a list of prototype counts, each > 0");
   }
   if (options.activation != "ReLU" && options.activation != "GELU") {
-    throw OptionError(
-        "SwavHeadOptions::activation", options.activation, "ReLU or GELU");
+    throw OptionError("SwavHeadOptions::activation", options.activation, "ReLU or GELU");
   }
 }
 

@@ -24,10 +24,11 @@ void require_positive(int64_t value, const std::string& field) {
 }
 
 void require_rate(double value, const std::string& field) {
-  require_option(value >= 0.0 && value < 1.0,
-                 "VitOptions::" + field,
-                 fmt::format("{}", value),
-                 "a rate in [0, 1)");
+  require_option(
+      value >= 0.0 && value < 1.0,
+      "VitOptions::" + field,
+      fmt::format("{}", value),
+      "a rate in [0, 1)");
 }
 
 int64_t validate_vit(const VitOptions& options, int64_t in_channels, int64_t input_size) {
@@ -39,14 +40,16 @@ int64_t validate_vit(const VitOptions& options, int64_t in_channels, int64_t inp
         input_size));
   }
   if (options.image_size < 0) {
-    throw OptionError("VitOptions::image_size",
-                      std::to_string(options.image_size),
-                      "an integer > 0 (or 0 = the data's)");
+    throw OptionError(
+        "VitOptions::image_size",
+        std::to_string(options.image_size),
+        "an integer > 0 (or 0 = the data's)");
   }
   if (options.image_size > 0 && options.image_size != input_size) {
-    throw OptionError("VitOptions::image_size",
-                      std::to_string(options.image_size),
-                      fmt::format("the size of the input images, {}", input_size));
+    throw OptionError(
+        "VitOptions::image_size",
+        std::to_string(options.image_size),
+        fmt::format("the size of the input images, {}", input_size));
   }
   require_positive(options.patch_size, "patch_size");
   if (input_size % options.patch_size != 0) {

@@ -175,8 +175,8 @@ void apply_auto_lr_scaling(
         scaling.scaling_type));
   }
   if (scaling.base_lr_batch_size <= 0) {
-    throw ConfigError(fmt::format(
-        "{}::base_lr_batch_size = {} must be > 0", key, scaling.base_lr_batch_size));
+    throw ConfigError(
+        fmt::format("{}::base_lr_batch_size = {} must be > 0", key, scaling.base_lr_batch_size));
   }
   if (global_batch_size <= 0 || per_node_batch_size <= 0 ||
       per_node_batch_size > global_batch_size) {

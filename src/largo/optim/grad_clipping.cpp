@@ -93,8 +93,8 @@ double clip_grad_norm(
     const PartialNormReducer& reducer) {
   torch::NoGradGuard no_grad;
   if (!(max_norm > 0.0)) {
-    throw ConfigError(fmt::format(
-        "clip_grad_norm's max_norm = {} is invalid; use a number > 0", max_norm));
+    throw ConfigError(
+        fmt::format("clip_grad_norm's max_norm = {} is invalid; use a number > 0", max_norm));
   }
   if (!(norm_type > 0.0)) {
     throw ConfigError(fmt::format(

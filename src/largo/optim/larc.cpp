@@ -80,8 +80,8 @@ LARC::LARC(std::unique_ptr<Optimizer> inner, LARCOptions options)
         options_.trust_coefficient));
   }
   if (!(options_.eps >= 0.0)) {
-    throw ConfigError(fmt::format(
-        "LARCOptions::eps = {} is invalid; use a value >= 0", options_.eps));
+    throw ConfigError(
+        fmt::format("LARCOptions::eps = {} is invalid; use a value >= 0", options_.eps));
   }
 }
 

@@ -399,13 +399,12 @@ void check_adam_moments(
     const std::array<double, 2>& betas, double eps, const std::string& options_name) {
   for (size_t i = 0; i < betas.size(); ++i) {
     if (!(betas[i] >= 0.0 && betas[i] < 1.0)) {
-      throw ConfigError(fmt::format("{}::betas[{}] = {} is invalid; each beta must be in [0, 1)",
-                                    options_name, i, betas[i]));
+      throw ConfigError(fmt::format(
+          "{}::betas[{}] = {} is invalid; each beta must be in [0, 1)", options_name, i, betas[i]));
     }
   }
   if (!(eps >= 0.0)) {
-    throw ConfigError(
-        fmt::format("{}::eps = {} is invalid; use a value >= 0", options_name, eps));
+    throw ConfigError(fmt::format("{}::eps = {} is invalid; use a value >= 0", options_name, eps));
   }
 }
 

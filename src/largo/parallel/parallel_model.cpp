@@ -154,7 +154,8 @@ void ParallelModel::drop_gradients(const std::vector<std::string>& names) {
   const std::vector<std::string> whole = whole_model_names();
   for (const std::string& name : names) {
     if (std::find(whole.begin(), whole.end(), name) == whole.end()) {
-      throw Error(fmt::format("ParallelModel::drop_gradients: the model has no parameter {}", name));
+      throw Error(
+          fmt::format("ParallelModel::drop_gradients: the model has no parameter {}", name));
     }
   }
   const std::set<std::string> dropped(names.begin(), names.end());

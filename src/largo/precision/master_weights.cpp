@@ -132,7 +132,9 @@ void MasterWeights::load_state_dict(const c10::impl::GenericDict& state) {
         "the checkpoint's float32 master weights do not match this model (missing: [{}]; "
         "unexpected: [{}]; wrong shape: [{}]); it was written with a different model or "
         "ParallelOptions::precision setting (keep_batchnorm_fp32, opt_level)",
-        fmt::join(missing, ", "), fmt::join(unexpected, ", "), fmt::join(mismatched, ", ")));
+        fmt::join(missing, ", "),
+        fmt::join(unexpected, ", "),
+        fmt::join(mismatched, ", ")));
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < masters_.size(); ++i) {

@@ -16,7 +16,6 @@
 namespace largo::precision {
 namespace {
 
-
 OptLevel parse_opt_level(const std::string& text) {
   if (text == "O0") {
     return OptLevel::kO0;
@@ -116,9 +115,10 @@ PrecisionPolicy resolve_precision_policy(const PrecisionPolicyOptions& options) 
       static_scale = parse_number(*options.loss_scale);
       if (!static_scale || !(*static_scale > 0) || !std::isfinite(*static_scale) ||
           !std::isfinite(static_cast<float>(*static_scale))) {
-        throw OptionError("PrecisionPolicyOptions::loss_scale",
-                          *options.loss_scale,
-                          "\"dynamic\" or a number > 0 that float32 can hold");
+        throw OptionError(
+            "PrecisionPolicyOptions::loss_scale",
+            *options.loss_scale,
+            "\"dynamic\" or a number > 0 that float32 can hold");
       }
     }
   }

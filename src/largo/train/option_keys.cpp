@@ -12,13 +12,16 @@ namespace {
 // ParallelOptions::data_parallelism), the option and its value -> the key that sets it.
 const std::map<std::string, std::string>& option_keys() {
   static const std::map<std::string, std::string> keys = {
-      {"ActivationCheckpointingOptions", "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"},
-      {"ActivationCheckpointingOptions::num_splits", "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS"},
+      {"ActivationCheckpointingOptions",
+       "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"},
+      {"ActivationCheckpointingOptions::num_splits",
+       "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS"},
       {"AdamOptions::betas", "OPTIMIZER.betas"},
       {"AdamOptions::eps", "OPTIMIZER.eps"},
       {"AdamWOptions::betas", "OPTIMIZER.betas"},
       {"AdamWOptions::eps", "OPTIMIZER.eps"},
-      {"AutoLrScaling::base_lr_batch_size", "OPTIMIZER.param_schedulers.lr.auto_lr_scaling.base_lr_batch_size"},
+      {"AutoLrScaling::base_lr_batch_size",
+       "OPTIMIZER.param_schedulers.lr.auto_lr_scaling.base_lr_batch_size"},
       {"AutoLrScaling::scaling_type", "OPTIMIZER.param_schedulers.lr.auto_lr_scaling.scaling_type"},
       {"BarlowTwinsLossOptions::lambda", "LOSS.barlow_twins_loss.lambda_"},
       {"BarlowTwinsLossOptions::scale_loss", "LOSS.barlow_twins_loss.scale_loss"},
@@ -31,15 +34,18 @@ const std::map<std::string, std::string>& option_keys() {
       {"DataSplitOptions (test split)", "DATA.TEST (the test split)"},
       {"DataSplitOptions (train split)", "DATA.TRAIN (the train split)"},
       {"DistributedDataParallelOptions::bucket_cap_bytes", "DATA.DDP_BUCKET_CAP_MB"},
-      {"DistributedDataParallelOptions::find_unused_parameters", "DISTRIBUTED.FIND_UNUSED_PARAMETERS"},
+      {"DistributedDataParallelOptions::find_unused_parameters",
+       "DISTRIBUTED.FIND_UNUSED_PARAMETERS"},
       {"DistributedDataParallelOptions::manual_reduction", "DISTRIBUTED.MANUAL_GRADIENT_REDUCTION"},
       {"FeatureEvalOptions::eval_mode_on", "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON"},
-      {"FeatureEvalOptions::freeze_trunk_and_head", "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_AND_HEAD"},
+      {"FeatureEvalOptions::freeze_trunk_and_head",
+       "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_AND_HEAD"},
       {"FeatureEvalOptions::freeze_trunk_only", "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY"},
       {"FeatureEvalOptions::heads", "MODEL.HEAD.PARAMS"},
       {"FeatureEvalOptions::taps", "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP"},
       {"FullyShardedDataParallelOptions::compute_dtype", "MODEL.FSDP_CONFIG.compute_dtype"},
-      {"FullyShardedDataParallelOptions::fp32_reduce_scatter", "MODEL.FSDP_CONFIG.fp32_reduce_scatter"},
+      {"FullyShardedDataParallelOptions::fp32_reduce_scatter",
+       "MODEL.FSDP_CONFIG.fp32_reduce_scatter"},
       {"GradScalerOptions::backoff_factor", "MODEL.AMP_PARAMS.GRAD_SCALER.BACKOFF_FACTOR"},
       {"GradScalerOptions::growth_factor", "MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_FACTOR"},
       {"GradScalerOptions::growth_interval", "MODEL.AMP_PARAMS.GRAD_SCALER.GROWTH_INTERVAL"},
@@ -65,10 +71,13 @@ const std::map<std::string, std::string>& option_keys() {
       {"NormOptions::groupnorm_groups", "MODEL.TRUNK.RESNETS.GROUPNORM_GROUPS"},
       {"NormOptions::type", "MODEL.TRUNK.RESNETS.NORM"},
       {"OptimizerSpec::name", "OPTIMIZER.name"},
-      {"ParallelOptions::data_parallelism = FSDP (ZeRO-3)", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP = True (FSDP, ZeRO-3)"},
+      {"ParallelOptions::data_parallelism = FSDP (ZeRO-3)",
+       "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP = True (FSDP, ZeRO-3)"},
       {"ParallelOptions::data_parallelism = ZeRO-1", "OPTIMIZER.use_zero = True (ZeRO-1)"},
-      {"ParallelOptions::data_parallelism = ZeRO-2", "MODEL.SHARDED_DDP_SETUP.USE_SDP = True (ZeRO-2)"},
-      {"ParallelOptions::offload_optimizer", "OPTIMIZER.offload_optimizer (ZeRO-1/2) or MODEL.FSDP_CONFIG.offload_optimizer (FSDP)"},
+      {"ParallelOptions::data_parallelism = ZeRO-2",
+       "MODEL.SHARDED_DDP_SETUP.USE_SDP = True (ZeRO-2)"},
+      {"ParallelOptions::offload_optimizer",
+       "OPTIMIZER.offload_optimizer (ZeRO-1/2) or MODEL.FSDP_CONFIG.offload_optimizer (FSDP)"},
       {"ParallelOptions::pipeline.size", "DISTRIBUTED.PIPELINE_SIZE"},
       {"ParallelOptions::precision", "MODEL.AMP_PARAMS"},
       {"ParallelOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
@@ -101,7 +110,8 @@ const std::map<std::string, std::string>& option_keys() {
       {"ScheduleOptions.", "OPTIMIZER.param_schedulers.lr."},
       {"ScheduleOptions::num_epochs", "OPTIMIZER.num_epochs"},
       {"ShardedDataParallelOptions::find_unused_parameters", "DISTRIBUTED.FIND_UNUSED_PARAMETERS"},
-      {"ShardedDataParallelOptions::reduce_buffer_bytes", "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size"},
+      {"ShardedDataParallelOptions::reduce_buffer_bytes",
+       "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size"},
       {"ShardedOptimizerOptions::make_base_optimizer", "OPTIMIZER.base_optimizer"},
       {"SimclrInfoNceOptions::temperature", "LOSS.simclr_info_nce_loss.temperature"},
       {"SmallCnnOptions::channels", "MODEL.TRUNK.SMALL_CNN.CHANNELS"},
@@ -135,11 +145,15 @@ const std::map<std::string, std::string>& option_keys() {
       {"WebDatasetSamplerOptions::shuffle_buffer", "DATA.TRAIN.WEBDATASET.SHUFFLE_BUFFER"},
       {"WebDatasetSamplerOptions::streams_per_replica", "DATA.NUM_DATALOADER_WORKERS"},
       {"WrapPolicy::min_trainable_parameters", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD"},
-      {"a new run that loads only the checkpoint's weights", "a new run (another CHECKPOINT.DIR) with MODEL.WEIGHTS_INIT.PARAMS_FILE set to the checkpoint"},
+      {"a new run that loads only the checkpoint's weights",
+       "a new run (another CHECKPOINT.DIR) with MODEL.WEIGHTS_INIT.PARAMS_FILE set to the "
+       "checkpoint"},
       {"clip_grad_norm's max_norm", "MODEL.GRAD_CLIP.MAX_NORM"},
       {"clip_grad_norm's norm_type", "MODEL.GRAD_CLIP.NORM_TYPE"},
-      {"the batch size per replica and the number of nodes and processes per node", "DATA.TRAIN.BATCHSIZE_PER_REPLICA and DISTRIBUTED.NUM_NODES / NUM_PROC_PER_NODE"},
-      {"the parameter groups' options (ParamGroupOptions)", "the OPTIMIZER.regularize_* / head settings"},
+      {"the batch size per replica and the number of nodes and processes per node",
+       "DATA.TRAIN.BATCHSIZE_PER_REPLICA and DISTRIBUTED.NUM_NODES / NUM_PROC_PER_NODE"},
+      {"the parameter groups' options (ParamGroupOptions)",
+       "the OPTIMIZER.regularize_* / head settings"},
   };
   return keys;
 }
@@ -187,7 +201,8 @@ void rethrow_in_yaml_keys(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
   } catch (const OptionError& option) {
-    if (yaml_key_for(option.option()) == option.option()) {
+    const bool library_option = option.option().find("::") != std::string::npos;
+    if (library_option && yaml_key_for(option.option()) == option.option()) {
       std::rethrow_exception(error); // no key sets it: a library user's option, as it was
     }
     throw ConfigError(

@@ -281,7 +281,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
     throw ConfigError(fmt::format(
         "DistributedDataParallelOptions::bucket_cap_bytes must be > 0 (bucket cap {} bytes, "
         "first bucket {} bytes)",
-        options.bucket_cap_bytes, options.first_bucket_cap_bytes));
+        options.bucket_cap_bytes,
+        options.first_bucket_cap_bytes));
   }
   reducer_->module = std::move(module);
   reducer_->group = std::move(group);

@@ -104,14 +104,17 @@ std::vector<ParameterSize> parameter_sizes(const torch::nn::Module& module,
 
 void MemoryEstimateOptions::validate() const {
   if (world_size < 1) {
-    throw OptionError("MemoryEstimateOptions::world_size", std::to_string(world_size), "an integer >= 1");
+    throw OptionError(
+        "MemoryEstimateOptions::world_size", std::to_string(world_size), "an integer >= 1");
   }
   if (stage < 0 || stage > 3) {
     throw OptionError("MemoryEstimateOptions::stage", std::to_string(stage), "0 (DDP), 1, 2 or 3");
   }
   if (rank < 0 || rank >= world_size) {
-    throw OptionError("MemoryEstimateOptions::rank", std::to_string(rank),
-                       fmt::format("a rank in [0, {}) (the world size)", world_size));
+    throw OptionError(
+        "MemoryEstimateOptions::rank",
+        std::to_string(rank),
+        fmt::format("a rank in [0, {}) (the world size)", world_size));
   }
   if (offload_optimizer && stage == 0) {
     throw OptionError(
