@@ -48,6 +48,8 @@
 // (with ZeRO and FSDP, optimizer_state_dict() gives it on the first replica only: the
 // replicas' pieces are consolidated there; FSDP's model_state_dict() too). In a pipeline each
 // stage's rank exchanges activations with the other stages' ranks of the same shards.
+// Tensor parallelism is no mode of its own: every mode's ParallelModel holds the mesh's "tp"
+// dimension and completes its gathers, norms and placements over it (docs/parallelism.md).
 //
 // The order that makes them compose is fixed here, in parallelize():
 //   1. activation checkpointing is planned: its probe steps run forward and backward on the
@@ -110,6 +112,8 @@
 #include <vector>
 
 namespace largo::parallel {
+
+class TensorParallelDimension; // tensor_parallel/tensor_parallel_dimension.h (private)
 
 enum class DataParallelism {
   kDdp,   // every rank holds everything; gradients all-reduced (one process: plain local)
@@ -395,9 +399,7 @@ class ParallelModel {
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   // ZeRO 1-3: this rank's piece of the optimizer state; nullopt when the optimizer is whole
   // (optimizer_state_dict()), and with tensor parallelism (whose ZeRO state is consolidated).
-  virtual std::optional<OptimizerShard> optimizer_shard() {
-    return std::nullopt;
-  }
+  std::optional<OptimizerShard> optimizer_shard();
   // Without a shard: the whole model's optimizer state (optim/optimizer.h's format) on rank
   // 0: optimizer().state_dict(); a pipeline gathers every stage's on pipeline rank 0 (None
   // elsewhere; collective over the pipeline). With tensor parallelism the unsharded model's,
@@ -423,7 +425,7 @@ class ParallelModel {
   virtual void
   update_full_parameter(const std::string& name, const std::function<void(at::Tensor&)>& update);
   // Trained parameter name -> its full shape (to consolidate sharded optimizer state).
-  virtual std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
+  std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
 
  protected:
   ParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
@@ -449,8 +451,18 @@ class ParallelModel {
   virtual double clip_gradients(double max_norm, double norm_type);
   virtual std::string describe_mode() const = 0;
   // Each strategy states its dimensions' placements over the default (every parameter
-  // replicated on every dimension).
+  // replicated on every dimension); the "tp" dimension's are added after.
   virtual void place(StatePlacements& /*placements*/) const {}
+  // The sharded modes' pieces of the optimizer state (optimizer_shard() without tensor
+  // parallelism).
+  virtual std::optional<OptimizerShard> optimizer_pieces() {
+    return std::nullopt;
+  }
+  // Trained parameter name -> the shape this rank's module holds it in (tensor
+  // parallelism's slices): the optimizer's groups' shapes unless the optimizer steps pieces.
+  virtual std::map<std::string, std::vector<int64_t>> local_parameter_shapes() const;
+  // The module's device (where tensor parallelism's collectives run).
+  at::Device module_device() const;
   virtual void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const;
 
   torch::nn::AnyModule model_;
@@ -465,6 +477,9 @@ class ParallelModel {
   std::optional<SequentialCheckpointPlan> checkpoint_plan_;
   std::optional<ActivationMemoryReport> activation_memory_report_;
   std::unique_ptr<CheckpointedSegments> checkpointing_; // installed last, removed first
+  // The mesh's "tp" dimension, which every strategy composes with (the identity over one
+  // "tp" rank): built from the module before a strategy flattens its parameters.
+  std::unique_ptr<TensorParallelDimension> tensor_parallel_;
 
   friend std::unique_ptr<ParallelModel> parallelize(
       ModelToParallelize,

@@ -1,6 +1,9 @@
+#include "tensor_parallel/tensor_parallel_dimension.h"
+
 #include <largo/parallel/parallelize.h>
 
 #include <largo/core/byte_format.h>
+#include <largo/models/module_device.h>
 #include <largo/core/error.h>
 #include <largo/core/memory_tracker.h>
 #include <largo/optim/grad_clipping.h>
@@ -89,7 +92,8 @@ ParallelModel::ParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceM
       group_(mesh_->world_group()),
       replicas_(mesh_->group("dp")),
       options_(std::move(options)),
-      precision_(std::move(precision)) {}
+      precision_(std::move(precision)),
+      tensor_parallel_(std::make_unique<TensorParallelDimension>(*module_, *mesh_)) {}
 
 ParallelModel::ParallelModel(std::shared_ptr<torch::nn::Module> module,
                              std::shared_ptr<DeviceMesh> mesh, ParallelOptions options,
@@ -99,7 +103,8 @@ ParallelModel::ParallelModel(std::shared_ptr<torch::nn::Module> module,
       group_(mesh_->world_group()),
       replicas_(mesh_->group("dp")),
       options_(std::move(options)),
-      precision_(std::move(precision)) {}
+      precision_(std::move(precision)),
+      tensor_parallel_(std::make_unique<TensorParallelDimension>(*module_, *mesh_)) {}
 
 ParallelModel::~ParallelModel() = default;
 
@@ -190,6 +195,9 @@ double ParallelModel::clip_gradients(double max_norm, double norm_type) {
 
 std::string ParallelModel::describe() const {
   std::string text = describe_mode();
+  if (tensor_parallel_->enabled()) {
+    text += "; " + tensor_parallel_->describe();
+  }
   if (options_.offload_optimizer) {
     text += "; optimizer state offloaded to host memory and stepped there";
   }
@@ -250,11 +258,12 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::model_state_dict(
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
     state.emplace_back(item.key(), to_cpu(item.value()));
   }
-  return state;
+  return tensor_parallel_->whole(std::move(state), module_device());
 }
 
 void ParallelModel::load_model_state_dict(
-    const std::unordered_map<std::string, at::Tensor>& state) {
+    const std::unordered_map<std::string, at::Tensor>& whole) {
+  const std::unordered_map<std::string, at::Tensor> state = tensor_parallel_->slices(whole);
   torch::NoGradGuard no_grad;
   auto load = [&](const std::string& name, at::Tensor& target) {
     auto found = state.find(name);
@@ -283,7 +292,7 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_parameters()
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     values.emplace_back(item.key(), item.value().detach().clone());
   }
-  return values;
+  return tensor_parallel_->whole(std::move(values), module_device());
 }
 
 void ParallelModel::update_full_parameter(
@@ -292,7 +301,7 @@ void ParallelModel::update_full_parameter(
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (item.key() == name) {
       at::Tensor value = item.value();
-      update(value);
+      tensor_parallel_->update_of(name, update)(value);
       return;
     }
   }
@@ -301,11 +310,19 @@ void ParallelModel::update_full_parameter(
 }
 
 c10::IValue ParallelModel::optimizer_state_dict() {
-  return optimizer_->state_dict();
+  return tensor_parallel_->optimizer_state(
+      optimizer_->state_dict(), optimizer_->param_groups(), /*gather=*/true);
 }
 
 void ParallelModel::load_optimizer_state_dict(const c10::IValue& state) {
-  optimizer_->load_state_dict(state);
+  optimizer_->load_state_dict(
+      tensor_parallel_->optimizer_state(state, optimizer_->param_groups(), /*gather=*/false));
+}
+
+std::optional<OptimizerShard> ParallelModel::optimizer_shard() {
+  // With tensor parallelism the pieces are of slices: the state is consolidated instead
+  // (optimizer_state_dict), so that its checkpoint is the unsharded model's.
+  return tensor_parallel_->enabled() ? std::nullopt : optimizer_pieces();
 }
 
 torch::OrderedDict<std::string, at::Tensor> ParallelModel::local_state() const {
@@ -351,10 +368,19 @@ StatePlacements ParallelModel::placements() const {
   }
   StatePlacements placements(std::move(parameters));
   place(placements);
+  tensor_parallel_->place(placements);
   return placements;
 }
 
 std::map<std::string, std::vector<int64_t>> ParallelModel::trained_parameter_shapes() const {
+  return tensor_parallel_->whole_shapes(local_parameter_shapes());
+}
+
+at::Device ParallelModel::module_device() const {
+  return models::module_device(*module_);
+}
+
+std::map<std::string, std::vector<int64_t>> ParallelModel::local_parameter_shapes() const {
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& group : optimizer_->param_groups()) {
     for (size_t i = 0; i < group.params.size(); ++i) {

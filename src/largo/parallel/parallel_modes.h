@@ -8,6 +8,9 @@
 
 namespace largo::parallel {
 
+// Every mode composes with the mesh's "tp" dimension, which ParallelModel holds
+// (tensor_parallel/tensor_parallel_dimension.h): no mode has a class of its own for it.
+
 // DDP, ZeRO-1 and ZeRO-2 (or one process): the data-parallel stage of
 // options.data_parallelism over the mesh's "dp" group (data_parallel_model.cpp).
 std::unique_ptr<ParallelModel> make_data_parallel_model(
@@ -15,27 +18,16 @@ std::unique_ptr<ParallelModel> make_data_parallel_model(
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
-// FSDP (ZeRO-3), over the replicas of tensor-parallel shards too (as
-// make_tensor_parallel_model says).
+// FSDP (ZeRO-3) over the mesh's "dp" group (fsdp_model.cpp).
 std::unique_ptr<ParallelModel> make_fsdp_model(
     torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
 
-// DDP, ZeRO-1 or ZeRO-2 (or one process) over the mesh's "dp" group, of a module whose
-// layers are tensor-parallel over its "tp" group (tensor_parallel_model.cpp).
-std::unique_ptr<ParallelModel> make_tensor_parallel_model(
-    torch::nn::AnyModule model,
-    std::shared_ptr<DeviceMesh> mesh,
-    ParallelOptions options,
-    std::unique_ptr<precision::MixedPrecision> precision,
-    std::vector<optim::ParamGroup> param_groups,
-    const OptimizerFactory& make_optimizer);
-
 // Whether options.tensor_parallel_size > 1.
 bool tensor_parallel_enabled(const ParallelOptions& options);
-// The checks of the options alone (check_parallel_options): the modes tensor parallelism
-// composes with. Throws OptionError.
+// The checks of the options alone (check_parallel_options; tensor_parallel_checks.cpp): the
+// modes tensor parallelism composes with. Throws OptionError.
 void check_tensor_parallel_options(const ParallelOptions& options);
 // That `module` is sharded for options.tensor_parallel_size (the mesh's "tp" size), and not
 // sharded without tensor parallelism. Throws OptionError naming

@@ -276,13 +276,6 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
   const OptimizerFactory make_shard_optimizer =
       options.offload_optimizer ? offload_to_host(make_optimizer) : make_optimizer;
   std::unique_ptr<ParallelModel> parallel;
-  // DDP or ZeRO-1/2 over the replicas of tensor-parallel shards (FSDP holds them itself).
-  if (tensor_parallel_enabled(options) && options.data_parallelism != DataParallelism::kFsdp) {
-    parallel = make_tensor_parallel_model(
-        model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);
-    parallel->precision().copy_model_to_masters();
-    return parallel;
-  }
   if (options.data_parallelism == DataParallelism::kFsdp) {
     parallel = make_fsdp_model(
         model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);

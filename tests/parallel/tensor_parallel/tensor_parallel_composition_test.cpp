@@ -404,9 +404,10 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
       << described; // the pipeline cuts below put encoder layers on every stage
   const char* data_parallel =
       mesh.pipeline                                      ? "pipeline: world "
-      : mesh.data_parallelism == DataParallelism::kZero1 ? "ZeRO stage 1 over 2 replica(s); DDP"
+      : mesh.data_parallelism == DataParallelism::kZero1
+          ? "ZeRO stage 1: optimizer state sharded over 2 rank(s)"
       : mesh.data_parallelism == DataParallelism::kZero2
-          ? "ZeRO stage 2 over 2 replica(s); gradients reduced to their owners"
+          ? "ZeRO stage 2: optimizer state and gradients sharded over 2 rank(s)"
       : mesh.data_parallelism == DataParallelism::kFsdp
           ? "ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded over 2 rank(s)"
           : "DDP over 2 ranks";

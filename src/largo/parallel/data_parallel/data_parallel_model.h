@@ -4,7 +4,13 @@
 //   stage 1: the optimizer state sharded, full gradients all-reduced, each rank reads its part;
 //   stage 2: the gradients reduced to their owner's shard as well.
 // One process is stage 0 without a reducer (or a sharded optimizer of one shard).
-// Private to the parallel layer: tensor_parallel_model.cpp composes tensor parallelism over it.
+// With tensor parallelism (torchtitan's 2-D parallelism) the module holds this rank's slices
+// of the split layers and the replicas are the ranks holding the same slices: they average
+// (and ZeRO partitions) like with like, and what must see the unsharded model (the gradient
+// norm, LARC's and LAMB's per-parameter norms, the state) is completed over the "tp"
+// dimension (tensor_parallel_dimension.h). ZeRO's optimizer state is then consolidated over
+// the replicas (as FairScale's OSS does on one rank) before its slices are gathered, so that
+// a checkpoint holds no per-rank shard files. Private to the parallel layer.
 #pragma once
 
 #include "../parallel_modes.h"
@@ -15,17 +21,18 @@ namespace largo::parallel {
 
 class DataParallelModel : public ParallelModel {
  public:
-  // `complete_norms`, when given, completes the optimizer's per-parameter norms (LARC's,
-  // LAMB's) beyond this rank's tensors (tensor parallelism's shards).
   DataParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
                     ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
                     std::vector<optim::ParamGroup> param_groups,
-                    const OptimizerFactory& make_optimizer,
-                    const ParameterNormCompletion& complete_norms = {});
+                    const OptimizerFactory& make_optimizer);
 
-  std::optional<OptimizerShard> optimizer_shard() override;
+  // With tensor parallelism and ZeRO: the unsharded model's, on the first replica only (None
+  // on the others). Collective there (replicas, then shards).
+  c10::IValue optimizer_state_dict() override;
+  void load_optimizer_state_dict(const c10::IValue& state) override;
 
  protected:
+  std::optional<OptimizerShard> optimizer_pieces() override;
   void before_forward() override;
   std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync() override;
   void reduce_gradients() override;

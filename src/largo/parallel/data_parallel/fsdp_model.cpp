@@ -1,14 +1,13 @@
-// FSDP (ZeRO-3): parameters, gradients and optimizer state sharded over the ranks; with
-// tensor parallelism (torchtitan's 2-D FSDP x TP), over the replicas of a module whose layers
-// are split over the mesh's "tp" group: FSDP flattens and shards each rank's slices, and what
-// must see the unsharded model (the gradient norm, LARC's and LAMB's per-parameter norms, the
-// model and optimizer state) is completed over the tensor-parallel group, as
-// tensor_parallel_model.cpp does for DDP and ZeRO-1/2.
+// FSDP (ZeRO-3): parameters, gradients and optimizer state sharded over the mesh's "dp"
+// group; with tensor parallelism (torchtitan's 2-D FSDP x TP), over the replicas of a module
+// whose layers are split over the "tp" group: FSDP flattens and shards each rank's slices,
+// and what must see the unsharded model (the gradient norm, LARC's and LAMB's per-parameter
+// norms, the model and optimizer state) is completed over the "tp" dimension after FSDP's own
+// gathers (tensor_parallel_dimension.h).
 #include "../parallel_modes.h"
-#include "../tensor_parallel/tensor_parallel_state.h"
+#include "../tensor_parallel/tensor_parallel_dimension.h"
 
 #include <largo/core/memory_tracker.h>
-#include <largo/models/module_device.h>
 #include <largo/optim/grad_clipping.h>
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
 #include <largo/parallel/mesh/device_mesh.h>
@@ -26,60 +25,50 @@ class FsdpModel : public ParallelModel {
             std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer)
       : ParallelModel(model, std::move(mesh), std::move(options), std::move(precision)) {
     // FSDP shards over the mesh's "dp" group (replicas_), of the "tp" group's slices.
-    ParameterNormCompletion tensor_parallel_norms;
-    if (tensor_parallel_enabled(options_)) {
-      tp_.emplace(*module_, mesh_->group("tp"));
-      tensor_parallel_norms = [this](const std::vector<optim::ParamGroup>& piece_groups) {
-        return tp_->parameter_norm_reducer(piece_groups);
-      };
-    }
     fsdp_ = std::make_unique<FullyShardedDataParallel>(std::move(model), replicas_, options_.fsdp);
     // Over this rank's pieces.
-    set_optimizer(fsdp_->make_optimizer(param_groups, make_optimizer, tensor_parallel_norms));
+    set_optimizer(fsdp_->make_optimizer(
+        param_groups, make_optimizer, tensor_parallel_->parameter_norms()));
   }
 
   // On the first replica, with tensor parallelism: its ranks are each other's shards.
   std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
-    return whole_slices(fsdp_->full_state_on_rank(root));
+    return tensor_parallel_->whole(fsdp_->full_state_on_rank(root), module_device());
   }
   void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override {
-    fsdp_->load_full_state(tp_ ? tp_->shard(state) : state); // each rank keeps its shard
+    fsdp_->load_full_state(tensor_parallel_->slices(state)); // each rank keeps its shard
   }
   void update_full_parameter(
       const std::string& name, const std::function<void(at::Tensor&)>& update) override {
-    if (!tp_ || !tp_->is_shard(name)) {
-      fsdp_->update_full_parameter(name, update);
-      return;
-    }
-    fsdp_->update_full_parameter(
-        name, [&](at::Tensor& slice) { tp_->update_full_slice(name, slice, update); });
+    fsdp_->update_full_parameter(name, tensor_parallel_->update_of(name, update));
   }
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
-    return whole_slices(fsdp_parameters());
+    return tensor_parallel_->whole(fsdp_parameters(), module_device());
   }
 
-  // With tensor parallelism the unsharded model's, consolidated over the replicas on the
-  // first one (None on the others), then gathered over the shards; the checkpoint layer
-  // then writes no shard files (optimizer_shard() is nullopt). Collective.
+  // Without tensor parallelism the checkpoint writes this rank's pieces (optimizer_pieces());
+  // with it, the unsharded model's, consolidated over the replicas on the first one (None on
+  // the others), then gathered over the shards. Collective.
   c10::IValue optimizer_state_dict() override {
-    if (!tp_) {
+    if (optimizer_shard()) {
       return ParallelModel::optimizer_state_dict();
     }
     const c10::IValue own = consolidate_on_first_rank(
-        *optimizer_, fsdp_->piece_ownership(), "fsdp", fsdp_->process_group(), slice_shapes());
-    if (own.isNone()) {
-      return own;
-    }
-    return tp_->map_optimizer_state(own, module_parameter_groups(), /*gather=*/true);
+        *optimizer_,
+        fsdp_->piece_ownership(),
+        "fsdp",
+        fsdp_->process_group(),
+        local_parameter_shapes());
+    return tensor_parallel_->optimizer_state(own, module_parameter_groups(), /*gather=*/true);
   }
   void load_optimizer_state_dict(const c10::IValue& state) override {
-    if (!tp_) {
+    if (optimizer_shard()) {
       ParallelModel::load_optimizer_state_dict(state);
       return;
     }
     const c10::IValue own =
-        tp_->map_optimizer_state(state, module_parameter_groups(), /*gather=*/false);
-    const auto shapes = slice_shapes();
+        tensor_parallel_->optimizer_state(state, module_parameter_groups(), /*gather=*/false);
+    const auto shapes = local_parameter_shapes();
     load_resharded_piece_state(*optimizer_, fsdp_->piece_ownership(), 1, [&](int) {
       return whole_state_as_single_shard(own, shapes);
     });
@@ -103,45 +92,51 @@ class FsdpModel : public ParallelModel {
     }
     return tensors;
   }
-  std::optional<OptimizerShard> optimizer_shard() override {
-    if (tp_) {
-      return std::nullopt;
-    }
-    return OptimizerShard{optimizer_.get(), fsdp_->piece_ownership(), "fsdp"};
-  }
-  // The optimizer's groups hold 1-D pieces; the module keeps the shapes.
-  std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
-    return tp_ ? tp_->full_shapes(slice_shapes()) : slice_shapes();
-  }
   bool forward_communicates_without_grad() const override {
     return true; // units are gathered for evaluation too
-  }
-  // Flat shards over "dp", gathered into the module as compute copies (in compute_dtype when
-  // one is set); with tensor parallelism, of the split layers' slices.
-  void place(StatePlacements& placements) const override {
-    placements.place_all("dp", Placement::flat_shard(), Placement::flat_shard());
-    if (tp_) {
-      tp_->place(placements);
-    }
   }
 
  protected:
   at::Tensor run_forward(const at::Tensor& input) override {
     return fsdp_->forward(input);
   }
+  std::optional<OptimizerShard> optimizer_pieces() override {
+    return OptimizerShard{optimizer_.get(), fsdp_->piece_ownership(), "fsdp"};
+  }
+  // The optimizer's groups hold 1-D pieces; the module keeps the shapes (this rank's slices
+  // with tensor parallelism).
+  std::map<std::string, std::vector<int64_t>> local_parameter_shapes() const override {
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+      if (item.value().requires_grad()) {
+        shapes[item.key()] = item.value().sizes().vec();
+      }
+    }
+    return shapes;
+  }
+  // Flat shards over "dp", gathered into the module as compute copies (in compute_dtype when
+  // one is set).
+  void place(StatePlacements& placements) const override {
+    placements.place_all("dp", Placement::flat_shard(), Placement::flat_shard());
+  }
+  // With tensor parallelism the pieces' partial norms are summed over the replicas, then
+  // completed over the shards.
   double clip_gradients(double max_norm, double norm_type) override {
-    if (!tp_) {
+    if (!tensor_parallel_->enabled()) {
       return fsdp_->clip_grad_norm(max_norm, norm_type);
     }
     const std::vector<at::Tensor> pieces = fsdp_->shard_parameters(); // gradients attached
-    TensorParallelState::NamedTensors named;
+    TensorParallelDimension::NamedTensors named;
     for (const auto& group : optimizer_->param_groups()) { // the same pieces, by name
       for (size_t i = 0; i < group.params.size(); ++i) {
         named.emplace_back(group.names.at(i), group.params[i]);
       }
     }
     return optim::clip_grad_norm(
-        pieces, max_norm, norm_type, tp_->piece_norm_reducer(named, norm_type, replicas_));
+        pieces,
+        max_norm,
+        norm_type,
+        tensor_parallel_->state().piece_norm_reducer(named, norm_type, replicas_));
   }
   std::string describe_mode() const override;
   void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const override;
@@ -162,16 +157,6 @@ class FsdpModel : public ParallelModel {
     }
     return values;
   }
-  // This rank's trained parameters' shapes (its slices with tensor parallelism).
-  std::map<std::string, std::vector<int64_t>> slice_shapes() const {
-    std::map<std::string, std::vector<int64_t>> shapes;
-    for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-      if (item.value().requires_grad()) {
-        shapes[item.key()] = item.value().sizes().vec();
-      }
-    }
-    return shapes;
-  }
   // The module's trained parameters as one group (their names and shapes), for
   // TensorParallelState::map_optimizer_state, which the optimizer's pieces cannot serve.
   std::vector<optim::ParamGroup> module_parameter_groups() const {
@@ -184,30 +169,7 @@ class FsdpModel : public ParallelModel {
     }
     return {group};
   }
-  // `state` (empty on ranks that get none) with tensor parallelism's slices gathered whole
-  // (a collective over its group, on the model's device); as it is without.
-  std::vector<std::pair<std::string, at::Tensor>>
-  whole_slices(std::vector<std::pair<std::string, at::Tensor>> state) const {
-    if (!tp_ || state.empty()) {
-      return state;
-    }
-    const at::Device device = models::module_device(*module_);
-    std::vector<at::Device> homes;
-    for (auto& [name, tensor] : state) {
-      homes.push_back(tensor.device());
-      if (tp_->is_shard(name)) {
-        tensor = tensor.to(device);
-      }
-    }
-    state = tp_->unshard(std::move(state));
-    for (size_t i = 0; i < state.size(); ++i) {
-      state[i].second = state[i].second.to(homes[i]);
-    }
-    return state;
-  }
-
   std::unique_ptr<FullyShardedDataParallel> fsdp_;
-  std::optional<TensorParallelState> tp_; // with tensor parallelism
 };
 
 std::string FsdpModel::describe_mode() const {
@@ -223,12 +185,10 @@ std::string FsdpModel::describe_mode() const {
                     c10::toString(*options.compute_dtype),
                     options.fp32_reduce_scatter ? "float32" : c10::toString(*options.compute_dtype))
       : std::string("compute in the parameters' dtype");
-  const std::string tensor_parallel = tp_ ? tp_->describe() + "; " : std::string();
   return fmt::format(
-      "{}ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded "
+      "ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded "
       "over {} rank(s) ({}), {:.2f} MiB of parameter shards per rank; units ({}): "
       "{}; reshard_after_forward {}, prefetch {}; {}",
-      tensor_parallel,
       replicas_->world_size(),
       replicas_->backend(),
       static_cast<double>(fsdp_->shard_bytes()) / (1024.0 * 1024.0),

@@ -9,9 +9,10 @@
 // each stage's planned layers are split over its "tp" group: a rank exchanges activations
 // with the ranks of the next and previous stages that hold the same shards (its "pp" group),
 // the gradient norm and the state are the unsharded model's (tensor_parallel_state.h), and
-// found_inf is agreed over the "tp" group too.
+// found_inf is agreed over the "tp" group too. The "tp" dimension
+// (tensor_parallel_dimension.h) makes each stage whole before the stages are merged.
 #include "../parallel_modes.h"
-#include "../tensor_parallel/tensor_parallel_state.h"
+#include "../tensor_parallel/tensor_parallel_dimension.h"
 
 #include <largo/core/error.h>
 #include <largo/models/module_device.h>
@@ -110,26 +111,22 @@ class PipelineModel : public ParallelModel {
       : ParallelModel(
             pipeline->module(), std::move(mesh), std::move(options), std::move(precision)),
         pipeline_(std::move(pipeline)) {
-    if (tensor_parallel_enabled(options_)) {
-      tp_.emplace(*module_, mesh_->group("tp"));
-    }
     auto own_groups = groups_of(std::move(param_groups), *module_);
+    // LARC's and LAMB's norms: the unsharded parameters' (ZeRO-1: over the replicas, then
+    // over the shards).
+    const ParameterNormCompletion complete_norms = tensor_parallel_->parameter_norms();
     if (options_.data_parallelism == DataParallelism::kZero1) {
       ShardedOptimizerOptions zero;
       zero.make_base_optimizer = make_optimizer;
-      if (tp_) { // the per-parameter norms over the replicas, then over the shards
-        zero.complete_parameter_norms = [this](const std::vector<optim::ParamGroup>& pieces) {
-          return tp_->parameter_norm_reducer(pieces);
-        };
-      }
+      zero.complete_parameter_norms = complete_norms;
       auto sharded = std::make_unique<ShardedOptimizer>(std::move(own_groups), replicas_, zero);
       sharded_ = sharded.get();
       set_optimizer(std::move(sharded));
     } else {
       set_optimizer(make_optimizer(std::move(own_groups)));
     }
-    if (tp_ && sharded_ == nullptr) { // LARC's and LAMB's norms: the unsharded parameters'
-      optimizer_->set_norm_reducer(tp_->parameter_norm_reducer(optimizer_->param_groups()));
+    if (complete_norms && sharded_ == nullptr) {
+      optimizer_->set_norm_reducer(complete_norms(optimizer_->param_groups()));
     }
   }
 
@@ -182,9 +179,6 @@ class PipelineModel : public ParallelModel {
     if (sharded_ != nullptr) {
       placements.place_all("dp", Placement::replicate(), Placement::flat_shard());
     }
-    if (tp_) {
-      tp_->place(placements);
-    }
   }
 
   // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).
@@ -201,29 +195,11 @@ class PipelineModel : public ParallelModel {
     }
     return state;
   }
-  void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override {
-    ParallelModel::load_model_state_dict(tp_ ? tp_->shard(state) : state);
-  }
-  void update_full_parameter(
-      const std::string& name, const std::function<void(at::Tensor&)>& update) override {
-    if (!tp_ || !tp_->update_full_value(*module_, name, update)) {
-      ParallelModel::update_full_parameter(name, update);
-    }
-  }
-  std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const override {
-    return tp_ ? tp_->full_shapes(optimizer_->param_groups())
-               : ParallelModel::trained_parameter_shapes();
-  }
   // Pipeline rank 0 gets every parameter; the others their stages' (a collective).
   std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
     auto state = model_state_dict(0);
-    if (state.empty() && !tp_) {
+    if (state.empty()) { // this rank's stages, whole (over "tp")
       return ParallelModel::full_parameters();
-    }
-    if (state.empty()) { // this rank's stages, whole
-      for (const auto& item : stage_state()) {
-        state.emplace_back(item.key().toStringRef(), item.value().toTensor().clone());
-      }
     }
     const auto& names = pipeline_->full_parameter_names();
     const std::unordered_set<std::string> parameters(names.begin(), names.end());
@@ -238,24 +214,19 @@ class PipelineModel : public ParallelModel {
   // ZeRO-1's pieces consolidated over the replicas (on the first), tensor parallelism's
   // slices gathered whole (over "tp"), then the stages merged (over "pp").
   c10::IValue optimizer_state_dict() override {
-    if (sharded_ == nullptr && !tp_) {
-      return full_optimizer_state_dict(*pipeline_, *optimizer_);
-    }
-    c10::IValue stage = sharded_ != nullptr ? stage_optimizer_state() : optimizer_->state_dict();
-    if (tp_ && !stage.isNone()) { // the first replica's ranks are each other's shards
-      stage = tp_->map_optimizer_state(stage, optimizer_->param_groups(), /*gather=*/true);
-    }
-    return merge_over_stages(stage);
+    const c10::IValue stage =
+        sharded_ != nullptr ? stage_optimizer_state() : optimizer_->state_dict();
+    // The first replica's ranks are each other's shards.
+    return merge_over_stages(
+        tensor_parallel_->optimizer_state(stage, optimizer_->param_groups(), /*gather=*/true));
   }
   void load_optimizer_state_dict(const c10::IValue& state) override {
     std::vector<std::string> names;
     for (const auto& param_group : optimizer_->param_groups()) {
       names.insert(names.end(), param_group.names.begin(), param_group.names.end());
     }
-    c10::IValue own = select_optimizer_state(state, names);
-    if (tp_) {
-      own = tp_->map_optimizer_state(own, optimizer_->param_groups(), /*gather=*/false);
-    }
+    const c10::IValue own = tensor_parallel_->optimizer_state(
+        select_optimizer_state(state, names), optimizer_->param_groups(), /*gather=*/false);
     if (sharded_ != nullptr) {
       sharded_->load_whole_state_dict(own);
     } else {
@@ -290,60 +261,49 @@ class PipelineModel : public ParallelModel {
   std::vector<at::Tensor> gradient_holders() const override {
     return sharded_ != nullptr ? sharded_->shard_parameters() : trained_parameters_;
   }
+  // Without tensor parallelism ZeRO-1's pieces of all ranks tile the whole model once, so
+  // their norms add up over the world. With it: each stage's norm completed over its shards
+  // (ZeRO-1: its pieces' summed over the replicas first), then summed over the stages.
   double clip_gradients(double max_norm, double norm_type) override {
-    if (sharded_ != nullptr && tp_) { // summed over the replicas, the shards, the stages
-      const std::vector<at::Tensor> pieces = sharded_->shard_parameters();
-      return optim::clip_grad_norm(
-          pieces,
-          max_norm,
-          norm_type,
-          tp_->piece_norm_reducer(
-              sharded_->named_shard_parameters(),
-              norm_type,
-              replicas_,
-              pipeline_->norm_reducer()));
+    if (!tensor_parallel_->enabled()) {
+      return sharded_ != nullptr
+          ? clip_grad_norm_of_pieces(sharded_->shard_parameters(), *group_, max_norm, norm_type)
+          : pipeline_->clip_grad_norm(max_norm, norm_type);
     }
+    const TensorParallelState& tp = tensor_parallel_->state();
     if (sharded_ != nullptr) {
-      return clip_grad_norm_of_pieces(sharded_->shard_parameters(), *group_, max_norm, norm_type);
-    }
-    if (tp_) { // each stage's norm over its shards, then summed over the stages
-      const auto parameters = pipeline_->parameters();
       return optim::clip_grad_norm(
-          parameters,
+          sharded_->shard_parameters(),
           max_norm,
           norm_type,
-          tp_->norm_reducer(parameters, norm_type, pipeline_->norm_reducer()));
+          tp.piece_norm_reducer(
+              sharded_->named_shard_parameters(), norm_type, replicas_, pipeline_->norm_reducer()));
     }
-    return pipeline_->clip_grad_norm(max_norm, norm_type);
+    const auto parameters = pipeline_->parameters();
+    return optim::clip_grad_norm(
+        parameters,
+        max_norm,
+        norm_type,
+        tp.norm_reducer(parameters, norm_type, pipeline_->norm_reducer()));
   }
   std::string describe_mode() const override {
-    const std::string tensor_parallel = tp_ ? "; " + tp_->describe() : std::string();
     return fmt::format(
-        "pipeline: {}; {}{}{}",
+        "pipeline: {}; {}{}",
         mesh_->describe(),
         pipeline_->describe(),
-        sharded_ != nullptr ? "; ZeRO-1 over each stage's replicas" : "",
-        tensor_parallel);
+        sharded_ != nullptr ? "; ZeRO-1 over each stage's replicas" : "");
   }
 
  private:
-  torch::Device module_device() const {
-    return models::module_device(*module_);
-  }
-
   // This rank's stages' parameters and buffers, with tensor parallelism's shards gathered
   // whole (a collective over "tp").
   c10::impl::GenericDict stage_state() const {
-    c10::impl::GenericDict own = pipeline_->state_dict();
-    if (!tp_) {
-      return own;
-    }
-    TensorParallelState::NamedTensors named;
-    for (const auto& item : own) {
+    TensorParallelDimension::NamedTensors named;
+    for (const auto& item : pipeline_->state_dict()) {
       named.emplace_back(item.key().toStringRef(), item.value().toTensor());
     }
     c10::impl::GenericDict whole(c10::StringType::get(), c10::TensorType::get());
-    for (auto& [name, tensor] : tp_->unshard(std::move(named))) {
+    for (auto& [name, tensor] : tensor_parallel_->whole(std::move(named), module_device())) {
       whole.insert(name, tensor);
     }
     return whole;
@@ -357,7 +317,7 @@ class PipelineModel : public ParallelModel {
         sharded_->piece_ownership(),
         sharded_->type(),
         *replicas_,
-        ParallelModel::trained_parameter_shapes()); // this rank's slices
+        local_parameter_shapes()); // this rank's slices
   }
   // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that
   // of another replica, gets None too). Collective (pipeline).
@@ -370,8 +330,7 @@ class PipelineModel : public ParallelModel {
   }
 
   std::unique_ptr<PipelineParallel> pipeline_;
-  ShardedOptimizer* sharded_ = nullptr;   // optimizer_, with ZeRO-1
-  std::optional<TensorParallelState> tp_; // with tensor parallelism
+  ShardedOptimizer* sharded_ = nullptr; // optimizer_, with ZeRO-1
 };
 
 } // namespace
