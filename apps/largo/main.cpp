@@ -25,6 +25,8 @@
 #include <largo/core/logging.h>
 #include <largo/core/malloc_tuning.h>
 #include <largo/core/resources.h>
+#include <largo/train/config_composition.h>
+#include <largo/train/dataset_catalog.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/run_plan.h>
 #include <largo/train/trainer.h>
@@ -46,41 +48,38 @@ namespace {
 constexpr int kExitFailure = 1;
 constexpr int kExitBadConfig = 2;
 
-// The positional arguments are an optional config file followed by KEY=VALUE overrides.
-largo::Config config_from_arguments(const std::vector<std::string>& arguments) {
-  std::vector<std::string> overrides;
-  std::optional<std::string> file;
-  for (const auto& argument : arguments) {
-    bool is_override = argument.find('=') != std::string::npos;
-    if (!is_override && !file && overrides.empty()) {
-      file = argument;
-    } else if (!is_override) {
-      throw largo::ConfigError(fmt::format(
-          "unexpected argument '{}': give at most one config file, before the KEY=VALUE "
-          "overrides",
-          argument));
-    } else {
-      overrides.push_back(argument);
-    }
-  }
-  largo::Config config = largo::Config::defaults();
-  if (file) {
-    config.merge_file(*file);
+// The positional arguments: a config (a file, or VISSL's config=<name> under the config
+// root), VISSL's +config/<group>=<option> fragments, then KEY=VALUE overrides
+// (train/config_composition.h); DATASET_NAMES without DATA_PATHS then resolve through the
+// dataset catalog (train/dataset_catalog.h). What the catalog resolved goes to `notes`, or
+// to the log when none is given.
+largo::Config config_from_arguments(
+    const std::vector<std::string>& arguments, std::vector<std::string>* notes = nullptr) {
+  const std::filesystem::path root = largo::train::config_root();
+  largo::Config config = largo::train::compose_config(
+      largo::train::parse_config_arguments(arguments), root, largo::embedded::default_job_yaml());
+  const auto resolved =
+      largo::train::resolve_dataset_names(config, largo::train::find_dataset_catalog(root));
+  if (notes != nullptr) {
+    *notes = resolved;
   } else {
-    config.merge_yaml(largo::embedded::default_job_yaml(), "configs/default_job.yaml");
-  }
-  for (const auto& assignment : overrides) {
-    config.apply_override(assignment);
+    for (const std::string& note : resolved) {
+      spdlog::info("{}", note);
+    }
   }
   return config;
 }
 
 int run_train(const std::vector<std::string>& arguments) {
   using Kind = largo::train::TrainLaunchPlan::Kind;
-  largo::Config config = config_from_arguments(arguments);
+  std::vector<std::string> notes;
+  largo::Config config = config_from_arguments(arguments, &notes);
   const auto plan = largo::train::plan_train_launch(config);
   const int rank = plan.world ? plan.world->rank : 0;
   largo::init_logging(rank, config.get_bool("VERBOSE"));
+  for (const std::string& note : notes) {
+    spdlog::info("{}", note);
+  }
   // Everything the run would refuse is refused here, before workers start or data loads.
   largo::train::RunPlan run = largo::train::resolve_run(config);
   largo::train::refuse_extraction_keys(run);
@@ -137,9 +136,13 @@ int run_train(const std::vector<std::string>& arguments) {
 }
 
 int run_config(const std::vector<std::string>& arguments) {
-  largo::Config config = config_from_arguments(arguments);
+  std::vector<std::string> notes;
+  largo::Config config = config_from_arguments(arguments, &notes);
   largo::train::resolve_run(config);            // everything `largo train` checks first
   largo::train::validate_launch_config(config); // DISTRIBUTED.INIT_METHOD / RUN_ID too
+  for (const std::string& note : notes) {
+    std::cout << "# " << note << "\n";
+  }
   std::cout << config.to_yaml();
   return 0;
 }
@@ -210,23 +213,33 @@ int main(int argc, char** argv) {
   train->add_option(
       "args",
       train_arguments,
-      "[CONFIG.yaml] [KEY=VALUE ...]; without a config file, the Fashion-MNIST "
-      "default job runs");
+      "[CONFIG.yaml | config=NAME] [+config/GROUP=OPTION ...] [KEY=VALUE ...]; without a "
+      "config, the Fashion-MNIST default job runs (NAME and GROUP are looked up under "
+      "$LARGO_CONFIG_ROOT/config, default ./configs/config)");
   std::vector<std::string> eval_arguments;
   auto* eval = app.add_subcommand(
       "eval",
       "Evaluate a run's newest checkpoint (or MODEL.WEIGHTS_INIT's weights) on DATA.TEST: "
       "largo train with TEST_ONLY=True");
-  eval->add_option("args", eval_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
+  eval->add_option(
+      "args",
+      eval_arguments,
+      "[CONFIG.yaml | config=NAME] [+config/GROUP=OPTION ...] [KEY=VALUE ...]");
   std::vector<std::string> extract_arguments;
   auto* extract = app.add_subcommand(
       "extract",
       "Write the features of a run's newest checkpoint (or MODEL.WEIGHTS_INIT's weights) for "
       "DATA.TRAIN and DATA.TEST as VISSL's .npy files in CHECKPOINT.DIR");
-  extract->add_option("args", extract_arguments, "CONFIG.yaml [KEY=VALUE ...]");
+  extract->add_option(
+      "args",
+      extract_arguments,
+      "CONFIG.yaml | config=NAME [+config/GROUP=OPTION ...] [KEY=VALUE ...]");
   std::vector<std::string> config_arguments;
   auto* config = app.add_subcommand("config", "Validate a config and print the effective tree");
-  config->add_option("args", config_arguments, "[CONFIG.yaml] [KEY=VALUE ...]");
+  config->add_option(
+      "args",
+      config_arguments,
+      "[CONFIG.yaml | config=NAME] [+config/GROUP=OPTION ...] [KEY=VALUE ...]");
   // Listed for --help; run above.
   app.add_subcommand(
       "launch",

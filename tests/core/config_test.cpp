@@ -362,3 +362,29 @@ TEST(ConfigTest, EditDistance) {
 
 } // namespace
 } // namespace largo::config_test
+
+namespace largo::config_given_test {
+namespace {
+
+// What a file or an override set is told apart from Largo's defaults, even at the default's
+// value; a resolution of the config (set_resolved) is not counted as given.
+TEST(ConfigGivenTest, KeysSetByFilesAndOverridesAreGivenAndDefaultsAreNot) {
+  Config config = Config::defaults();
+  config.merge_yaml("config: {DATA: {TRAIN: {BATCHSIZE_PER_REPLICA: 32}}}", "test");
+  config.apply_override("OPTIMIZER.momentum=0.9"); // the default's value
+  EXPECT_TRUE(config.given("DATA.TRAIN.BATCHSIZE_PER_REPLICA"));
+  EXPECT_TRUE(config.given("DATA.TRAIN")); // a key under it was set
+  EXPECT_TRUE(config.given("OPTIMIZER.momentum"));
+  EXPECT_FALSE(config.given("DATA.TRAIN.DATA_PATHS"));
+  EXPECT_FALSE(config.given("DATA.TEST"));
+  EXPECT_FALSE(config.given("DATA.TRAIN.BATCHSIZE")); // a prefix of a name is not a parent
+  config.set_resolved("DATA.TRAIN.DATA_PATHS", YAML::Load("[/data/x]"));
+  EXPECT_EQ(config.get_string_list("DATA.TRAIN.DATA_PATHS"), std::vector<std::string>{"/data/x"});
+  EXPECT_FALSE(config.given("DATA.TRAIN.DATA_PATHS"));
+  EXPECT_THROW(config.set_resolved("DATA.TRAIN.NO_SUCH_KEY", YAML::Load("1")), ConfigError);
+  config.apply_override("DATA.TRAIN.DATA_PATHS=[/y]"); // recording resumed after the refusal
+  EXPECT_TRUE(config.given("DATA.TRAIN.DATA_PATHS"));
+}
+
+} // namespace
+} // namespace largo::config_given_test

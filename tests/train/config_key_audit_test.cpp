@@ -63,6 +63,8 @@ std::vector<WiredKey> wired_keys() {
       {"SEED_VALUE", "seeds model init, data order and augmentation", "DataLoader.AugmentationDependsOnSeedAndEpoch"},
       {"HOOKS.CHECK_NAN", "a non-finite loss or gradient stops the run (or skips the step under loss scaling)", "TrainerTest.NonFiniteLossStopsWithoutWritingACheckpoint"},
       {"HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD", "write TensorBoard event files", "TrainerTest.RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint"},
+      {"MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE", "empty the CUDA caching allocator's cache every CLEAR_FREQ iterations (nothing on the CPU)", "TrainerConfigMappingTest.CudaCacheKeysReachTheTrainerOptions"},
+      {"MODEL.CUDA_CACHE.CLEAR_FREQ", "iterations between emptyings of the CUDA cache", "DeviceCacheHookTest.CudaCacheIsEmptiedBeforeEveryNthIterationOnly"},
       {"HOOKS.EMA_MODEL.SAVE_EMA_MODEL", "keep the weights' moving average and checkpoint it (ema_model)", kEma},
       {"HOOKS.EMA_MODEL.ENABLE_EMA_METERS", "keep the average and evaluate it beside the model (phase test_ema)", "TrainerModelEmaTest.MetersEvaluateTheAverageAndTrainingContinuesUntouched"},
       {"HOOKS.EMA_MODEL.UPDATE_ITER", "update the average after every N-th step", kEma},

@@ -3,9 +3,11 @@
 // image-decoding extension keys, the loader keys, and errors that name the key.
 #include <largo/train/data_config.h>
 
+#include <largo/core/resources.h>
 #include <largo/data/multi_view_pipeline.h>
 #include <largo/data/sample_pipeline.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -150,6 +152,29 @@ TEST(DataConfig, LoaderKeys) {
   EXPECT_TRUE(loading.async_gpu_copy);
   EXPECT_THROW(
       data_loading_from(load("config: {DATA: {NUM_DATALOADER_WORKERS: -1}}")), ConfigError);
+}
+
+// A config written for a bigger machine runs with what this one has (4 loader threads per
+// core); a count no machine could mean is refused.
+TEST(DataConfig, LoaderWorkersBeyondTheMachineAreCappedAtFourPerCore) {
+  const int64_t most = 4 * largo::available_cpu_cores();
+  const DataLoadingOptions loading = data_loading_from(
+      load(fmt::format("config: {{DATA: {{NUM_DATALOADER_WORKERS: {}}}}}", most + 1)));
+  EXPECT_EQ(loading.num_workers, most);
+  EXPECT_EQ(
+      data_loading_from(load(fmt::format("config: {{DATA: {{NUM_DATALOADER_WORKERS: {}}}}}", most)))
+          .num_workers,
+      most);
+  try {
+    data_loading_from(load("config: {DATA: {NUM_DATALOADER_WORKERS: 4097}}"));
+    FAIL() << "4097 loader threads were accepted";
+  } catch (const ResourceError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("config key DATA.NUM_DATALOADER_WORKERS = 4097: expected at "
+                                   "most 4096"),
+        std::string::npos)
+        << e.what();
+  }
 }
 
 // VISSL's SwAV config (swav_8node_resnet.yaml's DATA.TRAIN), as written.

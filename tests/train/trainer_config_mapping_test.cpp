@@ -52,6 +52,24 @@ TEST(TrainerConfigMappingTest, RunKeysReachTheTrainerOptions) {
   EXPECT_FALSE(options_with({}).model_ema.average.device.has_value()) << "gpu: beside the model";
 }
 
+// VISSL's MODEL.CUDA_CACHE: off by default; on, its frequency reaches the trainer, and a
+// frequency that could not be honoured is refused naming the key.
+TEST(TrainerConfigMappingTest, CudaCacheKeysReachTheTrainerOptions) {
+  EXPECT_EQ(options_with({}).empty_device_cache_every, 0);
+  EXPECT_EQ(options_with({"MODEL.CUDA_CACHE.CLEAR_FREQ=7"}).empty_device_cache_every, 0);
+  EXPECT_EQ(
+      options_with({"MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE=True", "MODEL.CUDA_CACHE.CLEAR_FREQ=7"})
+          .empty_device_cache_every,
+      7);
+  try {
+    options_with({"MODEL.CUDA_CACHE.CLEAR_FREQ=0"}); // checked even while off, as written
+    FAIL() << "CLEAR_FREQ 0 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("MODEL.CUDA_CACHE.CLEAR_FREQ = 0"), std::string::npos)
+        << e.what();
+  }
+}
+
 int64_t count_modules_of_type(models::TrunkHeadModel& model, const std::string& type) {
   int64_t count = 0;
   for (const auto& module : model->modules()) {

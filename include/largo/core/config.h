@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,13 @@ class Config {
   void apply_override(const std::string& assignment);
 
   bool has(const std::string& key) const;
+  // Whether a config file or an override set `key` (or a key under it), rather than Largo's
+  // defaults alone; its value may still equal the default. (The dataset catalog resolves a
+  // DATASET_NAMES whose DATA_PATHS nobody gave.)
+  bool given(const std::string& key) const;
+  // Sets `key` (one of Largo's) to `value` as a resolution of the config itself (the dataset
+  // catalog's paths), without counting it as given. Throws ConfigError as a merge would.
+  void set_resolved(const std::string& key, const YAML::Node& value);
   // The node at a dotted key ("OPTIMIZER.param_schedulers.lr"); throws if absent.
   YAML::Node node(const std::string& key) const;
 
@@ -73,9 +81,12 @@ class Config {
   Config() = default;
   void merge_node(const YAML::Node& user, YAML::Node& target, const YAML::Node& schema,
                   const std::string& path, const std::string& origin);
+  void record_given(const std::string& key);
 
   YAML::Node root_; // the tree under `config:`
   YAML::Node schema_; // the defaults, for validating merges
+  std::set<std::string> given_; // keys set by merge_yaml / apply_override, dotted
+  bool recording_ = true;       // whether a merge counts its keys as given
 };
 
 // Conversions of YAML scalars, shared by the config and the components that read

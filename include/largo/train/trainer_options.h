@@ -163,6 +163,9 @@ struct TrainerOptions {
 
   CheckpointOptions checkpoint;
   bool use_tensorboard = false;
+  // The CUDA caching allocator's cache emptied before every this-many-th iteration
+  // (device_cache_hook.h; VISSL's MODEL.CUDA_CACHE); 0: never. Nothing to empty on the CPU.
+  int64_t empty_device_cache_every = 0;
 
   // Whether DATA.TEST is opened: a self-supervised run that does not evaluate (TEST_MODEL
   // False, as VISSL's pretraining configs) has no test split to read.

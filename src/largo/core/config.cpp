@@ -502,10 +502,45 @@ void Config::merge_node(const YAML::Node& user, YAML::Node& target, const YAML::
       for (const auto& kwarg : value) {
         target_child[kwarg.first.as<std::string>()] = YAML::Clone(kwarg.second);
       }
+      record_given(key);
       continue;
     }
     target[name] = YAML::Clone(value);
+    record_given(key);
   }
+}
+
+void Config::record_given(const std::string& key) {
+  if (recording_) {
+    given_.insert(key);
+  }
+}
+
+bool Config::given(const std::string& key) const {
+  if (given_.count(key) > 0) {
+    return true;
+  }
+  const std::string below = key + ".";
+  const auto child = given_.lower_bound(below);
+  return child != given_.end() && child->rfind(below, 0) == 0;
+}
+
+void Config::set_resolved(const std::string& key, const YAML::Node& value) {
+  YAML::Node wrapped = value;
+  const auto parts = split_key(key);
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) {
+    YAML::Node parent(YAML::NodeType::Map);
+    parent[*it] = wrapped;
+    wrapped = parent;
+  }
+  recording_ = false;
+  try {
+    merge_node(wrapped, root_, schema_, "", "the resolved " + key);
+  } catch (...) {
+    recording_ = true;
+    throw;
+  }
+  recording_ = true;
 }
 
 void Config::apply_override(const std::string& assignment) {

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 
@@ -413,15 +414,25 @@ DataLoadingOptions data_loading_from(const Config& config) {
       std::to_string(loading.num_workers),
       "an integer >= 0 (0 loads in the training thread)");
   // Loader workers are threads that mostly wait on reads: a few per core help, thousands
-  // exhaust the process's threads.
+  // exhaust the process's threads. A config written for a bigger machine (VISSL's set 10
+  // per GPU) runs here with what this one has; a count no machine could mean is an error.
+  constexpr int64_t kMostWorkersAnyMachine = 4096;
+  if (loading.num_workers > kMostWorkersAnyMachine) {
+    throw ResourceError(fmt::format(
+        "config key DATA.NUM_DATALOADER_WORKERS = {}: expected at most {} (loader threads of "
+        "one process; 4 per core help at most)",
+        loading.num_workers,
+        kMostWorkersAnyMachine));
+  }
   const int64_t limit = 4 * available_cpu_cores();
   if (loading.num_workers > limit) {
-    throw ResourceError(fmt::format(
-        "config key DATA.NUM_DATALOADER_WORKERS = {}: this machine gives the process {} cores, "
-        "so at most {} (4 per core)",
+    spdlog::warn(
+        "config key DATA.NUM_DATALOADER_WORKERS = {}: this machine gives the process {} "
+        "core(s), so {} loader threads are used (4 per core)",
         loading.num_workers,
         available_cpu_cores(),
-        limit));
+        limit);
+    loading.num_workers = limit;
   }
   loading.pin_memory = config.get_bool("DATA.PIN_MEMORY");
   loading.async_gpu_copy = config.get_bool("DATA.ENABLE_ASYNC_GPU_COPY");

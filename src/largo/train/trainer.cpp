@@ -17,6 +17,7 @@
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/parallel/parallelize.h>
+#include <largo/train/device_cache_hook.h>
 #include <largo/train/model_ema_hook.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>
@@ -343,6 +344,9 @@ void Trainer::State::add_hooks() {
         options().test_only ? EvaluationHook::NewBestCallback() : save_best); // TEST_ONLY: none
     this->evaluation = hook.get();
     hooks.push_back(std::move(hook));
+  }
+  if (options().empty_device_cache_every > 0 && !options().test_only) {
+    hooks.push_back(std::make_unique<DeviceCacheHook>(device, options().empty_device_cache_every));
   }
   hooks.push_back(std::make_unique<CheckpointHook>(
       *state,

@@ -1003,6 +1003,10 @@ void checkpoint_options_from(const Config& config, TrainerOptions& options) {
       "-1 (off) or an integer > 0");
   checkpoint.overwrite_existing = config.get_bool("CHECKPOINT.OVERWRITE_EXISTING");
   options.use_tensorboard = config.get_bool("HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD");
+  const int64_t clear_every = positive_int(config, "MODEL.CUDA_CACHE.CLEAR_FREQ");
+  if (config.get_bool("MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE")) {
+    options.empty_device_cache_every = clear_every;
+  }
 }
 
 void distributed_options_from(const Config& config, TrainerOptions& options) {
