@@ -3,9 +3,9 @@
 #include <largo/parallel/parallelize.h>
 
 #include <largo/core/byte_format.h>
-#include <largo/models/module_device.h>
 #include <largo/core/error.h>
 #include <largo/core/memory_tracker.h>
+#include <largo/models/module_device.h>
 #include <largo/optim/grad_clipping.h>
 
 #include <fmt/format.h>
@@ -83,9 +83,11 @@ ParallelModel::MicroStep::MicroStep(std::unique_ptr<DistributedDataParallel::NoS
 
 ParallelModel::MicroStep::~MicroStep() = default;
 
-ParallelModel::ParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
-                             ParallelOptions options,
-                             std::unique_ptr<precision::MixedPrecision> precision)
+ParallelModel::ParallelModel(
+    torch::nn::AnyModule model,
+    std::shared_ptr<DeviceMesh> mesh,
+    ParallelOptions options,
+    std::unique_ptr<precision::MixedPrecision> precision)
     : model_(std::move(model)),
       module_(model_.ptr()),
       mesh_(std::move(mesh)),
@@ -95,9 +97,11 @@ ParallelModel::ParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceM
       precision_(std::move(precision)),
       tensor_parallel_(std::make_unique<TensorParallelDimension>(*module_, *mesh_)) {}
 
-ParallelModel::ParallelModel(std::shared_ptr<torch::nn::Module> module,
-                             std::shared_ptr<DeviceMesh> mesh, ParallelOptions options,
-                             std::unique_ptr<precision::MixedPrecision> precision)
+ParallelModel::ParallelModel(
+    std::shared_ptr<torch::nn::Module> module,
+    std::shared_ptr<DeviceMesh> mesh,
+    ParallelOptions options,
+    std::unique_ptr<precision::MixedPrecision> precision)
     : module_(std::move(module)),
       mesh_(std::move(mesh)),
       group_(mesh_->world_group()),

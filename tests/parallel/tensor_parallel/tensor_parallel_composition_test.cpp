@@ -403,7 +403,7 @@ void expect_two_dimensional_run_like_one_process(const Case& c, const Mesh& mesh
   EXPECT_EQ(described.find(", sequence parallel") != std::string::npos, mesh.sequence_parallel)
       << described; // the pipeline cuts below put encoder layers on every stage
   const char* data_parallel =
-      mesh.pipeline                                      ? "pipeline: world "
+      mesh.pipeline ? "pipeline: world "
       : mesh.data_parallelism == DataParallelism::kZero1
           ? "ZeRO stage 1: optimizer state sharded over 2 rank(s)"
       : mesh.data_parallelism == DataParallelism::kZero2

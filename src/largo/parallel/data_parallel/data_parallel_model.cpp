@@ -8,9 +8,12 @@
 namespace largo::parallel {
 
 DataParallelModel::DataParallelModel(
-    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh, ParallelOptions options,
+    torch::nn::AnyModule model,
+    std::shared_ptr<DeviceMesh> mesh,
+    ParallelOptions options,
     std::unique_ptr<precision::MixedPrecision> precision,
-    std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer)
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer)
     : ParallelModel(std::move(model), std::move(mesh), std::move(options), std::move(precision)),
       stage_(zero_stage(options_.data_parallelism)) {
   // LARC's and LAMB's per-parameter norms are the unsharded parameters' (with ZeRO,
@@ -128,8 +131,11 @@ double DataParallelModel::clip_gradients(double max_norm, double norm_type) {
 
 std::string DataParallelModel::describe_mode() const {
   if (stage_ == 0 && ddp_) {
-    return fmt::format("DDP over {} ranks ({}), {} gradient buckets", replicas_->world_size(),
-                       replicas_->backend(), ddp_->num_buckets());
+    return fmt::format(
+        "DDP over {} ranks ({}), {} gradient buckets",
+        replicas_->world_size(),
+        replicas_->backend(),
+        ddp_->num_buckets());
   }
   if (stage_ == 0) { // tensor parallelism's shards are processes of one replica
     return group_->world_size() == 1 ? "one process" : "one data-parallel replica";

@@ -21,10 +21,13 @@ namespace largo::parallel {
 
 class DataParallelModel : public ParallelModel {
  public:
-  DataParallelModel(torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
-                    ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
-                    std::vector<optim::ParamGroup> param_groups,
-                    const OptimizerFactory& make_optimizer);
+  DataParallelModel(
+      torch::nn::AnyModule model,
+      std::shared_ptr<DeviceMesh> mesh,
+      ParallelOptions options,
+      std::unique_ptr<precision::MixedPrecision> precision,
+      std::vector<optim::ParamGroup> param_groups,
+      const OptimizerFactory& make_optimizer);
 
   // With tensor parallelism and ZeRO: the unsharded model's, on the first replica only (None
   // on the others). Collective there (replicas, then shards).

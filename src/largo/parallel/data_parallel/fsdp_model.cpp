@@ -27,8 +27,8 @@ class FsdpModel : public ParallelModel {
     // FSDP shards over the mesh's "dp" group (replicas_), of the "tp" group's slices.
     fsdp_ = std::make_unique<FullyShardedDataParallel>(std::move(model), replicas_, options_.fsdp);
     // Over this rank's pieces.
-    set_optimizer(fsdp_->make_optimizer(
-        param_groups, make_optimizer, tensor_parallel_->parameter_norms()));
+    set_optimizer(
+        fsdp_->make_optimizer(param_groups, make_optimizer, tensor_parallel_->parameter_norms()));
   }
 
   // On the first replica, with tensor parallelism: its ranks are each other's shards.
@@ -180,11 +180,12 @@ std::string FsdpModel::describe_mode() const {
   const auto& options = fsdp_->options();
   const std::string compute =
       options.compute_dtype
-      ? fmt::format("{} compute copies of float32 shards (BatchNorm in float32), gradients "
-                    "reduced in {}",
-                    c10::toString(*options.compute_dtype),
-                    options.fp32_reduce_scatter ? "float32" : c10::toString(*options.compute_dtype))
-      : std::string("compute in the parameters' dtype");
+          ? fmt::format(
+                "{} compute copies of float32 shards (BatchNorm in float32), gradients "
+                "reduced in {}",
+                c10::toString(*options.compute_dtype),
+                options.fp32_reduce_scatter ? "float32" : c10::toString(*options.compute_dtype))
+          : std::string("compute in the parameters' dtype");
   return fmt::format(
       "ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded "
       "over {} rank(s) ({}), {:.2f} MiB of parameter shards per rank; units ({}): "

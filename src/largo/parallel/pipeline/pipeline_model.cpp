@@ -266,9 +266,9 @@ class PipelineModel : public ParallelModel {
   // (ZeRO-1: its pieces' summed over the replicas first), then summed over the stages.
   double clip_gradients(double max_norm, double norm_type) override {
     if (!tensor_parallel_->enabled()) {
-      return sharded_ != nullptr
-          ? clip_grad_norm_of_pieces(sharded_->shard_parameters(), *group_, max_norm, norm_type)
-          : pipeline_->clip_grad_norm(max_norm, norm_type);
+      return sharded_ != nullptr ? clip_grad_norm_of_pieces(
+                                       sharded_->shard_parameters(), *group_, max_norm, norm_type)
+                                 : pipeline_->clip_grad_norm(max_norm, norm_type);
     }
     const TensorParallelState& tp = tensor_parallel_->state();
     if (sharded_ != nullptr) {
