@@ -387,7 +387,7 @@ TEST(DataConfig, CollateFunctionMustFitTheViewsTransformsMake) {
   expect_split_error(
       with_collate(swav, "multicrop_collator", "default_collate"),
       "DATA.TRAIN",
-      {key + " = default_collate", "multicrop_collator or simclr_collator"});
+      {key + " = default_collate", "multicrop_collator, simclr_collator or moco_collator"});
   expect_split_error(
       with_collate(simclr, "simclr_collator", "default_collate"),
       "DATA.TRAIN",
@@ -396,6 +396,10 @@ TEST(DataConfig, CollateFunctionMustFitTheViewsTransformsMake) {
       with_collate(swav, "multicrop_collator", "simclr_collator"),
       "DATA.TRAIN",
       {key + " = simclr_collator", "2 views of one size", "makes 8", "224x224, 224x224, 96x96"});
+  expect_split_error( // MoCo's collator takes SimCLR's 2 views of one size
+      with_collate(swav, "multicrop_collator", "moco_collator"),
+      "DATA.TRAIN",
+      {key + " = moco_collator", "2 views of one size", "makes 8"});
   expect_split_error(
       "config: {DATA: {TRAIN: {COLLATE_FUNCTION: multicrop_collator}}}",
       "DATA.TRAIN",

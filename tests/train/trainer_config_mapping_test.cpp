@@ -574,6 +574,23 @@ TEST(TrainerConfigMappingTest, SelfSupervisedKeysReachTheTrainerOptions) {
        "LOSS.barlow_twins_loss.lambda_=0.01",
        "LOSS.barlow_twins_loss.scale_loss=0.5",
        "LOSS.barlow_twins_loss.embedding_dim=32"});
+  const TrainerOptions moco = options_with(
+      {"LOSS.name=moco_loss",
+       "LOSS.moco_loss.embedding_dim=64",
+       "LOSS.moco_loss.queue_size=1024",
+       "LOSS.moco_loss.momentum=0.99",
+       "LOSS.moco_loss.temperature=0.07",
+       "LOSS.moco_loss.shuffle_batch=False",
+       "SEED_VALUE=5"});
+  EXPECT_TRUE(moco.self_supervised.is_moco());
+  EXPECT_EQ(moco.self_supervised.moco_embedding_dim, 64);
+  EXPECT_EQ(moco.self_supervised.moco_queue_size, 1024);
+  EXPECT_EQ(moco.self_supervised.moco.temperature, 0.07);
+  ASSERT_TRUE(moco.model.moco.has_value());
+  EXPECT_EQ(moco.model.moco->momentum, 0.99);
+  EXPECT_FALSE(moco.model.moco->shuffle_batch);
+  EXPECT_EQ(moco.model.moco->shuffle_seed, 5u);
+  EXPECT_FALSE(barlow_twins.model.moco.has_value());
   EXPECT_TRUE(barlow_twins.self_supervised.is_barlow_twins());
   EXPECT_EQ(barlow_twins.self_supervised.barlow_twins.lambda, 0.01);
   EXPECT_EQ(barlow_twins.self_supervised.barlow_twins.scale_loss, 0.5);
@@ -662,8 +679,8 @@ TEST(TrainerConfigMappingTest, VisslSchedulesAreReadFromTheConfig) {
 // VISSL's other self-supervised and distillation losses are refused by name, as features
 // Largo lacks, not as unexpected values.
 TEST(TrainerConfigMappingTest, VisslLossesLargoLacksAreRefusedByName) {
-  for (const char* loss : {"swav_momentum_loss", "multicrop_simclr_info_nce_loss", "dino_loss",
-                           "moco_loss"}) {
+  for (const char* loss :
+       {"swav_momentum_loss", "multicrop_simclr_info_nce_loss", "dino_loss", "msn_loss"}) {
     try {
       options_with({std::string("LOSS.name=") + loss});
       ADD_FAILURE() << loss << " was accepted";

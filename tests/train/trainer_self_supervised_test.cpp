@@ -1,6 +1,7 @@
-// Self-supervised pretraining through the Trainer, as VISSL's SwAV, SimCLR and Barlow Twins
-// configs set it up (multi-view TRANSFORMS, collator, swav_head or chained mlp heads,
-// LOSS.swav_loss / simclr_info_nce_loss / barlow_twins_loss) on a small folder of PNG images:
+// Self-supervised pretraining through the Trainer, as VISSL's SwAV, SimCLR, Barlow Twins and
+// MoCo configs set it up (multi-view TRANSFORMS, collator, swav_head or chained mlp heads,
+// LOSS.swav_loss / simclr_info_nce_loss / barlow_twins_loss / moco_loss) on a small folder of
+// PNG images:
 //   - 2 ranks train as one process on the same global batch: the losses are collective
 //     (gathered negatives, Sinkhorn's all-reduced sums) and DDP averages the gradients, so
 //     losses and parameters agree within float32 rounding of reordered sums: measured 3e-8
@@ -11,6 +12,9 @@
 //   - Barlow Twins at 2 ranks steps with half of one process's gradient, as VISSL's does;
 //   - SwAV with its queue resumes mid-epoch bit for bit at 2 ranks (each rank's queue in the
 //     checkpoint), the prototypes stay normalised and the frozen prototypes do not move;
+//   - MoCo at 2 ranks (keys gathered into one queue, their batch shuffled across the ranks)
+//     trains as one process on the global batch, and resumes mid-epoch bit for bit with its
+//     momentum encoder and queue from the checkpoint;
 //   - VISSL's checkpoints of the recipes initialize every head through MODEL.WEIGHTS_INIT;
 //   - what does not compose is refused naming the key.
 // A queue cannot make 2 ranks equal one process: each rank keeps its own newest images (the
@@ -117,6 +121,18 @@ Overrides barlow_twins_job(int world_size, double lr_per_rank = 0.05) {
                                       "OPTIMIZER.weight_decay=0",
                                       "OPTIMIZER.param_schedulers.lr={name: constant, value: " +
                                           std::to_string(lr_per_rank * world_size) + "}"};
+}
+
+// VISSL's MoCo v2 recipe, small: SimCLR's views and two mlp heads, moco_loss with a queue of
+// 2 global batches and a fast momentum (0.5) so that 4 steps move the momentum encoder.
+Overrides moco_job(int world_size) {
+  return simclr_job(world_size) + Overrides{
+                                      "DATA.TRAIN.COLLATE_FUNCTION=moco_collator",
+                                      "LOSS.name=moco_loss",
+                                      "LOSS.moco_loss.embedding_dim=16",
+                                      "LOSS.moco_loss.queue_size=16",
+                                      "LOSS.moco_loss.momentum=0.5",
+                                      "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False"};
 }
 
 // VISSL's SwAV recipe, small: 2 x 32 + 2 x 16 crops (by default), a swav_head with
@@ -251,6 +267,49 @@ TEST(TrainerSelfSupervisedTest, SwavOnMlpAtTwoRanksEqualsOneProcessOverFourSteps
   // The MLP takes one image size: all four crops 32 x 32.
   expect_two_ranks_equal_one_process(
       [](int world_size) { return swav_job(world_size, 32) + kMlpTrunk; }, 4, "SwAV, MLP");
+}
+
+// MoCo's queue is the same on every rank (drawn from SEED_VALUE, then written with the keys of
+// every rank in rank order) and its loss is each rank's mean over its queries, so DDP's
+// average is one process's loss on the global batch; the MLP trunk has no BatchNorm, so the
+// keys' batch shuffle changes no value but its gather, permutation and unshuffle all run (a
+// key put back at the wrong image changes the loss by 0.1 and more). 4 steps: the queue wraps
+// around and the momentum encoder follows the trained one.
+TEST(TrainerSelfSupervisedTest, MocoOnMlpAtTwoRanksEqualsOneProcessOverFourSteps) {
+  expect_two_ranks_equal_one_process(
+      [](int world_size) { return moco_job(world_size) + kMlpTrunk; }, 4, "MoCo, MLP");
+}
+
+// A checkpoint every iteration, stopped after 3 of 4: the resumed run ends bit for bit where
+// the uninterrupted one does, which needs the momentum encoder (its parameters, its BatchNorm
+// statistics, its forward count) and the queue with its pointer; the first mlp head has
+// BatchNorm, so the keys' batch shuffle changes the keys.
+TEST(TrainerSelfSupervisedTest, MocoResumesMidEpochBitExactly) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides job =
+        moco_job(2) + kMlpTrunk +
+        Overrides{
+            "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 64], use_relu: True, use_bn: True, "
+            "skip_last_layer_relu_bn: False}], [mlp, {dims: [64, 16]}]]",
+            "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"};
+    const RunResult reference = ssl_run(dir / "full", job, group);
+    ASSERT_EQ(reference.summary.iteration_losses.size(), 4u);
+    EXPECT_TRUE(ssl_run(dir / "resumed", job, group, 3).summary.interrupted);
+    group.barrier();
+    const auto saved = checkpoint::load_checkpoint(dir / "resumed" / "checkpoint.torch");
+    const auto states = saved.at("loss_states").toGenericDict();
+    EXPECT_EQ(states.at("queue").toTensor().sizes(), at::IntArrayRef({2, 16, 16}));
+    EXPECT_TRUE(torch::equal(states.at("queue").toTensor()[0], states.at("queue").toTensor()[1]))
+        << "every rank holds the same queue";
+    EXPECT_EQ(states.at("queue_ptr").toTensor()[0].item<int64_t>(), 8); // 3 steps of 8 keys
+    EXPECT_EQ(states.at("moco_num_forwards").toTensor()[0].item<int64_t>(), 3);
+    EXPECT_TRUE(
+        states.contains("moco_encoder.head.0.weight") ||
+        states.contains("moco_encoder.head.0.0.weight"));
+    const RunResult resumed = ssl_run(dir / "resumed", job, group);
+    expect_resumed_bit_exactly(resumed, reference, 3, "rank " + std::to_string(group.rank()));
+  });
 }
 
 // On a GPU, SimCLR and SwAV with its queue (kept on the GPU, rescored and pushed there) train
@@ -603,6 +662,24 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       swav_job(1) +
           Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
       "use O1");
+  // MoCo: the sharded modes, a shuffle VISSL would not do, keys that do not fit.
+  expect_refused(moco_job(1) + Overrides{"OPTIMIZER.use_zero=True"}, "use DDP");
+  expect_refused(
+      moco_job(1) + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"},
+      "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP): MoCo's momentum encoder");
+  expect_refused(
+      moco_job(1) + Overrides{"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True"},
+      "LOSS.moco_loss.shuffle_batch");
+  expect_refused(moco_job(1) + Overrides{"LOSS.moco_loss.momentum=1.5"}, "LOSS.moco_loss.momentum");
+  expect_refused(
+      moco_job(1) + Overrides{"LOSS.moco_loss.queue_size=12"}, "LOSS.moco_loss.queue_size = 12");
+  expect_refused(
+      moco_job(1) + Overrides{"LOSS.moco_loss.embedding_dim=32"},
+      "LOSS.moco_loss.embedding_dim = 32");
+  expect_refused(
+      moco_job(1) +
+          Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
+      "use O1 (autocast) or O0");
 }
 
 } // namespace

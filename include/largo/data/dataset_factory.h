@@ -57,7 +57,8 @@ struct DataSourceOptions {
 struct DataSplitOptions {
   DataSourceOptions source;
   // COLLATE_FUNCTION: default_collate (one image per sample), or VISSL's multicrop_collator
-  // (SwAV) / simclr_collator (SimCLR) for a multi-view source. The loader delivers
+  // (SwAV) / simclr_collator (SimCLR) / moco_collator (MoCo: view 0 for the encoder, view 1
+  // for the momentum encoder) for a multi-view source. The loader delivers
   // Batch::views, one tensor per view, for both; simclr_collator's one tensor of two
   // same-size views, view 0's samples then view 1's, is their concatenation.
   std::string collate = "default_collate";

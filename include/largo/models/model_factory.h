@@ -6,6 +6,7 @@
 #include <largo/models/heads.h>
 #include <largo/models/linear_eval.h>
 #include <largo/models/mlp.h>
+#include <largo/models/moco_model.h>
 #include <largo/models/multi_crop_model.h>
 #include <largo/models/parameter_count.h>
 #include <largo/models/regnet.h>
@@ -19,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +50,9 @@ struct ModelOptions {
   // Several views per image ([channels, h, w] each, data::Dataset::view_shapes): the run
   // trains a MultiCropModel over build_model's. Empty: one image per sample.
   std::vector<std::vector<int64_t>> view_shapes;
+  // A MoCo run: with view_shapes, build_run_model trains a MocoModel (the model and a
+  // momentum encoder built alike) instead of the MultiCropModel. Unset: no momentum encoder.
+  std::optional<MocoModelOptions> moco;
   // MODEL.HEAD.PARAMS_MULTIPLIER: the head's Linear weights and biases are multiplied by it
   // after their initialization (VISSL's MLP.scale_weights).
   double head_params_multiplier = 1.0;
@@ -72,15 +77,18 @@ Trunk build_trunk(const ModelOptions& options);
 
 // What a run trains, built from one ModelOptions: build_model's model and, when
 // options.feature_eval is enabled(), the linear evaluation over its trunk (linear_eval.h), or
-// with options.view_shapes the multi-crop model over it (multi_crop_model.h).
+// with options.view_shapes the multi-crop model over it (multi_crop_model.h), or with
+// options.moco too the MoCo model (moco_model.h; its momentum encoder is a second
+// build_model, drawn after the first from the same generator).
 // The trainer, `largo estimate` and feature extraction build it alike.
 struct RunModel {
   TrunkHeadModel model{nullptr};
   LinearEvalModel linear_eval{nullptr}; // empty without a linear evaluation
   MultiCropModel multi_crop{nullptr};   // empty for one image per sample
+  MocoModel moco{nullptr};              // in place of multi_crop when options.moco is set
 
   // The module that trains, is checkpointed and is initialized from MODEL.WEIGHTS_INIT: the
-  // linear evaluation, the multi-crop model, or the model.
+  // linear evaluation, the multi-crop model, the MoCo model, or the model.
   std::shared_ptr<torch::nn::Module> module() const;
   // The same as parallel::parallelize takes it.
   torch::nn::AnyModule any_module() const;

@@ -234,11 +234,14 @@ int64_t training_flops_per_sample(const ModelOptions& options) {
     return count_model_flops(options).training_per_sample();
   }
   int64_t flops = 0;
-  for (const auto& shape : options.view_shapes) { // [channels, h, w]; trunks take square views
+  for (size_t k = 0; k < options.view_shapes.size(); ++k) {
+    const auto& shape = options.view_shapes[k]; // [channels, h, w]; trunks take square views
     ModelOptions view = options;
     view.view_shapes.clear();
     view.image_size = shape[1];
-    flops += count_model_flops(view).training_per_sample();
+    const ModelFlops counted = count_model_flops(view);
+    // MoCo's view 1 only runs forward, through the momentum encoder.
+    flops += options.moco && k == 1 ? counted.forward_per_sample() : counted.training_per_sample();
   }
   return flops;
 }

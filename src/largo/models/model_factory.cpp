@@ -113,12 +113,18 @@ std::shared_ptr<torch::nn::Module> RunModel::module() const {
   if (multi_crop) {
     return multi_crop.ptr();
   }
+  if (moco) {
+    return moco.ptr();
+  }
   return model.ptr();
 }
 
 torch::nn::AnyModule RunModel::any_module() const {
   if (linear_eval) {
     return torch::nn::AnyModule(linear_eval);
+  }
+  if (moco) {
+    return torch::nn::AnyModule(moco);
   }
   return multi_crop ? torch::nn::AnyModule(multi_crop) : torch::nn::AnyModule(model);
 }
@@ -132,6 +138,8 @@ RunModel build_run_model(const ModelOptions& options) {
   run.model = build_model(options);
   if (options.feature_eval.enabled()) {
     run.linear_eval = LinearEvalModel(run.model, options.feature_eval);
+  } else if (!options.view_shapes.empty() && options.moco) {
+    run.moco = MocoModel(run.model, build_model(options), options.view_shapes, *options.moco);
   } else if (!options.view_shapes.empty()) {
     run.multi_crop = MultiCropModel(run.model, options.view_shapes);
   }

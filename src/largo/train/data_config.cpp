@@ -296,9 +296,12 @@ view_sizes_of(const std::vector<data::TransformSpec>& transforms, const std::str
   }
 }
 
-// simclr_collator stacks the two views of each sample into one tensor (simclr_collate).
-void check_simclr_views(
-    const std::vector<data::TransformSpec>& transforms, const std::string& prefix) {
+// simclr_collator stacks the two views of each sample into one tensor (simclr_collate);
+// moco_collator hands view 0 to the encoder and view 1 to the momentum encoder.
+void check_two_views(
+    const std::vector<data::TransformSpec>& transforms,
+    const std::string& prefix,
+    const std::string& collator) {
   const std::vector<data::ImageSize> sizes = view_sizes_of(transforms, prefix + ".TRANSFORMS");
   std::vector<std::string> texts;
   for (const data::ImageSize& size : sizes) {
@@ -307,9 +310,9 @@ void check_simclr_views(
   require(
       sizes.size() == 2 && sizes[0] == sizes[1],
       prefix + ".COLLATE_FUNCTION",
-      "simclr_collator",
+      collator,
       fmt::format(
-          "2 views of one size, but {}.TRANSFORMS makes {} (h x w: {}); for SimCLR use "
+          "2 views of one size, but {}.TRANSFORMS makes {} (h x w: {}); for SimCLR or MoCo use "
           "ImgReplicatePil num_times 2 followed by a fixed-size crop (RandomResizedCrop size "
           "224), or multicrop_collator for crops of several sizes",
           prefix,
@@ -327,12 +330,13 @@ std::string read_collate(
     const std::vector<data::TransformSpec>& transforms) {
   const std::string key = prefix + ".COLLATE_FUNCTION";
   const std::string name = config.get_string(key);
-  const bool views_collator = name == "multicrop_collator" || name == "simclr_collator";
+  const bool views_collator =
+      name == "multicrop_collator" || name == "simclr_collator" || name == "moco_collator";
   if (name != "default_collate" && !views_collator) {
     throw ConfigError(fmt::format(
         "config key {} = {}: this collate function is not available in this version of Largo; "
-        "set it to default_collate, or to multicrop_collator or simclr_collator for "
-        "multi-view TRANSFORMS in DATA.TRAIN",
+        "set it to default_collate, or to multicrop_collator, simclr_collator or moco_collator "
+        "for multi-view TRANSFORMS in DATA.TRAIN",
         key,
         abbreviate(name)));
   }
@@ -356,11 +360,12 @@ std::string read_collate(
       key,
       name,
       fmt::format(
-          "multicrop_collator or simclr_collator: {}.TRANSFORMS makes several views per "
-          "sample, which default_collate cannot stack into one batch (VISSL fails there too)",
+          "multicrop_collator, simclr_collator or moco_collator: {}.TRANSFORMS makes several "
+          "views per sample, which default_collate cannot stack into one batch (VISSL fails there "
+          "too)",
           prefix));
-  if (name == "simclr_collator") {
-    check_simclr_views(transforms, prefix);
+  if (name == "simclr_collator" || name == "moco_collator") {
+    check_two_views(transforms, prefix, name);
   }
   return name;
 }

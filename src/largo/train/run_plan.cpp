@@ -304,7 +304,8 @@ void check_views_match_loss(const RunPlan& plan) {
     if (!views.empty()) {
       throw ConfigError(fmt::format(
           "DATA.TRAIN.TRANSFORMS make {} views of each image, which only a self-supervised "
-          "loss trains on: set LOSS.name to swav_loss, simclr_info_nce_loss or barlow_twins_loss, "
+          "loss trains on: set LOSS.name to swav_loss, simclr_info_nce_loss, barlow_twins_loss or "
+          "moco_loss, "
           "or use a one-image TRANSFORMS list (e.g. RandomResizedCrop)",
           views.size()));
     }
@@ -313,7 +314,7 @@ void check_views_match_loss(const RunPlan& plan) {
   if (views.empty()) {
     throw ConfigError(fmt::format(
         "LOSS.name = {} trains on several views of each image, but DATA.TRAIN.TRANSFORMS make "
-        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR, Barlow Twins) with "
+        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR, Barlow Twins, MoCo) with "
         "COLLATE_FUNCTION multicrop_collator or simclr_collator (configs/examples/)",
         ssl.name));
   }
@@ -347,13 +348,66 @@ void check_label_types(const TrainerOptions& o) {
   if (o.train.source.label_type == "sample_index" && !o.self_supervised.enabled()) {
     throw ConfigError(std::string(
         "DATA.TRAIN.LABEL_TYPE = sample_index gives each image its index as label, which only a "
-        "self-supervised loss (LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss) can "
+        "self-supervised loss (LOSS.name swav_loss, simclr_info_nce_loss, barlow_twins_loss or "
+        "moco_loss) can "
         "train with; a classification loss needs standard labels"));
   }
   if (o.reads_test_split() && o.test.source.label_type == "sample_index") {
     throw ConfigError(
         "DATA.TEST.LABEL_TYPE = sample_index: the test split is scored against its labels, "
         "which would be image indices; use standard");
+  }
+}
+
+// MoCo's momentum encoder is a whole copy of the model that every rank keeps beside the
+// module and updates from the module's parameters in the forward: only DDP (and one process)
+// keep those whole and local there.
+void check_moco_composes(const RunPlan& plan) {
+  const TrainerOptions& o = plan.options;
+  auto refuse = [](const std::string& what, const std::string& why) {
+    throw ConfigError(fmt::format("LOSS.name = moco_loss with {}: {}", what, why));
+  };
+  const std::string use_ddp =
+      "MoCo's momentum encoder is updated from whole parameters on every rank; use DDP "
+      "(leave OPTIMIZER.use_zero False, MODEL.SHARDED_DDP_SETUP.USE_SDP False and "
+      "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP False)";
+  switch (o.parallel.data_parallelism) {
+  case parallel::DataParallelism::kDdp:
+    break;
+  case parallel::DataParallelism::kFsdp:
+    refuse("FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)", use_ddp);
+    break;
+  default:
+    refuse("ZeRO (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP)", use_ddp);
+  }
+  if (o.parallel.tensor_parallel_size > 1) {
+    refuse(
+        "DISTRIBUTED.TENSOR_PARALLEL_SIZE > 1",
+        "the momentum encoder is not split across the tensor-parallel ranks; use DDP");
+  }
+  if (o.parallel.offload_optimizer) {
+    refuse("the optimizer offloaded to the host", "offloading needs ZeRO or FSDP; use DDP");
+  }
+  if (plan.precision.cast_model) {
+    refuse(
+        "Apex O2/O3 (MODEL.AMP_PARAMS)",
+        "the momentum encoder stays float32 beside the cast model; use O1 (autocast) or O0");
+  }
+}
+
+// VISSL's assertion: each loss call writes the keys of every replica's micro-batch into the
+// queue in one piece, which must not wrap around its end.
+void check_moco_queue_size(const RunPlan& plan, int64_t keys_per_call) {
+  const SelfSupervisedLossOptions& ssl = plan.options.self_supervised;
+  if (ssl.is_moco() && ssl.moco_queue_size % keys_per_call != 0) {
+    throw config_error(
+        "LOSS.moco_loss.queue_size",
+        std::to_string(ssl.moco_queue_size),
+        fmt::format(
+            "a multiple of the keys each step writes into the queue ({} = "
+            "BATCHSIZE_PER_REPLICA x {} data-parallel rank(s)), as VISSL asserts",
+            keys_per_call,
+            keys_per_call / plan.batch_per_rank));
   }
 }
 
@@ -365,7 +419,8 @@ void check_self_supervised(const RunPlan& plan) {
     if (!ssl.frozen_parameters.empty()) {
       throw ConfigError(
           "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP freezes parameters of a self-supervised run "
-          "(LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss); leave it empty "
+          "(LOSS.name swav_loss, simclr_info_nce_loss, barlow_twins_loss or moco_loss); leave it "
+          "empty "
           "([]) otherwise");
     }
     if (!plan.model.head_chain.empty() || !plan.model.swav_head.dims.empty()) {
@@ -429,6 +484,9 @@ void check_self_supervised(const RunPlan& plan) {
         "the queue is rescored with the prototypes outside the forward, where FSDP keeps them "
         "sharded; use ZeRO-1/2 (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP) or DDP "
         "with a queue, or set queue_length 0");
+  }
+  if (ssl.is_moco()) {
+    check_moco_composes(plan);
   }
   if (ssl.is_swav() && ssl.normalize_last_layer && plan.precision.cast_model) {
     refuse(
@@ -571,6 +629,7 @@ RunPlan plan_run(TrainerOptions options, RunWorld world) {
   plan.batch_per_rank = o.train.batch_size;
   plan.batch_per_node = plan.batch_per_rank * replicas_per_node * accumulation;
   plan.global_batch = plan.batch_per_rank * replicas * accumulation;
+  check_moco_queue_size(plan, plan.batch_per_rank * replicas);
   scale_learning_rates(plan);
   return plan;
 }

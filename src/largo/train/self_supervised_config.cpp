@@ -76,6 +76,16 @@ SelfSupervisedLossOptions barlow_twins_options_from(const Config& config) {
   return options;
 }
 
+SelfSupervisedLossOptions moco_options_from(const Config& config) {
+  const std::string key = "LOSS.moco_loss.";
+  SelfSupervisedLossOptions options;
+  options.name = "moco_loss";
+  options.moco.temperature = positive_number(config, key + "temperature");
+  options.moco_queue_size = positive_int(config, key + "queue_size");
+  options.moco_embedding_dim = positive_int(config, key + "embedding_dim");
+  return options;
+}
+
 // VISSL names parameters of the wrapped model ("module.heads.0.prototypes0.weight"); Largo's
 // module has "head.0.prototypes0.weight".
 std::string largo_parameter_name(std::string name) {
@@ -128,8 +138,35 @@ SelfSupervisedLossOptions self_supervised_options_from(const Config& config) {
     options = simclr_options_from(config);
   } else if (loss == "barlow_twins_loss") {
     options = barlow_twins_options_from(config);
+  } else if (loss == "moco_loss") {
+    options = moco_options_from(config);
   }
   frozen_parameters_from(config, options);
+  return options;
+}
+
+std::optional<models::MocoModelOptions> moco_model_options_from(const Config& config) {
+  if (config.get_string("LOSS.name") != "moco_loss") {
+    return std::nullopt;
+  }
+  const std::string key = "LOSS.moco_loss.";
+  models::MocoModelOptions options;
+  options.momentum = config.get_double(key + "momentum");
+  require(
+      options.momentum >= 0.0 && options.momentum <= 1.0,
+      key + "momentum",
+      fmt::format("{}", options.momentum),
+      "a number in [0, 1] (VISSL's 0.999: the momentum encoder keeps 99.9 % of itself)");
+  options.shuffle_batch = config.get_bool(key + "shuffle_batch");
+  const bool sync_batch_norm = config.get_bool("MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN");
+  require(
+      !(options.shuffle_batch && sync_batch_norm),
+      key + "shuffle_batch",
+      "True",
+      "False with MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN True: VISSL shuffles the keys' "
+      "batch only without SyncBatchNorm, so set shuffle_batch: False (or turn SyncBatchNorm "
+      "off)");
+  options.shuffle_seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
   return options;
 }
 

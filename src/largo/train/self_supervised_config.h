@@ -1,9 +1,9 @@
-// LOSS.swav_loss / LOSS.simclr_info_nce_loss, a swav_head in MODEL.HEAD.PARAMS and
-// MODEL.TEMP_FROZEN_PARAMS_ITER_MAP -> the typed options of a self-supervised run
-// (self_supervised_loss.h, models::SwavHeadOptions). VISSL infers some of these keys from the
-// rest of the config and overwrites what is set (num_crops, num_prototypes, embedding_dim,
-// world_size, ...): Largo infers them alike and refuses a value set to anything but VISSL's
-// default, since it would change nothing. Private to the train layer.
+// LOSS.swav_loss / LOSS.simclr_info_nce_loss / LOSS.barlow_twins_loss / LOSS.moco_loss, a swav_head
+// in MODEL.HEAD.PARAMS and MODEL.TEMP_FROZEN_PARAMS_ITER_MAP -> the typed options of a
+// self-supervised run (self_supervised_loss.h, models::SwavHeadOptions). VISSL infers some of these
+// keys from the rest of the config and overwrites what is set (num_crops, num_prototypes,
+// embedding_dim, world_size, ...): Largo infers them alike and refuses a value set to anything but
+// VISSL's default, since it would change nothing. Private to the train layer.
 #pragma once
 
 #include <largo/core/config.h>
@@ -13,14 +13,20 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <optional>
 #include <string>
 
 namespace largo::train {
 
-// LOSS.<name> for LOSS.name swav_loss or simclr_info_nce_loss (options.name empty for any
-// other loss), and MODEL.TEMP_FROZEN_PARAMS_ITER_MAP with VISSL's "module.heads.<i>." names
-// read as Largo's "head.<i>.". Throws ConfigError naming the key.
+// LOSS.<name> for LOSS.name swav_loss, simclr_info_nce_loss, barlow_twins_loss or moco_loss
+// (options.name empty for any other loss), and MODEL.TEMP_FROZEN_PARAMS_ITER_MAP with VISSL's
+// "module.heads.<i>." names read as Largo's "head.<i>.". Throws ConfigError naming the key.
 SelfSupervisedLossOptions self_supervised_options_from(const Config& config);
+
+// LOSS.moco_loss.momentum and shuffle_batch (and SEED_VALUE, the shuffle's seed) for
+// LOSS.name moco_loss: the MocoModel's options; nullopt for any other loss. Throws ConfigError
+// naming the key (shuffle_batch with CONVERT_BN_TO_SYNC_BN, where VISSL does not shuffle).
+std::optional<models::MocoModelOptions> moco_model_options_from(const Config& config);
 
 // One MODEL.HEAD.PARAMS entry ["swav_head", {...}] (`head` its kwargs map, `key` its
 // "MODEL.HEAD.PARAMS[i]"): VISSL's arguments dims, use_bn, num_clusters, use_bias,

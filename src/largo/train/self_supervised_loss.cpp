@@ -2,6 +2,8 @@
 
 #include <largo/core/error.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -48,6 +50,10 @@ SelfSupervisedLoss::SelfSupervisedLoss(
     }
     frozen_.emplace_back(name, iteration);
   }
+  if (options_.is_moco()) {
+    build_moco(module, batch_size, seed);
+    return;
+  }
   if (!options_.is_swav()) {
     return;
   }
@@ -76,7 +82,38 @@ SelfSupervisedLoss::SelfSupervisedLoss(
   }
 }
 
+// VISSL's MoCoLoss: its queue drawn from `seed` (the trainer passes SEED_VALUE on every rank,
+// so that every rank holds the same queue), then only ever written with every rank's keys.
+void SelfSupervisedLoss::build_moco(torch::nn::Module& module, int64_t batch_size, uint64_t seed) {
+  moco_model_ = module.as<models::MocoModelImpl>();
+  if (moco_model_ == nullptr) {
+    throw ConfigError(
+        "LOSS.name = moco_loss trains a MocoModel (query and momentum encoders): build the run's "
+        "model with ModelOptions::moco enabled");
+  }
+  const int64_t keys_per_call = batch_size * group_.world_size();
+  if (options_.moco_queue_size <= 0 || options_.moco_queue_size % keys_per_call != 0) {
+    throw config_error(
+        "LOSS.moco_loss.queue_size",
+        std::to_string(options_.moco_queue_size),
+        fmt::format(
+            "a multiple of the keys each loss call writes ({} = {} per rank x {} rank(s)), as "
+            "VISSL asserts: they are written into the queue in one piece",
+            keys_per_call,
+            batch_size,
+            group_.world_size()));
+  }
+  const auto parameters = module.parameters();
+  moco_queue_.emplace(
+      models::MocoQueueOptions{options_.moco_embedding_dim, options_.moco_queue_size},
+      at::make_generator<at::CPUGeneratorImpl>(seed),
+      parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device());
+}
+
 at::Tensor SelfSupervisedLoss::loss(const at::Tensor& output, const at::Tensor& /*labels*/) {
+  if (options_.is_moco()) {
+    return moco(output);
+  }
   if (options_.is_barlow_twins()) {
     return models::barlow_twins_loss(output, group_, options_.barlow_twins);
   }
@@ -119,6 +156,25 @@ at::Tensor SelfSupervisedLoss::swav(const at::Tensor& output) {
   return loss;
 }
 
+// `output`: [n, query | key] (MocoModel::forward), each options_.moco_embedding_dim wide.
+at::Tensor SelfSupervisedLoss::moco(const at::Tensor& output) {
+  const int64_t d = options_.moco_embedding_dim;
+  if (output.dim() != 2 || output.size(1) != 2 * d) {
+    throw config_error(
+        "LOSS.moco_loss.embedding_dim",
+        std::to_string(d),
+        fmt::format(
+            "the head's output width ({}): set MODEL.HEAD.PARAMS' last dims to it",
+            output.dim() == 2 ? output.size(1) / 2 : int64_t{0}));
+  }
+  const at::Tensor key = output.narrow(1, d, d);
+  const at::Tensor loss =
+      models::moco_loss(output.narrow(1, 0, d), key, moco_queue_->keys(), options_.moco);
+  moco_queue_->enqueue(key, group_); // after the loss, as VISSL's forward does
+  ++calls_;
+  return loss;
+}
+
 void SelfSupervisedLoss::before_optimizer_step(parallel::ParallelModel& model) {
   std::vector<std::string> frozen;
   for (const auto& [name, iteration] : frozen_) {
@@ -142,6 +198,11 @@ void SelfSupervisedLoss::after_optimizer_step(parallel::ParallelModel& model) {
 }
 
 std::map<std::string, at::Tensor> SelfSupervisedLoss::state_dict() const {
+  if (moco_queue_) {
+    std::map<std::string, at::Tensor> state = moco_queue_->state_dict();
+    state.merge(moco_model_->momentum_state_dict());
+    return state;
+  }
   if (!queue_) {
     return {};
   }
@@ -151,6 +212,11 @@ std::map<std::string, at::Tensor> SelfSupervisedLoss::state_dict() const {
 }
 
 void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  if (moco_queue_) {
+    moco_queue_->load_state_dict(state);
+    moco_model_->load_momentum_state_dict(state);
+    return;
+  }
   if (!queue_) {
     return;
   }
@@ -165,6 +231,19 @@ void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>
 }
 
 std::string SelfSupervisedLoss::describe() const {
+  if (moco_model_ != nullptr) {
+    const models::MocoModelOptions& model = moco_model_->options();
+    return fmt::format(
+        "MoCo (temperature {}, queue of {} keys of width {} filled from {} rank(s), momentum "
+        "encoder at momentum {}, keys' batch {})",
+        options_.moco.temperature,
+        options_.moco_queue_size,
+        options_.moco_embedding_dim,
+        group_.world_size(),
+        model.momentum,
+        model.shuffle_batch && group_.world_size() > 1 ? "shuffled across the ranks"
+                                                       : "not shuffled");
+  }
   if (options_.is_barlow_twins()) {
     return fmt::format(
         "Barlow Twins (lambda {}, scale_loss {}, batch statistics and cross-correlation over "

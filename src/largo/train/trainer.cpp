@@ -214,6 +214,11 @@ void Trainer::State::build_model() {
         parallel::sync_bn_group_size(
             sync.group_size, plan.world.procs_per_node, group->world_size()));
   }
+  if (model.moco) {
+    // The keys' batch is shuffled over the data-parallel ranks: the world, since MoCo runs
+    // under DDP only (run_plan.cpp refuses the other modes).
+    model.moco->set_process_group(group);
+  }
   model.module()->to(device);
 }
 
@@ -277,19 +282,25 @@ void Trainer::State::parallelize_model() {
 
 // SwAV's queue is drawn from SEED_VALUE + the rank's data replica (each replica keeps its own,
 // as each rank does in VISSL; a replica's ranks see the same batches) and checkpointed per
-// rank.
+// rank. MoCo's is drawn from SEED_VALUE on every rank: its queue is the same everywhere
+// (every rank writes the gathered keys), so that 2 ranks train as one process from the first
+// step; VISSL's ranks start from their own noise until the first queue_size / global batch
+// steps have overwritten it.
 void Trainer::State::build_self_supervised_loss() {
   const SelfSupervisedLossOptions& options = this->options().self_supervised;
   if (!options.enabled()) {
     return;
   }
+  const uint64_t queue_seed = options.is_moco()
+                                  ? this->options().seed
+                                  : this->options().seed + static_cast<uint64_t>(data_shard.index);
   self_supervised = std::make_unique<SelfSupervisedLoss>(
       options,
       static_cast<int64_t>(plan.model.view_shapes.size()),
       *parallel->module(),
       parallel->data_parallel_group(),
       plan.batch_per_rank,
-      this->options().seed + static_cast<uint64_t>(data_shard.index));
+      queue_seed);
   SelfSupervisedLoss* loss = self_supervised.get();
   state->attach_loss_state(
       [loss] { return loss->state_dict(); },
@@ -391,6 +402,7 @@ void Trainer::State::log_start() const {
       models::format_flops(static_cast<double>(flops_per_sample())),
       model.linear_eval  ? "the frozen trunk forward, the heads 3 x forward"
       : model.multi_crop ? "3 x forward, every view at its size"
+      : model.moco       ? "3 x forward of view 0, the momentum encoder's forward of view 1"
                          : "3 x forward",
       training,
       data->num_test_samples(),

@@ -186,7 +186,6 @@ void refuse_other_vissl_losses(const std::string& loss) {
       "distillation_loss",
       "ibot_distillation_loss",
       "ibot_loss",
-      "moco_loss",
       "msn_distillation_loss",
       "msn_loss",
       "multicrop_simclr_info_nce_loss",
@@ -198,7 +197,7 @@ void refuse_other_vissl_losses(const std::string& loss) {
         "config key LOSS.name = {}: VISSL's {} is not available in this version of Largo "
         "(it trains classifiers with CrossEntropyLoss or "
         "cross_entropy_multiple_output_single_target, and pretrains with swav_loss, "
-        "simclr_info_nce_loss or barlow_twins_loss)",
+        "simclr_info_nce_loss, barlow_twins_loss or moco_loss)",
         loss,
         loss));
   }
@@ -728,11 +727,12 @@ void check_loss_name(const Config& config) {
   refuse_other_vissl_losses(loss);
   require(
       loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target" ||
-          loss == "swav_loss" || loss == "simclr_info_nce_loss" || loss == "barlow_twins_loss",
+          loss == "swav_loss" || loss == "simclr_info_nce_loss" || loss == "barlow_twins_loss" ||
+          loss == "moco_loss",
       "LOSS.name",
       loss,
       "CrossEntropyLoss or cross_entropy_multiple_output_single_target (classification), or "
-      "swav_loss, simclr_info_nce_loss or barlow_twins_loss (self-supervised)");
+      "swav_loss, simclr_info_nce_loss, barlow_twins_loss or moco_loss (self-supervised)");
 }
 
 // ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True; with
@@ -1071,6 +1071,7 @@ TrainerOptions options_from_config(const Config& config) {
   model_parallel_options_from(config, options);
   check_loss_name(config);
   options.self_supervised = self_supervised_options_from(config);
+  options.model.moco = moco_model_options_from(config);
   if (!options.self_supervised.enabled()) {
     options.loss = classification_loss_options_from(config);
   }

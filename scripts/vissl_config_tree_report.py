@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""How much of VISSL's config tree `largo config` loads, and why the rest is refused.
+
+Runs `largo config config=<name>` for every YAML file under VISSL's configs/config (as VISSL's
+users name them), with LARGO_CONFIG_ROOT at that tree and a dataset catalog whose every name
+VISSL's own catalog lists points at a tiny dataset of the right kind (an image folder, or a
+file list for *_filelist names), so that configs naming data resolve through the catalog as
+they would on a machine with the data. Nothing is overridden. Prints the share that loads and
+the most frequent refusals, by the key or phrase they name.
+
+    git clone https://github.com/facebookresearch/vissl /tmp/vissl
+    $LARGO_PYTHON scripts/vissl_config_tree_report.py /tmp/vissl/configs build/largo [--jobs 2]
+"""
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from PIL import Image
+
+
+def tiny_folder(root):
+    for label in ("a", "b"):
+        os.makedirs(os.path.join(root, label), exist_ok=True)
+        Image.new("RGB", (32, 32), (10, 20, 30)).save(os.path.join(root, label, "x.png"))
+    return root
+
+
+def tiny_filelist(root, folder):
+    os.makedirs(root, exist_ok=True)
+    images = os.path.join(root, "images.npy")
+    labels = os.path.join(root, "labels.npy")
+    np.save(images, np.array([os.path.join(folder, "a", "x.png"), os.path.join(folder, "b", "x.png")]))
+    np.save(labels, np.array([0, 1], dtype=np.int64))
+    return images, labels
+
+
+def catalog_for(vissl_catalog, scratch):
+    folder = tiny_folder(os.path.join(scratch, "folder"))
+    images, labels = tiny_filelist(os.path.join(scratch, "filelist"), folder)
+    with open(vissl_catalog) as f:
+        names = json.load(f).keys()
+    entry = lambda name: [images, labels] if "filelist" in name else [folder, "<unused>"]
+    catalog = {name: {"train": entry(name), "val": entry(name)} for name in names}
+    path = os.path.join(scratch, "dataset_catalog.json")
+    with open(path, "w") as f:
+        json.dump(catalog, f)
+    return path
+
+
+def reason(output):
+    line = next((l for l in output.splitlines() if l.startswith("largo: ")), output.strip()[-200:])
+    key = re.search(r"config key ([A-Za-z0-9_.\[\]]+)", line)
+    if key:
+        return "config key " + re.sub(r"\[\d+\]", "[i]", key.group(1))
+    return re.sub(r"\d+", "N", line[:120])
+
+
+def run(largo, root, name, env):
+    result = subprocess.run(
+        [largo, "config", "config=" + name], env=env, capture_output=True, text=True, timeout=120)
+    return name, result.returncode, result.stdout + result.stderr
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("configs", help="VISSL's configs/ folder (it holds config/)")
+    parser.add_argument("largo", help="the largo program")
+    parser.add_argument("--jobs", type=int, default=2)
+    args = parser.parse_args()
+    config_dir = os.path.join(args.configs, "config")
+    names = sorted(
+        os.path.relpath(os.path.join(d, f), config_dir)[: -len(".yaml")]
+        for d, _, files in os.walk(config_dir) for f in files if f.endswith(".yaml"))
+    with tempfile.TemporaryDirectory() as scratch:
+        env = dict(os.environ, LARGO_CONFIG_ROOT=args.configs,
+                   VISSL_DATASET_CATALOG_PATH=catalog_for(
+                       os.path.join(config_dir, "dataset_catalog.json"), scratch))
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(lambda n: run(args.largo, args.configs, n, env), names))
+    loaded = [name for name, code, _ in results if code == 0]
+    crashed = [name for name, code, _ in results if code not in (0, 2)]
+    reasons = collections.Counter(reason(out) for _, code, out in results if code == 2)
+    print(f"{len(loaded)} of {len(results)} configs load ({100.0 * len(loaded) / len(results):.1f} %); "
+          f"{sum(reasons.values())} refused by a config error; {len(crashed)} other failures")
+    for text, count in reasons.most_common(25):
+        print(f"{count:5d}  {text}")
+    for name in crashed[:10]:
+        print("other failure:", name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+#include <largo/models/moco_model.h>
+
+#include <largo/core/error.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <utility>
+
+namespace largo::models {
+namespace {
+
+int64_t numel_of_view(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t size : shape) {
+    count *= size;
+  }
+  return count;
+}
+
+at::Tensor cpu_copy_of(const at::Tensor& tensor) {
+  return tensor.is_cpu() ? tensor.detach().clone() : tensor.detach().cpu();
+}
+
+// Every rank's [n, ...] `local` in rank order: [world * n, ...].
+at::Tensor gather_rows(const at::Tensor& local, comm::ProcessGroup& group) {
+  const at::Tensor input = local.contiguous();
+  std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end());
+  shape[0] *= group.world_size();
+  at::Tensor gathered = at::empty(shape, input.options());
+  group.all_gather(gathered, input);
+  return gathered;
+}
+
+} // namespace
+
+MocoModelImpl::MocoModelImpl(
+    const TrunkHeadModel& query,
+    TrunkHeadModel momentum_encoder,
+    std::vector<std::vector<int64_t>> view_shapes,
+    MocoModelOptions options)
+    : trunk_(register_module("trunk", query->trunk())),
+      head_(register_module("head", query->head())),
+      momentum_(std::move(momentum_encoder)),
+      view_shapes_(std::move(view_shapes)),
+      options_(options) {
+  require_option(
+      options_.momentum >= 0.0 && options_.momentum <= 1.0,
+      "MocoModelOptions::momentum",
+      fmt::format("{}", options_.momentum),
+      "a number in [0, 1]");
+  if (view_shapes_.size() != 2) {
+    throw ConfigError(fmt::format(
+        "MoCo takes 2 views per image (view 0 for the query, view 1 for the key), got {}; use "
+        "ImgReplicatePil with num_times 2",
+        view_shapes_.size()));
+  }
+  const auto query_parameters = named_parameters();
+  const auto momentum_parameters = momentum_->named_parameters();
+  bool same = query_parameters.size() == momentum_parameters.size();
+  for (const auto& item : query_parameters) {
+    const at::Tensor* other = momentum_parameters.find(item.key());
+    same = same && other != nullptr && other->sizes() == item.value().sizes();
+  }
+  if (!same) {
+    throw ConfigError(
+        "the MoCo momentum encoder must have the query encoder's parameters (build both with "
+        "the same model options)");
+  }
+  for (auto& parameter : momentum_->parameters()) {
+    parameter.requires_grad_(false);
+  }
+}
+
+std::vector<at::Tensor> MocoModelImpl::unpack(const at::Tensor& packed) const {
+  const int64_t width = numel_of_view(view_shapes_[0]) + numel_of_view(view_shapes_[1]);
+  if (packed.dim() != 2 || packed.size(1) != width) {
+    throw Error(fmt::format(
+        "the MoCo model takes [images, {}] (its 2 views packed by pack_views), got [{}]",
+        width,
+        fmt::join(packed.sizes(), ", ")));
+  }
+  std::vector<at::Tensor> views;
+  int64_t offset = 0;
+  for (const auto& shape : view_shapes_) {
+    std::vector<int64_t> sizes{packed.size(0)};
+    sizes.insert(sizes.end(), shape.begin(), shape.end());
+    views.push_back(packed.narrow(1, offset, numel_of_view(shape)).reshape(sizes));
+    offset += numel_of_view(shape);
+  }
+  return views;
+}
+
+at::Tensor MocoModelImpl::forward(const at::Tensor& packed) {
+  const std::vector<at::Tensor> views = unpack(packed);
+  if (is_training()) {
+    advance_momentum_encoder();
+  }
+  at::Tensor query = trunk_->forward(views[0]);
+  if (!head_->is_empty()) {
+    query = head_->forward(query);
+  }
+  at::Tensor key;
+  {
+    at::NoGradGuard no_grad;
+    momentum_->train(is_training());
+    comm::ProcessGroup* group = group_.get();
+    const bool shuffle =
+        is_training() && options_.shuffle_batch && group != nullptr && group->world_size() > 1;
+    key = shuffle ? shuffled_keys(views[1], *group) : keys(views[1]);
+  }
+  return at::cat({query, key.to(query.scalar_type())}, 1);
+}
+
+// VISSL's MoCoHook.on_forward: built (copied) on the first forward, updated on the others.
+void MocoModelImpl::advance_momentum_encoder() {
+  at::NoGradGuard no_grad;
+  const auto query_parameters = named_parameters();
+  const c10::Device device = query_parameters.is_empty()
+                                 ? c10::Device(c10::kCPU)
+                                 : query_parameters.values().front().device();
+  if (!momentum_->parameters().empty() && momentum_->parameters().front().device() != device) {
+    momentum_->to(device);
+  }
+  auto momentum_parameters = momentum_->named_parameters();
+  for (const auto& item : query_parameters) {
+    at::Tensor& target = momentum_parameters[item.key()];
+    if (forwards_ == 0) {
+      target.copy_(item.value());
+    } else {
+      // VISSL's order: p_k * m + p_q * (1 - m).
+      target.copy_(target * options_.momentum + item.value() * (1.0 - options_.momentum));
+    }
+  }
+  ++forwards_;
+}
+
+at::Tensor MocoModelImpl::keys(const at::Tensor& images) {
+  const at::Tensor key = momentum_->forward(images);
+  return key / key.norm(2, 1, /*keepdim=*/true).clamp_min(1e-12); // F.normalize
+}
+
+// VISSL's _batch_shuffle_ddp and _batch_unshuffle_ddp.
+at::Tensor MocoModelImpl::shuffled_keys(const at::Tensor& images, comm::ProcessGroup& group) {
+  const int64_t n = images.size(0);
+  const at::Tensor all_images = gather_rows(images, group); // [world * n, c, h, w]
+  const int64_t total = all_images.size(0);
+  // This forward's index: advance_momentum_encoder has counted it already.
+  const auto forward_index = static_cast<uint64_t>(forwards_ - 1);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(options_.shuffle_seed + forward_index);
+  const at::Tensor shuffle = at::randperm(total, generator, at::kLong);
+  const at::Tensor unshuffle = at::argsort(shuffle);
+  const int64_t rank = group.rank();
+  const at::Tensor mine = shuffle.view({group.world_size(), n})[rank].to(images.device());
+  const at::Tensor shuffled_keys = keys(all_images.index_select(0, mine)); // [n, d]
+  const at::Tensor all_keys = gather_rows(shuffled_keys, group);           // [world * n, d]
+  const at::Tensor back = unshuffle.view({group.world_size(), n})[rank].to(images.device());
+  return all_keys.index_select(0, back);
+}
+
+std::map<std::string, at::Tensor> MocoModelImpl::momentum_state_dict() const {
+  std::map<std::string, at::Tensor> state;
+  for (const auto& item : momentum_->named_parameters()) {
+    state.emplace("moco_encoder." + item.key(), cpu_copy_of(item.value()));
+  }
+  for (const auto& item : momentum_->named_buffers()) {
+    state.emplace("moco_encoder." + item.key(), cpu_copy_of(item.value()));
+  }
+  state.emplace("moco_num_forwards", at::tensor({forwards_}, at::kLong));
+  return state;
+}
+
+void MocoModelImpl::load_momentum_state_dict(const std::map<std::string, at::Tensor>& state) {
+  at::NoGradGuard no_grad;
+  const auto load = [&](const std::string& name, at::Tensor& target) {
+    const auto it = state.find(name);
+    if (it == state.end() || it->second.sizes() != target.sizes()) {
+      throw CheckpointError(fmt::format(
+          "MoCo momentum encoder state: {} {}; the model must be that of the run that saved it",
+          name,
+          it == state.end() ? std::string("is missing") : std::string("has another shape")));
+    }
+    target.copy_(it->second);
+  };
+  for (auto& item : momentum_->named_parameters()) {
+    load("moco_encoder." + item.key(), item.value());
+  }
+  for (auto& item : momentum_->named_buffers()) {
+    load("moco_encoder." + item.key(), item.value());
+  }
+  at::Tensor forwards = at::zeros({1}, at::kLong);
+  load("moco_num_forwards", forwards);
+  forwards_ = forwards.item<int64_t>();
+}
+
+void MocoModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
+  swap_sequential_member(*this, name, replacement, {{"trunk", &trunk_}, {"head", &head_}});
+}
+
+} // namespace largo::models
