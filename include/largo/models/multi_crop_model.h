@@ -29,6 +29,13 @@ at::Tensor pack_views(const std::vector<at::Tensor>& views);
 
 // Σ_k channels·h_k·w_k of `view_shapes` ([channels, h, w] each): the width pack_views makes.
 int64_t packed_size(const std::vector<std::vector<int64_t>>& view_shapes);
+// The inverse of pack_views: packed [n, packed_size(view_shapes)] -> each view
+// [n, channels, h, w] (views of `packed`, no copy). Throws naming `model` (e.g. "the MoCo
+// model") when `packed` is not that wide.
+std::vector<at::Tensor> unpack_views(
+    const at::Tensor& packed,
+    const std::vector<std::vector<int64_t>>& view_shapes,
+    const std::string& model);
 
 class MultiCropModelImpl : public torch::nn::Module, public SwappableChildren {
  public:

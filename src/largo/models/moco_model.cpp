@@ -1,6 +1,7 @@
 #include <largo/models/moco_model.h>
 
 #include <largo/core/error.h>
+#include <largo/models/multi_crop_model.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -10,14 +11,6 @@
 
 namespace largo::models {
 namespace {
-
-int64_t numel_of_view(const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t size : shape) {
-    count *= size;
-  }
-  return count;
-}
 
 at::Tensor cpu_copy_of(const at::Tensor& tensor) {
   return tensor.is_cpu() ? tensor.detach().clone() : tensor.detach().cpu();
@@ -74,22 +67,7 @@ MocoModelImpl::MocoModelImpl(
 }
 
 std::vector<at::Tensor> MocoModelImpl::unpack(const at::Tensor& packed) const {
-  const int64_t width = numel_of_view(view_shapes_[0]) + numel_of_view(view_shapes_[1]);
-  if (packed.dim() != 2 || packed.size(1) != width) {
-    throw Error(fmt::format(
-        "the MoCo model takes [images, {}] (its 2 views packed by pack_views), got [{}]",
-        width,
-        fmt::join(packed.sizes(), ", ")));
-  }
-  std::vector<at::Tensor> views;
-  int64_t offset = 0;
-  for (const auto& shape : view_shapes_) {
-    std::vector<int64_t> sizes{packed.size(0)};
-    sizes.insert(sizes.end(), shape.begin(), shape.end());
-    views.push_back(packed.narrow(1, offset, numel_of_view(shape)).reshape(sizes));
-    offset += numel_of_view(shape);
-  }
-  return views;
+  return unpack_views(packed, view_shapes_, "MoCo model");
 }
 
 at::Tensor MocoModelImpl::forward(const at::Tensor& packed) {
@@ -116,22 +94,27 @@ at::Tensor MocoModelImpl::forward(const at::Tensor& packed) {
 // VISSL's MoCoHook.on_forward: built (copied) on the first forward, updated on the others.
 void MocoModelImpl::advance_momentum_encoder() {
   at::NoGradGuard no_grad;
-  const auto query_parameters = named_parameters();
-  const c10::Device device = query_parameters.is_empty()
-                                 ? c10::Device(c10::kCPU)
-                                 : query_parameters.values().front().device();
-  if (!momentum_->parameters().empty() && momentum_->parameters().front().device() != device) {
-    momentum_->to(device);
+  std::vector<at::Tensor> queries;
+  std::vector<at::Tensor> targets;
+  const auto momentum_parameters = momentum_->named_parameters();
+  for (const auto& item : named_parameters()) {
+    queries.push_back(item.value());
+    targets.push_back(momentum_parameters[item.key()]);
   }
-  auto momentum_parameters = momentum_->named_parameters();
-  for (const auto& item : query_parameters) {
-    at::Tensor& target = momentum_parameters[item.key()];
-    if (forwards_ == 0) {
-      target.copy_(item.value());
-    } else {
-      // VISSL's order: p_k * m + p_q * (1 - m).
-      target.copy_(target * options_.momentum + item.value() * (1.0 - options_.momentum));
-    }
+  if (queries.empty()) {
+    ++forwards_;
+    return;
+  }
+  if (targets.front().device() != queries.front().device()) {
+    momentum_->to(queries.front().device()); // moves the tensors in `targets` too
+  }
+  if (forwards_ == 0) {
+    at::_foreach_copy_(targets, queries);
+  } else {
+    // VISSL's p_k * m + p_q * (1 - m), each product rounded before the sum as there (a fused
+    // add with alpha would round once and drift from VISSL's sequence).
+    at::_foreach_mul_(targets, options_.momentum);
+    at::_foreach_add_(targets, at::_foreach_mul(queries, 1.0 - options_.momentum));
   }
   ++forwards_;
 }

@@ -39,6 +39,30 @@ int64_t packed_size(const std::vector<std::vector<int64_t>>& view_shapes) {
   return values;
 }
 
+std::vector<at::Tensor> unpack_views(
+    const at::Tensor& packed,
+    const std::vector<std::vector<int64_t>>& view_shapes,
+    const std::string& model) {
+  const int64_t width = packed_size(view_shapes);
+  if (packed.dim() != 2 || packed.size(1) != width) {
+    throw Error(fmt::format(
+        "the {} takes [images, {}] (its {} views packed by pack_views), got [{}]",
+        model,
+        width,
+        view_shapes.size(),
+        fmt::join(packed.sizes(), ", ")));
+  }
+  std::vector<at::Tensor> views;
+  int64_t offset = 0;
+  for (const auto& shape : view_shapes) {
+    std::vector<int64_t> sizes{packed.size(0)};
+    sizes.insert(sizes.end(), shape.begin(), shape.end());
+    views.push_back(packed.narrow(1, offset, numel_of(shape)).reshape(sizes));
+    offset += numel_of(shape);
+  }
+  return views;
+}
+
 MultiCropModelImpl::MultiCropModelImpl(
     const TrunkHeadModel& model, std::vector<std::vector<int64_t>> view_shapes)
     : trunk_(register_module("trunk", model->trunk())),
@@ -61,23 +85,7 @@ MultiCropModelImpl::MultiCropModelImpl(
 }
 
 std::vector<at::Tensor> MultiCropModelImpl::unpack(const at::Tensor& packed) const {
-  if (packed.dim() != 2 || packed.size(1) != packed_size_) {
-    throw Error(fmt::format(
-        "the multi-crop model takes [images, {}] (its {} views packed by pack_views), got [{}]",
-        packed_size_,
-        view_shapes_.size(),
-        fmt::join(packed.sizes(), ", ")));
-  }
-  const int64_t n = packed.size(0);
-  std::vector<at::Tensor> views;
-  int64_t offset = 0;
-  for (const auto& shape : view_shapes_) {
-    std::vector<int64_t> sizes{n};
-    sizes.insert(sizes.end(), shape.begin(), shape.end());
-    views.push_back(packed.narrow(1, offset, numel_of(shape)).reshape(sizes));
-    offset += numel_of(shape);
-  }
-  return views;
+  return unpack_views(packed, view_shapes_, "multi-crop model");
 }
 
 at::Tensor MultiCropModelImpl::forward(const at::Tensor& packed) {

@@ -215,9 +215,9 @@ void Trainer::State::build_model() {
             sync.group_size, plan.world.procs_per_node, group->world_size()));
   }
   if (model.moco) {
-    // The keys' batch is shuffled over the data-parallel ranks: the world, since MoCo runs
-    // under DDP only (run_plan.cpp refuses the other modes).
-    model.moco->set_process_group(group);
+    // The keys' batch is shuffled over the ranks that read different images: the mesh's "dp"
+    // dimension (the same group as the loss's queue, SelfSupervisedLoss).
+    model.moco->set_process_group(mesh->group("dp"));
   }
   model.module()->to(device);
 }
