@@ -196,11 +196,13 @@ void print_pipeline_header(const train::RunPlan& plan, const parallel::PipelineE
       describe_cut(plan.parallel).c_str(),
       fmt::format("{}", fmt::join(estimate.boundaries, ", ")).c_str(),
       describe_stages(estimate).c_str());
-  std::printf("each stage's replicas run %s (ZeRO-2 and FSDP do not compose with a pipeline), "
-              "so the ZeRO table is replaced by this one, per pipeline rank\n",
-              plan.parallel.data_parallelism == parallel::DataParallelism::kZero1
-                  ? "ZeRO-1 (optimizer state sharded over them)"
-                  : "DDP");
+  std::printf(
+      "each stage's replicas run %s (ZeRO-2 and FSDP do not compose with a pipeline), "
+      "so the ZeRO table is replaced by this one, per pipeline rank\n",
+      parallel::data_parallel_placement(plan.parallel.data_parallelism).optimizer_state.at("dp") ==
+              parallel::Placement::flat_shard()
+          ? "ZeRO-1 (optimizer state sharded over them)"
+          : "DDP");
 }
 
 // How the activation columns were obtained, so that nobody reads more into them.

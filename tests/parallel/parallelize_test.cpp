@@ -238,6 +238,10 @@ TEST(ParallelizeTest, EachDataParallelModeStatesItsPlacements) {
       EXPECT_EQ(placements.module_holds_whole_model(), mode != DataParallelism::kFsdp);
       EXPECT_EQ(placements.module_holds_gathered_copies(), mode == DataParallelism::kFsdp);
       EXPECT_TRUE(placements.cover_whole_model());
+      // What the run's plan is checked against before a model exists says the same.
+      const ParameterPlacement planned = data_parallel_placement(mode);
+      EXPECT_EQ(describe(planned.value), value);
+      EXPECT_EQ(describe(planned.optimizer_state), state);
     }
   });
 }

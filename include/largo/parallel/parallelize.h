@@ -126,6 +126,12 @@ enum class DataParallelism {
 std::string to_string(DataParallelism mode);
 // The ZeRO stage: 0 for DDP.
 int zero_stage(DataParallelism mode);
+// How `mode` places every trained parameter along the mesh's "dp" dimension (name and shape
+// left empty): the optimizer state flat-sharded from stage 1, the value too at stage 3
+// (FSDP), replicated otherwise. The strategies place their parameters so
+// (ParallelModel::placements()); this says it before any model is built, for the checks of a
+// run's plan that depend on where the state lives.
+ParameterPlacement data_parallel_placement(DataParallelism mode);
 
 struct ActivationCheckpointingOptions {
   // Every Sequential element this policy selects runs as a checkpointed segment of its own

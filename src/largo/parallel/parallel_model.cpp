@@ -44,6 +44,13 @@ int zero_stage(DataParallelism mode) {
   return 0;
 }
 
+ParameterPlacement data_parallel_placement(DataParallelism mode) {
+  const int stage = zero_stage(mode);
+  const Placement value = stage >= 3 ? Placement::flat_shard() : Placement::replicate();
+  const Placement state = stage >= 1 ? Placement::flat_shard() : Placement::replicate();
+  return ParameterPlacement{"", {}, {{"dp", value}}, {{"dp", state}}};
+}
+
 std::string ModelStateReport::describe(int rank) const {
   constexpr double kMiB = 1024.0 * 1024.0;
   auto pair = [&](int64_t measured_bytes, std::optional<int64_t> estimated_bytes) {

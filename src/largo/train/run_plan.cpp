@@ -212,6 +212,13 @@ void check_checkpointing_splits(const RunPlan& plan) {
   }
 }
 
+// Whether the data-parallel strategy keeps each rank's parameters as flat shards between
+// steps (FSDP), so that nothing outside the forward sees them whole.
+bool values_flat_sharded(const parallel::ParallelOptions& options) {
+  return parallel::data_parallel_placement(options.data_parallelism).value.at("dp") ==
+         parallel::Placement::flat_shard();
+}
+
 const std::string kFeatureEvalKey = "MODEL.FEATURE_EVAL_SETTINGS.";
 
 // MODEL.FEATURE_EVAL_SETTINGS without EVAL_MODE_ON, or without a freeze switch, builds no
@@ -265,7 +272,7 @@ void check_linear_evaluation(const RunPlan& plan) {
     throw ConfigError(fmt::format(
         "{}EVAL_MODE_ON (a linear evaluation) with {} is not available: {}", key, what, why));
   };
-  if (o.parallel.data_parallelism == parallel::DataParallelism::kFsdp) {
+  if (values_flat_sharded(o.parallel)) {
     refuse_with(
         "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
         "FSDP shards trained units, and the frozen trunk is none; use DDP or ZeRO-1/2");
@@ -371,13 +378,11 @@ void check_moco_composes(const RunPlan& plan) {
       "MoCo's momentum encoder is updated from whole parameters on every rank; use DDP "
       "(leave OPTIMIZER.use_zero False, MODEL.SHARDED_DDP_SETUP.USE_SDP False and "
       "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP False)";
-  switch (o.parallel.data_parallelism) {
-  case parallel::DataParallelism::kDdp:
-    break;
-  case parallel::DataParallelism::kFsdp:
+  if (values_flat_sharded(o.parallel)) {
     refuse("FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)", use_ddp);
-    break;
-  default:
+  }
+  if (parallel::data_parallel_placement(o.parallel.data_parallelism).optimizer_state.at("dp") !=
+      parallel::Placement::replicate()) {
     refuse("ZeRO (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP)", use_ddp);
   }
   if (o.parallel.tensor_parallel_size > 1) {
@@ -471,14 +476,13 @@ void check_self_supervised(const RunPlan& plan) {
   if (ssl.compares_two_views() && !plan.model.swav_head.dims.empty()) {
     refuse("a swav_head", "the projection is one or more mlp heads in MODEL.HEAD.PARAMS");
   }
-  const parallel::DataParallelism mode = o.parallel.data_parallelism;
   if (o.parallel.pipeline.enabled()) {
     refuse(
         "DISTRIBUTED.PIPELINE_SIZE > 1",
         "the views of several resolutions run through the whole trunk; use data "
         "parallelism");
   }
-  if (mode == parallel::DataParallelism::kFsdp && ssl.is_swav() && ssl.queue_length > 0) {
+  if (values_flat_sharded(o.parallel) && ssl.is_swav() && ssl.queue_length > 0) {
     refuse(
         "LOSS.swav_loss.queue under FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
         "the queue is rescored with the prototypes outside the forward, where FSDP keeps them "

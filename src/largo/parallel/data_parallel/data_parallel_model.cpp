@@ -152,7 +152,8 @@ std::string DataParallelModel::describe_mode() const {
 
 void DataParallelModel::place(StatePlacements& placements) const {
   if (sharded_ != nullptr) {
-    placements.place_all("dp", Placement::replicate(), Placement::flat_shard());
+    const ParameterPlacement planned = data_parallel_placement(options_.data_parallelism);
+    placements.place_all("dp", planned.value.at("dp"), planned.optimizer_state.at("dp"));
   }
 }
 

@@ -117,7 +117,8 @@ class FsdpModel : public ParallelModel {
   // Flat shards over "dp", gathered into the module as compute copies (in compute_dtype when
   // one is set).
   void place(StatePlacements& placements) const override {
-    placements.place_all("dp", Placement::flat_shard(), Placement::flat_shard());
+    const ParameterPlacement planned = data_parallel_placement(DataParallelism::kFsdp);
+    placements.place_all("dp", planned.value.at("dp"), planned.optimizer_state.at("dp"));
   }
   // With tensor parallelism the pieces' partial norms are summed over the replicas, then
   // completed over the shards.
