@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <tuple>
+
 #include "data/image_test_util.h"
 #include "data/temp_dir.h"
 #include "largo/core/error.h"
@@ -173,6 +176,54 @@ TEST(DatasetFactory, MultiViewTransformsNeedImageFiles) {
       }
     }
   }
+}
+
+// The torchvision datasets' shapes are known before any file is read (the model is planned
+// from them), and a name torchvision does not have is refused listing the ones Largo reads.
+TEST(DatasetFactory, TorchvisionDatasetsHaveTheirShapesBeforeAnyFileIsRead) {
+  const std::vector<std::tuple<std::string, std::vector<int64_t>, int64_t>> expected{
+      {"MNIST", {1, 28, 28}, 10},
+      {"FashionMNIST", {1, 28, 28}, 10},
+      {"CIFAR10", {3, 32, 32}, 10},
+      {"CIFAR100", {3, 32, 32}, 100},
+      {"STL10", {3, 96, 96}, 10}};
+  EXPECT_EQ(torchvision_dataset_names().size(), expected.size());
+  for (const auto& [name, shape, classes] : expected) {
+    SCOPED_TRACE(name);
+    DataSourceOptions source;
+    source.dataset_name = name;
+    source.path = "/nonexistent";
+    const DatasetShape peeked = peek_dataset_shape(source);
+    EXPECT_EQ(peeked.sample_shape, shape);
+    EXPECT_EQ(peeked.num_classes, classes);
+  }
+  DataSourceOptions svhn;
+  svhn.dataset_name = "SVHN";
+  try {
+    peek_dataset_shape(svhn);
+    FAIL() << "SVHN accepted";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(
+        std::string(error.what()).find("MNIST, FashionMNIST, CIFAR10, CIFAR100 or STL10"),
+        std::string::npos)
+        << error.what();
+  }
+}
+
+TEST(DatasetFactory, OpensCifar100FromItsBinaryFile) {
+  TempDir dir;
+  std::string record(3074, '\x07');
+  record[0] = 4;  // coarse label
+  record[1] = 42; // fine label
+  std::ofstream(dir.path() / "test.bin", std::ios::binary) << record << record;
+  DataSourceOptions source;
+  source.dataset_name = "CIFAR100";
+  source.path = dir.path();
+  const OpenedDataset opened = open_dataset(source, Split::kTest, 0);
+  ASSERT_EQ(opened.dataset->size(), 2);
+  EXPECT_EQ(opened.num_classes, 100);
+  EXPECT_EQ(opened.dataset->labels()[1].item<int64_t>(), 42);
+  EXPECT_EQ(opened.dataset->images().sum().item<int64_t>(), 2 * 3072 * 7);
 }
 
 } // namespace

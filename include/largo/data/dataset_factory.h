@@ -1,7 +1,8 @@
 // From a split's description (VISSL's DATA.TRAIN / DATA.TEST keys, as typed options) to a
 // dataset, the batch transforms its loader applies, and the shape of the batches that come
 // out -- the one place that knows every data source:
-//   torchvision_dataset  MNIST / FashionMNIST (idx files) or CIFAR10 (binary) under `path`
+//   torchvision_dataset  MNIST / FashionMNIST (idx files), CIFAR10 / CIFAR100 / STL10
+//                        (binary versions) under `path`
 //   synthetic            random images, synthetic_* options
 //   disk_folder          an ImageFolder tree at `path` (image_list.h)
 //   disk_filelist        a .npy of image paths at `path`, a .npy of labels at `label_path`
@@ -101,6 +102,11 @@ struct DatasetShape {
   std::vector<std::vector<int64_t>> view_shapes{};
 };
 DatasetShape peek_dataset_shape(const DataSourceOptions& options);
+
+// The dataset names of the torchvision_dataset source (DataSourceOptions::dataset_name), as
+// torchvision spells them, and as one phrase: "MNIST, FashionMNIST, ... or STL10".
+std::vector<std::string> torchvision_dataset_names();
+std::string torchvision_dataset_names_text();
 
 // Opens a split. `seed` seeds the synthetic source. Throws ConfigError for an unknown source
 // or dataset name, a missing label path, a bad transform or multi-view transforms for a

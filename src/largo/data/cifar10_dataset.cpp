@@ -2,13 +2,10 @@
 // label column and the image columns are split off with tensor ops.
 #include "largo/data/cifar10_dataset.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-
 #include <fmt/format.h>
 
 #include "largo/core/error.h"
+#include "largo/data/binary_records.h"
 
 namespace largo::data {
 namespace {
@@ -51,36 +48,8 @@ Cifar10Dataset::Cifar10Dataset(at::Tensor images, at::Tensor labels)
     : InMemoryDataset(std::move(images), std::move(labels), kNumClasses) {}
 
 Batch Cifar10Dataset::read_batch_file(const std::filesystem::path& path) {
-  std::error_code error;
-  const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, error));
-  if (error) {
-    throw DataError(
-        fmt::format("cannot read CIFAR-10 file {}: {}", path.string(), error.message()));
-  }
-  if (file_bytes % kRecordBytes != 0) {
-    throw DataError(fmt::format(
-        "CIFAR-10 file {} has {} bytes, not a multiple of the {}-byte record size "
-        "({} whole records + {} bytes); the file is truncated or not the binary version, "
-        "download it again",
-        path.string(),
-        file_bytes,
-        kRecordBytes,
-        file_bytes / kRecordBytes,
-        file_bytes % kRecordBytes));
-  }
-  const int64_t num_records = file_bytes / kRecordBytes;
-  at::Tensor records = at::empty({num_records, kRecordBytes}, at::kByte); // [n, 3073]
-  std::FILE* file = std::fopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    throw DataError(
-        fmt::format("cannot open CIFAR-10 file {}: {}", path.string(), std::strerror(errno)));
-  }
-  const size_t got = std::fread(records.data_ptr(), 1, static_cast<size_t>(file_bytes), file);
-  std::fclose(file);
-  if (static_cast<int64_t>(got) != file_bytes) {
-    throw DataError(
-        fmt::format("CIFAR-10 file {}: read {} of {} bytes", path.string(), got, file_bytes));
-  }
+  const at::Tensor records = read_binary_records(path, kRecordBytes, "CIFAR-10"); // [n, 3073]
+  const int64_t num_records = records.size(0);
   at::Tensor labels = records.select(1, 0).to(at::kLong); // [n]
   at::Tensor images = records.narrow(1, 1, kRecordBytes - 1)
                           .reshape({num_records, kChannels, kHeight, kWidth})

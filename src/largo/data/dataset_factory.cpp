@@ -2,16 +2,20 @@
 #include "largo/data/dataset_factory.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <functional>
 #include <optional>
 
 #include "largo/core/error.h"
+#include "largo/data/cifar100_dataset.h"
 #include "largo/data/cifar10_dataset.h"
 #include "largo/data/idx_dataset.h"
 #include "largo/data/image_list.h"
 #include "largo/data/multi_view_pipeline.h"
 #include "largo/data/sample_index_labels.h"
 #include "largo/data/sample_pipeline.h"
+#include "largo/data/stl10_dataset.h"
 #include "largo/data/synthetic_dataset.h"
 #include "largo/data/webdataset_index.h"
 
@@ -85,23 +89,6 @@ OpenedDataset image_files(ImageList list, const DataSourceOptions& options) {
   return opened;
 }
 
-// The stored [channels, h, w] and class count of the built-in in-memory datasets.
-DatasetShape in_memory_shape(const DataSourceOptions& options) {
-  if (options.source == "synthetic") {
-    return {options.synthetic_image_shape, options.synthetic_num_classes};
-  }
-  if (options.dataset_name == "CIFAR10") {
-    return {{3, 32, 32}, 10};
-  }
-  if (options.dataset_name == "MNIST" || options.dataset_name == "FashionMNIST") {
-    return {{1, IdxDataset::kMnistImageSide, IdxDataset::kMnistImageSide}, IdxDataset::kNumClasses};
-  }
-  throw ConfigError(fmt::format(
-      "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST "
-      "or CIFAR10",
-      options.dataset_name));
-}
-
 // The model is planned from in_memory_shape() before any file is read: files of another
 // size are refused here, naming them, rather than failing in the model's first layer.
 void check_mnist_image_size(
@@ -123,6 +110,69 @@ void check_mnist_image_size(
       options.dataset_name,
       side,
       side));
+}
+
+// A dataset of the torchvision_dataset source: torchvision's name for it, what its images
+// are, and how its official files are read.
+struct TorchvisionDataset {
+  std::string name;
+  std::vector<int64_t> sample_shape; // [channels, h, w]
+  int64_t num_classes;
+  std::function<std::shared_ptr<const Dataset>(const DataSourceOptions&, Split)> load;
+};
+
+std::shared_ptr<const Dataset> load_mnist(const DataSourceOptions& options, Split split) {
+  auto dataset = std::make_shared<IdxDataset>(IdxDataset::load(options.path, split));
+  check_mnist_image_size(*dataset, options, split);
+  return dataset;
+}
+
+const std::vector<TorchvisionDataset>& torchvision_datasets() {
+  const int64_t mnist = IdxDataset::kMnistImageSide;
+  static const std::vector<TorchvisionDataset> datasets{
+      {"MNIST", {1, mnist, mnist}, IdxDataset::kNumClasses, load_mnist},
+      {"FashionMNIST", {1, mnist, mnist}, IdxDataset::kNumClasses, load_mnist},
+      {"CIFAR10",
+       {3, 32, 32},
+       Cifar10Dataset::kNumClasses,
+       [](const DataSourceOptions& options, Split split) {
+         return std::make_shared<Cifar10Dataset>(Cifar10Dataset::load(options.path, split));
+       }},
+      {"CIFAR100",
+       {3, 32, 32},
+       Cifar100Dataset::kNumClasses,
+       [](const DataSourceOptions& options, Split split) {
+         return std::make_shared<Cifar100Dataset>(Cifar100Dataset::load(options.path, split));
+       }},
+      {"STL10",
+       {3, Stl10Dataset::kSide, Stl10Dataset::kSide},
+       Stl10Dataset::kNumClasses,
+       [](const DataSourceOptions& options, Split split) {
+         return std::make_shared<Stl10Dataset>(Stl10Dataset::load(options.path, split));
+       }},
+  };
+  return datasets;
+}
+
+const TorchvisionDataset& torchvision_dataset(const DataSourceOptions& options) {
+  for (const TorchvisionDataset& dataset : torchvision_datasets()) {
+    if (dataset.name == options.dataset_name) {
+      return dataset;
+    }
+  }
+  throw ConfigError(fmt::format(
+      "data source torchvision_dataset: unknown dataset name '{}'; expected {}",
+      options.dataset_name,
+      torchvision_dataset_names_text()));
+}
+
+// The stored [channels, h, w] and class count of the built-in in-memory datasets.
+DatasetShape in_memory_shape(const DataSourceOptions& options) {
+  if (options.source == "synthetic") {
+    return {options.synthetic_image_shape, options.synthetic_num_classes};
+  }
+  const TorchvisionDataset& dataset = torchvision_dataset(options);
+  return {dataset.sample_shape, dataset.num_classes};
 }
 
 bool is_image_source(const std::string& source) {
@@ -216,19 +266,7 @@ OpenedDataset open_source(const DataSourceOptions& options, Split split, uint64_
         options);
   }
   if (options.source == "torchvision_dataset") {
-    if (options.dataset_name == "CIFAR10") {
-      return in_memory(
-          std::make_shared<Cifar10Dataset>(Cifar10Dataset::load(options.path, split)), options);
-    }
-    if (options.dataset_name == "MNIST" || options.dataset_name == "FashionMNIST") {
-      auto dataset = std::make_shared<IdxDataset>(IdxDataset::load(options.path, split));
-      check_mnist_image_size(*dataset, options, split);
-      return in_memory(std::move(dataset), options);
-    }
-    throw ConfigError(fmt::format(
-        "data source torchvision_dataset: unknown dataset name '{}'; expected MNIST, FashionMNIST "
-        "or CIFAR10",
-        options.dataset_name));
+    return in_memory(torchvision_dataset(options).load(options, split), options);
   }
   if (options.source == "webdataset") {
     auto shards = index_webdataset(options.path.string(), options.images.skip_bad_samples);
@@ -256,6 +294,21 @@ OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64
         fmt::format("label type '{}'; expected standard or sample_index", options.label_type));
   }
   return opened;
+}
+
+std::vector<std::string> torchvision_dataset_names() {
+  std::vector<std::string> names;
+  for (const TorchvisionDataset& dataset : torchvision_datasets()) {
+    names.push_back(dataset.name);
+  }
+  return names;
+}
+
+std::string torchvision_dataset_names_text() {
+  std::vector<std::string> names = torchvision_dataset_names();
+  const std::string last = names.back();
+  names.pop_back();
+  return fmt::format("{} or {}", fmt::join(names, ", "), last);
 }
 
 } // namespace largo::data

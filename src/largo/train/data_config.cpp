@@ -55,14 +55,14 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
     return;
   }
   if (kind == "torchvision_dataset") {
-    source.dataset_name =
-        single(config, prefix + ".DATASET_NAMES", "one name: MNIST, FashionMNIST or CIFAR10");
+    const std::string names = data::torchvision_dataset_names_text();
+    source.dataset_name = single(config, prefix + ".DATASET_NAMES", "one name: " + names);
+    const std::vector<std::string> known = data::torchvision_dataset_names();
     require(
-        source.dataset_name == "MNIST" || source.dataset_name == "FashionMNIST" ||
-            source.dataset_name == "CIFAR10",
+        std::find(known.begin(), known.end(), source.dataset_name) != known.end(),
         prefix + ".DATASET_NAMES",
         source.dataset_name,
-        "MNIST, FashionMNIST or CIFAR10");
+        names);
   }
   source.path = single(
       config,
