@@ -457,5 +457,26 @@ config:
   EXPECT_EQ(transforms.per_sample.transforms().back()->name(), "ImgPilColorDistortion");
 }
 
+// COPY_DESTINATION_DIR matters only with COPY_TO_LOCAL_DISK on (VISSL's configs name one
+// beside a False switch); on, it must be named, and the sources without files refuse it.
+TEST(DataConfig, CopyToLocalDiskNeedsItsDirectoryAndFiles) {
+  const std::string folder =
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], DATA_PATHS: [/shared/imagenet], "
+      "COPY_DESTINATION_DIR: /tmp/imagenet1k/";
+  EXPECT_TRUE(data_split_from(load(folder + "}}}"), "DATA.TRAIN").source.local_copy_dir.empty());
+  EXPECT_EQ(
+      data_split_from(load(folder + ", COPY_TO_LOCAL_DISK: True}}}"), "DATA.TRAIN")
+          .source.local_copy_dir,
+      "/tmp/imagenet1k/");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], DATA_PATHS: [/shared/imagenet], "
+      "COPY_TO_LOCAL_DISK: True}}}",
+      "DATA.TRAIN.COPY_DESTINATION_DIR");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [webdataset], DATA_PATHS: ['/s/{0..3}.tar'], "
+      "COPY_TO_LOCAL_DISK: True, COPY_DESTINATION_DIR: /tmp/x}}}",
+      "DATA.TRAIN.COPY_TO_LOCAL_DISK");
+}
+
 } // namespace
 } // namespace largo::train::data_config_test

@@ -233,7 +233,7 @@ TEST_F(TrainerTest, MissingDatasetIsAClearError) {
 
 TEST_F(TrainerTest, UnavailableFeaturesAreRejected) {
   for (const auto& assignment :
-       {"DATA.TRAIN.COPY_TO_LOCAL_DISK=True",
+       {"DATA.TRAIN.USE_DEBUGGING_SAMPLER=True",
         "MODEL.TRUNK.RESNETS.STANDARDIZE_CONVOLUTIONS=True"}) {
     Config config = Config::load({}, {assignment});
     try {

@@ -36,6 +36,11 @@ struct DataSourceOptions {
   // DATA_PATHS[0]; webdataset: the shard list, e.g. "/data/train-{000000..000127}.tar"
   std::filesystem::path path = "/usr/share/datasets/fashion-mnist";
   std::filesystem::path label_path; // LABEL_PATHS[0], disk_filelist only
+  // COPY_TO_LOCAL_DISK with COPY_DESTINATION_DIR: a directory on the machine's own disk that
+  // `path` and `label_path` are copied into before the data is opened (data/local_copy.h);
+  // empty: read them where they are. The copy is the caller's to make (a trainer makes it
+  // once per machine: train/local_data_copy.h); open_dataset() reads `path` as given.
+  std::filesystem::path local_copy_dir;
   // disk_filelist: a path starting with remove_path_prefix gets new_path_prefix instead
   // (REMOVE_IMG_PATH_PREFIX / NEW_IMG_PATH_PREFIX).
   std::string remove_path_prefix;

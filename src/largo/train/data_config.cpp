@@ -99,6 +99,32 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
   }
 }
 
+// COPY_TO_LOCAL_DISK and COPY_DESTINATION_DIR (docs/data.md). As in VISSL, the directory
+// matters only with the switch on (VISSL's configs name one beside a False switch).
+void read_local_copy(
+    const Config& config, const std::string& prefix, data::DataSourceOptions& source) {
+  const std::string destination = config.get_string(prefix + ".COPY_DESTINATION_DIR");
+  if (!config.get_bool(prefix + ".COPY_TO_LOCAL_DISK")) {
+    return;
+  }
+  require(
+      !destination.empty(),
+      prefix + ".COPY_DESTINATION_DIR",
+      "\"\"",
+      "a directory on the machine's local disk, e.g. /tmp/imagenet1k (VISSL makes a temporary "
+      "one; the ranks of a machine share the copy, so Largo needs it named)");
+  require(
+      source.source != "synthetic" && source.source != "webdataset",
+      prefix + ".COPY_TO_LOCAL_DISK",
+      "True",
+      fmt::format(
+          "False with DATA_SOURCES [{}]: {}",
+          source.source,
+          source.source == "synthetic" ? "it has no files to copy"
+                                       : "its shards are streamed, not copied"));
+  source.local_copy_dir = destination;
+}
+
 // DATA.TRAIN with DATA_SOURCES [webdataset]: its shuffle buffer, and the keys that would
 // change its streaming order, refused rather than ignored (docs/data.md).
 void read_webdataset_order(
@@ -376,6 +402,7 @@ data::DataSplitOptions data_split_from(const Config& config, const std::string& 
   data::DataSplitOptions split;
   data::DataSourceOptions& source = split.source;
   read_source(config, prefix, source);
+  read_local_copy(config, prefix, source);
   read_image_options(config, prefix, source.images);
   source.transforms = transforms_from(config, prefix + ".TRANSFORMS");
   if (prefix == "DATA.TEST") {

@@ -6,6 +6,7 @@
 #include <largo/core/rng_state.h>
 #include <largo/data/npy.h>
 #include <largo/models/model_factory.h>
+#include <largo/train/local_data_copy.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>
 #include <largo/train/training_data.h>
@@ -348,7 +349,8 @@ ExtractionResult extract(
 
   const bool trunk_only = plan.model.feature_eval.extract_trunk_features_only;
   const std::vector<std::string> names = extracted_feature_names(plan.model.feature_eval);
-  const std::unique_ptr<TrainingData> data = open_data(options, *group, device);
+  const std::unique_ptr<TrainingData> data =
+      open_data(with_local_data_copies(options, *group, plan.world.procs_per_node), *group, device);
   std::map<std::string, std::vector<int64_t>> orders; // split -> this rank's share
   std::map<std::string, bool> split_is_empty;
   for (const std::string& split : splits_to_extract(options)) {

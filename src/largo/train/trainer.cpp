@@ -18,6 +18,7 @@
 #include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/parallel/parallelize.h>
 #include <largo/train/device_cache_hook.h>
+#include <largo/train/local_data_copy.h>
 #include <largo/train/model_ema_hook.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>
@@ -164,7 +165,11 @@ void Trainer::State::setup() {
   // stage (or tensor-parallel shard) read the same batches: the mesh's data shard.
   mesh = rethrow_with_yaml_keys([&] { return parallel::make_device_mesh(group, plan.parallel); });
   data_shard = mesh->data_shard();
-  data = std::make_unique<TrainingData>(options(), data_shard.index, data_shard.count, device);
+  data = std::make_unique<TrainingData>(
+      with_local_data_copies(options(), *group, plan.world.procs_per_node),
+      data_shard.index,
+      data_shard.count,
+      device);
   check_data_matches_plan(*data, plan);
   build_model();
   parallelize_model();

@@ -15,8 +15,6 @@ std::vector<UnavailableKey> build_list() {
       {"COLLATE_FUNCTION_PARAMS", "a collate function's parameters"},
       {"DATA_LIMIT_SAMPLING.IS_BALANCED", "a class-balanced DATA_LIMIT subset"},
       {"DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES", "skipping samples before the DATA_LIMIT subset"},
-      {"COPY_TO_LOCAL_DISK", "copying the data to a local disk"},
-      {"COPY_DESTINATION_DIR", "copying the data to a local disk"},
       {"INPUT_KEY_NAMES", "a sample key other than data"},
       {"TARGET_KEY_NAMES", "a sample key other than label"},
       {"ENABLE_QUEUE_DATASET", "replacing unreadable images from a queue"},

@@ -1,0 +1,62 @@
+// COPY_TO_LOCAL_DISK over ranks: the first rank of each machine copies, every rank reads the
+// copy, and a failed copy stops every rank with the reason on the rank that failed.
+#include <largo/train/local_data_copy.h>
+
+#include <largo/core/error.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "comm/distributed_test_util.h"
+#include "data/temp_dir.h"
+
+namespace largo::train::local_data_copy_test {
+namespace {
+
+namespace fs = std::filesystem;
+using largo::testing::run_on_ranks;
+
+TrainerOptions folder_run(const fs::path& images, const fs::path& local_dir) {
+  TrainerOptions options;
+  options.train.source.source = "disk_folder";
+  options.train.source.path = images;
+  options.train.source.local_copy_dir = local_dir;
+  options.test_model = false;
+  return options;
+}
+
+// Two ranks of one machine (procs_per_node 2): rank 0 copies, both read the copy.
+TEST(LocalDataCopy, FirstRankOfAMachineCopiesAndEveryRankReadsTheCopy) {
+  data::testing::TempDir dir;
+  const fs::path images = dir.path() / "shared" / "train";
+  fs::create_directories(images / "cat");
+  std::ofstream(images / "cat" / "1.png") << "x";
+  const fs::path local = dir.path() / "local";
+  run_on_ranks(2, [&](comm::ProcessGroup& group) {
+    const TrainerOptions copied =
+        with_local_data_copies(folder_run(images, local), group, /*procs_per_node=*/2);
+    EXPECT_EQ(copied.train.source.path, local / "train");
+    EXPECT_TRUE(fs::is_regular_file(local / "train" / "copy_complete")); // whole for every rank
+    EXPECT_TRUE(fs::is_regular_file(local / "train" / "cat" / "1.png"));
+  });
+}
+
+TEST(LocalDataCopy, AFailedCopyStopsEveryRank) {
+  data::testing::TempDir dir;
+  const fs::path local = dir.path() / "local";
+  run_on_ranks(2, [&](comm::ProcessGroup& group) {
+    try {
+      with_local_data_copies(folder_run(dir.path() / "missing", local), group, 2);
+      ADD_FAILURE() << "rank " << group.rank() << " went on";
+    } catch (const DataError& error) {
+      const std::string message = error.what();
+      const std::string expected =
+          group.rank() == 0 ? "DATA.TRAIN.COPY_TO_LOCAL_DISK" : "failed on another rank";
+      EXPECT_NE(message.find(expected), std::string::npos) << message;
+    }
+  });
+}
+
+} // namespace
+} // namespace largo::train::local_data_copy_test
