@@ -243,6 +243,23 @@ TEST(DinoLoss, TwoRanksAverageTheCenterLikeVissl) {
       2, [&](comm::ProcessGroup& group) { run_loss_like_reference(entry, group); });
 }
 
+// torch.linspace fills its two halves from either end (start + i·step, end - (n-1-i)·step), so
+// the values near the middle and the last warm-up iteration are where a formula of one's own
+// would round otherwise; the same float32 kernel gives the same values.
+TEST(DinoLoss, TeacherTemperatureIsVisslsScheduleAtItsDefaults) {
+  const nlohmann::json entry = baseline_case("teacher_temperature");
+  DinoLossOptions options;
+  options.teacher_temp_min = entry.at("teacher_temp_min");
+  options.teacher_temp_max = entry.at("teacher_temp_max");
+  options.teacher_temp_warmup_iters = entry.at("teacher_temp_warmup_iters");
+  for (const auto& point : entry.at("points")) {
+    EXPECT_EQ(
+        dino_teacher_temperature(options, point.at("iteration")),
+        point.at("teacher_temp").get<double>())
+        << point.dump();
+  }
+}
+
 TEST(DinoLoss, TeacherTemperatureEdgesStateAndChecks) {
   DinoLossOptions options;
   options.teacher_temp_warmup_iters = 0; // no warm-up: the max from iteration 0

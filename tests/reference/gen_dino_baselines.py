@@ -16,6 +16,8 @@ Cases:
                  center after it, and the student's gradient at the last iteration.
   loss_two_ranks the same at world size 2, each rank with its own rows: the all-reduce of
                  update_center simulated by summing both ranks' batch sums.
+  teacher_temperature  the schedule of VISSL's defaults (0.04 to 0.07 over 37500 iterations, of
+                 375300) at iterations around both ends and the middle of the float32 linspace.
   momentum       the cosine teacher momentum at several iterations.
   ema            one EMA update of a teacher head from a student head.
 """
@@ -179,6 +181,15 @@ def teacher_momentum(init_teacher_momentum, iteration, max_iteration):
         math.cos(math.pi * iteration / max_iteration) + 1)
 
 
+def teacher_temperature_case():
+    t_min, t_max, warmup, max_iteration = 0.04, 0.07, 37500, 375300
+    schedule = teacher_temp_schedule(t_min, t_max, warmup, max_iteration)
+    iterations = [0, 1, 2, 18748, 18749, 18750, 18751, 37498, 37499, 37500, 375299]
+    return {"name": "teacher_temperature", "teacher_temp_min": t_min, "teacher_temp_max": t_max,
+            "teacher_temp_warmup_iters": warmup,
+            "points": [{"iteration": i, "teacher_temp": schedule[i].item()} for i in iterations]}
+
+
 def momentum_case():
     points = [(0.996, i, 10) for i in range(11)] + [(0.996, 1250, 375300), (0.9, 7, 13),
                                                      (1.0, 3, 5), (0.0, 2, 4)]
@@ -214,6 +225,7 @@ def main():
                   bottleneck_dim=5),
         loss_case("loss_one_rank", world_size=1, iterations=5, n_per_rank=3, seed=11),
         loss_case("loss_two_ranks", world_size=2, iterations=4, n_per_rank=2, seed=12),
+        teacher_temperature_case(),
         momentum_case(),
         ema_case(),
     ]
