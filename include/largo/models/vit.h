@@ -52,7 +52,8 @@ struct VitOptions {
 // trunk. image_size: side of the input images (used when options.image_size is 0).
 Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t image_size);
 
-// Fills `tensor` with a normal(0, std) truncated to [-2 std, 2 std] (inverse-CDF method).
+// Fills `tensor` with a normal(0, std) truncated to [-2, 2] (absolute bounds, as VISSL's and
+// timm's trunc_normal_ default to; inverse-CDF method, the same draws as theirs).
 void trunc_normal_(at::Tensor tensor, double std);
 
 // [b, c, h, w] -> [b, n(+1), d]

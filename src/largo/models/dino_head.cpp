@@ -1,6 +1,7 @@
 #include <largo/models/dino_head.h>
 
 #include <largo/core/error.h>
+#include <largo/models/vit.h>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -33,26 +34,12 @@ void validate_dino_head(const DinoHeadOptions& options) {
       "an integer >= 1");
 }
 
-// VISSL's trunc_normal_(w, std=0.02) with its default bounds a = -2, b = 2, which are absolute,
-// not in units of std (vissl/models/model_helpers.py): uniform on [2 cdf(a/std) - 1,
-// 2 cdf(b/std) - 1], erfinv, scale by std sqrt(2), clamp to [a, b]. (models/vit.cpp's
-// trunc_normal_ clamps at ±2 std instead, so it is not reused here.)
-void dino_trunc_normal(at::Tensor& tensor, double std) {
-  const auto norm_cdf = [](double x) { return (1.0 + std::erf(x / std::sqrt(2.0))) / 2.0; };
-  const double low = norm_cdf(-2.0 / std);
-  const double high = norm_cdf(2.0 / std);
-  tensor.uniform_(2 * low - 1, 2 * high - 1);
-  tensor.erfinv_();
-  tensor.mul_(std * std::sqrt(2.0));
-  tensor.clamp_(-2.0, 2.0);
-}
-
 // DINOHead._init_weights on one Linear, applied (as VISSL's self.apply) after every layer of the
 // MLP is built with nn.Linear's default init: the same draws in the same order as VISSL's, so
 // one seed gives VISSL's initial values.
 void dino_init_linear(torch::nn::LinearImpl& linear) {
   torch::NoGradGuard no_grad;
-  dino_trunc_normal(linear.weight, 0.02);
+  trunc_normal_(linear.weight, 0.02); // VISSL's, absolute bounds (models/vit.h)
   linear.bias.zero_();
 }
 

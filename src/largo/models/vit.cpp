@@ -98,13 +98,14 @@ void init_linear(torch::nn::Linear& linear) {
 
 void trunc_normal_(at::Tensor tensor, double std) {
   torch::NoGradGuard no_grad;
-  // Uniform on [cdf(-2), cdf(2)] mapped through the inverse normal CDF.
-  const double cdf_low = 0.5 * (1.0 + std::erf(-2.0 / std::sqrt(2.0)));
-  const double cdf_high = 0.5 * (1.0 + std::erf(2.0 / std::sqrt(2.0)));
-  tensor.uniform_(2.0 * cdf_low - 1.0, 2.0 * cdf_high - 1.0);
+  // VISSL's (and timm's) trunc_normal_ with its default bounds a = -2, b = 2, which are
+  // absolute, not in units of std: uniform on [2 cdf(a / std) - 1, 2 cdf(b / std) - 1]
+  // mapped through the inverse normal CDF, scaled, then clamped to [a, b].
+  const auto cdf = [](double x) { return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))); };
+  tensor.uniform_(2.0 * cdf(-2.0 / std) - 1.0, 2.0 * cdf(2.0 / std) - 1.0);
   tensor.erfinv_();
   tensor.mul_(std * std::sqrt(2.0));
-  tensor.clamp_(-2.0 * std, 2.0 * std);
+  tensor.clamp_(-2.0, 2.0);
 }
 
 VitPatchEmbeddingImpl::VitPatchEmbeddingImpl(
