@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "comm/distributed_test_util.h"
-#include "data/temp_dir.h"
+#include "trainer_test_util.h"
 
 namespace largo::train::local_data_copy_test {
 namespace {
@@ -26,13 +26,18 @@ TrainerOptions folder_run(const fs::path& images, const fs::path& local_dir) {
   return options;
 }
 
-// Two ranks of one machine (procs_per_node 2): rank 0 copies, both read the copy.
+// Two ranks of one machine (procs_per_node 2): rank 0 copies, both read the copy. The ranks
+// are processes of their own, so the data and the copy live in a directory named after the
+// test, which the parent prepares.
 TEST(LocalDataCopy, FirstRankOfAMachineCopiesAndEveryRankReadsTheCopy) {
-  data::testing::TempDir dir;
-  const fs::path images = dir.path() / "shared" / "train";
-  fs::create_directories(images / "cat");
-  std::ofstream(images / "cat" / "1.png") << "x";
-  const fs::path local = dir.path() / "local";
+  const fs::path dir = test_dir_for("local_data_copy");
+  const fs::path images = dir / "shared" / "train";
+  const fs::path local = dir / "local";
+  if (largo::testing::is_parent()) {
+    fs::remove_all(dir);
+    fs::create_directories(images / "cat");
+    std::ofstream(images / "cat" / "1.png") << "x";
+  }
   run_on_ranks(2, [&](comm::ProcessGroup& group) {
     const TrainerOptions copied =
         with_local_data_copies(folder_run(images, local), group, /*procs_per_node=*/2);
@@ -40,14 +45,16 @@ TEST(LocalDataCopy, FirstRankOfAMachineCopiesAndEveryRankReadsTheCopy) {
     EXPECT_TRUE(fs::is_regular_file(local / "train" / "copy_complete")); // whole for every rank
     EXPECT_TRUE(fs::is_regular_file(local / "train" / "cat" / "1.png"));
   });
+  if (largo::testing::is_parent()) {
+    fs::remove_all(dir);
+  }
 }
 
 TEST(LocalDataCopy, AFailedCopyStopsEveryRank) {
-  data::testing::TempDir dir;
-  const fs::path local = dir.path() / "local";
+  const fs::path dir = test_dir_for("local_data_copy");
   run_on_ranks(2, [&](comm::ProcessGroup& group) {
     try {
-      with_local_data_copies(folder_run(dir.path() / "missing", local), group, 2);
+      with_local_data_copies(folder_run(dir / "missing", dir / "local"), group, 2);
       ADD_FAILURE() << "rank " << group.rank() << " went on";
     } catch (const DataError& error) {
       const std::string message = error.what();
