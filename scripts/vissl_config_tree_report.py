@@ -2,11 +2,15 @@
 """How much of VISSL's config tree `largo config` loads, and why the rest is refused.
 
 Runs `largo config config=<name>` for every YAML file under VISSL's configs/config (as VISSL's
-users name them), with LARGO_CONFIG_ROOT at that tree and a dataset catalog whose every name
-VISSL's own catalog lists points at a tiny dataset of the right kind (an image folder, or a
-file list for *_filelist names), so that configs naming data resolve through the catalog as
-they would on a machine with the data. Nothing is overridden. Prints the share that loads and
-the most frequent refusals, by the key or phrase they name.
+users name them), with LARGO_CONFIG_ROOT at that tree and a dataset catalog in which every
+dataset name that VISSL's catalog lists or a config names points at a tiny dataset of the
+right kind (an image folder, or a file list for *_filelist names), so that configs naming data
+resolve through the catalog as they would on a machine with the data. A fragment (a file in a
+`models*` folder, which VISSL's users add to a base config on the command line) is run as
+`config=<base> +config/<its folder>=<its name>` with the base configs of the folder above it,
+up to three, and counts as loading when one of those compositions loads. Nothing is
+overridden. Prints the share that loads and the most frequent refusals, by the key or phrase
+they name.
 
     git clone https://github.com/facebookresearch/vissl /tmp/vissl
     $LARGO_PYTHON scripts/vissl_config_tree_report.py /tmp/vissl/configs build/largo [--jobs 2]
@@ -41,11 +45,22 @@ def tiny_filelist(root, folder):
     return images, labels
 
 
-def catalog_for(vissl_catalog, scratch):
+def dataset_names_in_configs(config_dir):
+    names = set()
+    for d, _, files in os.walk(config_dir):
+        for f in files:
+            if f.endswith(".yaml"):
+                with open(os.path.join(d, f), errors="replace") as text:
+                    for match in re.finditer(r"DATASET_NAMES:\s*\[([^\]]*)\]", text.read()):
+                        names.update(n.strip(" '\"") for n in match.group(1).split(",") if n.strip())
+    return names
+
+
+def catalog_for(vissl_catalog, config_dir, scratch):
     folder = tiny_folder(os.path.join(scratch, "folder"))
     images, labels = tiny_filelist(os.path.join(scratch, "filelist"), folder)
     with open(vissl_catalog) as f:
-        names = json.load(f).keys()
+        names = set(json.load(f).keys()) | dataset_names_in_configs(config_dir)
     entry = lambda name: [images, labels] if "filelist" in name else [folder, "<unused>"]
     catalog = {name: {"train": entry(name), "val": entry(name)} for name in names}
     path = os.path.join(scratch, "dataset_catalog.json")
@@ -62,10 +77,33 @@ def reason(output):
     return re.sub(r"\d+", "N", line[:120])
 
 
-def run(largo, root, name, env):
+def run_one(largo, arguments, env):
     result = subprocess.run(
-        [largo, "config", "config=" + name], env=env, capture_output=True, text=True, timeout=120)
-    return name, result.returncode, result.stdout + result.stderr
+        [largo, "config"] + arguments, env=env, capture_output=True, text=True, timeout=120)
+    return result.returncode, result.stdout + result.stderr
+
+
+def bases_of(name, names):
+    """The base configs a fragment composes with: the files of its folder's parent folder."""
+    parent = os.path.dirname(os.path.dirname(name))
+    return [n for n in names if os.path.dirname(n) == parent][:3]
+
+
+def is_fragment(name):
+    return os.path.basename(os.path.dirname(name)).startswith("models")
+
+
+def run(largo, name, names, env):
+    if not is_fragment(name):
+        return (name,) + run_one(largo, ["config=" + name], env)
+    group, option = os.path.dirname(name), os.path.basename(name)
+    outcome = None
+    for base in bases_of(name, names):
+        code, output = run_one(largo, ["config=" + base, f"+config/{group}={option}"], env)
+        outcome = outcome or (code, output)
+        if code == 0:
+            return name, code, output
+    return (name,) + (outcome or run_one(largo, ["config=" + name], env))
 
 
 def main():
@@ -81,14 +119,17 @@ def main():
     with tempfile.TemporaryDirectory() as scratch:
         env = dict(os.environ, LARGO_CONFIG_ROOT=args.configs,
                    VISSL_DATASET_CATALOG_PATH=catalog_for(
-                       os.path.join(config_dir, "dataset_catalog.json"), scratch))
+                       os.path.join(config_dir, "dataset_catalog.json"), config_dir, scratch))
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda n: run(args.largo, args.configs, n, env), names))
+            results = list(pool.map(lambda n: run(args.largo, n, names, env), names))
     loaded = [name for name, code, _ in results if code == 0]
     crashed = [name for name, code, _ in results if code not in (0, 2)]
     reasons = collections.Counter(reason(out) for _, code, out in results if code == 2)
+    fragments = [name for name, _, _ in results if is_fragment(name)]
     print(f"{len(loaded)} of {len(results)} configs load ({100.0 * len(loaded) / len(results):.1f} %); "
           f"{sum(reasons.values())} refused by a config error; {len(crashed)} other failures")
+    print(f"of them {len(fragments)} fragments, run with a base config of their parent folder: "
+          f"{sum(1 for name in loaded if is_fragment(name))} load")
     for text, count in reasons.most_common(25):
         print(f"{count:5d}  {text}")
     for name in crashed[:10]:
