@@ -12,6 +12,7 @@ namespace largo::data::cifar100_dataset_test {
 namespace {
 
 using testing::TempDir;
+using testing::write_file;
 
 // One record per (coarse, fine) pair; image byte (c, h, w) of record n = (n + 3c + 5h + 7w) %
 // 256, as the format lays it out: coarse label, fine label, then the channels one by one.
@@ -29,12 +30,6 @@ std::string cifar100_bytes(const std::vector<std::pair<uint8_t, uint8_t>>& label
     }
   }
   return bytes;
-}
-
-void write_file(const std::filesystem::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
 }
 
 TEST(Cifar100Dataset, ReadsTheFineLabelsAndChannelMajorImages) {

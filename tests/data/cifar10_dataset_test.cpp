@@ -12,6 +12,7 @@ namespace largo::data::cifar10_dataset_test {
 namespace {
 
 using testing::TempDir;
+using testing::write_file;
 
 // `labels.size()` records; image byte (c, h, w) of record n = (n + 3c + 5h + 7w) % 256.
 std::string cifar_bytes(const std::vector<uint8_t>& labels) {
@@ -27,12 +28,6 @@ std::string cifar_bytes(const std::vector<uint8_t>& labels) {
     }
   }
   return bytes;
-}
-
-void write_file(const std::filesystem::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
 }
 
 TEST(Cifar10Dataset, ParsesRecordsChannelMajor) {

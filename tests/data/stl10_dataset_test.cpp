@@ -14,6 +14,7 @@ namespace largo::data::stl10_dataset_test {
 namespace {
 
 using testing::TempDir;
+using testing::write_file;
 
 // The value of pixel (row h, column w) of channel c of image n.
 int64_t pixel(int64_t n, int64_t c, int64_t h, int64_t w) {
@@ -33,12 +34,6 @@ std::string stl10_images(int64_t count) {
     }
   }
   return bytes;
-}
-
-void write_file(const std::filesystem::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
 }
 
 TEST(Stl10Dataset, ReadsColumnMajorChannelsRowMajorAndLabelsFromZero) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -33,5 +34,12 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Writes `bytes` to `path` as they are (binary dataset files the tests lay out by hand).
+inline void write_file(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
 
 } // namespace largo::data::testing

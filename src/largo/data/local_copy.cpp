@@ -28,13 +28,13 @@ std::string refusal_to_overwrite(const fs::path& source, const fs::path& target)
   return fs::is_directory(source)
              ? fmt::format(
                    "{} exists but is not a complete copy of {} (it has no {} file); remove it "
-                   "or choose another COPY_DESTINATION_DIR",
+                   "or choose another DataSourceOptions::local_copy_dir",
                    target.string(),
                    source.string(),
                    kCompleteMarker)
              : fmt::format(
                    "{} exists with another size than {}; remove it or choose another "
-                   "COPY_DESTINATION_DIR",
+                   "DataSourceOptions::local_copy_dir",
                    target.string(),
                    source.string());
 }
@@ -62,7 +62,7 @@ void copy_whole(const fs::path& source, const fs::path& target) {
     fs::remove_all(partial, ignored);
     throw DataError(fmt::format(
         "copying {} to {} failed: {}; check that the destination has room and is writable, "
-        "or set COPY_TO_LOCAL_DISK False to read the data where it is",
+        "or leave DataSourceOptions::local_copy_dir empty to read the data where it is",
         source.string(),
         target.string(),
         error.message()));
@@ -79,15 +79,16 @@ fs::path local_copy_path(const fs::path& source, const fs::path& destination_dir
 fs::path copy_to_local_disk(const fs::path& source, const fs::path& destination_dir) {
   if (!fs::exists(source)) {
     throw DataError(fmt::format(
-        "cannot copy {} to the local disk: it does not exist; check DATA_PATHS / LABEL_PATHS",
+        "cannot copy {} to the local disk: it does not exist; check DataSourceOptions::path "
+        "(or DataSourceOptions::label_path)",
         source.string()));
   }
   const fs::path target = local_copy_path(source, destination_dir);
   std::error_code error;
   if (fs::equivalent(source, target, error)) {
     throw DataError(fmt::format(
-        "COPY_DESTINATION_DIR {} holds {} itself: choose a directory on the local disk other "
-        "than the data's own",
+        "DataSourceOptions::local_copy_dir {} holds {} itself: choose a directory on the local "
+        "disk other than the data's own",
         destination_dir.string(),
         source.string()));
   }
@@ -101,7 +102,9 @@ fs::path copy_to_local_disk(const fs::path& source, const fs::path& destination_
   fs::create_directories(destination_dir, error);
   if (error) {
     throw DataError(fmt::format(
-        "cannot create COPY_DESTINATION_DIR {}: {}", destination_dir.string(), error.message()));
+        "cannot create DataSourceOptions::local_copy_dir {}: {}",
+        destination_dir.string(),
+        error.message()));
   }
   const auto start = std::chrono::steady_clock::now();
   copy_whole(source, target);

@@ -26,6 +26,8 @@ const std::map<std::string, std::string>& option_keys() {
       {"BarlowTwinsLossOptions::lambda", "LOSS.barlow_twins_loss.lambda_"},
       {"BarlowTwinsLossOptions::scale_loss", "LOSS.barlow_twins_loss.scale_loss"},
       {"DataSourceOptions::label_path", "LABEL_PATHS, with LABEL_SOURCES: [disk_filelist]"},
+      {"DataSourceOptions::local_copy_dir", "COPY_DESTINATION_DIR"},
+      {"leave DataSourceOptions::local_copy_dir empty", "set COPY_TO_LOCAL_DISK False"},
       {"DataSourceOptions::path", "DATA_PATHS"},
       {"DataSourceOptions::path (test split)", "DATA.TEST.DATA_PATHS"},
       {"DataSourceOptions::path (train split)", "DATA.TRAIN.DATA_PATHS"},
