@@ -149,7 +149,8 @@ TEST(LinearEvalTest, WithoutTapsThePretrainedHeadTrainsOnTheFrozenTrunk) {
 TEST(LinearEvalTest, RejectsUnknownFeaturesMismatchedHeadsAndOtherTrunks) {
   FeatureEvalOptions options = three_taps();
   options.taps[1].feature = "res6";
-  EXPECT_THROW(validate_feature_eval_options(options), ConfigError);
+  EXPECT_THROW(validate_tap_features(tap_features(options), "resnet"), ConfigError);
+  EXPECT_THROW(LinearEvalModel(resnet18(), options), ConfigError);
   options = three_taps();
   options.heads.pop_back();
   EXPECT_THROW(validate_feature_eval_options(options), ConfigError);

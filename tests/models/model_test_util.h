@@ -58,4 +58,26 @@ inline at::Tensor json_matrix(const nlohmann::json& rows) {
   return torch::tensor(values, torch::kFloat64).reshape({-1, width});
 }
 
+// splitmix64, the generator tests/reference/gen_model_baselines.py uses with numpy uint64
+// arithmetic.
+inline uint64_t splitmix64(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// offset + scale * (2u - 1) with u = splitmix64(key * 2^32 + i) / 2^64, as float32: the
+// closed-form tensors of gen_model_baselines.py (and the generators that reuse it).
+inline at::Tensor closed_form(uint64_t key, at::IntArrayRef shape, double scale, double offset) {
+  at::Tensor out = torch::empty(shape, torch::kFloat32);
+  float* data = out.data_ptr<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const uint64_t bits = splitmix64((key << 32) + static_cast<uint64_t>(i)) >> 11;
+    const double u = static_cast<double>(bits) * (1.0 / static_cast<double>(1ULL << 53));
+    data[i] = static_cast<float>(offset + scale * (2.0 * u - 1.0));
+  }
+  return out;
+}
+
 } // namespace largo::models::testing

@@ -5,6 +5,8 @@
 //  - numerics: with every tensor set to the same closed form, the eval-mode outputs match.
 #include <largo/models/model_factory.h>
 
+#include "model_test_util.h"
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -41,25 +43,7 @@ std::vector<int64_t> shape_of(const nlohmann::json& json) {
   return json.get<std::vector<int64_t>>();
 }
 
-// splitmix64, the generator gen_model_baselines.py uses with numpy uint64 arithmetic.
-uint64_t splitmix64(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-// offset + scale * (2u - 1) with u = splitmix64(key * 2^32 + i) / 2^64, as float32.
-at::Tensor closed_form(uint64_t key, at::IntArrayRef shape, double scale, double offset) {
-  at::Tensor out = torch::empty(shape, torch::kFloat32);
-  float* data = out.data_ptr<float>();
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    const uint64_t bits = splitmix64((key << 32) + static_cast<uint64_t>(i)) >> 11;
-    const double u = static_cast<double>(bits) * (1.0 / static_cast<double>(1ULL << 53));
-    data[i] = static_cast<float>(offset + scale * (2.0 * u - 1.0));
-  }
-  return out;
-}
+using testing::closed_form;
 
 TrunkHeadModel build_resnet(int64_t depth, const std::string& stem, int64_t num_classes) {
   ModelOptions options;

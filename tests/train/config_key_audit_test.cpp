@@ -448,7 +448,7 @@ std::vector<WiredKey> wired_keys() {
        "flatten each tapped feature after its pooling",
        "LinearEvalTest.FeaturesAreTheTrunksStagesPooled"},
       {"MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP",
-       "ResNet features to tap and their pooling, one head each",
+       "ResNet, RegNet and ViT features to tap and their pooling, one head each",
        kLinearEval},
       {"MODEL.WEIGHTS_INIT.PARAMS_FILE",
        "initial weights from a file on a fresh start",

@@ -524,6 +524,66 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
       ConfigError);
 }
 
+// VISSL's benchmark fragments for RegNet (models/regnet16gf.yaml) and ViT
+// (models/dino_deit_s16.yaml) tap by the trunks' own names; a name the trunk lacks is refused
+// by its key, listing the trunk's features.
+TEST(TrainerConfigMappingTest, RegNetAndVitLinearEvaluationTapsAreParsed) {
+  const std::vector<std::string> frozen{
+      "MODEL.FEATURE_EVAL_SETTINGS.EVAL_MODE_ON=True",
+      "MODEL.FEATURE_EVAL_SETTINGS.FREEZE_TRUNK_ONLY=True"};
+  std::vector<std::string> regnet = frozen;
+  regnet.insert(
+      regnet.end(),
+      {"MODEL.TRUNK.NAME=regnet",
+       "MODEL.TRUNK.REGNET={name: regnet_y_16gf}",
+       "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res4, [AdaptiveAvgPool2d, "
+       "[[4, 2]]]], [res5, [AdaptiveAvgPool2d, [[2, 2]]]], [avgpool, [Identity, []]], [conv1, "
+       "[Identity, []]]]",
+       "MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 1232, dims: [9856, 10]}], [eval_mlp, "
+       "{in_channels: 3024, dims: [12096, 10]}], [eval_mlp, {in_channels: 3024, dims: [3024, "
+       "10]}], [mlp, {dims: [32, 10]}]]"});
+  const models::FeatureEvalOptions regnet_eval = options_with(regnet).model.feature_eval;
+  ASSERT_EQ(regnet_eval.taps.size(), 4u);
+  EXPECT_EQ(regnet_eval.taps[0].feature, "res4");
+  EXPECT_EQ(regnet_eval.taps[0].kernel_size, (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(regnet_eval.taps[2].feature, "avgpool");
+  EXPECT_EQ(regnet_eval.heads[1].in_channels, 3024);
+
+  std::vector<std::string> vit = frozen;
+  vit.insert(
+      vit.end(),
+      {"MODEL.TRUNK.NAME=vision_transformer",
+       "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=384",
+       "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[concatCLS4, [Identity, []]], "
+       "[lastCLS, [Identity, []]], [blkCLS11, [Identity, []]]]",
+       "MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 1536, dims: [1536, 10]}], [eval_mlp, "
+       "{in_channels: 384, dims: [384, 10]}], [mlp, {dims: [384, 10]}]]"});
+  const models::FeatureEvalOptions vit_eval = options_with(vit).model.feature_eval;
+  ASSERT_EQ(vit_eval.taps.size(), 3u);
+  EXPECT_EQ(vit_eval.taps[0].feature, "concatCLS4");
+  EXPECT_EQ(vit_eval.taps[2].feature, "blkCLS11");
+
+  std::vector<std::string> resnet_name = regnet;
+  resnet_name[4] =
+      "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[res4, [Identity, []]], "
+      "[res5avg, [Identity, []]], [avgpool, [Identity, []]], [conv1, [Identity, []]]]";
+  std::vector<std::string> map_name = vit;
+  map_name[4] =
+      "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[[concatCLS4, [Identity, []]], "
+      "[lastMAP, [Identity, []]], [lastCLS, [Identity, []]]]";
+  expect_refused({
+      {resnet_name,
+       {"MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP[1] = res5avg",
+        "a regnet feature: conv1 (the stem), res2 .. res<S+1>",
+        "avgpool, flatten"}},
+      {map_name,
+       {"MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP[1] = lastMAP",
+        "lastCLS, blkCLS<i>",
+        "concatPOOL<n>",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.CLASSIFIER"}},
+  });
+}
+
 // LOSS.swav_loss, LOSS.simclr_info_nce_loss, the swav_head and the frozen-parameter map reach
 // the trainer's options as VISSL's configs write them.
 TEST(TrainerConfigMappingTest, SelfSupervisedKeysReachTheTrainerOptions) {

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/functional/loss.h>
 
+#include <cmath>
 #include <map>
 
 namespace largo::train::trainer_linear_eval_test {
@@ -271,6 +272,43 @@ TEST(TrainerLinearEvalTest, TwoRanksTrainTheHeadsAsOneProcess) {
   });
 }
 
+// A RegNet's and a ViT's features, tapped by VISSL's names, train one head each: the run plan
+// takes them, its model gives one output per head, and a run trains them (finite losses).
+TEST(TrainerLinearEvalTest, RegNetAndVitTrunksAreTappedByVisslsNames) {
+  const fs::path dir = test_dir_for("linear_eval");
+  const Overrides regnet{
+      "MODEL.TRUNK.NAME=regnet",
+      "MODEL.TRUNK.REGNET={depth: 6, w_0: 8, w_a: 8.0, w_m: 2.0, group_width: 4, stem_width: 8}",
+      R"(MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[["res3", ["AdaptiveAvgPool2d", [[1, 1]]]], ["avgpool", ["Identity", []]]])",
+      R"(MODEL.HEAD.PARAMS=[["eval_mlp", {"in_channels": 16, "dims": [16, 10]}], ["mlp", {"dims": [64, 10]}]])"};
+  const Overrides vit{
+      "MODEL.TRUNK.NAME=vision_transformer",
+      "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE=8",
+      "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=2",
+      "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=2",
+      "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=16",
+      "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=32",
+      R"(MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[["concatCLS2", ["Identity", []]], ["blkCLS0", ["Identity", []]]])",
+      R"(MODEL.HEAD.PARAMS=[["eval_mlp", {"in_channels": 32, "dims": [32, 10]}], ["mlp", {"dims": [16, 10]}]])"};
+  for (const auto& [name, trunk] :
+       std::vector<std::pair<std::string, Overrides>>{{"regnet", regnet}, {"vit", vit}}) {
+    const fs::path run = dir / name;
+    fs::remove_all(run);
+    const Overrides job = trunk + kFrozenTrunk + Overrides{"OPTIMIZER.num_epochs=1"};
+    const RunPlan plan = resolve_run(synthetic_job_config(run, job));
+    models::LinearEvalModel model(models::build_model(plan.model), plan.model.feature_eval);
+    const std::vector<at::Tensor> outputs = model->forward_outputs(torch::randn({2, 1, 24, 24}));
+    ASSERT_EQ(outputs.size(), 2u) << name;
+    EXPECT_EQ(outputs[1].sizes(), (std::vector<int64_t>{2, 10})) << name;
+    const RunResult result = train_run(run, job, comm::ProcessGroup::single_process());
+    ASSERT_FALSE(result.summary.iteration_losses.empty()) << name;
+    for (float loss : result.summary.iteration_losses) {
+      EXPECT_TRUE(std::isfinite(loss)) << name;
+    }
+    EXPECT_EQ(result.parameters.count("heads.1.clf.0.weight"), 1u) << name;
+  }
+}
+
 // Settings that would change nothing, or cannot compose with a frozen trunk, stop the run
 // before anything is built, naming the key.
 TEST(TrainerLinearEvalTest, RefusesWhatALinearEvaluationCannotDo) {
@@ -284,7 +322,8 @@ TEST(TrainerLinearEvalTest, RefusesWhatALinearEvaluationCannotDo) {
       {kFrozenTrunk + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}, "FSDP"},
       {kFrozenTrunk + Overrides{"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"},
        "MODEL.ACTIVATION_CHECKPOINTING"},
-      {Overrides{"MODEL.TRUNK.NAME=small_cnn"} + kTwoHeads, "taps a ResNet's stages"},
+      {Overrides{"MODEL.TRUNK.NAME=small_cnn"} + kTwoHeads,
+       "inside a resnet, regnet, vision_transformer trunk, but MODEL.TRUNK.NAME is small_cnn"},
       {kResNet + kFrozenTrunk +
            Overrides{
                R"(MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP=[["flatten", ["Identity", []]]])",

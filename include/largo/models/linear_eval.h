@@ -6,11 +6,11 @@
 //   - no feature taps (LINEAR_EVAL_FEAT_POOL_OPS_MAP empty): the pretrained model's own
 //     trunk and head ("trunk.*", "head.*"), the trunk frozen (FREEZE_TRUNK_ONLY) or both
 //     (FREEZE_TRUNK_AND_HEAD); one output;
-//   - feature taps (a ResNet trunk): features taken after chosen stages — VISSL's names
-//     conv1 (stem conv + norm + ReLU, before the max pool), res1 (after the max pool),
-//     res2 .. res5 (after each stage), res5avg (global average pool, [b, c, 1, 1]) and
-//     flatten ([b, c]) — each pooled by its op (AvgPool2d, MaxPool2d, AdaptiveAvgPool2d,
-//     AdaptiveMaxPool2d or Identity, with nn.*Pool2d's positional arguments) and flattened
+//   - feature taps (a resnet, regnet or vision_transformer trunk): features taken inside
+//     the trunk by VISSL's names (models/feature_taps.h: conv1, res2 .. res5, avgpool, ... of
+//     the conv trunks; lastCLS, concatCLS<n>, ... of the ViT), each pooled by its op
+//     (AvgPool2d, MaxPool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d or Identity, with
+//     nn.*Pool2d's positional arguments; the ViT's [b, d] features take Identity) and flattened
 //     when flatten_features (SHOULD_FLATTEN_FEATS); one head per tap ("heads.<i>.*"): VISSL's
 //     eval_mlp (BatchNorm2d "channel_bn" over in_channels, flatten, Linear layers
 //     "clf.clf.<k>") or mlp (Linear layers "clf.<k>"); one output per head.
@@ -20,6 +20,7 @@
 // No collectives.
 #pragma once
 
+#include <largo/models/feature_taps.h>
 #include <largo/models/heads.h>
 #include <largo/models/module_swap.h>
 #include <largo/models/trunk_head_model.h>
@@ -37,7 +38,7 @@ namespace largo::models {
 
 // One entry of LINEAR_EVAL_FEAT_POOL_OPS_MAP: ["res4", ["AvgPool2d", [[8, 8], 3, 0]]].
 struct FeatureTap {
-  std::string feature; // conv1 | res1 .. res5 | res5avg | flatten
+  std::string feature; // the trunk's feature, VISSL's name (models/feature_taps.h)
   std::string pool =
       "Identity"; // AvgPool2d | MaxPool2d | AdaptiveAvgPool2d | AdaptiveMaxPool2d | Identity
   std::vector<int64_t> kernel_size{}; // (Avg|Max)Pool2d: kernel; Adaptive*: the output size
@@ -77,10 +78,12 @@ struct FeatureEvalOptions {
   }
 };
 
-// Throws OptionError naming FeatureEvalOptions::taps / heads for features
-// or pool ops that do not exist, pool arguments that do not fit, or heads that are not one
-// per tap.
+// Throws OptionError naming FeatureEvalOptions::taps / heads for pool ops that do not
+// exist, pool arguments that do not fit, or heads that are not one per tap. The features
+// depend on the trunk: validate_tap_features(tap_features(options), trunk name) checks them.
 void validate_feature_eval_options(const FeatureEvalOptions& options);
+// The tapped features' names, in order.
+std::vector<std::string> tap_features(const FeatureEvalOptions& options);
 
 // VISSL's mlp head as a head of a linear evaluation: [b, c] or [b, c, 1, 1] -> Linear layers.
 class EvalLinearHeadImpl : public torch::nn::Module {
@@ -110,8 +113,8 @@ TORCH_MODULE(EvalMlpHead);
 class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
  public:
   // Takes `pretrained`'s trunk (and, without taps, its head) and freezes it as `options` say.
-  // Throws ConfigError (validate_feature_eval_options, and taps on a trunk that is not a
-  // ResNet) and for options that are not enabled().
+  // Throws ConfigError (validate_feature_eval_options, and taps the trunk does not have or a
+  // trunk that cannot be tapped: TrunkTaps) and for options that are not enabled().
   LinearEvalModelImpl(TrunkHeadModel pretrained, const FeatureEvalOptions& options);
 
   // images -> one output per head ([b, classes] each).
@@ -146,12 +149,11 @@ class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
   void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
-  // The trunk block after which each tap's feature is taken (-1: conv1, inside the stem).
-  std::vector<int64_t> tap_blocks() const;
   at::Tensor pool(const FeatureTap& tap, at::Tensor feature) const;
 
   FeatureEvalOptions options_;
   torch::nn::Sequential trunk_{nullptr};
+  TrunkTaps taps_;                       // with taps: where the trunk's features are taken
   torch::nn::Sequential head_{nullptr};  // without taps: the pretrained head
   torch::nn::ModuleList heads_{nullptr}; // with taps: one per tap
   std::vector<torch::nn::AnyModule> head_calls_;

@@ -178,8 +178,14 @@ class RegNetBlockImpl : public torch::nn::Module {
  public:
   RegNetBlockImpl(const RegNetBlockSpec& spec, const RegNetOptions& options);
   at::Tensor forward(at::Tensor x);
+  // The stride of its 3x3 conv: 2 on the first block of a stage (ClassyVision's stages all
+  // downsample), which is how a linear evaluation finds the stages (models/feature_taps.h).
+  int64_t stride() const {
+    return stride_;
+  }
 
  private:
+  int64_t stride_;
   ConvNormActivation proj_{nullptr}; // null for the identity
   BottleneckTransform f_{nullptr};
   std::string activation_;

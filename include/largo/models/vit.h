@@ -71,6 +71,10 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
   int64_t num_tokens() const {
     return pos_embedding_.size(1);
   }
+  // Whether token 0 is the class token ("token" classifier; "gap" has none).
+  bool has_class_token() const {
+    return class_token_.defined();
+  }
 
  private:
   int64_t image_size_;
@@ -172,6 +176,11 @@ class VitFinalNormImpl : public torch::nn::Module {
  public:
   VitFinalNormImpl(int64_t hidden_dim, bool class_token);
   at::Tensor forward(at::Tensor x);
+  // The LayerNorm alone, [b, t, d] -> [b, t, d]: VISSL's linear evaluation applies it to every
+  // layer's tokens (models/feature_taps.h).
+  at::Tensor norm_tokens(const at::Tensor& x) {
+    return norm_(x);
+  }
 
  private:
   torch::nn::LayerNorm norm_{nullptr};

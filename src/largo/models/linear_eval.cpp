@@ -2,7 +2,6 @@
 
 #include <largo/core/config.h>
 #include <largo/core/error.h>
-#include <largo/models/resnet.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,8 +12,6 @@
 namespace largo::models {
 namespace {
 
-const std::vector<std::string> kFeatures{
-    "conv1", "res1", "res2", "res3", "res4", "res5", "res5avg", "flatten"};
 const std::vector<std::string> kPools{
     "AvgPool2d", "MaxPool2d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Identity"};
 
@@ -24,10 +21,6 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
 
 void validate_tap(const FeatureTap& tap, size_t index) {
   const std::string key = fmt::format("FeatureEvalOptions::taps[{}]", index);
-  if (!contains(kFeatures, tap.feature)) {
-    throw OptionError(
-        key, tap.feature, fmt::format("a ResNet feature: {}", fmt::join(kFeatures, ", ")));
-  }
   if (!contains(kPools, tap.pool)) {
     throw OptionError(key, tap.pool, fmt::format("a pool op: {}", fmt::join(kPools, ", ")));
   }
@@ -67,30 +60,15 @@ void validate_head(const EvalHeadOptions& head, size_t index) {
   }
 }
 
-// Stage sizes of a ResNet trunk from its number of blocks (stem + residual blocks + pool).
-std::vector<int64_t> stage_sizes_of(const torch::nn::Sequential& trunk) {
-  const bool resnet = trunk->size() >= 3 && trunk->ptr(0)->as<ResNetStemImpl>() != nullptr &&
-                      trunk->ptr(trunk->size() - 1)->as<GlobalAvgPoolImpl>() != nullptr;
-  if (resnet) {
-    for (int64_t depth : {18, 34, 101, 152, 200}) { // 50 has 34's stages
-      std::vector<int64_t> sizes = resnet_stage_sizes(depth);
-      int64_t blocks = 2;
-      for (int64_t size : sizes) {
-        blocks += size;
-      }
-      if (blocks == static_cast<int64_t>(trunk->size())) {
-        return sizes;
-      }
-    }
-  }
-  throw OptionError(
-      "FeatureEvalOptions::taps",
-      "(features of ResNet stages)",
-      "a resnet trunk (ModelOptions::trunk_name resnet): the features are named after "
-      "its stages; leave the map empty to evaluate another trunk's output");
-}
-
 } // namespace
+
+std::vector<std::string> tap_features(const FeatureEvalOptions& options) {
+  std::vector<std::string> features;
+  for (const FeatureTap& tap : options.taps) {
+    features.push_back(tap.feature);
+  }
+  return features;
+}
 
 void validate_feature_eval_options(const FeatureEvalOptions& options) {
   for (size_t i = 0; i < options.taps.size(); ++i) {
@@ -170,7 +148,7 @@ LinearEvalModelImpl::LinearEvalModelImpl(
       }
     }
   } else {
-    stage_sizes_of(trunk_); // throws for a trunk that is not a ResNet
+    taps_ = TrunkTaps(trunk_, tap_features(options_)); // throws for features it lacks
     heads_ = register_module("heads", torch::nn::ModuleList());
     for (const auto& head : options_.heads) {
       if (head.name == "eval_mlp") {
@@ -209,29 +187,15 @@ int64_t LinearEvalModelImpl::num_outputs() const {
   return options_.taps.empty() ? 1 : static_cast<int64_t>(options_.taps.size());
 }
 
-std::vector<int64_t> LinearEvalModelImpl::tap_blocks() const {
-  const std::vector<int64_t> sizes = stage_sizes_of(trunk_);
-  std::vector<int64_t> stage_ends{1}; // res1: after the stem
-  for (int64_t size : sizes) {
-    stage_ends.push_back(stage_ends.back() + size);
-  }
-  std::vector<int64_t> blocks;
-  for (const auto& tap : options_.taps) {
-    const auto& f = tap.feature;
-    if (f == "conv1") {
-      blocks.push_back(-1);
-    } else if (f == "res5avg" || f == "flatten") {
-      blocks.push_back(static_cast<int64_t>(trunk_->size()));
-    } else {
-      blocks.push_back(stage_ends[static_cast<size_t>(f.back() - '1')]); // res1 .. res5
-    }
-  }
-  return blocks;
-}
-
 at::Tensor LinearEvalModelImpl::pool(const FeatureTap& tap, at::Tensor x) const {
-  if (tap.feature == "res5avg") {
-    x = x.reshape({x.size(0), x.size(1), 1, 1}); // VISSL's avgpool output keeps h, w = 1
+  if (tap.pool != "Identity" && x.dim() != 4) { // flatten, the ViT's: nothing to pool over
+    throw OptionError(
+        "FeatureEvalOptions::taps",
+        fmt::format("[\"{}\", [\"{}\", ...]]", tap.feature, tap.pool),
+        fmt::format(
+            "Identity for feature {}: it is [{}], with no height and width to pool",
+            tap.feature,
+            fmt::join(x.sizes(), ", ")));
   }
   if (tap.pool != "Identity") {
     std::vector<int64_t> size = tap.kernel_size;
@@ -262,24 +226,9 @@ std::vector<at::Tensor> LinearEvalModelImpl::forward_features(at::Tensor x) {
     }
     return {x};
   }
-  const std::vector<int64_t> blocks = tap_blocks();
-  const int64_t last = *std::max_element(blocks.begin(), blocks.end());
-  std::vector<at::Tensor> features(blocks.size());
-  auto record = [&](int64_t after_block, const at::Tensor& value) {
-    for (size_t i = 0; i < blocks.size(); ++i) {
-      if (blocks[i] == after_block) {
-        features[i] = pool(options_.taps[i], value);
-      }
-    }
-  };
-  auto* stem = trunk_->ptr(0)->as<ResNetStemImpl>();
-  x = stem->forward_conv(std::move(x));
-  record(-1, x);
-  x = stem->forward_pool(std::move(x));
-  record(1, x);
-  for (int64_t block = 1; block < last; ++block) {
-    x = (trunk_->begin() + block)->forward<at::Tensor>(std::move(x));
-    record(block + 1, x);
+  std::vector<at::Tensor> features = taps_.forward(trunk_, std::move(x));
+  for (size_t i = 0; i < features.size(); ++i) {
+    features[i] = pool(options_.taps[i], std::move(features[i]));
   }
   return features;
 }
@@ -288,8 +237,7 @@ int64_t LinearEvalModelImpl::trunk_blocks_run() const {
   if (options_.taps.empty()) {
     return static_cast<int64_t>(trunk_->size());
   }
-  const std::vector<int64_t> blocks = tap_blocks();
-  return std::max<int64_t>(1, *std::max_element(blocks.begin(), blocks.end()));
+  return taps_.blocks_run();
 }
 
 at::Tensor LinearEvalModelImpl::forward(at::Tensor images) {

@@ -449,7 +449,7 @@ at::Tensor BottleneckTransformImpl::forward(at::Tensor x) {
 }
 
 RegNetBlockImpl::RegNetBlockImpl(const RegNetBlockSpec& spec, const RegNetOptions& options)
-    : activation_(options.activation) {
+    : stride_(spec.stride), activation_(options.activation) {
   if (spec.projection()) {
     proj_ = register_module(
         "proj",

@@ -6,6 +6,7 @@
 #include <largo/comm/world_info.h>
 #include <largo/core/error.h>
 #include <largo/core/resources.h>
+#include <largo/models/feature_taps.h>
 #include <largo/models/model_factory.h>
 #include <largo/precision/model_cast.h>
 #include <largo/train/option_keys.h>
@@ -282,11 +283,16 @@ void check_linear_evaluation(const RunPlan& plan) {
         "MODEL.ACTIVATION_CHECKPOINTING",
         "the frozen trunk runs without gradients and keeps no activations to save");
   }
-  if (!eval.taps.empty() && plan.model.trunk_name != "resnet") {
+  const auto& tappable = models::tappable_trunk_names();
+  const bool can_tap =
+      std::find(tappable.begin(), tappable.end(), plan.model.trunk_name) != tappable.end();
+  if (!eval.taps.empty() && !can_tap) {
     throw ConfigError(fmt::format(
-        "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP taps a ResNet's stages, but MODEL.TRUNK.NAME is {}: "
-        "use a resnet trunk, or leave the map empty to train the model's own head",
+        "{}LINEAR_EVAL_FEAT_POOL_OPS_MAP taps features VISSL names inside a {} trunk, but "
+        "MODEL.TRUNK.NAME is {}: use one of those, or leave the map empty to train the model's "
+        "own head",
         key,
+        fmt::join(tappable, ", "),
         plan.model.trunk_name));
   }
   const int64_t classes = std::max(plan.train_shape.num_classes, plan.test_shape.num_classes);

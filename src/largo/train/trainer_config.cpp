@@ -7,6 +7,7 @@
 
 #include <largo/core/config_value.h>
 #include <largo/core/resources.h>
+#include <largo/models/feature_taps.h>
 #include <largo/models/resnet.h>
 #include <largo/models/vissl_names.h>
 #include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
@@ -681,6 +682,12 @@ models::ModelOptions model_options_from(const Config& config) {
   if (!model.feature_eval.taps.empty()) {
     model.feature_eval.heads = heads; // one head per tapped feature
     models::validate_feature_eval_options(model.feature_eval);
+    // The names by the trunk's kind (their stage and layer numbers are checked when the
+    // trunk is built); a trunk that cannot be tapped is refused by the run plan, with why.
+    const auto& tappable = models::tappable_trunk_names();
+    if (std::find(tappable.begin(), tappable.end(), model.trunk_name) != tappable.end()) {
+      models::validate_tap_features(models::tap_features(model.feature_eval), model.trunk_name);
+    }
     return model;
   }
   const bool all_mlp =
