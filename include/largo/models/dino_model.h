@@ -41,8 +41,8 @@ class DinoModelImpl : public torch::nn::Module, public SwappableChildren {
  public:
   // `student` is trained; `teacher` must have the same parameter names and shapes (build_model
   // with the same options, drop path 0: its values are replaced on the first forward).
-  // `view_shapes`: [channels, h, w] of each crop. Throws ConfigError for fewer than 2 crops,
-  // teacher crops out of range or of different sizes, or models that differ.
+  // `view_shapes`: [channels, h, w] of each crop. Throws ConfigError for fewer than 2 crops or
+  // models that differ, OptionError for teacher crops out of range or of different sizes.
   DinoModelImpl(
       const TrunkHeadModel& student,
       TrunkHeadModel teacher,

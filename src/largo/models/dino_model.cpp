@@ -46,13 +46,11 @@ DinoModelImpl::DinoModelImpl(
     crops_ok = crops_ok && crop >= 0 && crop < num_crops &&
                view_shapes_[crop] == view_shapes_[teacher_crops.front()];
   }
-  if (!crops_ok) {
-    throw ConfigError(fmt::format(
-        "LOSS.dino_loss.crops_for_teacher = [{}]: the teacher's crops must be crop indices in "
-        "[0, {}) of one size (the global crops)",
-        fmt::join(teacher_crops, ", "),
-        num_crops));
-  }
+  require_option(
+      crops_ok,
+      "DinoModelOptions::crops_for_teacher",
+      fmt::format("[{}]", fmt::join(teacher_crops, ", ")),
+      fmt::format("crop indices in [0, {}) of one size (the global crops)", num_crops));
   const auto student_parameters = named_parameters();
   const auto teacher_parameters = teacher_->named_parameters();
   bool same = student_parameters.size() == teacher_parameters.size();
