@@ -153,9 +153,9 @@ TEST(ConfigTest, VisslKeysLargoLacksLoadAtTheirDefaultOnly) {
     USE_SLURM: false
     MEM_GB: 250
   LOSS:
-    dino_loss:
+    msn_loss:
       momentum: 0.996
-      teacher_temp_min: 0.04
+      temperature: 0.1
   MODEL:
     TRUNK:
       XCIT: {NUM_LAYERS: 12, QKV_BIAS: True}
@@ -181,16 +181,15 @@ TEST(ConfigTest, VisslKeysLargoLacksLoadAtTheirDefaultOnly) {
       << message;
   message = config_error_message([] {
     Config defaults = Config::defaults();
-    defaults.merge_yaml("LOSS:\n  dino_loss:\n    momentum: 0.9\n", "user.yaml");
+    defaults.merge_yaml("LOSS:\n  msn_loss:\n    momentum: 0.9\n", "user.yaml");
   });
   EXPECT_NE(
-      message.find("user.yaml: config key LOSS.dino_loss.momentum = 0.9: VISSL's "
-                   "LOSS.dino_loss is not available"),
+      message.find("user.yaml: config key LOSS.msn_loss.momentum = 0.9: VISSL's "
+                   "LOSS.msn_loss is not available"),
       std::string::npos)
       << message;
-  message = config_error_message([] { Config::load({}, {"+LOSS.dino_loss.momentm=0.996"}); });
-  EXPECT_NE(message.find("unknown config key LOSS.dino_loss.momentm"), std::string::npos)
-      << message;
+  message = config_error_message([] { Config::load({}, {"+LOSS.msn_loss.momentm=0.996"}); });
+  EXPECT_NE(message.find("unknown config key LOSS.msn_loss.momentm"), std::string::npos) << message;
   EXPECT_NE(message.find("neither Largo nor VISSL"), std::string::npos) << message;
 }
 

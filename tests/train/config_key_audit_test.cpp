@@ -297,7 +297,7 @@ std::vector<WiredKey> wired_keys() {
       {"MODEL.GRAD_CLIP.MAX_NORM", "the largest norm", "GradClipping.MatchesTorchClipGradNorm"},
       {"LOSS.name",
        "CrossEntropyLoss or cross_entropy_multiple_output_single_target; swav_loss, "
-       "simclr_info_nce_loss, barlow_twins_loss or moco_loss "
+       "simclr_info_nce_loss, barlow_twins_loss, moco_loss or dino_loss "
        "([self_supervised.md](self_supervised.md))",
        "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64"},
       {"LOSS.CrossEntropyLoss.ignore_index",
@@ -372,6 +372,14 @@ std::vector<WiredKey> wired_keys() {
        "where VISSL does not shuffle)",
        "MocoModel.TwoRanksWithShuffledKeysTrainLikeVissl",
        {"LOSS.name=moco_loss"}},
+      {"LOSS.dino_loss.momentum", "DINO's teacher EMA factor at iteration 0, rising to 1 on a cosine over the run; the teacher moves after each optimizer step", "DinoModel.TheLossIsDinoLossOnTheSplitOutputAndTheTeacherFollowsAfterTheStep", {"LOSS.name=dino_loss"}},
+      {"LOSS.dino_loss.student_temp", "the student's softmax temperature", "TrainerConfigMappingTest.DinoKeysReachTheTrainerOptions", {"LOSS.name=dino_loss"}},
+      {"LOSS.dino_loss.teacher_temp_min", "the teacher temperature at iteration 0", "TrainerConfigMappingTest.DinoKeysReachTheTrainerOptions", {"LOSS.name=dino_loss"}},
+      {"LOSS.dino_loss.teacher_temp_max", "the teacher temperature after the warm-up", "TrainerConfigMappingTest.DinoKeysReachTheTrainerOptions", {"LOSS.name=dino_loss"}},
+      {"LOSS.dino_loss.teacher_temp_warmup_iters", "iterations of the teacher temperature's linear rise", "TrainerSelfSupervisedTest.DinoOnMlpAtTwoRanksEqualsOneProcessOverFourSteps", {"LOSS.name=dino_loss"}},
+      {"LOSS.dino_loss.crops_for_teacher", "the crops the teacher sees (the global ones, of one size)", "TrainerSelfSupervisedTest.WhatDoesNotComposeIsRefusedNamingTheKey", {"LOSS.name=dino_loss"}},
+      {"LOSS.dino_loss.ema_center", "the center's EMA factor", "TrainerConfigMappingTest.DinoKeysReachTheTrainerOptions", {"LOSS.name=dino_loss"}},
+      {"LOSS.dino_loss.output_dim", "inferred (the dino_head's num_clusters), as VISSL infers it: refused unless at VISSL's default", kSslRefusals, {"LOSS.name=dino_loss"}},
       {"LOSS.swav_loss.temperature",
        "temperature of the predicting softmax",
        kSsl,

@@ -586,6 +586,46 @@ TEST(TrainerConfigMappingTest, RegNetAndVitLinearEvaluationTapsAreParsed) {
 
 // LOSS.swav_loss, LOSS.simclr_info_nce_loss, the swav_head and the frozen-parameter map reach
 // the trainer's options as VISSL's configs write them.
+// VISSL's DINO keys (configs/config/pretrain/dino/dino_16gpus_deits16.yaml's, other values):
+// the loss's, the teacher's and the dino_head's kwargs by VISSL's names.
+TEST(TrainerConfigMappingTest, DinoKeysReachTheTrainerOptions) {
+  const std::string dino = "LOSS.dino_loss.";
+  const TrainerOptions options = options_with(
+      {"LOSS.name=dino_loss",
+       dino + "momentum=0.99",
+       dino + "student_temp=0.2",
+       dino + "teacher_temp_min=0.03",
+       dino + "teacher_temp_max=0.06",
+       dino + "teacher_temp_warmup_iters=100",
+       dino + "crops_for_teacher=[1, 0]",
+       dino + "ema_center=0.8",
+       "MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 384, num_clusters: [1000], use_bn: True, "
+       "normalize_last_layer: False, num_layers: 2, hidden_dim: 64, bottleneck_dim: 32}]]",
+       "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight_v', 1251]]"});
+  const SelfSupervisedLossOptions& ssl = options.self_supervised;
+  EXPECT_TRUE(ssl.is_dino());
+  EXPECT_EQ(ssl.dino_momentum, 0.99);
+  EXPECT_EQ(ssl.dino.student_temp, 0.2);
+  EXPECT_EQ(ssl.dino.teacher_temp_min, 0.03);
+  EXPECT_EQ(ssl.dino.teacher_temp_max, 0.06);
+  EXPECT_EQ(ssl.dino.teacher_temp_warmup_iters, 100);
+  EXPECT_EQ(ssl.dino.crops_for_teacher, (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(ssl.dino.center_momentum, 0.8);
+  ASSERT_TRUE(options.model.dino.has_value());
+  EXPECT_EQ(options.model.dino->crops_for_teacher, (std::vector<int64_t>{1, 0}));
+  ASSERT_EQ(ssl.frozen_parameters.size(), 1u);
+  EXPECT_EQ(ssl.frozen_parameters[0].first, "head.0.prototypes0.weight_v");
+  const models::DinoHeadOptions& head = options.model.dino_head;
+  EXPECT_EQ(head.in_dim, 384);
+  EXPECT_EQ(head.num_clusters, 1000);
+  EXPECT_TRUE(head.use_bn);
+  EXPECT_FALSE(head.normalize_last_layer);
+  EXPECT_EQ(head.num_layers, 2);
+  EXPECT_EQ(head.hidden_dim, 64);
+  EXPECT_EQ(head.bottleneck_dim, 32);
+  EXPECT_FALSE(options_with({}).model.dino.has_value());
+}
+
 TEST(TrainerConfigMappingTest, SelfSupervisedKeysReachTheTrainerOptions) {
   const std::string swav = "LOSS.swav_loss.";
   const TrainerOptions options = options_with(
@@ -740,7 +780,7 @@ TEST(TrainerConfigMappingTest, VisslSchedulesAreReadFromTheConfig) {
 // Largo lacks, not as unexpected values.
 TEST(TrainerConfigMappingTest, VisslLossesLargoLacksAreRefusedByName) {
   for (const char* loss :
-       {"swav_momentum_loss", "multicrop_simclr_info_nce_loss", "dino_loss", "msn_loss"}) {
+       {"swav_momentum_loss", "multicrop_simclr_info_nce_loss", "ibot_loss", "msn_loss"}) {
     try {
       options_with({std::string("LOSS.name=") + loss});
       ADD_FAILURE() << loss << " was accepted";

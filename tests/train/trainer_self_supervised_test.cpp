@@ -15,6 +15,8 @@
 //   - MoCo at 2 ranks (keys gathered into one queue, their batch shuffled across the ranks)
 //     trains as one process on the global batch, and resumes mid-epoch bit for bit with its
 //     momentum encoder and queue from the checkpoint;
+//   - DINO at 2 ranks (the center all-reduced, the teacher updated after each step) trains as
+//     one process, and resumes mid-epoch bit for bit with its teacher and center;
 //   - VISSL's checkpoints of the recipes initialize every head through MODEL.WEIGHTS_INIT;
 //   - what does not compose is refused naming the key.
 // A queue cannot make 2 ranks equal one process: each rank keeps its own newest images (the
@@ -206,6 +208,23 @@ RunResult run_at(int world_size, const std::function<Overrides(int)>& job, const
 const Overrides kOneStep = {"DATA.TRAIN.DATA_LIMIT=8", "OPTIMIZER.num_epochs=1"};
 const Overrides kMlpTrunk = {"MODEL.TRUNK.NAME=mlp", "MODEL.TRUNK.MLP.HIDDEN_DIMS=[512]"};
 
+// VISSL's DINO recipe, small: SwAV's 2 + 2 crops (all 32 x 32 for the MLP trunk), a dino_head
+// without BatchNorm, a teacher temperature warm-up of 2 iterations, a fast teacher momentum
+// (0.5) so that 4 steps move it, and the last layer frozen for the first 2 iterations through
+// MODEL.TEMP_FROZEN_PARAMS_ITER_MAP as VISSL's recipe does.
+Overrides dino_job(int world_size) {
+  return swav_job(world_size, 32) + kMlpTrunk +
+         Overrides{
+             "LOSS.name=dino_loss",
+             "LOSS.dino_loss.momentum=0.5",
+             "LOSS.dino_loss.teacher_temp_warmup_iters=2",
+             "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False",
+             "MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 512, num_clusters: [16], hidden_dim: 32, "
+             "bottleneck_dim: 8, normalize_last_layer: False}]]",
+             "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight_v', 2], "
+             "['module.heads.0.prototypes0.weight_g', 2]]"};
+}
+
 // Each test runs one pair: run_on_ranks re-runs the test's body in its rank processes, which
 // take the first run of their world size.
 RunResult expect_two_ranks_equal_one_process(
@@ -307,6 +326,41 @@ TEST(TrainerSelfSupervisedTest, MocoResumesMidEpochBitExactly) {
     EXPECT_TRUE(
         states.contains("moco_encoder.head.0.weight") ||
         states.contains("moco_encoder.head.0.0.weight"));
+    const RunResult resumed = ssl_run(dir / "resumed", job, group);
+    expect_resumed_bit_exactly(resumed, reference, 3, "rank " + std::to_string(group.rank()));
+  });
+}
+
+// DINO's loss is each rank's mean over its images and its center is all-reduced (the mean of
+// the teacher's scores over the global batch), the teacher is the same EMA on every rank, and
+// the MLP trunk and the dino_head have no BatchNorm: 2 ranks train as one process within the
+// float32 rounding of the reordered sums (kTolerance, as above). 4 steps: the temperature
+// warm-up ends, the teacher follows the student and the last layer starts training.
+TEST(TrainerSelfSupervisedTest, DinoOnMlpAtTwoRanksEqualsOneProcessOverFourSteps) {
+  const RunResult one = expect_two_ranks_equal_one_process(dino_job, 4, "DINO, MLP");
+  for (const float loss : one.summary.iteration_losses) {
+    EXPECT_GT(loss, 0.0f);
+  }
+}
+
+// A checkpoint every iteration, stopped after 3 of 4: the resumed run ends bit for bit where
+// the uninterrupted one does, which needs the teacher (built on the first forward, moved after
+// every step) and the center from the checkpoint's loss state.
+TEST(TrainerSelfSupervisedTest, DinoResumesMidEpochBitExactly) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides job = dino_job(2) + Overrides{"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"};
+    const RunResult reference = ssl_run(dir / "full", job, group);
+    ASSERT_EQ(reference.summary.iteration_losses.size(), 4u);
+    EXPECT_TRUE(ssl_run(dir / "resumed", job, group, 3).summary.interrupted);
+    group.barrier();
+    const auto saved = checkpoint::load_checkpoint(dir / "resumed" / "checkpoint.torch");
+    const auto states = saved.at("loss_states").toGenericDict();
+    EXPECT_EQ(states.at("center").toTensor().sizes(), at::IntArrayRef({2, 1, 16}));
+    EXPECT_TRUE(torch::equal(states.at("center").toTensor()[0], states.at("center").toTensor()[1]))
+        << "every rank holds the same center";
+    EXPECT_EQ(states.at("teacher_built").toTensor()[0].item<int64_t>(), 1);
+    EXPECT_TRUE(states.contains("teacher.head.0.prototypes0.weight_v"));
     const RunResult resumed = ssl_run(dir / "resumed", job, group);
     expect_resumed_bit_exactly(resumed, reference, 3, "rank " + std::to_string(group.rank()));
   });
@@ -680,6 +734,33 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       moco_job(1) +
           Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
       "use O1 (autocast) or O0");
+  // DINO: the sharded modes, a pipeline, O2, a head or crops that do not fit.
+  expect_refused(
+      dino_job(1) + Overrides{"OPTIMIZER.use_zero=True"},
+      "LOSS.name = dino_loss with ZeRO (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP)");
+  expect_refused(
+      dino_job(1) + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"},
+      "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP): DINO's teacher");
+  expect_refused(
+      dino_job(1) + Overrides{"DISTRIBUTED.PIPELINE_SIZE=2"},
+      "LOSS.name = dino_loss with DISTRIBUTED.PIPELINE_SIZE > 1");
+  expect_refused(
+      dino_job(1) +
+          Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
+      "LOSS.name = dino_loss with Apex O2/O3 (MODEL.AMP_PARAMS)");
+  expect_refused(
+      dino_job(1) + Overrides{"LOSS.dino_loss.crops_for_teacher=[0, 4]"},
+      "LOSS.dino_loss.crops_for_teacher");
+  expect_refused(
+      dino_job(1) + Overrides{"LOSS.dino_loss.output_dim=16"}, "dino_head's num_clusters");
+  expect_refused(dino_job(1) + Overrides{"LOSS.dino_loss.momentum=1.5"}, "LOSS.dino_loss.momentum");
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.name=dino_loss"}, "MODEL.HEAD.PARAMS without a dino_head");
+  expect_refused(dino_job(1) + Overrides{"LOSS.name=swav_loss"}, "without a swav_head");
+  expect_refused(
+      dino_job(1) + Overrides{"MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 512, num_clusters: [16], "
+                              "num_layerz: 2}]]"},
+      "MODEL.HEAD.PARAMS[0].num_layerz");
 }
 
 } // namespace

@@ -68,7 +68,7 @@ ModelFlops count_model_flops(const ModelOptions& options);
 // With several views per image (options.view_shapes, a MultiCropModel): the sum over the
 // views, each counted at its own size (SwAV's 2 x 224 + 6 x 96 crops cost 2 x 224's and 6 x
 // 96's trunk and head); with options.moco view 1 counts its forward only (the momentum
-// encoder's).
+// encoder's); with options.dino each of the teacher's crops adds a forward (the teacher's).
 int64_t training_flops_per_sample(const ModelOptions& options);
 
 // A training step of a linear evaluation (models/linear_eval.h, options.feature_eval enabled):

@@ -3,6 +3,8 @@
 // library users fill it directly.
 #pragma once
 
+#include <largo/models/dino_head.h>
+#include <largo/models/dino_model.h>
 #include <largo/models/heads.h>
 #include <largo/models/linear_eval.h>
 #include <largo/models/mlp.h>
@@ -46,6 +48,8 @@ struct ModelOptions {
   // MODEL.HEAD.PARAMS [["swav_head", {...}]] (swav_head.dims non-empty), or several mlp
   // heads applied one after another (head_chain: SimCLR's projection).
   SwavHeadOptions swav_head;
+  // MODEL.HEAD.PARAMS [["dino_head", {...}]] (dino_head.in_dim > 0): DINO's head alone.
+  DinoHeadOptions dino_head;
   std::vector<MlpHeadSpec> head_chain;
   // Several views per image ([channels, h, w] each, data::Dataset::view_shapes): the run
   // trains a MultiCropModel over build_model's. Empty: one image per sample.
@@ -53,6 +57,9 @@ struct ModelOptions {
   // A MoCo run: with view_shapes, build_run_model trains a MocoModel (the model and a
   // momentum encoder built alike) instead of the MultiCropModel. Unset: no momentum encoder.
   std::optional<MocoModelOptions> moco;
+  // A DINO run: with view_shapes, build_run_model trains a DinoModel (the student and a teacher
+  // built alike, with drop path 0 as VISSL's) instead of the MultiCropModel.
+  std::optional<DinoModelOptions> dino;
   // MODEL.HEAD.PARAMS_MULTIPLIER: the head's Linear weights and biases are multiplied by it
   // after their initialization (VISSL's MLP.scale_weights).
   double head_params_multiplier = 1.0;
@@ -86,6 +93,7 @@ struct RunModel {
   LinearEvalModel linear_eval{nullptr}; // empty without a linear evaluation
   MultiCropModel multi_crop{nullptr};   // empty for one image per sample
   MocoModel moco{nullptr};              // in place of multi_crop when options.moco is set
+  DinoModel dino{nullptr};              // in place of multi_crop when options.dino is set
 
   // The module that trains, is checkpointed and is initialized from MODEL.WEIGHTS_INIT: the
   // linear evaluation, the multi-crop model, the MoCo model, or the model.

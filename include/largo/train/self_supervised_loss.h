@@ -9,6 +9,8 @@
 //     Barlow Twins  barlow_twins_loss over the rank's [2n, d] embeddings (view-major)
 //     MoCo    the MocoModel's [n, 2d] output (query | normalised key): moco_loss of the
 //             queries against their keys and the queue, then the keys of every rank enqueued
+//     DINO    the DinoModel's [(crops + T) * n, K] output (student rows | teacher rows):
+//             dino_loss at the teacher temperature of iteration t, the center updated
 //     SwAV    the queue rescored with the current prototypes when it was used by the previous
 //             call, swav_loss averaged over the prototype sets (the queue's scores appended
 //             from queue.start_iter on), then the assigned crops' embeddings pushed;
@@ -18,7 +20,9 @@
 //                               (ParallelModel::drop_gradients, in every mode: their
 //                               pieces too), so the optimizer leaves them as they are
 //                               (VISSL's FreezeParametersHook)
-//   after_optimizer_step(model) SwAV's prototypes normalised (normalize_last_layer), through
+//   after_optimizer_step(model) DINO's teacher moved towards the student at
+//                               dino_teacher_momentum(t) (VISSL's DINOHook.on_update);
+//                               SwAV's prototypes normalised (normalize_last_layer), through
 //                               the ParallelModel: in the module, or under FSDP in the
 //                               shards (a collective there)
 // The losses are collective over the data-parallel group (Sinkhorn's sums, SimCLR's gather,
@@ -27,6 +31,8 @@
 
 #include <largo/comm/process_group.h>
 #include <largo/models/barlow_twins_loss.h>
+#include <largo/models/dino_loss.h>
+#include <largo/models/dino_model.h>
 #include <largo/models/moco_loss.h>
 #include <largo/models/moco_model.h>
 #include <largo/models/moco_queue.h>
@@ -73,6 +79,14 @@ struct SelfSupervisedLossOptions {
   models::MocoLossOptions moco;
   int64_t moco_queue_size = 65536;
   int64_t moco_embedding_dim = 128;
+  // DINO (LOSS.dino_loss): student_temp, teacher_temp_min / max / warmup_iters, ema_center
+  // (center_momentum), crops_for_teacher; num_crops is the data's crop count and output_dim the
+  // dino_head's num_clusters, inferred as VISSL does. The teacher's EMA factor at iteration 0
+  // (momentum, cosine to 1 over dino_max_iteration: OPTIMIZER.num_epochs x iterations per
+  // epoch, which the trainer sets).
+  models::DinoLossOptions dino;
+  double dino_momentum = 0.996;
+  int64_t dino_max_iteration = 1;
   // MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: parameter name (the module's, e.g.
   // "head.0.prototypes0.weight") -> the iteration from which it trains.
   std::vector<std::pair<std::string, int64_t>> frozen_parameters;
@@ -88,6 +102,9 @@ struct SelfSupervisedLossOptions {
   }
   bool is_moco() const {
     return name == "moco_loss";
+  }
+  bool is_dino() const {
+    return name == "dino_loss";
   }
   // SimCLR, Barlow Twins and MoCo: two views of one size per image through a projection of
   // mlp heads, whose output width is this key's value.
@@ -112,11 +129,11 @@ int64_t local_queue_length(int64_t queue_length, int64_t batch_size, int64_t wor
 class SelfSupervisedLoss {
  public:
   // `module`: the trained module (its parameters by name for the frozen map; for SwAV its
-  // "head.0" is the SwavHead; for MoCo it is a MocoModel); `group`: the ranks whose batches
-  // make the global batch; `batch_size` the images per rank and micro-step; `seed` draws this
-  // rank's initial queue (SwAV's, MoCo's). Throws ConfigError for a frozen name the module does
-  // not have, a SwAV run without a swav_head, a MoCo run without a MocoModel or a queue that
-  // is not a multiple of the global batch, OptionError for bad loss options.
+  // "head.0" is the SwavHead; for MoCo it is a MocoModel, for DINO a DinoModel); `group`: the ranks
+  // whose batches make the global batch; `batch_size` the images per rank and micro-step; `seed`
+  // draws this rank's initial queue (SwAV's, MoCo's). Throws ConfigError for a frozen name the
+  // module does not have, a SwAV run without a swav_head, a MoCo run without a MocoModel or a queue
+  // that is not a multiple of the global batch, OptionError for bad loss options.
   SelfSupervisedLoss(
       SelfSupervisedLossOptions options,
       int64_t num_views,
@@ -133,8 +150,9 @@ class SelfSupervisedLoss {
   void after_optimizer_step(parallel::ParallelModel& model);
 
   // SwAV's queue and its call count, by VISSL's buffer names (empty without a queue); MoCo's
-  // queue ("queue", "queue_ptr") and momentum encoder ("moco_encoder.*", "moco_num_forwards"):
-  // this rank's, for the checkpoint.
+  // queue ("queue", "queue_ptr") and momentum encoder ("moco_encoder.*", "moco_num_forwards");
+  // DINO's center ("center") and teacher ("teacher.*", "teacher_built"): this rank's, for the
+  // checkpoint.
   std::map<std::string, at::Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, at::Tensor>& state);
   // "SwAV (3 crops, 2 assigned, 1 prototype set of 30, queue of 64 per rank from call 5)".
@@ -143,6 +161,8 @@ class SelfSupervisedLoss {
  private:
   at::Tensor swav(const at::Tensor& output);
   at::Tensor moco(const at::Tensor& output);
+  at::Tensor dino(const at::Tensor& output);
+  void build_dino(torch::nn::Module& module, int64_t num_views);
   void build_moco(torch::nn::Module& module, int64_t batch_size, uint64_t seed);
 
   SelfSupervisedLossOptions options_;
@@ -152,6 +172,8 @@ class SelfSupervisedLoss {
   std::optional<models::SwavQueue> queue_;
   models::MocoModelImpl* moco_model_ = nullptr; // MoCo
   std::optional<models::MocoQueue> moco_queue_;
+  models::DinoModelImpl* dino_model_ = nullptr; // DINO
+  std::optional<models::DinoLoss> dino_loss_;
   int64_t queue_length_ = 0;                           // images per rank
   // Parameter name, iteration it trains from.
   std::vector<std::pair<std::string, int64_t>> frozen_;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 
@@ -242,6 +243,12 @@ int64_t training_flops_per_sample(const ModelOptions& options) {
     const ModelFlops counted = count_model_flops(view);
     // MoCo's view 1 only runs forward, through the momentum encoder.
     flops += options.moco && k == 1 ? counted.forward_per_sample() : counted.training_per_sample();
+    // DINO's teacher runs forward on its crops besides the student's training pass.
+    const auto& teacher_crops =
+        options.dino ? options.dino->crops_for_teacher : std::vector<int64_t>{};
+    const auto teacher_runs =
+        std::count(teacher_crops.begin(), teacher_crops.end(), static_cast<int64_t>(k));
+    flops += teacher_runs * counted.forward_per_sample();
   }
   return flops;
 }

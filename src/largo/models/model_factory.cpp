@@ -55,7 +55,8 @@ TrunkHeadModel build_model(const ModelOptions& options) {
       options.num_classes));
   Trunk trunk = build_trunk(options);
   torch::nn::Sequential head;
-  // VISSL scales its mlp heads' weights (MLP.scale_weights); swav_head takes no multiplier.
+  // VISSL scales its mlp heads' weights (MLP.scale_weights); swav_head and dino_head take no
+  // multiplier.
   const bool swav = !options.swav_head.dims.empty();
   if (swav) {
     if (options.swav_head.dims.front() != trunk.output_dim) {
@@ -68,6 +69,14 @@ TrunkHeadModel build_model(const ModelOptions& options) {
               trunk.output_dim));
     }
     head->push_back(SwavHead(options.swav_head));
+  } else if (options.dino_head.in_dim > 0) {
+    if (options.dino_head.in_dim != trunk.output_dim) {
+      throw OptionError(
+          "DinoHeadOptions::in_dim",
+          std::to_string(options.dino_head.in_dim),
+          fmt::format("the {} trunk's output width {}", options.trunk_name, trunk.output_dim));
+    }
+    head->push_back(DinoHead(options.dino_head));
   } else if (!options.head_chain.empty()) {
     head = build_head_chain(trunk.output_dim, options.head_chain);
   } else if (options.head_dims.empty()) {
@@ -92,7 +101,7 @@ TrunkHeadModel build_model(const ModelOptions& options) {
     }
     head = build_mlp_head(dims, options.head);
   }
-  if (options.head_params_multiplier != 1.0 && !swav) {
+  if (options.head_params_multiplier != 1.0 && !swav && options.dino_head.in_dim == 0) {
     torch::NoGradGuard no_grad;
     for (auto& module : head->modules(/*include_self=*/false)) {
       if (auto* linear = module->as<torch::nn::Linear>()) {
@@ -116,6 +125,9 @@ std::shared_ptr<torch::nn::Module> RunModel::module() const {
   if (moco) {
     return moco.ptr();
   }
+  if (dino) {
+    return dino.ptr();
+  }
   return model.ptr();
 }
 
@@ -125,6 +137,9 @@ torch::nn::AnyModule RunModel::any_module() const {
   }
   if (moco) {
     return torch::nn::AnyModule(moco);
+  }
+  if (dino) {
+    return torch::nn::AnyModule(dino);
   }
   return multi_crop ? torch::nn::AnyModule(multi_crop) : torch::nn::AnyModule(model);
 }
@@ -140,6 +155,10 @@ RunModel build_run_model(const ModelOptions& options) {
     run.linear_eval = LinearEvalModel(run.model, options.feature_eval);
   } else if (!options.view_shapes.empty() && options.moco) {
     run.moco = MocoModel(run.model, build_model(options), options.view_shapes, *options.moco);
+  } else if (!options.view_shapes.empty() && options.dino) {
+    ModelOptions teacher = options; // VISSL's teacher: the same model without stochastic depth
+    teacher.vit.drop_path_rate = 0.0;
+    run.dino = DinoModel(run.model, build_model(teacher), options.view_shapes, *options.dino);
   } else if (!options.view_shapes.empty()) {
     run.multi_crop = MultiCropModel(run.model, options.view_shapes);
   }

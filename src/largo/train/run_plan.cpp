@@ -327,7 +327,8 @@ void check_views_match_loss(const RunPlan& plan) {
   if (views.empty()) {
     throw ConfigError(fmt::format(
         "LOSS.name = {} trains on several views of each image, but DATA.TRAIN.TRANSFORMS make "
-        "one: add ImgPilToMultiCrop (SwAV) or ImgReplicatePil (SimCLR, Barlow Twins, MoCo) with "
+        "one: add ImgPilToMultiCrop (SwAV, DINO) or ImgReplicatePil (SimCLR, Barlow Twins, MoCo) "
+        "with "
         "COLLATE_FUNCTION multicrop_collator or simclr_collator (configs/examples/)",
         ssl.name));
   }
@@ -372,18 +373,21 @@ void check_label_types(const TrainerOptions& o) {
   }
 }
 
-// MoCo's momentum encoder is a whole copy of the model that every rank keeps beside the
-// module and updates from the module's parameters in the forward: only DDP (and one process)
+// MoCo's momentum encoder and DINO's teacher are whole copies of the model that every rank
+// keeps beside the module and updates from the module's parameters: only DDP (and one process)
 // keep those whole and local there.
-void check_moco_composes(const RunPlan& plan) {
+void check_momentum_copy_composes(const RunPlan& plan) {
   const TrainerOptions& o = plan.options;
-  auto refuse = [](const std::string& what, const std::string& why) {
-    throw ConfigError(fmt::format("LOSS.name = moco_loss with {}: {}", what, why));
+  const std::string& loss = o.self_supervised.name;
+  const std::string copy =
+      o.self_supervised.is_dino() ? "DINO's teacher" : "MoCo's momentum encoder";
+  auto refuse = [&](const std::string& what, const std::string& why) {
+    throw ConfigError(fmt::format("LOSS.name = {} with {}: {}", loss, what, why));
   };
-  const std::string use_ddp =
-      "MoCo's momentum encoder is updated from whole parameters on every rank; use DDP "
-      "(leave OPTIMIZER.use_zero False, MODEL.SHARDED_DDP_SETUP.USE_SDP False and "
-      "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP False)";
+  const std::string use_ddp = copy +
+                              " is updated from whole parameters on every rank; use DDP "
+                              "(leave OPTIMIZER.use_zero False, MODEL.SHARDED_DDP_SETUP.USE_SDP "
+                              "False and MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP False)";
   if (values_flat_sharded(o.parallel)) {
     refuse("FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)", use_ddp);
   }
@@ -394,7 +398,7 @@ void check_moco_composes(const RunPlan& plan) {
   if (o.parallel.tensor_parallel_size > 1) {
     refuse(
         "DISTRIBUTED.TENSOR_PARALLEL_SIZE > 1",
-        "the momentum encoder is not split across the tensor-parallel ranks; use DDP");
+        copy + " is not split across the tensor-parallel ranks; use DDP");
   }
   if (o.parallel.offload_optimizer) {
     refuse("the optimizer offloaded to the host", "offloading needs ZeRO or FSDP; use DDP");
@@ -402,7 +406,31 @@ void check_moco_composes(const RunPlan& plan) {
   if (plan.precision.cast_model) {
     refuse(
         "Apex O2/O3 (MODEL.AMP_PARAMS)",
-        "the momentum encoder stays float32 beside the cast model; use O1 (autocast) or O0");
+        copy + " stays float32 beside the cast model; use O1 (autocast) or O0");
+  }
+}
+
+// DINO: a dino_head, and teacher crops that are crops of the data, of one size.
+void check_dino_fits(const RunPlan& plan) {
+  const SelfSupervisedLossOptions& ssl = plan.options.self_supervised;
+  if (plan.model.dino_head.in_dim == 0) {
+    throw ConfigError("LOSS.name = dino_loss with MODEL.HEAD.PARAMS without a dino_head: set "
+                      "[[\"dino_head\", {\"in_dim\": trunk width, \"num_clusters\": [65536]}]]");
+  }
+  const auto& views = plan.train_shape.view_shapes;
+  const auto& crops = ssl.dino.crops_for_teacher;
+  const bool crops_ok = std::all_of(crops.begin(), crops.end(), [&](int64_t crop) {
+    return crop >= 0 && crop < static_cast<int64_t>(views.size()) && views[crop] == views[crops[0]];
+  });
+  if (views.size() < 2 || !crops_ok) {
+    throw config_error(
+        "LOSS.dino_loss.crops_for_teacher",
+        fmt::format("[{}]", fmt::join(crops, ", ")),
+        fmt::format(
+            "crop indices in [0, {}) of one size (the global crops), with at least 2 crops: "
+            "DATA.TRAIN.TRANSFORMS make {} crops",
+            views.size(),
+            views.size()));
   }
 }
 
@@ -434,11 +462,13 @@ void check_self_supervised(const RunPlan& plan) {
           "empty "
           "([]) otherwise");
     }
-    if (!plan.model.head_chain.empty() || !plan.model.swav_head.dims.empty()) {
+    if (!plan.model.head_chain.empty() || !plan.model.swav_head.dims.empty() ||
+        plan.model.dino_head.in_dim > 0) {
       throw ConfigError(
-          "MODEL.HEAD.PARAMS holds a swav_head or several mlp heads run one after another, "
-          "which only a self-supervised loss trains (LOSS.name swav_loss, "
-          "simclr_info_nce_loss or barlow_twins_loss); a classifier takes one mlp head, or several "
+          "MODEL.HEAD.PARAMS holds a swav_head, a dino_head or several mlp heads run one after "
+          "another, which only a self-supervised loss trains (LOSS.name swav_loss, "
+          "simclr_info_nce_loss, barlow_twins_loss or dino_loss); a classifier takes one mlp "
+          "head, or several "
           "in a linear evaluation (MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
     }
     check_views_match_loss(plan);
@@ -495,8 +525,13 @@ void check_self_supervised(const RunPlan& plan) {
         "sharded; use ZeRO-1/2 (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP) or DDP "
         "with a queue, or set queue_length 0");
   }
-  if (ssl.is_moco()) {
-    check_moco_composes(plan);
+  if (ssl.is_moco() || ssl.is_dino()) {
+    check_momentum_copy_composes(plan);
+  }
+  if (ssl.is_dino()) {
+    check_dino_fits(plan);
+  } else if (plan.model.dino_head.in_dim > 0) {
+    refuse("a dino_head", "it is DINO's head; set LOSS.name to dino_loss, or use another head");
   }
   if (ssl.is_swav() && ssl.normalize_last_layer && plan.precision.cast_model) {
     refuse(

@@ -86,6 +86,39 @@ SelfSupervisedLossOptions moco_options_from(const Config& config) {
   return options;
 }
 
+// LOSS.dino_loss: the loss's keys (num_crops is the data's crop count, output_dim the
+// dino_head's num_clusters, both inferred as VISSL does) and the teacher's momentum.
+SelfSupervisedLossOptions dino_options_from(const Config& config) {
+  const std::string key = "LOSS.dino_loss.";
+  SelfSupervisedLossOptions options;
+  options.name = "dino_loss";
+  models::DinoLossOptions& dino = options.dino;
+  dino.student_temp = positive_number(config, key + "student_temp");
+  dino.teacher_temp_min = positive_number(config, key + "teacher_temp_min");
+  dino.teacher_temp_max = positive_number(config, key + "teacher_temp_max");
+  dino.teacher_temp_warmup_iters = non_negative_int(config, key + "teacher_temp_warmup_iters");
+  dino.crops_for_teacher = config.get_int_list(key + "crops_for_teacher");
+  require(
+      !dino.crops_for_teacher.empty(),
+      key + "crops_for_teacher",
+      "[]",
+      "the crops the teacher sees, e.g. [0, 1] (the global crops)");
+  dino.center_momentum = config.get_double(key + "ema_center");
+  require(
+      dino.center_momentum >= 0.0 && dino.center_momentum <= 1.0,
+      key + "ema_center",
+      fmt::format("{}", dino.center_momentum),
+      "a number in [0, 1] (VISSL's 0.9)");
+  options.dino_momentum = config.get_double(key + "momentum");
+  require(
+      options.dino_momentum >= 0.0 && options.dino_momentum <= 1.0,
+      key + "momentum",
+      fmt::format("{}", options.dino_momentum),
+      "a number in [0, 1] (VISSL's 0.996: the teacher keeps 99.6 % of itself at first)");
+  refuse_inferred(config, key + "output_dim", "the dino_head's num_clusters");
+  return options;
+}
+
 // VISSL names parameters of the wrapped model ("module.heads.0.prototypes0.weight"); Largo's
 // module has "head.0.prototypes0.weight".
 std::string largo_parameter_name(std::string name) {
@@ -140,6 +173,8 @@ SelfSupervisedLossOptions self_supervised_options_from(const Config& config) {
     options = barlow_twins_options_from(config);
   } else if (loss == "moco_loss") {
     options = moco_options_from(config);
+  } else if (loss == "dino_loss") {
+    options = dino_options_from(config);
   }
   frozen_parameters_from(config, options);
   return options;
@@ -167,6 +202,70 @@ std::optional<models::MocoModelOptions> moco_model_options_from(const Config& co
       "batch only without SyncBatchNorm, so set shuffle_batch: False (or turn SyncBatchNorm "
       "off)");
   options.shuffle_seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
+  return options;
+}
+
+std::optional<models::DinoModelOptions> dino_model_options_from(const Config& config) {
+  if (config.get_string("LOSS.name") != "dino_loss") {
+    return std::nullopt;
+  }
+  models::DinoModelOptions options;
+  options.crops_for_teacher = config.get_int_list("LOSS.dino_loss.crops_for_teacher");
+  return options;
+}
+
+namespace {
+
+// One dino_head argument `name` = `value` into `options`; false for a name it does not take.
+bool dino_head_argument(
+    const std::string& name,
+    const YAML::Node& value,
+    const std::string& arg_key,
+    models::DinoHeadOptions& options) {
+  if (name == "in_dim") {
+    options.in_dim = yaml_to_int(value, arg_key);
+  } else if (name == "num_clusters") {
+    const std::vector<int64_t> clusters = int_list(value, arg_key);
+    require(
+        clusters.size() == 1,
+        arg_key,
+        config_value_text(value),
+        "one output width, e.g. [65536] (VISSL's dino_head takes one)");
+    options.num_clusters = clusters.front();
+  } else if (name == "use_bn") {
+    options.use_bn = yaml_to_bool(value, arg_key);
+  } else if (name == "normalize_last_layer") {
+    options.normalize_last_layer = yaml_to_bool(value, arg_key);
+  } else if (name == "num_layers") {
+    options.num_layers = yaml_to_int(value, arg_key);
+  } else if (name == "hidden_dim") {
+    options.hidden_dim = yaml_to_int(value, arg_key);
+  } else if (name == "bottleneck_dim") {
+    options.bottleneck_dim = yaml_to_int(value, arg_key);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+models::DinoHeadOptions dino_head_from(const YAML::Node& kwargs, const std::string& key) {
+  models::DinoHeadOptions options;
+  for (const auto& entry : kwargs) {
+    const std::string name = entry.first.as<std::string>();
+    require(
+        dino_head_argument(name, entry.second, key + "." + name, options),
+        key + "." + name,
+        "(given)",
+        "a dino_head argument: in_dim, num_clusters, use_bn, normalize_last_layer, num_layers, "
+        "hidden_dim, bottleneck_dim");
+  }
+  require(
+      options.in_dim > 0 && options.num_clusters > 0,
+      key,
+      "(given)",
+      "[\"dino_head\", {\"in_dim\": trunk width, \"num_clusters\": [K]}] with both > 0");
   return options;
 }
 

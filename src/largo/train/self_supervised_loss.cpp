@@ -1,6 +1,8 @@
 #include <largo/train/self_supervised_loss.h>
 
 #include <largo/core/error.h>
+#include <largo/models/dino_head.h>
+#include <largo/models/dino_teacher_momentum.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -52,6 +54,10 @@ SelfSupervisedLoss::SelfSupervisedLoss(
   }
   if (options_.is_moco()) {
     build_moco(module, batch_size, seed);
+    return;
+  }
+  if (options_.is_dino()) {
+    build_dino(module, num_views);
     return;
   }
   if (!options_.is_swav()) {
@@ -110,9 +116,29 @@ void SelfSupervisedLoss::build_moco(torch::nn::Module& module, int64_t batch_siz
       parameters.empty() ? c10::Device(c10::kCPU) : parameters.front().device());
 }
 
+void SelfSupervisedLoss::build_dino(torch::nn::Module& module, int64_t num_views) {
+  dino_model_ = module.as<models::DinoModelImpl>();
+  if (dino_model_ == nullptr) {
+    throw ConfigError(
+        "LOSS.name = dino_loss trains a DinoModel (student and teacher): build the run's model "
+        "with ModelOptions::dino enabled and a dino_head");
+  }
+  const auto heads = module.modules();
+  for (const auto& child : heads) {
+    if (const auto* head = child->as<models::DinoHeadImpl>()) {
+      options_.dino.output_dim = head->options().num_clusters;
+    }
+  }
+  options_.dino.num_crops = num_views;
+  dino_loss_.emplace(options_.dino);
+}
+
 at::Tensor SelfSupervisedLoss::loss(const at::Tensor& output, const at::Tensor& /*labels*/) {
   if (options_.is_moco()) {
     return moco(output);
+  }
+  if (options_.is_dino()) {
+    return dino(output);
   }
   if (options_.is_barlow_twins()) {
     return models::barlow_twins_loss(output, group_, options_.barlow_twins);
@@ -175,6 +201,20 @@ at::Tensor SelfSupervisedLoss::moco(const at::Tensor& output) {
   return loss;
 }
 
+// `output`: [(num_crops + T) * n, K] (DinoModel::forward): the student's rows, then the
+// teacher's.
+at::Tensor SelfSupervisedLoss::dino(const at::Tensor& output) {
+  const int64_t crops = options_.dino.num_crops;
+  const auto teacher_crops = static_cast<int64_t>(options_.dino.crops_for_teacher.size());
+  const int64_t n = output.size(0) / (crops + teacher_crops);
+  ++calls_;
+  return dino_loss_->forward(
+      output.narrow(0, 0, crops * n),
+      output.narrow(0, crops * n, teacher_crops * n),
+      iteration_,
+      group_);
+}
+
 void SelfSupervisedLoss::before_optimizer_step(parallel::ParallelModel& model) {
   std::vector<std::string> frozen;
   for (const auto& [name, iteration] : frozen_) {
@@ -188,6 +228,11 @@ void SelfSupervisedLoss::before_optimizer_step(parallel::ParallelModel& model) {
 }
 
 void SelfSupervisedLoss::after_optimizer_step(parallel::ParallelModel& model) {
+  if (dino_model_ != nullptr) { // VISSL's DINOHook.on_update, with this step's iteration
+    dino_model_->update_teacher(models::dino_teacher_momentum(
+        options_.dino_momentum, iteration_, options_.dino_max_iteration));
+    return;
+  }
   if (head_ == nullptr || !options_.normalize_last_layer) {
     return;
   }
@@ -198,6 +243,11 @@ void SelfSupervisedLoss::after_optimizer_step(parallel::ParallelModel& model) {
 }
 
 std::map<std::string, at::Tensor> SelfSupervisedLoss::state_dict() const {
+  if (dino_loss_) {
+    std::map<std::string, at::Tensor> state = dino_loss_->state_dict();
+    state.merge(dino_model_->teacher_state_dict());
+    return state;
+  }
   if (moco_queue_) {
     std::map<std::string, at::Tensor> state = moco_queue_->state_dict();
     state.merge(moco_model_->momentum_state_dict());
@@ -212,6 +262,11 @@ std::map<std::string, at::Tensor> SelfSupervisedLoss::state_dict() const {
 }
 
 void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  if (dino_loss_) {
+    dino_loss_->load_state_dict(state);
+    dino_model_->load_teacher_state_dict(state);
+    return;
+  }
   if (moco_queue_) {
     moco_queue_->load_state_dict(state);
     moco_model_->load_momentum_state_dict(state);
@@ -231,6 +286,24 @@ void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>
 }
 
 std::string SelfSupervisedLoss::describe() const {
+  if (dino_loss_) {
+    const models::DinoLossOptions& dino = options_.dino;
+    return fmt::format(
+        "DINO ({} crops, teacher on [{}], output {}, student temperature {}, teacher {} -> {} "
+        "over {} iterations, center {} over {} rank(s), teacher momentum {} -> 1 over {} "
+        "iterations)",
+        dino.num_crops,
+        fmt::join(dino.crops_for_teacher, ", "),
+        dino.output_dim,
+        dino.student_temp,
+        dino.teacher_temp_min,
+        dino.teacher_temp_max,
+        dino.teacher_temp_warmup_iters,
+        dino.center_momentum,
+        group_.world_size(),
+        options_.dino_momentum,
+        options_.dino_max_iteration);
+  }
   if (moco_model_ != nullptr) {
     const models::MocoModelOptions& model = moco_model_->options();
     return fmt::format(

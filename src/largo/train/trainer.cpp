@@ -292,10 +292,13 @@ void Trainer::State::parallelize_model() {
 // step; VISSL's ranks start from their own noise until the first queue_size / global batch
 // steps have overwritten it.
 void Trainer::State::build_self_supervised_loss() {
-  const SelfSupervisedLossOptions& options = this->options().self_supervised;
+  SelfSupervisedLossOptions options = this->options().self_supervised;
   if (!options.enabled()) {
     return;
   }
+  // DINO's teacher momentum runs its cosine over the whole run, VISSL's task.max_iteration.
+  options.dino_max_iteration =
+      std::max<int64_t>(1, progress().num_epochs * progress().iterations_per_epoch);
   const uint64_t queue_seed = options.is_moco()
                                   ? this->options().seed
                                   : this->options().seed + static_cast<uint64_t>(data_shard.index);
@@ -408,6 +411,7 @@ void Trainer::State::log_start() const {
       model.linear_eval  ? "the frozen trunk forward, the heads 3 x forward"
       : model.multi_crop ? "3 x forward, every view at its size"
       : model.moco       ? "3 x forward of view 0, the momentum encoder's forward of view 1"
+      : model.dino       ? "3 x forward of every crop, the teacher's forward of its crops"
                          : "3 x forward",
       training,
       data->num_test_samples(),

@@ -183,7 +183,6 @@ void refuse_other_vissl_losses(const std::string& loss) {
       "bce_logits_multiple_output_single_target",
       "deepclusterv2_loss",
       "dino_distillation_loss",
-      "dino_loss",
       "distillation_loss",
       "ibot_distillation_loss",
       "ibot_loss",
@@ -198,7 +197,7 @@ void refuse_other_vissl_losses(const std::string& loss) {
         "config key LOSS.name = {}: VISSL's {} is not available in this version of Largo "
         "(it trains classifiers with CrossEntropyLoss or "
         "cross_entropy_multiple_output_single_target, and pretrains with swav_loss, "
-        "simclr_info_nce_loss, barlow_twins_loss or moco_loss)",
+        "simclr_info_nce_loss, barlow_twins_loss, moco_loss or dino_loss)",
         loss,
         loss));
   }
@@ -642,6 +641,26 @@ YAML::Node swav_head_entry(const Config& config) {
   return params[0][1];
 }
 
+// MODEL.HEAD.PARAMS' kwargs when its first head is a dino_head (VISSL's dino_loss takes that
+// one head alone), else a null node.
+YAML::Node dino_head_entry(const Config& config) {
+  const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
+  const bool dino =
+      params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
+      params[0].size() == 2 && params[0][0].IsScalar() &&
+      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == "dino_head";
+  if (!dino) {
+    return YAML::Node(YAML::NodeType::Undefined);
+  }
+  require(
+      params.size() == 1 && params[0][1].IsMap(),
+      "MODEL.HEAD.PARAMS",
+      "(given)",
+      "one head, [[\"dino_head\", {\"in_dim\": ..., \"num_clusters\": [...]}]] (VISSL's "
+      "dino_loss takes one dino_head)");
+  return params[0][1];
+}
+
 } // namespace
 
 models::ModelOptions model_options_from(const Config& config) {
@@ -676,6 +695,10 @@ models::ModelOptions model_options_from(const Config& config) {
   model.feature_eval = feature_eval_options_from(config);
   if (const YAML::Node swav = swav_head_entry(config)) {
     model.swav_head = swav_head_from(swav, "MODEL.HEAD.PARAMS[0]", model.head);
+    return model;
+  }
+  if (const YAML::Node dino = dino_head_entry(config)) {
+    model.dino_head = dino_head_from(dino, "MODEL.HEAD.PARAMS[0]");
     return model;
   }
   std::vector<models::EvalHeadOptions> heads = heads_from(config, model.head);
@@ -735,11 +758,12 @@ void check_loss_name(const Config& config) {
   require(
       loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target" ||
           loss == "swav_loss" || loss == "simclr_info_nce_loss" || loss == "barlow_twins_loss" ||
-          loss == "moco_loss",
+          loss == "moco_loss" || loss == "dino_loss",
       "LOSS.name",
       loss,
       "CrossEntropyLoss or cross_entropy_multiple_output_single_target (classification), or "
-      "swav_loss, simclr_info_nce_loss, barlow_twins_loss or moco_loss (self-supervised)");
+      "swav_loss, simclr_info_nce_loss, barlow_twins_loss, moco_loss or dino_loss "
+      "(self-supervised)");
 }
 
 // ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True; with
@@ -1079,6 +1103,7 @@ TrainerOptions options_from_config(const Config& config) {
   check_loss_name(config);
   options.self_supervised = self_supervised_options_from(config);
   options.model.moco = moco_model_options_from(config);
+  options.model.dino = dino_model_options_from(config);
   if (!options.self_supervised.enabled()) {
     options.loss = classification_loss_options_from(config);
   }

@@ -28,7 +28,10 @@ const std::map<std::string, FsdpModel>& vissl_fsdp_models() {
       {"swav_head_fsdp", {"swav_head", "the swav_head"}},
       {"mlp_fsdp", {"mlp", "the mlp head"}},
       {"eval_mlp_fsdp", {"eval_mlp", "the eval_mlp head"}},
-      {"dino_head_fsdp", {"dino_head", "DINO's head (dino_head): Largo has no DINO"}},
+      {"dino_head_fsdp",
+       {"dino_head",
+        "the dino_head (Largo trains DINO under DDP or in one process: name the plain "
+        "dino_head)"}},
   };
   return models;
 }
