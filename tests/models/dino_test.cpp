@@ -296,7 +296,8 @@ TEST(DinoLoss, TeacherTemperatureEdgesStateAndChecks) {
 // The same double expression in the same order, cos from the same libm as Python's math.cos:
 // equal to a few ulps (EXPECT_DOUBLE_EQ's 4).
 TEST(DinoTeacherMomentum, IsVisslsCosine) {
-  for (const auto& point : baseline_case("momentum").at("points")) {
+  const nlohmann::json momentum = baseline_case("momentum"); // outlives the loop's range
+  for (const auto& point : momentum.at("points")) {
     EXPECT_DOUBLE_EQ(
         dino_teacher_momentum(point.at("base"), point.at("iteration"), point.at("max_iteration")),
         point.at("momentum").get<double>())
