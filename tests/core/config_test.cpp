@@ -193,6 +193,22 @@ TEST(ConfigTest, VisslKeysLargoLacksLoadAtTheirDefaultOnly) {
   EXPECT_NE(message.find("neither Largo nor VISSL"), std::string::npos) << message;
 }
 
+// VISSL reads SLURM's other keys only to submit the job under USE_SLURM (refused above): with
+// it off, VISSL's configs that name a CONSTRAINT or a PARTITION load; a map where VISSL has a
+// value, or a name VISSL lacks, is still refused.
+TEST(ConfigTest, SlurmKeysLoadAtAnyValueWhileUseSlurmIsOff) {
+  Config config = Config::defaults();
+  config.merge_yaml(
+      "config:\n  SLURM:\n    CONSTRAINT: volta32gb\n    PARTITION: learnfair\n"
+      "    MEM_GB: 480\n    ADDITIONAL_PARAMETERS: {exclusive: true}\n",
+      "vissl.yaml");
+  EXPECT_FALSE(config.has("SLURM.CONSTRAINT")) << "accepted, not merged: nothing reads it";
+  auto message = config_error_message([] { Config::load({}, {"SLURM.CONSTRAINT={a: 1}"}); });
+  EXPECT_NE(message.find("config key SLURM.CONSTRAINT"), std::string::npos) << message;
+  message = config_error_message([] { Config::load({}, {"+SLURM.CONSTRANT=volta"}); });
+  EXPECT_NE(message.find("unknown config key SLURM.CONSTRANT"), std::string::npos) << message;
+}
+
 // "Billion laughs": nine levels of aliases, each a list (or map) of nine of the level below,
 // are 1 KB of YAML and 9^9 values. Refused at once, not walked for hours.
 TEST(ConfigTest, NestedAliasBombsAreRefused) {

@@ -46,6 +46,12 @@ void check_value(
   // VISSL's SLURM section writes and submits a batch script; Largo's workers read what srun
   // sets instead, so the way there is a short batch script.
   const bool slurm = section.rfind("SLURM", 0) == 0;
+  if (slurm && key != "SLURM.USE_SLURM" && value.IsMap() == vissl_default.IsMap()) {
+    // VISSL reads SLURM's other keys only to submit the job under USE_SLURM, which is refused
+    // here when on: with it off they change nothing in VISSL either, so any value is accepted
+    // (VISSL's configs name a CONSTRAINT, a PARTITION, ...).
+    return;
+  }
   throw ConfigError(fmt::format(
       "{}: config key {} = {}: VISSL's {} is not available in this version of Largo; Largo "
       "accepts the key only at VISSL's default, {} (which changes nothing): remove it{}",
