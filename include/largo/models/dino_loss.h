@@ -75,6 +75,9 @@ class DinoLoss {
   void update_center(const at::Tensor& teacher, comm::ProcessGroup& group);
 
   DinoLossOptions options_;
+  // dino_teacher_temperature's warm-up, built once (VISSL's hook keeps it too): one float32
+  // per warm-up iteration, tens of thousands in VISSL's configs.
+  at::Tensor teacher_temperatures_;
   at::Tensor center_;
 };
 

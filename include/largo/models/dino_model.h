@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,7 +84,7 @@ class DinoModelImpl : public torch::nn::Module, public SwappableChildren {
   void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
-  void place_teacher();
+  void place_teacher(const c10::Device& device);
   void build_teacher();
   at::Tensor student_scores(const std::vector<at::Tensor>& crops);
   at::Tensor teacher_scores(const std::vector<at::Tensor>& crops);
@@ -93,6 +94,7 @@ class DinoModelImpl : public torch::nn::Module, public SwappableChildren {
   TrunkHeadModel teacher_;
   std::vector<std::vector<int64_t>> view_shapes_;
   DinoModelOptions options_;
+  std::optional<c10::Device> teacher_device_; // where place_teacher put it
   bool built_ = false;
 };
 

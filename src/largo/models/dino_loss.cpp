@@ -87,21 +87,34 @@ void validate_dino_loss_options(const DinoLossOptions& options) {
       "an integer > 0");
 }
 
-double dino_teacher_temperature(const DinoLossOptions& options, int64_t iteration) {
-  if (iteration >= options.teacher_temp_warmup_iters) {
-    return static_cast<float>(options.teacher_temp_max); // torch.ones(...) * max, in float32
-  }
-  // The whole float32 linspace, as VISSL builds it: its values depend on the step count.
-  const at::Tensor warmup = at::linspace(
+namespace {
+
+// The whole float32 linspace, as VISSL builds it: each value depends on the step count.
+at::Tensor teacher_temperature_warmup(const DinoLossOptions& options) {
+  return at::linspace(
       options.teacher_temp_min,
       options.teacher_temp_max,
       options.teacher_temp_warmup_iters,
       at::TensorOptions().dtype(at::kFloat));
-  return warmup[iteration].item<double>();
+}
+
+double teacher_temperature_at(
+    const at::Tensor& warmup, const DinoLossOptions& options, int64_t iteration) {
+  if (iteration >= options.teacher_temp_warmup_iters) {
+    return static_cast<float>(options.teacher_temp_max); // torch.ones(...) * max, in float32
+  }
+  return warmup.data_ptr<float>()[iteration];
+}
+
+} // namespace
+
+double dino_teacher_temperature(const DinoLossOptions& options, int64_t iteration) {
+  return teacher_temperature_at(teacher_temperature_warmup(options), options, iteration);
 }
 
 DinoLoss::DinoLoss(DinoLossOptions options) : options_(std::move(options)) {
   validate_dino_loss_options(options_);
+  teacher_temperatures_ = teacher_temperature_warmup(options_);
   center_ = at::zeros({1, options_.output_dim}, at::kFloat);
 }
 
@@ -116,7 +129,7 @@ at::Tensor DinoLoss::forward(
   }
   const std::vector<at::Tensor> student_crops =
       (student / options_.student_temp).chunk(options_.num_crops);
-  const double teacher_temp = dino_teacher_temperature(options_, iteration);
+  const double teacher_temp = teacher_temperature_at(teacher_temperatures_, options_, iteration);
   const std::vector<at::Tensor> targets =
       at::softmax((teacher.detach() - center_) / teacher_temp, -1)
           .chunk(static_cast<int64_t>(options_.crops_for_teacher.size()));

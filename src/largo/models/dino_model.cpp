@@ -2,6 +2,7 @@
 
 #include <largo/core/error.h>
 #include <largo/models/dino_teacher_update.h>
+#include <largo/models/momentum_copy.h>
 #include <largo/models/multi_crop_model.h>
 
 #include <fmt/format.h>
@@ -11,10 +12,6 @@
 
 namespace largo::models {
 namespace {
-
-at::Tensor dino_cpu_copy(const at::Tensor& tensor) {
-  return tensor.is_cpu() ? tensor.detach().clone() : tensor.detach().cpu();
-}
 
 // The head's output (a Sequential that may be empty) over `features`.
 at::Tensor run_head(torch::nn::Sequential& head, const at::Tensor& features) {
@@ -51,26 +48,16 @@ DinoModelImpl::DinoModelImpl(
       "DinoModelOptions::crops_for_teacher",
       fmt::format("[{}]", fmt::join(teacher_crops, ", ")),
       fmt::format("crop indices in [0, {}) of one size (the global crops)", num_crops));
-  const auto student_parameters = named_parameters();
-  const auto teacher_parameters = teacher_->named_parameters();
-  bool same = student_parameters.size() == teacher_parameters.size();
-  for (const auto& item : student_parameters) {
-    const at::Tensor* other = teacher_parameters.find(item.key());
-    same = same && other != nullptr && other->sizes() == item.value().sizes();
-  }
-  if (!same) {
-    throw ConfigError(
-        "the DINO teacher must have the student's parameters (build both with the same model "
-        "options)");
-  }
-  for (auto& parameter : teacher_->parameters()) {
-    parameter.requires_grad_(false);
-  }
+  freeze_as_copy_of(
+      *this,
+      *teacher_,
+      "the DINO teacher must have the student's parameters (build both with the same model "
+      "options)");
 }
 
 at::Tensor DinoModelImpl::forward(const at::Tensor& packed) {
   const std::vector<at::Tensor> crops = unpack_views(packed, view_shapes_, "DINO model");
-  place_teacher();
+  place_teacher(packed.device());
   if (is_training() && !built_) {
     build_teacher();
   }
@@ -79,12 +66,13 @@ at::Tensor DinoModelImpl::forward(const at::Tensor& packed) {
   return at::cat({student, teacher.to(student.scalar_type())}, 0);
 }
 
-// The teacher is no child module: moving the model (to the GPU) leaves it where it was.
-void DinoModelImpl::place_teacher() {
-  const std::vector<at::Tensor> parameters = this->parameters();
-  if (!parameters.empty() &&
-      teacher_->parameters().front().device() != parameters.front().device()) {
-    teacher_->to(parameters.front().device());
+// The teacher is no child module: moving the model (to the GPU) leaves it where it was. The
+// input is where the student runs (checked by its first layer), so it says where to put the
+// teacher without listing the student's parameters every forward.
+void DinoModelImpl::place_teacher(const c10::Device& device) {
+  if (teacher_device_ != device) {
+    teacher_->to(device);
+    teacher_device_ = device;
   }
 }
 
@@ -139,38 +127,14 @@ void DinoModelImpl::update_teacher(double momentum) {
 }
 
 std::map<std::string, at::Tensor> DinoModelImpl::teacher_state_dict() const {
-  std::map<std::string, at::Tensor> state;
-  for (const auto& item : teacher_->named_parameters()) {
-    state.emplace("teacher." + item.key(), dino_cpu_copy(item.value()));
-  }
-  for (const auto& item : teacher_->named_buffers()) {
-    state.emplace("teacher." + item.key(), dino_cpu_copy(item.value()));
-  }
+  std::map<std::string, at::Tensor> state = momentum_copy_state_dict(*teacher_, "teacher.");
   state.emplace("teacher_built", at::tensor({static_cast<int64_t>(built_)}, at::kLong));
   return state;
 }
 
 void DinoModelImpl::load_teacher_state_dict(const std::map<std::string, at::Tensor>& state) {
-  at::NoGradGuard no_grad;
-  const auto load = [&](const std::string& name, at::Tensor& target) {
-    const auto it = state.find(name);
-    if (it == state.end() || it->second.sizes() != target.sizes()) {
-      throw CheckpointError(fmt::format(
-          "DINO teacher state: {} {}; the model must be that of the run that saved it",
-          name,
-          it == state.end() ? std::string("is missing") : std::string("has another shape")));
-    }
-    target.copy_(it->second);
-  };
-  for (auto& item : teacher_->named_parameters()) {
-    load("teacher." + item.key(), item.value());
-  }
-  for (auto& item : teacher_->named_buffers()) {
-    load("teacher." + item.key(), item.value());
-  }
-  at::Tensor built = at::zeros({1}, at::kLong);
-  load("teacher_built", built);
-  built_ = built.item<int64_t>() != 0;
+  load_momentum_copy_state_dict(*teacher_, state, "teacher.", "DINO teacher");
+  built_ = load_momentum_copy_counter(state, "teacher_built", "DINO teacher") != 0;
 }
 
 void DinoModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {

@@ -1,6 +1,7 @@
 #include <largo/models/moco_model.h>
 
 #include <largo/core/error.h>
+#include <largo/models/momentum_copy.h>
 #include <largo/models/multi_crop_model.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,10 +12,6 @@
 
 namespace largo::models {
 namespace {
-
-at::Tensor cpu_copy_of(const at::Tensor& tensor) {
-  return tensor.is_cpu() ? tensor.detach().clone() : tensor.detach().cpu();
-}
 
 // Every rank's [n, ...] `local` in rank order: [world * n, ...].
 at::Tensor gather_rows(const at::Tensor& local, comm::ProcessGroup& group) {
@@ -49,21 +46,11 @@ MocoModelImpl::MocoModelImpl(
         "ImgReplicatePil with num_times 2",
         view_shapes_.size()));
   }
-  const auto query_parameters = named_parameters();
-  const auto momentum_parameters = momentum_->named_parameters();
-  bool same = query_parameters.size() == momentum_parameters.size();
-  for (const auto& item : query_parameters) {
-    const at::Tensor* other = momentum_parameters.find(item.key());
-    same = same && other != nullptr && other->sizes() == item.value().sizes();
-  }
-  if (!same) {
-    throw ConfigError(
-        "the MoCo momentum encoder must have the query encoder's parameters (build both with "
-        "the same model options)");
-  }
-  for (auto& parameter : momentum_->parameters()) {
-    parameter.requires_grad_(false);
-  }
+  freeze_as_copy_of(
+      *this,
+      *momentum_,
+      "the MoCo momentum encoder must have the query encoder's parameters (build both with "
+      "the same model options)");
 }
 
 std::vector<at::Tensor> MocoModelImpl::unpack(const at::Tensor& packed) const {
@@ -143,38 +130,15 @@ at::Tensor MocoModelImpl::shuffled_keys(const at::Tensor& images, comm::ProcessG
 }
 
 std::map<std::string, at::Tensor> MocoModelImpl::momentum_state_dict() const {
-  std::map<std::string, at::Tensor> state;
-  for (const auto& item : momentum_->named_parameters()) {
-    state.emplace("moco_encoder." + item.key(), cpu_copy_of(item.value()));
-  }
-  for (const auto& item : momentum_->named_buffers()) {
-    state.emplace("moco_encoder." + item.key(), cpu_copy_of(item.value()));
-  }
+  std::map<std::string, at::Tensor> state = momentum_copy_state_dict(*momentum_, "moco_encoder.");
   state.emplace("moco_num_forwards", at::tensor({forwards_}, at::kLong));
   return state;
 }
 
 void MocoModelImpl::load_momentum_state_dict(const std::map<std::string, at::Tensor>& state) {
-  at::NoGradGuard no_grad;
-  const auto load = [&](const std::string& name, at::Tensor& target) {
-    const auto it = state.find(name);
-    if (it == state.end() || it->second.sizes() != target.sizes()) {
-      throw CheckpointError(fmt::format(
-          "MoCo momentum encoder state: {} {}; the model must be that of the run that saved it",
-          name,
-          it == state.end() ? std::string("is missing") : std::string("has another shape")));
-    }
-    target.copy_(it->second);
-  };
-  for (auto& item : momentum_->named_parameters()) {
-    load("moco_encoder." + item.key(), item.value());
-  }
-  for (auto& item : momentum_->named_buffers()) {
-    load("moco_encoder." + item.key(), item.value());
-  }
-  at::Tensor forwards = at::zeros({1}, at::kLong);
-  load("moco_num_forwards", forwards);
-  forwards_ = forwards.item<int64_t>();
+  const std::string what = "MoCo momentum encoder";
+  load_momentum_copy_state_dict(*momentum_, state, "moco_encoder.", what);
+  forwards_ = load_momentum_copy_counter(state, "moco_num_forwards", what);
 }
 
 void MocoModelImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
