@@ -287,5 +287,56 @@ TEST(ParamGroups, OneDimensionalNamesForLars) {
   EXPECT_EQ(names, expected);
 }
 
+// VISSL's dino constructor goes by name alone: "*.bias" and names holding "norm" are not
+// decayed, everything else is, head included, and the layer types, the regularize flags and
+// the head prefix do not matter. Net's norm layers are named by index, so their weights are
+// decayed; a module named "norm1" is not.
+TEST(ParamGroups, DinoRuleGoesByNameOverTheWholeModel) {
+  Net net;
+  net->register_module("norm1", nn::LayerNorm(nn::LayerNormOptions({4})));
+  ParamGroupOptions options;
+  options.rule = ParamGroupRule::kDino;
+  options.lr = 0.3;
+  options.weight_decay = 0.04;
+  options.regularize_bn = true; // not read under the dino rule
+  options.non_regularized_parameters = {"pos_embed"};
+  const auto groups = build_param_groups(*net, options);
+  ASSERT_EQ(group_names(groups), (Names{"decayed", "not_decayed"}));
+  EXPECT_EQ(
+      groups[0].names,
+      (Names{
+          "trunk.0.weight",
+          "trunk.1.weight",
+          "trunk.2.weight",
+          "trunk.3.weight",
+          "trunk.4.pos_embed",
+          "trunk.4.linear.weight",
+          "head.0.weight",
+          "head.1.weight"}));
+  EXPECT_EQ(groups[0].weight_decay, 0.04);
+  EXPECT_EQ(
+      groups[1].names,
+      (Names{
+          "trunk.0.bias",
+          "trunk.1.bias",
+          "trunk.2.bias",
+          "trunk.3.bias",
+          "trunk.4.linear.bias",
+          "head.0.bias",
+          "head.1.bias",
+          "norm1.weight",
+          "norm1.bias"}));
+  EXPECT_EQ(groups[1].weight_decay, 0.0);
+  for (const ParamGroup& group : groups) {
+    EXPECT_EQ(group.lr, 0.3);
+  }
+  EXPECT_EQ(decay_source("decayed"), DecaySource::kWeightDecay);
+  EXPECT_EQ(decay_source("not_decayed"), DecaySource::kNone);
+  EXPECT_EQ(decay_source("trunk"), DecaySource::kWeightDecay);
+  EXPECT_EQ(decay_source("trunk_no_wd"), DecaySource::kNone);
+  EXPECT_EQ(decay_source("head"), DecaySource::kHeadWeightDecay);
+  EXPECT_EQ(decay_source("head_no_wd"), DecaySource::kNone);
+}
+
 } // namespace
 } // namespace largo::optim::param_groups_test

@@ -82,6 +82,16 @@ TEST_F(TrainerTest, ResumeIsBitExact) {
   expect_resume_is_bit_exact(*this, dir_, {});
 }
 
+// A weight decay scheduled per step resumes bit for bit: the schedule holds no state, the
+// decayed groups' value comes back from the epoch and iteration.
+TEST_F(TrainerTest, WeightDecayScheduleResumeIsBitExact) {
+  expect_resume_is_bit_exact(
+      *this,
+      dir_,
+      {"OPTIMIZER.param_schedulers.weight_decay={name: cosine, start_value: 0.05, end_value: "
+       "0.5, update_interval: step}"});
+}
+
 // LAMB inside LARC (clip mode, BatchNorm/bias excluded) with gradient clipping, from the
 // config keys: the whole optimizer state resumes bit-exactly through the trainer.
 TEST_F(TrainerTest, LarcLambWithClippingResumeIsBitExact) {

@@ -8,6 +8,14 @@
 //   "head"         head parameters that are decayed           (head_weight_decay or weight_decay)
 //   "head_no_wd"   head parameters that are not decayed       (0)
 // Parameter names are the module's named_parameters() names ("trunk.0.bn.weight").
+//
+// VISSL's "dino" constructor (ParamGroupOptions::rule kDino) instead makes two groups over the
+// whole model, trunk and head together, by name alone:
+//   "decayed"      every other parameter                        (weight_decay)
+//   "not_decayed"  names ending in ".bias" or holding "norm"     (0)
+// Largo's ViT and DINO head keep VISSL's module names (norm1, norm2, norm; mlp, prototypes0),
+// so the rule picks the same parameters as in VISSL. The norm-layer, bias, head and name-list
+// options above are not read under it.
 #pragma once
 
 #include <largo/optim/optimizer.h>
@@ -20,7 +28,11 @@
 
 namespace largo::optim {
 
+// OPTIMIZER.param_group_constructor
+enum class ParamGroupRule { kDefault, kDino };
+
 struct ParamGroupOptions {
+  ParamGroupRule rule = ParamGroupRule::kDefault;
   double lr = 0.1;             // initial lr of every group; the schedule sets it later
   double weight_decay = 1e-4;  // OPTIMIZER.weight_decay
   bool regularize_bn = false;  // OPTIMIZER.regularize_bn: decay norm-layer parameters
@@ -33,6 +45,12 @@ struct ParamGroupOptions {
   // model uses norm modules of its own (e.g. a synchronized BatchNorm).
   std::function<bool(const torch::nn::Module&)> is_norm_layer;
 };
+
+// Which weight decay a group of build_param_groups takes, so that a schedule of it can set
+// the group's value: "trunk" and "decayed" OPTIMIZER.weight_decay's, "head" the head's, the
+// others none (0).
+enum class DecaySource { kNone, kWeightDecay, kHeadWeightDecay };
+DecaySource decay_source(const std::string& group_name);
 
 // BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm and GroupNorm.
 bool is_norm_layer(const torch::nn::Module& module);

@@ -55,6 +55,11 @@ struct OptimizerOptions {
   bool head_use_different_lr = false;
   optim::ScheduleOptions lr_head;
   optim::AutoLrScaling lr_head_scaling;
+  // Schedules of the weight decay (unset: constant). weight_decay_schedule sets the groups
+  // that take OPTIMIZER.weight_decay, head_weight_decay_schedule the head's decayed group
+  // (optim::decay_source); the groups without decay keep 0.
+  std::optional<optim::ScheduleOptions> weight_decay_schedule;
+  std::optional<optim::ScheduleOptions> head_weight_decay_schedule;
 };
 
 struct CheckpointOptions {

@@ -32,6 +32,7 @@ struct StepEvent {
   const StepResult& step;
   double lr = 0.0;                        // the first group's learning rate of the step
   std::optional<int64_t> step_peak_bytes; // measured with activation checkpointing
+  std::optional<double> weight_decay;     // the decayed groups', when a schedule sets it
 };
 
 class TrainingHook {

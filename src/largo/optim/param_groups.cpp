@@ -5,6 +5,7 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <unordered_set>
+#include <utility>
 
 namespace largo::optim {
 namespace {
@@ -18,7 +19,50 @@ bool starts_with(const std::string& text, const std::string& prefix) {
   return text.compare(0, prefix.size(), prefix) == 0;
 }
 
+// The parameters to optimize in named_parameters() order, each once (modules may share one),
+// those with requires_grad = false left out.
+std::vector<std::pair<std::string, at::Tensor>> trained_parameters(const torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> trained;
+  std::unordered_set<const void*> seen;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad() && seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      trained.emplace_back(item.key(), item.value());
+    }
+  }
+  return trained;
+}
+
+// VISSL's get_dino_optimizer_param_groups: biases and anything named "norm" are not decayed.
+std::vector<ParamGroup>
+build_dino_param_groups(const torch::nn::Module& model, const ParamGroupOptions& options) {
+  std::vector<ParamGroup> groups(2);
+  groups[0].name = "decayed";
+  groups[0].weight_decay = options.weight_decay;
+  groups[1].name = "not_decayed";
+  for (auto& [name, param] : trained_parameters(model)) {
+    const bool decayed = !ends_with(name, ".bias") && name.find("norm") == std::string::npos;
+    ParamGroup& group = groups[decayed ? 0 : 1];
+    group.params.push_back(param);
+    group.names.push_back(name);
+  }
+  std::vector<ParamGroup> non_empty;
+  for (ParamGroup& group : groups) {
+    group.lr = options.lr;
+    if (!group.params.empty()) {
+      non_empty.push_back(std::move(group));
+    }
+  }
+  return non_empty;
+}
+
 } // namespace
+
+DecaySource decay_source(const std::string& group_name) {
+  if (group_name == "trunk" || group_name == "decayed") {
+    return DecaySource::kWeightDecay;
+  }
+  return group_name == "head" ? DecaySource::kHeadWeightDecay : DecaySource::kNone;
+}
 
 bool is_norm_layer(const torch::nn::Module& module) {
   namespace nn = torch::nn;
@@ -34,6 +78,9 @@ bool is_norm_layer(const torch::nn::Module& module) {
 
 std::vector<ParamGroup>
 build_param_groups(const torch::nn::Module& model, const ParamGroupOptions& options) {
+  if (options.rule == ParamGroupRule::kDino) {
+    return build_dino_param_groups(model, options);
+  }
   const double head_weight_decay =
       options.use_different_wd ? options.head_weight_decay : options.weight_decay;
   // Indexed as listed in the header: trunk, trunk_no_wd, head, head_no_wd.

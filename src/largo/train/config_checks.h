@@ -26,6 +26,13 @@ inline int64_t non_negative_int(const Config& config, const std::string& key) {
   return value;
 }
 
+// A number key that must be >= 0.
+inline double non_negative(const Config& config, const std::string& key) {
+  const double value = config.get_double(key);
+  require(value >= 0.0, key, fmt::format("{}", value), "a number >= 0");
+  return value;
+}
+
 // A number key that must be > 0.
 inline double positive_number(const Config& config, const std::string& key) {
   const double value = config.get_double(key);

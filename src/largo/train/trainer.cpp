@@ -72,6 +72,9 @@ struct Trainer::State {
   std::unique_ptr<TrainStep> step;
   std::unique_ptr<optim::LrSchedule> lr_schedule;
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
+  std::unique_ptr<optim::LrSchedule> weight_decay_schedule;      // null: constant
+  std::unique_ptr<optim::LrSchedule> head_weight_decay_schedule; // null: constant
+  std::optional<double> scheduled_weight_decay;                  // this step's, for the log
   RunRecords records;
   std::vector<std::unique_ptr<TrainingHook>> hooks;
   std::unique_ptr<optim::ModelEma> model_ema; // HOOKS.EMA_MODEL
@@ -106,7 +109,7 @@ struct Trainer::State {
   std::string sync_batch_norm_text() const;
   void set_epoch_length();
   double position_in_run(const optim::ScheduleOptions& schedule) const;
-  void set_learning_rates();
+  void set_scheduled_values();
   void record_samples_read(
       TrainSummary& summary, const std::vector<int64_t>& order, int64_t first_batch);
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
@@ -190,6 +193,15 @@ void Trainer::State::setup() {
           self_supervised.get()});
   lr_schedule = optim::make_schedule(plan.lr);
   lr_head_schedule = optim::make_schedule(plan.lr_head);
+  const OptimizerOptions& optimizer = options().optimizer;
+  if (optimizer.weight_decay_schedule) {
+    weight_decay_schedule = optim::make_schedule(
+        *optimizer.weight_decay_schedule, "OptimizerOptions::weight_decay_schedule");
+  }
+  if (optimizer.head_weight_decay_schedule) {
+    head_weight_decay_schedule = optim::make_schedule(
+        *optimizer.head_weight_decay_schedule, "OptimizerOptions::head_weight_decay_schedule");
+  }
   open_records();
   add_hooks();
   keep_model_ema();
@@ -482,14 +494,31 @@ double Trainer::State::position_in_run(const optim::ScheduleOptions& schedule) c
   return (static_cast<double>(p.epoch) + in_epoch) / static_cast<double>(p.num_epochs);
 }
 
-void Trainer::State::set_learning_rates() {
-  auto lr_at = [&](const optim::LrSchedule& schedule, const optim::ScheduleOptions& options) {
+// The learning rates and, where scheduled, the weight decays of this step's groups.
+void Trainer::State::set_scheduled_values() {
+  auto value_at = [&](const optim::LrSchedule& schedule, const optim::ScheduleOptions& options) {
     return schedule.value_at(std::min(position_in_run(options), 1.0));
   };
-  const double trunk_lr = lr_at(*lr_schedule, plan.lr);
-  const double head_lr = lr_at(*lr_head_schedule, plan.lr_head);
+  const double trunk_lr = value_at(*lr_schedule, plan.lr);
+  const double head_lr = value_at(*lr_head_schedule, plan.lr_head);
+  const OptimizerOptions& optimizer = options().optimizer;
+  std::optional<double> head_weight_decay;
+  scheduled_weight_decay.reset();
+  if (weight_decay_schedule) {
+    scheduled_weight_decay = value_at(*weight_decay_schedule, *optimizer.weight_decay_schedule);
+  }
+  if (head_weight_decay_schedule) {
+    head_weight_decay =
+        value_at(*head_weight_decay_schedule, *optimizer.head_weight_decay_schedule);
+  }
   for (auto& group : parallel->optimizer().param_groups()) {
     group.lr = group.name.rfind("head", 0) == 0 ? head_lr : trunk_lr; // "head", "head_no_wd"
+    const optim::DecaySource source = optim::decay_source(group.name);
+    if (source == optim::DecaySource::kWeightDecay && scheduled_weight_decay) {
+      group.weight_decay = *scheduled_weight_decay;
+    } else if (source == optim::DecaySource::kHeadWeightDecay && head_weight_decay) {
+      group.weight_decay = *head_weight_decay;
+    }
   }
 }
 
@@ -562,7 +591,7 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
       (p.iteration_in_epoch - p.stretch_start_iteration) * options().gradient_accumulation_steps;
   data->train_loader().start_epoch(order, p.epoch, first_batch);
   while (p.iteration_in_epoch < p.iterations_per_epoch) {
-    set_learning_rates();
+    set_scheduled_values();
     if (self_supervised) {
       self_supervised->start_iteration(p.iteration);
     }
@@ -580,7 +609,8 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
           "{}", parallel->memory_report(&options().optimizer.spec).describe(group->rank()));
     }
     const auto peak = step_memory ? std::optional(step_memory->window_peak_bytes()) : std::nullopt;
-    const StepEvent event{p, result, parallel->optimizer().param_groups().front().lr, peak};
+    const StepEvent event{
+        p, result, parallel->optimizer().param_groups().front().lr, peak, scheduled_weight_decay};
     for (auto& hook : hooks) {
       hook->on_step_end(event);
     }

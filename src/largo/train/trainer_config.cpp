@@ -1,6 +1,7 @@
 #include <largo/train/trainer_config.h>
 
 #include "config_checks.h"
+#include "optimizer_schedule_config.h"
 #include "regnet_config.h"
 #include "self_supervised_config.h"
 #include "vissl_fsdp_names.h"
@@ -43,12 +44,6 @@ void require_count_within_machine(
   }
 }
 
-double non_negative(const Config& config, const std::string& key) {
-  double value = config.get_double(key);
-  require(value >= 0.0, key, fmt::format("{}", value), "a number >= 0");
-  return value;
-}
-
 // OPTIMIZER.base_optimizer (ZeRO) holds a copy of OPTIMIZER's own keys, as VISSL writes it:
 // anything else is a typo to report rather than a setting to drop silently.
 void check_base_optimizer_keys(const Config& config) {
@@ -80,102 +75,6 @@ void check_base_optimizer_keys(const Config& config) {
   }
 }
 
-optim::AutoLrScaling auto_scaling_from(const Config& config, const std::string& prefix) {
-  optim::AutoLrScaling scaling;
-  scaling.auto_scale = config.get_bool(prefix + ".auto_scale");
-  scaling.base_value = non_negative(config, prefix + ".base_value");
-  scaling.base_lr_batch_size = positive_int(config, prefix + ".base_lr_batch_size");
-  scaling.scaling_type = config.get_string(prefix + ".scaling_type");
-  require(
-      scaling.scaling_type == "linear" || scaling.scaling_type == "sqrt",
-      prefix + ".scaling_type",
-      scaling.scaling_type,
-      "linear or sqrt");
-  return scaling;
-}
-
-// Sub-schedules of a composite are not in the defaults' tree, so the config layer cannot
-// check their keys: a misspelled start_value would be ignored without a word.
-void check_schedule_keys(const YAML::Node& node, const std::string& key) {
-  static const std::vector<std::string> known = {
-      "name",
-      "update_interval",
-      "value",
-      "start_value",
-      "end_value",
-      "values",
-      "milestones",
-      "lengths",
-      "interval_scaling",
-      "schedulers",
-      "auto_lr_scaling",
-      "base_value",
-      "power",
-      "num_decays",
-      "gamma",
-      "num_epochs",
-      "restart_interval_length",
-      "wave_type",
-      "lr_multiplier",
-      "is_adaptive",
-      "warmup_interval_length"};
-  for (const auto& entry : node) {
-    const std::string name = entry.first.as<std::string>();
-    if (std::find(known.begin(), known.end(), name) == known.end()) {
-      std::string closest = known.front();
-      for (const auto& candidate : known) {
-        if (edit_distance(candidate, name) < edit_distance(closest, name)) {
-          closest = candidate;
-        }
-      }
-      throw ConfigError(fmt::format(
-          "unknown config key {}.{}; did you mean {}.{}?", key, abbreviate(name), key, closest));
-    }
-  }
-}
-
-// The fields of the schedules VISSL adds (polynomial, step_with_fixed_gamma,
-// cosine_warm_restart, inverse_sqrt); the library validates their values.
-void read_vissl_schedule_fields(
-    const YAML::Node& node,
-    const std::string& key,
-    int64_t num_epochs,
-    optim::ScheduleOptions& schedule) {
-  auto number = [&](const char* name, double& field) {
-    if (node[name]) {
-      field = yaml_to_double(node[name], key + "." + name);
-    }
-  };
-  number("base_value", schedule.base_value);
-  number("power", schedule.power);
-  number("gamma", schedule.gamma);
-  number("restart_interval_length", schedule.restart_interval_length);
-  number("lr_multiplier", schedule.lr_multiplier);
-  number("warmup_interval_length", schedule.warmup_interval_length);
-  if (node["num_decays"]) {
-    schedule.num_decays = yaml_to_int(node["num_decays"], key + ".num_decays");
-  }
-  if (node["wave_type"]) {
-    require(node["wave_type"].IsScalar(), key + ".wave_type", "(not a name)", "half or full");
-    schedule.wave_type = node["wave_type"].Scalar();
-  }
-  if (node["is_adaptive"]) {
-    schedule.is_adaptive = yaml_to_bool(node["is_adaptive"], key + ".is_adaptive");
-  }
-  // ClassyVision's step_with_fixed_gamma takes num_epochs and only checks it: the decays are
-  // spread over the whole run. Here the run is OPTIMIZER.num_epochs, so another value would
-  // say something the run does not do.
-  if (node["num_epochs"] && !node["num_epochs"].IsNull()) {
-    const int64_t given = yaml_to_int(node["num_epochs"], key + ".num_epochs");
-    require(
-        given == num_epochs,
-        key + ".num_epochs",
-        std::to_string(given),
-        fmt::format(
-            "OPTIMIZER.num_epochs ({}), over which the schedule runs; or remove it", num_epochs));
-  }
-}
-
 // VISSL's other losses (its registry in vissl/losses), named as what they are rather than as
 // an unexpected value.
 void refuse_other_vissl_losses(const std::string& loss) {
@@ -201,83 +100,6 @@ void refuse_other_vissl_losses(const std::string& loss) {
         loss,
         loss));
   }
-}
-
-// A schedule node (param_schedulers.lr or one entry of its `schedulers` list). Missing
-// keys keep the ScheduleOptions defaults, so composite entries can be short.
-optim::ScheduleOptions
-schedule_from(const YAML::Node& node, const std::string& key, int64_t num_epochs) {
-  optim::ScheduleOptions schedule;
-  schedule.num_epochs = num_epochs;
-  if (!node.IsMap()) {
-    throw config_error(key, "(not a map)", "a schedule map with a 'name'");
-  }
-  auto child_key = [&](const char* name) { return key + "." + name; };
-  check_schedule_keys(node, key);
-  auto number_list = [&](const char* name) {
-    std::vector<double> values;
-    for (const auto& element : node[name]) {
-      values.push_back(yaml_to_double(element, child_key(name)));
-    }
-    return values;
-  };
-  if (node["name"]) {
-    require(
-        node["name"].IsScalar(),
-        child_key("name"),
-        "(not a name)",
-        "a schedule name such as cosine or multistep");
-    schedule.name = node["name"].Scalar();
-  }
-  if (node["update_interval"]) {
-    schedule.update_interval = node["update_interval"].Scalar();
-    require(
-        schedule.update_interval == "epoch" || schedule.update_interval == "step",
-        child_key("update_interval"),
-        schedule.update_interval,
-        "epoch or step");
-  }
-  if (node["value"]) {
-    schedule.value = yaml_to_double(node["value"], child_key("value"));
-  }
-  if (node["start_value"]) {
-    schedule.start_value = yaml_to_double(node["start_value"], child_key("start_value"));
-  }
-  if (node["end_value"]) {
-    schedule.end_value = yaml_to_double(node["end_value"], child_key("end_value"));
-  }
-  if (node["values"]) {
-    schedule.values = number_list("values");
-  }
-  if (node["milestones"]) {
-    schedule.milestones.clear();
-    for (const auto& element : node["milestones"]) {
-      schedule.milestones.push_back(yaml_to_int(element, child_key("milestones")));
-    }
-  }
-  if (node["lengths"]) {
-    schedule.lengths = number_list("lengths");
-  }
-  if (node["interval_scaling"]) {
-    schedule.interval_scaling.clear();
-    for (const auto& element : node["interval_scaling"]) {
-      require(
-          element.IsScalar() && (element.Scalar() == "rescaled" || element.Scalar() == "fixed"),
-          child_key("interval_scaling"),
-          "(given)",
-          "a list of rescaled / fixed");
-      schedule.interval_scaling.push_back(element.Scalar());
-    }
-  }
-  if (node["schedulers"]) {
-    const YAML::Node list = node["schedulers"];
-    for (size_t i = 0; i < list.size(); ++i) {
-      schedule.schedulers.push_back(
-          schedule_from(list[i], fmt::format("{}.schedulers[{}]", key, i), num_epochs));
-    }
-  }
-  read_vissl_schedule_fields(node, key, num_epochs, schedule);
-  return schedule;
 }
 
 // MODEL.AMP_PARAMS: the policy, its loss scaler, and Apex's AMP_ARGS (an open map).
@@ -943,35 +765,6 @@ void optimizer_spec_from(
     rmsprop_options_from(config, optimizer_key, spec.rmsprop);
   }
   (void)optim::make_optimizer({}, spec); // its own checks (optim/*.h), before anything runs
-}
-
-// OPTIMIZER's epochs, parameter groups and learning-rate schedules.
-void optimizer_schedule_from(const Config& config, TrainerOptions& options) {
-  auto& optimizer = options.optimizer;
-  optimizer.num_epochs = positive_int(config, "OPTIMIZER.num_epochs");
-  auto& groups = optimizer.param_groups;
-  groups.weight_decay = optimizer.weight_decay;
-  groups.regularize_bn = config.get_bool("OPTIMIZER.regularize_bn");
-  groups.regularize_bias = config.get_bool("OPTIMIZER.regularize_bias");
-  groups.non_regularized_parameters =
-      config.get_string_list("OPTIMIZER.non_regularized_parameters");
-  groups.use_different_wd = config.get_bool("OPTIMIZER.head_optimizer_params.use_different_wd");
-  groups.head_weight_decay = non_negative(config, "OPTIMIZER.head_optimizer_params.weight_decay");
-  const std::string schedulers = "OPTIMIZER.param_schedulers.";
-  optimizer.lr =
-      schedule_from(config.node(schedulers + "lr"), schedulers + "lr", optimizer.num_epochs);
-  optimizer.lr_scaling = auto_scaling_from(config, schedulers + "lr.auto_lr_scaling");
-  optimizer.head_use_different_lr =
-      config.get_bool("OPTIMIZER.head_optimizer_params.use_different_lr");
-  optimizer.lr_head = schedule_from(
-      config.node(schedulers + "lr_head"), schedulers + "lr_head", optimizer.num_epochs);
-  optimizer.lr_head_scaling = auto_scaling_from(config, schedulers + "lr_head.auto_lr_scaling");
-  rethrow_with_yaml_keys([&] { // the library's validator, its options named by their keys
-    optim::make_schedule(optimizer.lr, schedulers + "lr");
-    if (optimizer.head_use_different_lr) { // otherwise the trainer uses lr for the head too
-      optim::make_schedule(optimizer.lr_head, schedulers + "lr_head");
-    }
-  });
 }
 
 void grad_clip_options_from(const Config& config, TrainerOptions& options) {

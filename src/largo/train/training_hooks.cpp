@@ -89,6 +89,9 @@ void LoggingHook::log_window(const StepEvent& event) {
       {"lr", event.lr},
       {"images_per_sec", images_per_sec},
       {"wall_time", wall_time()}};
+  if (event.weight_decay) {
+    record["weight_decay"] = *event.weight_decay;
+  }
   std::string flops;
   if (training_flops_per_sample_ > 0) {
     const double flops_per_sec = images_per_sec * static_cast<double>(training_flops_per_sample_);

@@ -49,7 +49,9 @@ std::vector<UnavailableKey> build_list() {
       {loss + "reduction", "a reduction other than mean (VISSL passes it to nothing either)"});
   std::vector<UnavailableKey> rest{
       {"OPTIMIZER.construct_single_param_group_only", "a single parameter group"},
-      {"OPTIMIZER.param_group_constructor", "a parameter group constructor other than default"},
+      {"OPTIMIZER.param_group_constructor",
+       "a parameter group constructor other than default and dino",
+       {"dino"}},
       {"METERS.name", "a meter other than accuracy_list_meter", {"accuracy_list_meter"}},
       {"METERS.names", "a meter other than accuracy_list_meter", {"[accuracy_list_meter]"}},
       {"TRAINER.TRAIN_STEP_NAME", "a train step other than standard_train_step"},
