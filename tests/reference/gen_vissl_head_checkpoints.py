@@ -16,7 +16,7 @@ For each case it writes into DIR:
                          the trunk a ResNet-18 named as VISSL's resnet trunk names it
                          ("_feature_blocks." + torchvision's names, fc left out), the heads a
                          torch.nn.ModuleList built as VISSL's head classes build theirs
-                         (vissl/models/heads/swav_prototypes_head.py, mlp.py): same modules,
+                         (vissl/models/heads/swav_prototypes_head.py, mlp.py, dino_head.py): same modules,
                          same order, same attribute names, random values.
   <case>_expected.torch  {Largo's name: tensor} of every head parameter and buffer: the same
                          modules put into one flat torch.nn.Sequential the way Largo builds its
@@ -28,6 +28,8 @@ Cases (the dims are the test's):
   simclr        mlp [512, 64] with ReLU (skip_last_layer_relu_bn False), mlp [64, 16]
   barlow_twins  VISSL's Barlow Twins projection, small: mlp [512, 32] and [32, 32] with
                 BatchNorm and ReLU and no bias, mlp [32, 16] without bias
+  dino          dino_head, in_dim 512, hidden_dim 32, bottleneck_dim 8, num_clusters [16],
+                use_bn, normalize_last_layer False (weight_g trained)
 """
 
 import os
@@ -75,6 +77,24 @@ class VisslSwavHead(nn.Module):
             self.add_module(f"prototypes{j}", nn.Linear(dims[-1], k, bias=False))
 
 
+class VisslDinoHead(nn.Module):
+    """VISSL's dino_head (vissl/models/heads/dino_head.py) with num_layers 3: `mlp` (Linear,
+    BatchNorm1d with use_bn, GELU, twice, then Linear to the bottleneck), then `prototypes0`,
+    a Linear without bias under torch.nn.utils.weight_norm (weight_g, weight_v)."""
+
+    def __init__(self, in_dim, hidden_dim, bottleneck_dim, num_clusters, use_bn):
+        super().__init__()
+        layers = []
+        for i, width in enumerate([in_dim, hidden_dim]):
+            layers.append(nn.Linear(width, hidden_dim))
+            if use_bn:
+                layers.append(nn.BatchNorm1d(hidden_dim))
+            layers.append(nn.GELU())
+        layers.append(nn.Linear(hidden_dim, bottleneck_dim))
+        self.mlp = nn.Sequential(*layers)
+        self.prototypes0 = nn.utils.weight_norm(nn.Linear(bottleneck_dim, num_clusters, bias=False))
+
+
 def randomize(module):
     """Random values everywhere, BatchNorm statistics included, so that a tensor loaded into
     the wrong parameter shows."""
@@ -95,12 +115,13 @@ def cases():
             VisslMlp([32, 32], use_bn=True, use_relu=True, use_bias=False,
                      skip_last_layer_relu_bn=False),
             VisslMlp([32, 16], use_bias=False)],
+        "dino": [VisslDinoHead(512, 32, 8, 16, use_bn=True)],
     }
 
 
 def largo_head(heads):
     """The same modules as Largo's one flat head Sequential."""
-    if isinstance(heads[0], VisslSwavHead):
+    if isinstance(heads[0], (VisslSwavHead, VisslDinoHead)):
         return nn.Sequential(heads[0])
     return nn.Sequential(*[layer for head in heads for layer in head.clf])
 

@@ -626,7 +626,14 @@ TEST(TrainerSelfSupervisedTest, VisslCheckpointsInitializeEveryHeadThroughWeight
   const std::vector<std::pair<std::string, Overrides>> recipes = {
       {"swav", swav_job(1)},
       {"simclr", simclr_job(1)},
-      {"barlow_twins", barlow_twins_job(1) + Overrides{barlow_twins_heads}}};
+      {"barlow_twins", barlow_twins_job(1) + Overrides{barlow_twins_heads}},
+      {"dino",
+       swav_job(1, 16, 32) +
+           Overrides{
+               "LOSS.name=dino_loss",
+               "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False",
+               "MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 512, num_clusters: [16], hidden_dim: "
+               "32, bottleneck_dim: 8, use_bn: True, normalize_last_layer: False}]]"}}};
   auto weights_init = [&](const std::string& file) {
     return Overrides{"MODEL.WEIGHTS_INIT.PARAMS_FILE=" + (files / (file + ".torch")).string()};
   };
@@ -650,7 +657,9 @@ TEST(TrainerSelfSupervisedTest, VisslCheckpointsInitializeEveryHeadThroughWeight
       EXPECT_TRUE(tensors.at(largo_name).equal(item.value().toTensor())) << largo_name;
       ++compared;
     }
-    EXPECT_EQ(compared, name == "swav" ? 10 : (name == "simclr" ? 4 : 11));
+    const std::map<std::string, int64_t> tensors_of_head = {
+        {"swav", 10}, {"simclr", 4}, {"barlow_twins", 11}, {"dino", 16}};
+    EXPECT_EQ(compared, tensors_of_head.at(name));
   }
   // SimCLR's run from SwAV's checkpoint: the file's swav_head matches nothing of the model.
   try {

@@ -10,6 +10,9 @@
 //   - swav_head (one head, SwavHead keeps VISSL's module names): heads.0.<rest> -> head.0.<rest>
 //     (heads.0.projection_head.0.weight -> head.0.projection_head.0.weight,
 //      heads.0.prototypes0.weight -> head.0.prototypes0.weight);
+//   - dino_head (one head, DinoHead keeps VISSL's module names) likewise
+//     (heads.0.mlp.0.weight -> head.0.mlp.0.weight, heads.0.prototypes0.weight_v ->
+//      head.0.prototypes0.weight_v);
 //   - one mlp (or no MODEL.HEAD.PARAMS: the linear head, VISSL's mlp of dims [in, classes]):
 //     heads.0.clf.<k>.<rest> -> head.<k>.<rest>;
 //   - several mlp heads run one after another (SimCLR's and Barlow Twins' projections),

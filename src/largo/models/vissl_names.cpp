@@ -52,8 +52,8 @@ std::string head_name_from_vissl(const std::string& name, const ModelOptions& op
   if (!split_head_name(name, head, rest)) {
     return name;
   }
-  if (!options.swav_head.dims.empty()) {
-    return head == 0 ? "head.0." + rest : name;
+  if (!options.swav_head.dims.empty() || options.dino_head.in_dim > 0) {
+    return head == 0 ? "head.0." + rest : name; // one head with VISSL's module names
   }
   if (!options.feature_eval.taps.empty()) {
     return name; // linear evaluation: VISSL's names already
