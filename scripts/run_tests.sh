@@ -11,7 +11,9 @@ bash scripts/install_deps.sh
 # lets the suite run against a CPU libtorch.
 bash scripts/build.sh -DLARGO_BUILD_TESTS=ON -DLARGO_BUILD_BENCH=ON \
   "-DLARGO_WITH_NCCL=${LARGO_WITH_NCCL:-ON}"
+start=$(date +%s)
 ctest --test-dir build --output-on-failure -j 2
+echo "run_tests.sh: the Release suite ran in $(( $(date +%s) - start )) s"
 
 if [ "${LARGO_SKIP_SANITIZERS:-0}" != "1" ]; then
   # Only the layer suites run under the sanitizers (train's end-to-end runs, the program and
@@ -21,7 +23,9 @@ if [ "${LARGO_SKIP_SANITIZERS:-0}" != "1" ]; then
   LARGO_BUILD_DIR=build-sanitize LARGO_BUILD_TARGETS="$(printf 'largo_%s_tests ' $layers)" \
     bash scripts/build.sh -DLARGO_SANITIZE=ON -DLARGO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1"
+  start=$(date +%s)
   # libtorch itself is not instrumented; container-overflow checks need every library to be.
   ASAN_OPTIONS=detect_container_overflow=0:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-sanitize --output-on-failure -j 2 -L "^($(echo $layers | tr ' ' '|'))\$"
+  echo "run_tests.sh: the sanitizer suites ran in $(( $(date +%s) - start )) s"
 fi
