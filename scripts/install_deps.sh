@@ -46,7 +46,9 @@ fi
 
 # ---- PyTorch from PyPI --------------------------------------------------------------------
 # Pinned: the image fixtures and baselines depend on Pillow's encoder and NumPy's formats.
-requirements=(torch==2.11.0 torchvision==0.26.0 numpy==2.4.6 pillow==13.0.0 pyyaml==6.0.4)
+# scipy writes the MAT-files the SVHN tests read (tests/reference/gen_svhn_mat_files.py).
+requirements=(torch==2.11.0 torchvision==0.26.0 numpy==2.4.6 pillow==13.0.0 pyyaml==6.0.4
+  scipy==1.17.1)
 if [ "${1:-}" = "--bench" ]; then
   requirements+=(fairscale==0.4.13 scikit-image scikit-learn webdataset==1.0.2)
 fi

@@ -186,7 +186,8 @@ TEST(DatasetFactory, TorchvisionDatasetsHaveTheirShapesBeforeAnyFileIsRead) {
       {"FashionMNIST", {1, 28, 28}, 10},
       {"CIFAR10", {3, 32, 32}, 10},
       {"CIFAR100", {3, 32, 32}, 100},
-      {"STL10", {3, 96, 96}, 10}};
+      {"STL10", {3, 96, 96}, 10},
+      {"SVHN", {3, 32, 32}, 10}};
   EXPECT_EQ(torchvision_dataset_names().size(), expected.size());
   for (const auto& [name, shape, classes] : expected) {
     SCOPED_TRACE(name);
@@ -197,14 +198,14 @@ TEST(DatasetFactory, TorchvisionDatasetsHaveTheirShapesBeforeAnyFileIsRead) {
     EXPECT_EQ(peeked.sample_shape, shape);
     EXPECT_EQ(peeked.num_classes, classes);
   }
-  DataSourceOptions svhn;
-  svhn.dataset_name = "SVHN";
+  DataSourceOptions places;
+  places.dataset_name = "Places365";
   try {
-    peek_dataset_shape(svhn);
-    FAIL() << "SVHN accepted";
+    peek_dataset_shape(places);
+    FAIL() << "Places365 accepted";
   } catch (const ConfigError& error) {
     EXPECT_NE(
-        std::string(error.what()).find("MNIST, FashionMNIST, CIFAR10, CIFAR100 or STL10"),
+        std::string(error.what()).find("MNIST, FashionMNIST, CIFAR10, CIFAR100, STL10 or SVHN"),
         std::string::npos)
         << error.what();
   }

@@ -87,7 +87,7 @@ std::vector<WiredKey> wired_keys() {
          "shards)",
          "DatasetFactory.OpensEverySourceWithItsOutputShape"},
         {p + "DATASET_NAMES",
-         "MNIST, FashionMNIST, CIFAR10, CIFAR100 or STL10",
+         "MNIST, FashionMNIST, CIFAR10, CIFAR100, STL10 or SVHN",
          "TrainerTest.ShortFashionMnistRunLearns"},
         {p + "DATA_PATHS",
          "the dataset's directory, image folder, .npy list of image paths or shard list",

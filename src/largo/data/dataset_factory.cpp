@@ -16,6 +16,7 @@
 #include "largo/data/sample_index_labels.h"
 #include "largo/data/sample_pipeline.h"
 #include "largo/data/stl10_dataset.h"
+#include "largo/data/svhn_dataset.h"
 #include "largo/data/synthetic_dataset.h"
 #include "largo/data/webdataset_index.h"
 
@@ -149,6 +150,12 @@ const std::vector<TorchvisionDataset>& torchvision_datasets() {
        Stl10Dataset::kNumClasses,
        [](const DataSourceOptions& options, Split split) {
          return std::make_shared<Stl10Dataset>(Stl10Dataset::load(options.path, split));
+       }},
+      {"SVHN",
+       {3, SvhnDataset::kSide, SvhnDataset::kSide},
+       SvhnDataset::kNumClasses,
+       [](const DataSourceOptions& options, Split split) {
+         return std::make_shared<SvhnDataset>(SvhnDataset::load(options.path, split));
        }},
   };
   return datasets;
