@@ -239,7 +239,9 @@ TEST(FeatureTapsTest, NamesATrunkLacksAreRefusedListingItsFeatures) {
   EXPECT_NE(refused_vit("token", "concatCLS4").find("concatCLS1 .. concatCLS3"), std::string::npos);
   error = refused_vit("token", "lastPOOL");
   EXPECT_NE(
-      error.find("lastPOOL and concatPOOL<n> need VitOptions::classifier gap"), std::string::npos)
+      error.find(
+          "lastPOOL and concatPOOL<n> need no class token: VitOptions::use_class_token false"),
+      std::string::npos)
       << error;
   error = refused_vit("gap", "lastCLS");
   EXPECT_NE(error.find("lastPOOL, concatPOOL1 .. concatPOOL3"), std::string::npos) << error;

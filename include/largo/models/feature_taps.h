@@ -12,10 +12,11 @@
 //                         blkCLS<i>      layer i's (from 0) class token      [b, d]
 //                         concatCLS<n>   the last n layers' class tokens,
 //                                        concatenated in layer order         [b, n d]
-//                       with a class token (VitOptions::classifier token), and
+//                       with a class token (models::has_class_token), and
 //                         lastPOOL       the mean of the last layer's tokens [b, d]
 //                         concatPOOL<n>  those means of the last n layers    [b, n d]
-//                       without one (classifier gap; VISSL asserts the same).
+//                       without one (use_class_token false or classifier gap;
+//                       VISSL asserts the same).
 // VISSL's other ViT features (lastMAP, lastBLK, concatBLK<n>, stridePOOL_*: token maps and
 // strided pools, each in a handful of configs) are not offered.
 // No collectives.

@@ -46,7 +46,15 @@ struct VitOptions {
   double drop_path_rate = 0.0;
   bool qkv_bias = false;            // QKV_BIAS
   std::string classifier = "token"; // CLASSIFIER: "token" (class token) or "gap" (mean)
+  // USE_CLASS_TOKEN: VISSL's switch (it ignores CLASSIFIER). False is "gap": no class token,
+  // the output is the mean of the tokens after the final norm (VISSL's FeatAvgPool).
+  bool use_class_token = true;
 };
+
+// Whether the trunk has a class token: use_class_token and the "token" classifier.
+inline bool has_class_token(const VitOptions& options) {
+  return options.use_class_token && options.classifier == "token";
+}
 
 // Validates (OptionError naming the VitOptions field, value and what is expected) and builds the
 // trunk. image_size: side of the input images (used when options.image_size is 0).

@@ -28,8 +28,9 @@ std::string tap_names_text(const std::string& trunk_name) {
            "res5 the last of four), avgpool, flatten";
   }
   return "a vision_transformer feature: lastCLS, blkCLS<i> (layer i, from 0), concatCLS<n> "
-         "(the last n layers) with a class token (VitOptions::classifier token); lastPOOL, "
-         "concatPOOL<n> without one (VitOptions::classifier gap)";
+         "(the last n layers) with a class token (VitOptions::use_class_token true and "
+         "VitOptions::classifier token); lastPOOL, concatPOOL<n> without one "
+         "(VitOptions::use_class_token false or VitOptions::classifier gap)";
 }
 
 // "res12" with prefix "res" -> 12; -1 when `name` is not the prefix and a plain number.
@@ -162,15 +163,16 @@ std::string vit_tap_names_text(int64_t layers, bool class_token) {
   if (class_token) {
     return fmt::format(
         "a feature of this vision_transformer ({} layers, a class token): lastCLS, blkCLS0 .. "
-        "blkCLS{}, concatCLS1 .. concatCLS{} (lastPOOL and concatPOOL<n> need "
-        "VitOptions::classifier gap)",
+        "blkCLS{}, concatCLS1 .. concatCLS{} (lastPOOL and concatPOOL<n> need no class token: "
+        "VitOptions::use_class_token false or VitOptions::classifier gap)",
         layers,
         layers - 1,
         layers);
   }
   return fmt::format(
-      "a feature of this vision_transformer ({} layers, no class token: VitOptions::classifier "
-      "gap): lastPOOL, concatPOOL1 .. concatPOOL{} (the *CLS features need classifier token)",
+      "a feature of this vision_transformer ({} layers, no class token): lastPOOL, concatPOOL1 .. "
+      "concatPOOL{} (the *CLS features need VitOptions::use_class_token true and "
+      "VitOptions::classifier token)",
       layers,
       layers);
 }

@@ -273,7 +273,7 @@ at::Tensor VitFinalNormImpl::forward(at::Tensor x) {
 
 Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t image_size) {
   const int64_t size = validate_vit(options, in_channels, image_size);
-  const bool class_token = options.classifier == "token";
+  const bool class_token = has_class_token(options);
   torch::nn::Sequential blocks;
   blocks->push_back(VitPatchEmbedding(
       in_channels, size, options.patch_size, options.hidden_dim, options.dropout, class_token));
