@@ -75,7 +75,8 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
       double dropout,
       bool class_token);
   at::Tensor forward(at::Tensor x);
-  // n(+1): the tokens of every output sequence (the image size is fixed at construction).
+  // n(+1): the tokens of the output sequence of an input of the size built for (inputs of
+  // other sizes, with a class token, give their own count: vit_position_interpolation.h).
   int64_t num_tokens() const {
     return pos_embedding_.size(1);
   }
@@ -85,7 +86,11 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
   }
 
  private:
-  int64_t image_size_;
+  // The input's patches per side; throws for inputs the embedding cannot take.
+  int64_t input_grid(const at::Tensor& x) const;
+
+  int64_t image_size_; // the side the positional embedding is built for
+  int64_t patch_size_;
   double dropout_;
   torch::nn::Conv2d conv_proj_{nullptr};
   at::Tensor class_token_;   // [1, 1, d]; undefined for the "gap" classifier
