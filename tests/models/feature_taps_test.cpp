@@ -160,7 +160,8 @@ TEST(FeatureTapsTest, VitClassTokenFeaturesMatchVisslsIntermediateFeatures) {
   const nlohmann::json entry = tap_case("vit_token");
   TrunkHeadModel model = vit_model("token");
   set_closed_form(model, entry);
-  const std::vector<std::string> names{"lastCLS", "blkCLS0", "blkCLS1", "concatCLS2", "concatCLS3"};
+  const std::vector<std::string> names{
+      "lastCLS", "blkCLS0", "blkCLS1", "concatCLS2", "concatCLS3", "lastBLK", "concatBLK2"};
   LinearEvalModel eval = tapping(model, names);
   expect_features_match(eval->forward_features(closed_form_input(entry)), names, entry);
 }
@@ -169,7 +170,17 @@ TEST(FeatureTapsTest, VitPooledFeaturesMatchVisslsIntermediateFeatures) {
   const nlohmann::json entry = tap_case("vit_gap");
   TrunkHeadModel model = vit_model("gap");
   set_closed_form(model, entry);
-  const std::vector<std::string> names{"lastPOOL", "concatPOOL2", "concatPOOL3"};
+  // 3 layers: stridePOOL_2 takes layers 2 and 0 (stride ceil(3 / 2)), stridePOOL_5_1 the 3
+  // there are (VISSL's slice gives fewer than asked).
+  const std::vector<std::string> names{
+      "lastPOOL",
+      "concatPOOL2",
+      "concatPOOL3",
+      "stridePOOL_2",
+      "stridePOOL_2_1",
+      "stridePOOL_5_1",
+      "lastBLK",
+      "concatBLK3"};
   LinearEvalModel eval = tapping(model, names);
   expect_features_match(eval->forward_features(closed_form_input(entry)), names, entry);
 }
@@ -203,8 +214,11 @@ TEST(FeatureTapsTest, TapsAreTheTrunksOwnForward) {
 
   TrunkHeadModel gap = vit_model("gap");
   gap->eval();
-  features = tapping(gap, {"lastPOOL"})->forward_features(images);
+  features = tapping(gap, {"lastPOOL", "lastBLK", "stridePOOL_1"})->forward_features(images);
   EXPECT_TRUE(features[0].equal(gap->forward_trunk(images))); // the mean of the normed tokens
+  EXPECT_TRUE(features[1].mean(1).equal(features[0]));        // the normed tokens themselves
+  EXPECT_TRUE(features[2].equal(features[0]));                // the last layer, stride 3
+  EXPECT_EQ(tapping(gap, {"stridePOOL_2_1"})->trunk_blocks_run(), 4);
 }
 
 // The message of the ConfigError `make` throws, or "(no ConfigError)".
@@ -239,8 +253,19 @@ TEST(FeatureTapsTest, NamesATrunkLacksAreRefusedListingItsFeatures) {
   EXPECT_NE(refused_vit("token", "concatCLS4").find("concatCLS1 .. concatCLS3"), std::string::npos);
   error = refused_vit("token", "lastPOOL");
   EXPECT_NE(
-      error.find("lastPOOL and concatPOOL<n> need VitOptions::classifier gap"), std::string::npos)
+      error.find("concatPOOL<n> and stridePOOL_<count>[_<stride>] need no class token: "
+                 "VitOptions::use_class_token false"),
+      std::string::npos)
       << error;
+  EXPECT_NE(
+      refused_vit("token", "stridePOOL_2").find("lastBLK, concatBLK1 .. concatBLK3"),
+      std::string::npos);
+  for (const char* malformed : {"stridePOOL_0", "stridePOOL_2_0", "stridePOOL_", "stridePOOL_2_"}) {
+    EXPECT_NE(
+        refused_vit("gap", malformed).find("stridePOOL_<count>[_<stride>]"), std::string::npos)
+        << malformed;
+  }
+  EXPECT_NE(refused_vit("gap", "concatBLK4").find("concatBLK1 .. concatBLK3"), std::string::npos);
   error = refused_vit("gap", "lastCLS");
   EXPECT_NE(error.find("lastPOOL, concatPOOL1 .. concatPOOL3"), std::string::npos) << error;
   EXPECT_NE(refused_vit("token", "res5").find("a vision_transformer feature"), std::string::npos);
@@ -252,8 +277,9 @@ TEST(FeatureTapsTest, NamesATrunkLacksAreRefusedListingItsFeatures) {
   error = error_of([] { validate_tap_features({"conv1"}, "small_cnn"); });
   EXPECT_NE(error.find("ModelOptions::trunk_name = small_cnn"), std::string::npos) << error;
   EXPECT_NO_THROW(validate_tap_features({"res7", "avgpool"}, "regnet")); // stages: when built
-  EXPECT_NO_THROW(
-      validate_tap_features({"concatCLS4", "blkCLS11", "lastPOOL"}, "vision_transformer"));
+  EXPECT_NO_THROW(validate_tap_features(
+      {"concatCLS4", "blkCLS11", "lastPOOL", "lastBLK", "concatBLK12", "stridePOOL_4_3"},
+      "vision_transformer"));
 }
 
 TEST(FeatureTapsTest, TheVitsFeaturesHaveNothingToPool) {

@@ -19,8 +19,10 @@ same way through the name maps), in eval mode, on a closed-form input [2, 3, 32,
   "vit_token" / "vit_gap": torchvision's VisionTransformer (2 or 3 layers), with and without
       the class token (Largo's CLASSIFIER token / gap; VISSL's USE_CLASS_TOKEN), its layers
       run one by one: VISSL's get_intermediate_features applies the final norm to every
-      layer's output and takes lastCLS, blkCLS<i>, concatCLS<n>, lastPOOL, concatPOOL<n> from
-      those (vit_features below is that function's selection, with the model's layers).
+      layer's output and takes lastCLS, blkCLS<i>, concatCLS<n>, lastPOOL, concatPOOL<n>,
+      stridePOOL_<count>[_<stride>], lastBLK, concatBLK<n> from those (vit_features below is
+      that function's selection, with the model's layers: 3, so stridePOOL_2 takes layers 2
+      and 0 and stridePOOL_5_1 the 3 there are).
       Without a class token the positional embedding has one row per patch.
 Each feature is stored flat with its shape.
 """
@@ -112,6 +114,20 @@ def vit_features(interms, names):
         elif name.startswith("concatPOOL"):
             v = int(name.replace("concatPOOL", ""))
             output[name] = torch.cat([avg_pool(x) for x in interms[-v:]], dim=-1)
+        elif name == "lastBLK":
+            output[name] = interms[-1]
+        elif name.startswith("concatBLK"):
+            v = int(name.replace("concatBLK", ""))
+            output[name] = torch.cat(interms[-v:], dim=-1)
+        elif name.startswith("stridePOOL"):
+            parts = [int(s) for s in name.replace("stridePOOL_", "").split("_")]
+            if len(parts) == 2:
+                count, stride = parts
+            else:
+                count = parts[0]
+                stride, r = divmod(len(interms), count)
+                stride = stride + 1 if r else stride
+            output[name] = torch.cat([avg_pool(x) for x in interms[::-stride][:count]], dim=-1)
     return output
 
 
@@ -155,8 +171,10 @@ def main():
     cases = [
         regnet_case(),
         vit_case("vit_token", True, ["lastCLS", "blkCLS0", "blkCLS1", "concatCLS2",
-                                     "concatCLS3"]),
-        vit_case("vit_gap", False, ["lastPOOL", "concatPOOL2", "concatPOOL3"]),
+                                     "concatCLS3", "lastBLK", "concatBLK2"]),
+        vit_case("vit_gap", False, ["lastPOOL", "concatPOOL2", "concatPOOL3", "stridePOOL_2",
+                                    "stridePOOL_2_1", "stridePOOL_5_1", "lastBLK",
+                                    "concatBLK3"]),
     ]
     baselines = {
         "_generated_by": "tests/reference/gen_feature_tap_baselines.py",

@@ -128,6 +128,39 @@ TEST(TrainerConfigMappingTest, ResNetNormGroupsAndStrideKeysChangeTheModel) {
   EXPECT_THROW(trainer_options_from_config(bad), ConfigError);
 }
 
+// VISSL's USE_CLASS_TOKEN (default True) or Largo's CLASSIFIER gap: either drops the class
+// token, whose absence the built trunk shows as one token fewer.
+TEST(TrainerConfigMappingTest, VitUseClassTokenFalseOrGapDropsTheClassToken) {
+  auto tokens_of = [](const std::vector<std::string>& overrides) {
+    std::vector<std::string> all = {
+        "MODEL.TRUNK.NAME=vision_transformer",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE=8",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=1",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=2",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=8",
+        "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=16"};
+    all.insert(all.end(), overrides.begin(), overrides.end());
+    models::ModelOptions model = options_with(all).model;
+    model.in_channels = 3;
+    model.image_size = 16;
+    model.num_classes = 2;
+    return models::build_model(model)
+        ->forward_trunk_range(torch::zeros({1, 3, 16, 16}), 0, 1)
+        .size(1);
+  };
+  EXPECT_TRUE(options_with({}).model.vit.use_class_token); // VISSL's default
+  EXPECT_FALSE(options_with({"MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN=False"})
+                   .model.vit.use_class_token);
+  EXPECT_EQ(tokens_of({}), 4 + 1); // 2x2 patches and the class token
+  EXPECT_EQ(tokens_of({"MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN=False"}), 4);
+  EXPECT_EQ(tokens_of({"MODEL.TRUNK.VISION_TRANSFORMERS.CLASSIFIER=gap"}), 4);
+  EXPECT_EQ(
+      tokens_of(
+          {"MODEL.TRUNK.VISION_TRANSFORMERS.CLASSIFIER=gap",
+           "MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN=True"}),
+      4);
+}
+
 TEST(TrainerConfigMappingTest, VitDropPathImageSizeAndHeadMultiplierReachTheModel) {
   TrainerOptions options = options_with(
       {"MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE=0.3",

@@ -16,7 +16,9 @@
 //     trains as one process on the global batch, and resumes mid-epoch bit for bit with its
 //     momentum encoder and queue from the checkpoint;
 //   - DINO at 2 ranks (the center all-reduced, the teacher updated after each step) trains as
-//     one process, and resumes mid-epoch bit for bit with its teacher and center;
+//     one process, and resumes mid-epoch bit for bit with its teacher and center; on a ViT
+//     with global and local crops of two sizes (VISSL's DINO recipe) it trains and resumes
+//     bit for bit too;
 //   - VISSL's checkpoints of the recipes initialize every head through MODEL.WEIGHTS_INIT;
 //   - what does not compose is refused naming the key.
 // A queue cannot make 2 ranks equal one process: each rank keeps its own newest images (the
@@ -35,6 +37,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include <cmath>
 #include <cstdlib>
 
 namespace largo::train::trainer_self_supervised_test {
@@ -366,6 +369,47 @@ TEST(TrainerSelfSupervisedTest, DinoResumesMidEpochBitExactly) {
   });
 }
 
+// VISSL's DINO on a ViT, small: 2 global crops of 32 px and 2 local ones of 16 px (VISSL's
+// 224 and 96), patch 8: the trunk is built for the global crops' 4x4 patches and takes the
+// local crops' 2x2 through its interpolated positional embedding (class token on).
+Overrides dino_vit_job() {
+  return swav_job(1) +
+         Overrides{
+             "LOSS.name=dino_loss",
+             "LOSS.dino_loss.momentum=0.5",
+             "LOSS.dino_loss.teacher_temp_warmup_iters=2",
+             "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False",
+             "MODEL.TRUNK.NAME=vision_transformer",
+             "MODEL.TRUNK.VISION_TRANSFORMERS.IMAGE_SIZE=32",
+             "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE=8",
+             "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=2",
+             "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS=2",
+             "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=16",
+             "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=32",
+             "MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 16, num_clusters: [16], hidden_dim: 32, "
+             "bottleneck_dim: 8, normalize_last_layer: False}]]",
+             "CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"};
+}
+
+// 4 steps (16 images, batch 8, 2 epochs) with finite losses that move, then resumed after 3
+// of them bit for bit (the positional embedding's gradient now also flows through the
+// interpolation of the local crops).
+TEST(TrainerSelfSupervisedTest, DinoOnVitWithCropsOfTwoSizesTrainsAndResumesBitExactly) {
+  run_on_ranks(1, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl_vit"), group);
+    const RunResult reference = ssl_run(dir / "full", dino_vit_job(), group);
+    const std::vector<float>& losses = reference.summary.iteration_losses;
+    ASSERT_EQ(losses.size(), 4u);
+    for (const float loss : losses) {
+      EXPECT_TRUE(std::isfinite(loss) && loss > 0.0f) << loss;
+    }
+    EXPECT_NE(losses.front(), losses.back());
+    EXPECT_TRUE(ssl_run(dir / "resumed", dino_vit_job(), group, 3).summary.interrupted);
+    const RunResult resumed = ssl_run(dir / "resumed", dino_vit_job(), group);
+    expect_resumed_bit_exactly(resumed, reference, 3, "DINO, ViT, crops of 32 and 16 px");
+  });
+}
+
 // On a GPU, SimCLR and SwAV with its queue (kept on the GPU, rescored and pushed there) train
 // as on the CPU: one process, the MLP trunk (no cuDNN: its TF32 default would change the
 // numbers), 4 steps. The difference is summation order (cuBLAS and MKL split the dot products
@@ -597,6 +641,20 @@ void expect_refused(const Overrides& overrides, const std::string& expected) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
   }
+}
+
+// Without a class token a ViT takes only its build size (VISSL asserts so); other trunks but
+// resnet and regnet take one size too.
+TEST(TrainerSelfSupervisedTest, CropsOfTwoSizesNeedATrunkThatTakesThem) {
+  expect_refused(
+      dino_vit_job() + Overrides{"MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN=False"},
+      "MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN True");
+  expect_refused(
+      dino_vit_job() + Overrides{"MODEL.TRUNK.VISION_TRANSFORMERS.CLASSIFIER=gap"},
+      "views of several sizes and MODEL.TRUNK.NAME = vision_transformer");
+  expect_refused(
+      swav_job(1) + kMlpTrunk,
+      "only the resnet, regnet and vision_transformer (with a class token)");
 }
 
 // VISSL's checkpoint of each recipe (tests/reference/gen_vissl_head_checkpoints.py: VISSL's

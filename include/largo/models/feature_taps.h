@@ -12,12 +12,19 @@
 //                         blkCLS<i>      layer i's (from 0) class token      [b, d]
 //                         concatCLS<n>   the last n layers' class tokens,
 //                                        concatenated in layer order         [b, n d]
-//                       with a class token (VitOptions::classifier token), and
+//                       with a class token (models::has_class_token), and
 //                         lastPOOL       the mean of the last layer's tokens [b, d]
 //                         concatPOOL<n>  those means of the last n layers    [b, n d]
-//                       without one (classifier gap; VISSL asserts the same).
-// VISSL's other ViT features (lastMAP, lastBLK, concatBLK<n>, stridePOOL_*: token maps and
-// strided pools, each in a handful of configs) are not offered.
+//                         stridePOOL_<count>[_<stride>]  the means of the last layer and
+//                                        every stride-th before it, at most count (stride
+//                                        ceil(layers / count) when not given), last first
+//                                                                            [b, k d]
+//                       without one (use_class_token false or classifier gap;
+//                       VISSL asserts the same), and with or without one
+//                         lastBLK        the last layer's tokens             [b, t, d]
+//                         concatBLK<n>   the last n layers' tokens,
+//                                        concatenated per token              [b, t, n d]
+// VISSL's lastMAP (the patch tokens as a map of the built grid, in one config) is not offered.
 // No collectives.
 #pragma once
 
@@ -52,7 +59,8 @@ class TrunkTaps {
 
   // images -> the features, in the order asked (before any pooling): [b, c, h, w] for the
   // conv trunks' stages, [b, c, 1, 1] for res5avg / avgpool, [b, c] for flatten and [b, d]
-  // (or [b, n d]) for the ViT's. Runs only as many blocks as the deepest feature needs.
+  // (or [b, n d]; [b, t, n d] for *BLK) for the ViT's. Runs only as many blocks as the
+  // deepest feature needs.
   std::vector<at::Tensor> forward(const torch::nn::Sequential& trunk, at::Tensor images) const;
 
   // How many trunk blocks a forward runs (at least one).
@@ -69,9 +77,9 @@ class TrunkTaps {
   // Conv trunks: the blocks run before each feature is taken (-1: ResNet's conv1, inside
   // the stem).
   std::vector<int64_t> after_blocks_;
-  // ViT: the encoder layers (from 0, first and last) whose class tokens or token means each
-  // feature concatenates.
-  std::vector<std::pair<int64_t, int64_t>> layers_;
+  // ViT: the encoder layers (from 0) whose class tokens, token means or tokens each feature
+  // concatenates, in that order.
+  std::vector<std::vector<int64_t>> layers_;
   int64_t blocks_run_ = 0;
 };
 

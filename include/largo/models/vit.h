@@ -46,7 +46,15 @@ struct VitOptions {
   double drop_path_rate = 0.0;
   bool qkv_bias = false;            // QKV_BIAS
   std::string classifier = "token"; // CLASSIFIER: "token" (class token) or "gap" (mean)
+  // USE_CLASS_TOKEN: VISSL's switch (it ignores CLASSIFIER). False is "gap": no class token,
+  // the output is the mean of the tokens after the final norm (VISSL's FeatAvgPool).
+  bool use_class_token = true;
 };
+
+// Whether the trunk has a class token: use_class_token and the "token" classifier.
+inline bool has_class_token(const VitOptions& options) {
+  return options.use_class_token && options.classifier == "token";
+}
 
 // Validates (OptionError naming the VitOptions field, value and what is expected) and builds the
 // trunk. image_size: side of the input images (used when options.image_size is 0).
@@ -67,7 +75,8 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
       double dropout,
       bool class_token);
   at::Tensor forward(at::Tensor x);
-  // n(+1): the tokens of every output sequence (the image size is fixed at construction).
+  // n(+1): the tokens of the output sequence of an input of the size built for (inputs of
+  // other sizes, with a class token, give their own count: vit_position_interpolation.h).
   int64_t num_tokens() const {
     return pos_embedding_.size(1);
   }
@@ -77,7 +86,11 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
   }
 
  private:
-  int64_t image_size_;
+  // The input's patches per side; throws for inputs the embedding cannot take.
+  int64_t input_grid(const at::Tensor& x) const;
+
+  int64_t image_size_; // the side the positional embedding is built for
+  int64_t patch_size_;
   double dropout_;
   torch::nn::Conv2d conv_proj_{nullptr};
   at::Tensor class_token_;   // [1, 1, d]; undefined for the "gap" classifier

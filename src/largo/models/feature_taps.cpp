@@ -28,8 +28,10 @@ std::string tap_names_text(const std::string& trunk_name) {
            "res5 the last of four), avgpool, flatten";
   }
   return "a vision_transformer feature: lastCLS, blkCLS<i> (layer i, from 0), concatCLS<n> "
-         "(the last n layers) with a class token (VitOptions::classifier token); lastPOOL, "
-         "concatPOOL<n> without one (VitOptions::classifier gap)";
+         "(the last n layers) with a class token (VitOptions::use_class_token true and "
+         "VitOptions::classifier token); lastPOOL, concatPOOL<n>, stridePOOL_<count>[_<stride>] "
+         "without one (VitOptions::use_class_token false or VitOptions::classifier gap); "
+         "lastBLK, concatBLK<n> (every token) with or without";
 }
 
 // "res12" with prefix "res" -> 12; -1 when `name` is not the prefix and a plain number.
@@ -46,9 +48,32 @@ bool is_regnet_tap(const std::string& name) {
   return name == "conv1" || name == "avgpool" || name == "flatten" || numbered(name, "res") >= 2;
 }
 
+// VISSL's stridePOOL_<count>_<stride> or stridePOOL_<count> -> {count, stride}, stride 0 when
+// not given; {0, 0} when `name` is not one (count and a given stride must be >= 1: VISSL's
+// divmod and slice fail on 0).
+std::pair<int64_t, int64_t> stride_pool(const std::string& name) {
+  const std::string prefix = "stridePOOL_";
+  if (name.rfind(prefix, 0) != 0) {
+    return {0, 0};
+  }
+  const std::string rest = name.substr(prefix.size());
+  const size_t split = rest.find('_');
+  const int64_t count = numbered(rest.substr(0, split), "");
+  const int64_t stride = split == std::string::npos ? 0 : numbered(rest.substr(split + 1), "");
+  const bool ok = count >= 1 && (split == std::string::npos || stride >= 1);
+  return ok ? std::pair{count, stride} : std::pair<int64_t, int64_t>{0, 0};
+}
+
+// lastBLK and concatBLK<n>: every token of the layers, not a reduction of them.
+bool is_block_feature(const std::string& name) {
+  return name == "lastBLK" || name.rfind("concatBLK", 0) == 0;
+}
+
 bool is_vit_tap(const std::string& name) {
-  return name == "lastCLS" || name == "lastPOOL" || numbered(name, "blkCLS") >= 0 ||
-         numbered(name, "concatCLS") >= 1 || numbered(name, "concatPOOL") >= 1;
+  return name == "lastCLS" || name == "lastPOOL" || name == "lastBLK" ||
+         numbered(name, "blkCLS") >= 0 || numbered(name, "concatCLS") >= 1 ||
+         numbered(name, "concatPOOL") >= 1 || numbered(name, "concatBLK") >= 1 ||
+         stride_pool(name).first >= 1;
 }
 
 bool is_tap_of(const std::string& trunk_name, const std::string& name) {
@@ -139,38 +164,67 @@ int64_t blocks_before(
   return ends[static_cast<size_t>(numbered(feature, "res") - (trunk_name == "resnet" ? 1 : 2))];
 }
 
-// ViT feature -> the layers it takes, or {-1, -1} when this trunk lacks it.
-std::pair<int64_t, int64_t>
-vit_layers_of(const std::string& feature, int64_t layers, bool class_token) {
+// stridePOOL's layers as VISSL's interms[::-stride][:count] picks them: the last, then every
+// stride-th one before it, at most count (fewer when the layers run out, as VISSL's slice
+// gives). Without a stride, ceil(layers / count).
+std::vector<int64_t> strided_layers(int64_t count, int64_t stride, int64_t layers) {
+  if (stride == 0) {
+    stride = layers / count + (layers % count != 0 ? 1 : 0);
+  }
+  std::vector<int64_t> picked;
+  for (int64_t layer = layers - 1; layer >= 0 && static_cast<int64_t>(picked.size()) < count;
+       layer -= stride) {
+    picked.push_back(layer);
+  }
+  return picked;
+}
+
+// ViT feature -> the layers (from 0) whose class tokens, token means or tokens it
+// concatenates, in VISSL's order; empty when this trunk lacks it. The *CLS features need
+// the class token, the *POOL ones its absence (VISSL asserts both); *BLK take either.
+std::vector<int64_t> vit_layers_of(const std::string& feature, int64_t layers, bool class_token) {
   const bool cls =
       feature == "lastCLS" || feature.rfind("blkCLS", 0) == 0 || feature.rfind("concatCLS", 0) == 0;
-  if (cls != class_token) {
-    return {-1, -1};
+  if (!is_block_feature(feature) && cls != class_token) {
+    return {};
   }
-  if (feature == "lastCLS" || feature == "lastPOOL") {
-    return {layers - 1, layers - 1};
+  if (feature == "lastCLS" || feature == "lastPOOL" || feature == "lastBLK") {
+    return {layers - 1};
   }
   if (const int64_t layer = numbered(feature, "blkCLS"); layer >= 0) {
-    return layer < layers ? std::pair{layer, layer} : std::pair<int64_t, int64_t>{-1, -1};
+    return layer < layers ? std::vector<int64_t>{layer} : std::vector<int64_t>{};
   }
-  const int64_t count = std::max(numbered(feature, "concatCLS"), numbered(feature, "concatPOOL"));
-  return count >= 1 && count <= layers ? std::pair{layers - count, layers - 1}
-                                       : std::pair<int64_t, int64_t>{-1, -1};
+  if (const auto [count, stride] = stride_pool(feature); count >= 1) {
+    return strided_layers(count, stride, layers);
+  }
+  const int64_t count = std::max(
+      {numbered(feature, "concatCLS"),
+       numbered(feature, "concatPOOL"),
+       numbered(feature, "concatBLK")});
+  std::vector<int64_t> last;
+  for (int64_t layer = layers - count; count >= 1 && count <= layers && layer < layers; ++layer) {
+    last.push_back(layer);
+  }
+  return last;
 }
 
 std::string vit_tap_names_text(int64_t layers, bool class_token) {
   if (class_token) {
     return fmt::format(
         "a feature of this vision_transformer ({} layers, a class token): lastCLS, blkCLS0 .. "
-        "blkCLS{}, concatCLS1 .. concatCLS{} (lastPOOL and concatPOOL<n> need "
-        "VitOptions::classifier gap)",
+        "blkCLS{}, concatCLS1 .. concatCLS{}, lastBLK, concatBLK1 .. concatBLK{} (lastPOOL, "
+        "concatPOOL<n> and stridePOOL_<count>[_<stride>] need no class token: "
+        "VitOptions::use_class_token false or VitOptions::classifier gap)",
         layers,
         layers - 1,
+        layers,
         layers);
   }
   return fmt::format(
-      "a feature of this vision_transformer ({} layers, no class token: VitOptions::classifier "
-      "gap): lastPOOL, concatPOOL1 .. concatPOOL{} (the *CLS features need classifier token)",
+      "a feature of this vision_transformer ({} layers, no class token): lastPOOL, concatPOOL1 .. "
+      "concatPOOL{}, stridePOOL_<count>[_<stride>], lastBLK, concatBLK1 .. concatBLK{} (the "
+      "*CLS features need VitOptions::use_class_token true and VitOptions::classifier token)",
+      layers,
       layers,
       layers);
 }
@@ -219,10 +273,11 @@ TrunkTaps::TrunkTaps(const torch::nn::Sequential& trunk, std::vector<std::string
     const bool class_token = trunk->ptr(0)->as<VitPatchEmbeddingImpl>()->has_class_token();
     for (size_t i = 0; i < features_.size(); ++i) {
       layers_.push_back(vit_layers_of(features_[i], layers, class_token));
-      if (layers_.back().first < 0) {
+      if (layers_.back().empty()) {
         throw OptionError(tap_key(i), features_[i], vit_tap_names_text(layers, class_token));
       }
-      blocks_run_ = std::max(blocks_run_, layers_.back().second + 2); // embedding + layers
+      const int64_t deepest = *std::max_element(layers_.back().begin(), layers_.back().end());
+      blocks_run_ = std::max(blocks_run_, deepest + 2); // embedding + layers
     }
     return;
   }
@@ -280,19 +335,36 @@ TrunkTaps::forward_vit(const torch::nn::Sequential& frozen, at::Tensor x) const 
   torch::nn::Sequential trunk = frozen; // the same modules; AnyModule::forward is not const
   auto* final_norm = trunk->ptr(trunk->size() - 1)->as<VitFinalNormImpl>();
   const bool class_token = trunk->ptr(0)->as<VitPatchEmbeddingImpl>()->has_class_token();
-  // VISSL's interms: every layer's output through the final norm, reduced at once to what
-  // the features take (the class token, or the mean of all tokens: FeatAvgPool).
+  const auto layers_run = static_cast<size_t>(blocks_run_ - 1);
+  // The layers whose every token a *BLK feature takes; the others are reduced at once.
+  std::vector<bool> keep_tokens(layers_run, false);
+  for (size_t i = 0; i < features_.size(); ++i) {
+    for (const int64_t layer : layers_[i]) {
+      keep_tokens[layer] = keep_tokens[layer] || is_block_feature(features_[i]);
+    }
+  }
+  // VISSL's interms: every layer's output through the final norm; reduced to what the
+  // features take (the class token, or the mean of all tokens: FeatAvgPool), or kept whole.
   std::vector<at::Tensor> reduced;
+  std::vector<at::Tensor> tokens(layers_run);
   x = (trunk->begin())->forward<at::Tensor>(std::move(x));
-  for (int64_t block = 1; block < blocks_run_; ++block) {
-    x = (trunk->begin() + block)->forward<at::Tensor>(std::move(x));
+  for (size_t layer = 0; layer < layers_run; ++layer) {
+    x = (trunk->begin() + static_cast<int64_t>(layer) + 1)->forward<at::Tensor>(std::move(x));
     const at::Tensor normed = final_norm->norm_tokens(x); // [b, t, d]
     reduced.push_back(class_token ? normed.select(1, 0) : normed.mean(1));
+    if (keep_tokens[layer]) {
+      tokens[layer] = normed;
+    }
   }
   std::vector<at::Tensor> features;
-  for (const auto& [first, last] : layers_) {
-    std::vector<at::Tensor> parts(reduced.begin() + first, reduced.begin() + last + 1);
-    features.push_back(parts.size() == 1 ? parts[0] : at::cat(parts, -1)); // [b, n d]
+  for (size_t i = 0; i < features_.size(); ++i) {
+    const std::vector<at::Tensor>& source = is_block_feature(features_[i]) ? tokens : reduced;
+    std::vector<at::Tensor> parts;
+    for (const int64_t layer : layers_[i]) {
+      parts.push_back(source[layer]);
+    }
+    // [b, n d], or [b, t, n d] for *BLK
+    features.push_back(parts.size() == 1 ? parts[0] : at::cat(parts, -1));
   }
   return features;
 }

@@ -127,8 +127,7 @@ int64_t count_vit(Counter& counter, const VitOptions& options, int64_t in_channe
   const int64_t d = options.hidden_dim;
   const int64_t patches_per_side = size / options.patch_size;
   counter.conv("trunk.0.conv_proj", in_channels, d, options.patch_size, patches_per_side);
-  const int64_t tokens =
-      patches_per_side * patches_per_side + (options.classifier == "token" ? 1 : 0);
+  const int64_t tokens = patches_per_side * patches_per_side + (has_class_token(options) ? 1 : 0);
   for (int64_t layer = 1; layer <= options.num_layers; ++layer) {
     const std::string prefix = fmt::format("trunk.{}.", layer);
     counter.linear(prefix + "qkv", d, 3 * d, tokens);

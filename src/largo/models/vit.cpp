@@ -3,6 +3,7 @@
 #include <largo/core/config.h>
 #include <largo/core/error.h>
 #include <largo/core/shard_random_stream.h>
+#include <largo/models/vit_position_interpolation.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -115,7 +116,7 @@ VitPatchEmbeddingImpl::VitPatchEmbeddingImpl(
     int64_t hidden_dim,
     double dropout,
     bool class_token)
-    : image_size_(image_size), dropout_(dropout) {
+    : image_size_(image_size), patch_size_(patch_size), dropout_(dropout) {
   conv_proj_ = register_module(
       "conv_proj",
       torch::nn::Conv2d(
@@ -131,21 +132,43 @@ VitPatchEmbeddingImpl::VitPatchEmbeddingImpl(
   trunc_normal_(pos_embedding_, 0.02);
 }
 
-at::Tensor VitPatchEmbeddingImpl::forward(at::Tensor x) {
-  if (x.dim() != 4 || x.size(2) != image_size_ || x.size(3) != image_size_) {
+// Inputs of another size than image_size_ (DINO's local crops) get the positional embedding
+// interpolated to their patch grid, as VISSL's interpolate_pos_encoding; VISSL allows that
+// with a class token only, and so does Largo.
+int64_t VitPatchEmbeddingImpl::input_grid(const at::Tensor& x) const {
+  const bool square = x.dim() == 4 && x.size(2) == x.size(3);
+  if (!square || x.size(2) % patch_size_ != 0) {
     throw Error(fmt::format(
-        "vision_transformer was built for {}x{} images (VitOptions::image_size) but got input "
-        "of shape [{}]",
+        "vision_transformer takes square images whose side is a multiple of "
+        "VitOptions::patch_size {} (it was built for {}x{}), but got input of shape [{}]",
+        patch_size_,
         image_size_,
         image_size_,
         fmt::join(x.sizes(), "x")));
   }
+  if (x.size(2) != image_size_ && !class_token_.defined()) {
+    throw Error(fmt::format(
+        "vision_transformer without a class token (VitOptions::use_class_token false or "
+        "VitOptions::classifier gap) takes only the {}x{} images it was built for "
+        "(VitOptions::image_size), as VISSL asserts, but got input of shape [{}]; use a class "
+        "token to take other sizes, or inputs of that size",
+        image_size_,
+        image_size_,
+        fmt::join(x.sizes(), "x")));
+  }
+  return x.size(2) / patch_size_;
+}
+
+at::Tensor VitPatchEmbeddingImpl::forward(at::Tensor x) {
+  const int64_t grid = input_grid(x);
   x = conv_proj_(x);                // [b, d, h/p, w/p]
   x = x.flatten(2).transpose(1, 2); // [b, n, d]
   if (class_token_.defined()) {
     x = at::cat({class_token_.expand({x.size(0), -1, -1}), x}, 1); // [b, n+1, d]
   }
-  x = x + pos_embedding_;
+  const int64_t built_grid = image_size_ / patch_size_;
+  x = x + (grid == built_grid ? pos_embedding_
+                              : interpolate_position_embedding(pos_embedding_, built_grid, grid));
   return at::dropout(x, dropout_, is_training());
 }
 
@@ -273,7 +296,7 @@ at::Tensor VitFinalNormImpl::forward(at::Tensor x) {
 
 Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t image_size) {
   const int64_t size = validate_vit(options, in_channels, image_size);
-  const bool class_token = options.classifier == "token";
+  const bool class_token = has_class_token(options);
   torch::nn::Sequential blocks;
   blocks->push_back(VitPatchEmbedding(
       in_channels, size, options.patch_size, options.hidden_dim, options.dropout, class_token));

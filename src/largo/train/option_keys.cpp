@@ -165,6 +165,7 @@ const std::map<std::string, std::string>& option_keys() {
       {"VitOptions::num_heads", "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_HEADS"},
       {"VitOptions::num_layers", "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS"},
       {"VitOptions::patch_size", "MODEL.TRUNK.VISION_TRANSFORMERS.PATCH_SIZE"},
+      {"VitOptions::use_class_token", "MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN"},
       {"WebDatasetSamplerOptions::batch_size", "DATA.TRAIN.BATCHSIZE_PER_REPLICA"},
       {"WebDatasetSamplerOptions::shuffle_buffer", "DATA.TRAIN.WEBDATASET.SHUFFLE_BUFFER"},
       {"WebDatasetSamplerOptions::streams_per_replica", "DATA.NUM_DATALOADER_WORKERS"},

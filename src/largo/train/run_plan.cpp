@@ -543,11 +543,20 @@ void check_self_supervised(const RunPlan& plan) {
   const bool one_size = std::all_of(
       views.begin(), views.end(), [&](const auto& shape) { return shape == views.front(); });
   const std::string& trunk = plan.model.trunk_name;
-  if (!one_size && trunk != "resnet" && trunk != "regnet") {
+  // A ViT takes other sizes by interpolating its positional embedding, which VISSL does
+  // with a class token only (models/vit_position_interpolation.h).
+  const bool vit = trunk == "vision_transformer";
+  const bool takes_any_size =
+      trunk == "resnet" || trunk == "regnet" || (vit && models::has_class_token(plan.model.vit));
+  if (!one_size && !takes_any_size) {
     refuse(
         fmt::format("views of several sizes and MODEL.TRUNK.NAME = {}", trunk),
-        "only the resnet and regnet trunks take any image size; use one of them, or crops "
-        "of one size");
+        vit ? "a vision_transformer without a class token takes only the size its positional "
+              "embedding was built for, as in VISSL; set "
+              "MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN True and CLASSIFIER token, or "
+              "crops of one size"
+            : "only the resnet, regnet and vision_transformer (with a class token) trunks take "
+              "any image size; use one of them, or crops of one size");
   }
   check_views_match_loss(plan);
 }

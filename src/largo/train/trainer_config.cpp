@@ -188,6 +188,9 @@ void vit_options_from(const Config& config, models::VitOptions& vit) {
   vit.drop_path_rate = non_negative(config, key + "DROP_PATH_RATE");
   vit.qkv_bias = config.get_bool(key + "QKV_BIAS");
   vit.classifier = config.get_string(key + "CLASSIFIER");
+  // VISSL reads USE_CLASS_TOKEN (with default True) and ignores CLASSIFIER; Largo also
+  // reads CLASSIFIER: either one can drop the class token (models::has_class_token).
+  vit.use_class_token = config.get_bool(key + "USE_CLASS_TOKEN");
 }
 
 // MODEL.HEAD.PARAMS: VISSL's [[name, {kwargs}], ...], one entry per head (mlp or eval_mlp).

@@ -287,6 +287,30 @@ TEST(TensorParallel, VitWithSequenceParallelismTrainsLikeUnsharded) {
   }
 }
 
+// Inputs of another size than the ViT was built for (its positional embedding interpolated,
+// 4 to 9 patches + the class token): tensor parallelism splits heads and features, not
+// tokens, so it trains like unsharded; sequence parallelism's gather restores the built
+// token count, so it refuses them, naming the option and both counts, on every rank.
+TEST(TensorParallel, VitOnInputsOfAnotherSizeTrainsOrIsRefusedUnderSequenceParallelism) {
+  run_on_ranks(kTensorParallelSize, [](comm::ProcessGroup& group) {
+    expect_trains_like_unsharded(make_vit, {3, 24, 24}, group);
+    TensorParallelPlanOptions plan;
+    plan.sequence_parallel = true;
+    models::TrunkHeadModel model = make_vit();
+    apply_tensor_parallel(*model, borrow(group), plan);
+    try {
+      model->forward(batch(0, {3, 24, 24}).first);
+      ADD_FAILURE() << "expected an OptionError";
+    } catch (const OptionError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(
+          message.find("TensorParallelPlanOptions::sequence_parallel = true"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("10 tokens, not its 5"), std::string::npos) << message;
+    }
+  });
+}
+
 // The same comparison on the GPU (float64, 2 ranks sharing it over Gloo, which stages CUDA
 // tensors through host memory): the sequence regions' gathers and reduce-scatters, and the
 // shard random streams' device generator, on CUDA tensors. The bound is the CPU run's: cuBLAS

@@ -293,6 +293,23 @@ shard_linear(const PlannedLinear& planned, const std::shared_ptr<comm::ProcessGr
 // Every run's layers' hooks: each sums its norms' gradients over the ranks, the first splits
 // the tokens and the last gathers them (its gradient then is the same on every rank: what
 // follows is replicated).
+// The gather after a run restores the token count of the size the ViT was built for; an
+// input of another size (its positional embedding interpolated, models::VitPatchEmbedding)
+// would be cut or padded to it. Every rank holds the same input, so all refuse it alike,
+// before any collective.
+void require_planned_tokens(const at::Tensor& x, int64_t tokens) {
+  if (x.size(1) != tokens) {
+    throw OptionError(
+        "TensorParallelPlanOptions::sequence_parallel",
+        "true",
+        fmt::format(
+            "false for inputs of another size than the vision_transformer was built for: "
+            "{} tokens, not its {} (tensor parallelism without sequence parallelism takes them)",
+            x.size(1),
+            tokens));
+  }
+}
+
 using SequenceHooksByLayer = std::
     map<const models::VitEncoderLayerImpl*, models::VitEncoderLayerImpl::SequenceParallelHooks>;
 
@@ -306,7 +323,9 @@ SequenceHooksByLayer sequence_parallel_hooks(
         return copy_to_tensor_parallel_region(parameter, *tp_group);
       };
     }
-    hooks[run.layers.front().layer].scatter_input = [tp_group](const at::Tensor& x) {
+    hooks[run.layers.front().layer].scatter_input = [tp_group,
+                                                     tokens = run.num_tokens](const at::Tensor& x) {
+      require_planned_tokens(x, tokens);
       return scatter_to_sequence_parallel_region(x, *tp_group);
     };
     hooks[run.layers.back().layer].gather_output = [tp_group,
