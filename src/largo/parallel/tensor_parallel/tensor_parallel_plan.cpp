@@ -290,9 +290,6 @@ shard_linear(const PlannedLinear& planned, const std::shared_ptr<comm::ProcessGr
   return torch::nn::AnyModule(ColumnParallelLinear(*planned.linear, tp_group, options));
 }
 
-// Every run's layers' hooks: each sums its norms' gradients over the ranks, the first splits
-// the tokens and the last gathers them (its gradient then is the same on every rank: what
-// follows is replicated).
 // The gather after a run restores the token count of the size the ViT was built for; an
 // input of another size (its positional embedding interpolated, models::VitPatchEmbedding)
 // would be cut or padded to it. Every rank holds the same input, so all refuse it alike,
@@ -310,6 +307,9 @@ void require_planned_tokens(const at::Tensor& x, int64_t tokens) {
   }
 }
 
+// Every run's layers' hooks: each sums its norms' gradients over the ranks, the first splits
+// the tokens and the last gathers them (its gradient then is the same on every rank: what
+// follows is replicated).
 using SequenceHooksByLayer = std::
     map<const models::VitEncoderLayerImpl*, models::VitEncoderLayerImpl::SequenceParallelHooks>;
 
