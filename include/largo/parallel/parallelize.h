@@ -403,8 +403,9 @@ class ParallelModel {
   // rank: a collective, for tests and small models; a pipeline gathers them on its rank 0,
   // and its other ranks get their stages').
   virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters();
-  // ZeRO 1-3: this rank's piece of the optimizer state; nullopt when the optimizer is whole
-  // (optimizer_state_dict()), and with tensor parallelism (whose ZeRO state is consolidated).
+  // This rank's pieces of the optimizer state when placements() puts it in flat pieces
+  // (StatePlacements::optimizer_state_in_flat_pieces(): ZeRO 1-3 without tensor or pipeline
+  // parallelism); nullopt otherwise, when optimizer_state_dict() gives the whole state.
   std::optional<OptimizerShard> optimizer_shard();
   // Without a shard: the whole model's optimizer state (optim/optimizer.h's format) on rank
   // 0: optimizer().state_dict(); a pipeline gathers every stage's on pipeline rank 0 (None
@@ -459,8 +460,8 @@ class ParallelModel {
   // Each strategy states its dimensions' placements over the default (every parameter
   // replicated on every dimension); the "tp" dimension's are added after.
   virtual void place(StatePlacements& /*placements*/) const {}
-  // The sharded modes' pieces of the optimizer state (optimizer_shard() without tensor
-  // parallelism).
+  // The sharded strategies' pieces of the optimizer state (what optimizer_shard() gives when
+  // the placements put the state in flat pieces).
   virtual std::optional<OptimizerShard> optimizer_pieces() {
     return std::nullopt;
   }

@@ -162,7 +162,8 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
   at::Tensor own_rng = cpu_rng_state();
   at::Tensor rng_states = at::empty({group.world_size(), own_rng.numel()}, own_rng.options());
   group.all_gather(rng_states, own_rng);
-  // ZeRO: each rank writes its own optimizer shard, the main file refers to them.
+  // Optimizer state in flat pieces (placements): each rank writes its own, the main file
+  // refers to them.
   c10::IValue optimizer_entry;
   if (auto shard = model_.optimizer_shard()) {
     optimizer_entry = save_optimizer_shards(
@@ -171,7 +172,7 @@ void TrainingState::save(const fs::path& dir, const std::string& file_name) {
         parallel::piece_state_dict(*shard->optimizer, shard->ownership, shard->type),
         group);
   } else {
-    optimizer_entry = model_.optimizer_state_dict(); // a pipeline: gathered over the stages
+    optimizer_entry = model_.optimizer_state_dict(); // whole: stages and slices gathered
   }
   auto model_state = model_.model_state_dict(/*root=*/0); // FSDP: gathered unit by unit
   const c10::IValue ema_entry = model_ema_entry();
@@ -450,7 +451,8 @@ void TrainingState::load_optimizer(
   const c10::IValue& entry = state_at(state, "optimizer", where);
   // A pipeline rank's optimizer steps its stages' parameters only: ZeRO's pieces of the
   // whole model cannot be laid onto it.
-  if (!model_.placements().cover_whole_model() && !model_.optimizer_shard() &&
+  const parallel::StatePlacements placements = model_.placements();
+  if (!placements.cover_whole_model() && !placements.optimizer_state_in_flat_pieces() &&
       is_sharded_optimizer_entry(entry)) {
     throw CheckpointError(fmt::format(
         "{} holds ZeRO optimizer shards, which a pipeline cannot split by stage; consolidate "

@@ -331,9 +331,9 @@ void ParallelModel::load_optimizer_state_dict(const c10::IValue& state) {
 }
 
 std::optional<OptimizerShard> ParallelModel::optimizer_shard() {
-  // With tensor parallelism the pieces are of slices: the state is consolidated instead
-  // (optimizer_state_dict), so that its checkpoint is the unsharded model's.
-  return tensor_parallel_->enabled() ? std::nullopt : optimizer_pieces();
+  // Pieces of slices or of one stage's parameters are consolidated instead
+  // (optimizer_state_dict), so that a checkpoint holds the whole model's state.
+  return placements().optimizer_state_in_flat_pieces() ? optimizer_pieces() : std::nullopt;
 }
 
 torch::OrderedDict<std::string, at::Tensor> ParallelModel::local_state() const {

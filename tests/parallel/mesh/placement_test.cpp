@@ -17,6 +17,7 @@ TEST(PlacementTest, ReplicatedEverywhereHoldsTheWholeModel) {
   EXPECT_TRUE(placements.module_holds_whole_model());
   EXPECT_FALSE(placements.module_holds_gathered_copies());
   EXPECT_TRUE(placements.cover_whole_model());
+  EXPECT_FALSE(placements.optimizer_state_in_flat_pieces());
   EXPECT_EQ(placements.describe(), "value {}, optimizer state {}: 2 parameters");
 }
 
@@ -24,12 +25,14 @@ TEST(PlacementTest, EachKindAnswersItsQuestion) {
   StatePlacements zero = two_parameters(); // ZeRO-1/2: the values stay whole
   zero.place_all("dp", Placement::replicate(), Placement::flat_shard());
   EXPECT_TRUE(zero.module_holds_whole_model());
+  EXPECT_TRUE(zero.optimizer_state_in_flat_pieces());
   EXPECT_EQ(zero.describe(), "value {}, optimizer state {dp: FlatShard}: 2 parameters");
 
   StatePlacements fsdp = two_parameters();
   fsdp.place_all("dp", Placement::flat_shard(), Placement::flat_shard());
   EXPECT_FALSE(fsdp.module_holds_whole_model());
   EXPECT_TRUE(fsdp.module_holds_gathered_copies());
+  EXPECT_TRUE(fsdp.optimizer_state_in_flat_pieces());
 
   StatePlacements split = two_parameters(); // a column-parallel layer: the weight and bias
   split.place("fc.weight", "tp", Placement::shard(0), Placement::shard(0));
@@ -39,11 +42,16 @@ TEST(PlacementTest, EachKindAnswersItsQuestion) {
       split.describe(),
       "value {tp: Shard(0)}, optimizer state {tp: Shard(0)}: 1 parameter; "
       "value {}, optimizer state {}: 1 parameter");
+  // ZeRO over "dp" beside tensor parallelism: pieces of slices, consolidated for checkpoints.
+  split.place_all("dp", Placement::replicate(), Placement::flat_shard());
+  EXPECT_FALSE(split.optimizer_state_in_flat_pieces());
 
   StatePlacements stage = two_parameters();
   stage.place_all("pp", Placement::owned_by(1), Placement::owned_by(1));
   EXPECT_FALSE(stage.cover_whole_model());
   EXPECT_FALSE(stage.module_holds_whole_model());
+  stage.place_all("dp", Placement::replicate(), Placement::flat_shard()); // ZeRO-1 per stage
+  EXPECT_FALSE(stage.optimizer_state_in_flat_pieces());
   EXPECT_EQ(Placement::shard(0, 3).describe(), "Shard(0, 3 blocks)");
   EXPECT_EQ(Placement::owned_by(1).describe(), "OwnedBy(1)");
 }

@@ -91,12 +91,18 @@ class StatePlacements {
   bool module_holds_gathered_copies() const;
   // Whether this rank's parameters are the whole model's (none owned by one pipeline rank).
   bool cover_whole_model() const;
+  // Whether this rank's optimizer state is 1-D pieces of the whole model's (FlatShard along a
+  // dimension, and split no other way: no Shard, no OwnedBy). A checkpoint then stores each
+  // rank's pieces as they are, and a run of any size re-cuts them; the state of slices or of
+  // a pipeline's stages is consolidated instead, so that the file is the whole model's.
+  bool optimizer_state_in_flat_pieces() const;
   // One line per distinct placement, with its parameter count: "value {dp: FlatShard},
   // optimizer state {dp: FlatShard}: 14 parameters; ...".
   std::string describe() const;
 
  private:
   bool any_value(Placement::Kind kind) const;
+  bool any_optimizer_state(Placement::Kind kind) const;
 
   std::vector<ParameterPlacement> parameters_;
 };

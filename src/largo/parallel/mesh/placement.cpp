@@ -67,12 +67,27 @@ void StatePlacements::place_all(
   }
 }
 
-bool StatePlacements::any_value(Placement::Kind kind) const {
-  return std::any_of(parameters_.begin(), parameters_.end(), [kind](const ParameterPlacement& p) {
-    return std::any_of(p.value.begin(), p.value.end(), [kind](const auto& entry) {
+namespace {
+
+bool any_placement(
+    const std::vector<ParameterPlacement>& parameters,
+    Placements ParameterPlacement::*of,
+    Placement::Kind kind) {
+  return std::any_of(parameters.begin(), parameters.end(), [&](const ParameterPlacement& p) {
+    return std::any_of((p.*of).begin(), (p.*of).end(), [kind](const auto& entry) {
       return entry.second.kind == kind;
     });
   });
+}
+
+} // namespace
+
+bool StatePlacements::any_value(Placement::Kind kind) const {
+  return any_placement(parameters_, &ParameterPlacement::value, kind);
+}
+
+bool StatePlacements::any_optimizer_state(Placement::Kind kind) const {
+  return any_placement(parameters_, &ParameterPlacement::optimizer_state, kind);
 }
 
 bool StatePlacements::module_holds_whole_model() const {
@@ -86,6 +101,12 @@ bool StatePlacements::module_holds_gathered_copies() const {
 
 bool StatePlacements::cover_whole_model() const {
   return !any_value(Placement::Kind::kOwnedBy);
+}
+
+bool StatePlacements::optimizer_state_in_flat_pieces() const {
+  return any_optimizer_state(Placement::Kind::kFlatShard) &&
+         !any_optimizer_state(Placement::Kind::kShard) &&
+         !any_optimizer_state(Placement::Kind::kOwnedBy);
 }
 
 std::string StatePlacements::describe() const {
