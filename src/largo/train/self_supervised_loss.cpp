@@ -1,5 +1,6 @@
 #include <largo/train/self_supervised_loss.h>
 
+#include <largo/core/config.h>
 #include <largo/core/error.h>
 #include <largo/models/dino_head.h>
 #include <largo/models/dino_teacher_momentum.h>

@@ -1,0 +1,313 @@
+// MODEL's trunk, head and feature-evaluation keys (include/largo/train/model_config.h).
+#include <largo/train/model_config.h>
+
+#include "config_checks.h"
+#include "regnet_config.h"
+#include "self_supervised_config.h"
+#include "vissl_fsdp_names.h"
+
+#include <largo/core/config_value.h>
+#include <largo/models/feature_taps.h>
+#include <largo/models/resnet.h>
+#include <largo/models/vissl_names.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace largo::train {
+namespace {
+
+// MODEL.TRUNK.RESNETS (the ResNet validates the values it gets: models/resnet.h).
+void resnet_options_from(const Config& config, models::ResNetOptions& resnet) {
+  const std::string key = "MODEL.TRUNK.RESNETS.";
+  resnet.depth = config.get_int(key + "DEPTH");
+  resnet.stem = config.get_string(key + "STEM");
+  resnet.zero_init_residual = config.get_bool(key + "ZERO_INIT_RESIDUAL");
+  resnet.width_multiplier = positive_int(config, key + "WIDTH_MULTIPLIER");
+  resnet.groups = config.get_int(key + "GROUPS");
+  resnet.width_per_group = config.get_int(key + "WIDTH_PER_GROUP");
+  resnet.layer4_stride = config.get_int(key + "LAYER4_STRIDE");
+  resnet.norm.type = config.get_string(key + "NORM");
+  resnet.norm.groupnorm_groups = config.get_int(key + "GROUPNORM_GROUPS");
+  models::validate_norm_options(resnet.norm);
+}
+
+// MODEL.TRUNK.VISION_TRANSFORMERS. The ViT is sized from the data's images; IMAGE_SIZE other
+// than VISSL's default (224) must equal them (models::VitOptions::image_size).
+void vit_options_from(const Config& config, models::VitOptions& vit) {
+  const std::string key = "MODEL.TRUNK.VISION_TRANSFORMERS.";
+  const int64_t image_size = positive_int(config, key + "IMAGE_SIZE");
+  vit.image_size = image_size == 224 ? 0 : image_size;
+  vit.patch_size = positive_int(config, key + "PATCH_SIZE");
+  vit.num_layers = positive_int(config, key + "NUM_LAYERS");
+  vit.num_heads = positive_int(config, key + "NUM_HEADS");
+  vit.hidden_dim = positive_int(config, key + "HIDDEN_DIM");
+  vit.mlp_dim = positive_int(config, key + "MLP_DIM");
+  vit.dropout = non_negative(config, key + "DROPOUT_RATE");
+  vit.attention_dropout = non_negative(config, key + "ATTENTION_DROPOUT_RATE");
+  vit.drop_path_rate = non_negative(config, key + "DROP_PATH_RATE");
+  vit.qkv_bias = config.get_bool(key + "QKV_BIAS");
+  vit.classifier = config.get_string(key + "CLASSIFIER");
+  // VISSL reads USE_CLASS_TOKEN (with default True) and ignores CLASSIFIER; Largo also
+  // reads CLASSIFIER: either one can drop the class token (models::has_class_token).
+  vit.use_class_token = config.get_bool(key + "USE_CLASS_TOKEN");
+}
+
+// MODEL.HEAD.PARAMS: VISSL's [[name, {kwargs}], ...], one entry per head (mlp or eval_mlp).
+// `defaults` carries MODEL.HEAD.BATCHNORM_EPS / MOMENTUM.
+std::vector<models::EvalHeadOptions>
+heads_from(const Config& config, const models::MlpHeadOptions& defaults) {
+  const std::string key = "MODEL.HEAD.PARAMS";
+  const YAML::Node list = config.node(key);
+  require(list.IsSequence(), key, "(not a list)", "a list of [name, {kwargs}] heads");
+  std::vector<models::EvalHeadOptions> heads;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const YAML::Node head = list[i];
+    const std::string head_key = fmt::format("{}[{}]", key, i);
+    const bool well_formed = head.IsSequence() && head.size() == 2 && head[0].IsScalar() &&
+                             head[1].IsMap() && head[1]["dims"] && head[1]["dims"].IsSequence();
+    require(
+        well_formed,
+        head_key,
+        "(given)",
+        "a head written as [\"mlp\", {\"dims\": [in, ..., num_classes]}] or [\"eval_mlp\", "
+        "{\"in_channels\": C, \"dims\": [in, ..., num_classes]}]");
+    models::EvalHeadOptions options;
+    options.name = head_architecture(config, head[0].Scalar(), head_key); // mlp_fsdp: mlp
+    require(
+        options.name == "mlp" || options.name == "eval_mlp",
+        head_key,
+        options.name,
+        "mlp or eval_mlp");
+    options.mlp = defaults;
+    const YAML::Node kwargs = head[1];
+    for (const auto& entry : kwargs) {
+      const std::string name = entry.first.as<std::string>();
+      const std::string arg_key = head_key + "." + name;
+      const YAML::Node& value = entry.second;
+      if (name == "dims") {
+        for (const auto& dim : value) {
+          options.dims.push_back(yaml_to_int(dim, arg_key));
+        }
+      } else if (name == "in_channels" && options.name == "eval_mlp") {
+        options.in_channels = yaml_to_int(value, arg_key);
+      } else if (name == "use_bn") {
+        options.mlp.use_bn = yaml_to_bool(value, arg_key);
+      } else if (name == "use_relu") {
+        options.mlp.use_relu = yaml_to_bool(value, arg_key);
+      } else if (name == "use_dropout" && options.name == "mlp") {
+        options.mlp.use_dropout = yaml_to_bool(value, arg_key);
+      } else if (name == "use_bias" && options.name == "mlp") {
+        options.mlp.use_bias = yaml_to_bool(value, arg_key);
+      } else if (name == "skip_last_layer_relu_bn" && options.name == "mlp") {
+        options.mlp.skip_last_layer_relu_bn = yaml_to_bool(value, arg_key);
+      } else {
+        throw config_error(
+            arg_key,
+            "(given)",
+            options.name == "mlp"
+                ? "an mlp argument: dims, use_bn, use_relu, use_dropout, use_bias, "
+                  "skip_last_layer_relu_bn"
+                : "an eval_mlp argument: in_channels, dims, use_bn, use_relu");
+      }
+    }
+    heads.push_back(options);
+  }
+  return heads;
+}
+
+// One entry of LINEAR_EVAL_FEAT_POOL_OPS_MAP: [feature, [op, [args]]], the args those of
+// torch.nn's pooling modules: (Avg|Max)Pool2d [kernel_size, stride, padding],
+// Adaptive(Avg|Max)Pool2d [output_size], Identity [].
+models::FeatureTap feature_tap_from(const YAML::Node& entry, const std::string& key) {
+  const bool well_formed = entry.IsSequence() && entry.size() == 2 && entry[0].IsScalar() &&
+                           entry[1].IsSequence() && entry[1].size() >= 1 &&
+                           entry[1][0].IsScalar() &&
+                           (entry[1].size() == 1 || entry[1][1].IsSequence());
+  require(
+      well_formed,
+      key,
+      "(given)",
+      "[feature, [pool op, [args]]], e.g. [\"res5\", [\"AvgPool2d\", [[6, 6], 1, 0]]]");
+  models::FeatureTap tap;
+  tap.feature = entry[0].Scalar();
+  tap.pool = entry[1][0].Scalar();
+  const YAML::Node args = entry[1].size() > 1 ? entry[1][1] : YAML::Node(YAML::NodeType::Sequence);
+  auto int_or_pair = [&](const YAML::Node& value) {
+    std::vector<int64_t> sizes;
+    if (value.IsSequence()) {
+      for (const auto& v : value) {
+        sizes.push_back(yaml_to_int(v, key));
+      }
+    } else {
+      sizes.push_back(yaml_to_int(value, key));
+    }
+    return sizes;
+  };
+  if (args.size() > 0) {
+    tap.kernel_size = int_or_pair(args[0]);
+  }
+  if (args.size() > 1) {
+    tap.stride = yaml_to_int(args[1], key);
+  }
+  if (args.size() > 2) {
+    tap.padding = yaml_to_int(args[2], key);
+  }
+  require(
+      args.size() <= 3,
+      key,
+      fmt::format("{} arguments", args.size()),
+      "at most [kernel_size, stride, padding]");
+  return tap;
+}
+
+models::FeatureEvalOptions feature_eval_options_from(const Config& config) {
+  const std::string key = "MODEL.FEATURE_EVAL_SETTINGS.";
+  models::FeatureEvalOptions options;
+  options.eval_mode_on = config.get_bool(key + "EVAL_MODE_ON");
+  options.freeze_trunk_only = config.get_bool(key + "FREEZE_TRUNK_ONLY");
+  options.freeze_trunk_and_head = config.get_bool(key + "FREEZE_TRUNK_AND_HEAD");
+  options.extract_trunk_features_only = config.get_bool(key + "EXTRACT_TRUNK_FEATURES_ONLY");
+  options.eval_trunk_and_head = config.get_bool(key + "EVAL_TRUNK_AND_HEAD");
+  options.assert_head_layer_shape_init = config.get_bool(key + "ASSERT_HEAD_LAYER_SHAPE_INIT");
+  options.should_flatten_feats = config.get_bool(key + "SHOULD_FLATTEN_FEATS");
+  const std::string map_key = key + "LINEAR_EVAL_FEAT_POOL_OPS_MAP";
+  const YAML::Node map = config.node(map_key);
+  require(map.IsSequence(), map_key, "(not a list)", "a list of [feature, [pool op, [args]]]");
+  for (size_t i = 0; i < map.size(); ++i) {
+    options.taps.push_back(feature_tap_from(map[i], fmt::format("{}[{}]", map_key, i)));
+  }
+  return options;
+}
+
+// MODEL.HEAD.PARAMS' kwargs when its first head is a swav_head (VISSL's swav_loss takes that
+// one head alone), else a null node.
+YAML::Node swav_head_entry(const Config& config) {
+  const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
+  const bool swav =
+      params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
+      params[0].size() == 2 && params[0][0].IsScalar() &&
+      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == "swav_head";
+  if (!swav) {
+    return YAML::Node(YAML::NodeType::Undefined);
+  }
+  require(
+      params.size() == 1 && params[0][1].IsMap(),
+      "MODEL.HEAD.PARAMS",
+      "(given)",
+      "one head, [[\"swav_head\", {\"dims\": [...], \"num_clusters\": [...]}]] (VISSL's "
+      "swav_loss takes one swav_head)");
+  return params[0][1];
+}
+
+// MODEL.HEAD.PARAMS' kwargs when its first head is a dino_head (VISSL's dino_loss takes that
+// one head alone), else a null node.
+YAML::Node dino_head_entry(const Config& config) {
+  const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
+  const bool dino =
+      params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
+      params[0].size() == 2 && params[0][0].IsScalar() &&
+      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == "dino_head";
+  if (!dino) {
+    return YAML::Node(YAML::NodeType::Undefined);
+  }
+  require(
+      params.size() == 1 && params[0][1].IsMap(),
+      "MODEL.HEAD.PARAMS",
+      "(given)",
+      "one head, [[\"dino_head\", {\"in_dim\": ..., \"num_clusters\": [...]}]] (VISSL's "
+      "dino_loss takes one dino_head)");
+  return params[0][1];
+}
+
+} // namespace
+
+models::ModelOptions model_options_from(const Config& config) {
+  // in_channels / image_size / num_classes come from the data (0 = infer).
+  models::ModelOptions model;
+  model.in_channels = 0;
+  model.image_size = 0;
+  model.num_classes = 0;
+  model.trunk_name = trunk_architecture(config); // VISSL's regnet_fsdp: regnet
+  resnet_options_from(config, model.resnet);
+  model.regnet = regnet_options_from(config);
+  vit_options_from(config, model.vit);
+  const auto& trunks = models::supported_trunk_names();
+  require(
+      std::find(trunks.begin(), trunks.end(), model.trunk_name) != trunks.end(),
+      "MODEL.TRUNK.NAME",
+      model.trunk_name,
+      fmt::format("one of: {}", fmt::join(trunks, ", ")));
+  model.mlp.hidden_dims = config.get_int_list("MODEL.TRUNK.MLP.HIDDEN_DIMS");
+  require(
+      std::all_of(
+          model.mlp.hidden_dims.begin(),
+          model.mlp.hidden_dims.end(),
+          [](int64_t width) { return width > 0; }),
+      "MODEL.TRUNK.MLP.HIDDEN_DIMS",
+      fmt::format("[{}]", fmt::join(model.mlp.hidden_dims, ", ")),
+      "a list of layer widths, each > 0");
+  model.small_cnn.dropout = non_negative(config, "MODEL.TRUNK.SMALL_CNN.DROPOUT");
+  model.head.batchnorm_eps = config.get_double("MODEL.HEAD.BATCHNORM_EPS");
+  model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
+  model.head_params_multiplier = config.get_double("MODEL.HEAD.PARAMS_MULTIPLIER");
+  model.feature_eval = feature_eval_options_from(config);
+  if (const YAML::Node swav = swav_head_entry(config)) {
+    model.swav_head = swav_head_from(swav, "MODEL.HEAD.PARAMS[0]", model.head);
+    return model;
+  }
+  if (const YAML::Node dino = dino_head_entry(config)) {
+    model.dino_head = dino_head_from(dino, "MODEL.HEAD.PARAMS[0]");
+    return model;
+  }
+  std::vector<models::EvalHeadOptions> heads = heads_from(config, model.head);
+  if (!model.feature_eval.taps.empty()) {
+    model.feature_eval.heads = heads; // one head per tapped feature
+    models::validate_feature_eval_options(model.feature_eval);
+    // The names by the trunk's kind (their stage and layer numbers are checked when the
+    // trunk is built); a trunk that cannot be tapped is refused by the run plan, with why.
+    const auto& tappable = models::tappable_trunk_names();
+    if (std::find(tappable.begin(), tappable.end(), model.trunk_name) != tappable.end()) {
+      models::validate_tap_features(models::tap_features(model.feature_eval), model.trunk_name);
+    }
+    return model;
+  }
+  const bool all_mlp =
+      std::all_of(heads.begin(), heads.end(), [](const auto& head) { return head.name == "mlp"; });
+  require(
+      all_mlp,
+      "MODEL.HEAD.PARAMS",
+      "(given)",
+      "mlp heads written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]] (eval_mlp heads "
+      "need MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+  if (heads.size() == 1) {
+    model.head_dims = heads[0].dims;
+    model.head = heads[0].mlp;
+  } else { // run one after another (SimCLR's projection; run_plan.cpp checks the loss)
+    for (const auto& head : heads) {
+      model.head_chain.push_back(models::MlpHeadSpec{head.dims, head.mlp});
+    }
+  }
+  return model;
+}
+
+checkpoint::WeightsInitOptions
+weights_init_options_from(const Config& config, const models::ModelOptions& model) {
+  const std::string key = "MODEL.WEIGHTS_INIT.";
+  checkpoint::WeightsInitOptions options;
+  options.params_file = config.get_string(key + "PARAMS_FILE");
+  const std::string state_key = config.get_string(key + "STATE_DICT_KEY_NAME");
+  options.state_dict_key_name =
+      state_key.empty() ? std::vector<std::string>{} : std::vector<std::string>{state_key};
+  options.skip_layers = config.get_string_list(key + "SKIP_LAYERS");
+  options.remove_prefix = config.get_string(key + "REMOVE_PREFIX");
+  options.append_prefix = config.get_string(key + "APPEND_PREFIX");
+  options.init_heads = model.feature_eval.init_heads_from_weights();
+  options.check_head_shapes = model.feature_eval.assert_head_layer_shape_init;
+  options.rename = models::weights_name_mapping(model); // VISSL's and torchvision's names
+  return options;
+}
+
+} // namespace largo::train
