@@ -287,6 +287,32 @@ TEST(ParamGroups, OneDimensionalNamesForLars) {
   EXPECT_EQ(names, expected);
 }
 
+// construct_single_param_group_only: every trained parameter in one decayed group, in the
+// module's order, whatever the layer types, the regularize flags and the head prefix say.
+TEST(ParamGroups, SingleRuleMakesOneDecayedGroupOfEveryParameter) {
+  Net net;
+  net->named_parameters()["trunk.0.bias"].set_requires_grad(false); // frozen: left out
+  ParamGroupOptions options;
+  options.rule = ParamGroupRule::kSingle;
+  options.lr = 0.3;
+  options.weight_decay = 0.04;
+  options.regularize_bias = false; // not read under the single rule
+  options.non_regularized_parameters = {"pos_embed"};
+  const auto groups = build_param_groups(*net, options);
+  ASSERT_EQ(group_names(groups), (Names{"all"}));
+  Names expected;
+  for (const auto& item : net->named_parameters()) {
+    if (item.value().requires_grad()) {
+      expected.push_back(item.key());
+    }
+  }
+  EXPECT_EQ(groups[0].names, expected);
+  EXPECT_EQ(groups[0].params.size(), expected.size());
+  EXPECT_EQ(groups[0].weight_decay, 0.04);
+  EXPECT_EQ(groups[0].lr, 0.3);
+  EXPECT_EQ(decay_source("all"), DecaySource::kWeightDecay);
+}
+
 // VISSL's dino constructor goes by name alone: "*.bias" and names holding "norm" are not
 // decayed, everything else is, head included, and the layer types, the regularize flags and
 // the head prefix do not matter. Net's norm layers are named by index, so their weights are

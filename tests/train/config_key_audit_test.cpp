@@ -596,6 +596,7 @@ std::vector<WiredKey> wired_keys() {
   const std::string weight_decay_run = "OptimizerScheduleRunTest.TheScheduleSetsTheWeightDecayOfEachEpoch";
   keys.push_back({opt + "param_schedulers.weight_decay", "a schedule of the decayed groups' weight decay (any lr schedule but auto_lr_scaling)", weight_decay_run});
   keys.push_back({opt + "param_schedulers.weight_decay_head", "a schedule of the head's decayed group's weight decay", weight_decay_run});
+  keys.push_back({opt + "construct_single_param_group_only", "one group of every parameter, all decayed (VISSL's FSDP setting)", "OptimizerScheduleRunTest.TheSingleGroupDecaysEveryParameter"});
   std::vector<WiredKey> rest{
       {"METERS.accuracy_list_meter.topk_values", "top-k accuracies reported", kMapping},
       {"TRAINER.GRADIENT_ACCUMULATION_STEPS",

@@ -1,6 +1,7 @@
 // OPTIMIZER's parameter-group constructor and weight-decay schedules
 // (train/optimizer_schedule_config.cpp): the keys reach the options, what the dino constructor
-// ignores is refused, and a run sets the scheduled weight decay on the decayed groups.
+// and the single group ignore is refused, and a run sets the scheduled weight decay on the
+// decayed groups.
 #include "trainer_test_util.h"
 
 #include <largo/core/config.h>
@@ -89,6 +90,33 @@ TEST(OptimizerScheduleConfig, WhatTheDinoConstructorIgnoresIsRefusedNamingTheKey
   // Another constructor of VISSL's stays unavailable, named as such.
   message = error_of({"OPTIMIZER.param_group_constructor=layer_decay"});
   EXPECT_NE(message.find("other than default and dino"), std::string::npos) << message;
+}
+
+// VISSL's linear-evaluation and SEER configs that ask for one group write regularize_bn
+// False and regularize_bias True beside it (VISSL's defaults, which decide nothing then).
+TEST(OptimizerScheduleConfig, TheSingleGroupKeyReachesTheOptionsAndRefusesWhatItIgnores) {
+  const std::string single = "OPTIMIZER.construct_single_param_group_only=True";
+  const TrainerOptions options =
+      options_with({single, "OPTIMIZER.regularize_bn=False", "OPTIMIZER.regularize_bias=True"});
+  EXPECT_EQ(options.optimizer.param_groups.rule, optim::ParamGroupRule::kSingle);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"OPTIMIZER.regularize_bn", "True"},
+           {"OPTIMIZER.regularize_bias", "False"},
+           {"OPTIMIZER.head_optimizer_params.use_different_lr", "True"},
+           {"OPTIMIZER.head_optimizer_params.use_different_wd", "True"}}) {
+    const std::string message = error_of({single, key + "=" + value});
+    EXPECT_NE(message.find("config key " + key + " = " + value), std::string::npos) << message;
+    EXPECT_NE(message.find("construct_single_param_group_only"), std::string::npos) << message;
+  }
+  std::string message = error_of({single, "OPTIMIZER.non_regularized_parameters=[bias]"});
+  EXPECT_NE(message.find("OPTIMIZER.non_regularized_parameters"), std::string::npos) << message;
+  message = error_of({single, kSchedulers + "weight_decay_head={name: constant, value: 0.1}"});
+  EXPECT_NE(message.find("weight_decay_head"), std::string::npos) << message;
+  message = error_of({single, "OPTIMIZER.param_group_constructor=dino"});
+  EXPECT_NE(
+      message.find("config key OPTIMIZER.construct_single_param_group_only = True"),
+      std::string::npos)
+      << message;
 }
 
 TEST(OptimizerScheduleConfig, BadWeightDecaySchedulesNameTheirKey) {
@@ -224,6 +252,39 @@ TEST_F(OptimizerScheduleRunTest, TheScheduleSetsTheWeightDecayOfEachEpoch) {
        "OPTIMIZER.head_optimizer_params.use_different_wd=True",
        "OPTIMIZER.head_optimizer_params.weight_decay=0.2"});
   expect_equal(head_scheduled, head_plain);
+}
+
+// construct_single_param_group_only decays every parameter, the small CNN's BatchNorm
+// included, with OPTIMIZER.weight_decay or its schedule: bit for bit the run whose default
+// groups decay everything alike (the update is per parameter, whatever the grouping), and not
+// the default run, which leaves the BatchNorm undecayed.
+TEST_F(OptimizerScheduleRunTest, TheSingleGroupDecaysEveryParameter) {
+  auto losses = [&](const std::string& name, const std::vector<std::string>& extra) {
+    return Trainer(trainer_options_from_config(synthetic_job_config(dir_ / name, extra)))
+        .run()
+        .iteration_losses;
+  };
+  const std::string single = "OPTIMIZER.construct_single_param_group_only=True";
+  const auto one_group = losses("single", {single, "OPTIMIZER.weight_decay=0.3"});
+  const auto all_decayed = losses(
+      "all_decayed",
+      {"OPTIMIZER.weight_decay=0.3",
+       "OPTIMIZER.regularize_bn=True",
+       "OPTIMIZER.regularize_bias=True"});
+  const auto bn_undecayed = losses("default", {"OPTIMIZER.weight_decay=0.3"});
+  ASSERT_EQ(one_group.size(), all_decayed.size());
+  for (size_t i = 0; i < one_group.size(); ++i) {
+    EXPECT_EQ(one_group[i], all_decayed[i]) << "iteration " << i;
+  }
+  ASSERT_EQ(one_group.size(), bn_undecayed.size());
+  EXPECT_NE(one_group.back(), bn_undecayed.back());
+  // The weight_decay schedule reaches the one group.
+  const auto scheduled =
+      losses("scheduled", {single, kSchedulers + "weight_decay={name: constant, value: 0.3}"});
+  ASSERT_EQ(scheduled.size(), one_group.size());
+  for (size_t i = 0; i < scheduled.size(); ++i) {
+    EXPECT_EQ(scheduled[i], one_group[i]) << "iteration " << i;
+  }
 }
 
 } // namespace

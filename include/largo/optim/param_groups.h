@@ -16,6 +16,11 @@
 // Largo's ViT and DINO head keep VISSL's module names (norm1, norm2, norm; mlp, prototypes0),
 // so the rule picks the same parameters as in VISSL. The norm-layer, bias, head and name-list
 // options above are not read under it.
+//
+// VISSL's construct_single_param_group_only (ParamGroupOptions::rule kSingle) makes one group
+// of every trained parameter, all decayed, as VISSL's FSDP setups ask:
+//   "all"          every parameter                              (weight_decay)
+// The norm-layer, bias, head and name-list options are not read under it either.
 #pragma once
 
 #include <largo/optim/optimizer.h>
@@ -28,8 +33,9 @@
 
 namespace largo::optim {
 
-// OPTIMIZER.param_group_constructor
-enum class ParamGroupRule { kDefault, kDino };
+// OPTIMIZER.param_group_constructor (kDefault, kDino) and its default constructor's
+// construct_single_param_group_only (kSingle)
+enum class ParamGroupRule { kDefault, kDino, kSingle };
 
 struct ParamGroupOptions {
   ParamGroupRule rule = ParamGroupRule::kDefault;
@@ -47,8 +53,8 @@ struct ParamGroupOptions {
 };
 
 // Which weight decay a group of build_param_groups takes, so that a schedule of it can set
-// the group's value: "trunk" and "decayed" OPTIMIZER.weight_decay's, "head" the head's, the
-// others none (0).
+// the group's value: "trunk", "decayed" and "all" OPTIMIZER.weight_decay's, "head" the head's,
+// the others none (0).
 enum class DecaySource { kNone, kWeightDecay, kHeadWeightDecay };
 DecaySource decay_source(const std::string& group_name);
 

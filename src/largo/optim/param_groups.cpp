@@ -55,10 +55,27 @@ build_dino_param_groups(const torch::nn::Module& model, const ParamGroupOptions&
   return non_empty;
 }
 
+// VISSL's construct_single_param_group_only: model.parameters() in one group, all decayed.
+std::vector<ParamGroup>
+build_single_param_group(const torch::nn::Module& model, const ParamGroupOptions& options) {
+  ParamGroup group;
+  group.name = "all";
+  group.lr = options.lr;
+  group.weight_decay = options.weight_decay;
+  for (auto& [name, param] : trained_parameters(model)) {
+    group.params.push_back(param);
+    group.names.push_back(name);
+  }
+  if (group.params.empty()) {
+    return {};
+  }
+  return {std::move(group)};
+}
+
 } // namespace
 
 DecaySource decay_source(const std::string& group_name) {
-  if (group_name == "trunk" || group_name == "decayed") {
+  if (group_name == "trunk" || group_name == "decayed" || group_name == "all") {
     return DecaySource::kWeightDecay;
   }
   return group_name == "head" ? DecaySource::kHeadWeightDecay : DecaySource::kNone;
@@ -80,6 +97,9 @@ std::vector<ParamGroup>
 build_param_groups(const torch::nn::Module& model, const ParamGroupOptions& options) {
   if (options.rule == ParamGroupRule::kDino) {
     return build_dino_param_groups(model, options);
+  }
+  if (options.rule == ParamGroupRule::kSingle) {
+    return build_single_param_group(model, options);
   }
   const double head_weight_decay =
       options.use_different_wd ? options.head_weight_decay : options.weight_decay;

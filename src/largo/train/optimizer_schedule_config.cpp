@@ -236,6 +236,35 @@ void refuse_what_dino_groups_ignore(const Config& config) {
       "param_schedulers.weight_decay)");
 }
 
+// construct_single_param_group_only puts model.parameters() in one decayed group before VISSL's
+// default constructor reads any of its other keys: a key set to ask for something else is
+// refused. VISSL's configs that turn it on write regularize_bn False and regularize_bias True,
+// its defaults, which load (they decide nothing then, as in VISSL).
+void refuse_what_the_single_group_ignores(const Config& config) {
+  const std::string because =
+      "VISSL's default with construct_single_param_group_only, whose one group decays every "
+      "parameter and takes no head settings";
+  require(!config.get_bool("OPTIMIZER.regularize_bn"), "OPTIMIZER.regularize_bn", "True", because);
+  require(
+      config.get_bool("OPTIMIZER.regularize_bias"), "OPTIMIZER.regularize_bias", "False", because);
+  for (const char* key :
+       {"OPTIMIZER.head_optimizer_params.use_different_lr",
+        "OPTIMIZER.head_optimizer_params.use_different_wd"}) {
+    require(!config.get_bool(key), key, "True", because);
+  }
+  require(
+      config.get_string_list("OPTIMIZER.non_regularized_parameters").empty(),
+      "OPTIMIZER.non_regularized_parameters",
+      "(a list)",
+      "[] with construct_single_param_group_only, whose one group decays every parameter");
+  require(
+      config.node("OPTIMIZER.param_schedulers.weight_decay_head").size() == 0,
+      "OPTIMIZER.param_schedulers.weight_decay_head",
+      "(a schedule)",
+      "absent with construct_single_param_group_only (its one group holds the head too: "
+      "schedule param_schedulers.weight_decay)");
+}
+
 // OPTIMIZER.param_group_constructor and the keys of the default constructor.
 void param_group_options_from(const Config& config, OptimizerOptions& optimizer) {
   auto& groups = optimizer.param_groups;
@@ -246,9 +275,18 @@ void param_group_options_from(const Config& config, OptimizerOptions& optimizer)
       config.get_string_list("OPTIMIZER.non_regularized_parameters");
   groups.use_different_wd = config.get_bool("OPTIMIZER.head_optimizer_params.use_different_wd");
   groups.head_weight_decay = non_negative(config, "OPTIMIZER.head_optimizer_params.weight_decay");
+  const bool single_group = config.get_bool("OPTIMIZER.construct_single_param_group_only");
   if (config.get_string("OPTIMIZER.param_group_constructor") == "dino") {
     groups.rule = optim::ParamGroupRule::kDino;
     refuse_what_dino_groups_ignore(config);
+    require( // VISSL's dino constructor does not read it
+        !single_group,
+        "OPTIMIZER.construct_single_param_group_only",
+        "True",
+        "False with param_group_constructor dino, which makes its own two groups");
+  } else if (single_group) {
+    groups.rule = optim::ParamGroupRule::kSingle;
+    refuse_what_the_single_group_ignores(config);
   }
 }
 

@@ -48,7 +48,6 @@ std::vector<UnavailableKey> build_list() {
   keys.push_back(
       {loss + "reduction", "a reduction other than mean (VISSL passes it to nothing either)"});
   std::vector<UnavailableKey> rest{
-      {"OPTIMIZER.construct_single_param_group_only", "a single parameter group"},
       {"OPTIMIZER.param_group_constructor",
        "a parameter group constructor other than default and dino",
        {"dino"}},
