@@ -137,11 +137,38 @@ TEST(WorkerLaunchTest, LargoConfigValidatesWithoutTheEnvironment) {
   // A multi-node config is valid on any machine; only running it needs NODE_RANK.
   EXPECT_NO_THROW(validate_launch_config(
       Config::load({}, {"DISTRIBUTED.NUM_NODES=4", "DISTRIBUTED.RUN_ID=10.0.0.1:29500"})));
-  EXPECT_THROW(validate_launch_config(Config::load({}, {"DISTRIBUTED.NUM_NODES=4"})),
-               ConfigError); // RUN_ID auto on several nodes
+  // RUN_ID auto on several nodes: valid (srun gives the master), refused only when largo train
+  // would start the workers itself (above).
+  EXPECT_NO_THROW(validate_launch_config(Config::load({}, {"DISTRIBUTED.NUM_NODES=4"})));
   EXPECT_THROW(validate_launch_config(Config::load(
                    {}, {"DISTRIBUTED.NUM_PROC_PER_NODE=2", "DISTRIBUTED.RUN_ID=no_port"})),
                ConfigError);
+}
+
+// VISSL's multi-node configs write RUN_ID auto and run under SLURM: a task that srun started
+// (here task 9 of 4 nodes x 4) takes its place and the master from srun's variables.
+TEST(WorkerLaunchTest, AutoRunIdOnSeveralNodesRunsUnderSrun) {
+  const std::map<std::string, std::string> srun_task_9 = {
+      {"SLURM_JOB_ID", "123456"},
+      {"SLURM_JOB_NODELIST", "gpu[001-003,010]"},
+      {"SLURM_NNODES", "4"},
+      {"SLURM_NTASKS", "16"},
+      {"SLURM_NTASKS_PER_NODE", "4"},
+      {"SLURM_PROCID", "9"},
+      {"SLURM_LOCALID", "1"},
+      {"SLURM_NODEID", "2"},
+      {"SLURM_STEP_NODELIST", "gpu[001-003,010]"}};
+  const auto p = plan({"DISTRIBUTED.NUM_NODES=4", "DISTRIBUTED.NUM_PROC_PER_NODE=4"}, srun_task_9);
+  ASSERT_EQ(p.kind, Kind::kExternalWorker);
+  ASSERT_TRUE(p.world.has_value());
+  EXPECT_EQ(p.world->rank, 9);
+  EXPECT_EQ(p.world->world_size, 16);
+  EXPECT_EQ(p.world->master_addr, "gpu001");
+  EXPECT_EQ(p.world->master_port, 20000 + 123456 % 10000);
+  // Outside a launcher the same config is refused, naming the key and the way out.
+  const std::string message = error_of({"DISTRIBUTED.NUM_NODES=4"}, {{"NODE_RANK", "0"}});
+  EXPECT_NE(message.find("config key DISTRIBUTED.RUN_ID = auto"), std::string::npos) << message;
+  EXPECT_NE(message.find("srun"), std::string::npos) << message;
 }
 
 } // namespace

@@ -43,8 +43,9 @@ struct TrainLaunchPlan {
 
 // The checks that need only the config (what `largo config` runs): throws ConfigError naming
 // the key and its value for NUM_NODES or NUM_PROC_PER_NODE < 1 and, when there are workers
-// to start, an INIT_METHOD other than tcp / env (file is refused), a RUN_ID that is neither
-// auto nor host:port, or RUN_ID auto with NUM_NODES > 1.
+// to start, an INIT_METHOD other than tcp / env (file is refused) or a RUN_ID that is neither
+// auto nor host:port. RUN_ID auto with NUM_NODES > 1 is valid: a launcher (srun) gives the
+// master; plan_train_launch refuses it when largo train would start the workers itself.
 void validate_launch_config(const Config& config);
 
 // DISTRIBUTED.RUN_ID's port when INIT_METHOD is tcp and RUN_ID is host:port (nullopt for
@@ -52,8 +53,9 @@ void validate_launch_config(const Config& config);
 // (srun, mpirun). Throws validate_launch_config's error for a malformed RUN_ID.
 std::optional<comm::MasterPortFallback> run_id_master_port(const Config& config);
 
-// validate_launch_config's errors, and also (from the environment) a missing or out-of-range
-// NODE_RANK with NUM_NODES > 1, or INIT_METHOD env without MASTER_PORT (or without
+// validate_launch_config's errors, and also, when largo train starts the workers itself:
+// RUN_ID auto with NUM_NODES > 1, a missing or out-of-range NODE_RANK with NUM_NODES > 1
+// (both from the environment), or INIT_METHOD env without MASTER_PORT (or without
 // MASTER_ADDR on several nodes). `getenv_fn` is injectable for tests.
 TrainLaunchPlan plan_train_launch(const Config& config,
                                   const std::function<const char*(const char*)>& getenv_fn = nullptr);

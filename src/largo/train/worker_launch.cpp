@@ -58,6 +58,27 @@ std::pair<std::string, int> host_and_port(const std::string& run_id) {
 
 } // namespace
 
+namespace {
+
+// Workers that largo train starts itself on several nodes meet at RUN_ID; auto would pick a
+// free port here that the other nodes cannot know. A launcher (srun, torchrun, largo launch)
+// gives the master instead, which is how VISSL's configs that write auto on several nodes run
+// (VISSL's SLURM submission sets RUN_ID to the first node).
+void refuse_auto_run_id_across_nodes(const Config& config, int64_t num_nodes) {
+  if (num_nodes == 1 || config.get_string("DISTRIBUTED.INIT_METHOD") != "tcp" ||
+      config.get_string("DISTRIBUTED.RUN_ID") != "auto") {
+    return;
+  }
+  throw ConfigError(fmt::format(
+      "config key DISTRIBUTED.RUN_ID = auto picks a free port on this machine, which the other "
+      "nodes cannot know; with DISTRIBUTED.NUM_NODES = {} set RUN_ID to host:port of the node "
+      "with NODE_RANK=0 (the same on every node), e.g. 10.0.0.1:29500, or start the workers "
+      "with srun in a SLURM job (the master is then the job's first node; docs/launch.md)",
+      num_nodes));
+}
+
+} // namespace
+
 void validate_launch_config(const Config& config) {
   const int64_t num_nodes = config.get_int("DISTRIBUTED.NUM_NODES");
   const int64_t procs_per_node = config.get_int("DISTRIBUTED.NUM_PROC_PER_NODE");
@@ -76,12 +97,6 @@ void validate_launch_config(const Config& config) {
   if (init_method == "tcp") {
     if (run_id != "auto") {
       host_and_port(run_id);
-    } else if (num_nodes > 1) {
-      throw ConfigError(fmt::format(
-          "config key DISTRIBUTED.RUN_ID = auto picks a free port on this machine, which the "
-          "other nodes cannot know; with DISTRIBUTED.NUM_NODES = {} set RUN_ID to host:port of "
-          "the node with NODE_RANK=0 (the same on every node), e.g. 10.0.0.1:29500",
-          num_nodes));
     }
   } else if (init_method == "file") {
     throw ConfigError(
@@ -119,6 +134,7 @@ TrainLaunchPlan plan_train_launch(const Config& config, const Getenv& getenv_arg
   if (num_nodes * procs_per_node == 1) {
     return plan;
   }
+  refuse_auto_run_id_across_nodes(config, num_nodes);
 
   plan.kind = TrainLaunchPlan::Kind::kSpawnWorkers;
   comm::LauncherOptions& launcher = plan.launcher;
