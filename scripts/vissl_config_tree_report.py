@@ -14,6 +14,9 @@ they name.
 
     git clone https://github.com/facebookresearch/vissl /tmp/vissl
     $LARGO_PYTHON scripts/vissl_config_tree_report.py /tmp/vissl/configs build/largo [--jobs 2]
+
+--only REGEX runs the configs whose name matches (e.g. after a change, those it is about; the
+share is then of those), and --each prints every config's outcome.
 """
 import argparse
 import collections
@@ -111,6 +114,8 @@ def main():
     parser.add_argument("configs", help="VISSL's configs/ folder (it holds config/)")
     parser.add_argument("largo", help="the largo program")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", help="run only the configs whose name matches this regex")
+    parser.add_argument("--each", action="store_true", help="print every config's outcome")
     args = parser.parse_args()
     config_dir = os.path.join(args.configs, "config")
     names = sorted(
@@ -121,7 +126,11 @@ def main():
                    VISSL_DATASET_CATALOG_PATH=catalog_for(
                        os.path.join(config_dir, "dataset_catalog.json"), config_dir, scratch))
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(lambda n: run(args.largo, n, names, env), names))
+            chosen = [n for n in names if not args.only or re.search(args.only, n)]
+            results = list(pool.map(lambda n: run(args.largo, n, names, env), chosen))
+    if args.each:
+        for name, code, output in results:
+            print(f"{name}: {'loads' if code == 0 else reason(output)}")
     loaded = [name for name, code, _ in results if code == 0]
     crashed = [name for name, code, _ in results if code not in (0, 2)]
     reasons = collections.Counter(reason(out) for _, code, out in results if code == 2)
