@@ -182,43 +182,27 @@ models::FeatureEvalOptions feature_eval_options_from(const Config& config) {
   return options;
 }
 
-// MODEL.HEAD.PARAMS' kwargs when its first head is a swav_head (VISSL's swav_loss takes that
-// one head alone), else a null node.
-YAML::Node swav_head_entry(const Config& config) {
+// MODEL.HEAD.PARAMS' kwargs when its first head is `architecture` (swav_head, dino_head: their
+// VISSL losses take that one head alone), else a null node. `kwargs` shows its form.
+YAML::Node
+sole_head_entry(const Config& config, const std::string& architecture, const std::string& kwargs) {
   const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
-  const bool swav =
+  const bool named =
       params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
       params[0].size() == 2 && params[0][0].IsScalar() &&
-      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == "swav_head";
-  if (!swav) {
+      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == architecture;
+  if (!named) {
     return YAML::Node(YAML::NodeType::Undefined);
   }
   require(
       params.size() == 1 && params[0][1].IsMap(),
       "MODEL.HEAD.PARAMS",
       "(given)",
-      "one head, [[\"swav_head\", {\"dims\": [...], \"num_clusters\": [...]}]] (VISSL's "
-      "swav_loss takes one swav_head)");
-  return params[0][1];
-}
-
-// MODEL.HEAD.PARAMS' kwargs when its first head is a dino_head (VISSL's dino_loss takes that
-// one head alone), else a null node.
-YAML::Node dino_head_entry(const Config& config) {
-  const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
-  const bool dino =
-      params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
-      params[0].size() == 2 && params[0][0].IsScalar() &&
-      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == "dino_head";
-  if (!dino) {
-    return YAML::Node(YAML::NodeType::Undefined);
-  }
-  require(
-      params.size() == 1 && params[0][1].IsMap(),
-      "MODEL.HEAD.PARAMS",
-      "(given)",
-      "one head, [[\"dino_head\", {\"in_dim\": ..., \"num_clusters\": [...]}]] (VISSL's "
-      "dino_loss takes one dino_head)");
+      fmt::format(
+          "one head, [[\"{}\", {}]] (VISSL's loss for it takes one {})",
+          architecture,
+          kwargs,
+          architecture));
   return params[0][1];
 }
 
@@ -254,11 +238,13 @@ models::ModelOptions model_options_from(const Config& config) {
   model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
   model.head_params_multiplier = config.get_double("MODEL.HEAD.PARAMS_MULTIPLIER");
   model.feature_eval = feature_eval_options_from(config);
-  if (const YAML::Node swav = swav_head_entry(config)) {
+  if (const YAML::Node swav =
+          sole_head_entry(config, "swav_head", R"({"dims": [...], "num_clusters": [...]})")) {
     model.swav_head = swav_head_from(swav, "MODEL.HEAD.PARAMS[0]", model.head);
     return model;
   }
-  if (const YAML::Node dino = dino_head_entry(config)) {
+  if (const YAML::Node dino =
+          sole_head_entry(config, "dino_head", R"({"in_dim": ..., "num_clusters": [...]})")) {
     model.dino_head = dino_head_from(dino, "MODEL.HEAD.PARAMS[0]");
     return model;
   }
