@@ -25,6 +25,8 @@
 namespace largo::data {
 namespace {
 
+DatasetShape in_memory_shape(const DataSourceOptions& options);
+
 // A list of batch transforms only runs on whole batches of the stored tensor (the fast path);
 // anything else (Resize, ColorJitter, several views ...) on each image, as for image files.
 bool needs_per_sample_pipeline(const std::vector<TransformSpec>& specs) {
@@ -104,6 +106,8 @@ DatasetShape in_memory_pipelines_shape(
 OpenedDataset in_memory_per_sample(
     const std::function<std::shared_ptr<const Dataset>()>& load, const DataSourceOptions& options) {
   InMemoryPipelines pipelines = make_in_memory_pipelines(options.transforms);
+  // A gray dataset without MNISTImgPil2RGB is refused before a file is read.
+  InMemoryImageDataset::rgb_size(in_memory_shape(options).sample_shape, pipelines.canvas);
   std::shared_ptr<const Dataset> stored = load();
   std::shared_ptr<const Dataset> dataset =
       pipelines.views ? std::make_shared<InMemoryImageDataset>(
