@@ -76,6 +76,35 @@ TEST(TrainerTorchvisionTransforms, VisslsCifarConfigWithResizeTrains) {
   fs::remove_all(dir);
 }
 
+// SimCLR on CIFAR-10: two views of each stored image (VISSL's SimCLR list), in small.
+TEST(TrainerTorchvisionTransforms, SimclrOnCifarTrainsOnTwoViewsOfEachImage) {
+  const fs::path dir = test_dir_for("torchvision_transforms");
+  fs::remove_all(dir);
+  write_cifar10(dir / "cifar", 4);
+  std::vector<std::string> overrides = cifar_overrides(dir / "cifar", "CIFAR10");
+  for (const std::string& override :
+       {std::string("DATA.TRAIN.TRANSFORMS=[{name: ImgReplicatePil, num_times: 2}, {name: "
+                    "RandomResizedCrop, size: 24}, {name: RandomHorizontalFlip}, {name: "
+                    "ImgPilColorDistortion, strength: 1.0}, {name: ToTensor}]"),
+        std::string("DATA.TRAIN.COLLATE_FUNCTION=simclr_collator"),
+        std::string("LOSS.name=simclr_info_nce_loss"),
+        std::string("LOSS.simclr_info_nce_loss.buffer_params.embedding_dim=16"),
+        std::string("MODEL.TRUNK.NAME=resnet"),
+        std::string("MODEL.TRUNK.RESNETS.DEPTH=18"),
+        std::string("MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 64], use_relu: True, "
+                    "skip_last_layer_relu_bn: False}], [mlp, {dims: [64, 16]}]]"),
+        std::string("TEST_MODEL=False")}) {
+    overrides.push_back(override);
+  }
+  const Config config = synthetic_job_config(dir / "run", overrides);
+  TrainSummary summary = Trainer(trainer_options_from_config(config), config.to_yaml()).run();
+  EXPECT_EQ(summary.iterations, 3); // ceil(20 / 8)
+  for (const float loss : summary.iteration_losses) {
+    EXPECT_TRUE(std::isfinite(loss));
+  }
+  fs::remove_all(dir);
+}
+
 TEST(TrainerTorchvisionTransforms, GrayDatasetWithoutMnistImgPil2RgbNamesTheKey) {
   const fs::path dir = test_dir_for("torchvision_transforms");
   fs::remove_all(dir);
