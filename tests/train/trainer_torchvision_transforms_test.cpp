@@ -61,27 +61,41 @@ std::vector<std::string> cifar_overrides(const fs::path& data, const std::string
       "OPTIMIZER.num_epochs=1"};
 }
 
-TEST(TrainerTorchvisionTransforms, VisslsCifarConfigWithResizeTrains) {
-  const fs::path dir = test_dir_for("torchvision_transforms");
-  fs::remove_all(dir);
-  write_cifar10(dir / "cifar", 4); // 20 training images, 4 test images
-  const Config config =
-      synthetic_job_config(dir / "run", cifar_overrides(dir / "cifar", "CIFAR10"));
+// Trains the synthetic job's model with `overrides` into dir/run; every loss is finite.
+TrainSummary train(const fs::path& dir, const std::vector<std::string>& overrides) {
+  const Config config = synthetic_job_config(dir / "run", overrides);
   TrainSummary summary = Trainer(trainer_options_from_config(config), config.to_yaml()).run();
-  EXPECT_EQ(summary.iterations, 3); // ceil(20 / 8)
   for (const float loss : summary.iteration_losses) {
     EXPECT_TRUE(std::isfinite(loss));
   }
+  return summary;
+}
+
+// Each test's data and run under one directory, removed before and after.
+class TrainerTorchvisionTransforms : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test_dir_for("torchvision_transforms");
+    fs::remove_all(dir_);
+  }
+  void TearDown() override {
+    fs::remove_all(dir_);
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(TrainerTorchvisionTransforms, VisslsCifarConfigWithResizeTrains) {
+  write_cifar10(dir_ / "cifar", 4); // 20 training images, 4 test images
+  const TrainSummary summary = train(dir_, cifar_overrides(dir_ / "cifar", "CIFAR10"));
+  EXPECT_EQ(summary.iterations, 3); // ceil(20 / 8)
   EXPECT_TRUE(summary.final_top1.has_value());
-  fs::remove_all(dir);
 }
 
 // SimCLR on CIFAR-10: two views of each stored image (VISSL's SimCLR list), in small.
-TEST(TrainerTorchvisionTransforms, SimclrOnCifarTrainsOnTwoViewsOfEachImage) {
-  const fs::path dir = test_dir_for("torchvision_transforms");
-  fs::remove_all(dir);
-  write_cifar10(dir / "cifar", 4);
-  std::vector<std::string> overrides = cifar_overrides(dir / "cifar", "CIFAR10");
+TEST_F(TrainerTorchvisionTransforms, SimclrOnCifarTrainsOnTwoViewsOfEachImage) {
+  write_cifar10(dir_ / "cifar", 4);
+  std::vector<std::string> overrides = cifar_overrides(dir_ / "cifar", "CIFAR10");
   for (const std::string& override :
        {std::string("DATA.TRAIN.TRANSFORMS=[{name: ImgReplicatePil, num_times: 2}, {name: "
                     "RandomResizedCrop, size: 24}, {name: RandomHorizontalFlip}, {name: "
@@ -96,21 +110,13 @@ TEST(TrainerTorchvisionTransforms, SimclrOnCifarTrainsOnTwoViewsOfEachImage) {
         std::string("TEST_MODEL=False")}) {
     overrides.push_back(override);
   }
-  const Config config = synthetic_job_config(dir / "run", overrides);
-  TrainSummary summary = Trainer(trainer_options_from_config(config), config.to_yaml()).run();
-  EXPECT_EQ(summary.iterations, 3); // ceil(20 / 8)
-  for (const float loss : summary.iteration_losses) {
-    EXPECT_TRUE(std::isfinite(loss));
-  }
-  fs::remove_all(dir);
+  EXPECT_EQ(train(dir_, overrides).iterations, 3); // ceil(20 / 8)
 }
 
-TEST(TrainerTorchvisionTransforms, GrayDatasetWithoutMnistImgPil2RgbNamesTheKey) {
-  const fs::path dir = test_dir_for("torchvision_transforms");
-  fs::remove_all(dir);
-  write_cifar10(dir / "cifar", 1);
-  std::vector<std::string> overrides = cifar_overrides(dir / "cifar", "MNIST");
-  const Config config = synthetic_job_config(dir / "run", overrides);
+TEST_F(TrainerTorchvisionTransforms, GrayDatasetWithoutMnistImgPil2RgbNamesTheKey) {
+  write_cifar10(dir_ / "cifar", 1);
+  std::vector<std::string> overrides = cifar_overrides(dir_ / "cifar", "MNIST");
+  const Config config = synthetic_job_config(dir_ / "run", overrides);
   try {
     Trainer(trainer_options_from_config(config), config.to_yaml()).run();
     FAIL() << "expected a ConfigError";
@@ -119,7 +125,6 @@ TEST(TrainerTorchvisionTransforms, GrayDatasetWithoutMnistImgPil2RgbNamesTheKey)
     EXPECT_NE(message.find("DATA.TEST.TRANSFORMS"), std::string::npos) << message;
     EXPECT_NE(message.find("MNISTImgPil2RGB"), std::string::npos) << message;
   }
-  fs::remove_all(dir);
 }
 
 } // namespace
