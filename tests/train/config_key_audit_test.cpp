@@ -123,8 +123,9 @@ std::vector<WiredKey> wired_keys() {
          "batch per process",
          "TrainerDistributedTest.GradientAccumulationEqualsTheLargerBatchInOneProcess"},
         {p + "TRANSFORMS",
-         "the augmentation pipeline",
-         "TransformPipeline.AppliesInOrderAndIsDeterministicPerSeed"},
+         "the augmentation pipeline; on the in-memory datasets per batch, or per image when "
+         "the list needs it (Resize, ColorJitter, several views ...)",
+         "InMemoryImageDataset.EqualsTheSameImagesAsPngFilesThroughImageDataset"},
         {p + "COLLATE_FUNCTION",
          split == "TRAIN" ? "default_collate, or multicrop_collator / simclr_collator for "
                             "multi-view TRANSFORMS (Batch::views)"

@@ -9,13 +9,15 @@
 //   webdataset           tar shards named by `path`, a glob or brace pattern
 //                        (webdataset_index.h); read in WebDatasetSampler's order
 // For image files the transforms before ToTensor run per sample inside the dataset
-// (sample_pipeline.h) and the rest per batch in the loader; for in-memory datasets all
-// transforms are batch transforms (transforms.h).
+// (sample_pipeline.h) and the rest per batch in the loader. An in-memory dataset whose list
+// holds only batch transforms (is_batch_transform: RandomCrop, RandomHorizontalFlip, ToTensor,
+// Normalize) runs them on whole batches of the stored tensor; any other list runs as for
+// image files, each stored image through the per-sample pipeline (in_memory_image_dataset.h),
+// after a leading MNISTImgPil2RGB that makes a gray image RGB.
 //
 // A transform list that makes several views per sample (ImgPilToMultiCrop, ImgReplicatePil;
-// is_multi_view_list, multi_view_pipeline.h) needs image files: the views are cut from each
-// decoded image, and the dataset delivers Batch::views, one tensor per view. The in-memory
-// sources refuse such a list.
+// is_multi_view_list, multi_view_pipeline.h) cuts the views from each image, and the dataset
+// delivers Batch::views, one tensor per view.
 #pragma once
 
 #include <cstdint>
@@ -114,8 +116,8 @@ std::vector<std::string> torchvision_dataset_names();
 std::string torchvision_dataset_names_text();
 
 // Opens a split. `seed` seeds the synthetic source. Throws ConfigError for an unknown source
-// or dataset name, a missing label path, a bad transform or multi-view transforms for a
-// source other than image files; DataError for missing or malformed files.
+// or dataset name, a missing label path or a bad transform (before any file is read);
+// DataError for missing or malformed files.
 OpenedDataset open_dataset(const DataSourceOptions& options, Split split, uint64_t seed);
 
 } // namespace largo::data

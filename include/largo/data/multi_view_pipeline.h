@@ -43,6 +43,13 @@ class MultiViewPipeline {
       at::Generator& gen,
       const std::vector<ImageSize>& sizes,
       const std::vector<uint8_t*>& outs) const;
+  // The same on decoded pixels (an in-memory dataset's image); `name` names it in errors.
+  void
+  run(const Image& pixels,
+      const std::string& name,
+      at::Generator& gen,
+      const std::vector<ImageSize>& sizes,
+      const std::vector<uint8_t*>& outs) const;
 
   int64_t num_views() const;
   // Each view's size for an input of `input` size (nullopt: unknown).
@@ -53,6 +60,14 @@ class MultiViewPipeline {
   const std::vector<std::shared_ptr<const ViewTransform>>& per_view() const;
 
  private:
+  // Transforms `image` into the views and writes them at `outs`, checking their sizes.
+  void
+  run(SampleImage& image,
+      const std::string& name,
+      at::Generator& gen,
+      const std::vector<ImageSize>& sizes,
+      const std::vector<uint8_t*>& outs) const;
+
   std::vector<std::shared_ptr<const SampleTransform>> before_;
   std::shared_ptr<const ViewSplitter> splitter_;
   std::vector<std::shared_ptr<const ViewTransform>> per_view_;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "largo/data/image.h"
 #include "largo/data/image_decoder.h"
@@ -28,6 +29,10 @@ class SampleImage {
  public:
   // Starts from an encoded image (not decoded yet). `encoded` must outlive this object.
   SampleImage(const EncodedImage& encoded, const DecodeOptions& options);
+  // Starts from decoded pixels, read in place (an in-memory dataset's image, as torchvision
+  // hands a PIL image of the stored array to the transforms). `pixels` and `name` (what
+  // errors call the image) must outlive this object and stay unchanged while it does.
+  SampleImage(const Image& pixels, const std::string& name);
 
   // A new sample that starts from `base`'s current pixels (base is materialised first),
   // reading them in place rather than copying: the views of a multi-crop pipeline
@@ -80,7 +85,8 @@ class SampleImage {
   void reset_geometry(int64_t width, int64_t height);
   bool has_resize() const;
 
-  const EncodedImage* encoded_;
+  const EncodedImage* encoded_; // null when the sample started from pixels
+  const std::string* name_;
   DecodeOptions options_;
   bool decoded_ = false; // the source is pixels_ (decoded), not encoded_
   Image pixels_;         // the source once decoded

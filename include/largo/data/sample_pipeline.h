@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -38,6 +39,13 @@ class SamplePipeline {
       at::Generator& gen,
       ImageSize size,
       uint8_t* out) const;
+  // The same on decoded pixels (an in-memory dataset's image); `name` names it in errors.
+  void
+  run(const Image& pixels,
+      const std::string& name,
+      at::Generator& gen,
+      ImageSize size,
+      uint8_t* out) const;
 
   // The output size for an input of `input` size (nullopt: unknown), or nullopt when it
   // depends on the image.
@@ -45,6 +53,11 @@ class SamplePipeline {
   const std::vector<std::shared_ptr<const SampleTransform>>& transforms() const;
 
  private:
+  // Transforms `image` and writes it at `out`, checking it ends at `size`.
+  void
+  run(SampleImage& image, const std::string& name, at::Generator& gen, ImageSize size, uint8_t* out)
+      const;
+
   std::vector<std::shared_ptr<const SampleTransform>> transforms_;
 };
 

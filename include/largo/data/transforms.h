@@ -119,5 +119,8 @@ class TransformPipeline {
 // missing arg, or a value out of range.
 std::shared_ptr<const Transform> make_transform(const TransformSpec& spec);
 TransformPipeline make_pipeline(const std::vector<TransformSpec>& specs);
+// Whether make_transform builds `name` (a list of only these runs on whole batches of an
+// in-memory dataset as stored; any other sends it through the per-sample pipeline).
+bool is_batch_transform(const std::string& name);
 
 } // namespace largo::data

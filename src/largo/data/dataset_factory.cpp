@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <functional>
 #include <optional>
 
@@ -12,6 +13,7 @@
 #include "largo/data/cifar10_dataset.h"
 #include "largo/data/idx_dataset.h"
 #include "largo/data/image_list.h"
+#include "largo/data/in_memory_image_dataset.h"
 #include "largo/data/multi_view_pipeline.h"
 #include "largo/data/sample_index_labels.h"
 #include "largo/data/sample_pipeline.h"
@@ -23,30 +25,48 @@
 namespace largo::data {
 namespace {
 
-// The in-memory sources hold decoded images already cut to one size: a multi-view list's
-// crops are cut from each decoded image file (multi_view_pipeline.h).
-void refuse_views_without_image_files(const DataSourceOptions& options) {
-  for (const TransformSpec& spec : options.transforms) {
-    if (is_multi_view_transform(spec.name)) {
-      throw ConfigError(fmt::format(
-          "transform {} makes several views of each image, which needs image files, but the "
-          "data source is {}{}; use DataSourceOptions::source [disk_folder] or [disk_filelist], "
-          "or a "
-          "one-view transform list",
-          spec.name,
-          options.source,
-          options.source == "torchvision_dataset" ? " " + options.dataset_name : ""));
-    }
-  }
+DatasetShape in_memory_shape(const DataSourceOptions& options);
+
+// A list of batch transforms only runs on whole batches of the stored tensor (the fast path);
+// anything else (Resize, ColorJitter, several views ...) on each image, as for image files.
+bool needs_per_sample_pipeline(const std::vector<TransformSpec>& specs) {
+  return std::any_of(specs.begin(), specs.end(), [](const TransformSpec& spec) {
+    return !is_batch_transform(spec.name);
+  });
 }
 
-OpenedDataset in_memory(std::shared_ptr<const Dataset> dataset, const DataSourceOptions& options) {
-  OpenedDataset opened;
-  opened.transforms = make_pipeline(options.transforms);
-  opened.sample_shape = opened.transforms.output_shape(dataset->sample_shape());
-  opened.num_classes = dataset->num_classes();
-  opened.dataset = std::move(dataset);
-  return opened;
+// An in-memory list that needs the per-sample pipeline, built before any file is read: a
+// leading MNISTImgPil2RGB (the canvas that makes a gray image RGB), then a one-view or a
+// multi-view list.
+struct InMemoryPipelines {
+  std::optional<RgbCanvas> canvas;
+  ImageTransforms one_view;
+  std::optional<MultiViewTransforms> views;
+
+  const TransformPipeline& per_batch() const {
+    return views ? views->per_batch : one_view.per_batch;
+  }
+};
+
+InMemoryPipelines make_in_memory_pipelines(const std::vector<TransformSpec>& specs) {
+  InMemoryPipelines pipelines;
+  std::vector<TransformSpec> rest = specs;
+  if (!rest.empty() && rest.front().name == "MNISTImgPil2RGB") {
+    pipelines.canvas = RgbCanvas::from_spec(rest.front());
+    rest.erase(rest.begin());
+  }
+  for (const TransformSpec& spec : rest) {
+    if (spec.name == "MNISTImgPil2RGB") {
+      throw ConfigError(
+          "transform MNISTImgPil2RGB makes the stored image RGB, so it comes first in the list");
+    }
+  }
+  if (is_multi_view_list(rest)) {
+    pipelines.views = make_multi_view_transforms(rest);
+  } else {
+    pipelines.one_view = make_image_transforms(rest);
+  }
+  return pipelines;
 }
 
 // [channels, h, w] of each view's batches: the dataset's uint8 views after the per-batch
@@ -59,6 +79,64 @@ std::vector<std::vector<int64_t>> view_shapes_after(
     shapes.push_back(per_batch.output_shape(shape));
   }
   return shapes;
+}
+
+// What an in-memory split delivers for stored images of `stored_shape`, through `pipelines`.
+DatasetShape in_memory_pipelines_shape(
+    const InMemoryPipelines& pipelines, const std::vector<int64_t>& stored_shape) {
+  const ImageSize rgb = InMemoryImageDataset::rgb_size(stored_shape, pipelines.canvas);
+  std::vector<std::vector<int64_t>> shapes;
+  if (pipelines.views) {
+    for (const std::optional<ImageSize>& size : pipelines.views->per_sample.view_sizes(rgb)) {
+      shapes.push_back({Image::kChannels, size->height, size->width});
+    }
+  } else {
+    const ImageSize size = *pipelines.one_view.per_sample.output_size(rgb);
+    shapes.push_back({Image::kChannels, size.height, size.width});
+  }
+  DatasetShape shape;
+  shape.view_shapes = view_shapes_after(shapes, pipelines.per_batch());
+  shape.sample_shape = shape.view_shapes.front();
+  if (!pipelines.views) {
+    shape.view_shapes.clear();
+  }
+  return shape;
+}
+
+OpenedDataset in_memory_per_sample(
+    const std::function<std::shared_ptr<const Dataset>()>& load, const DataSourceOptions& options) {
+  InMemoryPipelines pipelines = make_in_memory_pipelines(options.transforms);
+  // A gray dataset without MNISTImgPil2RGB is refused before a file is read.
+  InMemoryImageDataset::rgb_size(in_memory_shape(options).sample_shape, pipelines.canvas);
+  std::shared_ptr<const Dataset> stored = load();
+  std::shared_ptr<const Dataset> dataset =
+      pipelines.views ? std::make_shared<InMemoryImageDataset>(
+                            stored, std::move(pipelines.views->per_sample), pipelines.canvas)
+                      : std::make_shared<InMemoryImageDataset>(
+                            stored, std::move(pipelines.one_view.per_sample), pipelines.canvas);
+  OpenedDataset opened;
+  opened.transforms = pipelines.per_batch();
+  opened.view_shapes = view_shapes_after(dataset->view_shapes(), opened.transforms);
+  opened.sample_shape = opened.transforms.output_shape(dataset->sample_shape());
+  opened.num_classes = dataset->num_classes();
+  opened.dataset = std::move(dataset);
+  return opened;
+}
+
+// An in-memory source (synthetic, torchvision_dataset) loaded by `load`: its batches as
+// stored, through the batch transforms, or each image through the per-sample pipeline.
+OpenedDataset in_memory(
+    const std::function<std::shared_ptr<const Dataset>()>& load, const DataSourceOptions& options) {
+  if (needs_per_sample_pipeline(options.transforms)) {
+    return in_memory_per_sample(load, options);
+  }
+  OpenedDataset opened;
+  opened.transforms = make_pipeline(options.transforms); // before a file is read
+  std::shared_ptr<const Dataset> dataset = load();
+  opened.sample_shape = opened.transforms.output_shape(dataset->sample_shape());
+  opened.num_classes = dataset->num_classes();
+  opened.dataset = std::move(dataset);
+  return opened;
 }
 
 // Several views per sample: a MultiViewPipeline per image, each view its own batch.
@@ -243,9 +321,14 @@ DatasetShape image_files_shape(const DataSourceOptions& options) {
 
 DatasetShape peek_dataset_shape(const DataSourceOptions& options) {
   if (options.source == "synthetic" || options.source == "torchvision_dataset") {
-    refuse_views_without_image_files(options);
-    DatasetShape shape = in_memory_shape(options);
-    shape.sample_shape = make_pipeline(options.transforms).output_shape(shape.sample_shape);
+    DatasetShape stored = in_memory_shape(options);
+    if (!needs_per_sample_pipeline(options.transforms)) {
+      stored.sample_shape = make_pipeline(options.transforms).output_shape(stored.sample_shape);
+      return stored;
+    }
+    DatasetShape shape = in_memory_pipelines_shape(
+        make_in_memory_pipelines(options.transforms), stored.sample_shape);
+    shape.num_classes = stored.num_classes;
     return shape;
   }
   if (!is_image_source(options.source)) {
@@ -260,20 +343,20 @@ DatasetShape peek_dataset_shape(const DataSourceOptions& options) {
 namespace {
 
 OpenedDataset open_source(const DataSourceOptions& options, Split split, uint64_t seed) {
-  if (options.source == "synthetic" || options.source == "torchvision_dataset") {
-    refuse_views_without_image_files(options); // before a file is read
-  }
   if (options.source == "synthetic") {
     return in_memory(
-        std::make_shared<SyntheticDataset>(
-            options.synthetic_num_samples,
-            options.synthetic_image_shape,
-            options.synthetic_num_classes,
-            seed),
+        [&] {
+          return std::make_shared<SyntheticDataset>(
+              options.synthetic_num_samples,
+              options.synthetic_image_shape,
+              options.synthetic_num_classes,
+              seed);
+        },
         options);
   }
   if (options.source == "torchvision_dataset") {
-    return in_memory(torchvision_dataset(options).load(options, split), options);
+    const TorchvisionDataset& dataset = torchvision_dataset(options);
+    return in_memory([&] { return dataset.load(options, split); }, options);
   }
   if (options.source == "webdataset") {
     auto shards = index_webdataset(options.path.string(), options.images.skip_bad_samples);

@@ -98,6 +98,26 @@ void MultiViewPipeline::run(
     at::Generator& gen,
     const std::vector<ImageSize>& sizes,
     const std::vector<uint8_t*>& outs) const {
+  SampleImage image(encoded, options);
+  run(image, encoded.name(), gen, sizes, outs);
+}
+
+void MultiViewPipeline::run(
+    const Image& pixels,
+    const std::string& name,
+    at::Generator& gen,
+    const std::vector<ImageSize>& sizes,
+    const std::vector<uint8_t*>& outs) const {
+  SampleImage image(pixels, name);
+  run(image, name, gen, sizes, outs);
+}
+
+void MultiViewPipeline::run(
+    SampleImage& image,
+    const std::string& name,
+    at::Generator& gen,
+    const std::vector<ImageSize>& sizes,
+    const std::vector<uint8_t*>& outs) const {
   TORCH_CHECK(
       static_cast<int64_t>(sizes.size()) == num_views() && outs.size() == sizes.size(),
       "MultiViewPipeline::run: ",
@@ -107,7 +127,6 @@ void MultiViewPipeline::run(
       " outputs for ",
       num_views(),
       " views");
-  SampleImage image(encoded, options);
   for (const auto& transform : before_) {
     transform->apply(image, gen);
   }
@@ -120,7 +139,7 @@ void MultiViewPipeline::run(
       throw DataError(fmt::format(
           "{}: view {} transformed to {}x{} (w x h) but its batch holds {}x{} images; add a "
           "transform that fixes the size",
-          encoded.name(),
+          name,
           k,
           views[k].width(),
           views[k].height(),

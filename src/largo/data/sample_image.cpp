@@ -56,21 +56,27 @@ void place(
 
 SampleImage::SampleImage(const EncodedImage& encoded, const DecodeOptions& options)
     : encoded_(&encoded),
+      name_(&encoded.name()),
       options_(options),
       source_width_(encoded.width()),
       source_height_(encoded.height()) {
   reset_geometry(source_width_, source_height_);
 }
 
+SampleImage::SampleImage(const Image& pixels, const std::string& name)
+    : encoded_(nullptr),
+      name_(&name),
+      decoded_(true),
+      borrowed_(&pixels),
+      source_width_(pixels.width),
+      source_height_(pixels.height) {
+  reset_geometry(source_width_, source_height_);
+}
+
 SampleImage SampleImage::view_of(SampleImage& base) {
-  const Image& pixels = base.pixels();
-  SampleImage view(*base.encoded_, base.options_); // not a copy: that would copy the pixels
-  view.borrowed_ = &pixels;
-  view.decoded_ = true;
-  view.source_width_ = pixels.width;
-  view.source_height_ = pixels.height;
-  view.flip_ = false;
-  view.reset_geometry(pixels.width, pixels.height);
+  SampleImage view(base.pixels(), *base.name_); // borrowed: a copy would copy the pixels
+  view.encoded_ = base.encoded_;
+  view.options_ = base.options_;
   return view;
 }
 
@@ -99,8 +105,7 @@ int SampleImage::last_scale_denominator() const {
 
 void SampleImage::crop(int64_t top, int64_t left, int64_t height, int64_t width) {
   if (height <= 0 || width <= 0) {
-    throw DataError(
-        fmt::format("{}: crop of {}x{} pixels is empty", encoded_->name(), width, height));
+    throw DataError(fmt::format("{}: crop of {}x{} pixels is empty", *name_, width, height));
   }
   if (flip_) {
     left = window_.width - left - width; // the same pixels, in unmirrored coordinates
@@ -121,8 +126,7 @@ void SampleImage::crop(int64_t top, int64_t left, int64_t height, int64_t width)
 
 void SampleImage::resize(int64_t height, int64_t width, Interpolation interpolation) {
   if (height <= 0 || width <= 0) {
-    throw DataError(
-        fmt::format("{}: resize to {}x{} pixels is empty", encoded_->name(), width, height));
+    throw DataError(fmt::format("{}: resize to {}x{} pixels is empty", *name_, width, height));
   }
   if (height == window_.height && width == window_.width) {
     return; // PIL and torchvision return the image unchanged

@@ -67,6 +67,25 @@ void SamplePipeline::run(
     ImageSize size,
     uint8_t* out) const {
   SampleImage image(encoded, options);
+  run(image, encoded.name(), gen, size, out);
+}
+
+void SamplePipeline::run(
+    const Image& pixels,
+    const std::string& name,
+    at::Generator& gen,
+    ImageSize size,
+    uint8_t* out) const {
+  SampleImage image(pixels, name);
+  run(image, name, gen, size, out);
+}
+
+void SamplePipeline::run(
+    SampleImage& image,
+    const std::string& name,
+    at::Generator& gen,
+    ImageSize size,
+    uint8_t* out) const {
   for (const auto& transform : transforms_) {
     transform->apply(image, gen);
   }
@@ -74,7 +93,7 @@ void SamplePipeline::run(
     throw DataError(fmt::format(
         "{}: transformed to {}x{} (w x h) but the batch holds {}x{} images; add a transform "
         "that fixes the size (RandomResizedCrop, CenterCrop or Resize with [h, w])",
-        encoded.name(),
+        name,
         image.width(),
         image.height(),
         size.width,

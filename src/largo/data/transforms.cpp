@@ -297,6 +297,11 @@ std::shared_ptr<const Transform> make_transform(const TransformSpec& spec) {
       fmt::format("unknown transform '{}'; supported: {}", spec.name, kSupportedTransforms));
 }
 
+bool is_batch_transform(const std::string& name) {
+  return name == "RandomCrop" || name == "RandomHorizontalFlip" || name == "ToTensor" ||
+         name == "Normalize";
+}
+
 TransformPipeline make_pipeline(const std::vector<TransformSpec>& specs) {
   TransformPipeline pipeline;
   for (const TransformSpec& spec : specs) {
