@@ -58,6 +58,18 @@ inline at::Tensor json_matrix(const nlohmann::json& rows) {
   return torch::tensor(values, torch::kFloat64).reshape({-1, width});
 }
 
+// A JSON list of numbers (a bias) or of rows (a weight) as a float32 tensor.
+inline at::Tensor json_float_tensor(const nlohmann::json& value) {
+  if (!value.empty() && value.front().is_array()) {
+    return json_matrix(value).to(at::kFloat);
+  }
+  return torch::tensor(value.get<std::vector<double>>(), torch::kFloat64).to(at::kFloat);
+}
+
+inline double max_abs_difference(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
 // splitmix64, the generator tests/reference/gen_model_baselines.py uses with numpy uint64
 // arithmetic.
 inline uint64_t splitmix64(uint64_t x) {

@@ -301,7 +301,7 @@ std::vector<WiredKey> wired_keys() {
       {"MODEL.GRAD_CLIP.MAX_NORM", "the largest norm", "GradClipping.MatchesTorchClipGradNorm"},
       {"LOSS.name",
        "CrossEntropyLoss or cross_entropy_multiple_output_single_target; swav_loss, "
-       "simclr_info_nce_loss, barlow_twins_loss, moco_loss or dino_loss "
+       "simclr_info_nce_loss, barlow_twins_loss, moco_loss, dino_loss or deepclusterv2_loss "
        "([self_supervised.md](self_supervised.md))",
        "ClassificationLossTest.EqualsVisslsLossAndGradientInFloat64"},
       {"LOSS.CrossEntropyLoss.ignore_index",
@@ -384,6 +384,11 @@ std::vector<WiredKey> wired_keys() {
       {"LOSS.dino_loss.crops_for_teacher", "the crops the teacher sees (the global ones, of one size)", "TrainerSelfSupervisedTest.WhatDoesNotComposeIsRefusedNamingTheKey", {"LOSS.name=dino_loss"}},
       {"LOSS.dino_loss.ema_center", "the center's EMA factor", "TrainerConfigMappingTest.DinoKeysReachTheTrainerOptions", {"LOSS.name=dino_loss"}},
       {"LOSS.dino_loss.output_dim", "inferred (the dino_head's num_clusters), as VISSL infers it: refused unless at VISSL's default", kSslRefusals, {"LOSS.name=dino_loss"}},
+      {"LOSS.deepclusterv2_loss.temperature", "the scores of the normalised embeddings against the centroids are divided by it", "TrainerConfigMappingTest.DeepClusterV2KeysReachTheTrainerOptions", {"LOSS.name=deepclusterv2_loss"}},
+      {"LOSS.deepclusterv2_loss.num_clusters", "one k-means head per entry, its clusters; the loss averaged over the heads", "TrainerSelfSupervisedTest.DeepClusterV2ResumesMidEpochAndAtAnEpochsEndBitExactly", {"LOSS.name=deepclusterv2_loss"}},
+      {"LOSS.deepclusterv2_loss.kmeans_iters", "k-means iterations at each epoch's start", "TrainerConfigMappingTest.DeepClusterV2KeysReachTheTrainerOptions", {"LOSS.name=deepclusterv2_loss"}},
+      {"LOSS.deepclusterv2_loss.memory_params.crops_for_mb", "the crops whose embeddings each rank's memory keeps (head h clusters crop h modulo their number)", "TrainerSelfSupervisedTest.DeepClusterV2ResumesMidEpochAndAtAnEpochsEndBitExactly", {"LOSS.name=deepclusterv2_loss"}},
+      {"LOSS.deepclusterv2_loss.memory_params.embedding_dim", "the memory's width: must equal the projection head's output width", kSslRefusals, {"LOSS.name=deepclusterv2_loss"}},
       {"LOSS.swav_loss.temperature",
        "temperature of the predicting softmax",
        kSsl,
@@ -690,6 +695,10 @@ std::vector<NoEffectKey> no_effect_keys() {
   const char* logging = "logging only: Largo does not write this output; training is the same";
   std::vector<NoEffectKey> keys{
       {"VERBOSE", "console verbosity (debug lines); read by the largo program"},
+      {"LOSS.deepclusterv2_loss.DROP_LAST", "VISSL overwrites it from DATA.TRAIN.DROP_LAST whatever it is set to (its own configs set it); Largo infers it alike"},
+      {"LOSS.deepclusterv2_loss.BATCHSIZE_PER_REPLICA", "VISSL overwrites it from DATA.TRAIN.BATCHSIZE_PER_REPLICA whatever it is set to (its own configs set it); Largo infers it alike"},
+      {"LOSS.deepclusterv2_loss.num_crops", "VISSL overwrites it from DATA.TRAIN.TRANSFORMS' crops whatever it is set to (its own configs set it); Largo infers it alike"},
+      {"LOSS.deepclusterv2_loss.num_train_samples", "VISSL overwrites it from the training dataset's size whatever it is set to (its own configs set it); Largo infers it alike"},
       {"MULTI_PROCESSING_METHOD", "Largo's loader runs threads, not processes: there is no start method"},
       {"HOOKS.LOG_GPU_STATS", logging},
       {"HOOKS.TENSORBOARD_SETUP.LOG_DIR", "VISSL does not read it either: events go to CHECKPOINT.DIR/tb_logs"},

@@ -621,6 +621,38 @@ TEST(TrainerConfigMappingTest, RegNetAndVitLinearEvaluationTapsAreParsed) {
 // the trainer's options as VISSL's configs write them.
 // VISSL's DINO keys (configs/config/pretrain/dino/dino_16gpus_deits16.yaml's, other values):
 // the loss's, the teacher's and the dino_head's kwargs by VISSL's names.
+TEST(TrainerConfigMappingTest, DeepClusterV2KeysReachTheTrainerOptions) {
+  const std::string dc = "LOSS.deepclusterv2_loss.";
+  const TrainerOptions options = options_with(
+      {"LOSS.name=deepclusterv2_loss",
+       dc + "temperature=0.2",
+       dc + "num_clusters=[30, 20]",
+       dc + "kmeans_iters=4",
+       dc + "memory_params.crops_for_mb=[0, 1]",
+       dc + "memory_params.embedding_dim=64",
+       // VISSL overwrites these from the data and the dataset: set to anything, they are not read
+       dc + "num_train_samples=1281167",
+       dc + "BATCHSIZE_PER_REPLICA=64",
+       dc + "num_crops=8",
+       dc + "DROP_LAST=False"});
+  const SelfSupervisedLossOptions& ssl = options.self_supervised;
+  EXPECT_TRUE(ssl.is_deepclusterv2());
+  EXPECT_TRUE(ssl.trains_projection());
+  EXPECT_FALSE(ssl.compares_two_views());
+  EXPECT_EQ(ssl.deepclusterv2.temperature, 0.2);
+  EXPECT_EQ(ssl.deepclusterv2_memory.num_clusters, (std::vector<int64_t>{30, 20}));
+  EXPECT_EQ(ssl.deepclusterv2_memory.kmeans_iters, 4);
+  EXPECT_EQ(ssl.deepclusterv2_memory.crops_for_mb, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(ssl.deepclusterv2_memory.embedding_dim, 64);
+  EXPECT_EQ(ssl.projection_width(), 64);
+  EXPECT_EQ(ssl.projection_width_key(), dc + "memory_params.embedding_dim");
+  EXPECT_THROW(options_with({"LOSS.name=deepclusterv2_loss", dc + "num_clusters=[]"}), ConfigError);
+  EXPECT_THROW(
+      options_with({"LOSS.name=deepclusterv2_loss", dc + "memory_params.crops_for_mb=[]"}),
+      ConfigError);
+  EXPECT_THROW(options_with({"LOSS.name=deepclusterv2_loss", dc + "temperature=0"}), ConfigError);
+}
+
 TEST(TrainerConfigMappingTest, DinoKeysReachTheTrainerOptions) {
   const std::string dino = "LOSS.dino_loss.";
   const TrainerOptions options = options_with(

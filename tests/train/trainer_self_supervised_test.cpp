@@ -369,6 +369,78 @@ TEST(TrainerSelfSupervisedTest, DinoResumesMidEpochBitExactly) {
   });
 }
 
+// VISSL's DeepCluster v2 recipe, small: DINO's 4 crops of 32 x 32 through the MLP trunk and
+// two mlp heads (VISSL's), the memory of crops 0 and 1, two k-means heads of 4 and 3 clusters
+// (the rank's 8 images per epoch at 2 ranks), images named by their index.
+Overrides deepclusterv2_job(int world_size) {
+  return swav_job(world_size, 32) + kMlpTrunk +
+         Overrides{
+             "LOSS.name=deepclusterv2_loss",
+             "DATA.TRAIN.LABEL_TYPE=sample_index",
+             "MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False",
+             "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 64], use_relu: True, "
+             "skip_last_layer_relu_bn: False}], [mlp, {dims: [64, 16]}]]",
+             "LOSS.deepclusterv2_loss.num_clusters=[4, 3]",
+             "LOSS.deepclusterv2_loss.kmeans_iters=3",
+             "LOSS.deepclusterv2_loss.memory_params.crops_for_mb=[0, 1]",
+             "LOSS.deepclusterv2_loss.memory_params.embedding_dim=16"};
+}
+
+// The loss state after `iterations` of the 2-rank run in `dir` (its checkpoint).
+c10::Dict<c10::IValue, c10::IValue> deepclusterv2_state(const fs::path& dir) {
+  return checkpoint::load_checkpoint(dir / "checkpoint.torch").at("loss_states").toGenericDict();
+}
+
+// Stopped mid-epoch (a checkpoint every iteration, killed after 3 of 4: 2 per epoch, 2 epochs)
+// and at an epoch's end (the epoch's checkpoint alone, killed in epoch 2): the resumed runs end
+// bit for bit where the uninterrupted one does, which needs each rank's memory, its write
+// position, the assignments and centroids (mid-epoch: no second k-means) or the memory the
+// next epoch's k-means clusters (at the epoch's end). The checkpoint holds what VISSL's
+// buffers hold: each rank's 8 images in its memory (at the epoch's end each of the 16 images
+// once), every image assigned in both heads, the same assignments and centroids on both ranks.
+TEST(TrainerSelfSupervisedTest, DeepClusterV2ResumesMidEpochAndAtAnEpochsEndBitExactly) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const Overrides every_iteration = {"CHECKPOINT.CHECKPOINT_ITER_FREQUENCY=1"};
+    const RunResult reference =
+        ssl_run(dir / "full", deepclusterv2_job(2) + every_iteration, group);
+    ASSERT_EQ(reference.summary.iteration_losses.size(), 4u);
+    for (const float loss : reference.summary.iteration_losses) {
+      EXPECT_GT(loss, 0.0f);
+      EXPECT_TRUE(std::isfinite(loss));
+    }
+    for (const bool mid_epoch : {true, false}) {
+      const std::string what = mid_epoch ? "mid-epoch" : "at the epoch's end";
+      const fs::path resumed_dir = dir / (mid_epoch ? "mid_epoch" : "epoch_end");
+      const Overrides job = deepclusterv2_job(2) + (mid_epoch ? every_iteration : Overrides{});
+      EXPECT_TRUE(ssl_run(resumed_dir, job, group, 3).summary.interrupted);
+      group.barrier();
+      const auto states = deepclusterv2_state(resumed_dir);
+      const at::Tensor memory = states.at("local_memory_embeddings").toTensor();
+      EXPECT_EQ(memory.sizes(), at::IntArrayRef({2, 2, 8, 16})); // ranks, banks, rows, width
+      const at::Tensor assignments = states.at("assignments").toTensor();
+      EXPECT_EQ(assignments.sizes(), at::IntArrayRef({2, 2, 16}));
+      EXPECT_TRUE(torch::equal(assignments[0], assignments[1])) << what;
+      EXPECT_TRUE(assignments.ge(0).all().item<bool>()) << "every image in a memory, " << what;
+      EXPECT_TRUE(assignments[0][0].lt(4).all().item<bool>());
+      EXPECT_TRUE(assignments[0][1].lt(3).all().item<bool>());
+      EXPECT_TRUE(torch::equal(
+          states.at("centroids0").toTensor()[0], states.at("centroids0").toTensor()[1]));
+      EXPECT_EQ(states.at("start_idx").toTensor()[0].item<int64_t>(), mid_epoch ? 4 : 8) << what;
+      EXPECT_EQ(states.at("clustered_epoch").toTensor()[0].item<int64_t>(), mid_epoch ? 1 : 0)
+          << what;
+      if (!mid_epoch) { // mid-epoch, half of the rows are the next epoch's images
+        const at::Tensor index = states.at("local_memory_index").toTensor();
+        EXPECT_TRUE(torch::equal(std::get<0>(at::sort(index.flatten())), at::arange(16)))
+            << "the ranks' memories hold each image once";
+      }
+      const RunResult resumed = ssl_run(resumed_dir, job, group);
+      expect_resumed_bit_exactly(
+          resumed, reference, mid_epoch ? 3 : 2, fmt::format("rank {}, {}", group.rank(), what));
+    }
+  });
+}
+
 // VISSL's DINO on a ViT, small: 2 global crops of 32 px and 2 local ones of 16 px (VISSL's
 // 224 and 96), patch 8: the trunk is built for the global crops' 4x4 patches and takes the
 // local crops' 2x2 through its interpolated positional embedding (class token on).
@@ -828,6 +900,40 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       dino_job(1) + Overrides{"MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 512, num_clusters: [16], "
                               "num_layerz: 2}]]"},
       "MODEL.HEAD.PARAMS[0].num_layerz");
+  // DeepCluster v2: its targets need the images' indexes, crops and a head that fit, and k-means
+  // heads no larger than a rank's memory (8 images at 2 ranks, 16 at one).
+  expect_refused(
+      deepclusterv2_job(1) + Overrides{"DATA.TRAIN.LABEL_TYPE=standard"},
+      "DATA.TRAIN.LABEL_TYPE = standard");
+  expect_refused(
+      deepclusterv2_job(1) + Overrides{"LOSS.deepclusterv2_loss.memory_params.crops_for_mb=[4]"},
+      "LOSS.deepclusterv2_loss.memory_params.crops_for_mb");
+  expect_refused(
+      deepclusterv2_job(1) + Overrides{"LOSS.deepclusterv2_loss.memory_params.embedding_dim=128"},
+      "LOSS.deepclusterv2_loss.memory_params.embedding_dim = 128");
+  expect_refused(
+      deepclusterv2_job(1) +
+          Overrides{"MODEL.HEAD.PARAMS=[[swav_head, {dims: [512, 16], num_clusters: [4]}]]"},
+      "LOSS.deepclusterv2_loss.memory_params.embedding_dim = 16");
+  expect_refused(
+      deepclusterv2_job(1) + Overrides{"DISTRIBUTED.PIPELINE_SIZE=2"},
+      "LOSS.name = deepclusterv2_loss with DISTRIBUTED.PIPELINE_SIZE > 1");
+}
+
+// More clusters than a rank reads images per epoch: refused when the run starts (the memory's
+// size is the data's), naming the key.
+TEST(TrainerSelfSupervisedTest, DeepClusterV2RefusesMoreClustersThanARanksImages) {
+  const fs::path dir = test_dir_for("ssl");
+  fs::remove_all(dir);
+  const auto options = trainer_options_from_config(ssl_config(
+      dir, deepclusterv2_job(1) + Overrides{"LOSS.deepclusterv2_loss.num_clusters=[17]"}));
+  try {
+    Trainer trainer(options, "", comm::ProcessGroup::single_process());
+    ADD_FAILURE() << "accepted 17 clusters for 16 images";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("LOSS.deepclusterv2_loss.num_clusters"), std::string::npos)
+        << e.what();
+  }
 }
 
 } // namespace

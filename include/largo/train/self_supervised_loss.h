@@ -1,9 +1,9 @@
 // The loss of a self-supervised pretraining run (LOSS.name swav_loss, simclr_info_nce_loss,
-// barlow_twins_loss or moco_loss) with what it keeps between steps, called by the train step in
-// VISSL's order:
+// barlow_twins_loss, moco_loss, dino_loss or deepclusterv2_loss) with what it keeps between
+// steps, called by the train step in VISSL's order:
 //   start_iteration(t)          before optimizer step t (the run's iteration)
 //   loss(output, labels)        each micro-step, after the forward (the ParallelModel's
-//                               LossFunction; the labels are not used):
+//                               LossFunction; only DeepCluster v2 reads the labels):
 //     SimCLR  simclr_info_nce_loss over the rank's [2n, d] embeddings (view-major),
 //             L2-normalised first as VISSL's SimclrInfoNCELoss does
 //     Barlow Twins  barlow_twins_loss over the rank's [2n, d] embeddings (view-major)
@@ -15,6 +15,9 @@
 //             call, swav_loss averaged over the prototype sets (the queue's scores appended
 //             from queue.start_iter on), then the assigned crops' embeddings pushed;
 //             hard assignments for the first temp_hard_assignment_iters calls
+//     DeepCluster v2  deepclusterv2_loss of the rank's [crops * n, d] embeddings against the
+//             centroids, the targets the assignments of the labels (LABEL_TYPE
+//             sample_index: the images' indexes), then the memory written
 //   before_optimizer_step(model) MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: the gradients of the
 //                               listed parameters dropped while t < their iteration
 //                               (ParallelModel::drop_gradients, in every mode: their
@@ -25,12 +28,18 @@
 //                               SwAV's prototypes normalised (normalize_last_layer), through
 //                               the ParallelModel: in the module, or under FSDP in the
 //                               shards (a collective there)
+// DeepCluster v2 adds, before each epoch's first step (VISSL's InitMemoryHook and
+// ClusterMemoryHook): while memory_needs_filling(), fill_memory(output, labels) for every batch
+// of one pass over the data, then finish_filling_memory(); then start_epoch(epoch).
 // The losses are collective over the data-parallel group (Sinkhorn's sums, SimCLR's gather,
-// Barlow Twins' batch statistics and cross-correlation, MoCo's gather of the keys).
+// Barlow Twins' batch statistics and cross-correlation, MoCo's gather of the keys), and so is
+// start_epoch (DeepCluster v2's k-means, deepclusterv2_memory.h).
 #pragma once
 
 #include <largo/comm/process_group.h>
 #include <largo/models/barlow_twins_loss.h>
+#include <largo/models/deepclusterv2_loss.h>
+#include <largo/models/deepclusterv2_memory.h>
 #include <largo/models/dino_loss.h>
 #include <largo/models/dino_model.h>
 #include <largo/models/moco_loss.h>
@@ -87,6 +96,12 @@ struct SelfSupervisedLossOptions {
   models::DinoLossOptions dino;
   double dino_momentum = 0.996;
   int64_t dino_max_iteration = 1;
+  // DeepCluster v2 (LOSS.deepclusterv2_loss): temperature; num_clusters, kmeans_iters and
+  // memory_params (crops_for_mb, embedding_dim: the head's output width, checked). The memory's
+  // num_crops is the data's crop count (set by SelfSupervisedLoss), num_samples (the dataset's
+  // images) and memory_size_per_rank (the images a rank reads per epoch) the trainer's.
+  models::DeepClusterV2LossOptions deepclusterv2;
+  models::DeepClusterV2MemoryOptions deepclusterv2_memory;
   // MODEL.TEMP_FROZEN_PARAMS_ITER_MAP: parameter name (the module's, e.g.
   // "head.0.prototypes0.weight") -> the iteration from which it trains.
   std::vector<std::pair<std::string, int64_t>> frozen_parameters;
@@ -106,20 +121,29 @@ struct SelfSupervisedLossOptions {
   bool is_dino() const {
     return name == "dino_loss";
   }
+  bool is_deepclusterv2() const {
+    return name == "deepclusterv2_loss";
+  }
   // SimCLR, Barlow Twins and MoCo: two views of one size per image through a projection of
   // mlp heads, whose output width is this key's value.
   bool compares_two_views() const {
     return name == "simclr_info_nce_loss" || is_barlow_twins() || is_moco();
   }
+  // Those and DeepCluster v2 train a projection of mlp heads (DeepCluster v2 on any crops).
+  bool trains_projection() const {
+    return compares_two_views() || is_deepclusterv2();
+  }
   int64_t projection_width() const {
-    return is_barlow_twins() ? barlow_twins_embedding_dim
-           : is_moco()       ? moco_embedding_dim
-                             : simclr_embedding_dim;
+    return is_barlow_twins()    ? barlow_twins_embedding_dim
+           : is_moco()          ? moco_embedding_dim
+           : is_deepclusterv2() ? deepclusterv2_memory.embedding_dim
+                                : simclr_embedding_dim;
   }
   std::string projection_width_key() const {
-    return is_barlow_twins() ? "LOSS.barlow_twins_loss.embedding_dim"
-           : is_moco()       ? "LOSS.moco_loss.embedding_dim"
-                             : "LOSS.simclr_info_nce_loss.buffer_params.embedding_dim";
+    return is_barlow_twins()    ? "LOSS.barlow_twins_loss.embedding_dim"
+           : is_moco()          ? "LOSS.moco_loss.embedding_dim"
+           : is_deepclusterv2() ? "LOSS.deepclusterv2_loss.memory_params.embedding_dim"
+                                : "LOSS.simclr_info_nce_loss.buffer_params.embedding_dim";
   }
 };
 
@@ -131,7 +155,8 @@ class SelfSupervisedLoss {
   // `module`: the trained module (its parameters by name for the frozen map; for SwAV its
   // "head.0" is the SwavHead; for MoCo it is a MocoModel, for DINO a DinoModel); `group`: the ranks
   // whose batches make the global batch; `batch_size` the images per rank and micro-step; `seed`
-  // draws this rank's initial queue (SwAV's, MoCo's). Throws ConfigError for a frozen name the
+  // draws this rank's initial queue (SwAV's, MoCo's) and, plus the epoch, DeepCluster v2's
+  // initial centroids (on the group's rank 0). Throws ConfigError for a frozen name the
   // module does not have, a SwAV run without a swav_head, a MoCo run without a MocoModel or a queue
   // that is not a multiple of the global batch, OptionError for bad loss options.
   SelfSupervisedLoss(
@@ -149,10 +174,28 @@ class SelfSupervisedLoss {
   void before_optimizer_step(parallel::ParallelModel& model);
   void after_optimizer_step(parallel::ParallelModel& model);
 
+  // DeepCluster v2 (false for the other losses): the memory needs its initial pass (a fresh
+  // start, or a checkpoint without this world's memory); fill_memory writes one batch of it
+  // (`output` [crops * n, d], `labels` the images' indexes), finish_filling_memory ends it.
+  bool memory_needs_filling() const {
+    return memory_.has_value() && !memory_filled_;
+  }
+  void fill_memory(const at::Tensor& output, const at::Tensor& labels);
+  void finish_filling_memory() {
+    memory_filled_ = true;
+  }
+  // Collective for DeepCluster v2 (nothing otherwise): the memory's k-means, unless it ran
+  // for this epoch already (a mid-epoch checkpoint holds its result).
+  void start_epoch(int64_t epoch);
+  const models::DeepClusterV2Memory* deepclusterv2_memory() const {
+    return memory_ ? &*memory_ : nullptr;
+  }
+
   // SwAV's queue and its call count, by VISSL's buffer names (empty without a queue); MoCo's
   // queue ("queue", "queue_ptr") and momentum encoder ("moco_encoder.*", "moco_num_forwards");
-  // DINO's center ("center") and teacher ("teacher.*", "teacher_built"): this rank's, for the
-  // checkpoint.
+  // DINO's center ("center") and teacher ("teacher.*", "teacher_built"); DeepCluster v2's
+  // memory (DeepClusterV2Memory::state_dict's, "memory_filled", "clustered_epoch"): this rank's,
+  // for the checkpoint.
   std::map<std::string, at::Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, at::Tensor>& state);
   // "SwAV (3 crops, 2 assigned, 1 prototype set of 30, queue of 64 per rank from call 5)".
@@ -162,6 +205,7 @@ class SelfSupervisedLoss {
   at::Tensor swav(const at::Tensor& output);
   at::Tensor moco(const at::Tensor& output);
   at::Tensor dino(const at::Tensor& output);
+  at::Tensor deepclusterv2(const at::Tensor& output, const at::Tensor& labels);
   void build_dino(torch::nn::Module& module, int64_t num_views);
   void build_moco(torch::nn::Module& module, int64_t batch_size, uint64_t seed);
 
@@ -174,6 +218,10 @@ class SelfSupervisedLoss {
   std::optional<models::MocoQueue> moco_queue_;
   models::DinoModelImpl* dino_model_ = nullptr; // DINO
   std::optional<models::DinoLoss> dino_loss_;
+  std::optional<models::DeepClusterV2Memory> memory_; // DeepCluster v2
+  bool memory_filled_ = false;
+  int64_t clustered_epoch_ = -1;
+  uint64_t seed_ = 0;
   int64_t queue_length_ = 0;                           // images per rank
   // Parameter name, iteration it trains from.
   std::vector<std::pair<std::string, int64_t>> frozen_;

@@ -73,6 +73,13 @@ class TrainingData {
   int64_t num_train_samples() const {
     return static_cast<int64_t>(train_subset_.size());
   }
+  // The images of the training dataset the subset is drawn from: every sample index is below.
+  int64_t train_dataset_size() const {
+    return train_data_ ? train_data_->size() : 0;
+  }
+  // The samples a rank reads in a whole epoch: its share, less a short last batch that
+  // DATA.TRAIN.DROP_LAST drops.
+  int64_t train_samples_per_epoch() const;
   int64_t num_test_samples() const {
     return static_cast<int64_t>(test_subset_.size());
   }

@@ -309,6 +309,13 @@ void check_linear_evaluation(const RunPlan& plan) {
   }
 }
 
+// One or more crop indices, each below `num_crops`.
+bool crops_in_range(const std::vector<int64_t>& crops, size_t num_crops) {
+  return !crops.empty() && std::all_of(crops.begin(), crops.end(), [&](int64_t crop) {
+    return crop >= 0 && crop < static_cast<int64_t>(num_crops);
+  });
+}
+
 // Several views per image and a self-supervised loss go together (self_supervised.md).
 void check_views_match_loss(const RunPlan& plan) {
   const SelfSupervisedLossOptions& ssl = plan.options.self_supervised;
@@ -327,7 +334,8 @@ void check_views_match_loss(const RunPlan& plan) {
   if (views.empty()) {
     throw ConfigError(fmt::format(
         "LOSS.name = {} trains on several views of each image, but DATA.TRAIN.TRANSFORMS make "
-        "one: add ImgPilToMultiCrop (SwAV, DINO) or ImgReplicatePil (SimCLR, Barlow Twins, MoCo) "
+        "one: add ImgPilToMultiCrop (SwAV, DINO, DeepCluster v2) or ImgReplicatePil (SimCLR, "
+        "Barlow Twins, MoCo) "
         "with "
         "COLLATE_FUNCTION multicrop_collator or simclr_collator (configs/examples/)",
         ssl.name));
@@ -341,10 +349,17 @@ void check_views_match_loss(const RunPlan& plan) {
         views.size()));
   }
   const auto& assign = ssl.swav.crops_for_assign;
-  const bool assign_ok =
-      !assign.empty() && std::all_of(assign.begin(), assign.end(), [&](int64_t crop) {
-        return crop >= 0 && crop < static_cast<int64_t>(views.size());
-      });
+  const bool assign_ok = crops_in_range(assign, views.size());
+  const auto& mb = ssl.deepclusterv2_memory.crops_for_mb;
+  if (ssl.is_deepclusterv2() && !crops_in_range(mb, views.size())) {
+    throw config_error(
+        "LOSS.deepclusterv2_loss.memory_params.crops_for_mb",
+        fmt::format("[{}]", fmt::join(mb, ", ")),
+        fmt::format(
+            "crop indices in [0, {}): DATA.TRAIN.TRANSFORMS make {} crops",
+            views.size(),
+            views.size()));
+  }
   if (ssl.is_swav() && !assign_ok) {
     throw config_error(
         "LOSS.swav_loss.crops_for_assign",
@@ -365,6 +380,14 @@ void check_label_types(const TrainerOptions& o) {
         "self-supervised loss (LOSS.name swav_loss, simclr_info_nce_loss, barlow_twins_loss or "
         "moco_loss) can "
         "train with; a classification loss needs standard labels"));
+  }
+  // VISSL's DeepClusterV2Loss takes its targets' images from the labels.
+  if (o.self_supervised.is_deepclusterv2() && o.train.source.label_type != "sample_index") {
+    throw config_error(
+        "DATA.TRAIN.LABEL_TYPE",
+        o.train.source.label_type,
+        "sample_index with LOSS.name = deepclusterv2_loss: the loss finds each image's cluster "
+        "and memory row by its index, which that label type gives (as in VISSL's configs)");
   }
   if (o.reads_test_split() && o.test.source.label_type == "sample_index") {
     throw ConfigError(
@@ -499,7 +522,7 @@ void check_self_supervised(const RunPlan& plan) {
   const int64_t head_width = !model.head_chain.empty()  ? model.head_chain.back().dims.back()
                              : !model.head_dims.empty() ? model.head_dims.back()
                                                         : 0;
-  if (ssl.compares_two_views() && head_width != ssl.projection_width()) {
+  if (ssl.trains_projection() && head_width != ssl.projection_width()) {
     refuse(
         fmt::format("{} = {}", ssl.projection_width_key(), ssl.projection_width()),
         head_width == 0
@@ -509,7 +532,7 @@ void check_self_supervised(const RunPlan& plan) {
             : fmt::format(
                   "the projection head ends in {} outputs; make the two agree", head_width));
   }
-  if (ssl.compares_two_views() && !plan.model.swav_head.dims.empty()) {
+  if (ssl.trains_projection() && !plan.model.swav_head.dims.empty()) {
     refuse("a swav_head", "the projection is one or more mlp heads in MODEL.HEAD.PARAMS");
   }
   if (o.parallel.pipeline.enabled()) {

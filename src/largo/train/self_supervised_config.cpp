@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 namespace largo::train {
 namespace {
 
@@ -119,6 +121,34 @@ SelfSupervisedLossOptions dino_options_from(const Config& config) {
   return options;
 }
 
+// LOSS.deepclusterv2_loss: the loss's temperature and the memory's clustering keys. VISSL
+// overwrites DROP_LAST, BATCHSIZE_PER_REPLICA, num_crops and num_train_samples from DATA.TRAIN
+// and the dataset whatever they are set to (its own configs set them), so they are not read:
+// the trainer infers them alike.
+SelfSupervisedLossOptions deepclusterv2_options_from(const Config& config) {
+  const std::string key = "LOSS.deepclusterv2_loss.";
+  SelfSupervisedLossOptions options;
+  options.name = "deepclusterv2_loss";
+  options.deepclusterv2.temperature = positive_number(config, key + "temperature");
+  models::DeepClusterV2MemoryOptions& memory = options.deepclusterv2_memory;
+  memory.num_clusters = config.get_int_list(key + "num_clusters");
+  require(
+      !memory.num_clusters.empty() &&
+          *std::min_element(memory.num_clusters.begin(), memory.num_clusters.end()) > 0,
+      key + "num_clusters",
+      fmt::format("[{}]", fmt::join(memory.num_clusters, ", ")),
+      "one or more cluster counts, each > 0 (one k-means head each, e.g. [3000, 3000, 3000])");
+  memory.kmeans_iters = non_negative_int(config, key + "kmeans_iters");
+  memory.crops_for_mb = config.get_int_list(key + "memory_params.crops_for_mb");
+  require(
+      !memory.crops_for_mb.empty(),
+      key + "memory_params.crops_for_mb",
+      "[]",
+      "the crops whose embeddings the memory keeps, e.g. [0]");
+  memory.embedding_dim = positive_int(config, key + "memory_params.embedding_dim");
+  return options;
+}
+
 // VISSL names parameters of the wrapped model ("module.heads.0.prototypes0.weight"); Largo's
 // module has "head.0.prototypes0.weight".
 std::string largo_parameter_name(std::string name) {
@@ -175,6 +205,8 @@ SelfSupervisedLossOptions self_supervised_options_from(const Config& config) {
     options = moco_options_from(config);
   } else if (loss == "dino_loss") {
     options = dino_options_from(config);
+  } else if (loss == "deepclusterv2_loss") {
+    options = deepclusterv2_options_from(config);
   }
   frozen_parameters_from(config, options);
   return options;

@@ -38,7 +38,7 @@ SelfSupervisedLoss::SelfSupervisedLoss(
     comm::ProcessGroup& group,
     int64_t batch_size,
     uint64_t seed)
-    : options_(std::move(options)), group_(group) {
+    : options_(std::move(options)), group_(group), seed_(seed) {
   options_.swav.num_crops = num_views;
   const auto parameters = module.named_parameters();
   for (const auto& [name, iteration] : options_.frozen_parameters) {
@@ -59,6 +59,14 @@ SelfSupervisedLoss::SelfSupervisedLoss(
   }
   if (options_.is_dino()) {
     build_dino(module, num_views);
+    return;
+  }
+  if (options_.is_deepclusterv2()) {
+    options_.deepclusterv2_memory.num_crops = num_views;
+    const auto parameters_list = module.parameters();
+    memory_.emplace(
+        options_.deepclusterv2_memory,
+        parameters_list.empty() ? c10::Device(c10::kCPU) : parameters_list.front().device());
     return;
   }
   if (!options_.is_swav()) {
@@ -134,7 +142,10 @@ void SelfSupervisedLoss::build_dino(torch::nn::Module& module, int64_t num_views
   dino_loss_.emplace(options_.dino);
 }
 
-at::Tensor SelfSupervisedLoss::loss(const at::Tensor& output, const at::Tensor& /*labels*/) {
+at::Tensor SelfSupervisedLoss::loss(const at::Tensor& output, const at::Tensor& labels) {
+  if (memory_) {
+    return deepclusterv2(output, labels);
+  }
   if (options_.is_moco()) {
     return moco(output);
   }
@@ -216,6 +227,40 @@ at::Tensor SelfSupervisedLoss::dino(const at::Tensor& output) {
       group_);
 }
 
+// `output`: [crops * n, d], crop-major (MultiCropModel); `labels` [n]: the images' indexes
+// (DATA.TRAIN.LABEL_TYPE sample_index), VISSL's idx.
+at::Tensor SelfSupervisedLoss::deepclusterv2(const at::Tensor& output, const at::Tensor& labels) {
+  const int64_t d = options_.deepclusterv2_memory.embedding_dim;
+  if (output.dim() != 2 || output.size(1) != d) {
+    throw config_error(
+        "LOSS.deepclusterv2_loss.memory_params.embedding_dim",
+        std::to_string(d),
+        fmt::format(
+            "the head's output width ({}): set MODEL.HEAD.PARAMS' last dims to it",
+            output.dim() == 2 ? output.size(1) : int64_t{0}));
+  }
+  const at::Tensor loss = models::deepclusterv2_loss(
+      output, memory_->centroids(), memory_->targets(labels), options_.deepclusterv2);
+  memory_->write(output, labels); // after the loss, as VISSL's forward does
+  ++calls_;
+  return loss;
+}
+
+void SelfSupervisedLoss::fill_memory(const at::Tensor& output, const at::Tensor& labels) {
+  TORCH_INTERNAL_ASSERT(memory_, "fill_memory: not a DeepCluster v2 loss");
+  memory_->write(output, labels);
+}
+
+void SelfSupervisedLoss::start_epoch(int64_t epoch) {
+  if (!memory_ || clustered_epoch_ == epoch) {
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(memory_filled_, "start_epoch: the memory's initial pass has not run");
+  memory_->cluster(
+      group_, at::make_generator<at::CPUGeneratorImpl>(seed_ + static_cast<uint64_t>(epoch)));
+  clustered_epoch_ = epoch;
+}
+
 void SelfSupervisedLoss::before_optimizer_step(parallel::ParallelModel& model) {
   std::vector<std::string> frozen;
   for (const auto& [name, iteration] : frozen_) {
@@ -244,6 +289,12 @@ void SelfSupervisedLoss::after_optimizer_step(parallel::ParallelModel& model) {
 }
 
 std::map<std::string, at::Tensor> SelfSupervisedLoss::state_dict() const {
+  if (memory_) {
+    std::map<std::string, at::Tensor> state = memory_->state_dict();
+    state.emplace("memory_filled", at::tensor(int64_t{memory_filled_ ? 1 : 0}, at::kLong));
+    state.emplace("clustered_epoch", at::tensor(clustered_epoch_, at::kLong));
+    return state;
+  }
   if (dino_loss_) {
     std::map<std::string, at::Tensor> state = dino_loss_->state_dict();
     state.merge(dino_model_->teacher_state_dict());
@@ -263,6 +314,19 @@ std::map<std::string, at::Tensor> SelfSupervisedLoss::state_dict() const {
 }
 
 void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  if (memory_) {
+    const auto filled = state.find("memory_filled");
+    const auto clustered = state.find("clustered_epoch");
+    if (filled == state.end() || clustered == state.end()) {
+      throw CheckpointError(
+          "the checkpoint's DeepCluster v2 state has no memory_filled or clustered_epoch; it "
+          "was not written by a deepclusterv2_loss run");
+    }
+    memory_->load_state_dict(state);
+    memory_filled_ = filled->second.item<int64_t>() != 0;
+    clustered_epoch_ = clustered->second.item<int64_t>();
+    return;
+  }
   if (dino_loss_) {
     dino_loss_->load_state_dict(state);
     dino_model_->load_teacher_state_dict(state);
@@ -287,6 +351,22 @@ void SelfSupervisedLoss::load_state_dict(const std::map<std::string, at::Tensor>
 }
 
 std::string SelfSupervisedLoss::describe() const {
+  if (memory_) {
+    const models::DeepClusterV2MemoryOptions& memory = memory_->options();
+    return fmt::format(
+        "DeepCluster v2 ({} crops, temperature {}, k-means heads [{}] of {} iterations over {} "
+        "rank(s), memory of crops [{}], {} images of width {} per rank, {} images in the "
+        "dataset)",
+        memory.num_crops,
+        options_.deepclusterv2.temperature,
+        fmt::join(memory.num_clusters, ", "),
+        memory.kmeans_iters,
+        group_.world_size(),
+        fmt::join(memory.crops_for_mb, ", "),
+        memory.memory_size_per_rank,
+        memory.embedding_dim,
+        memory.num_samples);
+  }
   if (dino_loss_) {
     const models::DinoLossOptions& dino = options_.dino;
     return fmt::format(

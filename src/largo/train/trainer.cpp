@@ -12,6 +12,7 @@
 #include <largo/core/rng_state.h>
 #include <largo/models/flop_count.h>
 #include <largo/models/model_factory.h>
+#include <largo/models/multi_crop_model.h>
 #include <largo/models/parameter_count.h>
 #include <largo/optim/optimizer_factory.h>
 #include <largo/optim/param_groups.h>
@@ -30,6 +31,7 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace largo::train {
@@ -67,7 +69,8 @@ struct Trainer::State {
   models::RunModel model; // with a linear evaluation over its trunk (FEATURE_EVAL_SETTINGS)
   std::unique_ptr<parallel::ParallelModel> parallel;
   std::unique_ptr<checkpoint::TrainingState> state;
-  // LOSS.name swav_loss, simclr_info_nce_loss or barlow_twins_loss
+  // LOSS.name swav_loss, simclr_info_nce_loss, barlow_twins_loss, moco_loss, dino_loss or
+  // deepclusterv2_loss
   std::unique_ptr<SelfSupervisedLoss> self_supervised;
   std::unique_ptr<TrainStep> step;
   std::unique_ptr<optim::LrSchedule> lr_schedule;
@@ -101,6 +104,7 @@ struct Trainer::State {
   bool will_resume() const;
   void parallelize_model();
   void build_self_supervised_loss();
+  void prepare_clustering(int64_t epoch);
   parallel::ParallelOptions parallel_options() const;
   void open_records();
   void add_hooks();
@@ -311,6 +315,24 @@ void Trainer::State::build_self_supervised_loss() {
   // DINO's teacher momentum runs its cosine over the whole run, VISSL's task.max_iteration.
   options.dino_max_iteration =
       std::max<int64_t>(1, progress().num_epochs * progress().iterations_per_epoch);
+  // DeepCluster v2's memory holds the images each rank reads in an epoch, its assignments
+  // every image of the dataset (VISSL's num_train_samples).
+  models::DeepClusterV2MemoryOptions& memory = options.deepclusterv2_memory;
+  memory.num_samples = data->train_dataset_size();
+  memory.memory_size_per_rank = data->train_samples_per_epoch();
+  const int64_t most_clusters =
+      memory.num_clusters.empty()
+          ? 0
+          : *std::max_element(memory.num_clusters.begin(), memory.num_clusters.end());
+  if (options.is_deepclusterv2() && most_clusters > memory.memory_size_per_rank) {
+    throw config_error(
+        "LOSS.deepclusterv2_loss.num_clusters",
+        fmt::format("[{}]", fmt::join(memory.num_clusters, ", ")),
+        fmt::format(
+            "at most the {} images each rank reads per epoch: the k-means draws its initial "
+            "centroids from rank 0's memory of them (use fewer clusters, or fewer ranks)",
+            memory.memory_size_per_rank));
+  }
   const uint64_t queue_seed = options.is_moco()
                                   ? this->options().seed
                                   : this->options().seed + static_cast<uint64_t>(data_shard.index);
@@ -589,6 +611,9 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
   const std::vector<int64_t> order = data->train_epoch_order(p.epoch, p.earlier_stretches);
   const int64_t first_batch =
       (p.iteration_in_epoch - p.stretch_start_iteration) * options().gradient_accumulation_steps;
+  if (self_supervised) {
+    prepare_clustering(p.epoch); // before the epoch's loader starts: the first pass reads too
+  }
   data->train_loader().start_epoch(order, p.epoch, first_batch);
   while (p.iteration_in_epoch < p.iterations_per_epoch) {
     set_scheduled_values();
@@ -623,6 +648,25 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
   }
   record_samples_read(summary, order, first_batch);
   return true;
+}
+
+// DeepCluster v2 (nothing for the other losses): VISSL's InitMemoryHook, one pass over epoch
+// 0's batches through the model (in training mode, without gradients) filling the memory, on a
+// fresh start or when the checkpoint held no memory for this world; then its
+// ClusterMemoryHook, the k-means, unless a mid-epoch checkpoint holds this epoch's.
+void Trainer::State::prepare_clustering(int64_t epoch) {
+  if (self_supervised->memory_needs_filling()) {
+    torch::NoGradGuard no_grad;
+    data::DataLoader& loader = data->train_loader();
+    loader.start_epoch(data->train_epoch_order(0), 0, 0);
+    while (auto batch = loader.next()) {
+      const at::Tensor input = models::pack_views(batch->views).to(device, /*non_blocking=*/true);
+      self_supervised->fill_memory(
+          parallel->forward(input), batch->labels.to(device, /*non_blocking=*/true));
+    }
+    self_supervised->finish_filling_memory();
+  }
+  self_supervised->start_epoch(epoch);
 }
 
 void Trainer::State::end_epoch() {

@@ -74,7 +74,6 @@ void check_base_optimizer_keys(const Config& config) {
 void refuse_other_vissl_losses(const std::string& loss) {
   static const std::vector<std::string> vissl_losses = {
       "bce_logits_multiple_output_single_target",
-      "deepclusterv2_loss",
       "dino_distillation_loss",
       "distillation_loss",
       "ibot_distillation_loss",
@@ -90,7 +89,7 @@ void refuse_other_vissl_losses(const std::string& loss) {
         "config key LOSS.name = {}: VISSL's {} is not available in this version of Largo "
         "(it trains classifiers with CrossEntropyLoss or "
         "cross_entropy_multiple_output_single_target, and pretrains with swav_loss, "
-        "simclr_info_nce_loss, barlow_twins_loss, moco_loss or dino_loss)",
+        "simclr_info_nce_loss, barlow_twins_loss, moco_loss, dino_loss or deepclusterv2_loss)",
         loss,
         loss));
   }
@@ -158,12 +157,12 @@ void check_loss_name(const Config& config) {
   require(
       loss == "CrossEntropyLoss" || loss == "cross_entropy_multiple_output_single_target" ||
           loss == "swav_loss" || loss == "simclr_info_nce_loss" || loss == "barlow_twins_loss" ||
-          loss == "moco_loss" || loss == "dino_loss",
+          loss == "moco_loss" || loss == "dino_loss" || loss == "deepclusterv2_loss",
       "LOSS.name",
       loss,
       "CrossEntropyLoss or cross_entropy_multiple_output_single_target (classification), or "
-      "swav_loss, simclr_info_nce_loss, barlow_twins_loss, moco_loss or dino_loss "
-      "(self-supervised)");
+      "swav_loss, simclr_info_nce_loss, barlow_twins_loss, moco_loss, dino_loss or "
+      "deepclusterv2_loss (self-supervised)");
 }
 
 // ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True; with

@@ -174,6 +174,11 @@ void TrainingData::open_train_split(torch::Device device) {
   }
 }
 
+int64_t TrainingData::train_samples_per_epoch() const {
+  const auto samples = static_cast<int64_t>(train_epoch_order(0).size());
+  return options_.train.drop_last ? samples - samples % options_.train.batch_size : samples;
+}
+
 int64_t TrainingData::iterations_for(int64_t samples_per_rank) const {
   const int64_t batch_size = options_.train.batch_size;
   const int64_t batches = options_.train.drop_last
