@@ -528,7 +528,8 @@ void TrainingState::insert_loss_state(StateDict& state) {
 }
 
 // Each rank's own at the saved world size. At another the state does not carry over (SwAV's
-// queue is per rank and sized by the world), so the loss keeps its fresh state.
+// and MoCo's queues and DeepCluster v2's memory are per rank and sized by the world), so the
+// loss keeps its fresh state.
 void TrainingState::load_loss_state(
     const StateDict& state, int64_t saved_world_size, const std::string& where) {
   if (!set_loss_state_ || get_loss_state_().empty()) {
@@ -539,8 +540,10 @@ void TrainingState::load_loss_state(
       saved_world_size != group.world_size()) {
     if (group.rank() == 0) {
       spdlog::warn(
-          "{} holds no loss state (SwAV's queue) for {} rank(s): the queue starts afresh and "
-          "fills again within queue_length / global batch iterations",
+          "{} holds no loss state for {} rank(s) (the loss's per-rank state: SwAV's or MoCo's "
+          "queue, DINO's teacher and center, DeepCluster v2's memory): it starts afresh (a queue "
+          "fills again within queue_length / global batch iterations, DeepCluster v2's memory "
+          "by a pass over the data)",
           where,
           group.world_size());
     }
