@@ -139,14 +139,17 @@ class TrainingState {
   // checkpoint that has one, and otherwise restarts it from the loaded weights, as VISSL does.
   void attach_model_ema(optim::ModelEma& ema, optim::NamedTensors model_tensors, bool save_average);
 
-  // A loss's per-rank state (SwAV's queue), the same names and shapes on every rank:
-  // save() writes it as "loss" (rank 0's, VISSL's entry) and "loss_states" (every rank's);
-  // load() gives each rank its own back at the saved world size. At another world size, or
-  // from a checkpoint without it, the loss keeps its fresh state, with a warning (a queue is
-  // sized per rank by the world, and refills within queue_length / global batch steps).
+  // A loss's state, the same names and shapes on every rank: save() writes it as "loss"
+  // (rank 0's, VISSL's entry) and "loss_states" (every rank's); load() gives each rank its own
+  // back at the saved world size. At another world size a state that is the same on every
+  // rank (DINO's teacher and center, MoCo's momentum encoder and queue) is rank 0's for every
+  // rank; one that is each rank's own (SwAV's queue and DeepCluster v2's memory, sized per
+  // rank by the world) starts afresh with a warning, as it does from a checkpoint without it
+  // (a queue refills within queue_length / global batch steps).
+  enum class LossStateScope { kPerRank, kSameOnEveryRank };
   using LossStateGetter = std::function<std::map<std::string, at::Tensor>()>;
   using LossStateSetter = std::function<void(const std::map<std::string, at::Tensor>&)>;
-  void attach_loss_state(LossStateGetter get, LossStateSetter set);
+  void attach_loss_state(LossStateGetter get, LossStateSetter set, LossStateScope scope);
 
  private:
   void insert_progress(StateDict& state) const;
@@ -178,6 +181,7 @@ class TrainingState {
   bool save_ema_ = false;
   LossStateGetter get_loss_state_;
   LossStateSetter set_loss_state_;
+  LossStateScope loss_state_scope_ = LossStateScope::kPerRank;
 };
 
 } // namespace largo::checkpoint

@@ -198,6 +198,14 @@ class SelfSupervisedLoss {
   // for the checkpoint.
   std::map<std::string, at::Tensor> state_dict() const;
   void load_state_dict(const std::map<std::string, at::Tensor>& state);
+  // Whether state_dict() is the same on every rank (MoCo's and DINO's: updated from every
+  // rank's keys or scores, or from the replicated model), so that a run of another world size
+  // can take rank 0's; SwAV's queue and DeepCluster v2's memory hold each rank's own images.
+  // (The momentum encoder's BatchNorm statistics are each rank's, from its shuffled keys; its
+  // forward in training normalises by the batch and never reads them.)
+  bool state_is_same_on_every_rank() const {
+    return dino_loss_.has_value() || moco_queue_.has_value();
+  }
   // "SwAV (3 crops, 2 assigned, 1 prototype set of 30, queue of 64 per rank from call 5)".
   std::string describe() const;
 

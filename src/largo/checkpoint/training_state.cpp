@@ -497,9 +497,11 @@ void TrainingState::attach_model_ema(
   save_ema_ = save_average;
 }
 
-void TrainingState::attach_loss_state(LossStateGetter get, LossStateSetter set) {
+void TrainingState::attach_loss_state(
+    LossStateGetter get, LossStateSetter set, LossStateScope scope) {
   get_loss_state_ = std::move(get);
   set_loss_state_ = std::move(set);
+  loss_state_scope_ = scope;
 }
 
 // Collective: each entry gathered from every rank into [world, ...].
@@ -527,31 +529,41 @@ void TrainingState::insert_loss_state(StateDict& state) {
   state.insert("loss_states", every);
 }
 
-// Each rank's own at the saved world size. At another the state does not carry over (SwAV's
-// and MoCo's queues and DeepCluster v2's memory are per rank and sized by the world), so the
-// loss keeps its fresh state.
+// Each rank's own at the saved world size. At another, a state that is the same on every rank
+// is rank 0's; a per-rank one does not carry over (SwAV's queue and DeepCluster v2's memory are
+// sized by the world), so the loss keeps its fresh state.
 void TrainingState::load_loss_state(
     const StateDict& state, int64_t saved_world_size, const std::string& where) {
   if (!set_loss_state_ || get_loss_state_().empty()) {
     return;
   }
   comm::ProcessGroup& group = model_.process_group();
-  if (!state.contains("loss_states") || !state.at("loss_states").isGenericDict() ||
-      saved_world_size != group.world_size()) {
+  const bool saved = state.contains("loss_states") && state.at("loss_states").isGenericDict();
+  const bool same_world = saved_world_size == group.world_size();
+  if (!saved || (!same_world && loss_state_scope_ == LossStateScope::kPerRank)) {
     if (group.rank() == 0) {
       spdlog::warn(
-          "{} holds no loss state for {} rank(s) (the loss's per-rank state: SwAV's or MoCo's "
-          "queue, DINO's teacher and center, DeepCluster v2's memory): it starts afresh (a queue "
-          "fills again within queue_length / global batch iterations, DeepCluster v2's memory "
-          "by a pass over the data)",
+          "{} holds no loss state for {} rank(s) (the loss's state: SwAV's or MoCo's queue, "
+          "DINO's teacher and center, DeepCluster v2's memory): it starts afresh (a queue fills "
+          "again within queue_length / global batch iterations, DeepCluster v2's memory by a "
+          "pass over the data)",
           where,
           group.world_size());
     }
     return;
   }
+  const int64_t entry = same_world ? group.rank() : 0;
+  if (!same_world && group.rank() == 0) {
+    spdlog::info(
+        "{}: the loss's state, the same on every rank, carries over from {} to {} rank(s) "
+        "(rank 0's)",
+        where,
+        saved_world_size,
+        group.world_size());
+  }
   std::map<std::string, at::Tensor> values;
   for (const auto& item : state.at("loss_states").toGenericDict()) {
-    values.emplace(item.key().toStringRef(), item.value().toTensor()[group.rank()].clone());
+    values.emplace(item.key().toStringRef(), item.value().toTensor()[entry].clone());
   }
   try {
     set_loss_state_(values);

@@ -86,8 +86,11 @@ void SwavQueue::rescore(SwavHeadImpl& head) {
   at::NoGradGuard no_grad;
   for (size_t j = 0; j < scores_.size(); ++j) {
     torch::nn::Linear prototypes = head.prototypes()[j]; // a handle: shares the module
+    // FSDP's compute copies (O2) hold the prototypes in a lower dtype than the stored
+    // float32 embeddings: score in theirs, as VISSL's FSDP casts the hook's input.
+    const auto dtype = prototypes->weight.scalar_type();
     for (int64_t crop = 0; crop < embeddings_.size(0); ++crop) {
-      scores_[j][crop].copy_(prototypes->forward(embeddings_[crop]));
+      scores_[j][crop].copy_(prototypes->forward(embeddings_[crop].to(dtype)));
     }
   }
 }

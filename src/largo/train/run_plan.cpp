@@ -541,13 +541,6 @@ void check_self_supervised(const RunPlan& plan) {
         "the views of several resolutions run through the whole trunk; use data "
         "parallelism");
   }
-  if (values_flat_sharded(o.parallel) && ssl.is_swav() && ssl.queue_length > 0) {
-    refuse(
-        "LOSS.swav_loss.queue under FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)",
-        "the queue is rescored with the prototypes outside the forward, where FSDP keeps them "
-        "sharded; use ZeRO-1/2 (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP) or DDP "
-        "with a queue, or set queue_length 0");
-  }
   if (ssl.is_moco() || ssl.is_dino()) {
     check_momentum_copy_composes(plan);
   }

@@ -346,7 +346,10 @@ void Trainer::State::build_self_supervised_loss() {
   SelfSupervisedLoss* loss = self_supervised.get();
   state->attach_loss_state(
       [loss] { return loss->state_dict(); },
-      [loss](const std::map<std::string, at::Tensor>& values) { loss->load_state_dict(values); });
+      [loss](const std::map<std::string, at::Tensor>& values) { loss->load_state_dict(values); },
+      loss->state_is_same_on_every_rank()
+          ? checkpoint::TrainingState::LossStateScope::kSameOnEveryRank
+          : checkpoint::TrainingState::LossStateScope::kPerRank);
 }
 
 // The plan's options, with the sample that MODEL.PIPELINE.BALANCE time measures the blocks
