@@ -682,11 +682,12 @@ TEST(TrainerSelfSupervisedTest, SwavWithQueueUnderFsdpTrainsAsUnderDdp) {
     // With bfloat16 compute copies the prototypes score the float32 queue in bfloat16.
     const RunResult copies = ssl_run(
         dir / "fsdp_o2",
-        job + Overrides{
-                  "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
-                  "MODEL.FSDP_CONFIG.AMP_TYPE=O2",
-                  "MODEL.AMP_PARAMS.USE_AMP=True",
-                  "MODEL.AMP_PARAMS.DTYPE=bfloat16"},
+        job +
+            Overrides{
+                "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+                "MODEL.FSDP_CONFIG.AMP_TYPE=O2",
+                "MODEL.AMP_PARAMS.USE_AMP=True",
+                "MODEL.AMP_PARAMS.DTYPE=bfloat16"},
         group);
     ASSERT_EQ(copies.summary.iteration_losses.size(), 4u);
     for (const float loss : copies.summary.iteration_losses) {
