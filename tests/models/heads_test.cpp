@@ -1,5 +1,6 @@
 // Heads: the default linear head and VISSL's mlp head layouts.
 #include <largo/models/model_factory.h>
+#include <largo/models/vissl_names.h>
 
 #include <largo/core/error.h>
 
@@ -96,6 +97,44 @@ TEST(Heads, HeadDimsMustFitTrunkAndClasses) {
         << error.what();
   }
   options.head_dims = {64};
+  EXPECT_THROW(build_model(options), ConfigError);
+}
+
+// ModelOptions::head_channel_bn: VISSL's eval_mlp on the trunk's output, BatchNorm2d over
+// its channels ([b, c] seen as [b, c, 1, 1]) then the mlp, under VISSL's names.
+TEST(Heads, EvalMlpOnTheTrunkIsBatchNormThenMlpUnderVisslsNames) {
+  ModelOptions options;
+  options.trunk_name = "mlp";
+  options.in_channels = 1;
+  options.image_size = 2;
+  options.num_classes = 3;
+  options.mlp.hidden_dims = {8};
+  options.head_dims = {8, 3};
+  options.head_channel_bn = 8;
+  TrunkHeadModel model = build_model(options);
+  auto parameters = model->named_parameters();
+  const auto rename = weights_name_mapping(options);
+  for (const std::string vissl : {"heads.0.channel_bn.weight", "heads.0.clf.clf.0.weight"}) {
+    EXPECT_TRUE(parameters.contains(rename(vissl))) << vissl << " -> " << rename(vissl);
+  }
+  torch::NoGradGuard no_grad;
+  model->eval();
+  at::Tensor weight = parameters["head.0.channel_bn.weight"];
+  at::Tensor bias = parameters["head.0.channel_bn.bias"];
+  weight.copy_(at::linspace(0.5, 2.0, 8));
+  bias.copy_(at::linspace(-1.0, 1.0, 8));
+  auto buffers = model->named_buffers();
+  at::Tensor mean = buffers["head.0.channel_bn.running_mean"];
+  at::Tensor var = buffers["head.0.channel_bn.running_var"];
+  mean.copy_(at::linspace(-0.2, 0.3, 8));
+  var.copy_(at::linspace(0.5, 1.5, 8));
+  const at::Tensor features = at::randn({4, 8});
+  const at::Tensor normalized = (features - mean) / at::sqrt(var + 1e-5) * weight + bias;
+  const at::Tensor expected = at::linear(
+      normalized, parameters["head.0.clf.clf.0.weight"], parameters["head.0.clf.clf.0.bias"]);
+  // float32, the same operations up to BatchNorm's fused form: a few ulps
+  EXPECT_TRUE(at::allclose(model->forward_head(features), expected, 1e-5, 1e-6));
+  options.head_channel_bn = 4; // not the trunk's width
   EXPECT_THROW(build_model(options), ConfigError);
 }
 

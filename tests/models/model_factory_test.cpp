@@ -27,6 +27,8 @@ TEST(ModelFactory, BuildsEverySupportedTrunk) {
   options.vit.num_heads = 2;
   options.vit.hidden_dim = 16;
   options.vit.mlp_dim = 32;
+  options.resnet_sk.width_multiplier = 1;
+  options.resnet_sk.blocks_per_stage = {1, 1, 1, 1};
   for (const std::string& name : supported_trunk_names()) {
     options.trunk_name = name;
     TrunkHeadModel model = build_model(options);
@@ -44,7 +46,9 @@ TEST(ModelFactory, UnknownTrunkNamesTheKeyAndTheChoices) {
   const std::string message = error_of(options);
   EXPECT_NE(message.find("ModelOptions::trunk_name"), std::string::npos) << message;
   EXPECT_NE(message.find("alexnet"), std::string::npos) << message;
-  EXPECT_NE(message.find("mlp, small_cnn, resnet, regnet, vision_transformer"), std::string::npos)
+  EXPECT_NE(
+      message.find("mlp, small_cnn, resnet, resnet_sk, regnet, vision_transformer"),
+      std::string::npos)
       << message;
 }
 

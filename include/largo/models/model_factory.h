@@ -13,6 +13,7 @@
 #include <largo/models/parameter_count.h>
 #include <largo/models/regnet.h>
 #include <largo/models/resnet.h>
+#include <largo/models/resnet_sk.h>
 #include <largo/models/small_cnn.h>
 #include <largo/models/swav_head.h>
 #include <largo/models/trunk_head_model.h>
@@ -29,12 +30,14 @@
 namespace largo::models {
 
 struct ModelOptions {
-  // MODEL.TRUNK.NAME: "mlp" | "small_cnn" | "resnet" | "regnet" | "vision_transformer"
+  // MODEL.TRUNK.NAME: "mlp" | "small_cnn" | "resnet" | "resnet_sk" | "regnet" |
+  // "vision_transformer"
   std::string trunk_name = "small_cnn";
   int64_t in_channels = 3;   // channels of the input images
   int64_t image_size = 32;   // side of the (square) input images
   int64_t num_classes = 10;  // width of the linear head (and the last head dim)
   ResNetOptions resnet;      // MODEL.TRUNK.RESNETS.*
+  ResNetSkOptions resnet_sk; // MODEL.TRUNK.RESNETS_SK.*
   RegNetOptions regnet;      // MODEL.TRUNK.REGNET.*
   VitOptions vit;            // MODEL.TRUNK.VISION_TRANSFORMERS.*
   MlpOptions mlp;            // MODEL.TRUNK.MLP.*
@@ -44,6 +47,11 @@ struct ModelOptions {
   // Empty: Linear(trunk output -> num_classes).
   std::vector<int64_t> head_dims;
   MlpHeadOptions head; // the mlp head's other switches (used when head_dims is set)
+  // MODEL.HEAD.PARAMS [["eval_mlp", {"in_channels": C, "dims": [...]}]] without feature taps:
+  // VISSL's eval_mlp on the trunk's output, a BatchNorm2d over its C channels (C must be the
+  // trunk's output width) before the mlp head of head_dims (linear_eval.h's EvalMlpHead, named
+  // head.0.channel_bn.*, head.0.clf.clf.<k>.*). 0: the mlp head alone.
+  int64_t head_channel_bn = 0;
   // Self-supervised heads, instead of head_dims (their outputs are not classes):
   // MODEL.HEAD.PARAMS [["swav_head", {...}]] (swav_head.dims non-empty), or several mlp
   // heads applied one after another (head_chain: SimCLR's projection).

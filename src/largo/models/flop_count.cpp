@@ -151,6 +151,64 @@ int64_t count_small_cnn(
   return channels * options.pooled_size * options.pooled_size;
 }
 
+// VISSL's resnet_sk (models/resnet_sk.h), its convs named as the built modules are.
+int64_t count_resnet_sk(
+    Counter& counter, const ResNetSkOptions& options, int64_t in_channels, int64_t size) {
+  const std::vector<int64_t> stages = resnet_sk_stage_sizes(options);
+  const int64_t w = options.width_multiplier;
+  const bool sk = options.sk_ratio > 0;
+  const int64_t stem = 64 * w / 2;
+  if (sk) { // 3x3/2, 3x3, 3x3
+    size = conv_output_size(size, 3, 2, 1);
+    counter.conv("trunk.0.0", in_channels, stem, 3, size);
+    counter.conv("trunk.0.2", stem, stem, 3, size);
+    counter.conv("trunk.0.4", stem, stem * 2, 3, size);
+  } else {
+    size = conv_output_size(size, 7, 2, 3);
+    counter.conv("trunk.0.0", in_channels, stem * 2, 7, size);
+  }
+  size = conv_output_size(size, 3, 2, 1); // max pool 3x3, stride 2, padding 1
+  int64_t channels_in = 64 * w;
+  int64_t index = 1;
+  for (size_t stage = 0; stage < stages.size(); ++stage) {
+    const int64_t channels = (int64_t{64} << stage) * w;
+    for (int64_t i = 0; i < stages[stage]; ++i) {
+      const std::string prefix = fmt::format("trunk.{}.", index++);
+      const int64_t stride = i == 0 && stage > 0 ? 2 : 1;
+      const int64_t out_size = conv_output_size(size, 3, stride, 1);
+      if (i == 0 && sk) { // zero pad (right, bottom), 2x2 average pool, 1x1 conv
+        counter.conv(
+            prefix + "projection.shortcut.2",
+            channels_in,
+            channels * 4,
+            1,
+            conv_output_size(size + 1, 2, stride, 0));
+      } else if (i == 0) {
+        counter.conv(
+            prefix + "projection.shortcut",
+            channels_in,
+            channels * 4,
+            1,
+            conv_output_size(size, 1, stride, 0));
+      }
+      counter.conv(prefix + "net.0", channels_in, channels, 1, size);
+      if (sk) {
+        const auto mid = std::max<int64_t>(
+            static_cast<int64_t>(static_cast<double>(channels) * options.sk_ratio), 32);
+        counter.conv(prefix + "net.2.main_conv.0", channels, 2 * channels, 3, out_size);
+        counter.conv(prefix + "net.2.mixing_conv.0", channels, mid, 1, 1);
+        counter.conv(prefix + "net.2.mixing_conv.2", mid, 2 * channels, 1, 1);
+      } else {
+        counter.conv(prefix + "net.2", channels, channels, 3, out_size);
+      }
+      counter.conv(prefix + (sk ? "net.3" : "net.4"), channels, channels * 4, 1, out_size);
+      channels_in = channels * 4;
+      size = out_size;
+    }
+  }
+  return channels_in;
+}
+
 int64_t count_trunk(Counter& counter, const ModelOptions& options) {
   const int64_t in = options.in_channels;
   const int64_t size = options.image_size;
@@ -161,6 +219,9 @@ int64_t count_trunk(Counter& counter, const ModelOptions& options) {
   const std::string& name = options.trunk_name;
   if (name == "resnet") {
     return count_resnet(counter, options.resnet, in, size);
+  }
+  if (name == "resnet_sk") {
+    return count_resnet_sk(counter, options.resnet_sk, in, size);
   }
   if (name == "regnet") {
     return count_regnet(counter, options.regnet, in, size);
@@ -222,8 +283,11 @@ ModelFlops count_model_flops(const ModelOptions& options) {
     const auto& dims = options.head_dims;
     const int64_t extra = (options.head.use_bn ? 1 : 0) + (options.head.use_relu ? 1 : 0) +
                           (options.head.use_dropout ? 1 : 0);
+    // eval_mlp's Linears sit in head.0.clf.clf (its BatchNorm's flops are not counted, as
+    // the mlp head's are not).
+    const std::string prefix = options.head_channel_bn > 0 ? "head.0.clf.clf." : "head.";
     for (size_t i = 0; i + 1 < dims.size(); ++i) {
-      counter.linear(fmt::format("head.{}", i * (1 + extra)), dims[i], dims[i + 1]);
+      counter.linear(fmt::format("{}{}", prefix, i * (1 + extra)), dims[i], dims[i + 1]);
     }
   }
   return counter.flops;

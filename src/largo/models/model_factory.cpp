@@ -12,7 +12,7 @@ namespace largo::models {
 
 const std::vector<std::string>& supported_trunk_names() {
   static const std::vector<std::string> names{
-      "mlp", "small_cnn", "resnet", "regnet", "vision_transformer"};
+      "mlp", "small_cnn", "resnet", "resnet_sk", "regnet", "vision_transformer"};
   return names;
 }
 
@@ -34,6 +34,9 @@ Trunk build_trunk(const ModelOptions& options) {
   if (name == "resnet") {
     return build_resnet_trunk(options.resnet, options.in_channels);
   }
+  if (name == "resnet_sk") {
+    return build_resnet_sk_trunk(options.resnet_sk, options.in_channels);
+  }
   if (name == "regnet") {
     return build_regnet_trunk(options.regnet, options.in_channels);
   }
@@ -45,6 +48,29 @@ Trunk build_trunk(const ModelOptions& options) {
       name,
       fmt::format("one of: {}", fmt::join(supported_trunk_names(), ", ")));
 }
+
+namespace {
+
+// The eval_mlp head of options.head_channel_bn over a trunk of `trunk_width` outputs.
+EvalHeadOptions eval_mlp_head_options(const ModelOptions& options, int64_t trunk_width) {
+  if (options.head_channel_bn != trunk_width) {
+    throw OptionError(
+        "ModelOptions::head_channel_bn",
+        std::to_string(options.head_channel_bn),
+        fmt::format(
+            "the {} trunk's output width {} (its BatchNorm normalizes the trunk's channels)",
+            options.trunk_name,
+            trunk_width));
+  }
+  EvalHeadOptions head;
+  head.name = "eval_mlp";
+  head.in_channels = options.head_channel_bn;
+  head.dims = options.head_dims;
+  head.mlp = options.head;
+  return head;
+}
+
+} // namespace
 
 TrunkHeadModel build_model(const ModelOptions& options) {
   // Names what asks when a layer is larger than the memory (core/resources.h).
@@ -99,7 +125,11 @@ TrunkHeadModel build_model(const ModelOptions& options) {
           dims_text,
           fmt::format("the last dim to equal the number of classes {}", options.num_classes));
     }
-    head = build_mlp_head(dims, options.head);
+    if (options.head_channel_bn > 0) {
+      head->push_back(EvalMlpHead(eval_mlp_head_options(options, trunk.output_dim)));
+    } else {
+      head = build_mlp_head(dims, options.head);
+    }
   }
   if (options.head_params_multiplier != 1.0 && !swav && options.dino_head.in_dim == 0) {
     torch::NoGradGuard no_grad;

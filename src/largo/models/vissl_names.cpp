@@ -52,7 +52,8 @@ std::string head_name_from_vissl(const std::string& name, const ModelOptions& op
   if (!split_head_name(name, head, rest)) {
     return name;
   }
-  if (!options.swav_head.dims.empty() || options.dino_head.in_dim > 0) {
+  if (!options.swav_head.dims.empty() || options.dino_head.in_dim > 0 ||
+      options.head_channel_bn > 0) {
     return head == 0 ? "head.0." + rest : name; // one head with VISSL's module names
   }
   if (!options.feature_eval.taps.empty()) {
@@ -84,6 +85,9 @@ std::function<std::string(const std::string&)> weights_name_mapping(const ModelO
     }
     if (options.trunk_name == "resnet") {
       return resnet_name_from_torchvision(name, options.resnet.depth);
+    }
+    if (options.trunk_name == "resnet_sk") {
+      return resnet_sk_name_from_vissl(name, options.resnet_sk);
     }
     if (options.trunk_name == "regnet") {
       return regnet_name_from_torchvision(name, options.regnet);
