@@ -139,6 +139,28 @@ TEST(DatasetFactory, ReplicatedPairFromAFileListHasTwoViewsOfOneSize) {
   EXPECT_FALSE(batches[0].views[0].equal(batches[0].views[1]));
 }
 
+// VISSL's self-supervised configs on unlabeled file lists (LABEL_SOURCES [], LABEL_TYPE
+// sample_index) read no label file: the labels are the indices; any other label type needs
+// the file.
+TEST(DatasetFactory, FileListWithoutLabelsGivesSampleIndexLabelsOnly) {
+  TempDir dir;
+  write_small_folder(dir.path() / "tree");
+  write_npy_strings(dir.path() / "paths.npy", list_image_folder(dir.path() / "tree").paths);
+  DataSourceOptions source;
+  source.source = "disk_filelist";
+  source.path = dir.path() / "paths.npy";
+  source.label_type = "sample_index";
+  source.transforms = small_pair();
+  EXPECT_EQ(peek_dataset_shape(source).view_shapes, (Shapes{{3, 24, 24}, {3, 24, 24}}));
+  const std::vector<Batch> batches = drain_all(open_dataset(source, Split::kTrain, 0), 4, 0);
+  ASSERT_EQ(batches.size(), 2U);
+  EXPECT_TRUE(batches[0].labels.equal(at::arange(4, at::kLong)));
+  EXPECT_TRUE(batches[1].labels.equal(at::arange(4, 6, at::kLong)));
+  source.label_type = "standard";
+  EXPECT_THROW(peek_dataset_shape(source), ConfigError);
+  EXPECT_THROW(open_dataset(source, Split::kTrain, 0), ConfigError);
+}
+
 TEST(DatasetFactory, OneViewSourcesAnnounceNoViews) {
   DataSourceOptions synthetic;
   synthetic.source = "synthetic";

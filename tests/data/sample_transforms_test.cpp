@@ -106,6 +106,29 @@ TEST(CenterCrop, RoundsHalfToEvenAndPadsSmallImages) {
   EXPECT_EQ(CenterCrop({60, 71}).box({48, 64}), (CropBox{-6, -3, 60, 71}));
 }
 
+// The draws and padding themselves are checked against torchvision in image_parity_test
+// (randomcrop_* cases); these are the edges.
+TEST(RandomCrop, PadsBothSidesAndDrawsNothingForAnExactFit) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  at::Generator fresh = at::make_generator<at::CPUGeneratorImpl>(7);
+  EXPECT_EQ(RandomCropSample({70, 90}).get_params({70, 90}, gen), (CropBox{0, 0, 70, 90}));
+  EXPECT_EQ(at::rand({1}, gen).item<float>(), at::rand({1}, fresh).item<float>());
+  // 90 + 2 x 4 = 98 columns lack 2 of 100: 2 more on each side, 102 in all, 3 offsets.
+  for (int i = 0; i < 20; ++i) {
+    const CropBox box = RandomCropSample({60, 100}, 4, true).get_params({70, 90}, gen);
+    EXPECT_GE(box.left, -6);
+    EXPECT_LE(box.left, -4);
+    EXPECT_GE(box.top, -4);
+    EXPECT_LE(box.top, 14);
+  }
+  EXPECT_THROW(RandomCropSample({80, 80}).get_params({70, 90}, gen), DataError);
+  EXPECT_THROW(RandomCropSample({8, 8}, -1), ConfigError);
+  EXPECT_THROW(
+      make_sample_transform({"RandomCrop", {{"size", {8}}}, {{"pad_if_needed", "maybe"}}}),
+      ConfigError);
+  EXPECT_THROW(make_sample_transform({"RandomCrop", {{"size", {8}}, {"fill", {1}}}}), ConfigError);
+}
+
 TEST(SampleTransforms, FactoryRejectsUnknownNamesAndArguments) {
   EXPECT_THROW(make_sample_transform({"RandomRotation", {}}), ConfigError);
   EXPECT_THROW(

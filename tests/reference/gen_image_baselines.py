@@ -122,6 +122,20 @@ def cases():
     add("train_large_rrc", "large.jpg",
         [{"name": "RandomResizedCrop", "size": [96], "scale": [0.5, 1.0]}, {"name": "RandomHorizontalFlip"}],
         T.Compose([T.RandomResizedCrop(96, scale=(0.5, 1.0)), T.RandomHorizontalFlip()]), 5)
+    # RandomCrop before ToTensor (VISSL's fairness and jigsaw configs): its randint draws,
+    # zero padding, pad_if_needed on both sides of the short axis, and no draw when the
+    # padded image is the crop (the flip after it then takes the first draw).
+    for seed in range(3):
+        add(f"randomcrop_{seed}", "rgb.png", [{"name": "RandomCrop", "size": [48]}], T.RandomCrop(48), seed)
+    add("randomcrop_pad_if_needed", "rgb.png",
+        [{"name": "RandomCrop", "size": [60, 100], "padding": 4, "pad_if_needed": "True"}],
+        T.RandomCrop((60, 100), padding=4, pad_if_needed=True), 3)
+    add("randomcrop_exact_then_flip", "rgb.png",
+        [{"name": "RandomCrop", "size": [70, 90]}, {"name": "RandomHorizontalFlip", "p": 0.5}],
+        T.Compose([T.RandomCrop((70, 90)), T.RandomHorizontalFlip(0.5)]), 1)
+    add("resize_randomcrop", "large.jpg",
+        [{"name": "Resize", "size": [64]}, {"name": "RandomCrop", "size": [56]}],
+        T.Compose([T.Resize(64), T.RandomCrop(56)]), 6)
     for seed in range(3):
         add(f"colorjitter_{seed}", "rgb.png",
             [{"name": "ColorJitter", "brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1}],

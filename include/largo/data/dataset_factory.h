@@ -6,6 +6,7 @@
 //   synthetic            random images, synthetic_* options
 //   disk_folder          an ImageFolder tree at `path` (image_list.h)
 //   disk_filelist        a .npy of image paths at `path`, a .npy of labels at `label_path`
+//                        (none with label_type sample_index and no label_path)
 //   webdataset           tar shards named by `path`, a glob or brace pattern
 //                        (webdataset_index.h); read in WebDatasetSampler's order
 // For image files the transforms before ToTensor run per sample inside the dataset
@@ -37,7 +38,9 @@ struct DataSourceOptions {
   std::string dataset_name = "FashionMNIST";  // DATASET_NAMES[0], torchvision_dataset only
   // DATA_PATHS[0]; webdataset: the shard list, e.g. "/data/train-{000000..000127}.tar"
   std::filesystem::path path = "/usr/share/datasets/fashion-mnist";
-  std::filesystem::path label_path; // LABEL_PATHS[0], disk_filelist only
+  // LABEL_PATHS[0], disk_filelist only; empty (LABEL_SOURCES []) only with label_type
+  // sample_index: then no labels are read.
+  std::filesystem::path label_path;
   // COPY_TO_LOCAL_DISK with COPY_DESTINATION_DIR: a directory on the machine's own disk that
   // `path` and `label_path` are copied into before the data is opened (data/local_copy.h);
   // empty: read them where they are. The copy is the caller's to make (a trainer makes it

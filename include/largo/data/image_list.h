@@ -58,7 +58,8 @@ std::vector<std::string> list_class_folders(const std::filesystem::path& root);
 ImageList list_image_folder(const std::filesystem::path& root, bool allow_empty_classes = false);
 
 // Reads a VISSL file list: `paths_npy` a 1-D string array ('<U' or '|S') of image paths,
-// `labels_npy` a 1-D integer array of the same length. A path starting with
+// `labels_npy` a 1-D integer array of the same length, or empty for a list without labels
+// (every label 0: for LABEL_TYPE sample_index, which replaces them). A path starting with
 // `remove_prefix` (when not empty) has it replaced by `new_prefix` (VISSL's
 // REMOVE_IMG_PATH_PREFIX / NEW_IMG_PATH_PREFIX). Throws DataError naming the file for an
 // unreadable array, a wrong dtype, different lengths or a negative label.

@@ -1,8 +1,8 @@
 // A TRANSFORMS list for image files, split where the work changes hands:
 //   per sample  everything before the first ToTensor (RandomResizedCrop, Resize,
-//               CenterCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale, GaussianBlur,
-//               ImgPilGaussianBlur, ImgPilRandomSolarize): decode + transform each image
-//               into its slot of a uint8 batch (SamplePipeline);
+//               CenterCrop, RandomCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale,
+//               GaussianBlur, ImgPilGaussianBlur, ImgPilRandomSolarize): decode + transform each
+//               image into its slot of a uint8 batch (SamplePipeline);
 //   per batch   ToTensor and what follows (Normalize; also the batch-level
 //               RandomHorizontalFlip/RandomCrop of transforms.h): the loader applies them
 //               to the whole uint8 batch, fused into one pass on the CPU or on the device
@@ -67,6 +67,7 @@ class SamplePipeline {
 //                         interpolation bilinear
 //   Resize                size ([s]: shorter side), interpolation bilinear, max_size
 //   CenterCrop            size
+//   RandomCrop            size, padding 0 (one value: every side, zeros), pad_if_needed False
 //   RandomHorizontalFlip  p 0.5
 //   ColorJitter           brightness, contrast, saturation (v or [min, max]), hue (v or
 //                         [min, max], within [-0.5, 0.5]); all 0 by default

@@ -129,6 +129,28 @@ class RandomHorizontalFlipSample : public SampleTransform {
   double p_;
 };
 
+// torchvision's RandomCrop on one image: zero `padding` on every side, then (pad_if_needed)
+// the width and the height each padded on both sides by what they lack of `size`, then a
+// size.height x size.width box at torch.randint offsets (none drawn when the padded image
+// is exactly `size`). Padding is zeros, torchvision's fill 0 in its constant mode, so the
+// whole transform is one crop whose box may leave the image.
+class RandomCropSample : public SampleTransform {
+ public:
+  // Throws ConfigError for a size < 1 or a negative padding.
+  RandomCropSample(ImageSize size, int64_t padding = 0, bool pad_if_needed = false);
+  // Throws DataError when the padded image is smaller than `size` (torchvision's ValueError).
+  void apply(SampleImage& image, at::Generator& gen) const override;
+  std::string name() const override;
+  std::optional<ImageSize> output_size(std::optional<ImageSize> input) const override;
+  // The box in the unpadded image (negative offsets: padding), drawing as torchvision does.
+  CropBox get_params(ImageSize input, at::Generator& gen) const;
+
+ private:
+  ImageSize size_;
+  int64_t padding_;
+  bool pad_if_needed_;
+};
+
 // `p` when it is a probability in [0, 1]; ConfigError naming `what` (e.g. "RandomGrayscale:
 // p") otherwise.
 double checked_probability(double p, const std::string& what);

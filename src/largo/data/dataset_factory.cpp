@@ -272,10 +272,12 @@ ImageList list_images(const DataSourceOptions& options) {
   if (options.source == "disk_folder") {
     return list_image_folder(options.path, options.images.skip_bad_samples);
   }
-  if (options.label_path.empty()) {
+  // Without a label file the labels are the samples' indices (sample_index), never zeros
+  // taken for classes.
+  if (options.label_path.empty() && options.label_type != "sample_index") {
     throw ConfigError(fmt::format(
         "data source disk_filelist ({}): no label file; give the .npy of labels "
-        "(DataSourceOptions::label_path)",
+        "(DataSourceOptions::label_path), or label_type sample_index for a list without labels",
         options.path.string()));
   }
   return list_image_filelist(options.path, options.label_path, options.remove_path_prefix,

@@ -176,7 +176,11 @@ ImageList list_image_filelist(
     const std::string& new_prefix) {
   ImageList list;
   list.paths = npy_strings(read_npy(paths_npy), paths_npy);
-  list.labels = npy_integers(read_npy(labels_npy), labels_npy);
+  if (labels_npy.empty()) { // VISSL's LABEL_SOURCES []: no labels are read
+    list.labels.assign(list.paths.size(), 0);
+  } else {
+    list.labels = npy_integers(read_npy(labels_npy), labels_npy);
+  }
   if (list.paths.size() != list.labels.size()) {
     throw DataError(fmt::format(
         "disk_filelist: {} lists {} image paths but {} holds {} labels; they must match one to one",

@@ -12,7 +12,8 @@ namespace largo::data {
 namespace {
 
 constexpr const char* kSampleTransforms =
-    "RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale, "
+    "RandomResizedCrop, Resize, CenterCrop, RandomCrop, RandomHorizontalFlip, ColorJitter, "
+    "RandomGrayscale, "
     "GaussianBlur, ImgPilGaussianBlur, ImgPilRandomSolarize, ImgPilColorDistortion (before "
     "ToTensor); ToTensor, "
     "Normalize, RandomHorizontalFlip, RandomCrop (from ToTensor on, on the whole batch)";
@@ -138,6 +139,18 @@ std::shared_ptr<const SampleTransform> make_sample_transform(const TransformSpec
   if (name == "CenterCrop") {
     const TransformArgs args(spec, {"size"});
     return std::make_shared<CenterCrop>(image_size(args, "size"));
+  }
+  if (name == "RandomCrop") {
+    const TransformArgs args(spec, {"size", "padding", "pad_if_needed"});
+    const std::string pad_if_needed = args.text("pad_if_needed", "False");
+    if (pad_if_needed != "True" && pad_if_needed != "true" && pad_if_needed != "False" &&
+        pad_if_needed != "false") {
+      args.fail("pad_if_needed", "takes True or False");
+    }
+    return std::make_shared<RandomCropSample>(
+        image_size(args, "size"),
+        args.integer("padding", 0),
+        pad_if_needed == "True" || pad_if_needed == "true");
   }
   if (name == "RandomHorizontalFlip") {
     const TransformArgs args(spec, {"p"});

@@ -209,6 +209,56 @@ std::optional<ImageSize> CenterCrop::output_size(std::optional<ImageSize> /*inpu
   return size_;
 }
 
+// ---- RandomCrop -------------------------------------------------------------------------
+
+RandomCropSample::RandomCropSample(ImageSize size, int64_t padding, bool pad_if_needed)
+    : size_(size), padding_(padding), pad_if_needed_(pad_if_needed) {
+  check_size(size_, name());
+  if (padding_ < 0) {
+    throw ConfigError(fmt::format("RandomCrop: padding must be >= 0, got {}", padding_));
+  }
+}
+
+CropBox RandomCropSample::get_params(ImageSize input, at::Generator& gen) const {
+  // torchvision pads `padding` on all sides, then (pad_if_needed) F.pad(img, [lack, 0])
+  // for the width and [0, lack] for the height: `lack` on both sides of that axis.
+  auto before = [&](int64_t extent, int64_t crop) {
+    const int64_t padded = extent + 2 * padding_;
+    const int64_t lack = pad_if_needed_ && padded < crop ? crop - padded : 0;
+    return std::pair{padding_ + lack, padded + 2 * lack};
+  };
+  const auto [top_pad, height] = before(input.height, size_.height);
+  const auto [left_pad, width] = before(input.width, size_.width);
+  if (height < size_.height || width < size_.width) {
+    throw DataError(fmt::format(
+        "RandomCrop: the crop {}x{} (h x w) is larger than the padded image {}x{}; set "
+        "pad_if_needed: True or a padding, or resize the images first",
+        size_.height,
+        size_.width,
+        height,
+        width));
+  }
+  if (height == size_.height && width == size_.width) {
+    return CropBox{-top_pad, -left_pad, size_.height, size_.width};
+  }
+  const int64_t i = at::randint(0, height - size_.height + 1, {1}, gen, at::kLong).item<int64_t>();
+  const int64_t j = at::randint(0, width - size_.width + 1, {1}, gen, at::kLong).item<int64_t>();
+  return CropBox{i - top_pad, j - left_pad, size_.height, size_.width};
+}
+
+void RandomCropSample::apply(SampleImage& image, at::Generator& gen) const {
+  const CropBox box = get_params(ImageSize{image.height(), image.width()}, gen);
+  image.crop(box.top, box.left, box.height, box.width);
+}
+
+std::string RandomCropSample::name() const {
+  return "RandomCrop";
+}
+
+std::optional<ImageSize> RandomCropSample::output_size(std::optional<ImageSize> /*input*/) const {
+  return size_;
+}
+
 // ---- RandomHorizontalFlip ---------------------------------------------------------------
 
 RandomHorizontalFlipSample::RandomHorizontalFlipSample(double p)
