@@ -491,6 +491,10 @@ TEST(TrainerConfigMappingTest, VisslFsdpModelNamesAreTheirModelsUnderFsdp) {
   EXPECT_EQ(vit.model.trunk_name, "vision_transformer");
   EXPECT_EQ(vit.model.head_dims, (std::vector<int64_t>{768, 10}));
 
+  const models::ModelOptions dino = model_options_from(Config::load(
+      {}, {fsdp, "MODEL.HEAD.PARAMS=[[dino_head_fsdp, {in_dim: 384, num_clusters: [16]}]]"}));
+  EXPECT_EQ(dino.dino_head.in_dim, 384) << "dino_head_fsdp is the dino_head under FSDP";
+
   const models::ModelOptions eval = model_options_from(Config::load(
       {},
       {fsdp,
@@ -510,8 +514,8 @@ TEST(TrainerConfigMappingTest, VisslFsdpModelNamesAreTheirModelsUnderFsdp) {
        {"MODEL.HEAD.PARAMS[0] = swav_head_fsdp", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}},
       {{"MODEL.HEAD.PARAMS=[[mlp_fsdp, {dims: [128, 10]}]]"}, {"MODEL.HEAD.PARAMS[0] = mlp_fsdp"}},
       {{fsdp, "MODEL.TRUNK.NAME=xcit_fsdp"}, {"MODEL.TRUNK.NAME = xcit_fsdp", "XCiT"}},
-      {{fsdp, "MODEL.HEAD.PARAMS=[[dino_head_fsdp, {dims: [128, 10]}]]"},
-       {"MODEL.HEAD.PARAMS[0] = dino_head_fsdp", "DINO"}},
+      {{"MODEL.HEAD.PARAMS=[[dino_head_fsdp, {in_dim: 384, num_clusters: [16]}]]"},
+       {"MODEL.HEAD.PARAMS[0] = dino_head_fsdp", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}},
       {{fsdp, "MODEL.TRUNK.NAME=small_cnn_fsdp"}, {"MODEL.TRUNK.NAME = small_cnn_fsdp"}},
   });
 }

@@ -888,6 +888,12 @@ TEST(TrainerSelfSupervisedTest, VisslCheckpointsInitializeEveryHeadThroughWeight
   fs::remove_all(files);
 }
 
+// FSDP computing in bfloat16 copies of its float32 shards.
+const Overrides kFsdpComputeCopies = {
+    "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
+    "MODEL.AMP_PARAMS.USE_AMP=True",
+    "MODEL.FSDP_CONFIG.compute_dtype=bfloat16"};
+
 TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
   expect_refused(swav_job(1) + Overrides{"TEST_MODEL=True"}, "set TEST_MODEL False");
   expect_refused(
@@ -933,11 +939,10 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       swav_job(1) +
           Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
       "use O1");
-  // MoCo: the sharded modes, a shuffle VISSL would not do, keys that do not fit.
-  expect_refused(moco_job(1) + Overrides{"OPTIMIZER.use_zero=True"}, "use DDP");
+  // MoCo: FSDP's compute copies, a shuffle VISSL would not do, keys that do not fit.
   expect_refused(
-      moco_job(1) + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"},
-      "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP): MoCo's momentum encoder");
+      moco_job(1) + kFsdpComputeCopies,
+      "LOSS.name = moco_loss with FSDP's compute copies (MODEL.FSDP_CONFIG.AMP_TYPE O2");
   expect_refused(
       moco_job(1) + Overrides{"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True"},
       "LOSS.moco_loss.shuffle_batch");
@@ -951,13 +956,10 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       moco_job(1) +
           Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
       "use O1 (autocast) or O0");
-  // DINO: the sharded modes, a pipeline, O2, a head or crops that do not fit.
+  // DINO: FSDP's compute copies, a pipeline, O2, a head or crops that do not fit.
   expect_refused(
-      dino_job(1) + Overrides{"OPTIMIZER.use_zero=True"},
-      "LOSS.name = dino_loss with ZeRO (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP)");
-  expect_refused(
-      dino_job(1) + Overrides{"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"},
-      "FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP): DINO's teacher");
+      dino_job(1) + kFsdpComputeCopies,
+      "LOSS.name = dino_loss with FSDP's compute copies (MODEL.FSDP_CONFIG.AMP_TYPE O2");
   expect_refused(
       dino_job(1) + Overrides{"DISTRIBUTED.PIPELINE_SIZE=2"},
       "LOSS.name = dino_loss with DISTRIBUTED.PIPELINE_SIZE > 1");

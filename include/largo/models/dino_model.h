@@ -16,10 +16,14 @@
 //      splits them).
 // The teacher's EMA update is not part of the forward: VISSL takes it after the optimizer step
 // (DINOHook.on_update), which SelfSupervisedLoss::after_optimizer_step calls update_teacher for.
-// No collectives.
+// The teacher is whole on every rank. Where data parallelism shards the student's own tensors
+// (FSDP: placements().module_holds_whole_model() is false), build_teacher and update_teacher
+// take the student's whole values, gathered by the caller (ParallelModel::full_parameters());
+// the first training forward then finds the teacher built. No collectives.
 #pragma once
 
 #include <largo/models/module_swap.h>
+#include <largo/models/momentum_copy.h>
 #include <largo/models/trunk_head_model.h>
 
 #include <torch/nn/module.h>
@@ -54,8 +58,13 @@ class DinoModelImpl : public torch::nn::Module, public SwappableChildren {
   at::Tensor forward(const at::Tensor& packed);
 
   // VISSL's update_momentum_network: p_t = p_t * momentum + (1 - momentum) * p_s over the
-  // parameters (update_dino_teacher). Does nothing before the teacher exists.
-  void update_teacher(double momentum);
+  // parameters (update_dino_teacher), p_s from `whole` by name when given, else the student's
+  // own tensors. Does nothing before the teacher exists.
+  void update_teacher(double momentum, const WholeParameters* whole = nullptr);
+  // VISSL's DINOHook._build_momentum_network: the teacher's parameters become copies of the
+  // student's (from `whole` by name when given, else the student's own tensors), its buffers
+  // of the student's. The first training forward calls it when the teacher is not built yet.
+  void build_teacher(const WholeParameters* whole = nullptr);
 
   const DinoModelOptions& options() const {
     return options_;
@@ -85,7 +94,6 @@ class DinoModelImpl : public torch::nn::Module, public SwappableChildren {
 
  private:
   void place_teacher(const c10::Device& device);
-  void build_teacher();
   at::Tensor student_scores(const std::vector<at::Tensor>& crops);
   at::Tensor teacher_scores(const std::vector<at::Tensor>& crops);
 

@@ -10,6 +10,8 @@
 
 #include <torch/nn/module.h>
 
+#include <vector>
+
 namespace largo::models {
 
 // Updates `teacher`'s parameters in place, outside autograd, with one multi-tensor multiply
@@ -19,5 +21,10 @@ namespace largo::models {
 // (VISSL builds the teacher as a copy of the student's architecture).
 void update_dino_teacher(
     torch::nn::Module& teacher, const torch::nn::Module& student, double momentum);
+
+// The same from the student's parameter values given in the teacher's parameter order (the
+// whole values gathered where the student's own tensors are shards: momentum_copy_sources).
+void update_dino_teacher(
+    torch::nn::Module& teacher, const std::vector<at::Tensor>& student, double momentum);
 
 } // namespace largo::models

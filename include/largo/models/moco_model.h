@@ -15,7 +15,10 @@
 //      and split (each rank encodes a mix of all ranks' images, so BatchNorm's batch statistics
 //      cannot leak which key is the positive), and the keys are gathered and put back in order
 //   4. returns [n, 2d]: query | key (SelfSupervisedLoss splits them).
-// In eval mode the momentum encoder is neither updated nor shuffled.
+// In eval mode the momentum encoder is neither updated nor shuffled. The momentum encoder is
+// whole on every rank. Where data parallelism shards the query encoder's own tensors (FSDP:
+// placements().module_holds_whole_model() is false), step 1 reads the whole values the caller
+// gathered before the step's forwards (set_whole_query_parameters).
 //
 // Collectives: with shuffle_batch and a process group of several ranks, forward all-gathers
 // twice (view 1's images, then the keys), the same on every rank. Every rank draws the same
@@ -24,6 +27,7 @@
 
 #include <largo/comm/process_group.h>
 #include <largo/models/module_swap.h>
+#include <largo/models/momentum_copy.h>
 #include <largo/models/trunk_head_model.h>
 
 #include <torch/nn/module.h>
@@ -58,6 +62,14 @@ class MocoModelImpl : public torch::nn::Module, public SwappableChildren {
   // The ranks whose batches make the global batch (the shuffle's); none: no shuffle.
   void set_process_group(std::shared_ptr<comm::ProcessGroup> group) {
     group_ = std::move(group);
+  }
+
+  // The query encoder's whole values by name, which the next training forwards build or update
+  // the momentum encoder from instead of the module's own tensors (they are shards: FSDP); an
+  // empty list returns to the module's own. Set them before each step's forwards (the values
+  // the optimizer left), clear them after it (they hold a whole copy of the model).
+  void set_whole_query_parameters(WholeParameters values) {
+    whole_query_ = std::move(values);
   }
 
   // packed [n, Σ view numels] -> [n, 2d] (query | key).
@@ -99,6 +111,7 @@ class MocoModelImpl : public torch::nn::Module, public SwappableChildren {
   std::vector<std::vector<int64_t>> view_shapes_;
   MocoModelOptions options_;
   std::shared_ptr<comm::ProcessGroup> group_;
+  WholeParameters whole_query_; // empty: the module's own tensors
   int64_t forwards_ = 0;
 };
 

@@ -2,6 +2,10 @@
 // barlow_twins_loss, moco_loss, dino_loss or deepclusterv2_loss) with what it keeps between
 // steps, called by the train step in VISSL's order:
 //   start_iteration(t)          before optimizer step t (the run's iteration)
+//   before_step(model)          before step t's first forward: where the module holds shards
+//                               (FSDP), DINO's teacher (built once) and MoCo's momentum
+//                               encoder (this step's forwards) get the whole parameters
+//                               (ParallelModel::full_parameters(), a collective there)
 //   loss(output, labels)        each micro-step, after the forward (the ParallelModel's
 //                               LossFunction; only DeepCluster v2 reads the labels):
 //     SimCLR  simclr_info_nce_loss over the rank's [2n, d] embeddings (view-major),
@@ -24,7 +28,9 @@
 //                               pieces too), so the optimizer leaves them as they are
 //                               (VISSL's FreezeParametersHook)
 //   after_optimizer_step(model) DINO's teacher moved towards the student at
-//                               dino_teacher_momentum(t) (VISSL's DINOHook.on_update);
+//                               dino_teacher_momentum(t) (VISSL's DINOHook.on_update), from
+//                               the module's own tensors where they are whole, else from the
+//                               gathered whole values (FSDP: a collective there);
 //                               SwAV's prototypes normalised (normalize_last_layer), through
 //                               the ParallelModel: in the module, or under FSDP in the
 //                               shards (a collective there)
@@ -170,6 +176,7 @@ class SelfSupervisedLoss {
   void start_iteration(int64_t iteration) {
     iteration_ = iteration;
   }
+  void before_step(parallel::ParallelModel& model);
   at::Tensor loss(const at::Tensor& output, const at::Tensor& labels);
   void before_optimizer_step(parallel::ParallelModel& model);
   void after_optimizer_step(parallel::ParallelModel& model);

@@ -13,6 +13,8 @@
 namespace largo::models {
 namespace {
 
+constexpr char kWhat[] = "the DINO teacher";
+
 // The head's output (a Sequential that may be empty) over `features`.
 at::Tensor run_head(torch::nn::Sequential& head, const at::Tensor& features) {
   return head->is_empty() ? features : head->forward(features);
@@ -77,12 +79,12 @@ void DinoModelImpl::place_teacher(const c10::Device& device) {
 }
 
 // VISSL's DINOHook._build_momentum_network: the teacher loads the student's state dict.
-void DinoModelImpl::build_teacher() {
+void DinoModelImpl::build_teacher(const WholeParameters* whole) {
   at::NoGradGuard no_grad;
-  const auto parameters = named_parameters();
-  const auto teacher_parameters = teacher_->named_parameters();
-  for (const auto& item : parameters) {
-    teacher_parameters[item.key()].copy_(item.value());
+  const std::vector<at::Tensor> sources = momentum_copy_sources(*this, *teacher_, whole, kWhat);
+  std::vector<at::Tensor> targets = teacher_->parameters();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    targets[i].copy_(sources[i]);
   }
   const auto teacher_buffers = teacher_->named_buffers();
   for (const auto& item : named_buffers()) {
@@ -120,9 +122,9 @@ at::Tensor DinoModelImpl::teacher_scores(const std::vector<at::Tensor>& crops) {
   return teacher_->forward(at::cat(inputs, 0)).detach();
 }
 
-void DinoModelImpl::update_teacher(double momentum) {
+void DinoModelImpl::update_teacher(double momentum, const WholeParameters* whole) {
   if (built_) {
-    update_dino_teacher(*teacher_, *this, momentum);
+    update_dino_teacher(*teacher_, momentum_copy_sources(*this, *teacher_, whole, kWhat), momentum);
   }
 }
 

@@ -35,6 +35,11 @@ void check_teacher_matches(
 
 void update_dino_teacher(
     torch::nn::Module& teacher, const torch::nn::Module& student, double momentum) {
+  update_dino_teacher(teacher, student.parameters(), momentum);
+}
+
+void update_dino_teacher(
+    torch::nn::Module& teacher, const std::vector<at::Tensor>& sources, double momentum) {
   require_option(
       momentum >= 0.0 && momentum <= 1.0,
       "update_dino_teacher(momentum)",
@@ -42,7 +47,6 @@ void update_dino_teacher(
       "a number in [0, 1]");
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> targets = teacher.parameters();
-  std::vector<at::Tensor> sources = student.parameters();
   check_teacher_matches(targets, sources);
   if (targets.empty()) {
     return;

@@ -81,13 +81,12 @@ at::Tensor MocoModelImpl::forward(const at::Tensor& packed) {
 // VISSL's MoCoHook.on_forward: built (copied) on the first forward, updated on the others.
 void MocoModelImpl::advance_momentum_encoder() {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> queries;
-  std::vector<at::Tensor> targets;
-  const auto momentum_parameters = momentum_->named_parameters();
-  for (const auto& item : named_parameters()) {
-    queries.push_back(item.value());
-    targets.push_back(momentum_parameters[item.key()]);
-  }
+  const std::vector<at::Tensor> queries = momentum_copy_sources(
+      *this,
+      *momentum_,
+      whole_query_.empty() ? nullptr : &whole_query_,
+      "the MoCo momentum encoder");
+  std::vector<at::Tensor> targets = momentum_->parameters();
   if (queries.empty()) {
     ++forwards_;
     return;

@@ -46,6 +46,42 @@ void freeze_as_copy_of(
   }
 }
 
+std::vector<at::Tensor> momentum_copy_sources(
+    const torch::nn::Module& model,
+    const torch::nn::Module& copy,
+    const WholeParameters* whole,
+    const std::string& what) {
+  std::map<std::string, at::Tensor> by_name;
+  if (whole != nullptr) {
+    by_name.insert(whole->begin(), whole->end());
+  } else {
+    for (const auto& item : model.named_parameters()) {
+      // FSDP frees a unit's storage in place between its uses: the shape stays, the bytes go.
+      const at::Tensor& value = item.value();
+      if (value.numel() > 0 && value.storage().nbytes() == 0) {
+        throw Error(fmt::format(
+            "{}: the model's parameter {} has no memory behind it (sharded by FSDP); build or "
+            "update the copy from the gathered whole values (ParallelModel::full_parameters())",
+            what,
+            item.key()));
+      }
+      by_name.emplace(item.key(), value);
+    }
+  }
+  std::vector<at::Tensor> sources;
+  for (const auto& item : copy.named_parameters()) {
+    const auto found = by_name.find(item.key());
+    if (found == by_name.end()) {
+      throw Error(fmt::format(
+          "{}: no value for the parameter {}; the copy must be of the model's architecture",
+          what,
+          item.key()));
+    }
+    sources.push_back(found->second);
+  }
+  return sources;
+}
+
 std::map<std::string, at::Tensor>
 momentum_copy_state_dict(const torch::nn::Module& copy, const std::string& prefix) {
   std::map<std::string, at::Tensor> state;

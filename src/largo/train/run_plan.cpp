@@ -396,9 +396,10 @@ void check_label_types(const TrainerOptions& o) {
   }
 }
 
-// MoCo's momentum encoder and DINO's teacher are whole copies of the model that every rank
-// keeps beside the module and updates from the module's parameters: only DDP (and one process)
-// keep those whole and local there.
+// DINO's teacher and MoCo's momentum encoder are whole float32 models on every rank, built
+// and updated from the module's parameters: as they are after ZeRO-1/2's step (gathered back),
+// or from FSDP's gathered whole values (SelfSupervisedLoss::before_step). What else splits or
+// casts the model is refused.
 void check_momentum_copy_composes(const RunPlan& plan) {
   const TrainerOptions& o = plan.options;
   const std::string& loss = o.self_supervised.name;
@@ -407,24 +408,23 @@ void check_momentum_copy_composes(const RunPlan& plan) {
   auto refuse = [&](const std::string& what, const std::string& why) {
     throw ConfigError(fmt::format("LOSS.name = {} with {}: {}", loss, what, why));
   };
-  const std::string use_ddp = copy +
-                              " is updated from whole parameters on every rank; use DDP "
-                              "(leave OPTIMIZER.use_zero False, MODEL.SHARDED_DDP_SETUP.USE_SDP "
-                              "False and MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP False)";
-  if (values_flat_sharded(o.parallel)) {
-    refuse("FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP)", use_ddp);
-  }
-  if (parallel::data_parallel_placement(o.parallel.data_parallelism).optimizer_state.at("dp") !=
-      parallel::Placement::replicate()) {
-    refuse("ZeRO (OPTIMIZER.use_zero, MODEL.SHARDED_DDP_SETUP.USE_SDP)", use_ddp);
+  if (o.parallel.fsdp.compute_dtype) {
+    refuse(
+        "FSDP's compute copies (MODEL.FSDP_CONFIG.AMP_TYPE O2 or compute_dtype float16 / "
+        "bfloat16)",
+        copy + " stays float32 beside the low-precision compute copies; set "
+               "MODEL.FSDP_CONFIG.AMP_TYPE O1 and compute_dtype float32 (autocast)");
   }
   if (o.parallel.tensor_parallel_size > 1) {
     refuse(
         "DISTRIBUTED.TENSOR_PARALLEL_SIZE > 1",
-        copy + " is not split across the tensor-parallel ranks; use DDP");
+        copy + " is not split across the tensor-parallel ranks; use DDP, ZeRO or FSDP");
   }
   if (o.parallel.offload_optimizer) {
-    refuse("the optimizer offloaded to the host", "offloading needs ZeRO or FSDP; use DDP");
+    refuse(
+        "the optimizer offloaded to the host",
+        copy + " is not updated from offloaded parameters; set OPTIMIZER.offload_optimizer "
+               "and MODEL.FSDP_CONFIG.offload_optimizer False");
   }
   if (plan.precision.cast_model) {
     refuse(

@@ -273,10 +273,36 @@ void SelfSupervisedLoss::before_optimizer_step(parallel::ParallelModel& model) {
   }
 }
 
+// The teacher and the momentum encoder stay whole on every rank (VISSL shards them with FSDP
+// too): where the module's own tensors are shards, they read the gathered whole values. Every
+// rank takes the same branch (placements() answer alike), so the gathers match.
+void SelfSupervisedLoss::before_step(parallel::ParallelModel& model) {
+  if ((dino_model_ == nullptr && moco_model_ == nullptr) ||
+      model.placements().module_holds_whole_model()) {
+    return; // the models read the module's own tensors, no copy
+  }
+  if (dino_model_ != nullptr && !dino_model_->teacher_built()) {
+    const models::WholeParameters whole = model.full_parameters();
+    dino_model_->build_teacher(&whole); // VISSL's: before the first forward reads it
+  }
+  if (moco_model_ != nullptr) { // this step's forwards advance it from these values
+    moco_model_->set_whole_query_parameters(model.full_parameters());
+  }
+}
+
 void SelfSupervisedLoss::after_optimizer_step(parallel::ParallelModel& model) {
+  if (moco_model_ != nullptr) {
+    moco_model_->set_whole_query_parameters({}); // the step's copy, no longer current
+  }
   if (dino_model_ != nullptr) { // VISSL's DINOHook.on_update, with this step's iteration
-    dino_model_->update_teacher(models::dino_teacher_momentum(
-        options_.dino_momentum, iteration_, options_.dino_max_iteration));
+    const double momentum = models::dino_teacher_momentum(
+        options_.dino_momentum, iteration_, options_.dino_max_iteration);
+    if (model.placements().module_holds_whole_model()) {
+      dino_model_->update_teacher(momentum);
+    } else {
+      const models::WholeParameters whole = model.full_parameters();
+      dino_model_->update_teacher(momentum, &whole);
+    }
     return;
   }
   if (head_ == nullptr || !options_.normalize_last_layer) {

@@ -17,6 +17,9 @@ TrainStep::run(const std::function<data::Batch()>& next_batch, int64_t num_micro
   float loss_sum = 0.0f;
   bool losses_finite = true;
   SelfSupervisedLoss* self_supervised = options_.self_supervised;
+  if (self_supervised != nullptr) { // DINO's teacher, MoCo's encoder: whole values under FSDP
+    self_supervised->before_step(model_);
+  }
   const auto loss = [this, self_supervised](const at::Tensor& output, const at::Tensor& labels) {
     if (self_supervised != nullptr) {
       return self_supervised->loss(output, labels);

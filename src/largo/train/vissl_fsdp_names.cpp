@@ -28,10 +28,7 @@ const std::map<std::string, FsdpModel>& vissl_fsdp_models() {
       {"swav_head_fsdp", {"swav_head", "the swav_head"}},
       {"mlp_fsdp", {"mlp", "the mlp head"}},
       {"eval_mlp_fsdp", {"eval_mlp", "the eval_mlp head"}},
-      {"dino_head_fsdp",
-       {"dino_head",
-        "the dino_head (Largo trains DINO under DDP or in one process: name the plain "
-        "dino_head)"}},
+      {"dino_head_fsdp", {"dino_head", "the dino_head"}},
   };
   return models;
 }
@@ -83,7 +80,7 @@ std::string trunk_architecture(const Config& config) {
 
 std::string
 head_architecture(const Config& config, const std::string& name, const std::string& key) {
-  return architecture(config, name, key, {"mlp", "eval_mlp", "swav_head"});
+  return architecture(config, name, key, {"mlp", "eval_mlp", "swav_head", "dino_head"});
 }
 
 } // namespace largo::train
