@@ -246,8 +246,13 @@ TEST(TrainerTensorParallelTest, MidEpochResumeIsBitExactAndEpochsResumeWithoutTe
 // Sequence parallelism splits the ViT's 5 tokens 3 + 2 between the layers: it trains like one
 // process (the bound as above: the norms' gradients are summed over the ranks' tokens in
 // another order), with the shards' activations sent between pipeline stages too.
+// SGD, whose updates are linear in the gradients, as kTolerance's argument assumes: AdamW
+// divides each gradient element by its own running magnitude, so an element whose gradient
+// sums cancel to the rounding level moves by up to the learning rate on one side and not the
+// other (1.7e-5 on trunk.1.qkv.weight on an AVX2 CPU with AdamW). Sequence parallelism changes
+// the layers' forward and backward, which SGD shows as well.
 TEST(TrainerTensorParallelTest, SequenceParallelTrainsLikeOneProcess) {
-  const Overrides vit = kVit + kFiveTokens + Overrides{"OPTIMIZER.name=adamw"};
+  const Overrides vit = kVit + kFiveTokens;
   run_on_ranks(2, [&vit](comm::ProcessGroup& group) {
     const fs::path dir = test_dir();
     const RunResult split =
