@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "data/image_test_util.h"
 #include "train/trainer_test_util.h"
 
 #include <filesystem>
@@ -22,6 +23,23 @@
 namespace largo::train {
 
 using Overrides = std::vector<std::string>;
+
+// 16 PNGs of 40x40 in two class folders a/ and b/ under the temp directory's `name`, made
+// once (the self-supervised runs do not use their labels).
+inline std::filesystem::path pattern_image_folder(const std::string& name) {
+  const std::filesystem::path root = std::filesystem::temp_directory_path() / name;
+  if (std::filesystem::exists(root / "b" / "7.png")) {
+    return root;
+  }
+  for (int i = 0; i < 16; ++i) {
+    const std::filesystem::path dir = root / (i < 8 ? "a" : "b");
+    std::filesystem::create_directories(dir);
+    data::testing::write_bytes(
+        dir / (std::to_string(i % 8) + ".png"),
+        data::testing::encode_png(data::testing::pattern_image(40, 40, i)));
+  }
+  return root;
+}
 
 inline Overrides operator+(Overrides a, const Overrides& b) {
   a.insert(a.end(), b.begin(), b.end());

@@ -51,20 +51,8 @@ using largo::testing::run_on_ranks;
 
 constexpr double kTolerance = 1e-5;
 
-// 16 PNGs of 40x40 in two class folders (the labels are not used).
 fs::path image_folder() {
-  const fs::path root = fs::temp_directory_path() / "largo_trainer_ssl_images";
-  if (fs::exists(root / "b" / "7.png")) {
-    return root;
-  }
-  for (int i = 0; i < 16; ++i) {
-    const fs::path dir = root / (i < 8 ? "a" : "b");
-    fs::create_directories(dir);
-    data::testing::write_bytes(
-        dir / (std::to_string(i % 8) + ".png"),
-        data::testing::encode_png(data::testing::pattern_image(40, 40, i)));
-  }
-  return root;
+  return pattern_image_folder("largo_trainer_ssl_images");
 }
 
 // 16 images, batch 8 over the world (4 per rank at 2 ranks): 2 iterations per epoch, 2
