@@ -93,8 +93,8 @@ std::vector<WiredKey> wired_keys() {
          "the dataset's directory, image folder, .npy list of image paths or shard list",
          "TrainerTest.MissingDatasetIsAClearError"},
         {p + "LABEL_SOURCES",
-         "[disk_filelist] with LABEL_PATHS, or [] / [disk_folder] (class folders)",
-         "DataConfig.DiskFilelistNeedsItsLabelFile"},
+         "[disk_filelist] with LABEL_PATHS (or [] with LABEL_TYPE sample_index: no labels), or [] / [disk_folder] (class folders); a source overrides LABEL_TYPE, as in VISSL",
+         "DataConfig.DiskFilelistWithoutLabelSourcesNeedsSampleIndexLabels"},
         {p + "LABEL_PATHS", "the .npy of a file list's labels", "ImageFilelist.ReadsVisslsNpyPair"},
         {p + "LABEL_TYPE",
          "standard, or sample_index (labels = image indices; self-supervised training only; others "
@@ -157,7 +157,7 @@ std::vector<WiredKey> wired_keys() {
   const std::string opt = "OPTIMIZER.";
   std::vector<WiredKey> model{
       {"MODEL.TRUNK.NAME",
-       "resnet, regnet, small_cnn, mlp or vision_transformer; under FSDP also VISSL's "
+       "resnet, resnet_sk, regnet, small_cnn, mlp or vision_transformer; under FSDP also VISSL's "
        "regnet_fsdp and vision_transformer_fsdp",
        "ModelFactory.BuildsEverySupportedTrunk"},
       {"MODEL.TRUNK.REGNET",
@@ -181,6 +181,18 @@ std::vector<WiredKey> wired_keys() {
       {resnet + "STEM",
        "Largo extension: imagenet (7x7/2 + pool) or cifar (3x3/1)",
        "ResNet.CifarStemCountDiffersOnlyByTheFirstConv"},
+      {"MODEL.TRUNK.RESNETS_SK.DEPTH",
+       "152, the one depth VISSL's resnet_sk builds",
+       "TrainerConfigMappingTest.ResNetSkKeysReachTheModel"},
+      {"MODEL.TRUNK.RESNETS_SK.WIDTH_MULTIPLIER",
+       "widens the resnet_sk's stem and stages",
+       "TrainerConfigMappingTest.ResNetSkKeysReachTheModel"},
+      {"MODEL.TRUNK.RESNETS_SK.SK_RATIO",
+       "width of the selective kernels' mixing conv (max(channels * ratio, 32)); 0: none",
+       "TrainerConfigMappingTest.ResNetSkKeysReachTheModel"},
+      {"MODEL.TRUNK.TRUNK_PARAMS",
+       "never read by VISSL: loads where it repeats the trunk's keys in effect, else refused",
+       "TrainerConfigMappingTest.TrunkParamsLoadOnlyWhereTheyRepeatTheTrunkKeys"},
       {"MODEL.TRUNK.MLP.HIDDEN_DIMS",
        "Largo extension: hidden widths of the mlp trunk",
        "Mlp.ShapesBlocksAndParameterCount"},
@@ -212,7 +224,7 @@ std::vector<WiredKey> wired_keys() {
        kVitKeys},
       {vit + "QKV_BIAS", "biases in the qkv projection", "Vit.ParameterCountMatchesClosedForm"},
       {"MODEL.HEAD.PARAMS",
-       "the head: one mlp (or one head per feature under linear evaluation); a swav_head, or mlp "
+       "the head: one mlp or eval_mlp (or one head per feature under linear evaluation); a swav_head, or mlp "
        "heads run one after another, in a self-supervised run; under FSDP also VISSL's "
        "swav_head_fsdp, mlp_fsdp and eval_mlp_fsdp",
        "Heads.ModelWithMlpHead"},

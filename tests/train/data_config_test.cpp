@@ -106,6 +106,39 @@ config:
       "DATA.TRAIN.LABEL_PATHS");
 }
 
+// LABEL_SOURCES [] with LABEL_TYPE sample_index (VISSL's self-supervised configs on file
+// lists) reads no labels; a LABEL_PATHS written beside it would be ignored, so it is refused.
+TEST(DataConfig, DiskFilelistWithoutLabelSourcesNeedsSampleIndexLabels) {
+  const data::DataSplitOptions split = data_split_from(
+      load("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_filelist], DATA_PATHS: [/a.npy], "
+           "LABEL_TYPE: sample_index}}}"),
+      "DATA.TRAIN");
+  EXPECT_EQ(split.source.label_type, "sample_index");
+  EXPECT_TRUE(split.source.label_path.empty());
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_filelist], DATA_PATHS: [/a.npy], "
+      "LABEL_TYPE: sample_index, LABEL_PATHS: [/labels.npy]}}}",
+      "DATA.TRAIN.LABEL_PATHS");
+  expect_key_error(
+      "config: {DATA: {TRAIN: {DATA_SOURCES: [disk_filelist], DATA_PATHS: [/a.npy], "
+      "LABEL_SOURCES: [disk_folder], LABEL_TYPE: sample_index}}}",
+      "DATA.TRAIN.LABEL_SOURCES");
+}
+
+// VISSL's defaults.yaml: "if LABEL_SOURCES is provided, it will override LABEL_TYPE".
+TEST(DataConfig, LabelSourcesOverrideSampleIndexAsInVissl) {
+  const data::DataSplitOptions split = data_split_from(
+      load("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], DATA_PATHS: [/images], "
+           "LABEL_SOURCES: [disk_folder], LABEL_TYPE: sample_index}}}"),
+      "DATA.TRAIN");
+  EXPECT_EQ(split.source.label_type, "standard");
+  const data::DataSplitOptions unlabeled = data_split_from(
+      load("config: {DATA: {TRAIN: {DATA_SOURCES: [disk_folder], DATA_PATHS: [/images], "
+           "LABEL_TYPE: sample_index}}}"),
+      "DATA.TRAIN");
+  EXPECT_EQ(unlabeled.source.label_type, "sample_index");
+}
+
 TEST(DataConfig, BadValuesNameTheirKey) {
   expect_key_error(
       "config: {DATA: {TRAIN: {DATA_SOURCES: [airstore]}}}", "DATA.TRAIN.DATA_SOURCES");

@@ -548,7 +548,8 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
   EXPECT_EQ(eval.heads[1].dims, (std::vector<int64_t>{2048, 1000}));
   EXPECT_TRUE(model.head_dims.empty());
   // Without taps, several mlp heads run one after another (SimCLR's projection; the run plan
-  // refuses them without a self-supervised loss), and eval_mlp heads are an error.
+  // refuses them without a self-supervised loss); one eval_mlp head runs on the trunk's output
+  // (ALoneEvalMlpHeadIsBatchNormThenMlpOnTheTrunksOutput, below), several are an error.
   const models::ModelOptions chained = model_options_from(
       Config::load({}, {"MODEL.HEAD.PARAMS=[[mlp, {dims: [8, 6], use_relu: True}], [mlp, {dims: "
                         "[6, 4]}]]"}));
@@ -557,7 +558,9 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
   EXPECT_EQ(chained.head_chain[1].dims, (std::vector<int64_t>{6, 4}));
   EXPECT_THROW(
       model_options_from(Config::load(
-          {}, {"MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 8, dims: [8, 4]}]]"})),
+          {},
+          {"MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 8, dims: [8, 4]}], [eval_mlp, "
+           "{in_channels: 8, dims: [8, 4]}]]"})),
       ConfigError);
 }
 
@@ -860,6 +863,108 @@ TEST(TrainerConfigMappingTest, VisslLossesLargoLacksAreRefusedByName) {
           << e.what();
     }
   }
+}
+
+// MODEL.TRUNK.NAME resnet_sk reads MODEL.TRUNK.RESNETS_SK (VISSL's keys and defaults) into
+// the trunk it builds; values the trunk cannot take are refused naming the key.
+TEST(TrainerConfigMappingTest, ResNetSkKeysReachTheModel) {
+  const TrainerOptions defaults = options_with({"MODEL.TRUNK.NAME=resnet_sk"});
+  EXPECT_EQ(defaults.model.trunk_name, "resnet_sk");
+  EXPECT_EQ(defaults.model.resnet_sk.depth, 152);
+  EXPECT_EQ(defaults.model.resnet_sk.width_multiplier, 3);
+  EXPECT_EQ(defaults.model.resnet_sk.sk_ratio, 0.0625);
+  const TrainerOptions options = options_with(
+      {"MODEL.TRUNK.NAME=resnet_sk",
+       "MODEL.TRUNK.RESNETS_SK={DEPTH: 152, WIDTH_MULTIPLIER: 1, SK_RATIO: 0.5}"});
+  EXPECT_EQ(options.model.resnet_sk.width_multiplier, 1);
+  EXPECT_EQ(options.model.resnet_sk.sk_ratio, 0.5);
+  // The model is built from them (blocks cut short here: depth 152 has 50 blocks).
+  models::ModelOptions model = options.model;
+  model.in_channels = 3;
+  model.image_size = 32;
+  model.num_classes = 10;
+  model.resnet_sk.blocks_per_stage = {1, 1, 1, 1};
+  models::TrunkHeadModel built = models::build_model(model);
+  EXPECT_EQ(built->trunk_output_dim(), 2048);
+  // max(64 * 0.5, 32) = 32 channels in the first block's mixing conv
+  EXPECT_EQ(built->trunk_block(1)->named_parameters()["net.2.mixing_conv.0.weight"].size(0), 32);
+  EXPECT_EQ(built->trunk_block(0)->named_parameters()["0.weight"].size(0), 32); // 64 * 1 / 2
+  expect_refused({
+      {{"MODEL.TRUNK.NAME=resnet_sk", "MODEL.TRUNK.RESNETS_SK.WIDTH_MULTIPLIER=0"},
+       {"MODEL.TRUNK.RESNETS_SK.WIDTH_MULTIPLIER", "0"}},
+      {{"MODEL.TRUNK.NAME=resnet_sk", "MODEL.TRUNK.RESNETS_SK.SK_RATIO=-0.5"},
+       {"MODEL.TRUNK.RESNETS_SK.SK_RATIO", "-0.5"}},
+  });
+}
+
+// VISSL never reads MODEL.TRUNK.TRUNK_PARAMS; a few of its configs write the trunk's keys
+// there. Largo loads them where they repeat the values in effect and refuses them otherwise,
+// naming both keys.
+TEST(TrainerConfigMappingTest, TrunkParamsLoadOnlyWhereTheyRepeatTheTrunkKeys) {
+  EXPECT_EQ(mapping_error({"MODEL.TRUNK.TRUNK_PARAMS={RESNETS: {DEPTH: 50}}"}), "(accepted)");
+  const TrainerOptions deeper = options_with(
+      {"MODEL.TRUNK.RESNETS.DEPTH=101", "MODEL.TRUNK.TRUNK_PARAMS={RESNETS: {DEPTH: 101}}"});
+  EXPECT_EQ(deeper.model.resnet.depth, 101);
+  expect_refused({
+      {{"MODEL.TRUNK.TRUNK_PARAMS={RESNETS: {DEPTH: 101}}"},
+       {"MODEL.TRUNK.TRUNK_PARAMS.RESNETS.DEPTH = 101", "MODEL.TRUNK.RESNETS.DEPTH (50)"}},
+      {{"MODEL.TRUNK.NAME=regnet",
+        "MODEL.TRUNK.REGNET={name: regnet_y_400mf}",
+        "MODEL.TRUNK.TRUNK_PARAMS={REGNET: {name: regnet_y_128gf}}"},
+       {"MODEL.TRUNK.TRUNK_PARAMS.REGNET.name", "regnet_y_400mf"}},
+      {{"MODEL.TRUNK.TRUNK_PARAMS={RESNETS: {DEPTHS: 50}}"},
+       {"MODEL.TRUNK.TRUNK_PARAMS.RESNETS.DEPTHS", "unset"}},
+  });
+}
+
+// A lone eval_mlp head without feature taps is VISSL's LinearEvalMLP on the trunk's output:
+// BatchNorm2d over its channels ([b, c] seen as [b, c, 1, 1]), then the mlp, under VISSL's
+// names (heads.0.channel_bn.*, heads.0.clf.clf.0.*).
+TEST(TrainerConfigMappingTest, ALoneEvalMlpHeadIsBatchNormThenMlpOnTheTrunksOutput) {
+  const std::vector<std::string> overrides{
+      "MODEL.TRUNK.NAME=mlp",
+      "MODEL.TRUNK.MLP.HIDDEN_DIMS=[8]",
+      "MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 8, dims: [8, 3]}]]"};
+  models::ModelOptions model = options_with(overrides).model;
+  EXPECT_EQ(model.head_channel_bn, 8);
+  EXPECT_EQ(model.head_dims, (std::vector<int64_t>{8, 3}));
+  model.in_channels = 1;
+  model.image_size = 2;
+  model.num_classes = 3;
+  models::TrunkHeadModel built = models::build_model(model);
+  auto parameters = built->named_parameters();
+  const Config config = Config::load({}, overrides);
+  const auto rename = weights_init_options_from(config, model).rename;
+  for (const std::string vissl : {"heads.0.channel_bn.weight", "heads.0.clf.clf.0.weight"}) {
+    EXPECT_TRUE(parameters.contains(rename(vissl))) << vissl << " -> " << rename(vissl);
+  }
+  torch::NoGradGuard no_grad;
+  built->eval();
+  const at::Tensor bn_weight = parameters["head.0.channel_bn.weight"];
+  const at::Tensor bn_bias = parameters["head.0.channel_bn.bias"];
+  bn_weight.copy_(at::linspace(0.5, 2.0, 8));
+  bn_bias.copy_(at::linspace(-1.0, 1.0, 8));
+  at::Tensor mean = built->named_buffers()["head.0.channel_bn.running_mean"];
+  at::Tensor var = built->named_buffers()["head.0.channel_bn.running_var"];
+  mean.copy_(at::linspace(-0.2, 0.3, 8));
+  var.copy_(at::linspace(0.5, 1.5, 8));
+  const at::Tensor features = at::randn({4, 8});
+  const at::Tensor normalized = (features - mean) / at::sqrt(var + 1e-5) * bn_weight + bn_bias;
+  const at::Tensor expected = at::linear(
+      normalized, parameters["head.0.clf.clf.0.weight"], parameters["head.0.clf.clf.0.bias"]);
+  // float32, the same operations in the same order up to BatchNorm's fused form: a few ulps
+  EXPECT_TRUE(at::allclose(built->forward_head(features), expected, 1e-5, 1e-6));
+
+  model.head_channel_bn = 4; // not the trunk's width
+  EXPECT_THROW(models::build_model(model), ConfigError);
+  expect_refused({
+      {{"MODEL.TRUNK.NAME=mlp", "MODEL.HEAD.PARAMS=[[eval_mlp, {dims: [256, 3]}]]"},
+       {"MODEL.HEAD.PARAMS[0].in_channels", "0"}},
+      {{"MODEL.TRUNK.NAME=mlp",
+        "MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 256, dims: [256, 3]}], [eval_mlp, "
+        "{in_channels: 256, dims: [256, 3]}]]"},
+       {"MODEL.HEAD.PARAMS", "LINEAR_EVAL_FEAT_POOL_OPS_MAP"}},
+  });
 }
 
 } // namespace

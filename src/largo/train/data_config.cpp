@@ -26,6 +26,46 @@ std::string single(const Config& config, const std::string& key, const std::stri
   return values[0];
 }
 
+// A disk_filelist's LABEL_SOURCES: [disk_filelist] reads LABEL_PATHS; [] reads no labels,
+// which only LABEL_TYPE sample_index can train with (VISSL's self-supervised configs on
+// unlabeled lists). The catalog may have filled LABEL_PATHS for [] (VISSL's catalog does the
+// same, and VISSL reads them only for a label source); a LABEL_PATHS written in the config
+// beside [] is refused rather than ignored.
+void read_filelist_labels(
+    const Config& config,
+    const std::string& prefix,
+    const std::vector<std::string>& label_sources,
+    data::DataSourceOptions& source) {
+  source.remove_path_prefix = config.get_string(prefix + ".REMOVE_IMG_PATH_PREFIX");
+  source.new_path_prefix = config.get_string(prefix + ".NEW_IMG_PATH_PREFIX");
+  if (label_sources == std::vector<std::string>{"disk_filelist"}) {
+    source.label_path = single(config, prefix + ".LABEL_PATHS", "one .npy file of labels");
+    return;
+  }
+  require(
+      label_sources.empty(),
+      prefix + ".LABEL_SOURCES",
+      list_text(label_sources),
+      "[disk_filelist] with LABEL_PATHS naming the .npy of labels, or [] with LABEL_TYPE "
+      "sample_index (no labels read)");
+  require(
+      source.label_type == "sample_index",
+      prefix + ".LABEL_SOURCES",
+      "[]",
+      fmt::format(
+          "[disk_filelist] with LABEL_PATHS: {}.LABEL_TYPE = {} takes its labels from "
+          "LABEL_SOURCES; or LABEL_TYPE sample_index (a self-supervised loss), which reads none",
+          prefix,
+          source.label_type));
+  const std::vector<std::string> paths = config.get_string_list(prefix + ".LABEL_PATHS");
+  require(
+      paths.empty() || !config.given(prefix + ".LABEL_PATHS"),
+      prefix + ".LABEL_PATHS",
+      list_text(paths),
+      "unset with LABEL_SOURCES []: no labels are read; set LABEL_SOURCES [disk_filelist] to "
+      "read them");
+}
+
 // DATA_SOURCES, DATASET_NAMES, DATA_PATHS and the label keys.
 void read_source(const Config& config, const std::string& prefix, data::DataSourceOptions& source) {
   source.source = single(
@@ -80,15 +120,19 @@ void read_source(const Config& config, const std::string& prefix, data::DataSour
       "standard (labels from LABEL_SOURCES) or sample_index (each image's index, for a "
       "self-supervised loss; VISSL's zero labels are not supported)");
   const std::vector<std::string> label_sources = config.get_string_list(prefix + ".LABEL_SOURCES");
+  if (!label_sources.empty() && source.label_type == "sample_index") {
+    // VISSL's rule (its defaults.yaml, LABEL_TYPE): labels a LABEL_SOURCES gives override
+    // LABEL_TYPE, so the images get their source's labels, not their indices.
+    spdlog::info(
+        "config key {}.LABEL_TYPE = sample_index: {}.LABEL_SOURCES = {} gives the labels "
+        "instead, as in VISSL",
+        prefix,
+        prefix,
+        list_text(label_sources));
+    source.label_type = "standard";
+  }
   if (kind == "disk_filelist") {
-    require(
-        label_sources == std::vector<std::string>{"disk_filelist"},
-        prefix + ".LABEL_SOURCES",
-        list_text(label_sources),
-        "[disk_filelist] with LABEL_PATHS naming the .npy of labels");
-    source.label_path = single(config, prefix + ".LABEL_PATHS", "one .npy file of labels");
-    source.remove_path_prefix = config.get_string(prefix + ".REMOVE_IMG_PATH_PREFIX");
-    source.new_path_prefix = config.get_string(prefix + ".NEW_IMG_PATH_PREFIX");
+    read_filelist_labels(config, prefix, label_sources, source);
   } else if (kind == "disk_folder" || kind == "webdataset") {
     require(
         label_sources.empty() || label_sources == std::vector<std::string>{kind},

@@ -34,6 +34,16 @@ void resnet_options_from(const Config& config, models::ResNetOptions& resnet) {
   models::validate_norm_options(resnet.norm);
 }
 
+// MODEL.TRUNK.RESNETS_SK (models/resnet_sk.h checks the values when the trunk is built).
+models::ResNetSkOptions resnet_sk_options_from(const Config& config) {
+  const std::string key = "MODEL.TRUNK.RESNETS_SK.";
+  models::ResNetSkOptions options;
+  options.depth = config.get_int(key + "DEPTH");
+  options.width_multiplier = positive_int(config, key + "WIDTH_MULTIPLIER");
+  options.sk_ratio = non_negative(config, key + "SK_RATIO");
+  return options;
+}
+
 // MODEL.TRUNK.VISION_TRANSFORMERS. The ViT is sized from the data's images; IMAGE_SIZE other
 // than VISSL's default (224) must equal them (models::VitOptions::image_size).
 void vit_options_from(const Config& config, models::VitOptions& vit) {
@@ -53,6 +63,39 @@ void vit_options_from(const Config& config, models::VitOptions& vit) {
   // VISSL reads USE_CLASS_TOKEN (with default True) and ignores CLASSIFIER; Largo also
   // reads CLASSIFIER: either one can drop the class token (models::has_class_token).
   vit.use_class_token = config.get_bool(key + "USE_CLASS_TOKEN");
+}
+
+// Each value under MODEL.TRUNK.TRUNK_PARAMS (`path` below it) must equal the one in effect at
+// MODEL.TRUNK.<path>: VISSL's code never reads TRUNK_PARAMS (a few of its configs write
+// {RESNETS: {DEPTH: 50}} there), so where it repeats the trunk's keys it changes nothing in
+// either, and where it does not, the run would not be the one its author meant.
+void check_trunk_params_repeat(
+    const Config& config, const YAML::Node& value, const std::string& path) {
+  const std::string key = "MODEL.TRUNK.TRUNK_PARAMS" + path;
+  require(
+      value.IsMap() || !path.empty(),
+      key,
+      config_value_text(value),
+      "a map of the trunk's keys as they are in effect, e.g. {RESNETS: {DEPTH: 50}}");
+  if (value.IsMap()) {
+    for (const auto& entry : value) {
+      check_trunk_params_repeat(config, entry.second, path + "." + entry.first.Scalar());
+    }
+    return;
+  }
+  const std::string effective_key = "MODEL.TRUNK" + path;
+  const bool repeats = !path.empty() && config.has(effective_key) &&
+                       same_config_value(config.node(effective_key), value);
+  require(
+      repeats,
+      key,
+      config_value_text(value),
+      fmt::format(
+          "the value in effect at {} ({}): VISSL never reads MODEL.TRUNK.TRUNK_PARAMS and builds "
+          "the trunk from {}; set the value there and remove TRUNK_PARAMS",
+          effective_key,
+          config.has(effective_key) ? config_value_text(config.node(effective_key)) : "unset",
+          effective_key));
 }
 
 // MODEL.HEAD.PARAMS: VISSL's [[name, {kwargs}], ...], one entry per head (mlp or eval_mlp).
@@ -113,6 +156,11 @@ heads_from(const Config& config, const models::MlpHeadOptions& defaults) {
                 : "an eval_mlp argument: in_channels, dims, use_bn, use_relu");
       }
     }
+    require(
+        options.name != "eval_mlp" || options.in_channels > 0,
+        head_key + ".in_channels",
+        std::to_string(options.in_channels),
+        "the channels of the eval_mlp head's BatchNorm, > 0 (VISSL requires it)");
     heads.push_back(options);
   }
   return heads;
@@ -215,7 +263,9 @@ models::ModelOptions model_options_from(const Config& config) {
   model.image_size = 0;
   model.num_classes = 0;
   model.trunk_name = trunk_architecture(config); // VISSL's regnet_fsdp: regnet
+  check_trunk_params_repeat(config, config.node("MODEL.TRUNK.TRUNK_PARAMS"), "");
   resnet_options_from(config, model.resnet);
+  model.resnet_sk = resnet_sk_options_from(config);
   model.regnet = regnet_options_from(config);
   vit_options_from(config, model.vit);
   const auto& trunks = models::supported_trunk_names();
@@ -263,14 +313,17 @@ models::ModelOptions model_options_from(const Config& config) {
   const bool all_mlp =
       std::all_of(heads.begin(), heads.end(), [](const auto& head) { return head.name == "mlp"; });
   require(
-      all_mlp,
+      all_mlp || heads.size() == 1,
       "MODEL.HEAD.PARAMS",
       "(given)",
-      "mlp heads written as [[\"mlp\", {\"dims\": [in, ..., num_classes]}]] (eval_mlp heads "
-      "need MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+      "one eval_mlp head, or mlp heads written as [[\"mlp\", {\"dims\": [in, ..., "
+      "num_classes]}]] (several eval_mlp heads need "
+      "MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
   if (heads.size() == 1) {
     model.head_dims = heads[0].dims;
     model.head = heads[0].mlp;
+    // eval_mlp on the trunk's output: VISSL's BatchNorm over its channels, then the mlp.
+    model.head_channel_bn = heads[0].name == "eval_mlp" ? heads[0].in_channels : 0;
   } else { // run one after another (SimCLR's projection; run_plan.cpp checks the loss)
     for (const auto& head : heads) {
       model.head_chain.push_back(models::MlpHeadSpec{head.dims, head.mlp});

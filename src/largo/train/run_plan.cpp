@@ -562,8 +562,8 @@ void check_self_supervised(const RunPlan& plan) {
   // A ViT takes other sizes by interpolating its positional embedding, which VISSL does
   // with a class token only (models/vit_position_interpolation.h).
   const bool vit = trunk == "vision_transformer";
-  const bool takes_any_size =
-      trunk == "resnet" || trunk == "regnet" || (vit && models::has_class_token(plan.model.vit));
+  const bool takes_any_size = trunk == "resnet" || trunk == "resnet_sk" || trunk == "regnet" ||
+                              (vit && models::has_class_token(plan.model.vit));
   if (!one_size && !takes_any_size) {
     refuse(
         fmt::format("views of several sizes and MODEL.TRUNK.NAME = {}", trunk),
@@ -571,7 +571,8 @@ void check_self_supervised(const RunPlan& plan) {
               "embedding was built for, as in VISSL; set "
               "MODEL.TRUNK.VISION_TRANSFORMERS.USE_CLASS_TOKEN True and CLASSIFIER token, or "
               "crops of one size"
-            : "only the resnet, regnet and vision_transformer (with a class token) trunks take "
+            : "only the resnet, regnet and vision_transformer (with a class token) trunks "
+              "(and resnet_sk) take "
               "any image size; use one of them, or crops of one size");
   }
   check_views_match_loss(plan);
