@@ -6,11 +6,12 @@ users name them), with LARGO_CONFIG_ROOT at that tree and a dataset catalog in w
 dataset name that VISSL's catalog lists or a config names points at a tiny dataset of the
 right kind (an image folder, or a file list for *_filelist names), so that configs naming data
 resolve through the catalog as they would on a machine with the data. A fragment (a file in a
-`models*` folder, which VISSL's users add to a base config on the command line) is run as
-`config=<base> +config/<its folder>=<its name>` with the base configs of the folder above it,
-up to three, and counts as loading when one of those compositions loads. Nothing is
-overridden. Prints the share that loads and the most frequent refusals, by the key or phrase
-they name.
+folder whose parent folder holds configs: a Hydra config group such as models/, transforms/,
+datasets/ or optimization/, whose options VISSL's users add to one of those configs on the
+command line) is run as `config=<base> +config/<its folder>=<its name>` with the base configs
+of the folder above it, up to three, then alone (some such files are whole configs), and
+counts as loading when one of those runs loads. Nothing is overridden. Prints the share that
+loads and the most frequent refusals, by the key or phrase they name.
 
     git clone https://github.com/facebookresearch/vissl /tmp/vissl
     $LARGO_PYTHON scripts/vissl_config_tree_report.py /tmp/vissl/configs build/largo [--jobs 2]
@@ -92,21 +93,22 @@ def bases_of(name, names):
     return [n for n in names if os.path.dirname(n) == parent][:3]
 
 
-def is_fragment(name):
-    return os.path.basename(os.path.dirname(name)).startswith("models")
+def is_fragment(name, names):
+    parent = os.path.dirname(os.path.dirname(name))
+    return os.path.dirname(name) != "" and any(os.path.dirname(n) == parent for n in names)
 
 
 def run(largo, name, names, env):
-    if not is_fragment(name):
-        return (name,) + run_one(largo, ["config=" + name], env)
-    group, option = os.path.dirname(name), os.path.basename(name)
     outcome = None
-    for base in bases_of(name, names):
-        code, output = run_one(largo, ["config=" + base, f"+config/{group}={option}"], env)
-        outcome = outcome or (code, output)
-        if code == 0:
-            return name, code, output
-    return (name,) + (outcome or run_one(largo, ["config=" + name], env))
+    if is_fragment(name, names):
+        group, option = os.path.dirname(name), os.path.basename(name)
+        for base in bases_of(name, names):
+            code, output = run_one(largo, ["config=" + base, f"+config/{group}={option}"], env)
+            outcome = outcome or (code, output)
+            if code == 0:
+                return name, code, output
+    code, output = run_one(largo, ["config=" + name], env)
+    return (name,) + (outcome if code != 0 and outcome else (code, output))
 
 
 def main():
@@ -134,11 +136,11 @@ def main():
     loaded = [name for name, code, _ in results if code == 0]
     crashed = [name for name, code, _ in results if code not in (0, 2)]
     reasons = collections.Counter(reason(out) for _, code, out in results if code == 2)
-    fragments = [name for name, _, _ in results if is_fragment(name)]
+    fragments = [name for name, _, _ in results if is_fragment(name, names)]
     print(f"{len(loaded)} of {len(results)} configs load ({100.0 * len(loaded) / len(results):.1f} %); "
           f"{sum(reasons.values())} refused by a config error; {len(crashed)} other failures")
     print(f"of them {len(fragments)} fragments, run with a base config of their parent folder: "
-          f"{sum(1 for name in loaded if is_fragment(name))} load")
+          f"{sum(1 for name in loaded if is_fragment(name, names))} load")
     for text, count in reasons.most_common(25):
         print(f"{count:5d}  {text}")
     for name in crashed[:10]:

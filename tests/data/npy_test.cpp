@@ -97,6 +97,15 @@ TEST_F(NumpyFiles, MalformedFilesNameTheFile) {
   object.replace(object.find("<i8"), 3, "|O8");
   expect_error({object.begin(), object.end()}, "object arrays are pickles");
   EXPECT_THROW(read_npy(dir_.path() / "missing.npy"), DataError);
+  // A catalog entry naming a folder where a file list belongs (it opens, then fails to read).
+  std::filesystem::create_directories(dir_.path() / "folder.npy");
+  try {
+    read_npy(dir_.path() / "folder.npy");
+    FAIL() << "no error for a directory";
+  } catch (const DataError& error) {
+    EXPECT_NE(std::string(error.what()).find("folder.npy"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("is a directory"), std::string::npos) << error.what();
+  }
   const auto strings = numpy_file("paths_unicode.npy");
   EXPECT_THROW(npy_integers(read_npy(strings), strings), DataError); // strings are not labels
 }

@@ -113,6 +113,36 @@ TEST(LinearEvalTest, FeaturesAreTheTrunksStagesPooled) {
   EXPECT_EQ(flat->forward_outputs(images).size(), 2u);
 }
 
+// VISSL's trunk feature extraction configs tap the trunk and leave MODEL.HEAD.PARAMS empty:
+// with extract_trunk_features_only the taps need no heads, and give the same features.
+TEST(LinearEvalTest, TrunkFeatureExtractionTapsWithoutHeads) {
+  TrunkHeadModel base = resnet18();
+  base->eval();
+  FeatureEvalOptions options = three_taps();
+  options.heads.clear();
+  EXPECT_THROW(validate_feature_eval_options(options), ConfigError);
+  options.extract_trunk_features_only = true;
+  LinearEvalModel bare(base, options);
+  EXPECT_EQ(bare->num_outputs(), 0);
+  LinearEvalModel with_heads(base, three_taps());
+  at::Tensor images = torch::randn({2, 3, 16, 16});
+  std::vector<at::Tensor> features = bare->forward_features(images);
+  std::vector<at::Tensor> expected = with_heads->forward_features(images);
+  ASSERT_EQ(features.size(), expected.size());
+  for (size_t i = 0; i < features.size(); ++i) {
+    EXPECT_TRUE(features[i].equal(expected[i])) << options.taps[i].feature;
+  }
+  try {
+    bare->forward_outputs(images);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("forward_features"), std::string::npos)
+        << error.what();
+  }
+  options.heads = {eval_mlp(64, {256, 10})}; // some heads, but not one per tap
+  EXPECT_THROW(validate_feature_eval_options(options), ConfigError);
+}
+
 TEST(LinearEvalTest, HeadsAreNamedAsVissl) {
   LinearEvalModel model(resnet18(), three_taps());
   auto parameters = model->named_parameters();

@@ -224,7 +224,8 @@ std::vector<WiredKey> wired_keys() {
        kVitKeys},
       {vit + "QKV_BIAS", "biases in the qkv projection", "Vit.ParameterCountMatchesClosedForm"},
       {"MODEL.HEAD.PARAMS",
-       "the head: one mlp or eval_mlp (or one head per feature under linear evaluation); a swav_head, or mlp "
+       "the head: one mlp or eval_mlp (or one head per feature under linear evaluation; "
+       "none when largo extract writes the tapped trunk features); a swav_head, or mlp "
        "heads run one after another, in a self-supervised run; under FSDP also VISSL's "
        "swav_head_fsdp, mlp_fsdp and eval_mlp_fsdp",
        "Heads.ModelWithMlpHead"},

@@ -208,6 +208,24 @@ TEST(FeatureExtractionTest, WritesEachSamplesTrunkFeaturesOrHeadOutputsOnce) {
   expect_extracted_as_recomputed(
       trunk, run, checkpoint_of(run), {"res4", "res4_1", "res5avg"}, {256, 1024, 512});
 
+  // VISSL's trunk extraction configs name no heads (MODEL.HEAD.PARAMS empty): the same files,
+  // written afresh.
+  std::vector<fs::path> written;
+  for (const auto& entry : fs::directory_iterator(run)) {
+    if (entry.path().extension() == ".npy") {
+      written.push_back(entry.path());
+    }
+  }
+  for (const fs::path& file : written) {
+    fs::remove(file);
+  }
+  Overrides no_heads(kThreeHeads.begin(), kThreeHeads.end() - 1);
+  no_heads.push_back("MODEL.HEAD.PARAMS=[]");
+  const Config bare = job_config(run, no_heads + kTrunkOnly);
+  EXPECT_EQ(extract_features(resolve_extraction(bare), one).written.size(), 6u);
+  expect_extracted_as_recomputed(
+      bare, run, checkpoint_of(run), {"res4", "res4_1", "res5avg"}, {256, 1024, 512});
+
   const Config heads = job_config(run, kThreeHeads);
   extract_features(resolve_extraction(heads), one);
   expect_extracted_as_recomputed(

@@ -79,8 +79,10 @@ struct FeatureEvalOptions {
 };
 
 // Throws OptionError naming FeatureEvalOptions::taps / heads for pool ops that do not
-// exist, pool arguments that do not fit, or heads that are not one per tap. The features
-// depend on the trunk: validate_tap_features(tap_features(options), trunk name) checks them.
+// exist, pool arguments that do not fit, or heads that are not one per tap (no heads is
+// accepted with extract_trunk_features_only: the model then only gives forward_features). The
+// features depend on the trunk: validate_tap_features(tap_features(options), trunk name) checks
+// them.
 void validate_feature_eval_options(const FeatureEvalOptions& options);
 // The tapped features' names, in order.
 std::vector<std::string> tap_features(const FeatureEvalOptions& options);
@@ -117,7 +119,8 @@ class LinearEvalModelImpl : public torch::nn::Module, public SwappableChildren {
   // trunk that cannot be tapped: TrunkTaps) and for options that are not enabled().
   LinearEvalModelImpl(TrunkHeadModel pretrained, const FeatureEvalOptions& options);
 
-  // images -> one output per head ([b, classes] each).
+  // images -> one output per head ([b, classes] each). Throws OptionError for taps without
+  // heads.
   std::vector<at::Tensor> forward_outputs(at::Tensor images);
   // images -> the outputs concatenated along dim 1 ([b, sum of the heads' classes]): the one
   // tensor a parallel model passes on (parallel::parallelize); split_outputs() undoes it.

@@ -223,9 +223,13 @@ class SelfSupervisedLoss {
   at::Tensor deepclusterv2(const at::Tensor& output, const at::Tensor& labels);
   void build_dino(torch::nn::Module& module, int64_t num_views);
   void build_moco(torch::nn::Module& module, int64_t batch_size, uint64_t seed);
+  // model.placements().module_holds_whole_model(), asked once (it builds every parameter's
+  // placement) and kept: DINO and MoCo ask each step.
+  bool module_holds_whole_model(const parallel::ParallelModel& model);
 
   SelfSupervisedLossOptions options_;
   comm::ProcessGroup& group_;
+  std::optional<bool> module_holds_whole_model_;
   models::SwavHeadImpl* head_ = nullptr; // SwAV
   std::vector<std::string> prototype_names_; // SwAV: the prototypes' weights in the module
   std::optional<models::SwavQueue> queue_;

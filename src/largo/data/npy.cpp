@@ -122,11 +122,19 @@ std::vector<int64_t> parse_shape(const std::string& text) {
 }
 
 std::string read_all(const std::filesystem::path& path) {
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) { // opens on Linux, fails on reading
+    throw npy_error(path, "it is a directory, not a .npy file");
+  }
   std::ifstream file(path, std::ios::binary);
   if (!file) {
     throw npy_error(path, "cannot open it (missing or not readable)");
   }
-  return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  try {
+    return std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& error) {
+    throw npy_error(path, fmt::format("cannot read it: {}", error.what()));
+  }
 }
 
 void append_utf8(std::string& out, uint32_t code_point) {

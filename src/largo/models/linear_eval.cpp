@@ -74,11 +74,18 @@ void validate_feature_eval_options(const FeatureEvalOptions& options) {
   for (size_t i = 0; i < options.taps.size(); ++i) {
     validate_tap(options.taps[i], i);
   }
-  if (!options.taps.empty() && options.heads.size() != options.taps.size()) {
+  // VISSL's trunk feature extraction taps the trunk without heads (its configs leave
+  // MODEL.HEAD.PARAMS empty there).
+  const bool trunk_features_only = options.extract_trunk_features_only && options.heads.empty();
+  if (!options.taps.empty() && options.heads.size() != options.taps.size() &&
+      !trunk_features_only) {
     throw OptionError(
         "FeatureEvalOptions::heads",
         fmt::format("{} heads", options.heads.size()),
-        fmt::format("one head per entry of FeatureEvalOptions::taps ({})", options.taps.size()));
+        fmt::format(
+            "one head per entry of FeatureEvalOptions::taps ({}), or none with "
+            "FeatureEvalOptions::extract_trunk_features_only",
+            options.taps.size()));
   }
   if (options.taps.empty() && !options.heads.empty()) {
     throw OptionError(
@@ -184,7 +191,7 @@ void LinearEvalModelImpl::train(bool on) {
 }
 
 int64_t LinearEvalModelImpl::num_outputs() const {
-  return options_.taps.empty() ? 1 : static_cast<int64_t>(options_.taps.size());
+  return options_.taps.empty() ? 1 : static_cast<int64_t>(options_.heads.size());
 }
 
 at::Tensor LinearEvalModelImpl::pool(const FeatureTap& tap, at::Tensor x) const {
@@ -260,6 +267,13 @@ std::vector<int64_t> LinearEvalModelImpl::output_widths() const {
 }
 
 std::vector<at::Tensor> LinearEvalModelImpl::forward_outputs(at::Tensor images) {
+  if (!options_.taps.empty() && options_.heads.empty()) {
+    throw OptionError(
+        "FeatureEvalOptions::heads",
+        "none",
+        "one head per tap to compute outputs (without heads, extract_trunk_features_only, the "
+        "model gives its tapped features: forward_features)");
+  }
   std::vector<at::Tensor> features = forward_features(std::move(images));
   if (options_.taps.empty()) {
     return {head_->forward(features[0])};

@@ -273,12 +273,18 @@ void SelfSupervisedLoss::before_optimizer_step(parallel::ParallelModel& model) {
   }
 }
 
+bool SelfSupervisedLoss::module_holds_whole_model(const parallel::ParallelModel& model) {
+  if (!module_holds_whole_model_.has_value()) { // placements are fixed for the run
+    module_holds_whole_model_ = model.placements().module_holds_whole_model();
+  }
+  return *module_holds_whole_model_;
+}
+
 // The teacher and the momentum encoder stay whole on every rank (VISSL shards them with FSDP
 // too): where the module's own tensors are shards, they read the gathered whole values. Every
 // rank takes the same branch (placements() answer alike), so the gathers match.
 void SelfSupervisedLoss::before_step(parallel::ParallelModel& model) {
-  if ((dino_model_ == nullptr && moco_model_ == nullptr) ||
-      model.placements().module_holds_whole_model()) {
+  if ((dino_model_ == nullptr && moco_model_ == nullptr) || module_holds_whole_model(model)) {
     return; // the models read the module's own tensors, no copy
   }
   if (dino_model_ != nullptr && !dino_model_->teacher_built()) {
@@ -297,7 +303,7 @@ void SelfSupervisedLoss::after_optimizer_step(parallel::ParallelModel& model) {
   if (dino_model_ != nullptr) { // VISSL's DINOHook.on_update, with this step's iteration
     const double momentum = models::dino_teacher_momentum(
         options_.dino_momentum, iteration_, options_.dino_max_iteration);
-    if (model.placements().module_holds_whole_model()) {
+    if (module_holds_whole_model(model)) {
       dino_model_->update_teacher(momentum);
     } else {
       const models::WholeParameters whole = model.full_parameters();
