@@ -4,11 +4,11 @@
 Runs `largo config config=<name>` for every YAML file under VISSL's configs/config (as VISSL's
 users name them), with LARGO_CONFIG_ROOT at that tree and a dataset catalog in which every
 dataset name that VISSL's catalog lists or a config names points at a tiny dataset of the
-right kind (an image folder, or a file list for *_filelist names), so that configs naming data
-resolve through the catalog as they would on a machine with the data. A fragment (a file in a
-folder whose parent folder holds configs: a Hydra config group such as models/, transforms/,
-datasets/ or optimization/, whose options VISSL's users add to one of those configs on the
-command line) is run as `config=<base> +config/<its folder>=<its name>` with the base configs
+right kind (a file list for *_filelist names and names a split reads as disk_filelist, else an
+image folder), so that configs naming data resolve through the catalog as they would on a
+machine with the data. A fragment (a file in a folder whose parent folder holds configs: a
+Hydra config group such as models/, transforms/, datasets/ or optimization/, whose options
+VISSL's users add to one of those configs on the command line) is run as `config=<base> +config/<its folder>=<its name>` with the base configs
 of the folder above it, up to three, then alone (some such files are whole configs), and
 counts as loading when one of those runs loads. Nothing is overridden. Prints the share that
 loads and the most frequent refusals, by the key or phrase they name.
@@ -50,22 +50,30 @@ def tiny_filelist(root, folder):
 
 
 def dataset_names_in_configs(config_dir):
-    names = set()
+    """Every DATASET_NAMES entry of the tree, and those a split reads as disk_filelist."""
+    names, filelists = set(), set()
     for d, _, files in os.walk(config_dir):
         for f in files:
             if f.endswith(".yaml"):
                 with open(os.path.join(d, f), errors="replace") as text:
-                    for match in re.finditer(r"DATASET_NAMES:\s*\[([^\]]*)\]", text.read()):
-                        names.update(n.strip(" '\"") for n in match.group(1).split(",") if n.strip())
-    return names
+                    # A split's keys sit together: DATA_SOURCES a few lines from DATASET_NAMES.
+                    for split in re.split(r"\n\s*(?:TRAIN|TEST):", text.read()):
+                        for match in re.finditer(r"DATASET_NAMES:\s*\[([^\]]*)\]", split):
+                            found = {n.strip(" '\"") for n in match.group(1).split(",") if n.strip()}
+                            names |= found
+                            if re.search(r"DATA_SOURCES:\s*\[\s*disk_filelist", split):
+                                filelists |= found
+    return names, filelists
 
 
 def catalog_for(vissl_catalog, config_dir, scratch):
     folder = tiny_folder(os.path.join(scratch, "folder"))
     images, labels = tiny_filelist(os.path.join(scratch, "filelist"), folder)
+    in_configs, filelists = dataset_names_in_configs(config_dir)
     with open(vissl_catalog) as f:
-        names = set(json.load(f).keys()) | dataset_names_in_configs(config_dir)
-    entry = lambda name: [images, labels] if "filelist" in name else [folder, "<unused>"]
+        names = set(json.load(f).keys()) | in_configs
+    entry = lambda name: (
+        [images, labels] if "filelist" in name or name in filelists else [folder, "<unused>"])
     catalog = {name: {"train": entry(name), "val": entry(name)} for name in names}
     path = os.path.join(scratch, "dataset_catalog.json")
     with open(path, "w") as f:
