@@ -9,6 +9,7 @@
 # from its executable would inherit and obey). LARGO_SHARD_TIMEOUT (seconds, default 2400)
 # stops a process that hangs.
 set -uo pipefail
+timeout_s="${LARGO_SHARD_TIMEOUT:-2400}"
 dir="$1"
 shift
 logs=$(mktemp -d)
@@ -24,11 +25,12 @@ for executable in "$@"; do
   for half in 0 1; do
     filter=$(echo "$tests" | awk -v half=$half 'NR % 2 == half' | paste -sd:)
     if [ -z "$filter" ]; then # an empty filter would run every test
-      (echo "[  PASSED  ] 0 tests." > "$logs/$executable.$half.log") &
+      echo "[  PASSED  ] 0 tests." > "$logs/$executable.$half.log"
+      true &
       pids+=($!)
       continue
     fi
-    (cd "$dir" && timeout --kill-after=30 "${LARGO_SHARD_TIMEOUT:-2400}" \
+    (cd "$dir" && timeout --kill-after=30 "$timeout_s" \
       "./$executable" --gtest_brief=1 "--gtest_filter=$filter" \
       > "$logs/$executable.$half.log" 2>&1) &
     pids+=($!)
@@ -39,7 +41,7 @@ for executable in "$@"; do
       echo "$executable, half $half: $(grep -E '^\[  PASSED  \]' "$log" | tail -1)"
     else
       failed+=("$executable, half $half")
-      echo "$executable, half $half FAILED (a test, or the ${LARGO_SHARD_TIMEOUT:-2400} s limit); its log:"
+      echo "$executable, half $half FAILED (a test, or the $timeout_s s limit); its log:"
       cat "$log"
     fi
   done

@@ -12,10 +12,8 @@ bash scripts/install_deps.sh
 bash scripts/build.sh -DLARGO_BUILD_TESTS=ON -DLARGO_BUILD_BENCH=ON \
   "-DLARGO_WITH_NCCL=${LARGO_WITH_NCCL:-ON}"
 start=$(date +%s)
-# The GoogleTest suites (an executable per layer) run as two processes each
-# (scripts/run_test_shards.sh), not ctest's process per test: loading libtorch costs ~1 s a
-# process, nearly half of the suite over ~1100 tests. ctest runs the tests that are not
-# GoogleTest's (docs.*, install.*, train.*).
+# The GoogleTest suites (an executable per layer) run through scripts/run_test_shards.sh,
+# which says why; ctest runs the tests that are not GoogleTest's (docs.*, install.*, train.*).
 others='^(docs|install|train)\.'
 # GoogleTest's names start with their suite's capital; any other test must be one of $others.
 left_out=$(ctest --test-dir build -N | sed -n 's/^ *Test *#[0-9]*: //p' | grep -v '^[A-Z]' |
@@ -38,8 +36,6 @@ if [ "${LARGO_SKIP_SANITIZERS:-0}" != "1" ]; then
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1"
   start=$(date +%s)
   # libtorch itself is not instrumented; container-overflow checks need every library to be.
-  # Each suite runs as two processes (scripts/run_test_shards.sh), not ctest's process per
-  # test: a sanitized process spends ~2 s loading libtorch.
   ASAN_OPTIONS=detect_container_overflow=0:detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     bash scripts/run_test_shards.sh build-sanitize/tests $(printf 'largo_%s_tests ' $layers)
   echo "run_tests.sh: the sanitizer suites ran in $(( $(date +%s) - start )) s"

@@ -8,9 +8,10 @@ right kind (a file list for *_filelist names and names a split reads as disk_fil
 image folder), so that configs naming data resolve through the catalog as they would on a
 machine with the data. A fragment (a file in a folder whose parent folder holds configs: a
 Hydra config group such as models/, transforms/, datasets/ or optimization/, whose options
-VISSL's users add to one of those configs on the command line) is run as `config=<base> +config/<its folder>=<its name>` with the base configs
-of the folder above it, up to three, then alone (some such files are whole configs), and
-counts as loading when one of those runs loads. Nothing is overridden. Prints the share that
+VISSL's users add to one of those configs on the command line) is run as
+`config=<base> +config/<its folder>=<its name>` with the base configs of the folder above it,
+up to three, then alone (some such files are whole configs), and counts as loading when one
+of those runs loads. Nothing is overridden. Prints the share that
 loads and the most frequent refusals, by the key or phrase they name.
 
     git clone https://github.com/facebookresearch/vissl /tmp/vissl
@@ -102,8 +103,7 @@ def bases_of(name, names):
 
 
 def is_fragment(name, names):
-    parent = os.path.dirname(os.path.dirname(name))
-    return os.path.dirname(name) != "" and any(os.path.dirname(n) == parent for n in names)
+    return os.path.dirname(name) != "" and bool(bases_of(name, names))
 
 
 def run(largo, name, names, env):

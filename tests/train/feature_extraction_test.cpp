@@ -43,14 +43,17 @@ constexpr int64_t kTestSamples = 16;
 const std::string kEval = "MODEL.FEATURE_EVAL_SETTINGS.";
 
 // Three taps, two of them on res4 (res4 is 2x2 from 24x24 images): res4 averaged to 1x1,
-// res4 as it is, and res5avg; a head on each.
-const Overrides kThreeHeads{
+// res4 as it is, and res5avg; kThreeHeads puts a head on each.
+const Overrides kThreeTaps{
     kEval + "EVAL_MODE_ON=True",
     kEval + "FREEZE_TRUNK_ONLY=True",
     kEval + "SHOULD_FLATTEN_FEATS=False",
     kEval +
-        R"(LINEAR_EVAL_FEAT_POOL_OPS_MAP=[["res4", ["AdaptiveAvgPool2d", [[1, 1]]]], ["res4", ["Identity", []]], ["res5avg", ["Identity", []]]])",
-    R"(MODEL.HEAD.PARAMS=[["eval_mlp", {"in_channels": 256, "dims": [256, 10]}], ["eval_mlp", {"in_channels": 256, "dims": [1024, 10]}], ["mlp", {"dims": [512, 10]}]])"};
+        R"(LINEAR_EVAL_FEAT_POOL_OPS_MAP=[["res4", ["AdaptiveAvgPool2d", [[1, 1]]]], ["res4", ["Identity", []]], ["res5avg", ["Identity", []]]])"};
+const Overrides kThreeHeads =
+    kThreeTaps +
+    Overrides{
+        R"(MODEL.HEAD.PARAMS=[["eval_mlp", {"in_channels": 256, "dims": [256, 10]}], ["eval_mlp", {"in_channels": 256, "dims": [1024, 10]}], ["mlp", {"dims": [512, 10]}]])"};
 
 const Overrides kTrunkOnly{kEval + "EXTRACT_TRUNK_FEATURES_ONLY=True"};
 
@@ -219,9 +222,7 @@ TEST(FeatureExtractionTest, WritesEachSamplesTrunkFeaturesOrHeadOutputsOnce) {
   for (const fs::path& file : written) {
     fs::remove(file);
   }
-  Overrides no_heads(kThreeHeads.begin(), kThreeHeads.end() - 1);
-  no_heads.push_back("MODEL.HEAD.PARAMS=[]");
-  const Config bare = job_config(run, no_heads + kTrunkOnly);
+  const Config bare = job_config(run, kThreeTaps + Overrides{"MODEL.HEAD.PARAMS=[]"} + kTrunkOnly);
   EXPECT_EQ(extract_features(resolve_extraction(bare), one).written.size(), 6u);
   expect_extracted_as_recomputed(
       bare, run, checkpoint_of(run), {"res4", "res4_1", "res5avg"}, {256, 1024, 512});
