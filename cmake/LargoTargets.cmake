@@ -3,6 +3,10 @@
 # Flags shared by all of Largo's own targets (library layers, program, tests, benchmarks).
 function(largo_apply_flags target)
   target_compile_options(${target} PRIVATE ${LARGO_TORCH_CXX_FLAGS} ${LARGO_WARNINGS} ${LARGO_SANITIZER_FLAGS})
+  # __FILE__ relative to the checkout (GoogleTest's macros use it): a unity source #includes
+  # its files by absolute path, and a clone's path in the preprocessed text would keep ccache
+  # from reusing another clone's objects (scripts/build.sh sets its base directory).
+  target_compile_options(${target} PRIVATE -fmacro-prefix-map=${PROJECT_SOURCE_DIR}/=)
   get_target_property(type ${target} TYPE)
   if(type STREQUAL "EXECUTABLE")
     # Compile executables with -fPIC like the libraries (not -fPIE), so they can

@@ -27,6 +27,8 @@
 #include <largo/core/resources.h>
 #include <largo/train/config_composition.h>
 #include <largo/train/dataset_catalog.h>
+#include <largo/train/engine.h>
+#include <largo/train/feature_extraction.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/run_plan.h>
 #include <largo/train/trainer.h>
@@ -58,6 +60,7 @@ largo::Config config_from_arguments(
   const std::filesystem::path root = largo::train::config_root();
   largo::Config config = largo::train::compose_config(
       largo::train::parse_config_arguments(arguments), root, largo::embedded::default_job_yaml());
+  largo::train::engine_of(config); // an engine Largo lacks is refused by every command
   const auto resolved =
       largo::train::resolve_dataset_names(config, largo::train::find_dataset_catalog(root));
   if (notes != nullptr) {
@@ -70,10 +73,12 @@ largo::Config config_from_arguments(
   return config;
 }
 
-int run_train(const std::vector<std::string>& arguments) {
+// `largo train`, and `largo eval` (`command`) with TEST_ONLY=True among the arguments.
+int run_train(const std::vector<std::string>& arguments, const std::string& command) {
   using Kind = largo::train::TrainLaunchPlan::Kind;
   std::vector<std::string> notes;
   largo::Config config = config_from_arguments(arguments, &notes);
+  largo::train::require_engine(config, largo::train::Engine::kTrain, command);
   const auto plan = largo::train::plan_train_launch(config);
   const int rank = plan.world ? plan.world->rank : 0;
   largo::init_logging(rank, config.get_bool("VERBOSE"));
@@ -138,7 +143,12 @@ int run_train(const std::vector<std::string>& arguments) {
 int run_config(const std::vector<std::string>& arguments) {
   std::vector<std::string> notes;
   largo::Config config = config_from_arguments(arguments, &notes);
-  largo::train::resolve_run(config);            // everything `largo train` checks first
+  // Everything the command that runs the config's engine checks first, and the launch keys.
+  if (largo::train::engine_of(config) == largo::train::Engine::kExtractFeatures) {
+    largo::train::resolve_extraction(config);
+  } else {
+    largo::train::resolve_run(config);
+  }
   largo::train::validate_launch_config(config); // DISTRIBUTED.INIT_METHOD / RUN_ID too
   for (const std::string& note : notes) {
     std::cout << "# " << note << "\n";
@@ -305,11 +315,11 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitBadConfig;
   }
   if (train->parsed()) {
-    return report_errors("largo", [&] { return run_train(train_arguments); });
+    return report_errors("largo", [&] { return run_train(train_arguments, "largo train"); });
   }
   if (eval->parsed()) {
     eval_arguments.push_back("TEST_ONLY=True"); // after the user's overrides: it wins
-    return report_errors("largo", [&] { return run_train(eval_arguments); });
+    return report_errors("largo", [&] { return run_train(eval_arguments, "largo eval"); });
   }
   if (extract->parsed()) {
     return report_errors("largo", [&] {

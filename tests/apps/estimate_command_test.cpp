@@ -7,6 +7,7 @@
 // reading of the config and its report
 // (tests/parallel/estimate/mesh_memory_estimate_test.cpp checks the library's estimate).
 #include "apps/program_runner.h"
+#include "test_paths.h"
 
 #include <gtest/gtest.h>
 
@@ -243,7 +244,8 @@ std::vector<std::string> vit_estimate(int tensor_parallel_size, int num_processe
   return {
       largo_program(),
       "estimate",
-      std::string(LARGO_TEST_DATA_DIR) + "/../configs/examples/tensor_parallel_vit_synthetic.yaml",
+      std::string(largo::test_paths::data_dir()) +
+          "/../configs/examples/tensor_parallel_vit_synthetic.yaml",
       "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=" + std::to_string(kVitLayers),
       "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=" + std::to_string(kVitHidden),
       "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM=" + std::to_string(kVitMlp),
@@ -298,7 +300,7 @@ std::vector<std::string> vit_pipeline_estimate(int tensor_parallel_size) {
   return {
       largo_program(),
       "estimate",
-      std::string(LARGO_TEST_DATA_DIR) +
+      std::string(largo::test_paths::data_dir()) +
           "/../configs/examples/tensor_parallel_pipeline_vit_synthetic.yaml",
       "MODEL.TRUNK.VISION_TRANSFORMERS.NUM_LAYERS=" + std::to_string(kVitLayers),
       "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM=" + std::to_string(kVitHidden),

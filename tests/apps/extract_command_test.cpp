@@ -2,7 +2,8 @@
 // checked in tests/train/feature_extraction_test.cpp). It starts its own workers for
 // DISTRIBUTED.NUM_PROC_PER_NODE = 2, each rank printing what it wrote; it takes VISSL's
 // FREEZE_TRUNK_AND_HEAD extraction configs; it refuses before starting workers when there is
-// nothing to extract from; and `largo train` refuses EXTRACT_TRUNK_FEATURES_ONLY.
+// nothing to extract from; `largo train` refuses EXTRACT_TRUNK_FEATURES_ONLY and a config
+// whose engine_name is extract_features.
 #include "apps/program_runner.h"
 
 #include <largo/data/npy.h>
@@ -109,6 +110,36 @@ TEST(ExtractCommandTest, TrainRefusesExtractTrunkFeaturesOnly) {
       std::string::npos)
       << run.output;
   EXPECT_FALSE(fs::exists(dir / "run" / "metrics.jsonl"));
+}
+
+// engine_name (VISSL's Hydra key): `largo train` and `largo eval` refuse an extract_features
+// config, naming `largo extract`, before anything runs; `largo config` checks it as `largo
+// extract` does (here: nothing to extract from, where training's check would refuse
+// EXTRACT_TRUNK_FEATURES_ONLY); VISSL's engines Largo lacks are refused by name.
+TEST(ExtractCommandTest, EngineNameSendsAConfigToItsCommand) {
+  TestDir dir;
+  const std::vector<std::string> extraction = {
+      "engine_name=extract_features",
+      "MODEL.FEATURE_EVAL_SETTINGS.EXTRACT_TRUNK_FEATURES_ONLY=True"};
+  for (const std::string subcommand : {"train", "eval"}) {
+    const ProgramResult run = run_program(command(subcommand, dir / "run", extraction));
+    EXPECT_TRUE(run.exited_with(2)) << subcommand << ": " << run.status() << "\n" << run.output;
+    EXPECT_NE(
+        run.output.find("which `largo extract` runs, not `largo " + subcommand + "`"),
+        std::string::npos)
+        << run.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "run" / "metrics.jsonl"));
+
+  const ProgramResult checked = run_program(command("config", dir / "run", extraction));
+  EXPECT_TRUE(checked.exited_with(2)) << checked.status() << "\n" << checked.output;
+  EXPECT_NE(checked.output.find("nothing to extract from"), std::string::npos) << checked.output;
+
+  const ProgramResult lacking =
+      run_program(command("extract", dir / "run", {"engine_name=extract_label_predictions"}));
+  EXPECT_TRUE(lacking.exited_with(2)) << lacking.status() << "\n" << lacking.output;
+  EXPECT_NE(lacking.output.find("engine_name: extract_label_predictions"), std::string::npos)
+      << lacking.output;
 }
 
 } // namespace

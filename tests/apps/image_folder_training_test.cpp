@@ -4,6 +4,7 @@
 // size overridden.
 #include "apps/program_runner.h"
 #include "data/image_test_util.h"
+#include "test_paths.h"
 
 #include <gtest/gtest.h>
 
@@ -32,7 +33,7 @@ TEST(ImageFolderTrainingTest, TheImageNetRecipeRunsAsWritten) {
   const ProgramResult run = run_program(
       {largo_program(),
        "train",
-       std::string(LARGO_TEST_DATA_DIR) + "/../configs/examples/imagenet_resnet50.yaml",
+       std::string(largo::test_paths::data_dir()) + "/../configs/examples/imagenet_resnet50.yaml",
        "DATA.TRAIN.DATA_PATHS=" + images,
        "DATA.TEST.DATA_PATHS=" + images,
        "DATA.TRAIN.BATCHSIZE_PER_REPLICA=2",

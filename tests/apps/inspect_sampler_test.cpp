@@ -6,6 +6,7 @@
 // the dropped tail); tests/data/sampler_test.cpp checks every case and rank through the
 // library.
 #include "apps/program_runner.h"
+#include "test_paths.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -22,7 +23,7 @@ namespace {
 const nlohmann::json& baselines() {
   static const nlohmann::json data = [] {
     const std::string path =
-        std::string(LARGO_TEST_DATA_DIR) + "/data/baselines/sampler_baselines.json";
+        std::string(largo::test_paths::data_dir()) + "/data/baselines/sampler_baselines.json";
     std::ifstream in(path);
     if (!in) {
       throw std::runtime_error("cannot open " + path +

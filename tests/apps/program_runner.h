@@ -27,12 +27,14 @@
 #include <thread>
 #include <vector>
 
+#include "test_paths.h"
+
 extern char** environ;
 
 namespace largo::testing {
 
 inline std::string largo_program() {
-  return std::string(LARGO_BINARY_DIR) + "/largo";
+  return std::string(largo::test_paths::binary_dir()) + "/largo";
 }
 
 // A scratch directory named after the current test; emptied when made, removed on success.

@@ -9,6 +9,7 @@
 #include <largo/core/error.h>
 
 #include "checkpoint/checkpoint_test_util.h"
+#include "test_paths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -45,7 +46,7 @@ class TorchFileTest : public ::testing::Test {
     }
     const std::string command = fmt::format(
         LARGO_PYTHON " {}/reference/gen_torch_save_files.py {} {}",
-        LARGO_TEST_DATA_DIR,
+        largo::test_paths::data_dir(),
         dir_.string(),
         (dir_ / "largo.torch").string());
     generated_ = std::system(command.c_str()) == 0;

@@ -10,6 +10,7 @@
 #include <largo/models/vissl_names.h>
 
 #include "data/temp_dir.h"
+#include "test_paths.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -51,7 +52,8 @@ std::function<std::string(const std::string&)> resnet_names(int64_t depth) {
 // and every Largo tensor is the image of exactly one of them.
 TEST(WeightsInitTest, TorchvisionResNetNamesMapOntoLargosOneToOne) {
   std::ifstream file(
-      std::string(LARGO_TEST_DATA_DIR) + "/checkpoint/baselines/torchvision_resnet_names.json");
+      std::string(largo::test_paths::data_dir()) +
+      "/checkpoint/baselines/torchvision_resnet_names.json");
   ASSERT_TRUE(file.good()) << "run tests/reference/gen_weights_init_files.py";
   const auto names = nlohmann::json::parse(file)["names"];
   for (int64_t depth : {18, 50}) {
@@ -96,7 +98,7 @@ std::optional<ReferenceFiles> write_reference_files(const fs::path& dir) {
   }
   const std::string command = fmt::format(
       LARGO_PYTHON " {}/reference/gen_weights_init_files.py --files {}",
-      LARGO_TEST_DATA_DIR,
+      largo::test_paths::data_dir(),
       dir.string());
   EXPECT_EQ(std::system(command.c_str()), 0) << command;
   std::ifstream file(dir / "reference.json");
@@ -155,7 +157,7 @@ TEST(WeightsInitTest, TorchvisionStateDictAndVisslCheckpointGiveTorchvisionsLogi
 // (tests/reference/gen_regnet_baselines.py: random weights and BatchNorm statistics, checked
 // in, ~170 KB) computes torchvision's eval-mode logits on the same two 64x64 images.
 TEST(WeightsInitTest, TorchvisionRegNetStateDictGivesTorchvisionsLogits) {
-  const fs::path dir = fs::path(LARGO_TEST_DATA_DIR) / "checkpoint" / "baselines";
+  const fs::path dir = fs::path(largo::test_paths::data_dir()) / "checkpoint" / "baselines";
   models::ModelOptions options;
   options.trunk_name = "regnet";
   options.regnet.depth = 6;

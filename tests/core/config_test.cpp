@@ -55,6 +55,43 @@ engine_name: train
   EXPECT_EQ(config.get_int("OPTIMIZER.num_epochs"), 90);
 }
 
+// VISSL's engine_name (Hydra's top level): from a file in VISSL's layout or beside a bare
+// fragment, or from an override, the last one given winning; written back by to_yaml, so a
+// run's train_config.yaml keeps it; anything but a name is refused naming the key.
+TEST(ConfigTest, KeepsVisslsEngineName) {
+  Config config = Config::defaults();
+  EXPECT_EQ(config.engine_name(), "train"); // VISSL's default
+  config.merge_yaml("engine_name: extract_features\nconfig:\n  SEED_VALUE: 3\n", "a.yaml");
+  EXPECT_EQ(config.engine_name(), "extract_features");
+  EXPECT_EQ(config.get_int("SEED_VALUE"), 3);
+  config.merge_yaml("engine_name: extract_cluster\nSEED_VALUE: 4\n", "bare.yaml");
+  EXPECT_EQ(config.engine_name(), "extract_cluster");
+  EXPECT_EQ(config.get_int("SEED_VALUE"), 4);
+  config.merge_yaml("config:\n  SEED_VALUE: 5\n", "no_engine.yaml");
+  EXPECT_EQ(config.engine_name(), "extract_cluster"); // a file without one leaves it
+  config.apply_override("engine_name=extract_features");
+  EXPECT_EQ(config.engine_name(), "extract_features");
+
+  Config reloaded = Config::defaults();
+  reloaded.merge_yaml(config.to_yaml(), "train_config.yaml");
+  EXPECT_EQ(reloaded.engine_name(), "extract_features");
+  EXPECT_EQ(reloaded.get_int("SEED_VALUE"), 5);
+
+  EXPECT_THROW(
+      {
+        try {
+          config.merge_yaml("engine_name: [train]\nconfig: {}\n", "list.yaml");
+        } catch (const ConfigError& e) {
+          EXPECT_NE(std::string(e.what()).find("list.yaml: engine_name = "), std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      ConfigError);
+  // Under config: it is no key of Largo's tree (nor of VISSL's).
+  EXPECT_THROW(config.apply_override("config.engine_name=train"), ConfigError);
+}
+
 TEST(ConfigTest, SeedSnippetsParseVerbatim) {
   Config config = Config::defaults();
   config.merge_yaml(R"(

@@ -17,11 +17,12 @@
 #include "largo/data/image.h"
 #include "largo/data/image_decoder.h"
 #include "largo/data/transform_spec.h"
+#include "test_paths.h"
 
 namespace largo::data::testing {
 
 inline std::filesystem::path image_baseline_dir() {
-  return std::filesystem::path(LARGO_TEST_DATA_DIR) / "data" / "baselines" / "images";
+  return std::filesystem::path(largo::test_paths::data_dir()) / "data" / "baselines" / "images";
 }
 
 inline const nlohmann::json& image_baselines() {

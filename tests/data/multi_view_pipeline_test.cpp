@@ -18,6 +18,7 @@
 #include "largo/data/dataset.h"
 #include "largo/data/multi_view_pipeline.h"
 #include "largo/data/sample_pipeline.h"
+#include "test_paths.h"
 
 namespace largo::data::multi_view_pipeline_test {
 namespace {
@@ -26,7 +27,7 @@ namespace fs = std::filesystem;
 using testing::specs_of;
 
 fs::path baseline_dir() {
-  return fs::path(LARGO_TEST_DATA_DIR) / "data" / "baselines" / "multicrop";
+  return fs::path(largo::test_paths::data_dir()) / "data" / "baselines" / "multicrop";
 }
 
 const nlohmann::json& baselines() {

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "largo/core/error.h"
+#include "test_paths.h"
 
 namespace largo::data::sampler_test {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 const nlohmann::json& baselines() {
   static const nlohmann::json data = [] {
     const std::string path =
-        std::string(LARGO_TEST_DATA_DIR) + "/data/baselines/sampler_baselines.json";
+        std::string(largo::test_paths::data_dir()) + "/data/baselines/sampler_baselines.json";
     std::ifstream in(path);
     if (!in) {
       throw std::runtime_error(

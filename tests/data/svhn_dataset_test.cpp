@@ -13,6 +13,7 @@
 #include "largo/core/error.h"
 #include "largo/data/matlab_file.h"
 #include "temp_dir.h"
+#include "test_paths.h"
 
 namespace largo::data::svhn_dataset_test {
 namespace {
@@ -28,7 +29,7 @@ class SvhnDatasetTest : public ::testing::Test {
     }
     const std::string command = fmt::format(
         LARGO_PYTHON " {}/reference/gen_svhn_mat_files.py {}",
-        LARGO_TEST_DATA_DIR,
+        largo::test_paths::data_dir(),
         dir_.path().string());
     ASSERT_EQ(std::system(command.c_str()), 0) << command;
   }

@@ -221,6 +221,29 @@ TEST(FeatureTapsTest, TapsAreTheTrunksOwnForward) {
   EXPECT_EQ(tapping(gap, {"stridePOOL_2_1"})->trunk_blocks_run(), 4);
 }
 
+// An AnyNet stage that keeps the stride 1 is still a stage of its own: res3 ends after it,
+// though its block does not downsample (VISSL's res<k> are ClassyVision's stages).
+TEST(FeatureTapsTest, AnyNetStagesOfStrideOneAreStagesToo) {
+  ModelOptions options;
+  options.trunk_name = "regnet";
+  options.image_size = 32;
+  options.num_classes = 10;
+  options.regnet.stem_width = 8;
+  options.regnet.stages = {{8, 1, 2, 4, 1.0}, {16, 2, 1, 4, 1.0}, {32, 1, 2, 4, 1.0}};
+  torch::manual_seed(0);
+  TrunkHeadModel model = build_model(options);
+  model->eval();
+  const at::Tensor images = torch::randn({2, 3, 32, 32});
+  torch::NoGradGuard no_grad;
+  const std::vector<at::Tensor> features =
+      tapping(model, {"res2", "res3", "res4"})->forward_features(images);
+  // Blocks: stem, [1], [2], [1] stage blocks, the pool.
+  EXPECT_TRUE(features[0].equal(model->forward_trunk_range(images, 0, 2)));
+  EXPECT_TRUE(features[1].equal(model->forward_trunk_range(images, 0, 4)));
+  EXPECT_TRUE(features[2].equal(model->forward_trunk_range(images, 0, 5)));
+  EXPECT_EQ(features[1].sizes(), (std::vector<int64_t>{2, 16, 8, 8})); // 32 -> 16 -> 8 -> 8
+}
+
 // The message of the ConfigError `make` throws, or "(no ConfigError)".
 template <typename F>
 std::string error_of(F make) {

@@ -11,6 +11,8 @@
 #include <fstream>
 #include <set>
 
+#include "test_paths.h"
+
 namespace largo::models::flop_count_test {
 namespace {
 
@@ -203,7 +205,8 @@ std::map<std::string, int64_t> by_kind(const ModelFlops& flops, const std::strin
 }
 
 TEST(FlopCountTest, EveryZooModelMatchesPytorchsProfilerCount) {
-  std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/flop_baselines.json");
+  std::ifstream in(
+      std::string(largo::test_paths::data_dir()) + "/models/baselines/flop_baselines.json");
   ASSERT_TRUE(in.good()) << "missing flop_baselines.json; run " LARGO_PYTHON
                             " tests/reference/gen_flop_baselines.py";
   const nlohmann::json baselines = nlohmann::json::parse(in);

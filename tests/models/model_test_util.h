@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "test_paths.h"
+
 namespace largo::models::testing {
 
 // The ConfigError message build_model throws for `options`, or "(no ConfigError)".
@@ -28,7 +30,7 @@ inline std::string error_of(const ModelOptions& options) {
 // written by tests/reference/<generator>); a test failure and null when absent.
 inline nlohmann::json
 baseline_case(const std::string& file, const std::string& generator, const std::string& name) {
-  const std::string path = std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/" + file;
+  const std::string path = std::string(largo::test_paths::data_dir()) + "/models/baselines/" + file;
   std::ifstream in(path);
   if (!in) {
     ADD_FAILURE() << "cannot open " << path << "; regenerate it with $LARGO_PYTHON tests/reference/"

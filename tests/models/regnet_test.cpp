@@ -3,6 +3,7 @@
 // regnet_baselines.json), one trunk block per RegNet block, and the options' errors.
 // (Numerical parity with torchvision: tests/checkpoint/weights_init_test.cpp.)
 #include "models/model_test_util.h"
+#include "test_paths.h"
 
 #include <largo/models/model_factory.h>
 #include <largo/models/module_swap.h>
@@ -22,7 +23,8 @@ using testing::error_of;
 
 const nlohmann::json& baselines() {
   static const nlohmann::json json = [] {
-    std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/regnet_baselines.json");
+    std::ifstream in(
+        std::string(largo::test_paths::data_dir()) + "/models/baselines/regnet_baselines.json");
     EXPECT_TRUE(in.good()) << "missing regnet_baselines.json; run " LARGO_PYTHON
                               " tests/reference/gen_regnet_baselines.py";
     return nlohmann::json::parse(in);
@@ -290,6 +292,50 @@ TEST(RegNet, EveryBatchNormCanBeSwapped) {
       model->forward(torch::randn({2, 3, 32, 32})).sizes().vec(), (std::vector<int64_t>{2, 10}));
 }
 
+// ClassyVision's RegNet is AnyNet over the ramp's stages, so RegNetOptions::stages holding a
+// preset's stages builds the preset's trunk: the same blocks, and with the same seed the same
+// tensors and outputs. Every block says whether it starts a stage, a stride-1 stage included.
+TEST(RegNet, AnyNetStagesBuildThePresetsTrunk) {
+  const RegNetOptions preset = regnet_preset("regnet_y_400mf");
+  RegNetOptions anynet;
+  anynet.stages = regnet_stages(preset);
+  const std::vector<RegNetBlockSpec> expected = regnet_blocks(preset);
+  const std::vector<RegNetBlockSpec> blocks = regnet_blocks(anynet);
+  ASSERT_EQ(blocks.size(), expected.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(blocks[i].in_channels, expected[i].in_channels) << i;
+    EXPECT_EQ(blocks[i].out_channels, expected[i].out_channels) << i;
+    EXPECT_EQ(blocks[i].stride, expected[i].stride) << i;
+    EXPECT_EQ(blocks[i].bottleneck_width, expected[i].bottleneck_width) << i;
+    EXPECT_EQ(blocks[i].groups, expected[i].groups) << i;
+    EXPECT_EQ(blocks[i].se_width, expected[i].se_width) << i;
+    EXPECT_EQ(blocks[i].starts_stage, expected[i].starts_stage) << i;
+    EXPECT_EQ(blocks[i].starts_stage, blocks[i].stride == 2) << i; // the ramp's stages
+  }
+  torch::manual_seed(3);
+  TrunkHeadModel from_preset = build_model(regnet_model(preset, 10, 32));
+  torch::manual_seed(3);
+  TrunkHeadModel from_stages = build_model(regnet_model(anynet, 10, 32));
+  const auto expected_tensors = from_preset->named_parameters();
+  for (const auto& item : from_stages->named_parameters()) {
+    ASSERT_TRUE(expected_tensors.contains(item.key())) << item.key();
+    EXPECT_TRUE(torch::equal(item.value(), expected_tensors[item.key()])) << item.key();
+  }
+  from_preset->eval();
+  from_stages->eval();
+  const at::Tensor images = torch::randn({2, 3, 32, 32});
+  EXPECT_TRUE(torch::equal(from_stages->forward(images), from_preset->forward(images)));
+
+  RegNetOptions same_size; // a second stage that keeps the map's size still starts a stage
+  same_size.stages = {{16, 1, 2, 8, 1.0}, {24, 2, 1, 8, 1.0}};
+  const std::vector<RegNetBlockSpec> kept = regnet_blocks(same_size);
+  ASSERT_EQ(kept.size(), 3u);
+  EXPECT_TRUE(kept[1].starts_stage);
+  EXPECT_EQ(kept[1].stride, 1);
+  EXPECT_FALSE(kept[2].starts_stage);
+  EXPECT_EQ(kept[1].groups, 24 / 8);
+}
+
 TEST(RegNet, RejectsBadOptionsNamingTheKey) {
   auto error_for = [](auto change) {
     RegNetOptions options = small_regnet();
@@ -312,6 +358,21 @@ TEST(RegNet, RejectsBadOptionsNamingTheKey) {
       {error_for([](RegNetOptions& o) { o.bn_momentum = 2; }), "RegNetOptions::bn_momentum = 2"},
       {error_for([](RegNetOptions& o) { o.bn_epsilon = 0; }), "RegNetOptions::bn_epsilon = 0"},
       {error_for([](RegNetOptions& o) { o = RegNetOptions{}; }), "no RegNet is set"},
+      {error_for([](RegNetOptions& o) {
+         o.stages = {{16, 1, 2, 8, 1.0}};
+       }),
+       "RegNetOptions::stages = 1 stages: expected stages alone"},
+      {error_for([](RegNetOptions& o) {
+         o = RegNetOptions{};
+         o.stages = {{16, 0, 2, 8, 1.0}};
+       }),
+       "RegNetOptions::stages[0].depth = 0"},
+      {error_for([](RegNetOptions& o) {
+         o = RegNetOptions{};
+         o.stages = {{16, 1, 2, 8, 1.0}, {24, 1, 2, 32, 1.0}};
+       }),
+       "RegNetOptions::stages[1].group_width = 32: expected a group width that splits the "
+       "bottleneck width 24"},
   };
   for (const auto& [message, expected] : cases) {
     EXPECT_NE(message.find(expected), std::string::npos) << message;

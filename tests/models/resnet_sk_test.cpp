@@ -4,6 +4,7 @@
 // onto Largo's with the same shapes, the forward equals VISSL's in eval and train mode with
 // the same weights, and the parameter and convolution FLOP counts are VISSL's.
 #include "models/model_test_util.h"
+#include "test_paths.h"
 
 #include <largo/models/flop_count.h>
 #include <largo/models/model_factory.h>
@@ -27,7 +28,7 @@ using testing::error_of;
 const nlohmann::json& baselines() {
   static const nlohmann::json json = [] {
     std::ifstream in(
-        std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/resnet_sk_baselines.json");
+        std::string(largo::test_paths::data_dir()) + "/models/baselines/resnet_sk_baselines.json");
     EXPECT_TRUE(in.good()) << "missing resnet_sk_baselines.json; run " LARGO_PYTHON
                               " tests/reference/gen_resnet_sk_baselines.py";
     return nlohmann::json::parse(in);

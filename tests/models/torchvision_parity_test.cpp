@@ -6,6 +6,7 @@
 #include <largo/models/model_factory.h>
 
 #include "model_test_util.h"
+#include "test_paths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -22,7 +23,8 @@ namespace {
 
 const nlohmann::json& baselines() {
   static const nlohmann::json json = [] {
-    std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/models/baselines/model_baselines.json");
+    std::ifstream in(
+        std::string(largo::test_paths::data_dir()) + "/models/baselines/model_baselines.json");
     EXPECT_TRUE(in.good()) << "missing model_baselines.json; run " LARGO_PYTHON
                               " tests/reference/gen_model_baselines.py";
     return nlohmann::json::parse(in);

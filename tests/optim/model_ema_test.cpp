@@ -10,12 +10,14 @@
 #include <fstream>
 #include <string>
 
+#include "test_paths.h"
+
 namespace largo::optim::model_ema_test {
 namespace {
 
 nlohmann::json load_baselines() {
   std::ifstream file(
-      std::string(LARGO_TEST_DATA_DIR) + "/optim/baselines/model_ema_baselines.json");
+      std::string(largo::test_paths::data_dir()) + "/optim/baselines/model_ema_baselines.json");
   EXPECT_TRUE(file.good()) << "run tests/reference/gen_model_ema_baselines.py";
   return nlohmann::json::parse(file);
 }

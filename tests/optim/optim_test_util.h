@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "test_paths.h"
+
 namespace largo::optim::testing {
 
 inline at::Tensor tensor_from(const std::vector<double>& values, at::IntArrayRef shape) {
@@ -59,7 +61,7 @@ inline std::vector<at::Tensor> make_params(const std::vector<std::vector<int64_t
 inline nlohmann::json load_baselines(
     const std::string& file = "optim_baselines.json",
     const std::string& generator = "gen_optim_baselines.py") {
-  const std::string path = std::string(LARGO_TEST_DATA_DIR) + "/optim/baselines/" + file;
+  const std::string path = std::string(largo::test_paths::data_dir()) + "/optim/baselines/" + file;
   std::ifstream in(path);
   if (!in) {
     ADD_FAILURE() << "cannot open " << path << "; regenerate it with $LARGO_PYTHON tests/reference/"

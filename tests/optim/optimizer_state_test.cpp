@@ -2,6 +2,7 @@
 // saved dict is readable by Python's torch.load; mismatches are refused by name; options
 // are validated with the config key and value in the message.
 #include "optim_test_util.h"
+#include "test_paths.h"
 
 #include <largo/core/error.h>
 #include <largo/optim/adam.h>
@@ -306,7 +307,7 @@ TEST(OptimizerState, PythonTorchLoadReadsStateDict) {
   std::vector<at::Tensor> params = make_params(kShapes);
   SGD optimizer(two_groups(params), SGDOptions{0.9});
   run_steps(optimizer, params, 1, 2);
-  const auto dir = std::filesystem::path(LARGO_BINARY_DIR) / "optim_test_output";
+  const auto dir = std::filesystem::path(largo::test_paths::binary_dir()) / "optim_test_output";
   std::filesystem::create_directories(dir);
   const auto path = dir / "sgd_state.pt";
   {
@@ -355,7 +356,7 @@ void expect_torch_optim_continues(const std::string& torch_class, const Optimize
   file.insert("grads", c10::List<at::Tensor>({params[0].grad(), params[1].grad()}));
   file.insert("lr", optimizer->param_groups()[0].lr);
   file.insert("expected", c10::List<at::Tensor>({params[0].detach(), params[1].detach()}));
-  const auto dir = std::filesystem::path(LARGO_BINARY_DIR) / "optim_test_output";
+  const auto dir = std::filesystem::path(largo::test_paths::binary_dir()) / "optim_test_output";
   std::filesystem::create_directories(dir);
   const auto path = dir / (torch_class + "_state.pt");
   {

@@ -5,6 +5,7 @@
 #include <largo/precision/grad_scaler.h>
 
 #include "comm/distributed_test_util.h"
+#include "test_paths.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -28,8 +29,8 @@ namespace {
 constexpr double kFloat32RelativeTolerance = 2e-7;
 
 nlohmann::json load_baselines() {
-  const std::string path =
-      std::string(LARGO_TEST_DATA_DIR) + "/precision/baselines/grad_scaler_baselines.json";
+  const std::string path = std::string(largo::test_paths::data_dir()) +
+                           "/precision/baselines/grad_scaler_baselines.json";
   std::ifstream in(path);
   if (!in) {
     throw std::runtime_error("cannot open " + path);

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "test_paths.h"
+
 namespace largo::precision::against_pytorch_test {
 namespace {
 
@@ -407,7 +409,7 @@ TEST(MixedPrecisionAgainstPytorch, CpuFloat16O1O2AndBfloat16O1) {
       "{} {}/precision/cuda_mixed_precision_reference.py {} "
       "--device cpu",
       LARGO_PYTHON,
-      LARGO_TEST_DATA_DIR,
+      largo::test_paths::data_dir(),
       dir.string());
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   const Reference reference = load_reference(dir);

@@ -10,12 +10,15 @@
 
 #include <fstream>
 
+#include "test_paths.h"
+
 namespace largo::train::classification_loss_test {
 namespace {
 
 TEST(ClassificationLossTest, EqualsVisslsLossAndGradientInFloat64) {
   std::ifstream file(
-      std::string(LARGO_TEST_DATA_DIR) + "/train/baselines/classification_loss_baselines.json");
+      std::string(largo::test_paths::data_dir()) +
+      "/train/baselines/classification_loss_baselines.json");
   ASSERT_TRUE(file.good()) << "run tests/reference/gen_classification_loss_baselines.py";
   const auto baselines = nlohmann::json::parse(file);
   const auto shape = baselines["shape"].get<std::vector<int64_t>>();

@@ -25,6 +25,8 @@
 #include <set>
 #include <sstream>
 
+#include "test_paths.h"
+
 namespace largo::train::config_key_audit_test {
 namespace {
 
@@ -162,7 +164,8 @@ std::vector<WiredKey> wired_keys() {
        "ModelFactory.BuildsEverySupportedTrunk"},
       {"MODEL.TRUNK.REGNET",
        "ClassyVision's RegNet parameters: name (a preset, e.g. regnet_y_400mf) or depth, w_0, "
-       "w_a, w_m, group_width, ...; other entries are refused",
+       "w_a, w_m, group_width, ..., or name: anynet with per-stage depths, widths, "
+       "group_widths, bottleneck_multipliers, strides; other entries are refused",
        "TrainerConfigMappingTest.RegNetKeysReachTheModelAndOtherEntriesAreRefused"},
       {resnet + "DEPTH", "18, 34, 50, 101, 152 or 200", "ResNet.ParameterCountsEqualTorchvision"},
       {resnet + "WIDTH_MULTIPLIER",
@@ -775,7 +778,7 @@ std::vector<std::string> default_keys() {
 std::set<std::string> test_names() {
   std::set<std::string> names;
   const std::regex pattern(R"(TEST(?:_F|_P)?\(\s*(\w+)\s*,\s*(\w+)\s*\))");
-  for (const auto& entry : fs::recursive_directory_iterator(LARGO_TEST_DATA_DIR)) {
+  for (const auto& entry : fs::recursive_directory_iterator(largo::test_paths::data_dir())) {
     if (entry.path().extension() != ".cpp") {
       continue;
     }
@@ -927,7 +930,8 @@ std::string key_table() {
 }
 
 TEST(ConfigKeyAudit, DocsListEveryKeyAsTheAuditDoes) {
-  const fs::path docs = fs::path(LARGO_TEST_DATA_DIR).parent_path() / "docs" / "config.md";
+  const fs::path docs =
+      fs::path(largo::test_paths::data_dir()).parent_path() / "docs" / "config.md";
   std::ifstream file(docs);
   ASSERT_TRUE(file.good()) << docs;
   std::stringstream text;

@@ -13,6 +13,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "test_paths.h"
+
 namespace largo::train::data_config_test {
 namespace {
 
@@ -166,7 +168,7 @@ TEST(DataConfig, BadValuesNameTheirKey) {
 
 TEST(DataConfig, TheImageNetExampleMapsToImageTransforms) {
   const Config config = Config::load(
-      {std::filesystem::path(LARGO_TEST_DATA_DIR) / ".." / "configs" / "examples" /
+      {std::filesystem::path(largo::test_paths::data_dir()) / ".." / "configs" / "examples" /
        "imagenet_resnet50.yaml"});
   for (const std::string split : {"DATA.TRAIN", "DATA.TEST"}) {
     const data::DataSplitOptions options = data_split_from(config, split);

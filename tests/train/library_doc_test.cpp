@@ -5,6 +5,7 @@
 #include <largo/parallel/parallelize.h>
 
 #include "comm/distributed_test_util.h"
+#include "test_paths.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -31,7 +32,7 @@ TORCH_MODULE(Net);
 
 // The page's text with every run of whitespace (its line breaks) made one space.
 std::string page_text(const std::string& page) {
-  std::ifstream in(std::string(LARGO_TEST_DATA_DIR) + "/../docs/" + page);
+  std::ifstream in(std::string(largo::test_paths::data_dir()) + "/../docs/" + page);
   std::stringstream text;
   text << in.rdbuf();
   return std::regex_replace(text.str(), std::regex(R"(\s+)"), " ");

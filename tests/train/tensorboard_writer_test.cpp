@@ -5,6 +5,7 @@
 
 #include "../../src/largo/train/protobuf_wire.h"
 #include "largo/core/error.h"
+#include "test_paths.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -276,7 +277,8 @@ struct CommandResult {
 };
 
 CommandResult run_checker(const std::string& argument) {
-  const std::string script = std::string(LARGO_TEST_DATA_DIR) + "/reference/read_tfevents.py";
+  const std::string script =
+      std::string(largo::test_paths::data_dir()) + "/reference/read_tfevents.py";
   const std::string command = std::string(kPython) + " '" + script + "' '" + argument + "'";
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");

@@ -363,6 +363,21 @@ TEST(TrainerConfigMappingTest, RegNetKeysReachTheModelAndOtherEntriesAreRefused)
   EXPECT_EQ(init.rename("trunk_output.block2.block2-0.f.b.0.weight"), "trunk.2.f.b.0.weight");
   EXPECT_EQ(init.rename("fc.bias"), "head.0.bias");
 
+  // VISSL's SEER benchmark fragments (regnet3B.yaml, without their FSDP-only
+  // stage_checkpoints), narrowed: ClassyVision's AnyNet, each stage as given.
+  const std::string anynet =
+      "name: anynet, depths: [1, 2], widths: [16, 40], group_widths: [8, 20], "
+      "bottleneck_multipliers: [1.0, 0.5], strides: [2, 1]";
+  const TrainerOptions anynet_run = options_with({trunk, "MODEL.TRUNK.REGNET={" + anynet + "}"});
+  const std::vector<models::RegNetStageSpec>& stages = anynet_run.model.regnet.stages;
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[1].depth, 2);
+  EXPECT_EQ(stages[1].width, 40);
+  EXPECT_EQ(stages[1].group_width, 20);
+  EXPECT_EQ(stages[1].bottleneck_multiplier, 0.5);
+  EXPECT_EQ(stages[1].stride, 1);
+  EXPECT_EQ(models::regnet_blocks(anynet_run.model.regnet)[1].groups, 1); // 40 * 0.5 / 20
+
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
       {{trunk}, "no RegNet is set: give a preset (MODEL.TRUNK.REGNET.name"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, depth: 20}"},
@@ -372,9 +387,21 @@ TEST(TrainerConfigMappingTest, RegNetKeysReachTheModelAndOtherEntriesAreRefused)
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_7gf}"},
        "MODEL.TRUNK.REGNET.name = regnet_y_7gf"},
       {{trunk, "MODEL.TRUNK.REGNET={name: anynet, depths: [1, 2]}"},
-       "MODEL.TRUNK.REGNET.name = anynet"},
+       "MODEL.TRUNK.REGNET.widths = (not set): expected a list with one entry per stage"},
+      {{trunk, "MODEL.TRUNK.REGNET={" + anynet + ", depth: 4}"},
+       "MODEL.TRUNK.REGNET.depth = 4: expected no depth beside name = anynet"},
+      {{trunk,
+        "MODEL.TRUNK.REGNET={name: anynet, depths: [1, 1], widths: [16, 24], group_widths: [8, "
+        "8], bottleneck_multipliers: [1.0], strides: [2, 2]}"},
+       "MODEL.TRUNK.REGNET.bottleneck_multipliers = [1.0]: expected 2 entries, one per stage"},
+      {{trunk,
+        "MODEL.TRUNK.REGNET={name: anynet, depths: [1, 0], widths: [16, 24], group_widths: [8, "
+        "8], bottleneck_multipliers: [1.0, 1.0], strides: [2, 2]}"},
+       "MODEL.TRUNK.REGNET.depths[1] = 0: expected an integer > 0"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, widths: [8]}"},
-       "MODEL.TRUNK.REGNET.widths = [8]: expected no such RegNet parameter; MODEL.TRUNK.REGNET "
+       "MODEL.TRUNK.REGNET.widths = [8]: expected no widths without name = anynet"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, colour: red}"},
+       "MODEL.TRUNK.REGNET.colour = red: expected no such RegNet parameter; MODEL.TRUNK.REGNET "
        "takes name, depth, w_0"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, stage_checkpoints: [[2]]}"},
        "MODEL.TRUNK.REGNET.stage_checkpoints"},

@@ -6,6 +6,7 @@
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
+#include "test_paths.h"
 #include "train/trainer_test_util.h"
 
 #include <gtest/gtest.h>
@@ -82,8 +83,8 @@ TEST(TrainerRegNetTest, VisslRegNetConfigTrainsAndCheckpointingBetweenBlocksChan
 // tests/reference/gen_regnet_baselines.py) initializes the same explicit RegNet: every
 // torchvision name maps onto the model, or the run would stop listing the mismatches.
 TEST(TrainerRegNetTest, TorchvisionWeightsInitializeAnExplicitRegNet) {
-  const std::string weights =
-      std::string(LARGO_TEST_DATA_DIR) + "/checkpoint/baselines/torchvision_regnet_small.pth";
+  const std::string weights = std::string(largo::test_paths::data_dir()) +
+                              "/checkpoint/baselines/torchvision_regnet_small.pth";
   const TrainSummary summary = run_regnet(
       test_dir("weights_init"),
       "{depth: 6, w_0: 8, w_a: 8, w_m: 2, group_width: 4, stem_width: 8}",

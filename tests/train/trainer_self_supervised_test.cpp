@@ -34,6 +34,7 @@
 
 #include "comm/distributed_test_util.h"
 #include "data/image_test_util.h"
+#include "test_paths.h"
 #include "train/trainer_run_util.h"
 
 #include <fmt/format.h>
@@ -816,7 +817,7 @@ TEST(TrainerSelfSupervisedTest, VisslCheckpointsInitializeEveryHeadThroughWeight
   fs::create_directories(files);
   const std::string command = fmt::format(
       LARGO_PYTHON " {}/reference/gen_vissl_head_checkpoints.py {}",
-      LARGO_TEST_DATA_DIR,
+      largo::test_paths::data_dir(),
       files.string());
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   const std::string barlow_twins_heads =

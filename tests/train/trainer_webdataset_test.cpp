@@ -10,6 +10,7 @@
 #include "comm/distributed_test_util.h"
 #include "data/image_test_util.h"
 #include "data/tar_test_util.h"
+#include "test_paths.h"
 #include "train/trainer_run_util.h"
 
 #include <cstdlib>
@@ -34,7 +35,7 @@ std::string packed_folder(const fs::path& dir, int shard_size = 4) {
   }
   const std::string command = fmt::format(
       "python3 {}/../scripts/pack_webdataset.py {} {} --shard-size {} > /dev/null",
-      LARGO_TEST_DATA_DIR,
+      largo::test_paths::data_dir(),
       (dir / "images").string(),
       (dir / "shards" / "train").string(),
       shard_size);

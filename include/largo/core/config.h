@@ -40,11 +40,13 @@ class Config {
 
   // Merge a YAML document over this config. Accepts VISSL's layout (a top-level
   // `config:` node beside VERSION/node_id/engine_name) or a bare fragment of the
-  // tree (as in the tutorials' snippets). `origin` names the source in errors.
+  // tree (as in the tutorials' snippets; an engine_name beside it is taken too). `origin`
+  // names the source in errors.
   void merge_yaml(const std::string& yaml_text, const std::string& origin);
   void merge_file(const std::filesystem::path& yaml_file);
 
   // Apply one command-line override. Forms: "A.B=v", "config.A.B=v" (VISSL/Hydra),
+  // "engine_name=NAME" (Hydra's top-level key, see engine_name()),
   // "+A.B=v" (Hydra's form for a key the defaults lack: checked like the others, so it adds
   // only entries of keyword maps such as AMP_ARGS, and VISSL keys at VISSL's default).
   // v is parsed as YAML ("[1,2]", "true").
@@ -70,7 +72,16 @@ class Config {
   std::vector<double> get_double_list(const std::string& key) const;
   std::vector<std::string> get_string_list(const std::string& key) const;
 
-  // The effective config as YAML in VISSL's layout (written into the run directory).
+  // VISSL's engine_name, Hydra's top-level key beside `config:` (VISSL's default: train):
+  // which of VISSL's engines runs this config. Taken from a file's top level or an
+  // "engine_name=NAME" override, the last one given winning; which engines Largo runs, and
+  // with which command, is the train layer's (train/engine.h).
+  const std::string& engine_name() const {
+    return engine_name_;
+  }
+
+  // The effective config as YAML in VISSL's layout (written into the run directory), with
+  // its engine_name.
   std::string to_yaml() const;
 
   const YAML::Node& root() const {
@@ -83,7 +94,10 @@ class Config {
                   const std::string& path, const std::string& origin);
   void record_given(const std::string& key);
 
+  void take_engine_name(const YAML::Node& value, const std::string& origin);
+
   YAML::Node root_; // the tree under `config:`
+  std::string engine_name_ = "train";
   YAML::Node schema_; // the defaults, for validating merges
   std::set<std::string> given_; // keys set by merge_yaml / apply_override, dotted
   bool recording_ = true;       // whether a merge counts its keys as given

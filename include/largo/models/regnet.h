@@ -37,8 +37,18 @@
 
 namespace largo::models {
 
+// One stage: `depth` blocks of output width `width`, the first with stride `stride`.
+struct RegNetStageSpec {
+  int64_t width = 0;
+  int64_t depth = 0;
+  int64_t stride = 2;
+  int64_t group_width = 0; // a RegNet's: after ClassyVision's adjustment (<= the bottleneck)
+  double bottleneck_multiplier = 1.0;
+};
+
 // Keys are MODEL.TRUNK.REGNET.<name>, spelled and defaulted as ClassyVision's RegNetParams.
-// depth, w_0, w_a, w_m and group_width have no default: set them, or take a preset.
+// depth, w_0, w_a, w_m and group_width have no default: set them, take a preset, or give the
+// stages one by one (`stages`).
 struct RegNetOptions {
   int64_t depth = 0;                  // depth: number of blocks over all stages
   int64_t w_0 = 0;                    // w_0: initial width, a multiple of 8
@@ -56,6 +66,11 @@ struct RegNetOptions {
   double se_ratio = 0.25;          // se_ratio: SE width / block input width
   double bn_epsilon = 1e-5;        // bn_epsilon
   double bn_momentum = 0.1;        // bn_momentum (PyTorch's convention)
+  // ClassyVision's AnyNet (VISSL's `name: anynet` with depths, widths, group_widths,
+  // bottleneck_multipliers, strides): the stages given one by one, used as given (AnyNetParams
+  // adjusts no width), in place of the ramp: depth, w_0, w_a, w_m and group_width then stay 0
+  // and bottleneck_multiplier 1 (each stage has its own).
+  std::vector<RegNetStageSpec> stages;
 };
 
 // The RegNet parameters of a ClassyVision preset: regnet_y_400mf, regnet_y_800mf,
@@ -70,15 +85,8 @@ std::vector<std::string> regnet_preset_names();
 // Throws OptionError naming RegNetOptions::<field>, the value and what is accepted.
 void validate_regnet_options(const RegNetOptions& options);
 
-// One stage: `depth` blocks of output width `width`, the first with stride `stride`.
-struct RegNetStageSpec {
-  int64_t width = 0;
-  int64_t depth = 0;
-  int64_t stride = 2;
-  int64_t group_width = 0; // after ClassyVision's adjustment (at most the bottleneck width)
-  double bottleneck_multiplier = 1.0;
-};
-// ClassyVision's get_expanded_params. Validates `options` first.
+// ClassyVision's get_expanded_params: the ramp's stages, or RegNetOptions::stages as given.
+// Validates `options` first.
 std::vector<RegNetStageSpec> regnet_stages(const RegNetOptions& options);
 
 // One block of the trunk: what build_regnet_trunk builds and count_model_flops counts
@@ -90,6 +98,7 @@ struct RegNetBlockSpec {
   int64_t bottleneck_width = 0; // round(out_channels * bottleneck_multiplier)
   int64_t groups = 1;           // of the 3x3 conv: bottleneck_width / group_width
   int64_t se_width = 0;         // round(se_ratio * in_channels); 0: no SE
+  bool starts_stage = false;    // the first block of its stage
   bool projection() const {     // a 1x1 conv + BN shortcut when the shape changes
     return in_channels != out_channels || stride != 1;
   }
@@ -178,14 +187,14 @@ class RegNetBlockImpl : public torch::nn::Module {
  public:
   RegNetBlockImpl(const RegNetBlockSpec& spec, const RegNetOptions& options);
   at::Tensor forward(at::Tensor x);
-  // The stride of its 3x3 conv: 2 on the first block of a stage (ClassyVision's stages all
-  // downsample), which is how a linear evaluation finds the stages (models/feature_taps.h).
-  int64_t stride() const {
-    return stride_;
+  // Whether it is the first block of its stage, which is how a linear evaluation finds the
+  // stages (models/feature_taps.h): not from the stride, since an AnyNet stage may keep it 1.
+  bool starts_stage() const {
+    return starts_stage_;
   }
 
  private:
-  int64_t stride_;
+  bool starts_stage_;
   ConvNormActivation proj_{nullptr}; // null for the identity
   BottleneckTransform f_{nullptr};
   std::string activation_;

@@ -438,7 +438,9 @@ void Config::merge_yaml(const std::string& yaml_text, const std::string& origin)
     throw ConfigError(fmt::format("{}: the top level must be a map of config keys, got {}",
                                   origin, describe(document)));
   }
-  YAML::Node tree = document;
+  if (document["engine_name"]) {
+    take_engine_name(document["engine_name"], origin);
+  }
   if (document["config"]) {
     // VISSL's layout; its other top-level keys are Hydra's and carry no settings here.
     for (const auto& entry : document) {
@@ -448,9 +450,29 @@ void Config::merge_yaml(const std::string& yaml_text, const std::string& origin)
             "{}: unknown top-level key '{}'; config keys go under 'config:'", origin, name));
       }
     }
-    tree = document["config"];
+    merge_node(document["config"], root_, schema_, "", origin);
+    return;
   }
-  merge_node(tree, root_, schema_, "", origin);
+  // A bare fragment, without its engine_name if it has one. (A new node: assigning to a
+  // YAML::Node that refers to `document` would overwrite the document itself.)
+  YAML::Node fragment(YAML::NodeType::Map);
+  for (const auto& entry : document) {
+    const auto name = entry.first.as<std::string>();
+    if (name != "engine_name") {
+      fragment[name] = entry.second;
+    }
+  }
+  merge_node(fragment, root_, schema_, "", origin);
+}
+
+void Config::take_engine_name(const YAML::Node& value, const std::string& origin) {
+  if (!value.IsScalar() || value.Scalar().empty()) {
+    throw ConfigError(fmt::format(
+        "{}: engine_name = {}: expected the name of one of VISSL's engines, e.g. "
+        "extract_features",
+        origin, describe(value)));
+  }
+  engine_name_ = value.Scalar();
 }
 
 void Config::merge_node(const YAML::Node& user, YAML::Node& target, const YAML::Node& schema,
@@ -559,11 +581,15 @@ void Config::apply_override(const std::string& assignment) {
   }
   std::string key = text.substr(0, equals);
   const std::string value_text = text.substr(equals + 1);
+  const std::string origin = fmt::format("command-line override '{}'", abbreviate(assignment));
+  YAML::Node value = parse_yaml(value_text, origin);
+  if (key == "engine_name") { // Hydra's top level, not a key under config:
+    take_engine_name(value, origin);
+    return;
+  }
   if (key.rfind("config.", 0) == 0) {
     key.erase(0, 7);
   }
-  const std::string origin = fmt::format("command-line override '{}'", abbreviate(assignment));
-  YAML::Node value = parse_yaml(value_text, origin);
   auto parts = split_key(key);
 
   // Build {A: {B: value}} and merge it like a file, so the same validation applies.
@@ -664,7 +690,8 @@ std::vector<std::string> Config::get_string_list(const std::string& key) const {
 
 std::string Config::to_yaml() const {
   YAML::Emitter out;
-  out << YAML::BeginMap << YAML::Key << "config" << YAML::Value << root_ << YAML::EndMap;
+  out << YAML::BeginMap << YAML::Key << "engine_name" << YAML::Value << engine_name_
+      << YAML::Key << "config" << YAML::Value << root_ << YAML::EndMap;
   return std::string("# @package _global_\n# The effective config of this run, written by Largo.\n") +
       out.c_str() + "\n";
 }

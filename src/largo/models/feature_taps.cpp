@@ -108,14 +108,14 @@ std::string tapped_trunk_name(const torch::nn::Sequential& trunk) {
 }
 
 // The blocks run at the end of each stage: after res1 (the stem), res2, ... for a ResNet
-// (its stage sizes found from its depth), after res2, res3, ... for a RegNet (a stage starts
-// at each stride-2 block).
+// (its stage sizes found from its depth), after res2, res3, ... for a RegNet (its blocks say
+// which starts a stage).
 std::vector<int64_t> stage_ends(const std::string& trunk_name, const torch::nn::Sequential& trunk) {
   const auto blocks = static_cast<int64_t>(trunk->size());
   std::vector<int64_t> ends;
   if (trunk_name == "regnet") {
     for (int64_t block = 2; block < blocks - 1; ++block) {
-      if (trunk->ptr(block)->as<RegNetBlockImpl>()->stride() != 1) {
+      if (trunk->ptr(block)->as<RegNetBlockImpl>()->starts_stage()) {
         ends.push_back(block); // the previous stage ended with block - 1
       }
     }

@@ -251,11 +251,15 @@ RegNetOptions regnet_preset(const std::string& name) {
           fmt::join(regnet_preset_names(), ", ")));
 }
 
-void validate_regnet_options(const RegNetOptions& o) {
+namespace {
+
+// The ramp's parameters (ClassyVision's RegNetParams).
+void validate_regnet_ramp(const RegNetOptions& o) {
   if (o.depth == 0 && o.w_0 == 0 && o.group_width == 0) {
     throw ConfigError(
-        "no RegNet is set: give a preset (RegNetOptions::name: regnet_y_400mf, ...) or the "
-        "parameters RegNetOptions::depth, w_0, w_a, w_m and group_width");
+        "no RegNet is set: give a preset (RegNetOptions::name: regnet_y_400mf, ...), the "
+        "parameters RegNetOptions::depth, w_0, w_a, w_m and group_width, or the stages "
+        "(RegNetOptions::stages)");
   }
   require_regnet(o.depth > 0, "depth", std::to_string(o.depth), "an integer > 0");
   require_regnet(o.w_0 > 0 && o.w_0 % 8 == 0, "w_0", std::to_string(o.w_0), "a multiple of 8, > 0");
@@ -267,6 +271,42 @@ void validate_regnet_options(const RegNetOptions& o) {
       "bottleneck_multiplier",
       number_text(o.bottleneck_multiplier),
       "a number > 0");
+}
+
+// AnyNet's stages (ClassyVision's AnyNetParams): each its own parameters, none of the ramp's.
+void validate_anynet_stages(const RegNetOptions& o) {
+  const bool ramp_unset = o.depth == 0 && o.w_0 == 0 && o.w_a == 0 && o.w_m == 0 &&
+                          o.group_width == 0 && o.bottleneck_multiplier == 1.0;
+  require_regnet(
+      ramp_unset,
+      "stages",
+      fmt::format("{} stages", o.stages.size()),
+      "stages alone: they replace depth, w_0, w_a, w_m, group_width and "
+      "bottleneck_multiplier, so leave those unset");
+  for (size_t i = 0; i < o.stages.size(); ++i) {
+    const RegNetStageSpec& stage = o.stages[i];
+    const std::string field = fmt::format("stages[{}].", i);
+    require_regnet(stage.width > 0, field + "width", std::to_string(stage.width), "> 0");
+    require_regnet(stage.depth > 0, field + "depth", std::to_string(stage.depth), "> 0");
+    require_regnet(stage.stride > 0, field + "stride", std::to_string(stage.stride), "> 0");
+    require_regnet(
+        stage.group_width > 0, field + "group_width", std::to_string(stage.group_width), "> 0");
+    require_regnet(
+        stage.bottleneck_multiplier > 0,
+        field + "bottleneck_multiplier",
+        number_text(stage.bottleneck_multiplier),
+        "> 0");
+  }
+}
+
+} // namespace
+
+void validate_regnet_options(const RegNetOptions& o) {
+  if (o.stages.empty()) {
+    validate_regnet_ramp(o);
+  } else {
+    validate_anynet_stages(o);
+  }
   require_regnet(
       o.stem_type == "simple_stem_in" || o.stem_type == "res_stem_in" ||
           o.stem_type == "res_stem_cifar",
@@ -297,6 +337,9 @@ void validate_regnet_options(const RegNetOptions& o) {
 
 std::vector<RegNetStageSpec> regnet_stages(const RegNetOptions& options) {
   validate_regnet_options(options);
+  if (!options.stages.empty()) {
+    return options.stages; // AnyNet: as given
+  }
   // A stage is a run of equal block widths.
   std::vector<RegNetStageSpec> stages;
   for (int64_t width : regnet_block_widths(options)) {
@@ -328,19 +371,22 @@ std::vector<RegNetStageSpec> regnet_stages(const RegNetOptions& options) {
 std::vector<RegNetBlockSpec> regnet_blocks(const RegNetOptions& options) {
   std::vector<RegNetBlockSpec> blocks;
   int64_t channels = options.stem_width;
-  for (const RegNetStageSpec& stage : regnet_stages(options)) {
+  const std::vector<RegNetStageSpec> stages = regnet_stages(options);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const RegNetStageSpec& stage = stages[s];
     for (int64_t i = 0; i < stage.depth; ++i) {
       RegNetBlockSpec block;
       block.in_channels = channels;
       block.out_channels = stage.width;
       block.stride = i == 0 ? stage.stride : 1;
+      block.starts_stage = i == 0;
       block.bottleneck_width = static_cast<int64_t>(
           round_half_even(static_cast<double>(stage.width) * stage.bottleneck_multiplier));
       block.groups = block.bottleneck_width / stage.group_width;
       require_regnet(
           block.groups > 0 && block.bottleneck_width % block.groups == 0,
-          "group_width",
-          std::to_string(options.group_width),
+          options.stages.empty() ? "group_width" : fmt::format("stages[{}].group_width", s),
+          std::to_string(options.stages.empty() ? options.group_width : stage.group_width),
           fmt::format(
               "a group width that splits the bottleneck width {} (stage width {} times "
               "bottleneck_multiplier {}) into equal groups",
@@ -449,7 +495,7 @@ at::Tensor BottleneckTransformImpl::forward(at::Tensor x) {
 }
 
 RegNetBlockImpl::RegNetBlockImpl(const RegNetBlockSpec& spec, const RegNetOptions& options)
-    : stride_(spec.stride), activation_(options.activation) {
+    : starts_stage_(spec.starts_stage), activation_(options.activation) {
   if (spec.projection()) {
     proj_ = register_module(
         "proj",

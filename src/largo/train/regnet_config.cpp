@@ -65,6 +65,105 @@ void set_regnet_field(models::RegNetOptions& o, const std::string& entry, const 
   }
 }
 
+// ClassyVision's AnyNetParams lists (VISSL's `name: anynet`), one entry per stage, in the
+// order RegNetStageSpec is filled from them.
+const std::vector<std::string>& anynet_list_keys() {
+  static const std::vector<std::string> keys{
+      "depths", "widths", "group_widths", "bottleneck_multipliers", "strides"};
+  return keys;
+}
+
+bool is_anynet_list(const std::string& entry) {
+  const auto& keys = anynet_list_keys();
+  return std::find(keys.begin(), keys.end(), entry) != keys.end();
+}
+
+// An entry that does not go with `preset` ("" without name): what a ClassyVision preset
+// fixes, AnyNet's lists without anynet, and the ramp's parameters beside anynet (VISSL builds
+// AnyNetParams from the lists and reads none of them).
+void refuse_misplaced_entry(
+    const std::string& preset, const std::string& entry, const YAML::Node& value) {
+  const std::string key = kRegNetKey + "." + entry;
+  if (preset == "anynet") {
+    const std::set<std::string> ramp{
+        "depth", "w_0", "w_a", "w_m", "group_width", "bottleneck_multiplier"};
+    require(
+        ramp.count(entry) == 0,
+        key,
+        config_value_text(value),
+        fmt::format(
+            "no {} beside name = anynet: its lists (depths, widths, group_widths, "
+            "bottleneck_multipliers, strides) give each stage's parameters",
+            entry));
+    return;
+  }
+  require(
+      !is_anynet_list(entry),
+      key,
+      config_value_text(value),
+      fmt::format("no {} without name = anynet (AnyNet's per-stage lists)", entry));
+  if (!preset.empty() && preset_fixed_keys(preset).count(entry) != 0) {
+    throw config_error(
+        key,
+        config_value_text(value),
+        fmt::format(
+            "no {} beside name = {}: the preset sets it (drop name to give every "
+            "parameter yourself)",
+            entry,
+            preset));
+  }
+}
+
+// One of AnyNet's lists: a number > 0 per stage.
+std::vector<double> anynet_list(const YAML::Node& map, const std::string& entry) {
+  const std::string key = kRegNetKey + "." + entry;
+  const YAML::Node list = map[entry];
+  require(
+      list && list.IsSequence() && list.size() > 0,
+      key,
+      list ? config_value_text(list) : "(not set)",
+      "a list with one entry per stage: name = anynet takes depths, widths, group_widths, "
+      "bottleneck_multipliers and strides");
+  const bool multipliers = entry == "bottleneck_multipliers";
+  std::vector<double> values;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string item = fmt::format("{}[{}]", key, i);
+    const double value = multipliers ? yaml_to_double(list[i], item)
+                                     : static_cast<double>(yaml_to_int(list[i], item));
+    require(
+        value > 0,
+        item,
+        config_value_text(list[i]),
+        multipliers ? "a number > 0" : "an integer > 0");
+    values.push_back(value);
+  }
+  return values;
+}
+
+// The stages of `name: anynet`, from its five lists (as long as each other: ClassyVision's zip
+// would drop the longer lists' tails).
+std::vector<models::RegNetStageSpec> anynet_stages(const YAML::Node& map) {
+  const auto& keys = anynet_list_keys();
+  std::vector<std::vector<double>> lists;
+  for (const std::string& entry : keys) {
+    lists.push_back(anynet_list(map, entry));
+    require(
+        lists.back().size() == lists.front().size(),
+        kRegNetKey + "." + entry,
+        config_value_text(map[entry]),
+        fmt::format("{} entries, one per stage as depths has", lists.front().size()));
+  }
+  std::vector<models::RegNetStageSpec> stages(lists.front().size());
+  for (size_t i = 0; i < stages.size(); ++i) {
+    stages[i].depth = static_cast<int64_t>(lists[0][i]);
+    stages[i].width = static_cast<int64_t>(lists[1][i]);
+    stages[i].group_width = static_cast<int64_t>(lists[2][i]);
+    stages[i].bottleneck_multiplier = lists[3][i];
+    stages[i].stride = static_cast<int64_t>(lists[4][i]);
+  }
+  return stages;
+}
+
 void refuse_unknown_regnet_entry(const std::string& entry, const YAML::Node& value) {
   const std::string key = kRegNetKey + "." + entry;
   if (entry == "stage_checkpoints" || entry == "stage_checkpointing") {
@@ -102,7 +201,12 @@ const std::vector<std::string>& regnet_config_keys() {
       "use_se",
       "se_ratio",
       "bn_epsilon",
-      "bn_momentum"};
+      "bn_momentum",
+      "depths",
+      "widths",
+      "group_widths",
+      "bottleneck_multipliers",
+      "strides"};
   return keys;
 }
 
@@ -124,27 +228,18 @@ models::RegNetOptions regnet_options_from(const Config& config) {
   std::string preset;
   if (const YAML::Node name = map["name"]) {
     preset = regnet_string(name, kRegNetKey + ".name");
-    require(
-        preset != "anynet",
-        kRegNetKey + ".name",
-        preset,
-        "a RegNet preset (ClassyVision's AnyNet with explicit per-stage lists is not built)");
-    options = models::regnet_preset(preset);
+    if (preset != "anynet") {
+      options = models::regnet_preset(preset);
+    }
   }
   for (const auto& entry : map) {
     const std::string key = entry.first.as<std::string>();
     refuse_unknown_regnet_entry(key, entry.second);
-    if (!preset.empty() && preset_fixed_keys(preset).count(key) != 0) {
-      throw config_error(
-          kRegNetKey + "." + key,
-          config_value_text(entry.second),
-          fmt::format(
-              "no {} beside name = {}: the preset sets it (drop name to give every "
-              "parameter yourself)",
-              key,
-              preset));
-    }
+    refuse_misplaced_entry(preset, key, entry.second);
     set_regnet_field(options, key, entry.second);
+  }
+  if (preset == "anynet") {
+    options.stages = anynet_stages(map);
   }
   if (trunk == "regnet") {
     models::regnet_blocks(options); // every range and width check, in the config's words

@@ -16,12 +16,15 @@ namespace largo::train {
 const std::vector<std::string>& regnet_config_keys();
 
 // The RegNet of MODEL.TRUNK.REGNET: `name` (a ClassyVision preset, whose other keyword
-// arguments may be set beside it, as ClassyVision's preset constructors take them) or the
-// explicit parameters. Throws ConfigError naming MODEL.TRUNK.REGNET.<key> for: an entry that is
-// not a RegNet parameter (listing them), a value of the wrong type or range, a preset with a
-// parameter the preset fixes (depth, w_0, w_a, w_m, group_width; use_se for regnet_x_*),
-// VISSL's FSDP-only stage_checkpoints / stage_checkpointing and anynet, and a non-empty map
-// when MODEL.TRUNK.NAME is not regnet (it would change nothing).
+// arguments may be set beside it, as ClassyVision's preset constructors take them), the
+// explicit parameters, or `name: anynet` with one list entry per stage (depths, widths,
+// group_widths, bottleneck_multipliers, strides: ClassyVision's AnyNetParams, as VISSL's
+// regnet trunks take it). Throws ConfigError naming MODEL.TRUNK.REGNET.<key> for: an entry
+// that is not a RegNet parameter (listing them), a value of the wrong type or range, a preset
+// with a parameter the preset fixes (depth, w_0, w_a, w_m, group_width; use_se for
+// regnet_x_*), anynet with a ramp parameter or a missing or shorter list, a list without
+// anynet, VISSL's FSDP-only stage_checkpoints / stage_checkpointing, and a non-empty map when
+// MODEL.TRUNK.NAME is not regnet (it would change nothing).
 models::RegNetOptions regnet_options_from(const Config& config);
 
 } // namespace largo::train

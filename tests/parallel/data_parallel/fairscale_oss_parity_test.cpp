@@ -18,6 +18,7 @@
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
 
 #include "comm/distributed_test_util.h"
+#include "test_paths.h"
 
 #include <nlohmann/json.hpp>
 
@@ -35,8 +36,8 @@ namespace {
 using largo::testing::run_on_ranks;
 
 nlohmann::json load_baselines() {
-  const std::string path =
-      std::string(LARGO_TEST_DATA_DIR) + "/parallel/baselines/fairscale_oss_baselines.json";
+  const std::string path = std::string(largo::test_paths::data_dir()) +
+                           "/parallel/baselines/fairscale_oss_baselines.json";
   std::ifstream in(path);
   if (!in) {
     ADD_FAILURE() << "cannot open " << path << "; regenerate it with "
