@@ -3,6 +3,7 @@
 #include <largo/core/byte_format.h>
 #include <largo/models/model_factory.h>
 #include <largo/parallel/estimate/mesh_memory_estimate.h>
+#include <largo/train/method_state_estimate.h>
 #include <largo/train/run_plan.h>
 
 #include <fmt/format.h>
@@ -247,6 +248,20 @@ void print_pipeline_rows(bool checkpoint_stages, const parallel::PipelineEstimat
   }
 }
 
+// What the method keeps beside the model state on every rank (train/method_state_estimate.h).
+void print_method_state(const Config& config, const std::vector<train::MethodState>& state) {
+  if (state.empty()) {
+    return;
+  }
+  std::printf(
+      "\nbeside the model state, on every rank (LOSS.name: %s):\n",
+      config.get_string("LOSS.name").c_str());
+  for (const train::MethodState& item : state) {
+    std::printf(
+        "  %12s  %s\n", item.bytes ? format_bytes(*item.bytes).c_str() : "-", item.what.c_str());
+  }
+}
+
 // The library's options for the run `largo train` would build from the plan.
 parallel::RunMemoryEstimateOptions
 estimate_options(const train::RunPlan& plan, const models::RunModel& run_model) {
@@ -266,6 +281,8 @@ estimate_options(const train::RunPlan& plan, const models::RunModel& run_model) 
 int run_estimate_command(const Config& config) {
   const train::RunPlan plan = train::resolve_run(config); // what `largo train` would build
   const models::RunModel run_model = models::build_run_model(plan.model);
+  const std::vector<train::MethodState> method_state =
+      train::estimate_method_state(plan, run_model);
   const int world_size = static_cast<int>(plan.world.world_size);
   const parallel::MeshMemoryEstimate estimate = parallel::estimate_memory(
       run_model.module(),
@@ -290,12 +307,14 @@ int run_estimate_command(const Config& config) {
     print_pipeline_header(plan, *estimate.pipeline);
     print_activation_note(checkpoint_stages, *estimate.pipeline);
     print_pipeline_rows(checkpoint_stages, *estimate.pipeline);
+    print_method_state(config, method_state);
     return 0;
   }
   if (estimate.tensor_parallel_size > 1) {
     print_tensor_parallel_header(estimate);
   }
   print_zero_table(config, plan, estimate);
+  print_method_state(config, method_state);
   return 0;
 }
 

@@ -5,13 +5,17 @@
 // measured). The numbers themselves are checked
 // against measurements in tests/parallel/estimate/memory_estimate_test.cpp; here the program's
 // reading of the config and its report
-// (tests/parallel/estimate/mesh_memory_estimate_test.cpp checks the library's estimate).
+// (tests/parallel/estimate/mesh_memory_estimate_test.cpp checks the library's estimate), and the
+// self-supervised method's own state (the DINO teacher, the MoCo momentum encoder and queue).
 #include "apps/program_runner.h"
+#include "data/image_test_util.h"
 #include "test_paths.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -19,6 +23,8 @@
 
 namespace largo::testing::estimate_command_test {
 namespace {
+
+namespace fs = std::filesystem;
 
 // A synthetic small-CNN job on 2 ranks with AdamW (Ψ parameters: stage 0 holds 16Ψ bytes per
 // rank, stage 3 16Ψ / 2).
@@ -107,6 +113,83 @@ TEST(EstimateCommandTest, StageThreeGathersComputeCopiesWithFsdpO2) {
   auto float32 = run_program(estimate_command(amp)); // O1: float32 units under autocast
   ASSERT_TRUE(float32.succeeded()) << float32.output;
   EXPECT_EQ(float32.output.find("compute copies"), std::string::npos) << float32.output;
+}
+
+// The figure of the method-state line whose text contains `what`, in bytes.
+double method_state_bytes(const std::string& output, const std::string& what) {
+  std::istringstream lines(output);
+  const std::regex line_form(R"(^ +([0-9.]+) (B|KiB|MiB|GiB)  (.*)$)");
+  for (std::string line; std::getline(lines, line);) {
+    std::smatch match;
+    if (std::regex_match(line, match, line_form) &&
+        match[3].str().find(what) != std::string::npos) {
+      return to_bytes(match[1], match[2]);
+    }
+  }
+  ADD_FAILURE() << "no method-state line with " << what << " in:\n" << output;
+  return 0.0;
+}
+
+// "model resnet: 28,355,392 parameters (...": the parameter count.
+double parameter_count(const std::string& output) {
+  std::smatch match;
+  if (!std::regex_search(output, match, std::regex(R"(: ([0-9,]+) parameters \()"))) {
+    ADD_FAILURE() << "no parameter count in:\n" << output;
+    return 0.0;
+  }
+  std::string digits = match[1];
+  digits.erase(std::remove(digits.begin(), digits.end(), ','), digits.end());
+  return std::stod(digits);
+}
+
+// VISSL's MoCo, SwAV and DINO example configs (configs/examples) over a tiny image folder: beside
+// the ZeRO table, the momentum encoder and the teacher are whole float32 copies of the trained
+// model (4 bytes per parameter, plus ResNet-50's BatchNorm statistics: under 1 % of its
+// parameters' bytes), MoCo's queue is K x d float32, and SwAV's its crops' rows.
+TEST(EstimateCommandTest, CountsTheMethodsOwnStateBesideTheModelState) {
+  TestDir dir;
+  for (const std::string label : {"a", "b"}) {
+    fs::create_directories(dir / "images" / label);
+    data::testing::write_bytes(
+        dir / "images" / label / "0.png",
+        data::testing::encode_png(data::testing::pattern_image(64, 64, 1)));
+  }
+  const std::string images = "DATA.TRAIN.DATA_PATHS=[" + (dir / "images").string() + "]";
+  const std::string examples = std::string(largo::test_paths::data_dir()) + "/../configs/examples/";
+  const ProgramResult moco =
+      run_program({largo_program(), "estimate", examples + "moco_resnet50_folder.yaml", images});
+  ASSERT_TRUE(moco.succeeded()) << moco.status() << "\n" << moco.output;
+  const double encoder = method_state_bytes(moco.output, "MoCo momentum encoder");
+  const double parameter_bytes = 4.0 * parameter_count(moco.output);
+  EXPECT_GE(encoder, parameter_bytes - 0.005 * 1024 * 1024) << moco.output;
+  EXPECT_LE(encoder, 1.01 * parameter_bytes) << moco.output;
+  EXPECT_EQ(
+      method_state_bytes(moco.output, "MoCo queue (65536 keys x 128, float32)"), 65536.0 * 128 * 4);
+
+  // SwAV's queue: 2 assigned crops x 3840 images (a multiple of the batch of 64) x (the
+  // embedding's 128 + the 3000 prototypes' scores).
+  const ProgramResult swav = run_program(
+      {largo_program(),
+       "estimate",
+       examples + "swav_resnet50_folder.yaml",
+       images,
+       "LOSS.swav_loss.queue.queue_length=3840"});
+  ASSERT_TRUE(swav.succeeded()) << swav.status() << "\n" << swav.output;
+  EXPECT_NEAR(
+      method_state_bytes(swav.output, "SwAV queue"),
+      2.0 * 3840 * (128 + 3000) * 4,
+      0.005 * 1024 * 1024)
+      << swav.output;
+
+  const ProgramResult dino =
+      run_program({largo_program(), "estimate", examples + "dino_deits16_folder.yaml", images});
+  ASSERT_TRUE(dino.succeeded()) << dino.status() << "\n" << dino.output;
+  // The ViT has no buffers: the teacher is its parameters, to the rounding of the figure.
+  EXPECT_NEAR(
+      method_state_bytes(dino.output, "DINO teacher"),
+      4.0 * parameter_count(dino.output),
+      0.005 * 1024 * 1024)
+      << dino.output;
 }
 
 TEST(EstimateCommandTest, MarksTheZeroStageOfTheConfig) {
