@@ -17,11 +17,10 @@ constexpr int64_t kFloatBytes = 4;
 // The bytes of every parameter and buffer of `module`, as built.
 int64_t tensor_bytes(const torch::nn::Module& module) {
   int64_t bytes = 0;
-  for (const at::Tensor& tensor : module.parameters()) {
-    bytes += tensor.numel() * static_cast<int64_t>(tensor.element_size());
-  }
-  for (const at::Tensor& tensor : module.buffers()) {
-    bytes += tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  for (const auto& tensors : {module.parameters(), module.buffers()}) {
+    for (const at::Tensor& tensor : tensors) {
+      bytes += static_cast<int64_t>(tensor.nbytes());
+    }
   }
   return bytes;
 }
