@@ -13,6 +13,11 @@ build_dir="${LARGO_BUILD_DIR:-build}"
 export CCACHE_BASEDIR="$PWD"
 export CCACHE_NOHASHDIR=1
 export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+# ccache also hashes the locale variables (they change the compiler's messages): one locale
+# here lets CI, whatever its environment's LANG, hit what a session's build cached. (CI's
+# first run after the cache-sharing change missed every object for want of this.)
+export LANG=C.UTF-8
+unset LC_ALL LC_CTYPE LC_MESSAGES
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DLARGO_PYTHON=$LARGO_PYTHON" "$@"
 start=$(date +%s)
 # LARGO_BUILD_TARGETS (space-separated) builds only those targets, e.g. the sanitizer pass's
