@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Does self-supervised pretraining learn? SimCLR (or SwAV, or Barlow Twins) pretrains a ResNet-18 briefly on
-# Fashion-MNIST PNGs (labels unused), then a linear head is trained on its frozen trunk and on
-# a randomly initialised frozen trunk, with the same data and schedule; both test accuracies
-# are printed. Run from the repository root after the build (README); takes minutes on 2 cores.
+# Does self-supervised pretraining learn? SimCLR (or SwAV, Barlow Twins, MoCo, DeepCluster v2,
+# DINO) pretrains a ResNet-18 briefly on Fashion-MNIST PNGs (labels unused), then a linear head
+# is trained on its frozen trunk and on a randomly initialised frozen trunk, with the same data
+# and schedule; both test accuracies are printed. Run from the repository root after the build
+# (README); takes minutes on 2 cores.
 #   bash bench/run_ssl_linear_eval.sh [N_TRAIN (5000)] [PRETRAIN_EPOCHS (10)] [EVAL_EPOCHS (5)]
-#                                     [METHOD: simclr (default) | swav | barlow_twins]
+#                                     [METHOD: simclr (default) | swav | barlow_twins |
+#                                      moco | deepclusterv2 | dino]
 set -euo pipefail
 N_TRAIN=${1:-5000}
 PRETRAIN_EPOCHS=${2:-10}
@@ -20,40 +22,59 @@ NORMALIZE="{name: Normalize, mean: [0.286, 0.286, 0.286], std: [0.353, 0.353, 0.
 COMMON=(MACHINE.DEVICE=cpu DATA.NUM_DATALOADER_WORKERS=2 LOG_FREQUENCY=20
         MODEL.TRUNK.NAME=resnet MODEL.TRUNK.RESNETS.DEPTH=18 SEED_VALUE=0)
 
-# 1. Pretraining. SimCLR: two 24x24 views per image. SwAV: 2 x 24 + 4 x 16 crops, 100
-# prototypes frozen for the first epoch, no queue, float32 (the example's Apex O1 float16 is
-# slow on a CPU). Barlow Twins: SimCLR's views, a projection of 512 -> 512 -> 512 with
-# BatchNorm, VISSL's lars (its example's optimizer) from 0.2 on a cosine, float32.
-if [ "$METHOD" = barlow_twins ]; then
-  time ./build/largo train configs/examples/barlow_twins_resnet50_folder.yaml "${COMMON[@]}" \
-      "DATA.TRAIN.DATA_PATHS=[$WORK/png/train]" DATA.TRAIN.BATCHSIZE_PER_REPLICA=128 \
-      "DATA.TRAIN.TRANSFORMS=[{name: ImgReplicatePil, num_times: 2}, {name: RandomResizedCrop, size: 24, scale: [0.3, 1.0]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE]" \
-      "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 512], use_relu: True, use_bn: True, use_bias: False, skip_last_layer_relu_bn: False}], [mlp, {dims: [512, 512], use_bias: False}]]" \
-      LOSS.barlow_twins_loss.embedding_dim=512 \
-      MODEL.AMP_PARAMS.USE_AMP=False MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False \
-      OPTIMIZER.num_epochs="$PRETRAIN_EPOCHS" \
-      "OPTIMIZER.param_schedulers.lr={name: cosine, start_value: 0.2, end_value: 0.002, update_interval: step}" \
-      CHECKPOINT.DIR="$WORK/pretrain" 2>&1 | grep -E "iter .*loss|error|checkpoint written" | tail -4
-elif [ "$METHOD" = swav ]; then
-  time ./build/largo train configs/examples/swav_resnet50_folder.yaml "${COMMON[@]}" \
-      "DATA.TRAIN.DATA_PATHS=[$WORK/png/train]" DATA.TRAIN.BATCHSIZE_PER_REPLICA=128 \
-      "DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 6, size_crops: [24, 16], num_crops: [2, 4], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE]" \
-      "MODEL.HEAD.PARAMS=[[swav_head, {dims: [512, 512, 128], use_bn: True, num_clusters: [100]}]]" \
-      "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight', $(( N_TRAIN / 128 ))]]" \
-      MODEL.AMP_PARAMS.USE_AMP=False MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False \
-      OPTIMIZER.use_larc=False OPTIMIZER.num_epochs="$PRETRAIN_EPOCHS" OPTIMIZER.weight_decay=0.0001 \
-      "OPTIMIZER.param_schedulers.lr={name: cosine, start_value: 0.3, end_value: 0.0, update_interval: step}" \
-      CHECKPOINT.DIR="$WORK/pretrain" 2>&1 | grep -E "iter .*loss|error|checkpoint written" | tail -4
-else
-time ./build/largo train configs/examples/simclr_resnet50_folder.yaml "${COMMON[@]}" \
+# 1. Pretraining: the method's example config (configs/examples/<method>_*_folder.yaml) with
+# ResNet-18, small views of the 28 x 28 images, float32 (the examples' float16 is slow on a
+# CPU), no SyncBatchNorm, one SGD cosine schedule unless said otherwise.
+TWO_VIEWS="{name: ImgReplicatePil, num_times: 2}, {name: RandomResizedCrop, size: 24, scale: [0.3, 1.0]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE"
+MULTI_CROP="{name: ImgPilToMultiCrop, total_num_crops: 6, size_crops: [24, 16], num_crops: [2, 4], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE"
+PROJECTION="[mlp, {dims: [512, 512], use_relu: True, skip_last_layer_relu_bn: False}], [mlp, {dims: [512, 128]}]"
+STEPS_PER_EPOCH=$(( N_TRAIN / 128 ))
+cosine() { echo "OPTIMIZER.param_schedulers.lr={name: cosine, start_value: $1, end_value: 0.0, update_interval: step}"; }
+case "$METHOD" in
+  # SimCLR: two 24 x 24 views, InfoNCE.
+  simclr) EXAMPLE=simclr_resnet50_folder
+    ARGS=("DATA.TRAIN.TRANSFORMS=[$TWO_VIEWS]" "MODEL.HEAD.PARAMS=[$PROJECTION]" OPTIMIZER.use_larc=False
+          OPTIMIZER.weight_decay=0.0001 "$(cosine 0.3)") ;;
+  # SwAV: 2 x 24 + 4 x 16 crops, 100 prototypes frozen for the first epoch, no queue.
+  swav) EXAMPLE=swav_resnet50_folder
+    ARGS=("DATA.TRAIN.TRANSFORMS=[$MULTI_CROP]"
+          "MODEL.HEAD.PARAMS=[[swav_head, {dims: [512, 512, 128], use_bn: True, num_clusters: [100]}]]"
+          "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight', $STEPS_PER_EPOCH]]"
+          OPTIMIZER.use_larc=False OPTIMIZER.weight_decay=0.0001 "$(cosine 0.3)") ;;
+  # Barlow Twins: SimCLR's views, a 512 -> 512 -> 512 projection with BatchNorm, VISSL's lars
+  # (its example's optimizer) from 0.2 on a cosine.
+  barlow_twins) EXAMPLE=barlow_twins_resnet50_folder
+    ARGS=("DATA.TRAIN.TRANSFORMS=[$TWO_VIEWS]"
+          "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 512], use_relu: True, use_bn: True, use_bias: False, skip_last_layer_relu_bn: False}], [mlp, {dims: [512, 512], use_bias: False}]]"
+          LOSS.barlow_twins_loss.embedding_dim=512
+          "OPTIMIZER.param_schedulers.lr={name: cosine, start_value: 0.2, end_value: 0.002, update_interval: step}") ;;
+  # MoCo v2: SimCLR's views, a queue of 4,096 keys (32 batches), the key encoder's momentum
+  # 0.99 (0.999 moves it too little in a few hundred steps), shuffled BatchNorm as the example.
+  moco) EXAMPLE=moco_resnet50_folder
+    ARGS=("DATA.TRAIN.TRANSFORMS=[$TWO_VIEWS]" "MODEL.HEAD.PARAMS=[$PROJECTION]"
+          LOSS.moco_loss.queue_size=4096 LOSS.moco_loss.momentum=0.99 "$(cosine 0.1)") ;;
+  # DeepCluster v2: two 24 x 24 crops, three k-means of 100 prototypes over the epoch's memory
+  # bank, SGD without LARC (the example's LARC ramps to 4.8, for batches of 4,096).
+  deepclusterv2) EXAMPLE=deepclusterv2_resnet50_folder
+    ARGS=("DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 2, size_crops: [24], num_crops: [2], crop_scales: [[0.3, 1]]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE]"
+          "MODEL.HEAD.PARAMS=[$PROJECTION]" LOSS.deepclusterv2_loss.num_train_samples="$N_TRAIN"
+          LOSS.deepclusterv2_loss.BATCHSIZE_PER_REPLICA=128 "LOSS.deepclusterv2_loss.num_clusters=[100, 100, 100]"
+          OPTIMIZER.use_larc=False OPTIMIZER.weight_decay=0.0001 "$(cosine 0.3)") ;;
+  # DINO on the ResNet-18 (the DINO paper's ResNet variant; the example's ViT-S/16 is for
+  # 224 px images): SwAV's crops, a dino_head of 1,024 prototypes whose last layer is frozen
+  # for the first epoch, the teacher's temperature warmed over it, the example's AdamW.
+  dino) EXAMPLE=dino_deits16_folder
+    ARGS=("DATA.TRAIN.TRANSFORMS=[$MULTI_CROP]"
+          "MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 512, num_clusters: [1024], normalize_last_layer: false}]]"
+          "MODEL.TEMP_FROZEN_PARAMS_ITER_MAP=[['module.heads.0.prototypes0.weight_v', $STEPS_PER_EPOCH], ['module.heads.0.prototypes0.weight_g', $STEPS_PER_EPOCH]]"
+          LOSS.dino_loss.teacher_temp_warmup_iters="$STEPS_PER_EPOCH" LOSS.dino_loss.momentum=0.99) ;;
+  *) echo "run_ssl_linear_eval.sh: unknown method $METHOD (simclr, swav, barlow_twins, moco, deepclusterv2, dino)"; exit 2 ;;
+esac
+time ./build/largo train "configs/examples/$EXAMPLE.yaml" "${COMMON[@]}" \
     "DATA.TRAIN.DATA_PATHS=[$WORK/png/train]" DATA.TRAIN.BATCHSIZE_PER_REPLICA=128 \
-    "DATA.TRAIN.TRANSFORMS=[{name: ImgReplicatePil, num_times: 2}, {name: RandomResizedCrop, size: 24, scale: [0.3, 1.0]}, {name: RandomHorizontalFlip}, {name: ImgPilColorDistortion, strength: 0.5}, {name: ToTensor}, $NORMALIZE]" \
-    "MODEL.HEAD.PARAMS=[[mlp, {dims: [512, 512], use_relu: True, skip_last_layer_relu_bn: False}], [mlp, {dims: [512, 128]}]]" \
-    MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False OPTIMIZER.use_larc=False \
-    OPTIMIZER.num_epochs="$PRETRAIN_EPOCHS" OPTIMIZER.weight_decay=0.0001 \
-    "OPTIMIZER.param_schedulers.lr={name: cosine, start_value: 0.3, end_value: 0.0, update_interval: step}" \
-    CHECKPOINT.DIR="$WORK/pretrain" 2>&1 | grep -E "iter .*loss|error|checkpoint written" | tail -4
-fi
+    MODEL.AMP_PARAMS.USE_AMP=False MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=False \
+    OPTIMIZER.num_epochs="$PRETRAIN_EPOCHS" CHECKPOINT.DIR="$WORK/pretrain" "${ARGS[@]}" 2>&1 |
+    grep -E "iter .*loss|error|checkpoint written" | tail -4
 
 # 2. Linear evaluation of the frozen trunk: pretrained, then random.
 linear_eval() {

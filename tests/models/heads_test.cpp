@@ -138,5 +138,66 @@ TEST(Heads, EvalMlpOnTheTrunkIsBatchNormThenMlpUnderVisslsNames) {
   EXPECT_THROW(build_model(options), ConfigError);
 }
 
+// A swav_head without prototypes as the projection before a classifier (VISSL's fine-tuning
+// of a SwAV checkpoint): Linear, BatchNorm1d, ReLU (skip_last_bn False), the rows
+// L2-normalised (normalize_feats), then the classifier's Linear; checked against that formula
+// with the chain's own tensors.
+TEST(Heads, SwavProjectionBeforeAClassifierNormalizesItsEmbedding) {
+  MlpHeadSpec projection;
+  projection.dims = {8, 6};
+  projection.options.use_bn = true;
+  projection.options.use_relu = true;
+  projection.options.skip_last_layer_relu_bn = false;
+  projection.normalize_output = true;
+  projection.vissl_module = "projection_head";
+  const std::vector<MlpHeadSpec> chain{projection, MlpHeadSpec{{6, 3}, MlpHeadOptions{}}};
+  EXPECT_EQ(head_chain_layers(chain[0]), 4U); // Linear, BatchNorm1d, ReLU, the normalisation
+  torch::nn::Sequential head = build_head_chain(8, chain);
+  ASSERT_EQ(head->size(), 5U);
+  torch::NoGradGuard no_grad;
+  head->eval();
+  auto parameters = head->named_parameters();
+  auto buffers = head->named_buffers();
+  buffers["1.running_mean"].copy_(at::linspace(-0.2, 0.3, 6));
+  buffers["1.running_var"].copy_(at::linspace(0.5, 1.5, 6));
+  parameters["1.weight"].copy_(at::linspace(0.5, 2.0, 6));
+  const at::Tensor features = at::randn({4, 8});
+  const at::Tensor projected = at::relu(
+      (at::linear(features, parameters["0.weight"], parameters["0.bias"]) -
+       buffers["1.running_mean"]) /
+          at::sqrt(buffers["1.running_var"] + 1e-5) * parameters["1.weight"] +
+      parameters["1.bias"]);
+  const at::Tensor embedding =
+      projected / projected.norm(2, /*dim=*/{1}, /*keepdim=*/true).clamp_min(1e-12);
+  const at::Tensor expected = at::linear(embedding, parameters["4.weight"], parameters["4.bias"]);
+  // float32, the same operations up to BatchNorm's fused form: a few ulps
+  EXPECT_TRUE(at::allclose(head->forward(features), expected, 1e-5, 1e-6));
+}
+
+// MODEL.HEAD.PARAMS_MULTIPLIER scales VISSL's mlp heads (MLP.scale_weights), not a swav_head,
+// so in a chain the projection keeps its initialization and the classifier is scaled.
+TEST(Heads, ParamsMultiplierScalesTheMlpHeadsNotASwavProjection) {
+  ModelOptions options;
+  options.trunk_name = "mlp";
+  options.in_channels = 1;
+  options.image_size = 2;
+  options.num_classes = 3;
+  options.mlp.hidden_dims = {8};
+  MlpHeadSpec projection;
+  projection.dims = {8, 6};
+  projection.normalize_output = true;
+  projection.vissl_module = "projection_head";
+  options.head_chain = {projection, MlpHeadSpec{{6, 3}, MlpHeadOptions{}}};
+  torch::manual_seed(0);
+  auto plain = build_model(options)->named_parameters();
+  options.head_params_multiplier = 0.5;
+  torch::manual_seed(0);
+  auto scaled = build_model(options)->named_parameters();
+  // head.0: the projection's Linear; head.1: the normalisation; head.2: the classifier.
+  EXPECT_TRUE(scaled["head.0.weight"].equal(plain["head.0.weight"]));
+  EXPECT_TRUE(scaled["head.2.weight"].equal(plain["head.2.weight"] * 0.5));
+  EXPECT_TRUE(scaled["head.2.bias"].equal(plain["head.2.bias"] * 0.5));
+}
+
 } // namespace
 } // namespace largo::models::heads_test

@@ -92,6 +92,32 @@ TEST(VisslNames, MlpHeadsRunOneAfterAnotherAreFlattened) {
   expect_mapped(mlp_trunk(), {{"heads.0.clf.0.weight", "head.0.weight"}});
 }
 
+// A swav_head without prototypes before a classifier: its projection keeps VISSL's module
+// name, and its normalisation is a layer the next head's names count past.
+TEST(VisslNames, SwavProjectionBeforeAClassifierKeepsItsModuleName) {
+  ModelOptions options = mlp_trunk();
+  MlpHeadSpec projection;
+  projection.dims = {16, 8, 6};
+  projection.options.use_bn = true;
+  projection.options.use_relu = true;
+  projection.options.skip_last_layer_relu_bn = false;
+  projection.normalize_output = true;
+  projection.vissl_module = "projection_head";
+  // Linear, BatchNorm1d, ReLU twice (head.0 .. head.5), the normalisation (head.6), the
+  // classifier's Linear (head.7).
+  options.head_chain = {projection, MlpHeadSpec{{6, 5}, MlpHeadOptions{}}};
+  expect_mapped(
+      options,
+      {{"heads.0.projection_head.0.weight", "head.0.weight"},
+       {"heads.0.projection_head.4.running_mean", "head.4.running_mean"},
+       {"heads.1.clf.0.weight", "head.7.weight"},
+       {"heads.1.clf.0.bias", "head.7.bias"}});
+  // The projection is not an mlp's clf, and has no prototypes.
+  EXPECT_EQ(head_name_from_vissl("heads.0.clf.0.weight", options), "heads.0.clf.0.weight");
+  EXPECT_EQ(
+      head_name_from_vissl("heads.0.prototypes0.weight", options), "heads.0.prototypes0.weight");
+}
+
 TEST(VisslNames, OtherNamesAndLinearEvaluationHeadsAreLeftAlone) {
   ModelOptions options = mlp_trunk();
   for (const std::string name :

@@ -228,10 +228,11 @@ std::vector<WiredKey> wired_keys() {
       {vit + "QKV_BIAS", "biases in the qkv projection", "Vit.ParameterCountMatchesClosedForm"},
       {"MODEL.HEAD.PARAMS",
        "the head: one mlp or eval_mlp (or one head per feature under linear evaluation; "
-       "none when largo extract writes the tapped trunk features); a swav_head, or mlp "
-       "heads run one after another, in a self-supervised run; under FSDP also VISSL's "
-       "swav_head_fsdp, mlp_fsdp and eval_mlp_fsdp",
-       "Heads.ModelWithMlpHead"},
+       "none when largo extract writes the tapped trunk features); a swav_head in a SwAV "
+       "run; mlp heads run one after another (SimCLR's projection, or a classifier's layers), "
+       "the first of them a swav_head without prototypes in VISSL's SwAV fine-tuning configs; "
+       "under FSDP also VISSL's swav_head_fsdp, mlp_fsdp and eval_mlp_fsdp",
+       "TrainerConfigMappingTest.SwavHeadWithoutPrototypesIsTheProjectionBeforeAClassifier"},
       {"MODEL.HEAD.BATCHNORM_EPS",
        "eps of the heads' BatchNorm",
        "Heads.MlpHeadWithBnReluSkipsThemAfterTheLastLayer"},

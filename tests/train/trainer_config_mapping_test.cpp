@@ -574,8 +574,8 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
   EXPECT_EQ(eval.heads[0].in_channels, 1024);
   EXPECT_EQ(eval.heads[1].dims, (std::vector<int64_t>{2048, 1000}));
   EXPECT_TRUE(model.head_dims.empty());
-  // Without taps, several mlp heads run one after another (SimCLR's projection; the run plan
-  // refuses them without a self-supervised loss); one eval_mlp head runs on the trunk's output
+  // Without taps, several mlp heads run one after another (SimCLR's projection, or a
+  // classifier's hidden layers); one eval_mlp head runs on the trunk's output
   // (ALoneEvalMlpHeadIsBatchNormThenMlpOnTheTrunksOutput, below), several are an error.
   const models::ModelOptions chained = model_options_from(
       Config::load({}, {"MODEL.HEAD.PARAMS=[[mlp, {dims: [8, 6], use_relu: True}], [mlp, {dims: "
@@ -589,6 +589,54 @@ TEST(TrainerConfigMappingTest, LinearEvaluationSettingsAndHeadsAreParsed) {
           {"MODEL.HEAD.PARAMS=[[eval_mlp, {in_channels: 8, dims: [8, 4]}], [eval_mlp, "
            "{in_channels: 8, dims: [8, 4]}]]"})),
       ConfigError);
+}
+
+// VISSL's fine-tuning fragments of SwAV checkpoints (fulltune/*/models/*_swav_head.yaml):
+// a swav_head without prototypes, then the classifier's mlp, run one after another.
+TEST(TrainerConfigMappingTest, SwavHeadWithoutPrototypesIsTheProjectionBeforeAClassifier) {
+  const std::string chain =
+      "MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 6], use_bn: True, num_clusters: []}], "
+      "[mlp, {dims: [6, 4]}]]";
+  const models::ModelOptions model = model_options_from(Config::load({}, {chain}));
+  ASSERT_EQ(model.head_chain.size(), 2U);
+  const models::MlpHeadSpec& projection = model.head_chain[0];
+  EXPECT_EQ(projection.dims, (std::vector<int64_t>{8, 6}));
+  EXPECT_EQ(projection.vissl_module, "projection_head");
+  EXPECT_TRUE(projection.options.use_bn);
+  EXPECT_TRUE(projection.options.use_relu);
+  EXPECT_TRUE(projection.options.skip_last_layer_relu_bn); // VISSL's skip_last_bn default
+  EXPECT_TRUE(projection.normalize_output);                // and normalize_feats'
+  EXPECT_EQ(model.head_chain[1].dims, (std::vector<int64_t>{6, 4}));
+  EXPECT_EQ(model.head_chain[1].vissl_module, "clf");
+  EXPECT_TRUE(model.swav_head.dims.empty());
+  const models::ModelOptions written_out = model_options_from(Config::load(
+      {},
+      {"MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 6], use_bn: False, skip_last_bn: False, "
+       "normalize_feats: False, num_clusters: []}], [mlp, {dims: [6, 4]}]]"}));
+  EXPECT_FALSE(written_out.head_chain[0].options.skip_last_layer_relu_bn);
+  EXPECT_FALSE(written_out.head_chain[0].normalize_output);
+
+  EXPECT_NE(
+      mapping_error(
+          {"MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 6], num_clusters: [3]}], [mlp, {dims: "
+           "[6, 4]}]]"})
+          .find("MODEL.HEAD.PARAMS[0].num_clusters"),
+      std::string::npos);
+  EXPECT_NE(
+      mapping_error({"MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 6], num_clusters: [], "
+                     "activation_name: GELU}], [mlp, {dims: [6, 4]}]]"})
+          .find("MODEL.HEAD.PARAMS[0].activation_name"),
+      std::string::npos);
+  EXPECT_NE(
+      mapping_error({"MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 6], num_clusters: []}], [eval_mlp, "
+                     "{in_channels: 6, dims: [6, 4]}]]"})
+          .find("MODEL.HEAD.PARAMS[1]"),
+      std::string::npos);
+  // Alone, a swav_head is SwAV's and needs its prototypes.
+  EXPECT_NE(
+      mapping_error({"MODEL.HEAD.PARAMS=[[swav_head, {dims: [8, 6], num_clusters: []}]]"})
+          .find("MODEL.HEAD.PARAMS[0].num_clusters"),
+      std::string::npos);
 }
 
 // VISSL's benchmark fragments for RegNet (models/regnet16gf.yaml) and ViT

@@ -905,9 +905,6 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       "DATA.TRAIN.COLLATE_FUNCTION=default_collate"};
   expect_refused(simclr_job(1) + one_view, "trains on several views of each image");
   expect_refused(
-      simclr_job(1) + one_view + Overrides{"LOSS.name=CrossEntropyLoss"},
-      "which only a self-supervised loss trains");
-  expect_refused(
       simclr_job(1) + one_view +
           Overrides{
               "LOSS.name=CrossEntropyLoss",

@@ -7,6 +7,7 @@
 #include <torch/nn/modules/container/sequential.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace largo::models {
@@ -39,11 +40,25 @@ enum class MlpLayer { kLinear, kBatchNorm, kReLU, kDropout };
 std::vector<MlpLayer> mlp_head_layers(size_t num_dims, const MlpHeadOptions& options);
 
 // One of several mlp heads applied one after another (VISSL's SimCLR projection:
-// [["mlp", {"dims": [2048, 2048], "use_relu": True, ...}], ["mlp", {"dims": [2048, 128]}]]).
+// [["mlp", {"dims": [2048, 2048], "use_relu": True, ...}], ["mlp", {"dims": [2048, 128]}]]),
+// or a swav_head without prototypes used as the projection before a classifier (VISSL's
+// fine-tuning of a SwAV checkpoint: [["swav_head", {"dims": [3024, 4096], "use_bn": True,
+// "num_clusters": []}], ["mlp", {"dims": [4096, 1000]}]]): its projection is an mlp's layers
+// (Linear, BatchNorm1d, ReLU, the last Linear bare unless skip_last_bn is False), then the
+// L2 normalisation of normalize_feats.
 struct MlpHeadSpec {
   std::vector<int64_t> dims;
   MlpHeadOptions options;
+  // L2-normalise the head's output along dim 1 (a swav_head's normalize_feats): one
+  // parameter-free layer after the head's own.
+  bool normalize_output = false;
+  // What VISSL calls the head's layers, heads.<i>.<vissl_module>.<k>: "clf" in an mlp,
+  // "projection_head" in a swav_head.
+  std::string vissl_module = "clf";
 };
+
+// The layers build_head_chain makes for `head`: mlp_head_layers' and the normalisation's.
+size_t head_chain_layers(const MlpHeadSpec& head);
 
 // The heads' layers in order, in one flat Sequential (a libtorch Sequential cannot hold a
 // Sequential), so the names run on: VISSL's heads.1.0 of a [2048, 2048] head with ReLU is

@@ -69,7 +69,8 @@ struct ModelOptions {
   // built alike, with drop path 0 as VISSL's) instead of the MultiCropModel.
   std::optional<DinoModelOptions> dino;
   // MODEL.HEAD.PARAMS_MULTIPLIER: the head's Linear weights and biases are multiplied by it
-  // after their initialization (VISSL's MLP.scale_weights).
+  // after their initialization (VISSL's MLP.scale_weights): the mlp and eval_mlp heads', not
+  // a swav_head's or a dino_head's (nor a swav_head projection's in head_chain).
   double head_params_multiplier = 1.0;
   // MODEL.FEATURE_EVAL_SETTINGS: not used by build_model; build_run_model builds the
   // evaluation model over build_model's (models/linear_eval.h).

@@ -17,7 +17,9 @@
 //     heads.0.clf.<k>.<rest> -> head.<k>.<rest>;
 //   - several mlp heads run one after another (SimCLR's and Barlow Twins' projections),
 //     flattened into one Sequential: heads.<i>.clf.<k>.<rest> -> head.<o_i + k>.<rest>, o_i
-//     the layers of heads 0..i-1 (mlp_head_layers: VISSL's MLP makes the same layers).
+//     the layers of heads 0..i-1 (mlp_head_layers: VISSL's MLP makes the same layers, and
+//     head_chain_layers counts a normalisation too); a swav_head without prototypes first in
+//     such a chain is heads.0.projection_head.<k>.<rest> -> head.<k>.<rest>.
 // Linear evaluation's heads (eval_mlp, mlp per tapped feature) are "heads.<i>.clf..." and
 // "heads.<i>.channel_bn..." in both: nothing to map. A name that is not a head's of the model
 // `options` describes (a head index or layer beyond it, another head type's names) comes back

@@ -246,6 +246,22 @@ int64_t count_trunk(Counter& counter, const ModelOptions& options) {
       fmt::format("one of: {}", fmt::join(supported_trunk_names(), ", ")));
 }
 
+// The Linear layers of heads run one after another, under build_head_chain's flat names.
+void count_head_chain(Counter& counter, const std::vector<MlpHeadSpec>& chain) {
+  size_t index = 0;
+  for (const MlpHeadSpec& head : chain) {
+    size_t linear = 0;
+    for (const MlpLayer layer : mlp_head_layers(head.dims.size(), head.options)) {
+      if (layer == MlpLayer::kLinear) {
+        counter.linear(fmt::format("head.{}", index), head.dims[linear], head.dims[linear + 1]);
+        ++linear;
+      }
+      ++index;
+    }
+    index += head_chain_layers(head) - mlp_head_layers(head.dims.size(), head.options).size();
+  }
+}
+
 } // namespace
 
 int64_t conv_output_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
@@ -276,7 +292,9 @@ int64_t ModelFlops::forward_per_sample() const {
 ModelFlops count_model_flops(const ModelOptions& options) {
   Counter counter;
   const int64_t features = count_trunk(counter, options);
-  if (options.head_dims.empty()) {
+  if (!options.head_chain.empty()) {
+    count_head_chain(counter, options.head_chain);
+  } else if (options.head_dims.empty()) {
     counter.linear("head.0", features, options.num_classes);
   } else {
     // Module indices as build_mlp_head numbers them: BN / ReLU / Dropout sit between Linears.

@@ -5,8 +5,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/nn/functional/normalization.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/functional.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
@@ -79,6 +81,10 @@ std::vector<MlpLayer> mlp_head_layers(size_t num_dims, const MlpHeadOptions& opt
   return layers;
 }
 
+size_t head_chain_layers(const MlpHeadSpec& head) {
+  return mlp_head_layers(head.dims.size(), head.options).size() + (head.normalize_output ? 1 : 0);
+}
+
 torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<MlpHeadSpec>& heads) {
   torch::nn::Sequential chain;
   int64_t width = in_features;
@@ -96,6 +102,12 @@ torch::nn::Sequential build_head_chain(int64_t in_features, const std::vector<Ml
     const torch::nn::Sequential head = build_mlp_head(dims, heads[i].options);
     for (const auto& layer : *head) {
       chain->push_back(layer); // flat: a Sequential cannot hold a Sequential
+    }
+    if (heads[i].normalize_output) { // VISSL's swav_head: F.normalize(x, dim=1, p=2)
+      chain->push_back(torch::nn::Functional([](const at::Tensor& x) {
+        return torch::nn::functional::normalize(
+            x, torch::nn::functional::NormalizeFuncOptions().p(2).dim(1));
+      }));
     }
     width = dims.back();
   }

@@ -70,6 +70,31 @@ EvalHeadOptions eval_mlp_head_options(const ModelOptions& options, int64_t trunk
   return head;
 }
 
+// MODEL.HEAD.PARAMS_MULTIPLIER: VISSL's mlp heads scale their Linear weights and biases
+// (MLP.scale_weights); in a chain, a swav_head's projection does not.
+void scale_head_weights(torch::nn::Sequential& head, const ModelOptions& options) {
+  std::vector<bool> scaled(head->size(), true);
+  size_t first = 0;
+  for (const MlpHeadSpec& spec : options.head_chain) {
+    const size_t layers = head_chain_layers(spec);
+    std::fill_n(
+        scaled.begin() + static_cast<std::ptrdiff_t>(first), layers, spec.vissl_module == "clf");
+    first += layers;
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < head->size(); ++i) {
+    for (auto& module : head[i]->modules(/*include_self=*/true)) {
+      auto* linear = module->as<torch::nn::Linear>();
+      if (linear != nullptr && scaled[i]) {
+        linear->weight.mul_(options.head_params_multiplier);
+        if (linear->bias.defined()) {
+          linear->bias.mul_(options.head_params_multiplier);
+        }
+      }
+    }
+  }
+}
+
 } // namespace
 
 TrunkHeadModel build_model(const ModelOptions& options) {
@@ -132,15 +157,7 @@ TrunkHeadModel build_model(const ModelOptions& options) {
     }
   }
   if (options.head_params_multiplier != 1.0 && !swav && options.dino_head.in_dim == 0) {
-    torch::NoGradGuard no_grad;
-    for (auto& module : head->modules(/*include_self=*/false)) {
-      if (auto* linear = module->as<torch::nn::Linear>()) {
-        linear->weight.mul_(options.head_params_multiplier);
-        if (linear->bias.defined()) {
-          linear->bias.mul_(options.head_params_multiplier);
-        }
-      }
-    }
+    scale_head_weights(head, options);
   }
   return TrunkHeadModel(std::move(trunk), std::move(head));
 }

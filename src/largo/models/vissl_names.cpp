@@ -19,15 +19,21 @@ bool split_head_name(const std::string& name, int64_t& head, std::string& rest) 
   return true;
 }
 
-// "clf.<k>.<rest>" -> (k, rest), k < num_layers; false otherwise.
+// "<module>.<k>.<rest>" -> (k, rest), k < num_layers; false otherwise.
 bool split_layer_name(
-    const std::string& name, int64_t num_layers, int64_t& layer, std::string& rest) {
+    const std::string& name,
+    const std::string& module,
+    int64_t num_layers,
+    int64_t& layer,
+    std::string& rest) {
   long long index = 0;
   int consumed = 0;
-  if (std::sscanf(name.c_str(), "clf.%lld.%n", &index, &consumed) != 1 || consumed == 0 ||
-      index < 0 || index >= num_layers) {
+  if (name.rfind(module + ".", 0) != 0 ||
+      std::sscanf(name.c_str() + module.size(), ".%lld.%n", &index, &consumed) != 1 ||
+      consumed == 0 || index < 0 || index >= num_layers) {
     return false;
   }
+  consumed += static_cast<int>(module.size());
   layer = index;
   rest = name.substr(static_cast<size_t>(consumed));
   return true;
@@ -65,14 +71,14 @@ std::string head_name_from_vissl(const std::string& name, const ModelOptions& op
   }
   int64_t offset = 0;
   for (int64_t i = 0; i < head; ++i) {
-    offset += static_cast<int64_t>(mlp_head_layers(heads[i].dims.size(), heads[i].options).size());
+    offset += static_cast<int64_t>(head_chain_layers(heads[i]));
   }
   const auto& spec = heads[static_cast<size_t>(head)];
   const auto num_layers =
       static_cast<int64_t>(mlp_head_layers(spec.dims.size(), spec.options).size());
   int64_t layer = 0;
   std::string tensor;
-  if (!split_layer_name(rest, num_layers, layer, tensor)) {
+  if (!split_layer_name(rest, spec.vissl_module, num_layers, layer, tensor)) {
     return name;
   }
   return "head." + std::to_string(offset + layer) + "." + tensor;

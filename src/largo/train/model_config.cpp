@@ -98,15 +98,15 @@ void check_trunk_params_repeat(
           effective_key));
 }
 
-// MODEL.HEAD.PARAMS: VISSL's [[name, {kwargs}], ...], one entry per head (mlp or eval_mlp).
-// `defaults` carries MODEL.HEAD.BATCHNORM_EPS / MOMENTUM.
+// MODEL.HEAD.PARAMS: VISSL's [[name, {kwargs}], ...], one entry per head (mlp or eval_mlp),
+// from entry `first` on. `defaults` carries MODEL.HEAD.BATCHNORM_EPS / MOMENTUM.
 std::vector<models::EvalHeadOptions>
-heads_from(const Config& config, const models::MlpHeadOptions& defaults) {
+heads_from(const Config& config, const models::MlpHeadOptions& defaults, size_t first = 0) {
   const std::string key = "MODEL.HEAD.PARAMS";
   const YAML::Node list = config.node(key);
   require(list.IsSequence(), key, "(not a list)", "a list of [name, {kwargs}] heads");
   std::vector<models::EvalHeadOptions> heads;
-  for (size_t i = 0; i < list.size(); ++i) {
+  for (size_t i = first; i < list.size(); ++i) {
     const YAML::Node head = list[i];
     const std::string head_key = fmt::format("{}[{}]", key, i);
     const bool well_formed = head.IsSequence() && head.size() == 2 && head[0].IsScalar() &&
@@ -230,16 +230,20 @@ models::FeatureEvalOptions feature_eval_options_from(const Config& config) {
   return options;
 }
 
+// Whether MODEL.HEAD.PARAMS' first head is `architecture` (VISSL's *_fsdp names included).
+bool first_head_is(const Config& config, const std::string& architecture) {
+  const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
+  return params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
+         params[0].size() == 2 && params[0][0].IsScalar() &&
+         head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == architecture;
+}
+
 // MODEL.HEAD.PARAMS' kwargs when its first head is `architecture` (swav_head, dino_head: their
 // VISSL losses take that one head alone), else a null node. `kwargs` shows its form.
 YAML::Node
 sole_head_entry(const Config& config, const std::string& architecture, const std::string& kwargs) {
   const YAML::Node params = config.node("MODEL.HEAD.PARAMS");
-  const bool named =
-      params.IsSequence() && params.size() >= 1 && params[0].IsSequence() &&
-      params[0].size() == 2 && params[0][0].IsScalar() &&
-      head_architecture(config, params[0][0].Scalar(), "MODEL.HEAD.PARAMS[0]") == architecture;
-  if (!named) {
+  if (!first_head_is(config, architecture)) {
     return YAML::Node(YAML::NodeType::Undefined);
   }
   require(
@@ -252,6 +256,48 @@ sole_head_entry(const Config& config, const std::string& architecture, const std
           kwargs,
           architecture));
   return params[0][1];
+}
+
+// VISSL's fine-tuning of a SwAV checkpoint writes a swav_head without prototypes first, as
+// the projection before the classifier ([["swav_head", {"dims": [3024, 4096], "use_bn": True,
+// "num_clusters": []}], ["mlp", {"dims": [4096, 1000]}]]): VISSL runs its heads one after
+// another, its mlp taking the swav_head's one-entry list. The swav_head's projection is an
+// mlp's layers, so the heads become a chain (models::MlpHeadSpec) whose first entry keeps
+// VISSL's module name for a checkpoint's projection to load.
+std::vector<models::MlpHeadSpec>
+swav_projection_chain_from(const Config& config, const models::MlpHeadOptions& defaults) {
+  const std::string key = "MODEL.HEAD.PARAMS[0]";
+  const YAML::Node kwargs = config.node("MODEL.HEAD.PARAMS")[0][1];
+  require(kwargs.IsMap(), key, "(given)", "[\"swav_head\", {\"dims\": [...], ...}]");
+  const models::SwavHeadOptions swav = swav_head_from(kwargs, key, defaults);
+  const std::string why = "when other heads follow the swav_head (VISSL's next head takes the "
+                          "projection's embedding alone)";
+  require(
+      swav.num_clusters.empty(),
+      key + ".num_clusters",
+      fmt::format("[{}]", fmt::join(swav.num_clusters, ", ")),
+      "[] " + why);
+  require(swav.activation == "ReLU", key + ".activation_name", swav.activation, "ReLU " + why);
+  models::MlpHeadSpec projection;
+  projection.dims = swav.dims;
+  projection.options = defaults;
+  projection.options.use_bn = swav.use_bn;
+  projection.options.use_relu = true;
+  projection.options.use_bias = swav.use_bias;
+  projection.options.skip_last_layer_relu_bn = swav.skip_last_bn;
+  projection.normalize_output = swav.normalize_feats;
+  projection.vissl_module = "projection_head";
+  std::vector<models::MlpHeadSpec> chain{projection};
+  const std::vector<models::EvalHeadOptions> heads = heads_from(config, defaults, /*first=*/1);
+  for (size_t i = 0; i < heads.size(); ++i) {
+    require(
+        heads[i].name == "mlp",
+        fmt::format("MODEL.HEAD.PARAMS[{}]", i + 1),
+        heads[i].name,
+        "mlp after a swav_head (eval_mlp's BatchNorm2d takes a trunk's feature maps)");
+    chain.push_back(models::MlpHeadSpec{heads[i].dims, heads[i].mlp});
+  }
+  return chain;
 }
 
 } // namespace
@@ -288,9 +334,20 @@ models::ModelOptions model_options_from(const Config& config) {
   model.head.batchnorm_momentum = config.get_double("MODEL.HEAD.BATCHNORM_MOMENTUM");
   model.head_params_multiplier = config.get_double("MODEL.HEAD.PARAMS_MULTIPLIER");
   model.feature_eval = feature_eval_options_from(config);
+  if (model.feature_eval.taps.empty() && first_head_is(config, "swav_head") &&
+      config.node("MODEL.HEAD.PARAMS").size() > 1) {
+    model.head_chain = swav_projection_chain_from(config, model.head);
+    return model;
+  }
   if (const YAML::Node swav =
           sole_head_entry(config, "swav_head", R"({"dims": [...], "num_clusters": [...]})")) {
     model.swav_head = swav_head_from(swav, "MODEL.HEAD.PARAMS[0]", model.head);
+    require(
+        !model.swav_head.num_clusters.empty(),
+        "MODEL.HEAD.PARAMS[0].num_clusters",
+        "[]",
+        "at least one prototype set, [K, ...] (without prototypes a swav_head is a projection "
+        "that a classifier's mlp head must follow)");
     return model;
   }
   if (const YAML::Node dino =

@@ -177,7 +177,9 @@ void fill_model_from_data(RunPlan& plan) {
     model.image_size = data.sample_shape[1];
   }
   if (model.num_classes == 0) {
-    model.num_classes = model.head_dims.empty() ? data.num_classes : model.head_dims.back();
+    model.num_classes = !model.head_chain.empty() ? model.head_chain.back().dims.back()
+                        : model.head_dims.empty() ? data.num_classes
+                                                  : model.head_dims.back();
   }
   model.view_shapes = data.view_shapes;
   check_data_fits_model(plan);
@@ -485,14 +487,15 @@ void check_self_supervised(const RunPlan& plan) {
           "empty "
           "([]) otherwise");
     }
-    if (!plan.model.head_chain.empty() || !plan.model.swav_head.dims.empty() ||
-        plan.model.dino_head.in_dim > 0) {
+    // A classifier's heads may run one after another (mlp heads, or a swav_head without
+    // prototypes as the projection before them): the last one's outputs are the classes.
+    if (!plan.model.swav_head.dims.empty() || plan.model.dino_head.in_dim > 0) {
       throw ConfigError(
-          "MODEL.HEAD.PARAMS holds a swav_head, a dino_head or several mlp heads run one after "
-          "another, which only a self-supervised loss trains (LOSS.name swav_loss, "
-          "simclr_info_nce_loss, barlow_twins_loss or dino_loss); a classifier takes one mlp "
-          "head, or several "
-          "in a linear evaluation (MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
+          "MODEL.HEAD.PARAMS holds a swav_head with prototypes or a dino_head, which only a "
+          "self-supervised loss trains (LOSS.name swav_loss or dino_loss); a classifier takes "
+          "mlp heads (a swav_head without prototypes may come first, as the projection), or "
+          "several in a linear evaluation "
+          "(MODEL.FEATURE_EVAL_SETTINGS.LINEAR_EVAL_FEAT_POOL_OPS_MAP)");
     }
     check_views_match_loss(plan);
     return;

@@ -339,7 +339,7 @@ models::SwavHeadOptions swav_head_from(
     }
   }
   require(
-      options.dims.size() >= 2 && !options.num_clusters.empty(),
+      options.dims.size() >= 2,
       key,
       "(given)",
       "[\"swav_head\", {\"dims\": [trunk width, ..., embedding], \"num_clusters\": [K, ...]}]");

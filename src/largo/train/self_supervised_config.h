@@ -45,7 +45,8 @@ models::DinoHeadOptions dino_head_from(const YAML::Node& kwargs, const std::stri
 // One MODEL.HEAD.PARAMS entry ["swav_head", {...}] (`head` its kwargs map, `key` its
 // "MODEL.HEAD.PARAMS[i]"): VISSL's arguments dims, use_bn, num_clusters, use_bias,
 // return_embeddings (True: the loss needs the embedding), skip_last_bn, normalize_feats,
-// activation_name. Throws ConfigError naming the argument.
+// activation_name. Throws ConfigError naming the argument. num_clusters may be empty (a
+// projection before other heads); the caller checks what its use needs.
 models::SwavHeadOptions swav_head_from(
     const YAML::Node& kwargs, const std::string& key, const models::MlpHeadOptions& defaults);
 
