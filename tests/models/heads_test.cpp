@@ -18,6 +18,17 @@ std::vector<std::string> module_names(const torch::nn::Sequential& head) {
   return names;
 }
 
+// An mlp trunk on one-channel images of `side` x `side`, `width` wide, and `classes` classes.
+ModelOptions mlp_trunk(int64_t side, int64_t width, int64_t classes) {
+  ModelOptions options;
+  options.trunk_name = "mlp";
+  options.in_channels = 1;
+  options.image_size = side;
+  options.num_classes = classes;
+  options.mlp.hidden_dims = {width};
+  return options;
+}
+
 TEST(Heads, MlpHeadDefaultsAreLinearLayersOnly) {
   torch::nn::Sequential head = build_mlp_head({64, 32, 10});
   EXPECT_EQ(
@@ -72,12 +83,7 @@ TEST(Heads, ModelWithMlpHead) {
 }
 
 TEST(Heads, HeadDimsMustFitTrunkAndClasses) {
-  ModelOptions options;
-  options.trunk_name = "mlp";
-  options.in_channels = 1;
-  options.image_size = 28;
-  options.num_classes = 10;
-  options.mlp.hidden_dims = {64};
+  ModelOptions options = mlp_trunk(28, 64, 10);
   options.head_dims = {128, 10};
   try {
     build_model(options);
@@ -103,12 +109,7 @@ TEST(Heads, HeadDimsMustFitTrunkAndClasses) {
 // ModelOptions::head_channel_bn: VISSL's eval_mlp on the trunk's output, BatchNorm2d over
 // its channels ([b, c] seen as [b, c, 1, 1]) then the mlp, under VISSL's names.
 TEST(Heads, EvalMlpOnTheTrunkIsBatchNormThenMlpUnderVisslsNames) {
-  ModelOptions options;
-  options.trunk_name = "mlp";
-  options.in_channels = 1;
-  options.image_size = 2;
-  options.num_classes = 3;
-  options.mlp.hidden_dims = {8};
+  ModelOptions options = mlp_trunk(2, 8, 3);
   options.head_dims = {8, 3};
   options.head_channel_bn = 8;
   TrunkHeadModel model = build_model(options);
@@ -177,12 +178,7 @@ TEST(Heads, SwavProjectionBeforeAClassifierNormalizesItsEmbedding) {
 // MODEL.HEAD.PARAMS_MULTIPLIER scales VISSL's mlp heads (MLP.scale_weights), not a swav_head,
 // so in a chain the projection keeps its initialization and the classifier is scaled.
 TEST(Heads, ParamsMultiplierScalesTheMlpHeadsNotASwavProjection) {
-  ModelOptions options;
-  options.trunk_name = "mlp";
-  options.in_channels = 1;
-  options.image_size = 2;
-  options.num_classes = 3;
-  options.mlp.hidden_dims = {8};
+  ModelOptions options = mlp_trunk(2, 8, 3);
   MlpHeadSpec projection;
   projection.dims = {8, 6};
   projection.normalize_output = true;
