@@ -248,8 +248,9 @@ int64_t count_trunk(Counter& counter, const ModelOptions& options) {
 
 // The Linear layers of heads run one after another, under build_head_chain's flat names.
 void count_head_chain(Counter& counter, const std::vector<MlpHeadSpec>& chain) {
-  size_t index = 0;
+  size_t first = 0; // the head's first layer in the chain
   for (const MlpHeadSpec& head : chain) {
+    size_t index = first;
     size_t linear = 0;
     for (const MlpLayer layer : mlp_head_layers(head.dims.size(), head.options)) {
       if (layer == MlpLayer::kLinear) {
@@ -258,7 +259,7 @@ void count_head_chain(Counter& counter, const std::vector<MlpHeadSpec>& chain) {
       }
       ++index;
     }
-    index += head_chain_layers(head) - mlp_head_layers(head.dims.size(), head.options).size();
+    first += head_chain_layers(head);
   }
 }
 

@@ -83,9 +83,11 @@ void scale_head_weights(torch::nn::Sequential& head, const ModelOptions& options
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < head->size(); ++i) {
+    if (!scaled[i]) {
+      continue;
+    }
     for (auto& module : head[i]->modules(/*include_self=*/true)) {
-      auto* linear = module->as<torch::nn::Linear>();
-      if (linear != nullptr && scaled[i]) {
+      if (auto* linear = module->as<torch::nn::Linear>()) {
         linear->weight.mul_(options.head_params_multiplier);
         if (linear->bias.defined()) {
           linear->bias.mul_(options.head_params_multiplier);
