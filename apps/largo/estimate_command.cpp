@@ -140,11 +140,13 @@ void print_zero_table(
     std::printf("\nFSDP's transient gathers (the full units it holds during a step) are not "
                 "estimated with tensor parallelism\n");
   }
-  std::printf("\n* the configured stage (OPTIMIZER.name: %s, MODEL.SHARDED_DDP_SETUP.USE_SDP: %s, "
-              "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP: %s)\n",
-              config.get_string("OPTIMIZER.name").c_str(),
-              config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP") ? "True" : "False",
-              config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP") ? "True" : "False");
+  std::printf(
+      "\n* the configured stage (OPTIMIZER.name: %s, MODEL.SHARDED_DDP_SETUP.USE_SDP: %s, "
+      "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP: %s, TRAINER.TASK_NAME: %s)\n",
+      config.get_string("OPTIMIZER.name").c_str(),
+      config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP") ? "True" : "False",
+      config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP") ? "True" : "False",
+      config.get_string("TRAINER.TASK_NAME").c_str());
 }
 
 // "0 = trunk.0..trunk.2, 1 = head.0..head.1"

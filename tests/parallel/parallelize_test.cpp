@@ -302,7 +302,27 @@ TEST(ParallelizeTest, ActivationCheckpointingChangesNothing) {
       split.activation_checkpointing.num_splits = 2;
       split.activation_checkpointing.probe_input_shape = {kInputs};
       expect_equal(train_parallel(group, split), plain);
+      ParallelOptions given = mode_options(mode); // as VISSL's RegNet stage_checkpoints cut
+      given.activation_checkpointing.sequential = "blocks";
+      given.activation_checkpointing.num_splits = 2;
+      given.activation_checkpointing.boundaries = {0, 2, 3};
+      expect_equal(train_parallel(group, given), plain);
     }
+  });
+}
+
+// A cut given as boundaries is installed as given, without a probe.
+TEST(ParallelizeTest, AGivenCheckpointingCutIsInstalledAsGiven) {
+  run_on_ranks(1, [](comm::ProcessGroup& group) {
+    ParallelOptions options = mode_options(DataParallelism::kDdp);
+    options.activation_checkpointing.sequential = "blocks";
+    options.activation_checkpointing.num_splits = 2;
+    options.activation_checkpointing.boundaries = {0, 2, 3};
+    Net net = make_net(0);
+    auto model = parallelize(net, groups_of(*net), sgd_momentum(), borrow(group), options);
+    ASSERT_TRUE(model->checkpoint_plan().has_value());
+    EXPECT_EQ(model->checkpoint_plan()->boundaries, (std::vector<int64_t>{0, 2, 3}));
+    EXPECT_EQ(model->checkpoint_plan()->cut_by, "cut where given");
   });
 }
 
@@ -439,6 +459,14 @@ TEST(ParallelizeTest, CombinationsThatDoNotComposeAreOptionErrors) {
   too_many.activation_checkpointing.sequential = "blocks";
   too_many.activation_checkpointing.num_splits = 4; // 3 blocks
   expect_option_error(too_many, "ActivationCheckpointingOptions::num_splits");
+  ParallelOptions past_the_end = mode_options(DataParallelism::kDdp);
+  past_the_end.activation_checkpointing.sequential = "blocks";
+  past_the_end.activation_checkpointing.num_splits = 2;
+  past_the_end.activation_checkpointing.boundaries = {0, 2, 4}; // 3 blocks
+  expect_option_error(past_the_end, "ActivationCheckpointingOptions::boundaries");
+  ParallelOptions miscounted = past_the_end;
+  miscounted.activation_checkpointing.boundaries = {0, 1, 2, 3}; // 3 segments, num_splits 2
+  expect_option_error(miscounted, "ActivationCheckpointingOptions::boundaries");
   ParallelOptions offload_without_shards = mode_options(DataParallelism::kDdp);
   offload_without_shards.offload_optimizer = true;
   expect_option_error(offload_without_shards, "ParallelOptions::offload_optimizer");

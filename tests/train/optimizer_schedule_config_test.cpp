@@ -93,14 +93,18 @@ TEST(OptimizerScheduleConfig, WhatTheDinoConstructorIgnoresIsRefusedNamingTheKey
 }
 
 // VISSL's linear-evaluation and SEER configs that ask for one group write regularize_bn
-// False and regularize_bias True beside it (VISSL's defaults, which decide nothing then).
+// False and regularize_bias True beside it (VISSL's defaults, which decide nothing then);
+// SEER's regnet10B.yaml over swav_8node_resnet.yaml has regularize_bn True, which says what the
+// one group does (BatchNorm decayed).
 TEST(OptimizerScheduleConfig, TheSingleGroupKeyReachesTheOptionsAndRefusesWhatItIgnores) {
   const std::string single = "OPTIMIZER.construct_single_param_group_only=True";
   const TrainerOptions options =
       options_with({single, "OPTIMIZER.regularize_bn=False", "OPTIMIZER.regularize_bias=True"});
   EXPECT_EQ(options.optimizer.param_groups.rule, optim::ParamGroupRule::kSingle);
+  EXPECT_EQ(
+      options_with({single, "OPTIMIZER.regularize_bn=True"}).optimizer.param_groups.rule,
+      optim::ParamGroupRule::kSingle);
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
-           {"OPTIMIZER.regularize_bn", "True"},
            {"OPTIMIZER.regularize_bias", "False"},
            {"OPTIMIZER.head_optimizer_params.use_different_lr", "True"},
            {"OPTIMIZER.head_optimizer_params.use_different_wd", "True"}}) {

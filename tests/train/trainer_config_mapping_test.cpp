@@ -363,8 +363,8 @@ TEST(TrainerConfigMappingTest, RegNetKeysReachTheModelAndOtherEntriesAreRefused)
   EXPECT_EQ(init.rename("trunk_output.block2.block2-0.f.b.0.weight"), "trunk.2.f.b.0.weight");
   EXPECT_EQ(init.rename("fc.bias"), "head.0.bias");
 
-  // VISSL's SEER benchmark fragments (regnet3B.yaml, without their FSDP-only
-  // stage_checkpoints), narrowed: ClassyVision's AnyNet, each stage as given.
+  // VISSL's SEER benchmark fragments (regnet3B.yaml, without their stage_checkpoints),
+  // narrowed: ClassyVision's AnyNet, each stage as given.
   const std::string anynet =
       "name: anynet, depths: [1, 2], widths: [16, 40], group_widths: [8, 20], "
       "bottleneck_multipliers: [1.0, 0.5], strides: [2, 1]";
@@ -377,6 +377,20 @@ TEST(TrainerConfigMappingTest, RegNetKeysReachTheModelAndOtherEntriesAreRefused)
   EXPECT_EQ(stages[1].bottleneck_multiplier, 0.5);
   EXPECT_EQ(stages[1].stride, 1);
   EXPECT_EQ(models::regnet_blocks(anynet_run.model.regnet)[1].groups, 1); // 40 * 0.5 / 20
+
+  // VISSL's RegNet checkpoint groups (SEER's regnet10B.yaml writes [[2], [7], [9, 17], []])
+  // cut the trunk where they end: regnet_y_400mf's stages have 1, 3, 6 and 6 blocks after the
+  // stem (element 0), and the last group runs through the pool (element 17).
+  const std::string groups =
+      "MODEL.TRUNK.REGNET={name: regnet_y_400mf, stage_checkpoints: [[1], [1], [2, 4], []]}";
+  const auto& cut =
+      options_with(
+          {trunk, groups, "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"})
+          .parallel.activation_checkpointing;
+  EXPECT_EQ(cut.boundaries, (std::vector<int64_t>{0, 1, 2, 3, 5, 7, 9, 11, 18}));
+  EXPECT_EQ(cut.num_splits, 8);
+  EXPECT_FALSE(options_with({trunk, groups}).parallel.activation_checkpointing.enabled())
+      << "without checkpointing the groups change nothing, as in VISSL";
 
   const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
       {{trunk}, "no RegNet is set: give a preset (MODEL.TRUNK.REGNET.name"},
@@ -403,8 +417,14 @@ TEST(TrainerConfigMappingTest, RegNetKeysReachTheModelAndOtherEntriesAreRefused)
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, colour: red}"},
        "MODEL.TRUNK.REGNET.colour = red: expected no such RegNet parameter; MODEL.TRUNK.REGNET "
        "takes name, depth, w_0"},
+      {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, stage_checkpointing: [[True]]}"},
+       "MODEL.TRUNK.REGNET.stage_checkpointing = [[True]]: expected no entry"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, stage_checkpoints: [[2]]}"},
-       "MODEL.TRUNK.REGNET.stage_checkpoints"},
+       "MODEL.TRUNK.REGNET.stage_checkpoints = [[2]]: expected increasing block indices in "
+       "(0, 1] for stage 1 (1 blocks)"},
+      {{trunk,
+        "MODEL.TRUNK.REGNET={name: regnet_y_400mf, stage_checkpoints: [[], [], [], [], []]}"},
+       "expected a list of at most 4 lists (one per stage)"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, bn_epsilon: small}"},
        "MODEL.TRUNK.REGNET.bn_epsilon = small: expected a finite number"},
       {{trunk, "MODEL.TRUNK.REGNET={name: regnet_y_400mf, use_se: 3}"},
@@ -535,8 +555,8 @@ TEST(TrainerConfigMappingTest, VisslFsdpModelNamesAreTheirModelsUnderFsdp) {
   expect_refused({
       {{"MODEL.TRUNK.NAME=regnet_fsdp"},
        {"MODEL.TRUNK.NAME = regnet_fsdp",
-        "Set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True",
-        "TRAINER.TASK_NAME"}},
+        "Set MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True or "
+        "TRAINER.TASK_NAME=self_supervision_fsdp_task"}},
       {{swav_fsdp, "LOSS.name=swav_loss"},
        {"MODEL.HEAD.PARAMS[0] = swav_head_fsdp", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}},
       {{"MODEL.HEAD.PARAMS=[[mlp_fsdp, {dims: [128, 10]}]]"}, {"MODEL.HEAD.PARAMS[0] = mlp_fsdp"}},
@@ -544,6 +564,42 @@ TEST(TrainerConfigMappingTest, VisslFsdpModelNamesAreTheirModelsUnderFsdp) {
       {{"MODEL.HEAD.PARAMS=[[dino_head_fsdp, {in_dim: 384, num_clusters: [16]}]]"},
        {"MODEL.HEAD.PARAMS[0] = dino_head_fsdp", "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True"}},
       {{fsdp, "MODEL.TRUNK.NAME=small_cnn_fsdp"}, {"MODEL.TRUNK.NAME = small_cnn_fsdp"}},
+  });
+}
+
+// VISSL's TRAINER.TASK_NAME picks the data-parallel engine: its SEER and DINO FSDP configs
+// set self_supervision_fsdp_task without AUTO_SETUP_FSDP (FSDP with MODEL.FSDP_CONFIG as
+// written: the _fsdp names and compute_dtype float16 compute copies), and its ShardedDDP task
+// runs only beside the ZeRO optimizer (ZeRO-2).
+TEST(TrainerConfigMappingTest, VisslTaskNamesChooseTheDataParallelEngine) {
+  const std::string fsdp_task = "TRAINER.TASK_NAME=self_supervision_fsdp_task";
+  const TrainerOptions seer = options_with(
+      {fsdp_task,
+       "MODEL.TRUNK.NAME=regnet_fsdp",
+       "MODEL.TRUNK.REGNET={name: regnet_y_400mf}",
+       "MODEL.HEAD.PARAMS=[[swav_head_fsdp, {dims: [440, 64, 16], num_clusters: [12]}]]",
+       "LOSS.name=swav_loss",
+       "MODEL.AMP_PARAMS.USE_AMP=True",
+       "MODEL.FSDP_CONFIG.compute_dtype=float16"});
+  EXPECT_EQ(seer.parallel.data_parallelism, parallel::DataParallelism::kFsdp);
+  EXPECT_EQ(seer.model.trunk_name, "regnet");
+  EXPECT_EQ(seer.parallel.fsdp.compute_dtype, at::kHalf);
+  EXPECT_EQ(options_with({fsdp_task}).parallel.data_parallelism, parallel::DataParallelism::kFsdp)
+      << "the FSDP task wraps a plain model too";
+  const std::string sdp_task = "TRAINER.TASK_NAME=self_supervision_sdp_task";
+  EXPECT_EQ(
+      options_with({sdp_task, "OPTIMIZER.use_zero=True"}).parallel.data_parallelism,
+      parallel::DataParallelism::kZero2);
+  EXPECT_EQ(
+      options_with({"OPTIMIZER.use_zero=True"}).parallel.data_parallelism,
+      parallel::DataParallelism::kZero1);
+  EXPECT_EQ(options_with({}).parallel.data_parallelism, parallel::DataParallelism::kDdp);
+  expect_refused({
+      {{sdp_task}, {"TRAINER.TASK_NAME = self_supervision_sdp_task", "OPTIMIZER.use_zero True"}},
+      {{fsdp_task, "OPTIMIZER.use_zero=True"},
+       {"TRAINER.TASK_NAME self_supervision_fsdp_task", "are both on"}},
+      {{"TRAINER.TASK_NAME=classification_task"},
+       {"TRAINER.TASK_NAME = classification_task", "one of VISSL's three tasks"}},
   });
 }
 

@@ -77,6 +77,12 @@ TEST(TrainerRegNetTest, VisslRegNetConfigTrainsAndCheckpointingBetweenBlocksChan
       {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True",
        "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS=4"});
   EXPECT_EQ(checkpointed.iteration_losses, plain.iteration_losses);
+  // VISSL's checkpoint groups (SEER's stage_checkpoints) cut it where they end instead.
+  const TrainSummary grouped = run_regnet(
+      test_dir("grouped"),
+      "{name: regnet_y_400mf, stage_checkpoints: [[1], [1], [2, 4], []]}",
+      {"MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING=True"});
+  EXPECT_EQ(grouped.iteration_losses, plain.iteration_losses);
 }
 
 // torchvision's state dict of the small RegNetY of tests/checkpoint/baselines (written by

@@ -1,8 +1,10 @@
-// DINO and MoCo under the sharded data-parallel modes (Gloo over 127.0.0.1, 2 ranks): under
-// ZeRO-1, ZeRO-2 and FSDP they train as under DDP (the losses of every step, the student, and
-// the teacher / momentum encoder with DINO's center or MoCo's queue, which stay whole on every
-// rank); under FSDP, where the module holds shards and the copies are built and updated from
-// the gathered whole values, a run stopped mid-epoch resumes bit for bit.
+// DINO, MoCo and DeepCluster v2 under the sharded data-parallel modes (Gloo over 127.0.0.1, 2
+// ranks): under ZeRO-1, ZeRO-2 and FSDP (AUTO_SETUP_FSDP, or VISSL's FSDP task) they train as under
+// DDP (the losses of every step, the student, and the teacher / momentum encoder with DINO's center
+// or MoCo's queue, which stay whole on every rank; DeepCluster's memory, centroids and
+// assignments); under FSDP, where the module holds shards and the copies are built and updated from
+// the gathered whole values, a run stopped mid-epoch resumes bit for bit; DeepCluster v2 under
+// bfloat16 autocast (O1) keeps a float32 memory and shards as DDP.
 #include <largo/checkpoint/checkpoint_file.h>
 #include <largo/core/config.h>
 #include <largo/train/trainer.h>
@@ -14,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <utility>
@@ -37,6 +40,10 @@ const std::vector<std::pair<std::string, Overrides>> kShardedModes = {
     // A small reduce buffer, so that buckets straddle the two ranks' shards.
     {"ZeRO-2",
      {"MODEL.SHARDED_DDP_SETUP.USE_SDP=True", "MODEL.SHARDED_DDP_SETUP.reduce_buffer_size=3000"}},
+    // VISSL's FSDP configs (SEER's, DINO's) name the task instead of AUTO_SETUP_FSDP.
+    {"VISSL's FSDP task",
+     {"TRAINER.TASK_NAME=self_supervision_fsdp_task",
+      "MODEL.FSDP_CONFIG.flatten_parameters=False"}},
     // Every trunk block a unit of its own: the trunk is sharded outside its forward.
     {"FSDP", {"MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True", "MODEL.FSDP_CONFIG.AUTO_WRAP_THRESHOLD=0"}},
 };
@@ -65,17 +72,22 @@ Overrides common_job() {
 
 const std::string kNormalize = "{name: Normalize, mean: [0.5, 0.5, 0.5], std: [0.25, 0.25, 0.25]}";
 
-// trainer_self_supervised_test.cpp's DINO recipe, smaller: 2 + 2 crops of 32 x 32, a
+// 2 + 2 crops of 32 x 32 (the MLP trunk takes one size), collated by multicrop_collator.
+Overrides four_crops() {
+  return {
+      "DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 4, size_crops: [32, "
+      "32], num_crops: [2, 2], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: "
+      "RandomHorizontalFlip}, {name: ToTensor}, " +
+          kNormalize + "]",
+      "DATA.TRAIN.COLLATE_FUNCTION=multicrop_collator"};
+}
+
+// trainer_self_supervised_test.cpp's DINO recipe, smaller: four_crops(), a
 // dino_head, a fast teacher momentum (0.5) and the last layer frozen for 2 iterations
 // (drop_gradients: the FSDP and ZeRO pieces too).
 Overrides dino_job() {
-  return common_job() +
+  return common_job() + four_crops() +
          Overrides{
-             "DATA.TRAIN.TRANSFORMS=[{name: ImgPilToMultiCrop, total_num_crops: 4, size_crops: "
-             "[32, 32], num_crops: [2, 2], crop_scales: [[0.3, 1], [0.1, 0.3]]}, {name: "
-             "RandomHorizontalFlip}, {name: ToTensor}, " +
-                 kNormalize + "]",
-             "DATA.TRAIN.COLLATE_FUNCTION=multicrop_collator",
              "LOSS.name=dino_loss",
              "LOSS.dino_loss.momentum=0.5",
              "LOSS.dino_loss.teacher_temp_warmup_iters=2",
@@ -101,6 +113,22 @@ Overrides moco_job() {
              "LOSS.moco_loss.momentum=0.5",
              "MODEL.HEAD.PARAMS=[[mlp, {dims: [64, 32], use_relu: True, use_bn: True, "
              "skip_last_layer_relu_bn: False}], [mlp, {dims: [32, 16]}]]"};
+}
+
+// trainer_self_supervised_test.cpp's DeepCluster v2 recipe, smaller: four_crops(), two mlp
+// heads without BatchNorm, crops 0 and 1 in the memory, two k-means heads of 4 and 3 clusters
+// over each rank's 8 images.
+Overrides deepclusterv2_job() {
+  return common_job() + four_crops() +
+         Overrides{
+             "DATA.TRAIN.LABEL_TYPE=sample_index",
+             "LOSS.name=deepclusterv2_loss",
+             "MODEL.HEAD.PARAMS=[[mlp, {dims: [64, 32], use_relu: True, "
+             "skip_last_layer_relu_bn: False}], [mlp, {dims: [32, 16]}]]",
+             "LOSS.deepclusterv2_loss.num_clusters=[4, 3]",
+             "LOSS.deepclusterv2_loss.kmeans_iters=3",
+             "LOSS.deepclusterv2_loss.memory_params.crops_for_mb=[0, 1]",
+             "LOSS.deepclusterv2_loss.memory_params.embedding_dim=16"};
 }
 
 fs::path fresh(const fs::path& dir, comm::ProcessGroup& group) {
@@ -198,6 +226,49 @@ TEST(TrainerSelfSupervisedShardedTest, DinoUnderZeroAndFsdpTrainsAsUnderDdp) {
 
 TEST(TrainerSelfSupervisedShardedTest, MocoUnderZeroAndFsdpTrainsAsUnderDdp) {
   expect_modes_train_as_ddp(moco_job(), "moco_encoder.", "MoCo");
+}
+
+// The memory (each rank's rows of its own images), the centroids (k-means over every rank's
+// memory, at the start of epoch 2 from the memory epoch 1 wrote) and the assignments: the
+// sharded modes hand the loss the same embeddings as DDP up to float32 rounding.
+TEST(TrainerSelfSupervisedShardedTest, DeepClusterV2UnderZeroAndFsdpTrainsAsUnderDdp) {
+  expect_modes_train_as_ddp(deepclusterv2_job(), "centroids", "DeepCluster v2");
+}
+
+// bfloat16 autocast (MODEL.AMP_PARAMS with PyTorch's AMP: O1): the head's bfloat16 output
+// enters the loss and the memory, which keeps float32 rows. One step (8 images): the initial
+// pass, the k-means and the first step's forward see the same weights in every mode, so they
+// are bit for bit DDP's; only the gradients' float32 sums differ (kTolerance). A second step
+// would turn last-bit weight differences into bfloat16 roundings
+// (TrainerFsdpTest.AutocastWithTheShardedLossScalerTrainsLikeDdp compares at 2^-8 for that).
+TEST(TrainerSelfSupervisedShardedTest, DeepClusterV2UnderAutocastKeepsAFloat32MemoryAndShards) {
+  const Overrides job = deepclusterv2_job() + Overrides{
+                                                  "DATA.TRAIN.DATA_LIMIT=8",
+                                                  "OPTIMIZER.num_epochs=1",
+                                                  "MODEL.AMP_PARAMS.USE_AMP=True",
+                                                  "MODEL.AMP_PARAMS.AMP_TYPE=pytorch",
+                                                  "MODEL.AMP_PARAMS.DTYPE=bfloat16"};
+  run_on_ranks(2, [&](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl_sharded"), group);
+    const SslRun ddp = ssl_run(dir / "ddp", job, group);
+    ASSERT_EQ(ddp.run.summary.iteration_losses.size(), 1u);
+    EXPECT_TRUE(std::isfinite(ddp.run.summary.iteration_losses[0]));
+    // Autocast is on: the float32 run's loss differs (bfloat16 rounds to 2^-8 relative).
+    const Overrides float32 = {"MODEL.AMP_PARAMS.USE_AMP=False"};
+    const SslRun reference = ssl_run(dir / "float32", job + float32, group);
+    EXPECT_NE(ddp.run.summary.iteration_losses[0], reference.run.summary.iteration_losses[0]);
+    const at::Tensor memory = ddp.loss_states.at("local_memory_embeddings");
+    EXPECT_EQ(memory.scalar_type(), at::kFloat);
+    // Rows 0-3 of each bank: this step's 4 images, unit rows normalised in float32.
+    const at::Tensor written = memory.narrow(2, 0, 4);
+    EXPECT_TRUE(at::allclose(written.norm(2, -1), at::ones({2, 2, 4}), 1e-6, 1e-6));
+    for (const auto& [mode, overrides] : kShardedModes) {
+      const SslRun sharded = ssl_run(dir / mode, job + overrides, group);
+      const std::string label = "DeepCluster v2 under autocast and " + mode;
+      expect_same_training(sharded.run, ddp.run, kTolerance, label);
+      expect_same_loss_states(sharded, ddp, "centroids", kTolerance, label);
+    }
+  });
 }
 
 TEST(TrainerSelfSupervisedShardedTest, DinoUnderFsdpResumesMidEpochBitExactly) {

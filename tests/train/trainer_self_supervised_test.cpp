@@ -285,6 +285,21 @@ TEST(TrainerSelfSupervisedTest, SwavOnResNetAtTwoRanksEqualsOneProcess) {
   EXPECT_TRUE(at::allclose(prototypes.norm(2, 1), at::ones({prototypes.size(0)}), 1e-6, 1e-6));
 }
 
+// VISSL's padded crops (DATA.TRAIN.COLLATE_FUNCTION_PARAMS {create_multidimensional_tensor:
+// True}, as SEER's regnet10B.yaml sets it): the 2 x 32 + 2 x 16 crops padded to 32 and run
+// through ResNet-18 in one pass, SyncBatchNorm over the padded batch of every rank: 2 ranks
+// train as one process (tests/models/padded_crops_test.cpp checks the forward itself).
+TEST(TrainerSelfSupervisedTest, PaddedCropsOnResNetAtTwoRanksEqualOneProcess) {
+  expect_two_ranks_equal_one_process(
+      [](int world_size) {
+        return swav_job(world_size) + kOneStep +
+               Overrides{
+                   "DATA.TRAIN.COLLATE_FUNCTION_PARAMS={create_multidimensional_tensor: True}"};
+      },
+      1,
+      "SwAV, ResNet, padded crops");
+}
+
 TEST(TrainerSelfSupervisedTest, SwavOnMlpAtTwoRanksEqualsOneProcessOverFourSteps) {
   // The MLP takes one image size: all four crops 32 x 32.
   expect_two_ranks_equal_one_process(
@@ -475,6 +490,36 @@ TEST(TrainerSelfSupervisedTest, DeepClusterV2ResumesMidEpochAndAtAnEpochsEndBitE
       const RunResult resumed = ssl_run(resumed_dir, job, group);
       expect_resumed_bit_exactly(
           resumed, reference, mid_epoch ? 3 : 2, fmt::format("rank {}, {}", group.rank(), what));
+    }
+  });
+}
+
+// Gradient accumulation (TRAINER.GRADIENT_ACCUMULATION_STEPS 2, 2 images per micro-batch):
+// each micro-batch is one loss call and one memory write at the next rows, so the two write
+// the memory rows a batch of 4 writes, and the average of their gradients is the batch's
+// gradient (the head has no BatchNorm). The run trains as the batch of 4 within float32
+// rounding (the embeddings come from products over 2 rows instead of 4), and its memory and
+// assignments are the batch's.
+TEST(TrainerSelfSupervisedTest, DeepClusterV2WithGradientAccumulationTrainsAsTheLargerBatch) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    const fs::path dir = fresh(test_dir_for("ssl"), group);
+    const RunResult batch = ssl_run(dir / "batch", deepclusterv2_job(2), group);
+    ASSERT_EQ(batch.summary.iteration_losses.size(), 4u);
+    const Overrides micro_batches = {
+        "DATA.TRAIN.BATCHSIZE_PER_REPLICA=2", "TRAINER.GRADIENT_ACCUMULATION_STEPS=2"};
+    const RunResult accumulated =
+        ssl_run(dir / "accumulated", deepclusterv2_job(2) + micro_batches, group);
+    expect_same_training(
+        accumulated, batch, kTolerance, "DeepCluster v2, 2 micro-batches against one batch");
+    group.barrier();
+    const auto expected = deepclusterv2_state(dir / "batch");
+    const auto actual = deepclusterv2_state(dir / "accumulated");
+    const at::Tensor memory = actual.at("local_memory_embeddings").toTensor();
+    const at::Tensor expected_memory = expected.at("local_memory_embeddings").toTensor();
+    EXPECT_TRUE(at::allclose(memory, expected_memory, kTolerance, kTolerance))
+        << "the memory differs by " << (memory - expected_memory).abs().max().item<double>();
+    for (const char* name : {"local_memory_index", "assignments", "start_idx"}) {
+      EXPECT_TRUE(torch::equal(actual.at(name).toTensor(), expected.at(name).toTensor())) << name;
     }
   });
 }
@@ -897,6 +942,23 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
       "LOSS.swav_loss.crops_for_assign");
   expect_refused(
       swav_job(1) + Overrides{"LOSS.swav_loss.num_crops=8"}, "inferred from DATA.TRAIN.TRANSFORMS");
+  // The values VISSL would copy in (SEER's regnet10B.yaml writes them) change nothing: accepted.
+  EXPECT_NO_THROW(resolve_run(ssl_config(
+      test_dir_for("ssl"),
+      swav_job(1) +
+          Overrides{"LOSS.swav_loss.num_crops=4", "LOSS.swav_loss.num_prototypes=[10, 6]"})));
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.swav_loss.num_prototypes=[10]"},
+      "LOSS.swav_loss.num_prototypes = [10]");
+  // Padded crops: multicrop_collator's one parameter, a trunk with a global pool, not DINO.
+  const std::string padded = "DATA.TRAIN.COLLATE_FUNCTION_PARAMS";
+  expect_refused(
+      swav_job(1) + Overrides{padded + "={create_multidimensional_tensor: True, pad: 1}"},
+      padded + " = {create_multidimensional_tensor: True, pad: 1}: expected {}");
+  expect_refused(
+      dino_job(1) + Overrides{padded + "={create_multidimensional_tensor: True}"},
+      padded + ".create_multidimensional_tensor = True: expected False with MODEL.TRUNK.NAME mlp "
+               "and LOSS.name dino_loss");
   expect_refused(
       swav_job(1) + Overrides{"LOSS.name=CrossEntropyLoss"},
       "which only a self-supervised loss trains");

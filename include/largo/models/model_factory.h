@@ -62,6 +62,10 @@ struct ModelOptions {
   // Several views per image ([channels, h, w] each, data::Dataset::view_shapes): the run
   // trains a MultiCropModel over build_model's. Empty: one image per sample.
   std::vector<std::vector<int64_t>> view_shapes;
+  // With view_shapes: the MultiCropModel pads the views to the largest and runs them through
+  // the trunk in one pass (VISSL's create_multidimensional_tensor; padded_crops.h). Not with
+  // moco or dino.
+  bool pad_views = false;
   // A MoCo run: with view_shapes, build_run_model trains a MocoModel (the model and a
   // momentum encoder built alike) instead of the MultiCropModel. Unset: no momentum encoder.
   std::optional<MocoModelOptions> moco;

@@ -9,6 +9,9 @@
 // parallel mode, which runs a module on one input tensor, runs this model as it is. The
 // trunk and the head are the TrunkHeadModel's own (the same parameters, named "trunk.<block>.*"
 // and "head.*"), so a checkpoint's trunk initializes a linear evaluation of it.
+// With `pad_views` (VISSL's create_multidimensional_tensor, padded_crops.h) the views are
+// padded to the largest and run through the trunk in one pass instead, the trunk's global
+// average pool replaced by one that averages each view's unpadded part.
 // No collectives.
 #pragma once
 
@@ -42,8 +45,12 @@ class MultiCropModelImpl : public torch::nn::Module, public SwappableChildren {
   // `view_shapes`: [channels, h, w] of each view, in view order (data::Dataset::view_shapes).
   // The head is `model`'s: a SwavHead as its only element returns [embedding, scores of each
   // prototype set], which forward concatenates along dim 1; any other head one tensor.
-  // Throws ConfigError for fewer than 2 views.
-  MultiCropModelImpl(const TrunkHeadModel& model, std::vector<std::vector<int64_t>> view_shapes);
+  // Throws ConfigError for fewer than 2 views, and with `pad_views` for a trunk that does
+  // not end in a global average pool (resnet and regnet do).
+  MultiCropModelImpl(
+      const TrunkHeadModel& model,
+      std::vector<std::vector<int64_t>> view_shapes,
+      bool pad_views = false);
 
   // packed [n, Σ view numels] (pack_views) -> the head's output for every view, view-major:
   // [num_views * n, width].
@@ -55,7 +62,11 @@ class MultiCropModelImpl : public torch::nn::Module, public SwappableChildren {
   const std::vector<std::vector<int64_t>>& view_shapes() const {
     return view_shapes_;
   }
-  // Runs of consecutive views of one shape ([begin, end) view indices): one trunk pass each.
+  bool pads_views() const {
+    return pad_views_;
+  }
+  // Runs of consecutive views of one shape ([begin, end) view indices): one trunk pass each
+  // (one pass for all with pads_views).
   const std::vector<std::pair<int64_t, int64_t>>& resolution_groups() const {
     return groups_;
   }
@@ -71,11 +82,12 @@ class MultiCropModelImpl : public torch::nn::Module, public SwappableChildren {
  private:
   at::Tensor forward_head(const at::Tensor& features);
 
-  torch::nn::Sequential trunk_;
-  torch::nn::Sequential head_;
+  torch::nn::Sequential trunk_{nullptr};
+  torch::nn::Sequential head_{nullptr};
   std::vector<std::vector<int64_t>> view_shapes_;
   std::vector<std::pair<int64_t, int64_t>> groups_;
   int64_t packed_size_; // packed_size(view_shapes_)
+  bool pad_views_;
 };
 
 TORCH_MODULE(MultiCropModel);

@@ -142,6 +142,9 @@ struct ActivationCheckpointingOptions {
   // NUM_ACTIVATION_CHECKPOINTING_SPLITS). 0: off.
   std::string sequential;
   int64_t num_splits = 0;
+  // Or where to cut it, given: {0, b_1, ..., the Sequential's size}, num_splits + 1 entries
+  // (e.g. VISSL's RegNet stage_checkpoints groups); no probe then chooses the cut.
+  std::vector<int64_t> boundaries;
   // Where to cut: balanced by the activation bytes each element holds, measured on a probe
   // batch of zeros of `probe_input_shape` (the module's input, without the batch dimension;
   // falls back to equal element counts where memory cannot be measured), or equal counts.

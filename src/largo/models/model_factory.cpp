@@ -209,7 +209,7 @@ RunModel build_run_model(const ModelOptions& options) {
     teacher.vit.drop_path_rate = 0.0;
     run.dino = DinoModel(run.model, build_model(teacher), options.view_shapes, *options.dino);
   } else if (!options.view_shapes.empty()) {
-    run.multi_crop = MultiCropModel(run.model, options.view_shapes);
+    run.multi_crop = MultiCropModel(run.model, options.view_shapes, options.pad_views);
   }
   return run;
 }

@@ -1,6 +1,8 @@
 #include <largo/models/multi_crop_model.h>
 
 #include <largo/core/error.h>
+#include <largo/models/padded_crops.h>
+#include <largo/models/resnet.h>
 #include <largo/models/swav_head.h>
 
 #include <fmt/format.h>
@@ -17,6 +19,28 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
     count *= size;
   }
   return count;
+}
+
+// `trunk` with its last element, a GlobalAvgPool, replaced by the PaddedCropPool of
+// `view_shapes` (the same element names; no parameters change).
+torch::nn::Sequential with_padded_crop_pool(
+    const torch::nn::Sequential& trunk, const std::vector<std::vector<int64_t>>& view_shapes) {
+  if (trunk->is_empty() || !trunk->ptr(trunk->size() - 1)->as<GlobalAvgPoolImpl>()) {
+    throw ConfigError(
+        "padded crops (VISSL's create_multidimensional_tensor) need a trunk that ends in a "
+        "global average pool (resnet, regnet), which averages each crop's unpadded part");
+  }
+  std::vector<std::pair<int64_t, int64_t>> sizes;
+  for (const auto& shape : view_shapes) {
+    sizes.emplace_back(shape.at(1), shape.at(2));
+  }
+  torch::nn::Sequential padded;
+  auto element = trunk->begin();
+  for (size_t i = 0; i + 1 < trunk->size(); ++i, ++element) {
+    padded->push_back(*element); // the same module (an AnyModule holds a shared pointer)
+  }
+  padded->push_back(PaddedCropPool(std::move(sizes)));
+  return padded;
 }
 
 } // namespace
@@ -64,11 +88,13 @@ std::vector<at::Tensor> unpack_views(
 }
 
 MultiCropModelImpl::MultiCropModelImpl(
-    const TrunkHeadModel& model, std::vector<std::vector<int64_t>> view_shapes)
-    : trunk_(register_module("trunk", model->trunk())),
-      head_(register_module("head", model->head())),
-      view_shapes_(std::move(view_shapes)),
-      packed_size_(packed_size(view_shapes_)) {
+    const TrunkHeadModel& model, std::vector<std::vector<int64_t>> view_shapes, bool pad_views)
+    : view_shapes_(std::move(view_shapes)),
+      packed_size_(packed_size(view_shapes_)),
+      pad_views_(pad_views) {
+  trunk_ = register_module(
+      "trunk", pad_views ? with_padded_crop_pool(model->trunk(), view_shapes_) : model->trunk());
+  head_ = register_module("head", model->head());
   if (view_shapes_.size() < 2) {
     throw ConfigError(fmt::format(
         "a multi-crop model needs at least 2 views per image, got {}; use a TRANSFORMS list "
@@ -90,6 +116,9 @@ std::vector<at::Tensor> MultiCropModelImpl::unpack(const at::Tensor& packed) con
 
 at::Tensor MultiCropModelImpl::forward(const at::Tensor& packed) {
   const std::vector<at::Tensor> views = unpack(packed);
+  if (pad_views_) {
+    return forward_head(trunk_->forward(pad_views_to_largest(views)));
+  }
   std::vector<at::Tensor> features;
   for (const auto& [begin, end] : groups_) {
     std::vector<at::Tensor> group(views.begin() + begin, views.begin() + end);

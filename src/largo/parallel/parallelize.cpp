@@ -12,6 +12,7 @@
 #include "parallel_modes.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace largo::parallel {
 namespace {
@@ -216,6 +217,27 @@ std::vector<int64_t> agreed_boundaries(
   return {agreed, agreed + tensor.numel()};
 }
 
+// ActivationCheckpointingOptions::boundaries against the Sequential's `size` elements.
+void check_given_boundaries(const ActivationCheckpointingOptions& options, int64_t size) {
+  const std::vector<int64_t>& b = options.boundaries;
+  bool valid = static_cast<int64_t>(b.size()) == options.num_splits + 1 && b.front() == 0 &&
+               b.back() == size;
+  for (size_t i = 1; valid && i < b.size(); ++i) {
+    valid = b[i] > b[i - 1];
+  }
+  if (!valid) {
+    throw OptionError(
+        "ActivationCheckpointingOptions::boundaries",
+        fmt::format("[{}]", fmt::join(b, ", ")),
+        fmt::format(
+            "num_splits + 1 = {} increasing positions from 0 to {} ({} has {} elements)",
+            options.num_splits + 1,
+            size,
+            options.sequential,
+            size));
+  }
+}
+
 // Step 1: where the Sequential is cut (the same on every rank of `group`) and what it saves,
 // probed on the bare module.
 struct Cut {
@@ -233,9 +255,20 @@ std::optional<Cut> plan_checkpointing(
   }
   Cut cut;
   cut.container = find_sequential(*model.ptr(), options.sequential);
-  cut.plan = plan_sequential_checkpointing(model, *cut.container, options.sequential,
-                                           options.num_splits, options.cost,
-                                           options.probe_input_shape, options.probe_batch_size);
+  if (options.boundaries.empty()) {
+    cut.plan = plan_sequential_checkpointing(
+        model,
+        *cut.container,
+        options.sequential,
+        options.num_splits,
+        options.cost,
+        options.probe_input_shape,
+        options.probe_batch_size);
+  } else {
+    check_given_boundaries(options, static_cast<int64_t>(cut.container->size()));
+    cut.plan.boundaries = options.boundaries;
+    cut.plan.cut_by = "cut where given";
+  }
   cut.plan.boundaries =
       agreed_boundaries(cut.plan.boundaries, group, models::module_device(*model.ptr()));
   if (options.report_batch_size > 0 && !options.probe_input_shape.empty()) {

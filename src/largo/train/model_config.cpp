@@ -300,6 +300,47 @@ swav_projection_chain_from(const Config& config, const models::MlpHeadOptions& d
   return chain;
 }
 
+// DATA.TRAIN.COLLATE_FUNCTION_PARAMS: {} or VISSL's multicrop_collator
+// {create_multidimensional_tensor: bool}, whose True pads the crops to the largest and runs
+// them through the trunk in one pass (ModelOptions::pad_views). VISSL's regnet and resnext
+// trunks take that input; its DINO and MoCo models do not.
+bool pad_views_from(const Config& config, const std::string& trunk) {
+  const std::string key = "DATA.TRAIN.COLLATE_FUNCTION_PARAMS";
+  const YAML::Node params = config.node(key);
+  require(
+      params.IsMap(),
+      key,
+      config_value_text(params),
+      "a map: {} or {create_multidimensional_tensor: True} with multicrop_collator");
+  if (params.size() == 0) {
+    return false;
+  }
+  const std::string collator = config.get_string("DATA.TRAIN.COLLATE_FUNCTION");
+  const YAML::Node flag = params["create_multidimensional_tensor"];
+  require(
+      params.size() == 1 && flag && collator == "multicrop_collator",
+      key,
+      config_value_text(params),
+      fmt::format(
+          "{{}}: {} takes no parameters here; multicrop_collator takes "
+          "create_multidimensional_tensor",
+          collator));
+  const bool pad = yaml_to_bool(flag, key + ".create_multidimensional_tensor");
+  const std::string loss = config.get_string("LOSS.name");
+  require(
+      !pad ||
+          ((trunk == "regnet" || trunk == "resnet") && loss != "dino_loss" && loss != "moco_loss"),
+      key + ".create_multidimensional_tensor",
+      "True",
+      fmt::format(
+          "False with MODEL.TRUNK.NAME {} and LOSS.name {}: padded crops run through a resnet or "
+          "regnet trunk (whose pool averages each crop's unpadded part), not DINO's or MoCo's "
+          "models",
+          trunk,
+          loss));
+  return pad;
+}
+
 } // namespace
 
 models::ModelOptions model_options_from(const Config& config) {
@@ -313,6 +354,7 @@ models::ModelOptions model_options_from(const Config& config) {
   resnet_options_from(config, model.resnet);
   model.resnet_sk = resnet_sk_options_from(config);
   model.regnet = regnet_options_from(config);
+  model.pad_views = pad_views_from(config, model.trunk_name);
   vit_options_from(config, model.vit);
   const auto& trunks = models::supported_trunk_names();
   require(

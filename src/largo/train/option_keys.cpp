@@ -16,6 +16,7 @@ const std::map<std::string, std::string>& option_keys() {
        "MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING"},
       {"ActivationCheckpointingOptions::num_splits",
        "MODEL.ACTIVATION_CHECKPOINTING.NUM_ACTIVATION_CHECKPOINTING_SPLITS"},
+      {"ActivationCheckpointingOptions::boundaries", "MODEL.TRUNK.REGNET.stage_checkpoints"},
       {"AdamOptions::betas", "OPTIMIZER.betas"},
       {"AdamOptions::eps", "OPTIMIZER.eps"},
       {"AdamWOptions::betas", "OPTIMIZER.betas"},

@@ -2,6 +2,7 @@
 #include "parallel_config.h"
 
 #include "config_checks.h"
+#include "regnet_config.h"
 
 #include <largo/parallel/data_parallel/fully_sharded_data_parallel.h>
 #include <largo/train/worker_launch.h>
@@ -84,18 +85,41 @@ parallel::PipelineOptions pipeline_options_from(const Config& config) {
 
 } // namespace
 
-// MODEL.FSDP_CONFIG (ZeRO stage 3, docs/fsdp.md): AUTO_SETUP_FSDP turns it on, after the
-// ZeRO keys were read (the two exclude each other).
+VisslTask vissl_task(const Config& config) {
+  const std::string task = config.get_string("TRAINER.TASK_NAME");
+  if (task == "self_supervision_sdp_task") {
+    return VisslTask::kShardedDdp;
+  }
+  if (task == "self_supervision_fsdp_task") {
+    return VisslTask::kFsdp;
+  }
+  require(
+      task == "self_supervision_task",
+      "TRAINER.TASK_NAME",
+      task,
+      "one of VISSL's three tasks: self_supervision_task (DDP, or ZeRO-1 with "
+      "OPTIMIZER.use_zero), self_supervision_sdp_task (ZeRO-2, beside OPTIMIZER.use_zero) or "
+      "self_supervision_fsdp_task (FSDP)");
+  return VisslTask::kDdp;
+}
+
+bool fsdp_requested(const Config& config) {
+  return config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP") ||
+         vissl_task(config) == VisslTask::kFsdp;
+}
+
+// MODEL.FSDP_CONFIG (ZeRO stage 3, docs/fsdp.md): AUTO_SETUP_FSDP or VISSL's FSDP task turns
+// it on, after the ZeRO keys were read (the two exclude each other).
 void fsdp_options_from(const Config& config, TrainerOptions& options) {
   const std::string prefix = "MODEL.FSDP_CONFIG.";
   const bool offload = config.get_bool(prefix + "offload_optimizer");
-  if (!config.get_bool(prefix + "AUTO_SETUP_FSDP")) {
+  if (!fsdp_requested(config)) {
     require(
         !offload,
         prefix + "offload_optimizer",
         "True",
-        "False without FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP); ZeRO-1/2's is "
-        "OPTIMIZER.offload_optimizer");
+        "False without FSDP (MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP or TRAINER.TASK_NAME "
+        "self_supervision_fsdp_task); ZeRO-1/2's is OPTIMIZER.offload_optimizer");
     return;
   }
   const bool zero_on = options.parallel.data_parallelism != parallel::DataParallelism::kDdp;
@@ -114,9 +138,10 @@ void fsdp_options_from(const Config& config, TrainerOptions& options) {
   fsdp_precision_from(config, options);
   if (zero_on) {
     throw ConfigError(
-        "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP (ZeRO stage 3) and ZeRO stage 1/2 (OPTIMIZER.use_zero, "
-        "OPTIMIZER.name zero or MODEL.SHARDED_DDP_SETUP.USE_SDP) are both on; stage 3 already "
-        "shards the optimizer state and the gradients: turn the other off");
+        "FSDP (ZeRO stage 3: MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP or TRAINER.TASK_NAME "
+        "self_supervision_fsdp_task) and ZeRO stage 1/2 (OPTIMIZER.use_zero, OPTIMIZER.name zero "
+        "or MODEL.SHARDED_DDP_SETUP.USE_SDP) are both on; stage 3 already shards the optimizer "
+        "state and the gradients: turn the other off");
   }
   // flatten_parameters: units are always flat here (with LARC too: its per-parameter norms
   // are completed across ranks). bucket_cap_mb: each unit is reduce-scattered on its own.
@@ -143,9 +168,17 @@ void model_parallel_options_from(const Config& config, TrainerOptions& options) 
   const std::string checkpointing = "MODEL.ACTIVATION_CHECKPOINTING.";
   const int64_t num_splits =
       positive_int(config, checkpointing + "NUM_ACTIVATION_CHECKPOINTING_SPLITS");
+  // VISSL's RegNet checkpoint groups, where given, cut the trunk instead (checked either way;
+  // without checkpointing VISSL's groups change nothing either).
+  const std::vector<int64_t> groups =
+      options.model.trunk_name == "regnet"
+          ? regnet_checkpoint_boundaries(config, options.model.regnet)
+          : std::vector<int64_t>{};
   if (config.get_bool(checkpointing + "USE_ACTIVATION_CHECKPOINTING")) {
-    options.parallel.activation_checkpointing.sequential = "trunk";
-    options.parallel.activation_checkpointing.num_splits = num_splits;
+    auto& cut = options.parallel.activation_checkpointing;
+    cut.sequential = "trunk";
+    cut.num_splits = groups.empty() ? num_splits : static_cast<int64_t>(groups.size()) - 1;
+    cut.boundaries = groups;
   }
 }
 

@@ -166,12 +166,12 @@ std::vector<models::RegNetStageSpec> anynet_stages(const YAML::Node& map) {
 
 void refuse_unknown_regnet_entry(const std::string& entry, const YAML::Node& value) {
   const std::string key = kRegNetKey + "." + entry;
-  if (entry == "stage_checkpoints" || entry == "stage_checkpointing") {
+  if (entry == "stage_checkpointing") {
     throw config_error(
         key,
         config_value_text(value),
-        "no entry: VISSL's regnet_fsdp checkpoint groups are not built; every RegNet block is "
-        "a trunk block, so MODEL.ACTIVATION_CHECKPOINTING and FSDP cut between blocks");
+        "no entry: per-group checkpointing flags are not built; stage_checkpoints' groups are "
+        "checkpointed as MODEL.ACTIVATION_CHECKPOINTING.USE_ACTIVATION_CHECKPOINTING says");
   }
   const auto& keys = regnet_config_keys();
   if (std::find(keys.begin(), keys.end(), entry) == keys.end()) {
@@ -206,7 +206,8 @@ const std::vector<std::string>& regnet_config_keys() {
       "widths",
       "group_widths",
       "bottleneck_multipliers",
-      "strides"};
+      "strides",
+      "stage_checkpoints"};
   return keys;
 }
 
@@ -245,6 +246,46 @@ models::RegNetOptions regnet_options_from(const Config& config) {
     models::regnet_blocks(options); // every range and width check, in the config's words
   }
   return options;
+}
+
+std::vector<int64_t>
+regnet_checkpoint_boundaries(const Config& config, const models::RegNetOptions& regnet) {
+  const YAML::Node given = config.node(kRegNetKey)["stage_checkpoints"];
+  if (!given || (given.IsSequence() && given.size() == 0)) {
+    return {};
+  }
+  const std::string key = kRegNetKey + ".stage_checkpoints";
+  const std::vector<models::RegNetStageSpec> stages = models::regnet_stages(regnet);
+  require(
+      given.IsSequence() && given.size() <= stages.size(),
+      key,
+      config_value_text(given),
+      fmt::format("a list of at most {} lists (one per stage) of block indices", stages.size()));
+  std::vector<int64_t> boundaries{0}; // the stem, element 0, is a segment of its own
+  int64_t first_block = 1;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    boundaries.push_back(first_block); // VISSL's groups do not cross stages
+    const int64_t depth = stages[s].depth;
+    int64_t previous = 0;
+    const YAML::Node ends = s < given.size() ? given[s] : YAML::Node(YAML::NodeType::Sequence);
+    require(ends.IsSequence(), key, config_value_text(given), "a list of block indices per stage");
+    for (const YAML::Node& entry : ends) {
+      const int64_t end = yaml_to_int(entry, key);
+      require(
+          end > previous && end <= depth,
+          key,
+          config_value_text(given),
+          fmt::format(
+              "increasing block indices in (0, {}] for stage {} ({} blocks)", depth, s + 1, depth));
+      if (end < depth) {
+        boundaries.push_back(first_block + end);
+      }
+      previous = end;
+    }
+    first_block += depth;
+  }
+  boundaries.push_back(first_block + 1); // the last group runs through the pool
+  return boundaries;
 }
 
 } // namespace largo::train

@@ -23,8 +23,17 @@ const std::vector<std::string>& regnet_config_keys();
 // that is not a RegNet parameter (listing them), a value of the wrong type or range, a preset
 // with a parameter the preset fixes (depth, w_0, w_a, w_m, group_width; use_se for
 // regnet_x_*), anynet with a ramp parameter or a missing or shorter list, a list without
-// anynet, VISSL's FSDP-only stage_checkpoints / stage_checkpointing, and a non-empty map when
+// anynet, VISSL's per-group stage_checkpointing flags, and a non-empty map when
 // MODEL.TRUNK.NAME is not regnet (it would change nothing).
 models::RegNetOptions regnet_options_from(const Config& config);
+
+// VISSL's MODEL.TRUNK.REGNET.stage_checkpoints (e.g. SEER's [[2], [7], [9, 17], []]): per
+// stage, the block indices at which its checkpoint groups end (a stage's start ends one too),
+// as boundaries of the trunk's elements (the stem is element 0, the pool the last) for
+// ActivationCheckpointingOptions::boundaries: the stem, then each group, the last group
+// through the pool. Empty when the entry is absent or []. Throws ConfigError naming the key
+// for more lists than stages or indices that are not increasing within (0, stage depth].
+std::vector<int64_t>
+regnet_checkpoint_boundaries(const Config& config, const models::RegNetOptions& regnet);
 
 } // namespace largo::train

@@ -197,7 +197,8 @@ void fill_model_from_data(RunPlan& plan) {
 // them too, but only once the model is built).
 void check_checkpointing_splits(const RunPlan& plan) {
   const auto& checkpointing = plan.options.parallel.activation_checkpointing;
-  if (checkpointing.num_splits <= 0 || checkpointing.sequential != "trunk") {
+  if (checkpointing.num_splits <= 0 || checkpointing.sequential != "trunk" ||
+      !checkpointing.boundaries.empty()) { // a RegNet's stage_checkpoints fit its trunk
     return;
   }
   const int64_t blocks = models::build_model(plan.model)->num_trunk_blocks();

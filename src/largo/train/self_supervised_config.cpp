@@ -13,11 +13,18 @@ namespace largo::train {
 namespace {
 
 // A key VISSL computes from the rest of the config (and overwrites): set to anything but its
-// default, it would change nothing.
-void refuse_inferred(const Config& config, const std::string& key, const std::string& from) {
+// default, or `inferred` (the value VISSL copies into it, where the config holds it), it would
+// change nothing.
+void refuse_inferred(
+    const Config& config,
+    const std::string& key,
+    const std::string& from,
+    const YAML::Node& inferred = YAML::Node()) {
   const YAML::Node value = config.node(key);
   const YAML::Node vissl_default = Config::defaults().node(key);
-  if (config_value_text(value) != config_value_text(vissl_default)) {
+  const std::string text = config_value_text(value);
+  if (text != config_value_text(vissl_default) &&
+      !(inferred.IsDefined() && text == config_value_text(inferred))) {
     throw config_error(
         key,
         config_value_text(value),
@@ -27,6 +34,27 @@ void refuse_inferred(const Config& config, const std::string& key, const std::st
             config_value_text(vissl_default),
             from));
   }
+}
+
+// What VISSL's infer_losses_config copies into LOSS.swav_loss: the total_num_crops of the
+// first DATA.TRAIN.TRANSFORMS entry that has one (num_crops), and the first head's
+// num_clusters (num_prototypes). Undefined where the config does not hold them.
+YAML::Node multicrop_total(const Config& config) {
+  for (const YAML::Node& transform : config.node("DATA.TRAIN.TRANSFORMS")) {
+    if (transform.IsMap() && transform["total_num_crops"]) {
+      return transform["total_num_crops"];
+    }
+  }
+  return YAML::Node(YAML::NodeType::Undefined);
+}
+
+YAML::Node first_head_clusters(const Config& config) {
+  const YAML::Node heads = config.node("MODEL.HEAD.PARAMS");
+  if (heads.IsSequence() && heads.size() > 0 && heads[0].IsSequence() && heads[0].size() > 1 &&
+      heads[0][1].IsMap() && heads[0][1]["num_clusters"]) {
+    return heads[0][1]["num_clusters"];
+  }
+  return YAML::Node(YAML::NodeType::Undefined);
 }
 
 SelfSupervisedLossOptions swav_options_from(const Config& config) {
@@ -43,8 +71,10 @@ SelfSupervisedLossOptions swav_options_from(const Config& config) {
   options.temp_hard_assignment_iters = non_negative_int(config, key + "temp_hard_assignment_iters");
   options.queue_length = non_negative_int(config, key + "queue.queue_length"); // 0: no queue
   options.queue_start_iter = non_negative_int(config, key + "queue.start_iter");
-  refuse_inferred(config, key + "num_crops", "DATA.TRAIN.TRANSFORMS' crops");
-  refuse_inferred(config, key + "num_prototypes", "the swav_head's num_clusters");
+  refuse_inferred(
+      config, key + "num_crops", "DATA.TRAIN.TRANSFORMS' crops", multicrop_total(config));
+  refuse_inferred(
+      config, key + "num_prototypes", "the swav_head's num_clusters", first_head_clusters(config));
   refuse_inferred(config, key + "embedding_dim", "the swav_head's last dim");
   refuse_inferred(config, key + "queue.local_queue_length", "queue_length and the world size");
   refuse_inferred(config, key + "output_dir", "CHECKPOINT.DIR");

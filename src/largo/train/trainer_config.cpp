@@ -166,13 +166,25 @@ void check_loss_name(const Config& config) {
 }
 
 // ZeRO (OPTIMIZER.name: zero, as the VISSL docs write it, or use_zero: True; with
-// MODEL.SHARDED_DDP_SETUP.USE_SDP its gradients sharded too). Returns whether the optimizer
-// state is sharded, and so whether OPTIMIZER.base_optimizer describes the optimizer.
+// MODEL.SHARDED_DDP_SETUP.USE_SDP, or VISSL's ShardedDDP task beside the ZeRO optimizer, its
+// gradients sharded too). Returns whether the optimizer state is sharded, and so whether
+// OPTIMIZER.base_optimizer describes the optimizer.
 bool zero_options_from(const Config& config, TrainerOptions& options) {
   const bool zero_by_name = config.get_string("OPTIMIZER.name") == "zero";
-  const bool shard_gradients = config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP");
-  const bool shard_optimizer_state =
-      zero_by_name || config.get_bool("OPTIMIZER.use_zero") || shard_gradients;
+  const bool zero_optimizer = zero_by_name || config.get_bool("OPTIMIZER.use_zero");
+  // USE_SDP sets the task and use_zero in VISSL; AUTO_SETUP_FSDP replaces the task by FSDP's.
+  const bool sdp_task = vissl_task(config) == VisslTask::kShardedDdp &&
+                        !config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP");
+  const bool use_sdp = config.get_bool("MODEL.SHARDED_DDP_SETUP.USE_SDP");
+  require(
+      !sdp_task || zero_optimizer || use_sdp,
+      "TRAINER.TASK_NAME",
+      "self_supervision_sdp_task",
+      "self_supervision_task without the ZeRO optimizer: VISSL's ShardedDDP task runs only "
+      "beside it (set OPTIMIZER.use_zero True for ZeRO stage 2, or "
+      "MODEL.SHARDED_DDP_SETUP.USE_SDP True, which sets both)");
+  const bool shard_gradients = use_sdp || sdp_task;
+  const bool shard_optimizer_state = zero_optimizer || shard_gradients;
   if (shard_optimizer_state) {
     options.parallel.data_parallelism =
         shard_gradients ? parallel::DataParallelism::kZero2 : parallel::DataParallelism::kZero1;

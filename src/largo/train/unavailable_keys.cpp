@@ -12,7 +12,6 @@ std::vector<UnavailableKey> build_list() {
   const std::string data_keys[][2] = {
       {"USE_DEBUGGING_SAMPLER", "the debugging sampler (an unshuffled split)"},
       {"BASE_DATASET", "a base dataset other than generic_ssl"},
-      {"COLLATE_FUNCTION_PARAMS", "a collate function's parameters"},
       {"DATA_LIMIT_SAMPLING.IS_BALANCED", "a class-balanced DATA_LIMIT subset"},
       {"DATA_LIMIT_SAMPLING.SKIP_NUM_SAMPLES", "skipping samples before the DATA_LIMIT subset"},
       {"INPUT_KEY_NAMES", "a sample key other than data"},
@@ -25,6 +24,8 @@ std::vector<UnavailableKey> build_list() {
   };
   std::vector<UnavailableKey> keys{
       {"REPRODUCIBILITY.CUDDN_DETERMINISTIC", "switching cuDNN to deterministic kernels"},
+      // DATA.TRAIN's is read (padded multi-crop batches, train/model_config.cpp).
+      {"DATA.TEST.COLLATE_FUNCTION_PARAMS", "a collate function's parameters"},
   };
   for (const char* split : {"TRAIN", "TEST"}) {
     for (const auto& [key, what] : data_keys) {
@@ -54,10 +55,6 @@ std::vector<UnavailableKey> build_list() {
       {"METERS.name", "a meter other than accuracy_list_meter", {"accuracy_list_meter"}},
       {"METERS.names", "a meter other than accuracy_list_meter", {"[accuracy_list_meter]"}},
       {"TRAINER.TRAIN_STEP_NAME", "a train step other than standard_train_step"},
-      {"TRAINER.TASK_NAME",
-       "a task other than VISSL's three (Largo picks the parallel mode from "
-       "SHARDED_DDP_SETUP and FSDP_CONFIG)",
-       {"self_supervision_sdp_task", "self_supervision_fsdp_task"}},
       {"CHECKPOINT.APPEND_DISTR_RUN_ID", "a RUN_ID subfolder of the checkpoint directory"},
       {"CHECKPOINT.BACKEND", "a checkpoint backend other than disk"},
       {"CHECKPOINT.LATEST_CHECKPOINT_RESUME_FILE_NUM",

@@ -1,6 +1,7 @@
 #include "vissl_fsdp_names.h"
 
 #include "config_checks.h"
+#include "parallel_config.h"
 
 #include <largo/models/model_factory.h>
 
@@ -55,14 +56,13 @@ std::string architecture(
           name,
           model.description));
   require(
-      config.get_bool("MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP"),
+      fsdp_requested(config),
       key,
       name,
       fmt::format(
           "{0} without FSDP: {1} is VISSL's FSDP-wrapped {0}, which runs only under FSDP. Set "
-          "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True (Largo then wraps {0} in FSDP; VISSL's "
-          "TRAINER.TASK_NAME self_supervision_fsdp_task alone does not switch it on here), or "
-          "name the plain {0}",
+          "MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP=True or TRAINER.TASK_NAME="
+          "self_supervision_fsdp_task (Largo then wraps {0} in FSDP), or name the plain {0}",
           model.plain,
           name));
   return model.plain;

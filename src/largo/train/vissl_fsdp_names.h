@@ -5,11 +5,11 @@
 // eval_mlp_fsdp, dino_head_fsdp heads): the same architecture, whose blocks FairScale's FSDP
 // wraps as the model is built. They run only in VISSL's FSDP task (TRAINER.TASK_NAME
 // self_supervision_fsdp_task, which MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP sets, renaming the
-// plain models to these). Largo wraps any model it builds in FSDP when
-// MODEL.FSDP_CONFIG.AUTO_SETUP_FSDP is on, so such a name means the plain architecture, and
-// it is accepted only with that key on: without it the config asks for FSDP's model without
-// FSDP, which VISSL would not run either, and is refused naming the key to set. A _fsdp
-// name whose plain model Largo lacks is refused naming that model.
+// plain models to these). Largo wraps any model it builds in FSDP when either key asks for
+// FSDP (fsdp_requested), so such a name means the plain architecture, and it is accepted only
+// under FSDP: without it the config asks for FSDP's model without FSDP, which VISSL would not
+// run either, and is refused naming the keys to set. A _fsdp name whose plain model Largo
+// lacks is refused naming that model.
 #pragma once
 
 #include <largo/core/config.h>
