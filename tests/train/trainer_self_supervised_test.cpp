@@ -950,6 +950,8 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
   expect_refused(
       swav_job(1) + Overrides{"LOSS.swav_loss.num_prototypes=[10]"},
       "LOSS.swav_loss.num_prototypes = [10]");
+  expect_refused(
+      swav_job(1) + Overrides{"LOSS.swav_loss.output_dir=null"}, "LOSS.swav_loss.output_dir");
   // Padded crops: multicrop_collator's one parameter, a trunk with a global pool, not DINO.
   const std::string padded = "DATA.TRAIN.COLLATE_FUNCTION_PARAMS";
   expect_refused(

@@ -14,12 +14,12 @@ namespace {
 
 // A key VISSL computes from the rest of the config (and overwrites): set to anything but its
 // default, or `inferred` (the value VISSL copies into it, where the config holds it), it would
-// change nothing.
+// change nothing. (Undefined, not YAML::Node(), which is a null a key set to null would equal.)
 void refuse_inferred(
     const Config& config,
     const std::string& key,
     const std::string& from,
-    const YAML::Node& inferred = YAML::Node()) {
+    const YAML::Node& inferred = YAML::Node(YAML::NodeType::Undefined)) {
   const YAML::Node value = config.node(key);
   const YAML::Node vissl_default = Config::defaults().node(key);
   const std::string text = config_value_text(value);
