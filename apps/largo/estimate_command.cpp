@@ -1,5 +1,6 @@
 #include "estimate_command.h"
 
+#include <largo/core/aliased_cpu_allocation.h>
 #include <largo/core/byte_format.h>
 #include <largo/models/model_factory.h>
 #include <largo/parallel/estimate/mesh_memory_estimate.h>
@@ -11,6 +12,7 @@
 
 #include <array>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -282,6 +284,14 @@ estimate_options(const train::RunPlan& plan, const models::RunModel& run_model) 
 
 int run_estimate_command(const Config& config) {
   const train::RunPlan plan = train::resolve_run(config); // what `largo train` would build
+  // Without a pipeline the estimate reads shapes, never values: the model is built in aliased
+  // scratch memory, so SEER's 10B RegNet (36 GiB of float32) is sized on a machine of a few
+  // GiB. A pipeline's estimate runs the stages' forward to measure activations, which needs
+  // values of its own (a label read as an index).
+  std::optional<AliasedCpuAllocation> shapes_only;
+  if (!plan.parallel.pipeline.enabled()) {
+    shapes_only.emplace();
+  }
   const models::RunModel run_model = models::build_run_model(plan.model);
   const std::vector<train::MethodState> method_state =
       train::estimate_method_state(plan, run_model);

@@ -7,6 +7,7 @@
 // pipeline rank holds its stages' shards, cut where PipelineParallel cuts the split model
 // (checked on four ranks). The ZeRO accounting itself is checked against
 // measurements in memory_estimate_test.cpp.
+#include <largo/core/aliased_cpu_allocation.h>
 #include <largo/core/error.h>
 #include <largo/models/mlp.h>
 #include <largo/models/trunk_head_model.h>
@@ -25,6 +26,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -179,6 +183,55 @@ TEST(MeshMemoryEstimateTest, DataParallelIsTheWholeModelOverTheReplicas) {
   EXPECT_EQ(estimate.zero_stages[2].estimated.gradients, 4 * quarter);
   EXPECT_TRUE(estimate.fsdp_gathers) << "stage 3's units are planned without tensor parallelism";
   EXPECT_FALSE(estimate.pipeline);
+}
+
+// `largo estimate` builds the model in aliased scratch memory (core/aliased_cpu_allocation.h):
+// the estimate reads shapes only, so it is the estimate of the model built whole, O2's cast
+// and FSDP's units included, and the build took the memory of its largest tensor.
+TEST(MeshMemoryEstimateTest, AModelBuiltInAliasedMemoryIsEstimatedAsOneBuiltWhole) {
+  RunMemoryEstimateOptions options = sgd_momentum_options(1);
+  options.parallel.precision.cast_model = true; // Apex O2: bfloat16 parameters, float32 masters
+  options.parallel.precision.low_precision = at::kBFloat16;
+  options.parallel.precision.master_weights = true;
+  const auto mesh = pp_dp_tp_dimensions(1, 4, 1);
+  const MeshMemoryEstimate whole = estimate_memory(make_vit().ptr(), mesh, options);
+  MeshMemoryEstimate aliased;
+  int64_t scratch_bytes = 0;
+  int64_t largest_bytes = 0;
+  int64_t model_bytes = 0;
+  {
+    const AliasedCpuAllocation shapes_only;
+    models::TrunkHeadModel model = make_vit();
+    for (const auto& tensor : model->parameters()) {
+      largest_bytes = std::max<int64_t>(largest_bytes, tensor.nbytes());
+      model_bytes += tensor.nbytes();
+    }
+    aliased = estimate_memory(model.ptr(), mesh, options);
+    scratch_bytes = shapes_only.scratch_bytes();
+  }
+  EXPECT_EQ(aliased.parameter_dtype, at::kBFloat16);
+  EXPECT_EQ(aliased.trained_numel, whole.trained_numel);
+  EXPECT_EQ(aliased.frozen_numel, whole.frozen_numel);
+  ASSERT_EQ(aliased.rank_parameters.size(), whole.rank_parameters.size());
+  for (size_t i = 0; i < whole.rank_parameters.size(); ++i) {
+    EXPECT_EQ(aliased.rank_parameters[i].name, whole.rank_parameters[i].name);
+    EXPECT_EQ(aliased.rank_parameters[i].numel, whole.rank_parameters[i].numel);
+  }
+  for (size_t stage = 0; stage < whole.zero_stages.size(); ++stage) {
+    EXPECT_EQ(
+        aliased.zero_stages[stage].estimated.total(), whole.zero_stages[stage].estimated.total())
+        << "stage " << stage;
+    EXPECT_EQ(aliased.zero_stages[stage].formula.total(), whole.zero_stages[stage].formula.total())
+        << "stage " << stage;
+  }
+  ASSERT_TRUE(aliased.fsdp_gathers && whole.fsdp_gathers);
+  EXPECT_EQ(aliased.fsdp_gathers->kept_bytes, whole.fsdp_gathers->kept_bytes);
+  EXPECT_EQ(aliased.fsdp_gathers->num_block_units, whole.fsdp_gathers->num_block_units);
+  EXPECT_EQ(
+      aliased.fsdp_gathers->largest_block_unit_bytes, whole.fsdp_gathers->largest_block_unit_bytes);
+  const int64_t page = static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+  EXPECT_EQ(scratch_bytes, (largest_bytes + page - 1) / page * page)
+      << "the model's " << model_bytes << " bytes built in its largest tensor's";
 }
 
 // pp 2 x dp 1: every pipeline rank holds its stages' parameters, covering the model once.
