@@ -992,7 +992,8 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
   // MoCo: FSDP's compute copies, a shuffle VISSL would not do, keys that do not fit.
   expect_refused(
       moco_job(1) + kFsdpComputeCopies,
-      "LOSS.name = moco_loss with FSDP's compute copies (MODEL.FSDP_CONFIG.AMP_TYPE O2");
+      "LOSS.name = moco_loss with FSDP's compute copies (MODEL.FSDP_CONFIG.AMP_TYPE O2 or "
+      "compute_dtype float16 / bfloat16) is not available in this version of Largo");
   expect_refused(
       moco_job(1) + Overrides{"MODEL.SYNC_BN_CONFIG.CONVERT_BN_TO_SYNC_BN=True"},
       "LOSS.moco_loss.shuffle_batch");
@@ -1009,14 +1010,15 @@ TEST(TrainerSelfSupervisedTest, WhatDoesNotComposeIsRefusedNamingTheKey) {
   // DINO: FSDP's compute copies, a pipeline, O2, a head or crops that do not fit.
   expect_refused(
       dino_job(1) + kFsdpComputeCopies,
-      "LOSS.name = dino_loss with FSDP's compute copies (MODEL.FSDP_CONFIG.AMP_TYPE O2");
+      "LOSS.name = dino_loss with FSDP's compute copies (MODEL.FSDP_CONFIG.AMP_TYPE O2 or "
+      "compute_dtype float16 / bfloat16) is not available in this version of Largo");
   expect_refused(
       dino_job(1) + Overrides{"DISTRIBUTED.PIPELINE_SIZE=2"},
-      "LOSS.name = dino_loss with DISTRIBUTED.PIPELINE_SIZE > 1");
+      "LOSS.name = dino_loss with DISTRIBUTED.PIPELINE_SIZE > 1: not available in this version");
   expect_refused(
       dino_job(1) +
           Overrides{"MODEL.AMP_PARAMS.USE_AMP=True", "MODEL.AMP_PARAMS.AMP_ARGS={opt_level: O2}"},
-      "LOSS.name = dino_loss with Apex O2/O3 (MODEL.AMP_PARAMS)");
+      "LOSS.name = dino_loss with Apex O2/O3 (MODEL.AMP_PARAMS) is not available");
   expect_refused(
       dino_job(1) + Overrides{"LOSS.dino_loss.crops_for_teacher=[0, 4]"},
       "LOSS.dino_loss.crops_for_teacher");

@@ -409,7 +409,8 @@ void check_momentum_copy_composes(const RunPlan& plan) {
   const std::string copy =
       o.self_supervised.is_dino() ? "DINO's teacher" : "MoCo's momentum encoder";
   auto refuse = [&](const std::string& what, const std::string& why) {
-    throw ConfigError(fmt::format("LOSS.name = {} with {}: {}", loss, what, why));
+    throw ConfigError(fmt::format(
+        "LOSS.name = {} with {} is not available in this version of Largo: {}", loss, what, why));
   };
   if (o.parallel.fsdp.compute_dtype) {
     refuse(
@@ -542,8 +543,8 @@ void check_self_supervised(const RunPlan& plan) {
   if (o.parallel.pipeline.enabled()) {
     refuse(
         "DISTRIBUTED.PIPELINE_SIZE > 1",
-        "the views of several resolutions run through the whole trunk; use data "
-        "parallelism");
+        "not available in this version of Largo (the views of several resolutions run "
+        "through the whole trunk); use data parallelism");
   }
   if (ssl.is_moco() || ssl.is_dino()) {
     check_momentum_copy_composes(plan);
