@@ -1,6 +1,6 @@
 // Building a model only to read its shapes: while an AliasedCpuAllocation is alive, every CPU
-// tensor allocated (on any thread) is a view of one shared scratch file, so a model of 40 GB
-// can be constructed, initialised and cast on a machine of a few GiB, the memory it takes
+// tensor allocated (on any thread) is a view of one shared scratch file, so a model of tens
+// of GB can be constructed, initialised and cast on a machine of a few GiB, the memory it takes
 // being its largest tensor. The tensors' values are garbage (every tensor writes over every
 // other); their shapes, dtypes, names and counts are right.
 //
@@ -8,7 +8,8 @@
 // 36 GiB of float32 values the estimate never reads. libtorch's C++ modules have no meta-device
 // construction (Python's `torch.device("meta")` context is a TorchFunctionMode), so the
 // allocation is what is made cheap: each allocation maps the first bytes of one memfd
-// (MAP_SHARED), grown to the largest request, and its deleter unmaps it.
+// (MAP_SHARED), grown to the largest request, and its deleter unmaps it. Each live tensor is
+// one mapping: the kernel's vm.max_map_count (65,530 by default) bounds how many live at once.
 //
 // Only for work whose results depend on shapes alone (parallel::estimate_memory without a
 // pipeline): no training, no forward (a value read as an index, a label, would be garbage),

@@ -26,7 +26,7 @@ size_t round_to_pages(size_t bytes) {
 
 // One instance for the process, never deleted: a StorageImpl keeps its allocator to grow
 // (resize_), and an allocator installed during a scope (the memory counter) wraps this one
-// for good, so after the scope it forwards to the allocator that was in place before. Its
+// for good, so after the scope it forwards to the allocator the first scope replaced. Its
 // DataPtrs have the data pointer as their context, as c10's raw interface (oneDNN's scratch
 // buffers) requires; the mapping's length is looked up when it is freed.
 class ScratchAllocator final : public c10::Allocator {
