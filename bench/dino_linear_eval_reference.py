@@ -4,7 +4,9 @@
 the last layer frozen for the first epoch), written from DINO's and VISSL's formulas, then the
 same linear evaluation of the student, the teacher and a random trunk. It tells whether the
 recipe learns in PyTorch too, and by how much; not bit for bit (other initialisation,
-augmentation RNG, and the head's BatchNorm over each crop size rather than every crop).
+augmentation RNG, the head's BatchNorm over each crop size rather than every crop, and the
+teacher's BatchNorm statistics copied from the student each step, where VISSL's teacher keeps
+its own: only the teacher's evaluation sees them).
   python bench/dino_linear_eval_reference.py --data PNG_ROOT [--epochs 10]
 where PNG_ROOT holds train/ and test/ as bench/fashion_mnist_png_folder.py writes them."""
 import argparse, math, random, time

@@ -65,7 +65,7 @@ case "$METHOD" in
   # 224 px images): SwAV's crops, a dino_head of 1,024 prototypes with BatchNorm1d whose last
   # layer is frozen for the first epoch, the teacher at 0.04 throughout and its momentum from
   # 0.99, SGD from 0.3 as SimCLR's (the example's AdamW from 0.002 collapsed here, AdamW from
-  # 0.0005 and SGD from 0.03 did not learn in 10 epochs: docs/self_supervised.md).
+  # 0.0005 did not learn in 10 epochs, SGD from 0.03 not in 3: docs/self_supervised.md).
   dino) EXAMPLE=dino_deits16_folder
     ARGS=("DATA.TRAIN.TRANSFORMS=[$MULTI_CROP]"
           "MODEL.HEAD.PARAMS=[[dino_head, {in_dim: 512, num_clusters: [1024], normalize_last_layer: false, use_bn: true}]]"

@@ -23,6 +23,10 @@ int64_t page_bytes() {
   return static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
+int64_t rounded_to_pages(int64_t bytes) {
+  return (bytes + page_bytes() - 1) / page_bytes() * page_bytes();
+}
+
 TEST(AliasedCpuAllocationTest, EveryTensorInTheScopeSharesOneScratchFile) {
   const AliasedCpuAllocation scope;
   torch::Tensor first = torch::zeros({1000});
@@ -42,8 +46,7 @@ TEST(AliasedCpuAllocationTest, TheScratchIsTheLargestAllocationRoundedToPages) {
     torch::Tensor large = torch::ones({mib + 1}); // 4 MiB and 4 bytes
     torch::Tensor cast = large.to(torch::kHalf);  // 2 MiB, within the 4
   }
-  const int64_t expected = (4 * mib + 4 + page_bytes() - 1) / page_bytes() * page_bytes();
-  EXPECT_EQ(scope.scratch_bytes(), expected);
+  EXPECT_EQ(scope.scratch_bytes(), rounded_to_pages(4 * mib + 4));
   torch::Tensor empty = torch::empty({0}); // no bytes, no mapping
   EXPECT_EQ(empty.numel(), 0);
 }
@@ -77,8 +80,7 @@ TEST(AliasedCpuAllocationTest, TheRawInterfaceAllocatesAndFrees) {
   EXPECT_EQ(static_cast<char*>(second)[0], 42) << "both map the scratch's first page";
   allocator->raw_deallocate(second);
   allocator->raw_deallocate(first);
-  const auto page = static_cast<int64_t>(sysconf(_SC_PAGESIZE));
-  EXPECT_EQ(scope.scratch_bytes(), (10000 + page - 1) / page * page);
+  EXPECT_EQ(scope.scratch_bytes(), rounded_to_pages(10000));
 }
 
 // The pipeline estimate counts a forward's activations with the memory counter, which, when
@@ -119,7 +121,7 @@ TEST(AliasedCpuAllocationTest, ASecondScopeAfterACounterWrappedTheFirstStillAllo
   {
     const AliasedCpuAllocation second;
     torch::Tensor aliased = torch::ones({16});
-    EXPECT_EQ(second.scratch_bytes(), static_cast<int64_t>(sysconf(_SC_PAGESIZE)));
+    EXPECT_EQ(second.scratch_bytes(), page_bytes());
   }
   torch::Tensor after = torch::ones({1 << 16});
   EXPECT_EQ(after.sum().item<float>(), static_cast<float>(1 << 16));

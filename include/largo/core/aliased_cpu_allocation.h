@@ -42,7 +42,6 @@ class AliasedCpuAllocation {
 
  private:
   c10::Allocator* previous_;
-  c10::Allocator* scratch_;
 };
 
 } // namespace largo

@@ -32,6 +32,11 @@ uint64_t available_memory_bytes();
 // exceeds available_memory_bytes(). `what` names the key or component that asked.
 void require_memory(uint64_t bytes, const std::string& what);
 
+// require_memory for an allocation of `bytes`, naming the innermost AllocationContext on this
+// thread (or "an allocation" outside any): what the allocation guard and
+// AliasedCpuAllocation's scratch check.
+void require_allocation_memory(uint64_t bytes);
+
 // a * b (and a * b * c ...) in uint64, or UINT64_MAX when the product overflows: sizes from
 // user input multiplied safely before they are compared with the machine.
 uint64_t saturating_product(std::initializer_list<uint64_t> factors);

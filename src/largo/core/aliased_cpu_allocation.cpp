@@ -95,8 +95,7 @@ class ScratchAllocator final : public c10::Allocator {
     if (length <= size_) {
       return;
     }
-    const std::string context = AllocationContext::current();
-    require_memory(length - size_, context.empty() ? "an allocation" : context);
+    require_allocation_memory(length - size_);
     if (ftruncate(fd_, static_cast<off_t>(length)) != 0) {
       throw Error(fmt::format(
           "AliasedCpuAllocation: growing the scratch file to {} bytes failed: {}",
@@ -147,8 +146,7 @@ void ScratchAllocator::free_any(void* data) {
 
 // The highest priority, which the memory counter and the allocation guard install theirs
 // with: a lower one would not replace them.
-AliasedCpuAllocation::AliasedCpuAllocation()
-    : previous_(c10::GetCPUAllocator()), scratch_(&scratch_allocator()) {
+AliasedCpuAllocation::AliasedCpuAllocation() : previous_(c10::GetCPUAllocator()) {
   ScratchAllocator& scratch = scratch_allocator();
   if (scratch.active()) {
     throw Error("AliasedCpuAllocation: another one is alive; they do not nest");
@@ -158,13 +156,13 @@ AliasedCpuAllocation::AliasedCpuAllocation()
     throw Error(fmt::format("AliasedCpuAllocation: memfd_create failed: {}", std::strerror(errno)));
   }
   scratch.begin(fd, previous_);
-  c10::SetCPUAllocator(scratch_, /*priority=*/UINT8_MAX);
+  c10::SetCPUAllocator(&scratch, /*priority=*/UINT8_MAX);
 }
 
 // An allocator installed during the scope wraps the scratch one: it stays, and the scratch
 // forwards to the allocator the first scope replaced.
 AliasedCpuAllocation::~AliasedCpuAllocation() {
-  if (c10::GetCPUAllocator() == scratch_) {
+  if (c10::GetCPUAllocator() == &scratch_allocator()) {
     c10::SetCPUAllocator(previous_, /*priority=*/UINT8_MAX);
   }
   scratch_allocator().end();

@@ -68,8 +68,7 @@ class GuardedCpuAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(size_t num_bytes) override {
     if (num_bytes >= kCheckedBytes) {
-      const std::string context = AllocationContext::current();
-      require_memory(num_bytes, context.empty() ? "an allocation" : context);
+      require_allocation_memory(num_bytes);
     }
     return wrapped_->allocate(num_bytes);
   }
@@ -124,6 +123,11 @@ void require_memory(uint64_t bytes, const std::string& what) {
         bytes == kUnlimited ? "" : fmt::format(" ({} bytes)", bytes),
         format_bytes(available)));
   }
+}
+
+void require_allocation_memory(uint64_t bytes) {
+  const std::string context = AllocationContext::current();
+  require_memory(bytes, context.empty() ? "an allocation" : context);
 }
 
 uint64_t saturating_product(std::initializer_list<uint64_t> factors) {
