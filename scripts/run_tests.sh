@@ -12,6 +12,8 @@ bash scripts/install_deps.sh
 bash scripts/build.sh -DLARGO_BUILD_TESTS=ON -DLARGO_BUILD_BENCH=ON \
   "-DLARGO_WITH_NCCL=${LARGO_WITH_NCCL:-ON}"
 start=$(date +%s)
+# One cache for the measured peaks of every suite below (scripts/run_test_shards.sh says why).
+export LARGO_CACHE_DIR="${LARGO_CACHE_DIR:-$(mktemp -d)}"
 # The GoogleTest suites (an executable per layer) run through scripts/run_test_shards.sh,
 # which says why; ctest runs the tests that are not GoogleTest's (docs.*, install.*, train.*).
 others='^(docs|install|train)\.'

@@ -1,5 +1,6 @@
 // The loader's reproducibility contract (same batches for any worker count and after a
-// mid-epoch restart), drop_last, error propagation and shutdown.
+// mid-epoch restart), drop_last, error propagation, shutdown and
+// the channels-last layout.
 #include "largo/data/data_loader.h"
 
 #include <numeric>
@@ -8,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include "largo/core/channels_last.h"
 #include "largo/core/error.h"
 #include "largo/data/sampler.h"
 
@@ -297,6 +299,45 @@ TEST(DataLoader, CudaDeliveryEqualsCpuDelivery) {
     EXPECT_TRUE(batch->labels.cpu().equal(expected->labels));
   }
   EXPECT_FALSE(on_cuda.next().has_value());
+}
+
+TEST(DataLoader, ChannelsLastDeliversTheSameValuesInNhwcStrides) {
+  const auto dataset = small_dataset();
+  DataLoader plain(dataset, options(0));
+  DataLoaderOptions nhwc_options = options(2);
+  nhwc_options.channels_last = true;
+  DataLoader nhwc(dataset, nhwc_options);
+  plain.start_epoch(epoch_order(1), 1);
+  nhwc.start_epoch(epoch_order(1), 1);
+  const auto expected = drain(plain);
+  const auto batches = drain(nhwc);
+  expect_same_batches(expected, batches, "channels-last");
+  for (const Batch& batch : batches) {
+    EXPECT_TRUE(has_channels_last_strides(batch.images));
+  }
+}
+
+// The uint8 batch is laid out NHWC on the host (pinned) and the copy keeps its strides: the
+// device's batch is channels-last without a kernel of its own.
+TEST(DataLoader, CudaChannelsLastDeliveryEqualsCpuDelivery) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device visible";
+  }
+  const auto dataset = small_dataset();
+  DataLoader on_cpu(dataset, options(1));
+  DataLoaderOptions cuda_options = options(2);
+  cuda_options.device = at::Device(at::kCUDA, 0);
+  cuda_options.channels_last = true;
+  DataLoader on_cuda(dataset, cuda_options);
+  on_cpu.start_epoch(epoch_order(1), 1);
+  on_cuda.start_epoch(epoch_order(1), 1);
+  while (auto expected = on_cpu.next()) {
+    auto batch = on_cuda.next();
+    ASSERT_TRUE(batch.has_value());
+    EXPECT_TRUE(batch->images.is_cuda());
+    EXPECT_TRUE(has_channels_last_strides(batch->images));
+    EXPECT_TRUE(batch->images.cpu().equal(expected->images));
+  }
 }
 
 } // namespace

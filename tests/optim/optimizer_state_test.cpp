@@ -4,6 +4,7 @@
 #include "optim_test_util.h"
 #include "test_paths.h"
 
+#include <largo/core/channels_last.h>
 #include <largo/core/error.h>
 #include <largo/optim/adam.h>
 #include <largo/optim/adamw.h>
@@ -460,6 +461,47 @@ TEST(OptimizerState, LoadRejectsShapeMismatchAndChangesNothing) {
       {"trunk.bias", "momentum_buffer", "[5]", "[6]"});
   EXPECT_TRUE(torch::equal(optimizer.find_state("trunk.bias")->at("momentum_buffer"), before));
   EXPECT_EQ(optimizer.param_groups()[0].lr, lr_before);
+}
+
+// A channels-last weight's momentum (zeros_like keeps the weight's strides) is saved in the
+// standard layout and loaded in the layout of the parameter it steps, so a checkpoint moves
+// between channels-last and contiguous runs; SGD's update is elementwise, so both continue
+// with the same values bit for bit.
+TEST(OptimizerState, ChannelsLastStateIsSavedContiguousAndLoadsInTheParametersLayout) {
+  std::vector<at::Tensor> nhwc = make_params({{4, 3, 2, 2}, {5}});
+  nhwc[0].set_data(to_channels_last(nhwc[0].detach()));
+  SGD trained(two_groups(nhwc), SGDOptions{0.9});
+  run_steps(trained, nhwc, 0, 2);
+  ASSERT_TRUE(has_channels_last_strides(trained.find_state("trunk.weight")->at("momentum_buffer")));
+  const c10::IValue saved = trained.state_dict();
+  const at::Tensor saved_momentum = saved.toGenericDict()
+                                        .at("state")
+                                        .toGenericDict()
+                                        .at("trunk.weight")
+                                        .toGenericDict()
+                                        .at("momentum_buffer")
+                                        .toTensor();
+  EXPECT_EQ(
+      saved_momentum.strides(), at::IntArrayRef(c10::contiguous_strides(saved_momentum.sizes())));
+
+  std::vector<at::Tensor> nchw = clone_params(nhwc);
+  nchw[0].set_data(nchw[0].detach().contiguous());
+  SGD contiguous(two_groups(nchw), SGDOptions{0.9});
+  contiguous.load_state_dict(saved);
+  EXPECT_TRUE(contiguous.find_state("trunk.weight")->at("momentum_buffer").is_contiguous());
+  std::vector<at::Tensor> resumed = clone_params(nhwc);
+  resumed[0].set_data(to_channels_last(resumed[0].detach()));
+  SGD channels_last(two_groups(resumed), SGDOptions{0.9});
+  channels_last.load_state_dict(saved);
+  EXPECT_TRUE(
+      has_channels_last_strides(channels_last.find_state("trunk.weight")->at("momentum_buffer")));
+  run_steps(contiguous, nchw, 2, 2);
+  run_steps(channels_last, resumed, 2, 2);
+  run_steps(trained, nhwc, 2, 2);
+  for (size_t k = 0; k < nhwc.size(); ++k) {
+    EXPECT_TRUE(torch::equal(resumed[k], nhwc[k])) << k;
+    EXPECT_TRUE(torch::equal(nchw[k], nhwc[k])) << k;
+  }
 }
 
 TEST(OptimizerValidation, SgdOptions) {

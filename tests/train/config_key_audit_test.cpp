@@ -67,6 +67,7 @@ std::vector<WiredKey> wired_keys() {
       {"HOOKS.TENSORBOARD_SETUP.USE_TENSORBOARD", "write TensorBoard event files", "TrainerTest.RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint"},
       {"MODEL.CUDA_CACHE.CLEAR_CUDA_CACHE", "empty the CUDA caching allocator's cache every CLEAR_FREQ iterations (nothing on the CPU)", "TrainerConfigMappingTest.CudaCacheKeysReachTheTrainerOptions"},
       {"MODEL.CUDA_CACHE.CLEAR_FREQ", "iterations between emptyings of the CUDA cache", "DeviceCacheHookTest.CudaCacheIsEmptiedBeforeEveryNthIterationOnly"},
+      {"MODEL.CHANNELS_LAST", "Largo extension: `auto`, True or False: convolution weights and batches in the channels-last layout ([performance.md](performance.md#channels-last)); True is refused under ZeRO, FSDP or a pipeline", "TrainerChannelsLastTest.TrainsLikeNchwAndWritesTheStandardLayout"},
       {"HOOKS.EMA_MODEL.SAVE_EMA_MODEL", "keep the weights' moving average and checkpoint it (ema_model)", kEma},
       {"HOOKS.EMA_MODEL.ENABLE_EMA_METERS", "keep the average and evaluate it beside the model (phase test_ema)", "TrainerModelEmaTest.MetersEvaluateTheAverageAndTrainingContinuesUntouched"},
       {"HOOKS.EMA_MODEL.UPDATE_ITER", "update the average after every N-th step", kEma},

@@ -4,6 +4,7 @@
 #include <largo/core/config.h>
 #include <largo/core/embedded_configs.h>
 #include <largo/core/error.h>
+#include <largo/core/peak_flops.h>
 #include <largo/train/trainer.h>
 #include <largo/train/trainer_config.h>
 
@@ -158,6 +159,9 @@ TEST_F(TrainerTest, RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint) {
   const double forward_flops =
       2.0 * (24 * 24 * 16 * 1 * 9 + 12 * 12 * 32 * 16 * 9 + 6 * 6 * 64 * 32 * 9 + 576 * 10);
   auto events = read_metrics(dir_ / "metrics.jsonl");
+  const PeakFlops cached = peak_flops(at::kCPU, at::kFloat, 1, default_peak_flops_cache());
+  ASSERT_TRUE(cached.cached);
+  const double peak = cached.flops_per_sec;
   int train_events = 0;
   int test_events = 0;
   for (const auto& event : events) {
@@ -173,6 +177,10 @@ TEST_F(TrainerTest, RunDirectoryHoldsConfigMetricsAndPythonReadableCheckpoint) {
           event["flops_per_sec"].get<double>(),
           3 * forward_flops * images_per_sec,
           1e-12 * 3 * forward_flops * images_per_sec);
+      // MFU: against the float32 peak of this one-rank run's CPU (the cache the run read; 1
+      // thread, as MACHINE.NUM_THREADS set it).
+      ASSERT_TRUE(event.contains("mfu"));
+      EXPECT_DOUBLE_EQ(event["mfu"].get<double>(), event["flops_per_sec"].get<double>() / peak);
     } else {
       ++test_events;
       EXPECT_EQ(event["phase"], "test");

@@ -91,6 +91,11 @@ struct DataLoaderOptions {
   // (DATA.ENABLE_ASYNC_GPU_COPY; needs pinned memory to be asynchronous).
   bool pin_memory = true;
   bool non_blocking = true;
+  // Deliver [batch, C, H, W] images in the channels-last layout (core/channels_last.h), made
+  // on the host by the workers (uint8 before a CUDA copy, which keeps the strides), for a
+  // model whose convolutions run channels-last. Multi-view batches are left as they are
+  // (pack_views flattens them; the model's first convolution makes its own layout).
+  bool channels_last = false;
 };
 
 // The seed of batch `batch_index`'s transform generator in `epoch`. Stable by contract.

@@ -149,6 +149,13 @@ struct TrainerOptions {
 
   uint64_t seed = 0;
   std::string device = "cpu"; // cpu | gpu
+  // The convolutions' weights and the training batches in the channels-last layout
+  // (models/channels_last_module.h; MODEL.CHANNELS_LAST). kAuto: on for the convolutional
+  // trunks (resnet, resnet_sk, regnet) on a CUDA device, except where ZeRO or FSDP keeps the
+  // parameters in flat buffers (which hold them contiguous) or a pipeline runs: kOn is
+  // refused there. Checkpoints are written in the standard layout either way.
+  enum class ChannelsLast { kAuto, kOn, kOff };
+  ChannelsLast channels_last = ChannelsLast::kAuto;
   int64_t num_threads = 0;    // intra-op threads; 0 = every core
 
   DistributedOptions distributed;

@@ -58,7 +58,8 @@ struct RunRecords {
 // loader (images/s it can build, the share of the time the step waited for data, bad
 // samples skipped), so a step starved by data is visible. Given the model's training FLOPs
 // per sample (models/flop_count.h; 0: unknown, not printed), also the achieved model FLOP/s:
-// that count times the images/s of all ranks.
+// that count times the images/s of all ranks; and given the run's peak (all ranks' devices,
+// train/run_peak_flops.h; 0: not printed), the model FLOP utilisation, FLOP/s / peak.
 class LoggingHook : public TrainingHook {
  public:
   LoggingHook(
@@ -66,7 +67,8 @@ class LoggingHook : public TrainingHook {
       const data::DataLoader& loader,
       RunRecords& records,
       int64_t log_frequency,
-      int64_t training_flops_per_sample = 0);
+      int64_t training_flops_per_sample = 0,
+      double peak_flops_per_sec = 0.0);
   void on_step_end(const StepEvent& event) override;
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
 
@@ -80,6 +82,7 @@ class LoggingHook : public TrainingHook {
   RunRecords& records_;
   int64_t log_frequency_;
   int64_t training_flops_per_sample_;
+  double peak_flops_per_sec_;
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
   int64_t window_images_ = 0;
   double window_loss_ = 0.0;

@@ -6,6 +6,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
+#include "largo/core/channels_last.h"
 #include "largo/core/error.h"
 #include "largo/core/torch_compat.h"
 #include "largo/data/hash.h"
@@ -269,9 +270,13 @@ Batch DataLoader::build_batch(int64_t batch_index, at::Tensor& buffer) const {
   at::Generator gen =
       at::make_generator<at::CPUGeneratorImpl>(batch_seed(options_.seed, epoch_, batch_index));
   batch.images = host_transforms_.apply(batch.images, gen);
+  const bool pin = delivers_to_cuda() && options_.pin_memory && compat::cuda_available();
   if (!delivers_to_cuda()) {
     batch.images = finish_on_host(batch.images);
-  } else if (options_.pin_memory && compat::cuda_available() && !batch.images.is_pinned()) {
+  }
+  if (options_.channels_last && batch.images.dim() == 4) {
+    batch.images = to_channels_last(batch.images, pin); // one copy, pinned when it must be
+  } else if (pin && !batch.images.is_pinned()) {
     batch.images = batch.images.pin_memory(); // a host transform made a new tensor
   }
   return batch;

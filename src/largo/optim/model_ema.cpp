@@ -128,7 +128,8 @@ void ModelEma::check_matches(const NamedTensors& tensors, const std::string& wha
 c10::IValue ModelEma::state_dict() const {
   c10::impl::GenericDict averages(c10::StringType::get(), c10::AnyType::get());
   for (const auto& item : averages_) {
-    averages.insert(item.key(), item.value().to(at::kCPU)); // a checkpoint any machine reads
+    // A checkpoint any machine reads, in the standard layout (a channels-last model's too).
+    averages.insert(item.key(), item.value().to(at::kCPU).contiguous());
   }
   c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
   state.insert("decay", options_.decay);

@@ -213,7 +213,8 @@ c10::IValue Optimizer::state_dict() const {
       }
       GenericDict entry = make_string_dict();
       for (const auto& [key, tensor] : *param_state) {
-        entry.insert(key, tensor);
+        // The standard layout: a channels-last weight's state is copied, the rest shared.
+        entry.insert(key, tensor.is_contiguous() ? tensor : tensor.contiguous());
       }
       state.insert(name, entry);
     }
@@ -378,11 +379,11 @@ void Optimizer::load_state_dict(const c10::IValue& state_dict) {
             fmt::join(saved.sizes(), ", "),
             fmt::join(param.sizes(), ", ")));
       }
-      param_state[key] = saved.detach().to(
-          param.device(),
-          param.scalar_type(),
-          /*non_blocking=*/false,
-          /*copy=*/true);
+      // Laid out like the parameter, as a fresh state is (zeros_like's Preserve), whichever
+      // layout the checkpoint's run trained in (channels-last or not).
+      at::Tensor value = at::empty_like(param, at::MemoryFormat::Preserve);
+      value.copy_(saved.detach());
+      param_state[key] = std::move(value);
     }
     new_state.emplace(name, std::move(param_state));
   }

@@ -260,8 +260,9 @@ ModelStateReport ParallelModel::memory_report(const optim::OptimizerSpec* spec) 
 
 std::vector<std::pair<std::string, at::Tensor>> ParallelModel::model_state_dict(int root) {
   std::vector<std::pair<std::string, at::Tensor>> state;
-  auto to_cpu = [](const at::Tensor& tensor) {
-    return tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+  auto to_cpu = [](const at::Tensor& tensor) { // the standard layout, whatever the module's
+    return tensor.detach().to(
+        at::kCPU, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
   };
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     state.emplace_back(item.key(), to_cpu(item.value()));

@@ -167,6 +167,7 @@ const std::map<std::string, std::string>& option_keys() {
       {"SwavQueueOptions::start_iter", "LOSS.swav_loss.queue.start_iter"},
       {"SyncBatchNorm::group_size", "MODEL.SYNC_BN_CONFIG.GROUP_SIZE"},
       {"TensorParallelPlanOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
+      {"TrainerOptions::channels_last", "MODEL.CHANNELS_LAST"},
       {"VitOptions::attention_dropout", "MODEL.TRUNK.VISION_TRANSFORMERS.ATTENTION_DROPOUT_RATE"},
       {"VitOptions::classifier", "MODEL.TRUNK.VISION_TRANSFORMERS.CLASSIFIER"},
       {"VitOptions::drop_path_rate", "MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE"},

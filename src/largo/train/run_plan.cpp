@@ -16,6 +16,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <set>
 
 namespace largo::train {
 namespace {
@@ -221,6 +222,32 @@ void check_checkpointing_splits(const RunPlan& plan) {
 bool values_flat_sharded(const parallel::ParallelOptions& options) {
   return parallel::data_parallel_placement(options.data_parallelism).value.at("dp") ==
          parallel::Placement::flat_shard();
+}
+
+// TrainerOptions::channels_last for this run: kOn is refused where ZeRO or FSDP flattens the
+// parameters into contiguous buffers, and under a pipeline (its stages send activations
+// between ranks as they are laid out); kAuto is on for a convolutional trunk on a CUDA device
+// otherwise (the small CNN runs channels-last inside its own stages).
+bool resolve_channels_last(const RunPlan& plan) {
+  using ChannelsLast = TrainerOptions::ChannelsLast;
+  const ChannelsLast asked = plan.options.channels_last;
+  std::string unsupported;
+  if (parallel::zero_stage(plan.parallel.data_parallelism) > 0) {
+    unsupported = fmt::format(
+        "{}, whose flat parameter buffers hold the weights contiguous",
+        parallel::to_string(plan.parallel.data_parallelism));
+  } else if (plan.parallel.pipeline.enabled()) {
+    unsupported = "a pipeline (not implemented for its stages' activations)";
+  }
+  if (asked == ChannelsLast::kOn && !unsupported.empty()) {
+    throw OptionError("TrainerOptions::channels_last", "on", "off or auto with " + unsupported);
+  }
+  if (asked != ChannelsLast::kAuto) {
+    return asked == ChannelsLast::kOn;
+  }
+  static const std::set<std::string> convolutional{"resnet", "resnet_sk", "regnet"};
+  return unsupported.empty() && device_of(plan.options).is_cuda() &&
+         convolutional.count(plan.model.trunk_name) > 0;
 }
 
 const std::string kFeatureEvalKey = "MODEL.FEATURE_EVAL_SETTINGS.";
@@ -694,6 +721,7 @@ RunPlan plan_run(TrainerOptions options, RunWorld world) {
   plan.parallel = parallel_options_of(plan);
   rethrow_with_yaml_keys(
       [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
+  plan.channels_last = rethrow_with_yaml_keys([&] { return resolve_channels_last(plan); });
 
   // The ranks of a replica (a pipeline's stages, a layer's tensor-parallel shards) share its
   // batch: the mesh's data replicas make the global batch, and a node holds procs_per_node /
@@ -752,8 +780,9 @@ std::string RunPlan::describe() const {
         layout);
   }
   return fmt::format(
-      "{}, {}, global batch {} = {} per rank x {} {} x {} accumulation step(s)",
+      "{}{}, {}, global batch {} = {} per rank x {} {} x {} accumulation step(s)",
       precision.describe(),
+      channels_last ? ", channels-last" : "",
       layout,
       global_batch,
       batch_per_rank,

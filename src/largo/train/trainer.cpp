@@ -10,6 +10,7 @@
 #include <largo/core/machine_report.h>
 #include <largo/core/malloc_tuning.h>
 #include <largo/core/rng_state.h>
+#include <largo/models/channels_last_module.h>
 #include <largo/models/flop_count.h>
 #include <largo/models/model_factory.h>
 #include <largo/models/multi_crop_model.h>
@@ -23,6 +24,7 @@
 #include <largo/train/model_ema_hook.h>
 #include <largo/train/option_keys.h>
 #include <largo/train/resume_policy.h>
+#include <largo/train/run_peak_flops.h>
 #include <largo/train/train_step.h>
 #include <largo/train/training_data.h>
 #include <largo/train/training_hooks.h>
@@ -101,6 +103,8 @@ struct Trainer::State {
   TrainSummary run();
   void build_model();
   int64_t flops_per_sample() const;
+  // The run's peak FLOP/s for MFU (run_peak_flops.h), logged by rank 0 with its warning.
+  double measure_peak_flops() const;
   bool will_resume() const;
   void parallelize_model();
   void build_self_supervised_loss();
@@ -172,11 +176,12 @@ void Trainer::State::setup() {
   // stage (or tensor-parallel shard) read the same batches: the mesh's data shard.
   mesh = rethrow_with_yaml_keys([&] { return parallel::make_device_mesh(group, plan.parallel); });
   data_shard = mesh->data_shard();
+  TrainerOptions data_options =
+      with_local_data_copies(options(), *group, plan.world.procs_per_node);
+  data_options.channels_last =
+      plan.channels_last ? TrainerOptions::ChannelsLast::kOn : TrainerOptions::ChannelsLast::kOff;
   data = std::make_unique<TrainingData>(
-      with_local_data_copies(options(), *group, plan.world.procs_per_node),
-      data_shard.index,
-      data_shard.count,
-      device);
+      std::move(data_options), data_shard.index, data_shard.count, device);
   check_data_matches_plan(*data, plan);
   build_model();
   parallelize_model();
@@ -241,6 +246,9 @@ void Trainer::State::build_model() {
     model.moco->set_process_group(mesh->group("dp"));
   }
   model.module()->to(device);
+  if (plan.channels_last) { // before parallelize(): DDP's buckets take the weights' strides
+    models::convert_to_channels_last(*model.module());
+  }
 }
 
 int64_t Trainer::State::flops_per_sample() const {
@@ -249,6 +257,27 @@ int64_t Trainer::State::flops_per_sample() const {
         plan.model, model.linear_eval->trunk_blocks_run());
   }
   return models::training_flops_per_sample(plan.model);
+}
+
+double Trainer::State::measure_peak_flops() const {
+  const RunPeakFlops peak = run_peak_flops(
+      device,
+      plan.precision,
+      group->world_size(),
+      plan.world.procs_per_node,
+      default_peak_flops_cache());
+  if (group->rank() == 0) {
+    spdlog::info(
+        "peak: {}/s per rank ({}, {} {}), the MFU's denominator",
+        models::format_flops(peak.per_rank.flops_per_sec),
+        peak.per_rank.key,
+        peak.per_rank.cached ? "cached in" : "measured now, cached in",
+        default_peak_flops_cache().string());
+    if (peak.slow_precision_warning) {
+      spdlog::warn("{}", *peak.slow_precision_warning);
+    }
+  }
+  return peak.world;
 }
 
 // Whether this run continues from a checkpoint of its directory (train/resume_policy.h).
@@ -382,7 +411,12 @@ void Trainer::State::open_records() {
 void Trainer::State::add_hooks() {
   if (!options().test_only) { // an evaluation takes no training steps to log
     hooks.push_back(std::make_unique<LoggingHook>(
-        *parallel, data->train_loader(), records, options().log_frequency, flops_per_sample()));
+        *parallel,
+        data->train_loader(),
+        records,
+        options().log_frequency,
+        flops_per_sample(),
+        measure_peak_flops()));
   }
   if (options().test_model) {
     EvaluationOptions evaluation{

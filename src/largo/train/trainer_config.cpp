@@ -402,6 +402,20 @@ void machine_options_from(const Config& config, TrainerOptions& options) {
       "one per core; 0 = every core");
 }
 
+// MODEL.CHANNELS_LAST (Largo's): auto, or one of YAML's booleans.
+TrainerOptions::ChannelsLast channels_last_from(const Config& config) {
+  const std::string key = "MODEL.CHANNELS_LAST";
+  const YAML::Node value = config.node(key);
+  if (value.IsScalar() && value.Scalar() == "auto") {
+    return TrainerOptions::ChannelsLast::kAuto;
+  }
+  if (!value.IsScalar() || !yaml_scalar_is_bool(value)) {
+    throw config_error(key, config.get_string(key), "auto, True or False");
+  }
+  return config.get_bool(key) ? TrainerOptions::ChannelsLast::kOn
+                              : TrainerOptions::ChannelsLast::kOff;
+}
+
 void checkpoint_options_from(const Config& config, TrainerOptions& options) {
   auto& checkpoint = options.checkpoint;
   checkpoint.dir = config.get_string("CHECKPOINT.DIR");
@@ -455,6 +469,7 @@ TrainerOptions options_from_config(const Config& config) {
   rethrow_with_yaml_keys([&] { precision::GradScaler validated_scaler(options.grad_scaler); });
   options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
   machine_options_from(config, options);
+  options.channels_last = channels_last_from(config);
   checkpoint_options_from(config, options);
   distributed_options_from(config, options);
   return options;

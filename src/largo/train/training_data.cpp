@@ -65,6 +65,8 @@ std::unique_ptr<data::DataLoader> make_loader(
   loader_options.device = device;
   loader_options.pin_memory = options.loading.pin_memory;
   loader_options.non_blocking = options.loading.async_gpu_copy;
+  // kAuto is the Trainer's to resolve (RunPlan::channels_last); it passes kOn or kOff here.
+  loader_options.channels_last = options.channels_last == TrainerOptions::ChannelsLast::kOn;
   return std::make_unique<data::DataLoader>(std::move(opened.dataset), loader_options);
 }
 

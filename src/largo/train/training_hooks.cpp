@@ -38,12 +38,14 @@ LoggingHook::LoggingHook(
     const data::DataLoader& loader,
     RunRecords& records,
     int64_t log_frequency,
-    int64_t training_flops_per_sample)
+    int64_t training_flops_per_sample,
+    double peak_flops_per_sec)
     : model_(model),
       loader_(loader),
       records_(records),
       log_frequency_(log_frequency),
-      training_flops_per_sample_(training_flops_per_sample) {}
+      training_flops_per_sample_(training_flops_per_sample),
+      peak_flops_per_sec_(peak_flops_per_sec) {}
 
 void LoggingHook::on_step_end(const StepEvent& event) {
   const checkpoint::TrainingProgress& progress = event.progress;
@@ -97,6 +99,11 @@ void LoggingHook::log_window(const StepEvent& event) {
     const double flops_per_sec = images_per_sec * static_cast<double>(training_flops_per_sample_);
     record["flops_per_sec"] = flops_per_sec;
     flops = fmt::format(" {}/s", models::format_flops(flops_per_sec));
+    if (peak_flops_per_sec_ > 0) {
+      const double mfu = flops_per_sec / peak_flops_per_sec_;
+      record["mfu"] = mfu;
+      flops += fmt::format(" MFU {:.1f}%", 100.0 * mfu);
+    }
   }
   std::string scaling;
   const precision::MixedPrecision& precision = model_.precision();
@@ -156,7 +163,8 @@ void LoggingHook::write_records(const nlohmann::json& record, int64_t iteration)
            {"loss", "train/loss"},
            {"lr", "train/lr"},
            {"images_per_sec", "train/images_per_sec"},
-           {"flops_per_sec", "train/flops_per_sec"}}) {
+           {"flops_per_sec", "train/flops_per_sec"},
+           {"mfu", "train/mfu"}}) {
     if (record.contains(key)) {
       records_.tensorboard->add_scalar(tag, record.at(key).get<double>(), iteration);
     }

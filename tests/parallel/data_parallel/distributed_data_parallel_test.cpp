@@ -1,6 +1,8 @@
 // DistributedDataParallel on 2 ranks (Gloo over 127.0.0.1) against a single process
 // trained on the same global batch, which each rank also runs locally as the reference.
+#include <largo/core/channels_last.h>
 #include <largo/core/error.h>
+#include <largo/models/channels_last_module.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/param_groups.h>
 #include <largo/optim/sgd.h>
@@ -135,6 +137,34 @@ TEST(DistributedDataParallelTest, TwoRanksEqualOneProcessOnTheGlobalBatch) {
     at::Tensor other = trained.clone();
     group.broadcast(other, 0);
     EXPECT_TRUE(other.equal(trained));
+  });
+}
+
+// A channels-last net (models/channels_last_module.h): the bucket views take each weight's
+// strides, so the gradients autograd accumulates keep the layout (as PyTorch's DDP does), and
+// 2 ranks still train as the one channels-last process on the global batch.
+TEST(DistributedDataParallelTest, AChannelsLastNetKeepsItsGradientLayoutInTheBuckets) {
+  run_on_ranks(2, [](comm::ProcessGroup& group) {
+    torch::nn::Sequential single = seeded_net(7);
+    models::convert_to_channels_last(*single);
+    at::Tensor reference = train_single_process(single);
+    torch::nn::Sequential net = seeded_net(group.rank() == 0 ? 7 : 99);
+    models::convert_to_channels_last(*net);
+    DistributedDataParallelOptions options;
+    options.first_bucket_cap_bytes = 2048;
+    options.bucket_cap_bytes = 4096;
+    at::Tensor trained = train_ddp(group, borrow(group), options, net);
+    for (const auto& item : net->named_parameters()) {
+      const at::Tensor& weight = item.value();
+      ASSERT_TRUE(weight.grad().defined()) << item.key();
+      EXPECT_EQ(weight.grad().strides(), weight.strides()) << item.key();
+      if (weight.dim() == 4) {
+        EXPECT_TRUE(has_channels_last_strides(weight)) << item.key();
+      }
+    }
+    // As TwoRanksEqualOneProcessOnTheGlobalBatch: the split batch changes only the rounding.
+    EXPECT_TRUE(at::allclose(trained, reference, /*rtol=*/0, /*atol=*/1e-5))
+        << "max difference " << (trained - reference).abs().max().item<float>();
   });
 }
 

@@ -140,7 +140,12 @@ void DistributedDataParallel::Reducer::build_buckets() {
     int64_t offset = 0;
     for (size_t index : bucket.params) {
       ParamSlot& slot = params[index];
-      slot.grad_view = bucket.buffer.narrow(0, offset, slot.param.numel()).view(slot.param.sizes());
+      // Strided like the parameter (a channels-last weight too), as PyTorch's DDP lays its
+      // bucket views: the gradients autograd accumulates there keep the weight's layout.
+      const at::Tensor piece = bucket.buffer.narrow(0, offset, slot.param.numel());
+      slot.grad_view = slot.param.is_non_overlapping_and_dense()
+                           ? piece.as_strided(slot.param.sizes(), slot.param.strides())
+                           : piece.view(slot.param.sizes());
       offset += slot.param.numel();
     }
     bucket.pending = bucket.params.size();
