@@ -278,16 +278,16 @@ TEST(SampleSeed, IsStableAndDistinguishesItsInputs) {
   EXPECT_NE(sample_seed(0, 0, 0), batch_seed(0, 0, 0));
 }
 
-TEST(DataLoader, CudaDeliveryEqualsCpuDelivery) {
-  // The uint8 batch travels (pinned, non_blocking) and ToTensor/Normalize run on the device:
-  // the same floats as the fused CPU path.
-  if (!torch::cuda::is_available()) {
-    GTEST_SKIP() << "no CUDA device visible";
-  }
+// The uint8 batch travels (pinned, non_blocking) and ToTensor/Normalize run on the device:
+// the same floats as the fused CPU path. Channels-last: the batch is laid out NHWC on the
+// host (pinned) and the copy keeps its strides, so the device's batch is channels-last
+// without a kernel of its own.
+void expect_cuda_delivery_equals_cpu_delivery(bool channels_last) {
   const auto dataset = small_dataset();
   DataLoader on_cpu(dataset, options(1));
   DataLoaderOptions cuda_options = options(2);
   cuda_options.device = at::Device(at::kCUDA, 0);
+  cuda_options.channels_last = channels_last;
   DataLoader on_cuda(dataset, cuda_options);
   on_cpu.start_epoch(epoch_order(1), 1);
   on_cuda.start_epoch(epoch_order(1), 1);
@@ -295,10 +295,18 @@ TEST(DataLoader, CudaDeliveryEqualsCpuDelivery) {
     auto batch = on_cuda.next();
     ASSERT_TRUE(batch.has_value());
     EXPECT_TRUE(batch->images.is_cuda());
+    EXPECT_EQ(has_channels_last_strides(batch->images), channels_last);
     EXPECT_TRUE(batch->images.cpu().equal(expected->images));
     EXPECT_TRUE(batch->labels.cpu().equal(expected->labels));
   }
   EXPECT_FALSE(on_cuda.next().has_value());
+}
+
+TEST(DataLoader, CudaDeliveryEqualsCpuDelivery) {
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device visible";
+  }
+  expect_cuda_delivery_equals_cpu_delivery(/*channels_last=*/false);
 }
 
 TEST(DataLoader, ChannelsLastDeliversTheSameValuesInNhwcStrides) {
@@ -317,27 +325,11 @@ TEST(DataLoader, ChannelsLastDeliversTheSameValuesInNhwcStrides) {
   }
 }
 
-// The uint8 batch is laid out NHWC on the host (pinned) and the copy keeps its strides: the
-// device's batch is channels-last without a kernel of its own.
 TEST(DataLoader, CudaChannelsLastDeliveryEqualsCpuDelivery) {
   if (!torch::cuda::is_available()) {
     GTEST_SKIP() << "no CUDA device visible";
   }
-  const auto dataset = small_dataset();
-  DataLoader on_cpu(dataset, options(1));
-  DataLoaderOptions cuda_options = options(2);
-  cuda_options.device = at::Device(at::kCUDA, 0);
-  cuda_options.channels_last = true;
-  DataLoader on_cuda(dataset, cuda_options);
-  on_cpu.start_epoch(epoch_order(1), 1);
-  on_cuda.start_epoch(epoch_order(1), 1);
-  while (auto expected = on_cpu.next()) {
-    auto batch = on_cuda.next();
-    ASSERT_TRUE(batch.has_value());
-    EXPECT_TRUE(batch->images.is_cuda());
-    EXPECT_TRUE(has_channels_last_strides(batch->images));
-    EXPECT_TRUE(batch->images.cpu().equal(expected->images));
-  }
+  expect_cuda_delivery_equals_cpu_delivery(/*channels_last=*/true);
 }
 
 } // namespace

@@ -11,18 +11,15 @@ namespace largo::parallel {
 // Every mode composes with the mesh's "tp" dimension, which ParallelModel holds
 // (tensor_parallel/tensor_parallel_dimension.h): no mode has a class of its own for it.
 
-// DDP, ZeRO-1 and ZeRO-2 (or one process): the data-parallel stage of
-// options.data_parallelism over the mesh's "dp" group (data_parallel_model.cpp).
+// DDP, ZeRO-1, ZeRO-2 and FSDP (or one process): the data-parallel strategy over the mesh's
+// "dp" group, at the ZeRO stage (0-3) of options.data_parallelism (data_parallel_model.cpp).
 std::unique_ptr<ParallelModel> make_data_parallel_model(
-    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
-    ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
-    std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
-
-// FSDP (ZeRO-3) over the mesh's "dp" group (fsdp_model.cpp).
-std::unique_ptr<ParallelModel> make_fsdp_model(
-    torch::nn::AnyModule model, std::shared_ptr<DeviceMesh> mesh,
-    ParallelOptions options, std::unique_ptr<precision::MixedPrecision> precision,
-    std::vector<optim::ParamGroup> param_groups, const OptimizerFactory& make_optimizer);
+    torch::nn::AnyModule model,
+    std::shared_ptr<DeviceMesh> mesh,
+    ParallelOptions options,
+    std::unique_ptr<precision::MixedPrecision> precision,
+    std::vector<optim::ParamGroup> param_groups,
+    const OptimizerFactory& make_optimizer);
 
 // Whether options.tensor_parallel_size > 1.
 bool tensor_parallel_enabled(const ParallelOptions& options);

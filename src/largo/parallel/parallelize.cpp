@@ -308,14 +308,8 @@ std::unique_ptr<ParallelModel> wrap_for_data_parallelism(
   // wrapper (rank 0's weights broadcast).
   const OptimizerFactory make_shard_optimizer =
       options.offload_optimizer ? offload_to_host(make_optimizer) : make_optimizer;
-  std::unique_ptr<ParallelModel> parallel;
-  if (options.data_parallelism == DataParallelism::kFsdp) {
-    parallel = make_fsdp_model(
-        model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);
-  } else {
-    parallel = make_data_parallel_model(
-        model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);
-  }
+  std::unique_ptr<ParallelModel> parallel = make_data_parallel_model(
+      model, mesh, options, std::move(precision), std::move(param_groups), make_shard_optimizer);
   parallel->precision().copy_model_to_masters(); // O2: from the broadcast weights
   return parallel;
 }

@@ -1,9 +1,11 @@
 #include "data_parallel_model.h"
-#include "../tensor_parallel/tensor_parallel_dimension.h"
 
+#include <largo/core/memory_tracker.h>
 #include <largo/optim/grad_clipping.h>
+#include <largo/parallel/mesh/device_mesh.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace largo::parallel {
 
@@ -14,11 +16,16 @@ DataParallelModel::DataParallelModel(
     std::unique_ptr<precision::MixedPrecision> precision,
     std::vector<optim::ParamGroup> param_groups,
     const OptimizerFactory& make_optimizer)
-    : ParallelModel(std::move(model), std::move(mesh), std::move(options), std::move(precision)),
+    : ParallelModel(model, std::move(mesh), std::move(options), std::move(precision)),
       stage_(zero_stage(options_.data_parallelism)) {
-  // LARC's and LAMB's per-parameter norms are the unsharded parameters' (with ZeRO,
+  // LARC's and LAMB's per-parameter norms are the unsharded parameters' (with ZeRO and FSDP,
   // completed over the replicas first).
   const ParameterNormCompletion complete_norms = tensor_parallel_->parameter_norms();
+  if (stage_ == 3) { // FSDP shards the module over "dp" (of the "tp" group's slices)
+    fsdp_ = std::make_unique<FullyShardedDataParallel>(std::move(model), replicas_, options_.fsdp);
+    set_optimizer(fsdp_->make_optimizer(param_groups, make_optimizer, complete_norms));
+    return;
+  }
   if (stage_ == 0) {
     set_optimizer(make_optimizer(std::move(param_groups)));
     if (complete_norms) {
@@ -47,33 +54,155 @@ DataParallelModel::DataParallelModel(
   }
 }
 
-std::optional<OptimizerShard> DataParallelModel::optimizer_pieces() {
-  if (sharded_ == nullptr) {
-    return std::nullopt;
+// ---- the whole state ------------------------------------------------------------------
+
+std::vector<std::pair<std::string, at::Tensor>> DataParallelModel::model_state_dict(int root) {
+  if (!fsdp_) {
+    return ParallelModel::model_state_dict(root);
   }
-  return OptimizerShard{&sharded_->base(), sharded_->piece_ownership(), "zero"};
+  return tensor_parallel_->whole(fsdp_->full_state_on_rank(root), module_device());
+}
+
+void DataParallelModel::load_model_state_dict(
+    const std::unordered_map<std::string, at::Tensor>& state) {
+  if (!fsdp_) {
+    ParallelModel::load_model_state_dict(state);
+    return;
+  }
+  fsdp_->load_full_state(tensor_parallel_->slices(state)); // each rank keeps its shard
+}
+
+void DataParallelModel::update_full_parameter(
+    const std::string& name, const std::function<void(at::Tensor&)>& update) {
+  if (!fsdp_) {
+    ParallelModel::update_full_parameter(name, update);
+    return;
+  }
+  fsdp_->update_full_parameter(name, tensor_parallel_->update_of(name, update));
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DataParallelModel::full_parameters() {
+  if (!fsdp_) {
+    return ParallelModel::full_parameters();
+  }
+  return tensor_parallel_->whole(fsdp_parameters(), module_device());
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DataParallelModel::fsdp_parameters() {
+  std::map<std::string, at::Tensor> gathered;
+  for (auto& [name, value] : fsdp_->full_parameters()) {
+    gathered.emplace(name, std::move(value));
+  }
+  std::vector<std::pair<std::string, at::Tensor>> values;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    auto found = gathered.find(item.key()); // frozen ones are kept whole
+    values.emplace_back(
+        item.key(), found != gathered.end() ? found->second : item.value().detach().clone());
+  }
+  return values;
+}
+
+torch::OrderedDict<std::string, at::Tensor> DataParallelModel::local_state() const {
+  if (!fsdp_) {
+    return ParallelModel::local_state();
+  }
+  torch::OrderedDict<std::string, at::Tensor> tensors;
+  for (const auto& [name, piece] : named_pieces()) {
+    tensors.insert(name, piece);
+  }
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) {
+      tensors.insert(item.key(), item.value());
+    }
+  }
+  for (const auto& buffer : module_->named_buffers()) {
+    tensors.insert(buffer.key(), buffer.value());
+  }
+  return tensors;
+}
+
+std::map<std::string, std::vector<int64_t>> DataParallelModel::local_parameter_shapes() const {
+  if (!fsdp_) {
+    return ParallelModel::local_parameter_shapes();
+  }
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad()) {
+      shapes[item.key()] = item.value().sizes().vec();
+    }
+  }
+  return shapes;
+}
+
+// ---- the optimizer state --------------------------------------------------------------
+
+std::optional<OptimizerShard> DataParallelModel::optimizer_pieces() {
+  if (fsdp_) {
+    return OptimizerShard{optimizer_.get(), fsdp_->piece_ownership(), "fsdp"};
+  }
+  if (sharded_ != nullptr) {
+    return OptimizerShard{&sharded_->base(), sharded_->piece_ownership(), "zero"};
+  }
+  return std::nullopt;
 }
 
 c10::IValue DataParallelModel::optimizer_state_dict() {
-  if (sharded_ == nullptr || optimizer_shard()) { // whole, or pieces written per rank
+  if (stage_ == 0 || optimizer_shard()) { // whole, or pieces written per rank
     return ParallelModel::optimizer_state_dict();
   }
+  const OptimizerShard pieces = *optimizer_pieces();
   const c10::IValue slices = consolidate_on_first_rank(
-      sharded_->base(),
-      sharded_->piece_ownership(),
-      sharded_->type(),
-      *replicas_,
-      local_parameter_shapes());
-  return tensor_parallel_->optimizer_state(slices, optimizer_->param_groups(), /*gather=*/true);
+      *pieces.optimizer, pieces.ownership, pieces.type, *replicas_, local_parameter_shapes());
+  return tensor_parallel_->optimizer_state(
+      slices, fsdp_ ? module_parameter_groups() : optimizer_->param_groups(), /*gather=*/true);
 }
 
 void DataParallelModel::load_optimizer_state_dict(const c10::IValue& state) {
-  if (sharded_ == nullptr || optimizer_shard()) {
+  if (stage_ == 0 || optimizer_shard()) {
     ParallelModel::load_optimizer_state_dict(state);
     return;
   }
-  sharded_->load_whole_state_dict(
-      tensor_parallel_->optimizer_state(state, optimizer_->param_groups(), /*gather=*/false));
+  if (sharded_ != nullptr) {
+    sharded_->load_whole_state_dict(
+        tensor_parallel_->optimizer_state(state, optimizer_->param_groups(), /*gather=*/false));
+    return;
+  }
+  const c10::IValue own =
+      tensor_parallel_->optimizer_state(state, module_parameter_groups(), /*gather=*/false);
+  const auto shapes = local_parameter_shapes();
+  load_resharded_piece_state(*optimizer_, fsdp_->piece_ownership(), 1, [&](int) {
+    return whole_state_as_single_shard(own, shapes);
+  });
+}
+
+std::vector<optim::ParamGroup> DataParallelModel::module_parameter_groups() const {
+  optim::ParamGroup group;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad()) {
+      group.params.push_back(item.value());
+      group.names.push_back(item.key());
+    }
+  }
+  return {group};
+}
+
+TensorParallelDimension::NamedTensors DataParallelModel::named_pieces() const {
+  if (sharded_ != nullptr) {
+    return sharded_->named_shard_parameters();
+  }
+  TensorParallelDimension::NamedTensors named; // FSDP's optimizer steps the pieces
+  for (const auto& group : optimizer_->param_groups()) {
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      named.emplace_back(group.names.at(i), group.params[i]);
+    }
+  }
+  return named;
+}
+
+// ---- the step -------------------------------------------------------------------------
+
+at::Tensor DataParallelModel::run_forward(const at::Tensor& input) {
+  return fsdp_ ? fsdp_->forward(input) : ParallelModel::run_forward(input);
 }
 
 void DataParallelModel::before_forward() {
@@ -109,27 +238,31 @@ std::vector<at::Tensor> DataParallelModel::gradient_holders() const {
 
 // With tensor parallelism the unsharded model's norm, through optim::clip_grad_norm's
 // reducer so that the scaling is that function's: after DDP every replica holds the same
-// (averaged) gradients, so it is completed over the shards; ZeRO's pieces are summed over the
-// replicas first.
+// (averaged) gradients, so it is completed over the shards; ZeRO's and FSDP's pieces are
+// summed over the replicas first.
 double DataParallelModel::clip_gradients(double max_norm, double norm_type) {
   if (!tensor_parallel_->enabled()) {
-    return sharded_ != nullptr ? sharded_->clip_grad_norm(max_norm, norm_type)
-                               : ParallelModel::clip_gradients(max_norm, norm_type);
+    return fsdp_                 ? fsdp_->clip_grad_norm(max_norm, norm_type)
+           : sharded_ != nullptr ? sharded_->clip_grad_norm(max_norm, norm_type)
+                                 : ParallelModel::clip_gradients(max_norm, norm_type);
   }
   const TensorParallelState& tp = tensor_parallel_->state();
-  if (sharded_ == nullptr) {
+  if (stage_ == 0) {
     return optim::clip_grad_norm(
         trained_parameters_, max_norm, norm_type, tp.norm_reducer(trained_parameters_, norm_type));
   }
-  const std::vector<at::Tensor> pieces = sharded_->shard_parameters(); // gradients attached
+  const std::vector<at::Tensor> pieces = // gradients attached
+      fsdp_ ? fsdp_->shard_parameters() : sharded_->shard_parameters();
   return optim::clip_grad_norm(
-      pieces,
-      max_norm,
-      norm_type,
-      tp.piece_norm_reducer(sharded_->named_shard_parameters(), norm_type, replicas_));
+      pieces, max_norm, norm_type, tp.piece_norm_reducer(named_pieces(), norm_type, replicas_));
 }
 
+// ---- description and measures ---------------------------------------------------------
+
 std::string DataParallelModel::describe_mode() const {
+  if (fsdp_) {
+    return describe_fully_sharded();
+  }
   if (stage_ == 0 && ddp_) {
     return fmt::format(
         "DDP over {} ranks ({}), {} gradient buckets",
@@ -150,18 +283,76 @@ std::string DataParallelModel::describe_mode() const {
   return text;
 }
 
+std::string DataParallelModel::describe_fully_sharded() const {
+  std::vector<std::string> units;
+  for (const auto& unit : fsdp_->units()) {
+    units.push_back(fmt::format("{} ({} parameters)", unit.name, unit.layout.total_numel()));
+  }
+  const auto& options = fsdp_->options();
+  const std::string compute =
+      options.compute_dtype
+          ? fmt::format(
+                "{} compute copies of float32 shards (BatchNorm in float32), gradients "
+                "reduced in {}",
+                c10::toString(*options.compute_dtype),
+                options.fp32_reduce_scatter ? "float32" : c10::toString(*options.compute_dtype))
+          : std::string("compute in the parameters' dtype");
+  return fmt::format(
+      "ZeRO stage 3 (FSDP): parameters, gradients and optimizer state sharded "
+      "over {} rank(s) ({}), {:.2f} MiB of parameter shards per rank; units ({}): "
+      "{}; reshard_after_forward {}, prefetch {}; {}",
+      replicas_->world_size(),
+      replicas_->backend(),
+      static_cast<double>(fsdp_->shard_bytes()) / (1024.0 * 1024.0),
+      options.wrap_policy.describe(),
+      fmt::join(units, ", "),
+      options.reshard_after_forward,
+      options.prefetch,
+      compute);
+}
+
 void DataParallelModel::place(StatePlacements& placements) const {
-  if (sharded_ != nullptr) {
+  if (stage_ > 0) {
     const ParameterPlacement planned = data_parallel_placement(options_.data_parallelism);
     placements.place_all("dp", planned.value.at("dp"), planned.optimizer_state.at("dp"));
   }
 }
 
 void DataParallelModel::measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const {
+  if (fsdp_) {
+    measure_fully_sharded(report, spec);
+    return;
+  }
   if (sharded_ != nullptr) {
     report.zero_stage = sdp_ ? 2 : 1; // one rank: no gradient shards, stage 1's layout
   }
   ParallelModel::measure(report, spec);
+}
+
+void DataParallelModel::measure_fully_sharded(
+    ModelStateReport& report, const optim::OptimizerSpec* spec) const {
+  report.zero_stage = 3;
+  report.measured = measure_model_state_bytes(*fsdp_, *optimizer_);
+  report.peak_gathered_bytes = fsdp_->peak_gathered_bytes();
+  if (!spec) {
+    return;
+  }
+  MemoryEstimateOptions estimate;
+  estimate.optimizer = *spec;
+  estimate.world_size = replicas_->world_size();
+  estimate.rank = replicas_->rank();
+  estimate.stage = 3;
+  estimate.offload_optimizer = options_.offload_optimizer;
+  std::vector<ParameterSize> sizes = parameter_sizes(*module_);
+  if (fsdp_->options().compute_dtype) {
+    // The module's parameters are views of the compute copies; the shards are float32.
+    for (auto& size : sizes) {
+      if (size.trained) {
+        size.dtype = at::kFloat;
+      }
+    }
+  }
+  report.estimated = estimate_model_state_bytes(sizes, estimate);
 }
 
 std::unique_ptr<ParallelModel> make_data_parallel_model(

@@ -1,19 +1,25 @@
-// Data parallelism over the mesh's "dp" group, its ZeRO stage a parameter (0-2; stage 3 is
-// FSDP, fsdp_model.cpp): every rank holds the whole model, and
-//   stage 0 (DDP): a whole optimizer on every rank, gradients all-reduced;
+// Data parallelism over the mesh's "dp" group, its ZeRO stage a parameter (0-3):
+//   stage 0 (DDP): every rank holds the whole model and a whole optimizer, gradients
+//     all-reduced;
 //   stage 1: the optimizer state sharded, full gradients all-reduced, each rank reads its part;
-//   stage 2: the gradients reduced to their owner's shard as well.
-// One process is stage 0 without a reducer (or a sharded optimizer of one shard).
-// With tensor parallelism (torchtitan's 2-D parallelism) the module holds this rank's slices
-// of the split layers and the replicas are the ranks holding the same slices: they average
-// (and ZeRO partitions) like with like, and what must see the unsharded model (the gradient
-// norm, LARC's and LAMB's per-parameter norms, the state) is completed over the "tp"
-// dimension (tensor_parallel_dimension.h). ZeRO's optimizer state is then consolidated over
-// the replicas (as FairScale's OSS does on one rank) before its slices are gathered, so that
-// a checkpoint holds no per-rank shard files. Private to the parallel layer.
+//   stage 2: the gradients reduced to their owner's shard as well;
+//   stage 3 (FSDP, fully_sharded_data_parallel.h): the parameters too, flattened unit by unit
+//     and sharded, each unit gathered for its forward and its backward. The module then holds
+//     gathered compute copies, so the whole-state calls (the state dicts, full_parameters, a
+//     parameter's update) go through FSDP's gathers and scatters.
+// One process is stage 0 without a reducer (or a sharded optimizer of one shard, or FSDP of
+// one shard). With tensor parallelism (torchtitan's 2-D parallelism) the module holds this
+// rank's slices of the split layers and the replicas are the ranks holding the same slices:
+// they average (and shard) like with like, and what must see the unsharded model (the
+// gradient norm, LARC's and LAMB's per-parameter norms, the state) is completed over the
+// "tp" dimension (tensor_parallel_dimension.h) after this strategy's own gathers. ZeRO's and
+// FSDP's optimizer state is then consolidated over the replicas (as FairScale's OSS does on
+// one rank) before its slices are gathered, so that a checkpoint holds no per-rank shard
+// files. Private to the parallel layer.
 #pragma once
 
 #include "../parallel_modes.h"
+#include "../tensor_parallel/tensor_parallel_dimension.h"
 
 #include <largo/parallel/data_parallel/sharded_optimizer.h>
 
@@ -29,12 +35,29 @@ class DataParallelModel : public ParallelModel {
       std::vector<optim::ParamGroup> param_groups,
       const OptimizerFactory& make_optimizer);
 
-  // With tensor parallelism and ZeRO: the unsharded model's, on the first replica only (None
-  // on the others). Collective there (replicas, then shards).
+  // Stage 3: gathered unit by unit (with tensor parallelism, made whole over "tp" on the first
+  // replica); a loaded state is kept as this rank's shards. The others: the module's.
+  std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override;
+  void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override;
+  void update_full_parameter(
+      const std::string& name, const std::function<void(at::Tensor&)>& update) override;
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override;
+
+  // Stages 1-3 with tensor parallelism: the unsharded model's, on the first replica only
+  // (None on the others). Collective there (replicas, then shards). Without it the checkpoint
+  // writes each rank's pieces (optimizer_pieces()).
   c10::IValue optimizer_state_dict() override;
   void load_optimizer_state_dict(const c10::IValue& state) override;
 
+  // Stage 3: the optimizer's pieces (named like their parameters), then what is whole on
+  // every rank.
+  torch::OrderedDict<std::string, at::Tensor> local_state() const override;
+  bool forward_communicates_without_grad() const override {
+    return fsdp_ != nullptr; // FSDP's units are gathered for evaluation too
+  }
+
  protected:
+  at::Tensor run_forward(const at::Tensor& input) override;
   std::optional<OptimizerShard> optimizer_pieces() override;
   void before_forward() override;
   std::unique_ptr<DistributedDataParallel::NoSyncGuard> no_sync() override;
@@ -43,14 +66,31 @@ class DataParallelModel : public ParallelModel {
   std::vector<at::Tensor> gradient_holders() const override;
   double clip_gradients(double max_norm, double norm_type) override;
   std::string describe_mode() const override;
-  // Stages 1 and 2: the optimizer state flat-sharded over "dp", the values replicated.
+  // Stages 1 and 2: the optimizer state flat-sharded over "dp", the values replicated; stage
+  // 3: both flat-sharded (the module holds gathered compute copies).
   void place(StatePlacements& placements) const override;
   void measure(ModelStateReport& report, const optim::OptimizerSpec* spec) const override;
+  // Stage 3: the module's (this rank's slices with tensor parallelism); its optimizer holds
+  // 1-D pieces.
+  std::map<std::string, std::vector<int64_t>> local_parameter_shapes() const override;
+
+ private:
+  // Stage 3: every parameter's value as FSDP holds it whole (this rank's slices with tensor
+  // parallelism), frozen ones included, in the module's order. Collective.
+  std::vector<std::pair<std::string, at::Tensor>> fsdp_parameters();
+  // The module's trained parameters as one group (names and shapes), for
+  // TensorParallelState::map_optimizer_state, which FSDP's pieces cannot serve.
+  std::vector<optim::ParamGroup> module_parameter_groups() const;
+  // Stages 1-3: this rank's pieces of the optimizer state's parameters, by name.
+  TensorParallelDimension::NamedTensors named_pieces() const;
+  std::string describe_fully_sharded() const;
+  void measure_fully_sharded(ModelStateReport& report, const optim::OptimizerSpec* spec) const;
 
   int stage_ = 0;
-  ShardedOptimizer* sharded_ = nullptr; // optimizer_, at stages 1 and 2
-  std::unique_ptr<DistributedDataParallel> ddp_;
-  std::unique_ptr<ShardedDataParallel> sdp_;
+  ShardedOptimizer* sharded_ = nullptr;            // optimizer_, at stages 1 and 2
+  std::unique_ptr<DistributedDataParallel> ddp_;   // stages 0 and 1, over more than one rank
+  std::unique_ptr<ShardedDataParallel> sdp_;       // stage 2, over more than one rank
+  std::unique_ptr<FullyShardedDataParallel> fsdp_; // stage 3
 };
 
 } // namespace largo::parallel
