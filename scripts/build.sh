@@ -18,10 +18,11 @@ export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file
 # first run after the cache-sharing change missed every object for want of this.)
 export LANG=C.UTF-8
 unset LC_ALL LC_CTYPE LC_MESSAGES
-# And one spelling of the CUDA toolkit's path: with nvcc on PATH (a session's shell) libtorch's
-# CMake files find /usr/local/cuda, without it (CI's environment) /usr/local/cuda-13.0, and
-# that include path in every compile made CI miss every object the sessions had cached.
-if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+# And one spelling of the CUDA toolkit's path. libtorch's CMake files take the toolkit from
+# the first nvcc on PATH: a session's shell finds /usr/local/cuda/bin/nvcc, CI's environment
+# this machine's /usr/local/bin/nvcc (a wrapper of /usr/local/cuda-13.0's), and that include
+# path in every compile made CI miss every object the sessions had cached.
+if [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH="/usr/local/cuda/bin:$PATH"
 fi
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DLARGO_PYTHON=$LARGO_PYTHON" "$@"
