@@ -213,8 +213,9 @@ c10::IValue Optimizer::state_dict() const {
       }
       GenericDict entry = make_string_dict();
       for (const auto& [key, tensor] : *param_state) {
-        // The standard layout: a channels-last weight's state is copied, the rest shared.
-        entry.insert(key, tensor.is_contiguous() ? tensor : tensor.contiguous());
+        // The standard layout: a channels-last weight's state is copied, the rest shared
+        // (contiguous() returns a contiguous tensor itself).
+        entry.insert(key, tensor.contiguous());
       }
       state.insert(name, entry);
     }
