@@ -99,8 +99,7 @@ TEST(TrainerChannelsLastTest, ResumesBitExactlyAndACheckpointMovesBetweenLayouts
   TrainerOptions first = trainer_options_from_config(resnet_config(dir / "resumed", "True"));
   first.stop_after_iterations = 3;
   ASSERT_TRUE(Trainer(first).run().interrupted);
-  Trainer second(trainer_options_from_config(
-      resnet_config(dir / "resumed", "True", {"CHECKPOINT.AUTO_RESUME=True"})));
+  Trainer second(trainer_options_from_config(resnet_config(dir / "resumed", "True")));
   const TrainSummary resumed = second.run();
   ASSERT_TRUE(resumed.resumed);
   ASSERT_EQ(resumed.iteration_losses.size(), 2u);
@@ -111,12 +110,12 @@ TEST(TrainerChannelsLastTest, ResumesBitExactlyAndACheckpointMovesBetweenLayouts
     EXPECT_TRUE(torch::equal(value, expected.at(name))) << name;
   }
 
-  // The same epoch-0 checkpoint resumed by an NCHW run (written again by the first part):
-  // its weights load whole and train on.
+  // The same epoch-0 checkpoint (written again by the first part) resumed by an NCHW run
+  // (CHECKPOINT.AUTO_RESUME is on by default): it resumes, trains on, and keeps its weights
+  // contiguous.
   fs::remove_all(dir / "resumed");
   ASSERT_TRUE(Trainer(first).run().interrupted);
-  Trainer contiguous(trainer_options_from_config(
-      resnet_config(dir / "resumed", "False", {"CHECKPOINT.AUTO_RESUME=True"})));
+  Trainer contiguous(trainer_options_from_config(resnet_config(dir / "resumed", "False")));
   const TrainSummary moved = contiguous.run();
   ASSERT_TRUE(moved.resumed);
   ASSERT_EQ(moved.iteration_losses.size(), 2u);

@@ -224,15 +224,23 @@ bool values_flat_sharded(const parallel::ParallelOptions& options) {
          parallel::Placement::flat_shard();
 }
 
-// TrainerOptions::channels_last for this run: kOn is refused where ZeRO or FSDP flattens the
-// parameters into contiguous buffers, and under a pipeline (its stages send activations
-// between ranks as they are laid out); kAuto is on for a convolutional trunk on a CUDA device
-// otherwise (the small CNN runs channels-last inside its own stages).
+// Whether the data-parallel strategy flat-shards the parameters' values or their optimizer
+// state over "dp" (ZeRO-1/2, FSDP): either way it moves the parameters into flat buffers.
+bool parameters_in_flat_buffers(const parallel::ParallelOptions& options) {
+  return values_flat_sharded(options) ||
+         parallel::data_parallel_placement(options.data_parallelism).optimizer_state.at("dp") ==
+             parallel::Placement::flat_shard();
+}
+
+// TrainerOptions::channels_last for this run: kOn is refused where the parameters live in
+// flat (contiguous) buffers, and under a pipeline (its stages send activations between ranks
+// as they are laid out); kAuto is on for a convolutional trunk on a CUDA device otherwise (the
+// small CNN runs channels-last inside its own stages).
 bool resolve_channels_last(const RunPlan& plan) {
   using ChannelsLast = TrainerOptions::ChannelsLast;
   const ChannelsLast asked = plan.options.channels_last;
   std::string unsupported;
-  if (parallel::zero_stage(plan.parallel.data_parallelism) > 0) {
+  if (parameters_in_flat_buffers(plan.parallel)) {
     unsupported = fmt::format(
         "{}, whose flat parameter buffers hold the weights contiguous",
         parallel::to_string(plan.parallel.data_parallelism));

@@ -260,19 +260,16 @@ int64_t Trainer::State::flops_per_sample() const {
 }
 
 double Trainer::State::measure_peak_flops() const {
-  const RunPeakFlops peak = run_peak_flops(
-      device,
-      plan.precision,
-      group->world_size(),
-      plan.world.procs_per_node,
-      default_peak_flops_cache());
+  const fs::path cache = default_peak_flops_cache();
+  const RunPeakFlops peak =
+      run_peak_flops(device, plan.precision, group->world_size(), plan.world.procs_per_node, cache);
   if (group->rank() == 0) {
     spdlog::info(
         "peak: {}/s per rank ({}, {} {}), the MFU's denominator",
         models::format_flops(peak.per_rank.flops_per_sec),
         peak.per_rank.key,
         peak.per_rank.cached ? "cached in" : "measured now, cached in",
-        default_peak_flops_cache().string());
+        cache.string());
     if (peak.slow_precision_warning) {
       spdlog::warn("{}", *peak.slow_precision_warning);
     }

@@ -1,6 +1,5 @@
 #include "data_parallel_model.h"
 
-#include <largo/core/memory_tracker.h>
 #include <largo/optim/grad_clipping.h>
 #include <largo/parallel/mesh/device_mesh.h>
 
