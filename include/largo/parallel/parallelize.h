@@ -113,6 +113,7 @@
 
 namespace largo::parallel {
 
+class StateDimension;          // mesh/state_dimension.h (private)
 class TensorParallelDimension; // tensor_parallel/tensor_parallel_dimension.h (private)
 
 enum class DataParallelism {
@@ -393,11 +394,11 @@ class ParallelModel {
   // with a pipeline (root 0 only: its rank 0 gathers the stages). With tensor parallelism:
   // the full values on every rank, gathered over the tensor-parallel group (a collective
   // there; load_model_state_dict() then takes this rank's slice of each shard).
-  virtual std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root = 0);
+  std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root = 0);
   // Loads whole values by name (every parameter and buffer of the module, each with its
   // shape; FSDP keeps this rank's shard). O2: the masters are set from them. Throws
   // largo::Error naming a missing entry. No collective.
-  virtual void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state);
+  void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state);
   // Every parameter and buffer name of the whole model, in order (model_state_dict()'s), of
   // which module() holds this rank's part: the module's own names, except in a pipeline,
   // whose module is this rank's stages. No collective.
@@ -405,7 +406,7 @@ class ParallelModel {
   // Every parameter's whole value by name (copies; FSDP gathers them unit by unit on every
   // rank: a collective, for tests and small models; a pipeline gathers them on its rank 0,
   // and its other ranks get their stages').
-  virtual std::vector<std::pair<std::string, at::Tensor>> full_parameters();
+  std::vector<std::pair<std::string, at::Tensor>> full_parameters();
   // This rank's pieces of the optimizer state when placements() puts it in flat pieces
   // (StatePlacements::optimizer_state_in_flat_pieces(): ZeRO 1-3 without tensor or pipeline
   // parallelism); nullopt otherwise, when optimizer_state_dict() gives the whole state.
@@ -417,10 +418,10 @@ class ParallelModel {
   // over the tensor-parallel group (collective there); with ZeRO over the replicas, first
   // consolidated over them, on the first replica (None on the others); loading takes this
   // rank's slice (and with ZeRO its pieces).
-  virtual c10::IValue optimizer_state_dict();
+  c10::IValue optimizer_state_dict();
   // Without a shard: loads a whole model's optimizer state (a pipeline stage takes its
   // parameters' part, tensor parallelism its slices). No collective.
-  virtual void load_optimizer_state_dict(const c10::IValue& state);
+  void load_optimizer_state_dict(const c10::IValue& state);
   // This rank's own state of the model by name, the tensors themselves (writing into them
   // changes the model): every parameter and buffer of the module; under FSDP, whose module
   // parameters have no memory between steps, this rank's 1-D piece of each trained parameter
@@ -432,7 +433,7 @@ class ParallelModel {
   // its shards (FullyShardedDataParallel::update_full_parameter: collective there). Under
   // Apex O2/O3 it changes the module's low-precision copy, not the float32 master (which
   // the next step copies back). Throws largo::Error for a name the module does not have.
-  virtual void
+  void
   update_full_parameter(const std::string& name, const std::function<void(at::Tensor&)>& update);
   // Trained parameter name -> its full shape (to consolidate sharded optimizer state).
   std::map<std::string, std::vector<int64_t>> trained_parameter_shapes() const;
@@ -468,6 +469,37 @@ class ParallelModel {
   virtual std::optional<OptimizerShard> optimizer_pieces() {
     return std::nullopt;
   }
+
+  // ---- the whole-state operation (mesh/state_dimension.h) ----
+  // The state calls above are written once: this rank's state as its strategy holds it
+  // (the held_ calls below, which undo flat pieces where a strategy holds them), then each
+  // dimension that placements() splits (Shard) or owns (OwnedBy) made whole in turn
+  // (StatePlacements::dimensions_to_gather), and the same backwards when loading.
+  using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+  using Values = std::unordered_map<std::string, at::Tensor>;
+  // The strategy of a mesh dimension that states Shard or OwnedBy placements: the "tp"
+  // dimension, which every model holds, or what a strategy adds ("pp").
+  virtual const StateDimension* state_dimension(const std::string& dimension) const;
+  // Every parameter and buffer, whole along the dimensions the strategy flat-shards, as CPU
+  // copies in the standard layout on `root` (others may get none): the module's. Collective
+  // where the strategy gathers.
+  virtual NamedTensors held_values(int root);
+  // Every parameter's value, the same way on every rank: copies of the module's.
+  virtual NamedTensors held_parameters();
+  // Stores values (this rank's part along every other dimension) by name: into the module's
+  // tensors (and O2's masters). Throws largo::Error naming a missing or misshapen entry.
+  virtual void store_values(const Values& values);
+  // Applies `update` to parameter `name` as the strategy holds it whole: in the module's.
+  virtual void update_held(const std::string& name, const std::function<void(at::Tensor&)>& update);
+  // The optimizer state of this rank's parameters, whole along the flat-sharded dimensions:
+  // optimizer().state_dict(), or the strategy's pieces consolidated over "dp" on its first
+  // rank (None on the others) unless a checkpoint writes them as they are (optimizer_shard()).
+  // Collective when consolidating.
+  virtual c10::IValue held_optimizer_state();
+  // Loads such a state (each piece taken from it when the strategy steps pieces).
+  virtual void load_held_optimizer_state(const c10::IValue& state);
+  // The groups, by name and this rank's shape, that the held optimizer state is over.
+  virtual std::vector<optim::ParamGroup> held_parameter_groups() const;
   // Trained parameter name -> the shape this rank's module holds it in (tensor
   // parallelism's slices): the optimizer's groups' shapes unless the optimizer steps pieces.
   virtual std::map<std::string, std::vector<int64_t>> local_parameter_shapes() const;
@@ -490,6 +522,10 @@ class ParallelModel {
   // The mesh's "tp" dimension, which every strategy composes with (the identity over one
   // "tp" rank): built from the module before a strategy flattens its parameters.
   std::unique_ptr<TensorParallelDimension> tensor_parallel_;
+
+ private:
+  // The strategies of placements().dimensions_to_gather(optimizer_state), in its order.
+  std::vector<const StateDimension*> dimensions_to_gather(bool optimizer_state) const;
 
   friend std::unique_ptr<ParallelModel> parallelize(
       ModelToParallelize,

@@ -258,8 +258,84 @@ ModelStateReport ParallelModel::memory_report(const optim::OptimizerSpec* spec) 
   return report;
 }
 
+// ---- the whole-state operation -------------------------------------------------------
+
+std::vector<const StateDimension*> ParallelModel::dimensions_to_gather(bool optimizer_state) const {
+  std::vector<const StateDimension*> dimensions;
+  for (const std::string& name : placements().dimensions_to_gather(optimizer_state)) {
+    dimensions.push_back(state_dimension(name));
+  }
+  return dimensions;
+}
+
+const StateDimension* ParallelModel::state_dimension(const std::string& dimension) const {
+  if (dimension == "tp") {
+    return tensor_parallel_.get();
+  }
+  throw Error(fmt::format(
+      "ParallelModel: no strategy of the '{}' dimension makes its "
+      "placements whole",
+      dimension));
+}
+
 std::vector<std::pair<std::string, at::Tensor>> ParallelModel::model_state_dict(int root) {
-  std::vector<std::pair<std::string, at::Tensor>> state;
+  NamedTensors values = held_values(root);
+  for (const StateDimension* dimension : dimensions_to_gather(/*optimizer_state=*/false)) {
+    values = dimension->whole_values(std::move(values), root, StateDimension::Elsewhere::kNothing);
+  }
+  return values;
+}
+
+void ParallelModel::load_model_state_dict(const Values& whole) {
+  Values values = whole;
+  const auto dimensions = dimensions_to_gather(/*optimizer_state=*/false);
+  for (auto dimension = dimensions.rbegin(); dimension != dimensions.rend(); ++dimension) {
+    values = (*dimension)->part_of_values(std::move(values));
+  }
+  store_values(values);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_parameters() {
+  NamedTensors values = held_parameters();
+  for (const StateDimension* dimension : dimensions_to_gather(/*optimizer_state=*/false)) {
+    values = dimension->whole_values(std::move(values), 0, StateDimension::Elsewhere::kOwnPart);
+  }
+  return values;
+}
+
+void ParallelModel::update_full_parameter(
+    const std::string& name, const std::function<void(at::Tensor&)>& update) {
+  StateDimension::Update through = update;
+  const auto dimensions = dimensions_to_gather(/*optimizer_state=*/false);
+  for (auto dimension = dimensions.rbegin(); dimension != dimensions.rend(); ++dimension) {
+    through = (*dimension)->update_of(name, std::move(through));
+  }
+  update_held(name, through);
+}
+
+c10::IValue ParallelModel::optimizer_state_dict() {
+  const std::vector<optim::ParamGroup> groups = held_parameter_groups();
+  c10::IValue state = held_optimizer_state();
+  for (const StateDimension* dimension : dimensions_to_gather(/*optimizer_state=*/true)) {
+    state = dimension->whole_optimizer_state(state, groups);
+  }
+  return state;
+}
+
+void ParallelModel::load_optimizer_state_dict(const c10::IValue& whole) {
+  const std::vector<optim::ParamGroup> groups = held_parameter_groups();
+  c10::IValue state = whole;
+  const auto dimensions = dimensions_to_gather(/*optimizer_state=*/true);
+  for (auto dimension = dimensions.rbegin(); dimension != dimensions.rend(); ++dimension) {
+    state = (*dimension)->part_of_optimizer_state(state, groups);
+  }
+  load_held_optimizer_state(state);
+}
+
+// ---- what a strategy holds (the module's and the optimizer's, unless it says otherwise) ----
+
+ParallelModel::NamedTensors ParallelModel::held_values(int /*root*/) {
+  NamedTensors state;
   auto to_cpu = [](const at::Tensor& tensor) { // the standard layout, whatever the module's
     return tensor.detach().to(
         at::kCPU, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
@@ -270,12 +346,18 @@ std::vector<std::pair<std::string, at::Tensor>> ParallelModel::model_state_dict(
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
     state.emplace_back(item.key(), to_cpu(item.value()));
   }
-  return tensor_parallel_->whole(std::move(state), module_device());
+  return state;
 }
 
-void ParallelModel::load_model_state_dict(
-    const std::unordered_map<std::string, at::Tensor>& whole) {
-  const std::unordered_map<std::string, at::Tensor> state = tensor_parallel_->slices(whole);
+ParallelModel::NamedTensors ParallelModel::held_parameters() {
+  NamedTensors values;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    values.emplace_back(item.key(), item.value().detach().clone());
+  }
+  return values;
+}
+
+void ParallelModel::store_values(const Values& state) {
   torch::NoGradGuard no_grad;
   auto load = [&](const std::string& name, at::Tensor& target) {
     auto found = state.find(name);
@@ -299,21 +381,13 @@ void ParallelModel::load_model_state_dict(
   precision_->copy_model_to_masters(); // O2: the masters follow the loaded weights
 }
 
-std::vector<std::pair<std::string, at::Tensor>> ParallelModel::full_parameters() {
-  std::vector<std::pair<std::string, at::Tensor>> values;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    values.emplace_back(item.key(), item.value().detach().clone());
-  }
-  return tensor_parallel_->whole(std::move(values), module_device());
-}
-
-void ParallelModel::update_full_parameter(
+void ParallelModel::update_held(
     const std::string& name, const std::function<void(at::Tensor&)>& update) {
   torch::NoGradGuard no_grad;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (item.key() == name) {
       at::Tensor value = item.value();
-      tensor_parallel_->update_of(name, update)(value);
+      update(value);
       return;
     }
   }
@@ -321,14 +395,23 @@ void ParallelModel::update_full_parameter(
       fmt::format("ParallelModel::update_full_parameter: the model has no parameter {}", name));
 }
 
-c10::IValue ParallelModel::optimizer_state_dict() {
-  return tensor_parallel_->optimizer_state(
-      optimizer_->state_dict(), optimizer_->param_groups(), /*gather=*/true);
+c10::IValue ParallelModel::held_optimizer_state() {
+  if (optimizer_shard()) { // a checkpoint writes the pieces as they are
+    return optimizer_->state_dict();
+  }
+  if (const std::optional<OptimizerShard> pieces = optimizer_pieces()) {
+    return consolidate_on_first_rank(
+        *pieces->optimizer, pieces->ownership, pieces->type, *replicas_, local_parameter_shapes());
+  }
+  return optimizer_->state_dict();
 }
 
-void ParallelModel::load_optimizer_state_dict(const c10::IValue& state) {
-  optimizer_->load_state_dict(
-      tensor_parallel_->optimizer_state(state, optimizer_->param_groups(), /*gather=*/false));
+void ParallelModel::load_held_optimizer_state(const c10::IValue& state) {
+  optimizer_->load_state_dict(state);
+}
+
+std::vector<optim::ParamGroup> ParallelModel::held_parameter_groups() const {
+  return optimizer_->param_groups();
 }
 
 std::optional<OptimizerShard> ParallelModel::optimizer_shard() {

@@ -56,6 +56,29 @@ TEST(PlacementTest, EachKindAnswersItsQuestion) {
   EXPECT_EQ(Placement::owned_by(1).describe(), "OwnedBy(1)");
 }
 
+// The order ParallelModel's whole-state calls undo the dimensions in: slices (Shard) before
+// stages (OwnedBy), whatever order the strategies placed them in; flat pieces and replicated
+// dimensions not at all; values and optimizer state each by their own placements.
+TEST(PlacementTest, DimensionsToGatherRunFromSlicesToStages) {
+  StatePlacements three_d = two_parameters();
+  three_d.place_all("pp", Placement::owned_by(0), Placement::owned_by(0));
+  three_d.place_all("dp", Placement::replicate(), Placement::flat_shard()); // ZeRO-1
+  three_d.place("fc.weight", "tp", Placement::shard(1), Placement::shard(1));
+  const std::vector<std::string> slices_then_stages{"tp", "pp"};
+  EXPECT_EQ(three_d.dimensions_to_gather(/*optimizer_state=*/false), slices_then_stages);
+  EXPECT_EQ(three_d.dimensions_to_gather(/*optimizer_state=*/true), slices_then_stages);
+
+  StatePlacements fsdp = two_parameters();
+  fsdp.place_all("dp", Placement::flat_shard(), Placement::flat_shard());
+  EXPECT_TRUE(fsdp.dimensions_to_gather(false).empty());
+  EXPECT_TRUE(two_parameters().dimensions_to_gather(true).empty());
+
+  StatePlacements state_only = two_parameters(); // a placement of the optimizer state alone
+  state_only.place("fc.bias", "tp", Placement::replicate(), Placement::shard(0));
+  EXPECT_TRUE(state_only.dimensions_to_gather(false).empty());
+  EXPECT_EQ(state_only.dimensions_to_gather(true), std::vector<std::string>{"tp"});
+}
+
 TEST(PlacementTest, PlacingAnUnknownNameIsAnError) {
   StatePlacements placements = two_parameters();
   EXPECT_THROW(

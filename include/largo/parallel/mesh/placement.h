@@ -96,6 +96,13 @@ class StatePlacements {
   // rank's pieces as they are, and a run of any size re-cuts them; the state of slices or of
   // a pipeline's stages is consolidated instead, so that the file is the whole model's.
   bool optimizer_state_in_flat_pieces() const;
+  // The mesh dimensions along which some value (or, with `optimizer_state`, some optimizer
+  // state) is split (Shard) or held by one rank (OwnedBy), in the order a whole state is made
+  // from this rank's: every Shard dimension before every OwnedBy one (a pipeline stage's
+  // parameters are what tensor parallelism splits, never the reverse). FlatShard dimensions
+  // are not listed: flat pieces are undone first, by the strategy that holds them. What
+  // ParallelModel's whole-state calls walk; every rank of a dimension's group lists it alike.
+  std::vector<std::string> dimensions_to_gather(bool optimizer_state) const;
   // One line per distinct placement, with its parameter count: "value {dp: FlatShard},
   // optimizer state {dp: FlatShard}: 14 parameters; ...".
   std::string describe() const;

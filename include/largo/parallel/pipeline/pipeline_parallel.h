@@ -165,7 +165,9 @@ class PipelineParallel {
   // Collective (pipeline).
   c10::impl::GenericDict full_state_dict() const;
   // The same from the part each rank gives instead of its state_dict() (e.g. its tensor-
-  // parallel shards gathered whole first). Collective (pipeline).
+  // parallel shards gathered whole first): every parameter, which some stage must give
+  // (throws largo::Error naming one none gives), and the buffers the parts give (none when
+  // the parts are parameters only). Collective (pipeline).
   c10::impl::GenericDict full_state_dict(const c10::impl::GenericDict& own_part) const;
   // Every parameter and buffer name of the full model, in its order.
   const std::vector<std::string>& full_model_names() const;

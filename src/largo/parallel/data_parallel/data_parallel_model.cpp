@@ -53,46 +53,40 @@ DataParallelModel::DataParallelModel(
   }
 }
 
-// ---- the whole state ------------------------------------------------------------------
+// ---- the whole state (stage 3: FSDP's shards) -----------------------------------------
 
-std::vector<std::pair<std::string, at::Tensor>> DataParallelModel::model_state_dict(int root) {
-  if (!fsdp_) {
-    return ParallelModel::model_state_dict(root);
-  }
-  return tensor_parallel_->whole(fsdp_->full_state_on_rank(root), module_device());
+ParallelModel::NamedTensors DataParallelModel::held_values(int root) {
+  return fsdp_ ? fsdp_->full_state_on_rank(root) : ParallelModel::held_values(root);
 }
 
-void DataParallelModel::load_model_state_dict(
-    const std::unordered_map<std::string, at::Tensor>& state) {
+void DataParallelModel::store_values(const Values& values) {
   if (!fsdp_) {
-    ParallelModel::load_model_state_dict(state);
+    ParallelModel::store_values(values);
     return;
   }
-  fsdp_->load_full_state(tensor_parallel_->slices(state)); // each rank keeps its shard
+  fsdp_->load_full_state(values); // each rank keeps its shard
 }
 
-void DataParallelModel::update_full_parameter(
+void DataParallelModel::update_held(
     const std::string& name, const std::function<void(at::Tensor&)>& update) {
   if (!fsdp_) {
-    ParallelModel::update_full_parameter(name, update);
+    ParallelModel::update_held(name, update);
     return;
   }
-  fsdp_->update_full_parameter(name, tensor_parallel_->update_of(name, update));
+  fsdp_->update_full_parameter(name, update);
 }
 
-std::vector<std::pair<std::string, at::Tensor>> DataParallelModel::full_parameters() {
+// Every parameter's value as FSDP holds it whole, frozen ones included, in the module's
+// order. Collective.
+ParallelModel::NamedTensors DataParallelModel::held_parameters() {
   if (!fsdp_) {
-    return ParallelModel::full_parameters();
+    return ParallelModel::held_parameters();
   }
-  return tensor_parallel_->whole(fsdp_parameters(), module_device());
-}
-
-std::vector<std::pair<std::string, at::Tensor>> DataParallelModel::fsdp_parameters() {
   std::map<std::string, at::Tensor> gathered;
   for (auto& [name, value] : fsdp_->full_parameters()) {
     gathered.emplace(name, std::move(value));
   }
-  std::vector<std::pair<std::string, at::Tensor>> values;
+  NamedTensors values;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     auto found = gathered.find(item.key()); // frozen ones are kept whole
     values.emplace_back(
@@ -145,36 +139,27 @@ std::optional<OptimizerShard> DataParallelModel::optimizer_pieces() {
   return std::nullopt;
 }
 
-c10::IValue DataParallelModel::optimizer_state_dict() {
-  if (stage_ == 0 || optimizer_shard()) { // whole, or pieces written per rank
-    return ParallelModel::optimizer_state_dict();
-  }
-  const OptimizerShard pieces = *optimizer_pieces();
-  const c10::IValue slices = consolidate_on_first_rank(
-      *pieces.optimizer, pieces.ownership, pieces.type, *replicas_, local_parameter_shapes());
-  return tensor_parallel_->optimizer_state(
-      slices, fsdp_ ? module_parameter_groups() : optimizer_->param_groups(), /*gather=*/true);
-}
-
-void DataParallelModel::load_optimizer_state_dict(const c10::IValue& state) {
+void DataParallelModel::load_held_optimizer_state(const c10::IValue& state) {
   if (stage_ == 0 || optimizer_shard()) {
-    ParallelModel::load_optimizer_state_dict(state);
+    ParallelModel::load_held_optimizer_state(state);
     return;
   }
   if (sharded_ != nullptr) {
-    sharded_->load_whole_state_dict(
-        tensor_parallel_->optimizer_state(state, optimizer_->param_groups(), /*gather=*/false));
+    sharded_->load_whole_state_dict(state);
     return;
   }
-  const c10::IValue own =
-      tensor_parallel_->optimizer_state(state, module_parameter_groups(), /*gather=*/false);
   const auto shapes = local_parameter_shapes();
   load_resharded_piece_state(*optimizer_, fsdp_->piece_ownership(), 1, [&](int) {
-    return whole_state_as_single_shard(own, shapes);
+    return whole_state_as_single_shard(state, shapes);
   });
 }
 
-std::vector<optim::ParamGroup> DataParallelModel::module_parameter_groups() const {
+// FSDP's optimizer steps 1-D pieces: the module's trained parameters (names and shapes) are
+// what its whole state is over.
+std::vector<optim::ParamGroup> DataParallelModel::held_parameter_groups() const {
+  if (!fsdp_) {
+    return ParallelModel::held_parameter_groups();
+  }
   optim::ParamGroup group;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (item.value().requires_grad()) {

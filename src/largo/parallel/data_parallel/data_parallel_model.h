@@ -35,20 +35,6 @@ class DataParallelModel : public ParallelModel {
       std::vector<optim::ParamGroup> param_groups,
       const OptimizerFactory& make_optimizer);
 
-  // Stage 3: gathered unit by unit (with tensor parallelism, made whole over "tp" on the first
-  // replica); a loaded state is kept as this rank's shards. The others: the module's.
-  std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override;
-  void load_model_state_dict(const std::unordered_map<std::string, at::Tensor>& state) override;
-  void update_full_parameter(
-      const std::string& name, const std::function<void(at::Tensor&)>& update) override;
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override;
-
-  // Stages 1-3 with tensor parallelism: the unsharded model's, on the first replica only
-  // (None on the others). Collective there (replicas, then shards). Without it the checkpoint
-  // writes each rank's pieces (optimizer_pieces()).
-  c10::IValue optimizer_state_dict() override;
-  void load_optimizer_state_dict(const c10::IValue& state) override;
-
   // Stage 3: the optimizer's pieces (named like their parameters), then what is whole on
   // every rank.
   torch::OrderedDict<std::string, at::Tensor> local_state() const override;
@@ -73,14 +59,20 @@ class DataParallelModel : public ParallelModel {
   // Stage 3: the module's (this rank's slices with tensor parallelism); its optimizer holds
   // 1-D pieces.
   std::map<std::string, std::vector<int64_t>> local_parameter_shapes() const override;
+  // Stage 3, where the module holds compute copies gathered for a forward only: the values
+  // come from (and go to) FSDP's flat shards, gathered unit by unit (held_values on `root`,
+  // held_parameters on every rank); the optimizer state is its pieces', consolidated (or
+  // loaded) over the module's parameters by name. The other stages: the module's.
+  NamedTensors held_values(int root) override;
+  NamedTensors held_parameters() override;
+  void store_values(const Values& values) override;
+  void
+  update_held(const std::string& name, const std::function<void(at::Tensor&)>& update) override;
+  // Stages 1-2 (when not written as pieces): the whole state cut into this rank's pieces.
+  void load_held_optimizer_state(const c10::IValue& state) override;
+  std::vector<optim::ParamGroup> held_parameter_groups() const override;
 
  private:
-  // Stage 3: every parameter's value as FSDP holds it whole (this rank's slices with tensor
-  // parallelism), frozen ones included, in the module's order. Collective.
-  std::vector<std::pair<std::string, at::Tensor>> fsdp_parameters();
-  // The module's trained parameters as one group (names and shapes), for
-  // TensorParallelState::map_optimizer_state, which FSDP's pieces cannot serve.
-  std::vector<optim::ParamGroup> module_parameter_groups() const;
   // Stages 1-3: this rank's pieces of the optimizer state's parameters, by name.
   TensorParallelDimension::NamedTensors named_pieces() const;
   std::string describe_fully_sharded() const;

@@ -109,6 +109,22 @@ bool StatePlacements::optimizer_state_in_flat_pieces() const {
          !any_optimizer_state(Placement::Kind::kOwnedBy);
 }
 
+std::vector<std::string> StatePlacements::dimensions_to_gather(bool optimizer_state) const {
+  std::vector<std::string> dimensions;
+  for (const Placement::Kind kind : {Placement::Kind::kShard, Placement::Kind::kOwnedBy}) {
+    for (const ParameterPlacement& parameter : parameters_) {
+      for (const auto& [dimension, placement] :
+           optimizer_state ? parameter.optimizer_state : parameter.value) {
+        if (placement.kind == kind &&
+            std::find(dimensions.begin(), dimensions.end(), dimension) == dimensions.end()) {
+          dimensions.push_back(dimension);
+        }
+      }
+    }
+  }
+  return dimensions;
+}
+
 std::string StatePlacements::describe() const {
   // Distinct (value, optimizer state) descriptions in order of first appearance, counted.
   std::vector<std::pair<std::string, int>> kinds;

@@ -99,6 +99,64 @@ at::Tensor pad_rows(const at::Tensor& batch, int64_t rows) {
   return at::cat({batch, at::zeros(shape, batch.options())});
 }
 
+// The "pp" dimension of the whole-state operation (../mesh/state_dimension.h): a rank's
+// stages own their parameters (OwnedBy), so a whole state is the stages' parts merged on
+// pipeline rank 0, and a whole state's part is the entries of this rank's stages.
+class PipelineDimension : public StateDimension {
+ public:
+  explicit PipelineDimension(const PipelineParallel& pipeline) : pipeline_(pipeline) {}
+
+  NamedTensors whole_values(NamedTensors part, int root, Elsewhere elsewhere) const override {
+    if (root != 0) {
+      throw OptionError(
+          "model_state_dict's root",
+          std::to_string(root),
+          "0 with a pipeline (its rank 0 gathers the stages)");
+    }
+    c10::impl::GenericDict own(c10::StringType::get(), c10::TensorType::get());
+    for (const auto& [name, tensor] : part) {
+      own.insert(name, tensor);
+    }
+    const c10::impl::GenericDict full = pipeline_.full_state_dict(own);
+    if (pipeline_.pipeline_rank() != 0) {
+      return elsewhere == Elsewhere::kOwnPart ? part : NamedTensors{};
+    }
+    NamedTensors whole;
+    for (const auto& item : full) {
+      whole.emplace_back(item.key().toStringRef(), item.value().toTensor().cpu());
+    }
+    return whole;
+  }
+  // The module holds this rank's stages under the whole model's names: loading picks them.
+  Values part_of_values(Values whole) const override {
+    return whole;
+  }
+  Update update_of(const std::string& /*name*/, Update update) const override {
+    return update;
+  }
+  // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that
+  // of another replica, gets None too).
+  c10::IValue whole_optimizer_state(
+      const c10::IValue& part, const std::vector<optim::ParamGroup>& /*groups*/) const override {
+    const std::vector<c10::IValue> parts = gather_to_root(pipeline_.pipeline_group(), part);
+    if (parts.empty() || parts.front().isNone()) {
+      return {};
+    }
+    return merge_optimizer_state_dicts(parts, pipeline_.full_parameter_names());
+  }
+  c10::IValue part_of_optimizer_state(
+      const c10::IValue& whole, const std::vector<optim::ParamGroup>& groups) const override {
+    std::vector<std::string> names;
+    for (const auto& group : groups) {
+      names.insert(names.end(), group.names.begin(), group.names.end());
+    }
+    return select_optimizer_state(whole, names);
+  }
+
+ private:
+  const PipelineParallel& pipeline_;
+};
+
 class PipelineModel : public ParallelModel {
  public:
   PipelineModel(
@@ -110,7 +168,8 @@ class PipelineModel : public ParallelModel {
       const OptimizerFactory& make_optimizer)
       : ParallelModel(
             pipeline->module(), std::move(mesh), std::move(options), std::move(precision)),
-        pipeline_(std::move(pipeline)) {
+        pipeline_(std::move(pipeline)),
+        stages_(*pipeline_) {
     auto own_groups = groups_of(std::move(param_groups), *module_);
     // LARC's and LAMB's norms: the unsharded parameters' (ZeRO-1: over the replicas, then
     // over the shards).
@@ -181,60 +240,25 @@ class PipelineModel : public ParallelModel {
     }
   }
 
-  // The whole model on pipeline rank 0 (gathered; the other ranks get an empty list).
-  std::vector<std::pair<std::string, at::Tensor>> model_state_dict(int root) override {
-    if (root != 0) {
-      throw OptionError(
-          "model_state_dict's root",
-          std::to_string(root),
-          "0 with a pipeline (its rank 0 gathers the stages)");
-    }
-    std::vector<std::pair<std::string, at::Tensor>> state;
-    for (const auto& item : pipeline_->full_state_dict(stage_state())) {
-      state.emplace_back(item.key().toStringRef(), item.value().toTensor().cpu());
-    }
-    return state;
+ protected:
+  const StateDimension* state_dimension(const std::string& dimension) const override {
+    return dimension == "pp" ? &stages_ : ParallelModel::state_dimension(dimension);
   }
-  // Pipeline rank 0 gets every parameter; the others their stages' (a collective).
-  std::vector<std::pair<std::string, at::Tensor>> full_parameters() override {
-    auto state = model_state_dict(0);
-    if (state.empty()) { // this rank's stages, whole (over "tp")
-      return ParallelModel::full_parameters();
+  // ZeRO-1: the stage's optimizer state is consolidated over its replicas first.
+  std::optional<OptimizerShard> optimizer_pieces() override {
+    if (sharded_ == nullptr) {
+      return std::nullopt;
     }
-    const auto& names = pipeline_->full_parameter_names();
-    const std::unordered_set<std::string> parameters(names.begin(), names.end());
-    std::vector<std::pair<std::string, at::Tensor>> values;
-    for (auto& [name, value] : state) {
-      if (parameters.count(name) > 0) {
-        values.emplace_back(name, std::move(value));
-      }
-    }
-    return values;
+    return OptimizerShard{&sharded_->base(), sharded_->piece_ownership(), sharded_->type()};
   }
-  // ZeRO-1's pieces consolidated over the replicas (on the first), tensor parallelism's
-  // slices gathered whole (over "tp"), then the stages merged (over "pp").
-  c10::IValue optimizer_state_dict() override {
-    const c10::IValue stage =
-        sharded_ != nullptr ? stage_optimizer_state() : optimizer_->state_dict();
-    // The first replica's ranks are each other's shards.
-    return merge_over_stages(
-        tensor_parallel_->optimizer_state(stage, optimizer_->param_groups(), /*gather=*/true));
-  }
-  void load_optimizer_state_dict(const c10::IValue& state) override {
-    std::vector<std::string> names;
-    for (const auto& param_group : optimizer_->param_groups()) {
-      names.insert(names.end(), param_group.names.begin(), param_group.names.end());
-    }
-    const c10::IValue own = tensor_parallel_->optimizer_state(
-        select_optimizer_state(state, names), optimizer_->param_groups(), /*gather=*/false);
+  void load_held_optimizer_state(const c10::IValue& state) override {
     if (sharded_ != nullptr) {
-      sharded_->load_whole_state_dict(own);
+      sharded_->load_whole_state_dict(state);
     } else {
-      optimizer_->load_state_dict(own);
+      optimizer_->load_state_dict(state);
     }
   }
 
- protected:
   // Evaluation: every rank gets the outputs. A batch smaller than the number of
   // micro-batches (a test set's last) is padded with zero rows, which are dropped again.
   at::Tensor run_forward(const at::Tensor& input) override {
@@ -295,42 +319,9 @@ class PipelineModel : public ParallelModel {
   }
 
  private:
-  // This rank's stages' parameters and buffers, with tensor parallelism's shards gathered
-  // whole (a collective over "tp").
-  c10::impl::GenericDict stage_state() const {
-    TensorParallelDimension::NamedTensors named;
-    for (const auto& item : pipeline_->state_dict()) {
-      named.emplace_back(item.key().toStringRef(), item.value().toTensor());
-    }
-    c10::impl::GenericDict whole(c10::StringType::get(), c10::TensorType::get());
-    for (auto& [name, tensor] : tensor_parallel_->whole(std::move(named), module_device())) {
-      whole.insert(name, tensor);
-    }
-    return whole;
-  }
-
-  // ZeRO-1: the stage's optimizer state on replica 0, consolidated from every replica's
-  // pieces (None on the other replicas). Collective (replicas).
-  c10::IValue stage_optimizer_state() {
-    return consolidate_on_first_rank(
-        sharded_->base(),
-        sharded_->piece_ownership(),
-        sharded_->type(),
-        *replicas_,
-        local_parameter_shapes()); // this rank's slices
-  }
-  // The stages' states merged on pipeline rank 0 (None elsewhere; a part-less pipeline, that
-  // of another replica, gets None too). Collective (pipeline).
-  c10::IValue merge_over_stages(const c10::IValue& stage_state) {
-    const std::vector<c10::IValue> parts = gather_to_root(pipeline_->pipeline_group(), stage_state);
-    if (parts.empty() || parts.front().isNone()) {
-      return {};
-    }
-    return merge_optimizer_state_dicts(parts, pipeline_->full_parameter_names());
-  }
-
   std::unique_ptr<PipelineParallel> pipeline_;
   ShardedOptimizer* sharded_ = nullptr; // optimizer_, with ZeRO-1
+  PipelineDimension stages_;            // its "pp" dimension
 };
 
 } // namespace

@@ -324,12 +324,15 @@ PipelineParallel::full_state_dict(const c10::impl::GenericDict& own_part) const 
       by_name[entry.key().toStringRef()] = entry.value().toTensor();
     }
   }
-  for (const std::string& name : impl_->full_names) {
+  const size_t parameters = impl_->full_parameter_names.size(); // the first full_names
+  for (size_t i = 0; i < impl_->full_names.size(); ++i) {
+    const std::string& name = impl_->full_names[i];
     auto it = by_name.find(name);
-    if (it == by_name.end()) {
+    if (it != by_name.end()) {
+      full.insert(name, it->second);
+    } else if (i < parameters) {
       throw Error(fmt::format("full_state_dict: no stage holds '{}'", name));
     }
-    full.insert(name, it->second);
   }
   return full;
 }

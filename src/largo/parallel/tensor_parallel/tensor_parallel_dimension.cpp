@@ -1,9 +1,12 @@
 #include "tensor_parallel_dimension.h"
 
+#include <largo/models/module_device.h>
+
 namespace largo::parallel {
 
 TensorParallelDimension::TensorParallelDimension(
-    const torch::nn::Module& module, const DeviceMesh& mesh) {
+    const torch::nn::Module& module, const DeviceMesh& mesh)
+    : device_(models::module_device(module)) {
   if (mesh.size("tp") > 1) {
     state_ = std::make_shared<const TensorParallelState>(module, mesh.group("tp"));
   }
@@ -19,8 +22,8 @@ void TensorParallelDimension::place(StatePlacements& placements) const {
   }
 }
 
-TensorParallelDimension::NamedTensors
-TensorParallelDimension::whole(NamedTensors state, const at::Device& device) const {
+TensorParallelDimension::NamedTensors TensorParallelDimension::whole_values(
+    NamedTensors state, int /*root*/, Elsewhere /*elsewhere*/) const {
   if (!enabled() || state.empty()) {
     return state;
   }
@@ -28,7 +31,7 @@ TensorParallelDimension::whole(NamedTensors state, const at::Device& device) con
   for (auto& [name, tensor] : state) {
     homes.push_back(tensor.device());
     if (state_->is_shard(name)) {
-      tensor = tensor.to(device);
+      tensor = tensor.to(device_);
     }
   }
   state = state_->unshard(std::move(state));
@@ -38,9 +41,8 @@ TensorParallelDimension::whole(NamedTensors state, const at::Device& device) con
   return state;
 }
 
-std::unordered_map<std::string, at::Tensor>
-TensorParallelDimension::slices(std::unordered_map<std::string, at::Tensor> state) const {
-  return enabled() ? state_->shard(std::move(state)) : state;
+TensorParallelDimension::Values TensorParallelDimension::part_of_values(Values whole) const {
+  return enabled() ? state_->shard(std::move(whole)) : whole;
 }
 
 TensorParallelDimension::Update
@@ -58,12 +60,20 @@ TensorParallelDimension::whole_shapes(std::map<std::string, std::vector<int64_t>
   return enabled() ? state_->full_shapes(std::move(local)) : local;
 }
 
-c10::IValue TensorParallelDimension::optimizer_state(
-    const c10::IValue& state, const std::vector<optim::ParamGroup>& groups, bool gather) const {
-  if (!enabled() || state.isNone()) {
-    return state;
+c10::IValue TensorParallelDimension::whole_optimizer_state(
+    const c10::IValue& part, const std::vector<optim::ParamGroup>& groups) const {
+  if (!enabled() || part.isNone()) {
+    return part;
   }
-  return state_->map_optimizer_state(state, groups, gather);
+  return state_->map_optimizer_state(part, groups, /*gather=*/true);
+}
+
+c10::IValue TensorParallelDimension::part_of_optimizer_state(
+    const c10::IValue& whole, const std::vector<optim::ParamGroup>& groups) const {
+  if (!enabled() || whole.isNone()) {
+    return whole;
+  }
+  return state_->map_optimizer_state(whole, groups, /*gather=*/false);
 }
 
 ParameterNormCompletion TensorParallelDimension::parameter_norms() const {

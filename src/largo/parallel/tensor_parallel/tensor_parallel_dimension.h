@@ -4,17 +4,18 @@
 // makes no collective, so a strategy calls it at its point in the order without asking
 // whether tensor parallelism is on.
 //
-// The order it sits in (parallelize.h): the module holds this rank's slices of the split
-// layers, so the "tp" operations come after the data-parallel strategy's own (FSDP's flat
-// shards gathered first give the slices; ZeRO's pieces consolidated over "dp" give the
-// slices' optimizer state) and before the pipeline's (each stage is made whole over its
-// shards before the stages are merged over "pp"). Loading runs the same way back.
+// Its placement is Shard(dim) over "tp" (the module holds this rank's slices of the split
+// layers), so the whole-state operation (../mesh/state_dimension.h) calls it after the
+// data-parallel strategy has undone its flat pieces (FSDP's shards gathered give the slices;
+// ZeRO's pieces consolidated over "dp" give the slices' optimizer state) and before the
+// pipeline's stages are merged over "pp". Loading runs the same way back.
 //
 // Collectives (over the "tp" group, every rank of it in the same order, only with tensor
-// parallelism): whole(), update_of() calls, optimizer_state(gather = true), the reducers.
+// parallelism): whole_values(), update_of() calls, whole_optimizer_state(), the reducers.
 // Private to the parallel layer.
 #pragma once
 
+#include "../mesh/state_dimension.h"
 #include "tensor_parallel_state.h"
 
 #include <largo/parallel/data_parallel/piece_optimizer_state.h>
@@ -29,11 +30,8 @@
 
 namespace largo::parallel {
 
-class TensorParallelDimension {
+class TensorParallelDimension : public StateDimension {
  public:
-  using NamedTensors = TensorParallelState::NamedTensors;
-  using Update = std::function<void(at::Tensor&)>;
-
   // Over `mesh`'s "tp" group, of `module`'s split layers (its parameters are this rank's
   // slices now: call it before a strategy flattens or moves them).
   TensorParallelDimension(const torch::nn::Module& module, const DeviceMesh& mesh);
@@ -52,25 +50,25 @@ class TensorParallelDimension {
   // The split parameters' placements over "tp".
   void place(StatePlacements& placements) const;
 
-  // ---- whole values <-> this rank's slices ----
-  // `state` (this rank's values by name; empty on a rank that gets none, as every rank of
-  // its "tp" group then does) with each slice gathered whole, on `device` for the
-  // collective and back on the device it came from.
-  NamedTensors whole(NamedTensors state, const at::Device& device) const;
-  // Whole values replaced by this rank's slices (loading). No collective.
-  std::unordered_map<std::string, at::Tensor>
-  slices(std::unordered_map<std::string, at::Tensor> state) const;
-  // The update of this rank's slice of parameter `name` that passes the whole value to
-  // `update` (SwAV's prototypes normalised between steps): `update` itself for a parameter
-  // that is not split. Collective when called, for a split one.
-  Update update_of(const std::string& name, Update update) const;
+  // ---- whole values <-> this rank's slices (state_dimension.h) ----
+  // Every slice of `part` gathered whole, on every rank of the "tp" group (`root` and
+  // `elsewhere` do not apply): on the module's device for the collective, and back on the
+  // device each came from.
+  NamedTensors whole_values(NamedTensors part, int root, Elsewhere elsewhere) const override;
+  // Whole values replaced by this rank's slices (loading).
+  Values part_of_values(Values whole) const override;
+  // Passes the whole value to `update` (SwAV's prototypes normalised between steps):
+  // `update` itself for a parameter that is not split.
+  Update update_of(const std::string& name, Update update) const override;
+  // Each slice's per-element state (momentum, exp_avg, exp_avg_sq) gathered whole, or cut
+  // from the whole.
+  c10::IValue whole_optimizer_state(
+      const c10::IValue& part, const std::vector<optim::ParamGroup>& groups) const override;
+  c10::IValue part_of_optimizer_state(
+      const c10::IValue& whole, const std::vector<optim::ParamGroup>& groups) const override;
   // Trained parameter name -> shape, this rank's -> the whole model's.
   std::map<std::string, std::vector<int64_t>>
   whole_shapes(std::map<std::string, std::vector<int64_t>> local) const;
-  // An optimizer state over `groups` (this rank's slices, by name) with each slice's
-  // per-element state gathered whole (gather; None stays None) or sliced from the whole.
-  c10::IValue optimizer_state(
-      const c10::IValue& state, const std::vector<optim::ParamGroup>& groups, bool gather) const;
 
   // ---- norms of the whole model ----
   // The completion of an optimizer's per-parameter norms (LARC's, LAMB's) over the split
@@ -79,6 +77,7 @@ class TensorParallelDimension {
 
  private:
   std::shared_ptr<const TensorParallelState> state_; // null over one "tp" rank
+  at::Device device_;                                // the module's: where gathers run
 };
 
 } // namespace largo::parallel
