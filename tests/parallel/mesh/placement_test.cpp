@@ -73,6 +73,12 @@ TEST(PlacementTest, DimensionsToGatherRunFromSlicesToStages) {
   EXPECT_TRUE(fsdp.dimensions_to_gather(false).empty());
   EXPECT_TRUE(two_parameters().dimensions_to_gather(true).empty());
 
+  // A pipeline rank whose stages train nothing still owns them: it joins the stages' merge.
+  StatePlacements frozen_stage({});
+  frozen_stage.place_all("pp", Placement::owned_by(1), Placement::owned_by(1));
+  EXPECT_EQ(frozen_stage.dimensions_to_gather(false), std::vector<std::string>{"pp"});
+  EXPECT_EQ(frozen_stage.dimensions_to_gather(true), std::vector<std::string>{"pp"});
+
   StatePlacements state_only = two_parameters(); // a placement of the optimizer state alone
   state_only.place("fc.bias", "tp", Placement::replicate(), Placement::shard(0));
   EXPECT_TRUE(state_only.dimensions_to_gather(false).empty());

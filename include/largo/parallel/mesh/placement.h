@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace largo::parallel {
@@ -77,7 +78,9 @@ class StatePlacements {
       const std::string& dimension,
       Placement value,
       Placement optimizer_state);
-  // The same for every parameter.
+  // The same for every parameter: the strategy's placement along `dimension`, which holds
+  // for this rank even when it has no trained parameter (a pipeline stage of frozen or
+  // parameterless blocks still owns its part of the model).
   void place_all(const std::string& dimension, Placement value, Placement optimizer_state);
 
   // Whether the module holds the whole model, every value whole (no FlatShard, Shard or
@@ -101,7 +104,8 @@ class StatePlacements {
   // from this rank's: every Shard dimension before every OwnedBy one (a pipeline stage's
   // parameters are what tensor parallelism splits, never the reverse). FlatShard dimensions
   // are not listed: flat pieces are undone first, by the strategy that holds them. What
-  // ParallelModel's whole-state calls walk; every rank of a dimension's group lists it alike.
+  // ParallelModel's whole-state calls walk, so every rank of a dimension's group must list
+  // it alike: a dimension placed with place_all() is listed even without a parameter.
   std::vector<std::string> dimensions_to_gather(bool optimizer_state) const;
   // One line per distinct placement, with its parameter count: "value {dp: FlatShard},
   // optimizer state {dp: FlatShard}: 14 parameters; ...".
@@ -112,6 +116,8 @@ class StatePlacements {
   bool any_optimizer_state(Placement::Kind kind) const;
 
   std::vector<ParameterPlacement> parameters_;
+  // place_all()'s placements by dimension: {value, optimizer state}.
+  std::map<std::string, std::pair<Placement, Placement>> placed_for_all_;
 };
 
 // "{dp: FlatShard, tp: Shard(0)}", "{}" when replicated everywhere.

@@ -61,6 +61,7 @@ void StatePlacements::place(
 
 void StatePlacements::place_all(
     const std::string& dimension, Placement value, Placement optimizer_state) {
+  placed_for_all_[dimension] = {value, optimizer_state};
   for (ParameterPlacement& parameter : parameters_) {
     parameter.value[dimension] = value;
     parameter.optimizer_state[dimension] = optimizer_state;
@@ -111,14 +112,20 @@ bool StatePlacements::optimizer_state_in_flat_pieces() const {
 
 std::vector<std::string> StatePlacements::dimensions_to_gather(bool optimizer_state) const {
   std::vector<std::string> dimensions;
+  auto list = [&](const std::string& dimension, const Placement& placement, Placement::Kind kind) {
+    if (placement.kind == kind &&
+        std::find(dimensions.begin(), dimensions.end(), dimension) == dimensions.end()) {
+      dimensions.push_back(dimension);
+    }
+  };
   for (const Placement::Kind kind : {Placement::Kind::kShard, Placement::Kind::kOwnedBy}) {
+    for (const auto& [dimension, placements] : placed_for_all_) {
+      list(dimension, optimizer_state ? placements.second : placements.first, kind);
+    }
     for (const ParameterPlacement& parameter : parameters_) {
       for (const auto& [dimension, placement] :
            optimizer_state ? parameter.optimizer_state : parameter.value) {
-        if (placement.kind == kind &&
-            std::find(dimensions.begin(), dimensions.end(), dimension) == dimensions.end()) {
-          dimensions.push_back(dimension);
-        }
+        list(dimension, placement, kind);
       }
     }
   }
