@@ -7,10 +7,11 @@ cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 # LARGO_WITH_NCCL=ON: configuring stops with an error unless the libtorch found has CUDA and
 # c10d's NCCL process group, so the suite cannot pass on a Gloo-only build (under the default,
-# AUTO, a CPU libtorch would silently give one). LARGO_WITH_NCCL=AUTO in the environment
-# lets the suite run against a CPU libtorch.
+# AUTO, a CPU libtorch would silently give one); so does LARGO_CUDA_KERNELS=ON without Largo's
+# CUDA kernels. LARGO_WITH_NCCL=AUTO in the environment lets the suite run against a CPU
+# libtorch (and sets both to AUTO).
 bash scripts/build.sh -DLARGO_BUILD_TESTS=ON -DLARGO_BUILD_BENCH=ON \
-  "-DLARGO_WITH_NCCL=${LARGO_WITH_NCCL:-ON}"
+  "-DLARGO_WITH_NCCL=${LARGO_WITH_NCCL:-ON}" "-DLARGO_CUDA_KERNELS=${LARGO_WITH_NCCL:-ON}"
 start=$(date +%s)
 # One cache for the measured peaks of every suite below (scripts/run_test_shards.sh says why).
 export LARGO_CACHE_DIR="${LARGO_CACHE_DIR:-$(mktemp -d)}"
@@ -32,7 +33,7 @@ if [ "${LARGO_SKIP_SANITIZERS:-0}" != "1" ]; then
   # Only the layer suites run under the sanitizers (train's end-to-end runs, the program and
   # the benchmarks are covered by the Release pass), so only they are built, at -O1 with
   # line tables (file:line in reports) to keep CI's clean build well inside its time limit.
-  layers="core comm data models precision optim parallel checkpoint"
+  layers="core kernels comm data models precision optim parallel checkpoint"
   LARGO_BUILD_DIR=build-sanitize LARGO_BUILD_TARGETS="$(printf 'largo_%s_tests ' $layers)" \
     bash scripts/build.sh -DLARGO_SANITIZE=ON -DLARGO_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1"

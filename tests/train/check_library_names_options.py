@@ -11,7 +11,7 @@ import pathlib
 import re
 import sys
 
-LAYERS = ["data", "models", "optim", "parallel", "precision"]
+LAYERS = ["data", "kernels", "models", "optim", "parallel", "precision"]
 # A dotted key under one of the config's sections, or an upper-case key with an underscore.
 SECTIONS = ("MODEL", "DATA", "OPTIMIZER", "LOSS", "HOOKS", "DISTRIBUTED", "CHECKPOINT",
             "MACHINE", "METERS", "SLURM", "TRAINER", "TEST_ONLY", "TEST_MODEL")
