@@ -2,9 +2,10 @@
 // (at::batch_norm, += residual, relu_: cuDNN's channels-last BatchNorm on a GPU) in one run:
 // ResNet-50's BatchNorm shapes at batch BATCH in bfloat16 channels-last, training forward and
 // backward (the gradients of input, weight, bias and residual), each side timed over REPEATS
-// calls after a warm-up, ROUNDS times alternating; prints the median milliseconds per call and
-// ATen / fused. Issue 43 chooses between these kernels and cuDNN's by this measurement.
-// Without a CUDA device (or a build without the kernels) it says so and exits 0.
+// calls after a warm-up, ROUNDS times, which side goes first alternating by round; prints the
+// median milliseconds per call with their ranges, and ATen / fused of the medians. Issue 43 chooses
+// between these kernels and cuDNN's by this measurement. Without a CUDA device (or a build without
+// the kernels) it says so and exits 0.
 //
 // Usage: batch_norm_relu_bench [BATCH=256] [REPEATS=20] [ROUNDS=3]
 #include <largo/kernels/batch_norm_relu.h>
@@ -126,6 +127,14 @@ double median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
+// "1.234 (1.200-1.301)": the median and the range of one side's rounds.
+std::string median_and_range(const std::vector<double>& values) {
+  const auto [least, most] = std::minmax_element(values.begin(), values.end());
+  char text[64];
+  std::snprintf(text, sizeof text, "%.3f (%.3f-%.3f)", median(values), *least, *most);
+  return text;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -145,7 +154,7 @@ int main(int argc, char** argv) {
       rounds,
       repeats);
   std::printf(
-      "%-22s %-9s %10s %10s %12s\n",
+      "%-22s %-9s %-22s %-22s %12s\n",
       "shape [C, H, W]",
       "op",
       "ATen ms",
@@ -170,8 +179,9 @@ int main(int argc, char** argv) {
     std::vector<double> aten;
     std::vector<double> fused;
     for (int round = 0; round < rounds; ++round) {
-      aten.push_back(time_steps(tensors, false, repeats));
-      fused.push_back(time_steps(tensors, true, repeats));
+      for (const bool fused_side : {round % 2 == 1, round % 2 == 0}) {
+        (fused_side ? fused : aten).push_back(time_steps(tensors, fused_side, repeats));
+      }
     }
     const double aten_ms = median(aten);
     const double fused_ms = median(fused);
@@ -186,16 +196,16 @@ int main(int argc, char** argv) {
         static_cast<long long>(shape.size),
         static_cast<long long>(shape.size));
     std::printf(
-        "%-22s %-9s %10.3f %10.3f %11.3fx\n",
+        "%-22s %-9s %-22s %-22s %11.3fx\n",
         sizes,
         shape.residual ? "add+relu" : "relu",
-        aten_ms,
-        fused_ms,
+        median_and_range(aten).c_str(),
+        median_and_range(fused).c_str(),
         aten_ms / fused_ms);
   }
   std::printf(
-      "%-22s %-9s %10.3f %10.3f %11.3fx\n",
-      "sum of the shapes",
+      "%-22s %-9s %-22.3f %-22.3f %11.3fx\n",
+      "sum of the medians",
       "",
       aten_total,
       fused_total,
