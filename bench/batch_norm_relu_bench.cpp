@@ -12,6 +12,8 @@
 
 #include <torch/torch.h>
 
+#include "cuda_rounds.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -111,29 +113,11 @@ void step(const Tensors& t, bool fused) {
 
 // Milliseconds per step over `repeats` steps.
 double time_steps(const Tensors& tensors, bool fused, int repeats) {
-  torch::cuda::synchronize();
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < repeats; ++i) {
-    step(tensors, fused);
-  }
-  torch::cuda::synchronize();
-  const std::chrono::duration<double, std::milli> elapsed =
-      std::chrono::steady_clock::now() - start;
-  return elapsed.count() / repeats;
+  return largo::bench::cuda_milliseconds_per_step([&] { step(tensors, fused); }, repeats);
 }
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
-// "1.234 (1.200-1.301)": the median and the range of one side's rounds.
-std::string median_and_range(const std::vector<double>& values) {
-  const auto [least, most] = std::minmax_element(values.begin(), values.end());
-  char text[64];
-  std::snprintf(text, sizeof text, "%.3f (%.3f-%.3f)", median(values), *least, *most);
-  return text;
-}
+using largo::bench::median;
+using largo::bench::median_and_range;
 
 } // namespace
 
