@@ -17,7 +17,7 @@ void step_to(DeviceCacheHook& hook, int64_t iteration) {
   checkpoint::TrainingProgress progress;
   progress.iteration = iteration;
   const StepResult step;
-  hook.on_step_end(StepEvent{progress, step, 0.0, std::nullopt, std::nullopt});
+  hook.on_step_end(StepEvent{progress, step, {step}, 0.0, std::nullopt, std::nullopt});
 }
 
 TEST(DeviceCacheHookTest, RefusesAFrequencyBelowOne) {

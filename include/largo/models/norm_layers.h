@@ -19,6 +19,10 @@ namespace largo::models {
 struct NormOptions {
   std::string type = "BatchNorm"; // MODEL.TRUNK.RESNETS.NORM: BatchNorm | GroupNorm | LayerNorm
   int64_t groupnorm_groups = 32;  // MODEL.TRUNK.RESNETS.GROUPNORM_GROUPS
+  // A block's BatchNorm + ReLU (+ residual add) through largo::kernels' fused CUDA kernels
+  // where they apply (models/norm_relu.h; MODEL.FUSED_KERNELS); false: ATen's ops everywhere.
+  // Either way ATen's ops on the CPU.
+  bool fuse_relu = true;
 };
 
 // Throws OptionError naming NormOptions::type or groupnorm_groups for an unknown type,

@@ -66,6 +66,10 @@ struct RegNetOptions {
   double se_ratio = 0.25;          // se_ratio: SE width / block input width
   double bn_epsilon = 1e-5;        // bn_epsilon
   double bn_momentum = 0.1;        // bn_momentum (PyTorch's convention)
+  // Each conv's BatchNorm + ReLU through largo::kernels' fused CUDA kernels where they apply
+  // (models/norm_relu.h; MODEL.FUSED_KERNELS; not the block's residual add + ReLU, which
+  // follows its third conv's BatchNorm without an activation). false: ATen's ops everywhere.
+  bool fuse_relu = true;
   // ClassyVision's AnyNet (VISSL's `name: anynet` with depths, widths, group_widths,
   // bottleneck_multipliers, strides): the stages given one by one, used as given (AnyNetParams
   // adjusts no width), in place of the ramp: depth, w_0, w_a, w_m and group_width then stay 0
@@ -138,6 +142,7 @@ class ConvNormActivationImpl : public torch::nn::Module, public SwappableChildre
   torch::nn::Conv2d conv_{nullptr};
   torch::nn::AnyModule norm_;
   std::string activation_;
+  bool fuse_relu_; // RegNetOptions::fuse_relu, with a relu activation
 };
 TORCH_MODULE(ConvNormActivation);
 

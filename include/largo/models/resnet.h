@@ -91,6 +91,7 @@ class ResNetStemImpl : public torch::nn::Module, public SwappableChildren {
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::AnyModule bn1_;
   bool use_max_pool_;
+  bool fuse_relu_; // NormOptions::fuse_relu
 };
 TORCH_MODULE(ResNetStem);
 
@@ -112,6 +113,7 @@ class BasicBlockImpl : public torch::nn::Module, public SwappableChildren {
   torch::nn::Conv2d conv2_{nullptr};
   torch::nn::AnyModule bn2_;
   torch::nn::Sequential downsample_{nullptr}; // null when the shortcut is the identity
+  bool fuse_relu_;                            // NormOptions::fuse_relu
 };
 TORCH_MODULE(BasicBlock);
 
@@ -141,6 +143,7 @@ class BottleneckImpl : public torch::nn::Module, public SwappableChildren {
   torch::nn::Conv2d conv3_{nullptr};
   torch::nn::AnyModule bn3_;
   torch::nn::Sequential downsample_{nullptr}; // null when the shortcut is the identity
+  bool fuse_relu_;                            // NormOptions::fuse_relu
 };
 TORCH_MODULE(Bottleneck);
 

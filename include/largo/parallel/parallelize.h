@@ -300,15 +300,33 @@ class ParallelModel {
   // One micro-step: loss(forward(inputs), targets) / loss_divisor (gradient accumulation's
   // micro-step count), backward. Returns the loss before the division (the same on every
   // rank of a pipeline). A pipeline runs its whole schedule here, splitting the batch into
-  // its micro-batches. Collective as forward() and backward() are.
-  virtual double forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
-                                  const LossFunction& loss, int64_t loss_divisor = 1);
+  // its micro-batches. Collective as forward() and backward() are. Reads the loss to the host
+  // (a device sync): forward_backward_on_device's value.
+  double forward_backward(
+      const at::Tensor& inputs,
+      const at::Tensor& targets,
+      const LossFunction& loss,
+      int64_t loss_divisor = 1);
+  // The same micro-step, the loss left on the device: a detached 0-d tensor, for loops that
+  // read it later (train/train_step.h without a sync every step). A pipeline's is its host
+  // value put back on the device: its schedule reads the loss anyway.
+  virtual at::Tensor forward_backward_on_device(
+      const at::Tensor& inputs,
+      const at::Tensor& targets,
+      const LossFunction& loss,
+      int64_t loss_divisor = 1);
 
   // After the last micro-step: manual gradient reduction (DDP's manual_reduction), then the
   // gradients unscaled (O2: copied to the float32 masters first) and checked for inf/NaN, with
   // every rank agreeing. loss_is_finite = false (this rank's loss was inf/NaN) counts as an
   // inf gradient. Returns whether every gradient was finite on every rank. Collective.
   bool finish_backward(bool loss_is_finite = true);
+  // finish_backward without reading the decision to the host (no loss scaling:
+  // precision::MixedPrecision::unscale_on_device): the agreed inf/NaN flag, [1] float32 on the
+  // device (undefined when the options check nothing), with `loss_non_finite` ([1] float32, 1
+  // when this rank's loss was inf/NaN) counted in. The step() after it runs the optimizer
+  // whatever the flag says: the caller reads it before it trusts the weights. Collective.
+  at::Tensor finish_backward_on_device(const at::Tensor& loss_non_finite = {});
 
   // Global-norm gradient clipping over every rank's gradients (after finish_backward).
   // Returns the total norm before clipping. Collective in the sharded modes.

@@ -76,6 +76,17 @@ class MixedPrecision {
   // an inf gradient. Returns whether everything was finite on every rank.
   bool unscale_(const std::vector<at::Tensor>& optimizer_params, bool loss_is_finite = true);
 
+  // unscale_ without reading its decision to the host, for runs without loss scaling (throws
+  // largo::Error with a scaler, whose skip and scale update are decided on the host): copies
+  // the gradients up to the masters (O2) and returns the inf/NaN flag, [1] float32 on the
+  // gradients' device, 1 when a gradient was inf/NaN or `loss_non_finite` ([1] float32, 1:
+  // this rank's loss was; undefined: no loss to check) was 1, on any rank (the reducer's
+  // collective, on the device's stream). Undefined when the policy checks nothing
+  // (check_finite_without_scaler false). The next step() runs the optimizer: the caller reads the
+  // flag later (the trainer stops the run at that read when it is set).
+  at::Tensor unscale_on_device(
+      const std::vector<at::Tensor>& optimizer_params, const at::Tensor& loss_non_finite = {});
+
   // Runs optimizer_step unless unscale_ found inf/NaN, updates the loss scale and copies the
   // masters into the model (O2). Returns whether the optimizer stepped. Throws TrainingError
   // when the loss scale cannot back off any further (see GradScaler::update).
@@ -121,6 +132,9 @@ class MixedPrecision {
   std::unique_ptr<MasterWeights> masters_;
   int64_t skipped_steps_ = 0;
   bool found_non_finite_ = false; // this step's unscale_ result
+
+  // The optimizer parameters' gradients, copied up to the masters first (O2).
+  std::vector<at::Tensor> gradients_to_check(const std::vector<at::Tensor>& optimizer_params);
 };
 
 } // namespace largo::precision

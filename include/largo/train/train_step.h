@@ -30,6 +30,12 @@ struct TrainStepOptions {
   // A self-supervised run's loss, in place of the classification loss (not owned). Batches
   // of several views (data::Batch::views) reach the model packed (models::pack_views).
   SelfSupervisedLoss* self_supervised = nullptr;
+  // Read the losses and the inf/NaN decision to the host in each step (a device sync). False:
+  // the step leaves them on the device (StepResult::unread; no loss scaling, whose skip is
+  // decided on the host) for read_step_results, so the host queues the next step while the
+  // device still runs this one. A step with inf/NaN still runs its optimizer then: the caller
+  // stops at the read and trusts no weights written after the bad step.
+  bool sync_every_step = true;
 };
 
 struct StepResult {
@@ -39,7 +45,19 @@ struct StepResult {
   // loss scaling: the step was skipped; without it the run has diverged.
   bool finite = true;
   float non_finite_loss = 0.0f; // this rank's first inf/NaN loss, when there was one
+  // Without a sync every step: what the three fields above are made of, still on the device
+  // (loss, finite and non_finite_loss hold nothing until read_step_results reads it).
+  struct OnDevice {
+    at::Tensor losses;     // [micro-steps] float32, each micro-step's loss
+    at::Tensor non_finite; // [1] float32, the agreed inf/NaN flag; undefined: not checked
+  };
+  std::optional<OnDevice> unread;
 };
+
+// Reads the unread results among `results` in one copy to the host and fills their loss,
+// finite and non_finite_loss as a step with a sync would have (the same float sums, in the
+// same order: bit for bit). Results already read are left as they are.
+void read_step_results(std::vector<StepResult>& results);
 
 class TrainStep {
  public:
@@ -50,6 +68,14 @@ class TrainStep {
   StepResult run(const std::function<data::Batch()>& next_batch, int64_t num_micro_batches);
 
  private:
+  // The micro-steps' losses, [num_micro_batches] float32 on the device.
+  at::Tensor run_micro_steps(
+      const std::function<data::Batch()>& next_batch,
+      int64_t num_micro_batches,
+      StepResult& result);
+  // Reduction, unscale and the inf/NaN decision: read now (a sync) or left on the device.
+  void finish_backward(const at::Tensor& losses, StepResult& result);
+
   parallel::ParallelModel& model_;
   torch::Device device_;
   TrainStepOptions options_;

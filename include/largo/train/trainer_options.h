@@ -154,8 +154,16 @@ struct TrainerOptions {
   // trunks (resnet, resnet_sk, regnet) on a CUDA device, except where ZeRO or FSDP keeps the
   // parameters in flat buffers (which hold them contiguous) or a pipeline runs: kOn is
   // refused there. Checkpoints are written in the standard layout either way.
-  enum class ChannelsLast { kAuto, kOn, kOff };
+  enum class AutoSwitch { kAuto, kOn, kOff };
+  using ChannelsLast = AutoSwitch;
   ChannelsLast channels_last = ChannelsLast::kAuto;
+  // Read the loss and the inf/NaN decision to the host in every step (MACHINE.SYNC_EVERY_STEP;
+  // train_step.h). kOff: the host reads them when it logs (LOG_FREQUENCY), checkpoints
+  // mid-epoch, at an epoch's end or when the run stops, and check_nan stops the run at that
+  // read, naming the first bad iteration. kAuto: off on a CUDA device without loss scaling,
+  // on otherwise (on the CPU a read costs nothing); kOff with loss scaling (float16) is
+  // refused.
+  AutoSwitch sync_every_step = AutoSwitch::kAuto;
   int64_t num_threads = 0;    // intra-op threads; 0 = every core
 
   DistributedOptions distributed;

@@ -26,10 +26,14 @@
 namespace largo::train {
 
 // After an optimizer step: where the run stands (already advanced past the step) and what the
-// step did on this rank.
+// step did on this rank. Without a sync every step (TrainStepOptions::sync_every_step) the
+// steps' losses are read only where the trainer reads them (TrainingHook::reads_results_after,
+// an epoch's end): steps_read holds the steps read at this one, oldest first, this step last;
+// with a sync, this step alone.
 struct StepEvent {
   const checkpoint::TrainingProgress& progress;
-  const StepResult& step;
+  const StepResult& step; // num_images; loss and finite once read (in steps_read)
+  const std::vector<StepResult>& steps_read;
   double lr = 0.0;                        // the first group's learning rate of the step
   std::optional<int64_t> step_peak_bytes; // measured with activation checkpointing
   std::optional<double> weight_decay;     // the decayed groups', when a schedule sets it
@@ -39,6 +43,12 @@ class TrainingHook {
  public:
   virtual ~TrainingHook();
   virtual void on_step_end(const StepEvent& event) {}
+  // Whether this hook needs the steps' losses read after the step that brought the run to
+  // `progress` (a log line, a checkpoint: the run stops at a diverged step before writing).
+  // The trainer also reads them at every epoch's end.
+  virtual bool reads_results_after(const checkpoint::TrainingProgress& progress) const {
+    return false;
+  }
   // After the last step of an epoch, with the progress moved on to the next epoch
   // (progress.epoch is the number of epochs done; complete after the last one).
   virtual void on_epoch_end(checkpoint::TrainingProgress& progress) {}
@@ -71,6 +81,7 @@ class LoggingHook : public TrainingHook {
       double peak_flops_per_sec = 0.0);
   void on_step_end(const StepEvent& event) override;
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
+  bool reads_results_after(const checkpoint::TrainingProgress& progress) const override;
 
  private:
   void log_window(const StepEvent& event);
@@ -86,7 +97,8 @@ class LoggingHook : public TrainingHook {
   std::chrono::steady_clock::time_point window_start_ = std::chrono::steady_clock::now();
   int64_t window_images_ = 0;
   double window_loss_ = 0.0;
-  int64_t window_steps_ = 0;
+  int64_t window_steps_ = 0;    // whose losses window_loss_ sums
+  float last_loss_read_ = 0.0f; // the progress bar's
   int64_t window_peak_bytes_ = 0;
 };
 
@@ -145,6 +157,7 @@ class CheckpointHook : public TrainingHook {
       RunRecords& records);
   void on_step_end(const StepEvent& event) override;
   void on_epoch_end(checkpoint::TrainingProgress& progress) override;
+  bool reads_results_after(const checkpoint::TrainingProgress& progress) const override;
 
  private:
   checkpoint::TrainingState& state_;

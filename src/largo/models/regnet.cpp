@@ -4,6 +4,7 @@
 
 #include <largo/core/config.h>
 #include <largo/core/error.h>
+#include <largo/models/norm_relu.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -419,13 +420,16 @@ ConvNormActivationImpl::ConvNormActivationImpl(
     int64_t groups,
     const RegNetOptions& options,
     std::string activation)
-    : activation_(std::move(activation)) {
+    : activation_(std::move(activation)), fuse_relu_(options.fuse_relu && activation_ == "relu") {
   conv_ = register_module("0", regnet_conv(in_channels, out_channels, kernel, stride, groups));
   norm_ = regnet_batch_norm(out_channels, options);
   register_module("1", norm_.ptr());
 }
 
 at::Tensor ConvNormActivationImpl::forward(at::Tensor x) {
+  if (fuse_relu_) {
+    return norm_relu(norm_, conv_(x), /*fused=*/true);
+  }
   return activate(norm_.forward(conv_(x)), activation_);
 }
 

@@ -2,6 +2,7 @@
 
 #include <largo/core/config.h>
 #include <largo/core/error.h>
+#include <largo/models/norm_relu.h>
 
 #include <fmt/format.h>
 #include <torch/nn/functional/activation.h>
@@ -162,7 +163,7 @@ int64_t resnet_expansion(int64_t depth) {
 
 ResNetStemImpl::ResNetStemImpl(
     int64_t in_channels, int64_t out_channels, bool imagenet_stem, const NormOptions& norm)
-    : use_max_pool_(imagenet_stem) {
+    : use_max_pool_(imagenet_stem), fuse_relu_(norm.fuse_relu) {
   conv1_ = register_module(
       "conv1",
       imagenet_stem ? conv(in_channels, out_channels, 7, 2)
@@ -175,7 +176,7 @@ at::Tensor ResNetStemImpl::forward(at::Tensor x) {
 }
 
 at::Tensor ResNetStemImpl::forward_conv(at::Tensor x) {
-  return bn1_.forward(conv1_(x)).relu_();
+  return norm_relu(bn1_, conv1_(x), fuse_relu_);
 }
 
 at::Tensor ResNetStemImpl::forward_pool(at::Tensor x) {
@@ -190,7 +191,8 @@ void ResNetStemImpl::swap_child(const std::string& name, const SwappedModule& re
 }
 
 BasicBlockImpl::BasicBlockImpl(
-    int64_t in_channels, int64_t planes, int64_t stride, const NormOptions& norm) {
+    int64_t in_channels, int64_t planes, int64_t stride, const NormOptions& norm)
+    : fuse_relu_(norm.fuse_relu) {
   conv1_ = register_module("conv1", conv(in_channels, planes, 3, stride));
   bn1_ = register_norm(*this, "bn1", make_norm2d(norm, planes));
   conv2_ = register_module("conv2", conv(planes, planes, 3, 1));
@@ -204,10 +206,8 @@ BasicBlockImpl::BasicBlockImpl(
 
 at::Tensor BasicBlockImpl::forward(at::Tensor x) {
   at::Tensor identity = shortcut(downsample_, x);
-  at::Tensor out = bn1_.forward(conv1_(x)).relu_();
-  out = bn2_.forward(conv2_(out));
-  out += identity;
-  return out.relu_();
+  at::Tensor out = norm_relu(bn1_, conv1_(x), fuse_relu_);
+  return norm_add_relu(bn2_, conv2_(out), identity, fuse_relu_);
 }
 
 void BasicBlockImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
@@ -220,7 +220,8 @@ BottleneckImpl::BottleneckImpl(
     int64_t stride,
     int64_t groups,
     int64_t width_per_group,
-    const NormOptions& norm) {
+    const NormOptions& norm)
+    : fuse_relu_(norm.fuse_relu) {
   // torchvision: width = int(planes * (base_width / 64.)) * groups
   const int64_t width = planes * width_per_group / 64 * groups;
   const int64_t out_channels = planes * kExpansion;
@@ -238,11 +239,9 @@ BottleneckImpl::BottleneckImpl(
 
 at::Tensor BottleneckImpl::forward(at::Tensor x) {
   at::Tensor identity = shortcut(downsample_, x);
-  at::Tensor out = bn1_.forward(conv1_(x)).relu_();
-  out = bn2_.forward(conv2_(out)).relu_();
-  out = bn3_.forward(conv3_(out));
-  out += identity;
-  return out.relu_();
+  at::Tensor out = norm_relu(bn1_, conv1_(x), fuse_relu_);
+  out = norm_relu(bn2_, conv2_(out), fuse_relu_);
+  return norm_add_relu(bn3_, conv3_(out), identity, fuse_relu_);
 }
 
 void BottleneckImpl::swap_child(const std::string& name, const SwappedModule& replacement) {

@@ -144,14 +144,28 @@ void ParallelModel::backward(const at::Tensor& loss) {
 
 double ParallelModel::forward_backward(const at::Tensor& inputs, const at::Tensor& targets,
                                        const LossFunction& loss, int64_t loss_divisor) {
+  return forward_backward_on_device(inputs, targets, loss, loss_divisor).item<double>();
+}
+
+at::Tensor ParallelModel::forward_backward_on_device(
+    const at::Tensor& inputs,
+    const at::Tensor& targets,
+    const LossFunction& loss,
+    int64_t loss_divisor) {
   const at::Tensor value = loss(forward(inputs), targets);
   backward(loss_divisor > 1 ? value / static_cast<double>(loss_divisor) : value);
-  return value.item<double>();
+  return value.detach();
 }
 
 bool ParallelModel::finish_backward(bool loss_is_finite) {
   reduce_gradients();
   return precision_->unscale_(gradient_holders(), loss_is_finite || !options_.check_finite);
+}
+
+at::Tensor ParallelModel::finish_backward_on_device(const at::Tensor& loss_non_finite) {
+  reduce_gradients();
+  return precision_->unscale_on_device(
+      gradient_holders(), options_.check_finite ? loss_non_finite : at::Tensor());
 }
 
 double ParallelModel::clip_grad_norm(double max_norm, double norm_type) {

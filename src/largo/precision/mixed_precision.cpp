@@ -95,8 +95,8 @@ void MixedPrecision::backward(const at::Tensor& loss) {
   (scaler_ ? scaler_->scale(loss) : loss).backward();
 }
 
-bool MixedPrecision::unscale_(const std::vector<at::Tensor>& optimizer_params,
-                              bool loss_is_finite) {
+std::vector<at::Tensor>
+MixedPrecision::gradients_to_check(const std::vector<at::Tensor>& optimizer_params) {
   if (masters_) {
     masters_->copy_grads_to_masters();
   }
@@ -105,6 +105,12 @@ bool MixedPrecision::unscale_(const std::vector<at::Tensor>& optimizer_params,
   for (const at::Tensor& param : optimizer_params) {
     grads.push_back(param.grad());
   }
+  return grads;
+}
+
+bool MixedPrecision::unscale_(
+    const std::vector<at::Tensor>& optimizer_params, bool loss_is_finite) {
+  const std::vector<at::Tensor> grads = gradients_to_check(optimizer_params);
   if (scaler_) {
     scaler_->unscale_(grads, /*found_inf_elsewhere=*/!loss_is_finite);
     found_non_finite_ = scaler_->found_inf();
@@ -121,6 +127,27 @@ bool MixedPrecision::unscale_(const std::vector<at::Tensor>& optimizer_params,
     found_non_finite_ = false;
   }
   return !found_non_finite_;
+}
+
+at::Tensor MixedPrecision::unscale_on_device(
+    const std::vector<at::Tensor>& optimizer_params, const at::Tensor& loss_non_finite) {
+  if (scaler_) {
+    throw Error("MixedPrecision::unscale_on_device: with loss scaling the skip and the scale "
+                "update are decided on the host each step; call unscale_");
+  }
+  const std::vector<at::Tensor> grads = gradients_to_check(optimizer_params);
+  found_non_finite_ = false; // step() runs the optimizer; the caller reads the flag later
+  if (!check_finite_without_scaler_) {
+    return {};
+  }
+  at::Tensor flag = non_finite_flag(grads);
+  if (loss_non_finite.defined()) { // either of them set
+    flag = at::maximum(flag, loss_non_finite.to(flag.options()).reshape({1}));
+  }
+  if (reducer_) {
+    reducer_(flag);
+  }
+  return flag;
 }
 
 bool MixedPrecision::step(const std::function<void()>& optimizer_step) {

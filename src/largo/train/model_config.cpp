@@ -354,6 +354,10 @@ models::ModelOptions model_options_from(const Config& config) {
   resnet_options_from(config, model.resnet);
   model.resnet_sk = resnet_sk_options_from(config);
   model.regnet = regnet_options_from(config);
+  // Largo's MODEL.FUSED_KERNELS: the convolutional trunks' BatchNorm + ReLU (+ add).
+  const bool fused_kernels = config.get_bool("MODEL.FUSED_KERNELS");
+  model.resnet.norm.fuse_relu = fused_kernels;
+  model.regnet.fuse_relu = fused_kernels;
   model.pad_views = pad_views_from(config, model.trunk_name);
   vit_options_from(config, model.vit);
   const auto& trunks = models::supported_trunk_names();

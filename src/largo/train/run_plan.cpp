@@ -258,6 +258,27 @@ bool resolve_channels_last(const RunPlan& plan) {
          convolutional.count(plan.model.trunk_name) > 0;
 }
 
+// TrainerOptions::sync_every_step for this run: kAuto reads every step on the CPU (where a
+// read waits for nothing) and with loss scaling (whose skip and scale update the host
+// decides), and leaves the results on a CUDA device otherwise; kOff with loss scaling is
+// refused.
+bool resolve_sync_every_step(const RunPlan& plan) {
+  using AutoSwitch = TrainerOptions::AutoSwitch;
+  const AutoSwitch asked = plan.options.sync_every_step;
+  const bool loss_scaling = plan.precision.loss_scaling != precision::LossScaling::kNone;
+  if (asked == AutoSwitch::kOff && loss_scaling) {
+    throw OptionError(
+        "TrainerOptions::sync_every_step",
+        "off",
+        "on or auto with loss scaling (float16 mixed precision), whose skip and scale update "
+        "the host decides each step");
+  }
+  if (asked != AutoSwitch::kAuto) {
+    return asked == AutoSwitch::kOn;
+  }
+  return loss_scaling || !device_of(plan.options).is_cuda();
+}
+
 const std::string kFeatureEvalKey = "MODEL.FEATURE_EVAL_SETTINGS.";
 
 // MODEL.FEATURE_EVAL_SETTINGS without EVAL_MODE_ON, or without a freeze switch, builds no
@@ -730,6 +751,7 @@ RunPlan plan_run(TrainerOptions options, RunWorld world) {
   rethrow_with_yaml_keys(
       [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
   plan.channels_last = rethrow_with_yaml_keys([&] { return resolve_channels_last(plan); });
+  plan.sync_every_step = rethrow_with_yaml_keys([&] { return resolve_sync_every_step(plan); });
 
   // The ranks of a replica (a pipeline's stages, a layer's tensor-parallel shards) share its
   // batch: the mesh's data replicas make the global batch, and a node holds procs_per_node /
@@ -788,9 +810,10 @@ std::string RunPlan::describe() const {
         layout);
   }
   return fmt::format(
-      "{}{}, {}, global batch {} = {} per rank x {} {} x {} accumulation step(s)",
+      "{}{}{}, {}, global batch {} = {} per rank x {} {} x {} accumulation step(s)",
       precision.describe(),
       channels_last ? ", channels-last" : "",
+      sync_every_step ? "" : ", no host sync per step",
       layout,
       global_batch,
       batch_per_rank,

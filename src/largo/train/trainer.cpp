@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace largo::train {
 namespace fs = std::filesystem;
@@ -122,8 +123,23 @@ struct Trainer::State {
       TrainSummary& summary, const std::vector<int64_t>& order, int64_t first_batch);
   bool train_epoch(TrainSummary& summary, int64_t& iterations_left);
   StepResult run_step();
+  // Whether the steps' results are read after this one: every step with a sync, else when a
+  // hook wants them (a log line, a mid-epoch checkpoint), at the epoch's end, or when the run
+  // stops.
+  bool results_wanted_now(bool stopping) const;
+  // Reads the steps not read yet (one device sync), records their losses and stops the run
+  // at the first that diverged; returns them.
+  std::vector<StepResult> read_unread_steps(TrainSummary& summary);
   void end_epoch();
-  [[noreturn]] void throw_diverged(const StepResult& result) const;
+  // Where a step ran, kept for the message when its results are read later.
+  struct StepPosition {
+    int64_t epoch = 0;
+    int64_t iteration_in_epoch = 0;
+    int64_t iteration = 0;
+  };
+  [[noreturn]] void throw_diverged(const StepResult& result, const StepPosition& at) const;
+  std::vector<StepResult> unread_steps; // since the last read, oldest first
+  std::vector<StepPosition> unread_positions;
 };
 
 Trainer::Trainer(
@@ -199,7 +215,8 @@ void Trainer::State::setup() {
           options().grad_clip_max_norm,
           options().grad_clip_norm_type,
           model.output_widths(),
-          self_supervised.get()});
+          self_supervised.get(),
+          plan.sync_every_step});
   lr_schedule = optim::make_schedule(plan.lr);
   lr_head_schedule = optim::make_schedule(plan.lr_head);
   const OptimizerOptions& optimizer = options().optimizer;
@@ -618,15 +635,23 @@ StepResult Trainer::State::run_step() {
   }
 }
 
-void Trainer::State::throw_diverged(const StepResult& result) const {
+void Trainer::State::throw_diverged(const StepResult& result, const StepPosition& at) const {
   const checkpoint::TrainingProgress& p = state->progress;
+  const std::string read_later =
+      at.iteration + 1 < p.iteration
+          ? fmt::format(
+                "; read at global iteration {}: without a sync every step "
+                "(MACHINE.SYNC_EVERY_STEP) the run reads its losses when it logs or saves",
+                p.iteration)
+          : "";
   const std::string where = fmt::format(
-      "at epoch {} iteration {} (global iteration {}{})",
-      p.epoch + 1,
-      p.iteration_in_epoch + 1,
-      p.iteration + 1,
+      "at epoch {} iteration {} (global iteration {}{}{})",
+      at.epoch + 1,
+      at.iteration_in_epoch + 1,
+      at.iteration + 1,
       group->world_size() > 1 ? fmt::format(", rank {} of {}", group->rank(), group->world_size())
-                              : "");
+                              : "",
+      read_later);
   const std::string what =
       !std::isfinite(result.non_finite_loss)
           ? fmt::format("the training loss is {} {}", result.non_finite_loss, where)
@@ -636,6 +661,29 @@ void Trainer::State::throw_diverged(const StepResult& result) const {
       "state. Lower the learning rate or check the data, then resume.",
       what,
       (run_dir() / checkpoint::kLatestCheckpointName).string()));
+}
+
+bool Trainer::State::results_wanted_now(bool stopping) const {
+  const checkpoint::TrainingProgress& p = state->progress;
+  if (plan.sync_every_step || stopping || p.iteration_in_epoch == p.iterations_per_epoch) {
+    return true;
+  }
+  return std::any_of(
+      hooks.begin(), hooks.end(), [&p](const auto& hook) { return hook->reads_results_after(p); });
+}
+
+std::vector<StepResult> Trainer::State::read_unread_steps(TrainSummary& summary) {
+  read_step_results(unread_steps);
+  for (size_t i = 0; i < unread_steps.size(); ++i) {
+    const StepResult& result = unread_steps[i];
+    if (!result.finite && !parallel->precision().has_loss_scaling()) {
+      records.progress_bar.clear();
+      throw_diverged(result, unread_positions[i]);
+    }
+    summary.iteration_losses.push_back(result.loss);
+  }
+  unread_positions.clear();
+  return std::exchange(unread_steps, {});
 }
 
 bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left) {
@@ -654,14 +702,17 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     if (self_supervised) {
       self_supervised->start_iteration(p.iteration);
     }
-    const StepResult result = run_step();
-    if (!result.finite && !parallel->precision().has_loss_scaling()) {
-      records.progress_bar.clear();
-      throw_diverged(result);
-    }
+    const StepPosition position{p.epoch, p.iteration_in_epoch, p.iteration};
+    unread_steps.push_back(run_step());
+    unread_positions.push_back(position);
+    StepResult result = unread_steps.back();
     ++p.iteration;
     ++p.iteration_in_epoch;
-    summary.iteration_losses.push_back(result.loss);
+    std::vector<StepResult> steps_read;
+    if (results_wanted_now(/*stopping=*/iterations_left == 1)) {
+      steps_read = read_unread_steps(summary);
+      result = steps_read.back(); // this step's, read
+    }
     if (!model_state_logged) { // after the first step, when the optimizer state exists
       model_state_logged = true;
       spdlog::info(
@@ -669,7 +720,12 @@ bool Trainer::State::train_epoch(TrainSummary& summary, int64_t& iterations_left
     }
     const auto peak = step_memory ? std::optional(step_memory->window_peak_bytes()) : std::nullopt;
     const StepEvent event{
-        p, result, parallel->optimizer().param_groups().front().lr, peak, scheduled_weight_decay};
+        p,
+        result,
+        steps_read,
+        parallel->optimizer().param_groups().front().lr,
+        peak,
+        scheduled_weight_decay};
     for (auto& hook : hooks) {
       hook->on_step_end(event);
     }

@@ -402,18 +402,17 @@ void machine_options_from(const Config& config, TrainerOptions& options) {
       "one per core; 0 = every core");
 }
 
-// MODEL.CHANNELS_LAST (Largo's): auto, or one of YAML's booleans.
-TrainerOptions::ChannelsLast channels_last_from(const Config& config) {
-  const std::string key = "MODEL.CHANNELS_LAST";
+// Largo's switches that take auto or one of YAML's booleans (MODEL.CHANNELS_LAST,
+// MACHINE.SYNC_EVERY_STEP).
+TrainerOptions::AutoSwitch auto_switch_from(const Config& config, const std::string& key) {
   const YAML::Node value = config.node(key);
   if (value.IsScalar() && value.Scalar() == "auto") {
-    return TrainerOptions::ChannelsLast::kAuto;
+    return TrainerOptions::AutoSwitch::kAuto;
   }
   if (!value.IsScalar() || !yaml_scalar_is_bool(value)) {
     throw config_error(key, config.get_string(key), "auto, True or False");
   }
-  return config.get_bool(key) ? TrainerOptions::ChannelsLast::kOn
-                              : TrainerOptions::ChannelsLast::kOff;
+  return config.get_bool(key) ? TrainerOptions::AutoSwitch::kOn : TrainerOptions::AutoSwitch::kOff;
 }
 
 void checkpoint_options_from(const Config& config, TrainerOptions& options) {
@@ -469,7 +468,8 @@ TrainerOptions options_from_config(const Config& config) {
   rethrow_with_yaml_keys([&] { precision::GradScaler validated_scaler(options.grad_scaler); });
   options.seed = static_cast<uint64_t>(config.get_int("SEED_VALUE"));
   machine_options_from(config, options);
-  options.channels_last = channels_last_from(config);
+  options.channels_last = auto_switch_from(config, "MODEL.CHANNELS_LAST");
+  options.sync_every_step = auto_switch_from(config, "MACHINE.SYNC_EVERY_STEP");
   checkpoint_options_from(config, options);
   distributed_options_from(config, options);
   return options;

@@ -47,16 +47,23 @@ LoggingHook::LoggingHook(
       training_flops_per_sample_(training_flops_per_sample),
       peak_flops_per_sec_(peak_flops_per_sec) {}
 
+bool LoggingHook::reads_results_after(const checkpoint::TrainingProgress& progress) const {
+  return progress.iteration % log_frequency_ == 0 ||
+         progress.iteration_in_epoch == progress.iterations_per_epoch;
+}
+
 void LoggingHook::on_step_end(const StepEvent& event) {
   const checkpoint::TrainingProgress& progress = event.progress;
   window_images_ += event.step.num_images;
-  window_loss_ += event.step.loss;
-  ++window_steps_;
+  for (const StepResult& step : event.steps_read) { // every step of the window, once read
+    window_loss_ += step.loss;
+    ++window_steps_;
+    last_loss_read_ = step.loss;
+  }
   if (event.step_peak_bytes) {
     window_peak_bytes_ = std::max(window_peak_bytes_, *event.step_peak_bytes);
   }
-  if (progress.iteration % log_frequency_ == 0 ||
-      progress.iteration_in_epoch == progress.iterations_per_epoch) {
+  if (reads_results_after(progress)) {
     log_window(event);
   }
   if (model_.process_group().rank() == 0) {
@@ -64,7 +71,7 @@ void LoggingHook::on_step_end(const StepEvent& event) {
         progress.iteration_in_epoch,
         progress.iterations_per_epoch,
         fmt::format(
-            "epoch {}/{} loss {:.4f}", progress.epoch + 1, progress.num_epochs, event.step.loss));
+            "epoch {}/{} loss {:.4f}", progress.epoch + 1, progress.num_epochs, last_loss_read_));
   }
 }
 
@@ -309,10 +316,14 @@ CheckpointHook::CheckpointHook(
       frequency_iterations_(frequency_iterations),
       records_(records) {}
 
+bool CheckpointHook::reads_results_after(const checkpoint::TrainingProgress& progress) const {
+  return frequency_iterations_ > 0 && progress.iteration % frequency_iterations_ == 0 &&
+         progress.iteration_in_epoch < progress.iterations_per_epoch;
+}
+
 void CheckpointHook::on_step_end(const StepEvent& event) {
   const checkpoint::TrainingProgress& progress = event.progress;
-  if (frequency_iterations_ > 0 && progress.iteration % frequency_iterations_ == 0 &&
-      progress.iteration_in_epoch < progress.iterations_per_epoch) {
+  if (reads_results_after(progress)) { // a mid-epoch checkpoint
     records_.progress_bar.clear();
     state_.save(dir_, fmt::format("model_iteration{}.torch", progress.iteration));
   }

@@ -189,7 +189,8 @@ class PipelineModel : public ParallelModel {
     }
   }
 
-  double forward_backward(
+  // The schedule reads its loss on the host: it goes back to the device as a 0-d tensor.
+  at::Tensor forward_backward_on_device(
       const at::Tensor& inputs,
       const at::Tensor& targets,
       const LossFunction& loss,
@@ -218,7 +219,8 @@ class PipelineModel : public ParallelModel {
           loss_divisor > 1 ? weighted / static_cast<double>(loss_divisor) : weighted;
       return scaler != nullptr ? scaler->scale(divided) : divided;
     };
-    return pipeline_->forward_backward(inputs, targets, outside_autocast_loss, scale);
+    const double value = pipeline_->forward_backward(inputs, targets, outside_autocast_loss, scale);
+    return at::scalar_tensor(value, at::TensorOptions().dtype(at::kDouble).device(module_device()));
   }
 
   bool forward_communicates_without_grad() const override {
