@@ -729,6 +729,12 @@ std::vector<WiredKey> wired_keys() {
       {"MACHINE.ALLOW_TF32_CUDNN",
        "Largo extension: TF32 convolutions (Ampere+)",
        "Tf32.SwitchesAreStoredAndHarmlessOnTheCpu"},
+      {"MACHINE.CUDA_GRAPH",
+       "Largo extension: the whole step captured once as a CUDA graph and replayed "
+       "([performance.md](performance.md#the-step-as-one-cuda-graph)); refused at start, naming "
+       "what stands in its way, unless the run is one process on a GPU without a host read in the "
+       "step, with SGD and DATA.TRAIN.DROP_LAST True",
+       "TrainerCudaGraphTest.IsRefusedNamingWhatStandsInItsWay"},
       {"MACHINE.SYNC_EVERY_STEP",
        "Largo extension: `auto`, True or False: read the loss and the inf/NaN check to the host "
        "every step, or only when logging, saving and at an epoch's end "

@@ -40,6 +40,12 @@ struct ParamGroup {
   double lr = 0.1;
   double weight_decay = 0.0;
   std::string name;
+  // When defined: `lr` as a 0-d float32 tensor on the parameters' CUDA device, which SGD's
+  // fused CUDA kernel reads instead of `lr`, so that a CUDA graph's replays step with the
+  // value the host put there (train/cuda_graph_step.h keeps it equal to `lr`). SGD throws
+  // TrainingError for a parameter of such a group that its fused CUDA kernel cannot take; the
+  // other optimizers do not read it (CudaGraphStep refuses them).
+  at::Tensor lr_on_device;
 };
 
 // The state of one parameter, e.g. {"momentum_buffer": Tensor} or

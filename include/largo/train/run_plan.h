@@ -50,6 +50,7 @@ struct RunPlan {
   parallel::ParallelOptions parallel; // options.parallel, completed (see the top)
   bool channels_last = false;         // options.channels_last, resolved for this machine
   bool sync_every_step = true;        // options.sync_every_step, resolved for this machine
+  bool cuda_graph = false;            // options.cuda_graph, checked against the run
 
   int64_t batch_per_rank = 0;  // DATA.TRAIN.BATCHSIZE_PER_REPLICA, one micro-step
   int64_t batch_per_node = 0;  // per rank x ranks per node x accumulation steps

@@ -164,6 +164,11 @@ struct TrainerOptions {
   // on otherwise (on the CPU a read costs nothing); kOff with loss scaling (float16) is
   // refused.
   AutoSwitch sync_every_step = AutoSwitch::kAuto;
+  // The whole step as one CUDA graph, captured after a warm-up and replayed
+  // (train/cuda_graph_step.h; MACHINE.CUDA_GRAPH). Refused at start, naming what stands in its
+  // way, unless the run is one process on a CUDA device without a host read in the step, with
+  // SGD and fixed batch shapes (RunPlan, resolve_cuda_graph).
+  bool cuda_graph = false;
   int64_t num_threads = 0;    // intra-op threads; 0 = every core
 
   DistributedOptions distributed;

@@ -120,6 +120,20 @@ void fused_cuda_step(FusedCudaLists& lists, const ParamGroup& group, const SGDOp
     if (lists.params[first_step].empty()) {
       continue;
     }
+    if (group.lr_on_device.defined()) { // read on the device: a CUDA graph replays it
+      at::_fused_sgd_(
+          lists.params[first_step],
+          lists.grads[first_step],
+          lists.buffers[first_step],
+          group.weight_decay,
+          options.momentum,
+          group.lr_on_device,
+          options.dampening,
+          options.nesterov,
+          /*maximize=*/false,
+          /*is_first_step=*/first_step == 1);
+      continue;
+    }
     at::_fused_sgd_(
         lists.params[first_step],
         lists.grads[first_step],
@@ -232,6 +246,13 @@ void SGD::step() {
         options_.fused && detail::can_use_cpu_kernels({&param, &grad, buffer_layout});
     const bool on_cuda =
         options_.fused && !on_cpu && can_use_fused_cuda_kernel({&param, &grad, buffer_layout});
+    if (!on_cuda && item.group.lr_on_device.defined()) {
+      throw TrainingError(fmt::format(
+          "SGD: parameter {} cannot take the fused CUDA kernel (its gradient's device, dtype or "
+          "layout differs from the parameter's), and its group's learning rate is read on the "
+          "device (ParamGroup::lr_on_device, a CUDA graph): the other paths read it on the host",
+          item.name()));
+    }
     GroupLists& list = lists[item.group_index];
     if (on_cpu || on_cuda) {
       if (first_step) { // torch.clone keeps the gradient's layout

@@ -170,6 +170,7 @@ const std::map<std::string, std::string>& option_keys() {
       {"SyncBatchNorm::group_size", "MODEL.SYNC_BN_CONFIG.GROUP_SIZE"},
       {"TensorParallelPlanOptions::sequence_parallel", "DISTRIBUTED.SEQUENCE_PARALLEL"},
       {"TrainerOptions::channels_last", "MODEL.CHANNELS_LAST"},
+      {"TrainerOptions::cuda_graph", "MACHINE.CUDA_GRAPH"},
       {"TrainerOptions::sync_every_step", "MACHINE.SYNC_EVERY_STEP"},
       {"VitOptions::attention_dropout", "MODEL.TRUNK.VISION_TRANSFORMERS.ATTENTION_DROPOUT_RATE"},
       {"VitOptions::classifier", "MODEL.TRUNK.VISION_TRANSFORMERS.CLASSIFIER"},

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <set>
@@ -277,6 +278,69 @@ bool resolve_sync_every_step(const RunPlan& plan) {
     return asked == AutoSwitch::kOn;
   }
   return loss_scaling || !device_of(plan.options).is_cuda();
+}
+
+// What keeps a run from being captured as one CUDA graph (train/cuda_graph_step.h), the
+// first of them; empty when nothing does. The device comes last, so that a machine without a
+// GPU tells a config's other obstacles too (and MACHINE.DEVICE cpu is one, where gpu without
+// a GPU falls back; resolve_cuda_graph).
+std::string cuda_graph_obstacle(const RunPlan& plan) {
+  const TrainerOptions& o = plan.options;
+  if (plan.world.world_size > 1) {
+    return "one process (the collectives of DDP, ZeRO, FSDP, tensor and pipeline parallelism "
+           "are not captured yet)";
+  }
+  if (plan.sync_every_step) {
+    return "no host read in the step (MACHINE.SYNC_EVERY_STEP False or auto, without float16's "
+           "loss scaling)";
+  }
+  if (o.optimizer.spec.name != "sgd" || o.optimizer.spec.use_larc) {
+    return "OPTIMIZER.name sgd without LARC (SGD's fused CUDA kernel reads its learning rate "
+           "from the device; the others read it on the host)";
+  }
+  if (o.optimizer.weight_decay_schedule || o.optimizer.head_weight_decay_schedule) {
+    return "a constant weight decay (a schedule of it is read on the host)";
+  }
+  if (o.use_grad_clip) {
+    return "no MODEL.GRAD_CLIP (its norm is read on the host)";
+  }
+  if (plan.parallel.activation_checkpointing.enabled()) {
+    return "no activation checkpointing (its recompute is not captured yet)";
+  }
+  if (o.self_supervised.enabled()) {
+    return "a classification loss (the self-supervised losses read on the host or keep queues "
+           "the host updates)";
+  }
+  if (o.sync_batch_norm.convert) {
+    return "no SyncBatchNorm";
+  }
+  if (!o.train.drop_last) {
+    return "DATA.TRAIN.DROP_LAST True (an epoch's last, smaller batch would change the shapes "
+           "the graph replays)";
+  }
+  if (o.device != "gpu") {
+    return "MACHINE.DEVICE gpu";
+  }
+  return "";
+}
+
+// TrainerOptions::cuda_graph for this run: on only where nothing stands in its way. Where
+// device gpu finds no GPU the run falls back to the CPU (run_environment.cpp warns), and the
+// graph goes with it, warned too.
+bool resolve_cuda_graph(const RunPlan& plan) {
+  if (!plan.options.cuda_graph) {
+    return false;
+  }
+  const std::string obstacle = cuda_graph_obstacle(plan);
+  if (!obstacle.empty()) {
+    throw OptionError("TrainerOptions::cuda_graph", "on", "off, or a run with " + obstacle);
+  }
+  if (!device_of(plan.options).is_cuda()) {
+    spdlog::warn("MACHINE.CUDA_GRAPH is True but no CUDA device is visible; the run falls back "
+                 "to the CPU, without a graph");
+    return false;
+  }
+  return true;
 }
 
 const std::string kFeatureEvalKey = "MODEL.FEATURE_EVAL_SETTINGS.";
@@ -752,6 +816,7 @@ RunPlan plan_run(TrainerOptions options, RunWorld world) {
       [&] { parallel::check_parallel_options(plan.parallel, world.world_size); });
   plan.channels_last = rethrow_with_yaml_keys([&] { return resolve_channels_last(plan); });
   plan.sync_every_step = rethrow_with_yaml_keys([&] { return resolve_sync_every_step(plan); });
+  plan.cuda_graph = rethrow_with_yaml_keys([&] { return resolve_cuda_graph(plan); });
 
   // The ranks of a replica (a pipeline's stages, a layer's tensor-parallel shards) share its
   // batch: the mesh's data replicas make the global batch, and a node holds procs_per_node /
@@ -813,7 +878,8 @@ std::string RunPlan::describe() const {
       "{}{}{}, {}, global batch {} = {} per rank x {} {} x {} accumulation step(s)",
       precision.describe(),
       channels_last ? ", channels-last" : "",
-      sync_every_step ? "" : ", no host sync per step",
+      sync_every_step ? ""
+                      : (cuda_graph ? ", the step as one CUDA graph" : ", no host sync per step"),
       layout,
       global_batch,
       batch_per_rank,

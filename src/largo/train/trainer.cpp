@@ -19,6 +19,7 @@
 #include <largo/optim/param_groups.h>
 #include <largo/parallel/data_parallel/sync_batch_norm.h>
 #include <largo/parallel/parallelize.h>
+#include <largo/train/cuda_graph_step.h>
 #include <largo/train/device_cache_hook.h>
 #include <largo/train/local_data_copy.h>
 #include <largo/train/model_ema_hook.h>
@@ -76,6 +77,7 @@ struct Trainer::State {
   // deepclusterv2_loss
   std::unique_ptr<SelfSupervisedLoss> self_supervised;
   std::unique_ptr<TrainStep> step;
+  std::unique_ptr<CudaGraphStep> graph_step; // MACHINE.CUDA_GRAPH: replays step's capture
   std::unique_ptr<optim::LrSchedule> lr_schedule;
   std::unique_ptr<optim::LrSchedule> lr_head_schedule;
   std::unique_ptr<optim::LrSchedule> weight_decay_schedule;      // null: constant
@@ -217,6 +219,9 @@ void Trainer::State::setup() {
           model.output_widths(),
           self_supervised.get(),
           plan.sync_every_step});
+  if (plan.cuda_graph) {
+    graph_step = std::make_unique<CudaGraphStep>(*step, *parallel, device);
+  }
   lr_schedule = optim::make_schedule(plan.lr);
   lr_head_schedule = optim::make_schedule(plan.lr_head);
   const OptimizerOptions& optimizer = options().optimizer;
@@ -623,7 +628,9 @@ StepResult Trainer::State::run_step() {
     step_memory->start_window();
   }
   try {
-    return step->run(next_batch, std::min(options().gradient_accumulation_steps, batches_left));
+    const int64_t micro_batches = std::min(options().gradient_accumulation_steps, batches_left);
+    return graph_step ? graph_step->run(next_batch, micro_batches)
+                      : step->run(next_batch, micro_batches);
   } catch (const TrainingError& error) { // the loss scale cannot back off any further
     records.progress_bar.clear();
     throw TrainingError(fmt::format(

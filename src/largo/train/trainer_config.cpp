@@ -470,6 +470,7 @@ TrainerOptions options_from_config(const Config& config) {
   machine_options_from(config, options);
   options.channels_last = auto_switch_from(config, "MODEL.CHANNELS_LAST");
   options.sync_every_step = auto_switch_from(config, "MACHINE.SYNC_EVERY_STEP");
+  options.cuda_graph = config.get_bool("MACHINE.CUDA_GRAPH");
   checkpoint_options_from(config, options);
   distributed_options_from(config, options);
   return options;
