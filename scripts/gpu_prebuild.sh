@@ -5,8 +5,8 @@
 # --prebuilt .gpu_prebuilt` then runs them instead of configuring and building.
 #
 # What is packed: every test suite that holds a CUDA test (the same list gpu_check.sh builds),
-# precision_bench, batch_norm_relu_bench, transformer_fusions_bench and the largo program,
-# stripped, their RUNPATH pointing first at ../.gpu_deps (scripts/gpu_deps.sh: yaml-cpp, spdlog, fmt, libjpeg, libpng of Debian 12) and
+# precision_bench, batch_norm_relu_bench, transformer_fusions_bench, attention_backend_bench and
+# the largo program, stripped, their RUNPATH pointing first at ../.gpu_deps (scripts/gpu_deps.sh: yaml-cpp, spdlog, fmt, libjpeg, libpng of Debian 12) and
 # then where this machine's libtorch is; gpu_check.sh links that site-packages folder to the GPU
 # machine's own (whose nvidia/ folder holds the CUDA libraries libtorch loads from $ORIGIN/../..) (the same release, 2.11 with CUDA 13: MANIFEST records what they were built
 # against, and gpu_check.sh refuses another version). The programs were also compiled with
@@ -24,7 +24,7 @@ if ! command -v patchelf > /dev/null; then
 fi
 
 mapfile -t layers < <(bash scripts/gpu_check.sh --list-layers)
-targets=(largo precision_bench batch_norm_relu_bench transformer_fusions_bench)
+targets=(largo precision_bench batch_norm_relu_bench transformer_fusions_bench attention_backend_bench)
 for layer in "${layers[@]}"; do targets+=("largo_${layer}_tests"); done
 # The targets need LARGO_BUILD_TESTS and LARGO_BUILD_BENCH, which another configure of this
 # folder (the default job's) may have turned off.
@@ -44,6 +44,7 @@ pack "$build/largo" largo "../"
 pack "$build/bench/precision_bench" bench/precision_bench "../../"
 pack "$build/bench/batch_norm_relu_bench" bench/batch_norm_relu_bench "../../"
 pack "$build/bench/transformer_fusions_bench" bench/transformer_fusions_bench "../../"
+pack "$build/bench/attention_backend_bench" bench/attention_backend_bench "../../"
 for layer in "${layers[@]}"; do
   pack "$build/tests/largo_${layer}_tests" "tests/largo_${layer}_tests" "../../"
 done

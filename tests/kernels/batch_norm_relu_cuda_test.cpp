@@ -10,6 +10,7 @@
 // Skipped without a GPU (scripts/gpu_check.sh runs them).
 #include <largo/kernels/batch_norm_relu.h>
 
+#include "kernels/cuda_kernels_skip.h"
 #include "kernels/kernel_test_bounds.h"
 
 #include <gtest/gtest.h>
@@ -418,31 +419,23 @@ void check_dtype(at::ScalarType dtype) {
   }
 }
 
-#define LARGO_SKIP_WITHOUT_CUDA()                                                                  \
-  do {                                                                                             \
-    if (!torch::cuda::is_available()) {                                                            \
-      GTEST_SKIP() << "no CUDA device: the fused kernels are checked on GPU machines only";        \
-    }                                                                                              \
-    ASSERT_TRUE(cuda_kernels_compiled()) << "a CUDA device, but a build without the kernels";      \
-  } while (false)
-
 TEST(BatchNormReluCuda, Float32MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_dtype(at::kFloat);
 }
 
 TEST(BatchNormReluCuda, BFloat16MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_dtype(at::kBFloat16);
 }
 
 TEST(BatchNormReluCuda, Float16MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_dtype(at::kHalf);
 }
 
 TEST(BatchNormReluCuda, OtherLayoutsAndDtypesRunAtensPathBitForBit) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   const auto on_gpu = torch::device(torch::kCUDA);
   const at::Tensor weight = torch::rand({16}, on_gpu) + 0.5;
   const at::Tensor bias = torch::randn({16}, on_gpu);
@@ -480,7 +473,7 @@ TEST(BatchNormReluCuda, OtherLayoutsAndDtypesRunAtensPathBitForBit) {
 }
 
 TEST(BatchNormReluCuda, GradientInAnotherLayoutAndRepeatedRunsGiveTheSameBits) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   const Case c{at::kBFloat16, {16, 64, 14, 14}, /*residual=*/true, /*training=*/true};
   const Inputs inputs = make_inputs(c);
   const Results first = run_fused(c, inputs);

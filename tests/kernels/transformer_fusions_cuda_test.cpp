@@ -11,6 +11,7 @@
 #include <largo/kernels/batch_norm_relu.h> // cuda_kernels_compiled
 #include <largo/kernels/bias_gelu.h>
 
+#include "kernels/cuda_kernels_skip.h"
 #include "kernels/kernel_test_bounds.h"
 
 #include <ATen/autocast_mode.h>
@@ -71,17 +72,6 @@ std::vector<int64_t> row_dims(const at::Tensor& tensor) {
   }
   return dims;
 }
-
-// (batch_norm_relu_cuda_test.cpp defines the same macro; the unity build may join the files.)
-#ifndef LARGO_SKIP_WITHOUT_CUDA
-#define LARGO_SKIP_WITHOUT_CUDA()                                                                  \
-  do {                                                                                             \
-    if (!torch::cuda::is_available()) {                                                            \
-      GTEST_SKIP() << "no CUDA device: the fused kernels are checked on GPU machines only";        \
-    }                                                                                              \
-    ASSERT_TRUE(cuda_kernels_compiled()) << "a CUDA device, but a build without the kernels";      \
-  } while (false)
-#endif
 
 // ---- bias_gelu ----------------------------------------------------------------------------
 
@@ -234,22 +224,22 @@ void check_gelu_dtype(at::ScalarType dtype) {
 }
 
 TEST(BiasGeluCuda, Float32MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_gelu_dtype(at::kFloat);
 }
 
 TEST(BiasGeluCuda, BFloat16MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_gelu_dtype(at::kBFloat16);
 }
 
 TEST(BiasGeluCuda, Float16MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_gelu_dtype(at::kHalf);
 }
 
 TEST(BiasGeluCuda, OtherLayoutsAndDtypesRunAtensPathBitForBit) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   const at::Tensor bias = torch::randn({16}, kOnGpu);
   const std::vector<at::Tensor> inputs = {
       torch::randn({16, 8}, kOnGpu).to(at::kBFloat16).t(), // not contiguous
@@ -270,7 +260,7 @@ TEST(BiasGeluCuda, OtherLayoutsAndDtypesRunAtensPathBitForBit) {
 }
 
 TEST(BiasGeluCuda, GradientInAnotherLayoutAndRepeatedRunsGiveTheSameBits) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   const GeluCase c{at::kBFloat16, at::kFloat, "none", {8, 197, 3072}};
   torch::manual_seed(4345);
   const at::Tensor input = torch::randn(c.sizes, kOnGpu).to(c.dtype);
@@ -516,12 +506,12 @@ const at::ScalarType kB = at::kBFloat16;
 const at::ScalarType kH = at::kHalf;
 
 TEST(AddLayerNormCuda, Float32MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_layer_norm_cases({{kF, kF, kF, std::nullopt, {}}, {kF, kF, kF, kB, {}}});
 }
 
 TEST(AddLayerNormCuda, BFloat16MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_layer_norm_cases({
       {kB, kB, kF, std::nullopt, {}},
       {kB, kB, kB, std::nullopt, {}},
@@ -534,7 +524,7 @@ TEST(AddLayerNormCuda, BFloat16MatchesAtensUnfusedSequence) {
 }
 
 TEST(AddLayerNormCuda, Float16MatchesAtensUnfusedSequence) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   check_layer_norm_cases({
       {kH, kH, kF, std::nullopt, {}},
       {kH, kH, kH, std::nullopt, {}},
@@ -544,7 +534,7 @@ TEST(AddLayerNormCuda, Float16MatchesAtensUnfusedSequence) {
 }
 
 TEST(AddLayerNormCuda, OtherLayoutsAndDtypesRunAtensPathBitForBit) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   const at::Tensor weight = torch::rand({16}, kOnGpu) + 0.5;
   const at::Tensor bias = torch::randn({16}, kOnGpu);
   const std::vector<std::pair<at::Tensor, at::Tensor>> pairs = {
@@ -574,7 +564,7 @@ TEST(AddLayerNormCuda, OtherLayoutsAndDtypesRunAtensPathBitForBit) {
 }
 
 TEST(AddLayerNormCuda, GradientInAnotherLayoutAndRepeatedRunsGiveTheSameBits) {
-  LARGO_SKIP_WITHOUT_CUDA();
+  LARGO_SKIP_WITHOUT_CUDA_KERNELS();
   const LayerNormCase c{kB, kF, kF, kB, {16, 197, 768}};
   const LayerNormInputs inputs = make_layer_norm_inputs(c);
   const LayerNormResults first = run_layer_norm(c, inputs, true);

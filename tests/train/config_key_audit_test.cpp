@@ -82,9 +82,10 @@ std::vector<WiredKey> wired_keys() {
        "iterations between emptyings of the CUDA cache",
        "DeviceCacheHookTest.CudaCacheIsEmptiedBeforeEveryNthIterationOnly"},
       {"MODEL.FUSED_KERNELS",
-       "Largo extension: resnet's and regnet's BatchNorm + ReLU (resnet's + residual add too) "
-       "through Largo's fused CUDA kernels where they apply "
-       "([performance.md](performance.md#fused-kernels)); on the CPU both ways are ATen's ops",
+       "Largo extension: resnet's and regnet's BatchNorm + ReLU (+ residual add) and the ViT's "
+       "bias + GELU and residual add + LayerNorm through Largo's fused CUDA kernels where they "
+       "apply ([performance.md](performance.md#fused-kernels)); on the CPU both ways are ATen's "
+       "ops",
        "ResNetFusedNormReluTest.TrainsBitForBitLikeAtensOpsOnTheCpu"},
       {"MODEL.CHANNELS_LAST",
        "Largo extension: `auto`, True or False: convolution weights and batches in the "
@@ -725,10 +726,14 @@ std::vector<WiredKey> wired_keys() {
       {"MACHINE.NUM_THREADS", "Largo extension: intra-op threads", kMapping},
       {"MACHINE.ALLOW_TF32_MATMUL",
        "Largo extension: TF32 matmuls (Ampere+)",
-       "Tf32.SwitchesAreStoredAndHarmlessOnTheCpu"},
+       "TrainerKernelSwitchesTest.TheRunSetsTf32AndTheAttentionBackend"},
       {"MACHINE.ALLOW_TF32_CUDNN",
        "Largo extension: TF32 convolutions (Ampere+)",
-       "Tf32.SwitchesAreStoredAndHarmlessOnTheCpu"},
+       "TrainerKernelSwitchesTest.TheRunSetsTf32AndTheAttentionBackend"},
+      {"MACHINE.ATTENTION_BACKEND",
+       "Largo extension: the attention kernel CUDA attention tries first (auto, flash, "
+       "efficient, cudnn, math; [performance.md](performance.md#attention-backend))",
+       "TrainerKernelSwitchesTest.TheRunSetsTf32AndTheAttentionBackend"},
       {"MACHINE.CUDA_GRAPH",
        "Largo extension: the whole step captured once as a CUDA graph and replayed "
        "([performance.md](performance.md#the-step-as-one-cuda-graph)); refused at start, naming "

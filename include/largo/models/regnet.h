@@ -66,9 +66,9 @@ struct RegNetOptions {
   double se_ratio = 0.25;          // se_ratio: SE width / block input width
   double bn_epsilon = 1e-5;        // bn_epsilon
   double bn_momentum = 0.1;        // bn_momentum (PyTorch's convention)
-  // Each conv's BatchNorm + ReLU through largo::kernels' fused CUDA kernels where they apply
-  // (models/norm_relu.h; MODEL.FUSED_KERNELS; not the block's residual add + ReLU, which
-  // follows its third conv's BatchNorm without an activation). false: ATen's ops everywhere.
+  // With the relu activation: each conv's BatchNorm + ReLU, and each block's last BatchNorm +
+  // residual add + ReLU, through largo::kernels' fused CUDA kernels where they apply
+  // (models/norm_relu.h; MODEL.FUSED_KERNELS). false: ATen's ops everywhere.
   bool fuse_relu = true;
   // ClassyVision's AnyNet (VISSL's `name: anynet` with depths, widths, group_widths,
   // bottleneck_multipliers, strides): the stages given one by one, used as given (AnyNetParams
@@ -136,6 +136,9 @@ class ConvNormActivationImpl : public torch::nn::Module, public SwappableChildre
       const RegNetOptions& options,
       std::string activation);
   at::Tensor forward(at::Tensor x);
+  // relu(norm(conv(x)) + residual) through models/norm_relu.h's fused call (a block's last
+  // part, which has no activation of its own, when RegNetOptions::fuse_relu).
+  at::Tensor forward_add_relu(const at::Tensor& x, const at::Tensor& residual);
   void swap_child(const std::string& name, const SwappedModule& replacement) override;
 
  private:
@@ -177,6 +180,8 @@ class BottleneckTransformImpl : public torch::nn::Module {
  public:
   BottleneckTransformImpl(const RegNetBlockSpec& spec, const RegNetOptions& options);
   at::Tensor forward(at::Tensor x);
+  // relu(forward(x) + shortcut), c's BatchNorm, the add and the ReLU in one call.
+  at::Tensor forward_add_relu(at::Tensor x, const at::Tensor& shortcut);
 
  private:
   ConvNormActivation a_{nullptr};
@@ -203,6 +208,7 @@ class RegNetBlockImpl : public torch::nn::Module {
   ConvNormActivation proj_{nullptr}; // null for the identity
   BottleneckTransform f_{nullptr};
   std::string activation_;
+  bool fuse_add_relu_; // RegNetOptions::fuse_relu, with a relu activation
 };
 TORCH_MODULE(RegNetBlock);
 

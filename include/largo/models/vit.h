@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 namespace largo::models {
 
@@ -49,6 +50,10 @@ struct VitOptions {
   // USE_CLASS_TOKEN: VISSL's switch (it ignores CLASSIFIER). False is "gap": no class token,
   // the output is the mean of the tokens after the final norm (VISSL's FeatAvgPool).
   bool use_class_token = true;
+  // Each encoder layer's fc1 bias + GELU and its attention residual add + norm2 through
+  // largo::kernels' fused CUDA kernels on CUDA activations (VitFusedKernels::kOnCuda below;
+  // MODEL.FUSED_KERNELS). false: ATen's ops everywhere.
+  bool fused_kernels = true;
 };
 
 // Whether the trunk has a class token: use_class_token and the "token" classifier.
@@ -98,6 +103,21 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(VitPatchEmbedding);
 
+// Where an encoder layer calls largo::kernels' fused ops in place of ATen's: bias_gelu for
+// gelu(fc1(x)) (fc1's matmul without its bias, then the bias and the GELU in one pass;
+// kernels/bias_gelu.h) and add_layer_norm for the attention branch's residual add and norm2
+// (kernels/add_layer_norm.h). Same function, other rounding: the bias is added after the matmul
+// is rounded, not inside it, and the fused reductions run in another order. The MLP's residual
+// add and the next layer's norm1 stay ATen's (they are in two modules, which pipelines and
+// activation checkpointing cut between). Tensor-parallel layers keep ATen's ops (their fc1 is
+// a column-parallel module that holds its own bias).
+enum class VitFusedKernels {
+  kNever,      // ATen's linear + GELU and add + LayerNorm everywhere
+  kOnCuda,     // on CUDA activations, where the kernels fuse (the default)
+  kEverywhere, // also off CUDA, where the two calls run ATen's unfused sequence: what the
+               // fused path computes, checkable where no GPU is (tests/models/vit_fused_test.cpp)
+};
+
 struct VitEncoderLayerOptions {
   int64_t hidden_dim = 768;
   int64_t num_heads = 12;
@@ -106,6 +126,7 @@ struct VitEncoderLayerOptions {
   double attention_dropout = 0.0;
   double drop_path = 0.0;
   bool qkv_bias = false;
+  VitFusedKernels fused_kernels = VitFusedKernels::kOnCuda;
 };
 
 // [b, t, d] -> [b, t, d]
@@ -165,6 +186,12 @@ class VitEncoderLayerImpl : public torch::nn::Module {
   dense(const torch::nn::Linear& full, torch::nn::AnyModule& parallel, const at::Tensor& x);
   // norm(x), its weight and bias summed over the shards under sequence parallelism.
   at::Tensor norm(torch::nn::LayerNorm& layer, const at::Tensor& x);
+  // Whether this call on x runs the fused ops (VitEncoderLayerOptions::fused_kernels).
+  bool fuses(const at::Tensor& x) const;
+  // x + branch (the residual stream) and norm2 of it: {sum, normed}.
+  std::pair<at::Tensor, at::Tensor> add_norm2(const at::Tensor& x, const at::Tensor& branch);
+  // gelu(fc1(x)): [b, t, d] -> [b, t, mlp_dim] (or this rank's share).
+  at::Tensor fc1_gelu(const at::Tensor& x);
   // `region` (dropout) in this rank's own random stream when what it draws for is this
   // rank's alone (`sharded`) under tensor parallelism; else in the stream every rank shares.
   at::Tensor

@@ -4,6 +4,7 @@
 
 #include <largo/checkpoint/weights_init.h>
 #include <largo/data/dataset_factory.h>
+#include <largo/models/attention_backend.h>
 #include <largo/models/model_factory.h>
 #include <largo/optim/lr_schedule.h>
 #include <largo/optim/model_ema.h>
@@ -170,6 +171,9 @@ struct TrainerOptions {
   // SGD and fixed batch shapes (RunPlan, resolve_cuda_graph).
   bool cuda_graph = false;
   int64_t num_threads = 0;    // intra-op threads; 0 = every core
+  // The scaled-dot-product-attention kernel CUDA attention tries first, set process-wide when
+  // the run starts (models/attention_backend.h; MACHINE.ATTENTION_BACKEND).
+  models::AttentionBackend attention_backend = models::AttentionBackend::kAuto;
 
   DistributedOptions distributed;
   // How the ranks train together (docs/parallelism.md): the data-parallel mode (DDP, ZeRO-1/2,

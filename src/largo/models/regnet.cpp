@@ -433,6 +433,11 @@ at::Tensor ConvNormActivationImpl::forward(at::Tensor x) {
   return activate(norm_.forward(conv_(x)), activation_);
 }
 
+at::Tensor
+ConvNormActivationImpl::forward_add_relu(const at::Tensor& x, const at::Tensor& residual) {
+  return norm_add_relu(norm_, conv_(x), residual, /*fused=*/true);
+}
+
 // The "1" child (of the stem too) is the norm layer: the only one to swap.
 void ConvNormActivationImpl::swap_child(const std::string& name, const SwappedModule& replacement) {
   if (name != "1" || replacement.any.is_empty()) {
@@ -498,8 +503,18 @@ at::Tensor BottleneckTransformImpl::forward(at::Tensor x) {
   return c_(x);
 }
 
+at::Tensor BottleneckTransformImpl::forward_add_relu(at::Tensor x, const at::Tensor& shortcut) {
+  x = b_(a_(std::move(x)));
+  if (se_) {
+    x = se_(x);
+  }
+  return c_->forward_add_relu(x, shortcut);
+}
+
 RegNetBlockImpl::RegNetBlockImpl(const RegNetBlockSpec& spec, const RegNetOptions& options)
-    : starts_stage_(spec.starts_stage), activation_(options.activation) {
+    : starts_stage_(spec.starts_stage),
+      activation_(options.activation),
+      fuse_add_relu_(options.fuse_relu && options.activation == "relu") {
   if (spec.projection()) {
     proj_ = register_module(
         "proj",
@@ -510,6 +525,9 @@ RegNetBlockImpl::RegNetBlockImpl(const RegNetBlockSpec& spec, const RegNetOption
 
 at::Tensor RegNetBlockImpl::forward(at::Tensor x) {
   at::Tensor shortcut = proj_ ? proj_(x) : x;
+  if (fuse_add_relu_) {
+    return f_->forward_add_relu(x, shortcut);
+  }
   at::Tensor out = f_(x);
   out += shortcut;
   return activate(out, activation_);

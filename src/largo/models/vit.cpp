@@ -3,6 +3,8 @@
 #include <largo/core/config.h>
 #include <largo/core/error.h>
 #include <largo/core/shard_random_stream.h>
+#include <largo/kernels/add_layer_norm.h>
+#include <largo/kernels/bias_gelu.h>
 #include <largo/models/vit_position_interpolation.h>
 
 #include <fmt/format.h>
@@ -268,19 +270,51 @@ at::Tensor VitEncoderLayerImpl::drop_path(at::Tensor branch) {
   return branch * mask.div_(keep);
 }
 
+bool VitEncoderLayerImpl::fuses(const at::Tensor& x) const {
+  switch (options_.fused_kernels) {
+  case VitFusedKernels::kNever:
+    return false;
+  case VitFusedKernels::kOnCuda:
+    return x.is_cuda() && tensor_parallel_.qkv.is_empty();
+  case VitFusedKernels::kEverywhere:
+    return tensor_parallel_.qkv.is_empty();
+  }
+  return false;
+}
+
+std::pair<at::Tensor, at::Tensor>
+VitEncoderLayerImpl::add_norm2(const at::Tensor& x, const at::Tensor& branch) {
+  if (!fuses(x)) {
+    at::Tensor sum = x + branch;
+    at::Tensor normed = norm(norm2_, sum);
+    return {std::move(sum), std::move(normed)};
+  }
+  // branch + x is x + branch bit for bit (one IEEE addition; ATen promotes alike either way).
+  kernels::AddLayerNormOutput fused =
+      kernels::add_layer_norm(branch, x, norm2_->weight, norm2_->bias, norm2_->options.eps());
+  return {std::move(fused.sum), std::move(fused.output)};
+}
+
+at::Tensor VitEncoderLayerImpl::fc1_gelu(const at::Tensor& x) {
+  if (!fuses(x)) {
+    return at::gelu(dense(fc1_, tensor_parallel_.fc1, x));
+  }
+  // The matmul alone (autocast casts it as it casts the whole linear), then bias + GELU.
+  return kernels::bias_gelu(at::linear(x, fc1_->weight), fc1_->bias);
+}
+
 at::Tensor VitEncoderLayerImpl::forward(at::Tensor x) {
   const SequenceParallelHooks& sequence = tensor_parallel_.sequence;
   if (sequence.scatter_input) {
     x = sequence.scatter_input(x); // [b, t, d] -> this rank's tokens
   }
-  x = x + drop_path(attention(norm(norm1_, x)));
-  // [b, t, mlp_dim] (or this rank's mlp_dim / T)
-  at::Tensor hidden = at::gelu(dense(fc1_, tensor_parallel_.fc1, norm(norm2_, x)));
+  auto [stream, normed] = add_norm2(x, drop_path(attention(norm(norm1_, x))));
+  at::Tensor hidden = fc1_gelu(normed); // [b, t, mlp_dim] (or this rank's mlp_dim / T)
   const bool hidden_dropout = is_training() && options_.dropout > 0.0;
   hidden = in_random_stream(
       hidden_dropout, hidden, [&] { return at::dropout(hidden, options_.dropout, is_training()); });
   hidden = residual_dropout(dense(fc2_, tensor_parallel_.fc2, hidden)); // [b, t, d]
-  x = x + drop_path(hidden);
+  x = stream + drop_path(hidden);
   return sequence.gather_output ? sequence.gather_output(x) : x;
 }
 
@@ -308,6 +342,8 @@ Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t im
     layer_options.dropout = options.dropout;
     layer_options.attention_dropout = options.attention_dropout;
     layer_options.qkv_bias = options.qkv_bias;
+    layer_options.fused_kernels =
+        options.fused_kernels ? VitFusedKernels::kOnCuda : VitFusedKernels::kNever;
     // Linear in depth, like VISSL: 0 for the first layer, drop_path_rate for the last.
     layer_options.drop_path = options.num_layers == 1
                                   ? options.drop_path_rate

@@ -327,6 +327,7 @@ ExtractionResult extract(
   result.world_size = group->world_size();
   result.output_dir = output_dir.empty() ? options.checkpoint.dir : output_dir;
   set_threads(options.num_threads, plan.world.procs_per_node);
+  apply_kernel_switches(options);
   const torch::Device device = pick_device(options);
 
   ExtractionModel model(plan);

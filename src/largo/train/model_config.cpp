@@ -354,12 +354,14 @@ models::ModelOptions model_options_from(const Config& config) {
   resnet_options_from(config, model.resnet);
   model.resnet_sk = resnet_sk_options_from(config);
   model.regnet = regnet_options_from(config);
-  // Largo's MODEL.FUSED_KERNELS: the convolutional trunks' BatchNorm + ReLU (+ add).
+  model.pad_views = pad_views_from(config, model.trunk_name);
+  vit_options_from(config, model.vit);
+  // Largo's MODEL.FUSED_KERNELS: the convolutional trunks' BatchNorm + ReLU (+ add), the ViT's
+  // bias + GELU and residual add + LayerNorm.
   const bool fused_kernels = config.get_bool("MODEL.FUSED_KERNELS");
   model.resnet.norm.fuse_relu = fused_kernels;
   model.regnet.fuse_relu = fused_kernels;
-  model.pad_views = pad_views_from(config, model.trunk_name);
-  vit_options_from(config, model.vit);
+  model.vit.fused_kernels = fused_kernels;
   const auto& trunks = models::supported_trunk_names();
   require(
       std::find(trunks.begin(), trunks.end(), model.trunk_name) != trunks.end(),

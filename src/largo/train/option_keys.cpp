@@ -176,6 +176,8 @@ const std::map<std::string, std::string>& option_keys() {
       {"VitOptions::classifier", "MODEL.TRUNK.VISION_TRANSFORMERS.CLASSIFIER"},
       {"VitOptions::drop_path_rate", "MODEL.TRUNK.VISION_TRANSFORMERS.DROP_PATH_RATE"},
       {"VitOptions::dropout", "MODEL.TRUNK.VISION_TRANSFORMERS.DROPOUT_RATE"},
+      {"VitOptions::fused_kernels", "MODEL.FUSED_KERNELS"},
+      {"TrainerOptions::attention_backend", "MACHINE.ATTENTION_BACKEND"},
       {"VitOptions::hidden_dim", "MODEL.TRUNK.VISION_TRANSFORMERS.HIDDEN_DIM"},
       {"VitOptions::image_size", "MODEL.TRUNK.VISION_TRANSFORMERS.IMAGE_SIZE"},
       {"VitOptions::mlp_dim", "MODEL.TRUNK.VISION_TRANSFORMERS.MLP_DIM"},

@@ -1,6 +1,8 @@
 #include "run_environment.h"
 
 #include <largo/comm/world_info.h>
+#include <largo/models/attention_backend.h>
+#include <largo/precision/tf32.h>
 #include <largo/train/option_keys.h>
 
 #include <spdlog/spdlog.h>
@@ -42,6 +44,11 @@ int64_t set_threads(int64_t configured, int procs_per_node) {
   }
   torch::set_num_threads(static_cast<int>(threads));
   return threads;
+}
+
+void apply_kernel_switches(const TrainerOptions& options) {
+  precision::apply_tf32(options.tf32);
+  models::prefer_attention_backend(options.attention_backend);
 }
 
 torch::Device pick_device(const TrainerOptions& options) {

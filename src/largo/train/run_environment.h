@@ -23,6 +23,10 @@ RunWorld world_of(const comm::ProcessGroup& group);
 // machine, so that N workers on one node do not oversubscribe it N times. Returns the count.
 int64_t set_threads(int64_t configured, int procs_per_node);
 
+// The process-wide kernel switches of the run's options: TF32 (MACHINE.ALLOW_TF32_MATMUL /
+// _CUDNN) and the attention backend tried first (MACHINE.ATTENTION_BACKEND).
+void apply_kernel_switches(const TrainerOptions& options);
+
 // MACHINE.DEVICE: the CPU, or the GPU the launcher's LOCAL_RANK picks (the CPU, with a
 // warning, when no CUDA device is visible).
 torch::Device pick_device(const TrainerOptions& options);

@@ -189,6 +189,7 @@ void Trainer::State::setup() {
     remove_stale_temporaries(run_dir()); // before anything is written
   }
   threads = set_threads(options().num_threads, plan.world.procs_per_node);
+  apply_kernel_switches(options());
   device = pick_device(options());
   // Built once, before anything that runs on it. Ranks that differ only in their pipeline
   // stage (or tensor-parallel shard) read the same batches: the mesh's data shard.

@@ -400,6 +400,14 @@ void machine_options_from(const Config& config, TrainerOptions& options) {
       options.num_threads,
       available_cpu_cores(),
       "one per core; 0 = every core");
+  const std::string attention = config.get_string("MACHINE.ATTENTION_BACKEND");
+  const auto names = models::attention_backend_names();
+  require(
+      std::find(names.begin(), names.end(), attention) != names.end(),
+      "MACHINE.ATTENTION_BACKEND",
+      attention,
+      fmt::format("one of: {}", fmt::join(names, ", ")));
+  options.attention_backend = models::attention_backend_from_name(attention);
 }
 
 // Largo's switches that take auto or one of YAML's booleans (MODEL.CHANNELS_LAST,
