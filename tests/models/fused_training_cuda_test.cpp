@@ -55,7 +55,7 @@ ModelOptions model_options(const std::string& trunk, bool fused) {
   options.vit.num_heads = 4;
   options.vit.hidden_dim = 128;
   options.vit.mlp_dim = 512;
-  options.vit.fused_kernels = fused;
+  options.vit.fused_kernels = fused ? VitFusedKernels::kOnCuda : VitFusedKernels::kNever;
   return options;
 }
 

@@ -15,11 +15,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <cmath>
-#include <memory>
-#include <set>
 #include <string>
 #include <vector>
+
+#include "vit_fused_test_util.h"
 
 namespace largo::models::vit_fused_test {
 namespace {
@@ -38,21 +37,14 @@ VitEncoderLayer make_layer(VitFusedKernels fused) {
 }
 
 // Every parameter random (biases and LayerNorm weights too, so that a swapped or missing one
-// shows), except fc1's weight: one power-of-two entry per row. Then each fc1 output is
-// x_k * 2^e + b: the product is exact, and addmm (bias inside) and mm then + bias (the fused
-// path) round the same exact sum once, to the same bits.
+// shows), except fc1's weight: exact products (testing::make_fc1_weight_exact).
 void set_parameters(VitEncoderLayerImpl& layer) {
   torch::NoGradGuard no_grad;
   auto generator = at::make_generator<at::CPUGeneratorImpl>(11);
   for (auto& named : layer.named_parameters()) {
     named.value().copy_(at::randn(named.value().sizes(), generator) * 0.5);
   }
-  at::Tensor fc1_weight = layer.named_parameters()["fc1.weight"];
-  fc1_weight.zero_();
-  for (int64_t row = 0; row < kMlp; ++row) {
-    const double power = std::ldexp(1.0, static_cast<int>(row % 5) - 2) * (row % 2 ? -1 : 1);
-    fc1_weight[row][(row * 7) % kHidden] = power;
-  }
+  testing::make_fc1_weight_exact(layer.named_parameters()["fc1.weight"]);
 }
 
 // The output, the input's gradient and every parameter's gradient (in named order) of a
@@ -83,25 +75,6 @@ TEST(VitFusedKernelsTest, FusedPathWiresTheLayerAsTheUnfusedOneComputesIt) {
   }
 }
 
-// The autograd nodes named `prefix`... reachable from `root` (each node once).
-int count_nodes(const std::shared_ptr<torch::autograd::Node>& root, const std::string& prefix) {
-  std::vector<torch::autograd::Node*> pending{root.get()};
-  std::set<torch::autograd::Node*> seen;
-  int count = 0;
-  while (!pending.empty()) {
-    torch::autograd::Node* node = pending.back();
-    pending.pop_back();
-    if (node == nullptr || !seen.insert(node).second) {
-      continue;
-    }
-    count += node->name().rfind(prefix, 0) == 0 ? 1 : 0;
-    for (const auto& edge : node->next_edges()) {
-      pending.push_back(edge.function.get());
-    }
-  }
-  return count;
-}
-
 // The test above is not of one path with itself: kEverywhere runs fc1 as a matmul without its
 // bias (then bias_gelu), so its graph has one addmm fewer than the unfused layer's (qkv, proj,
 // fc1, fc2: four), on any BLAS (on some, addmm and mm + add give the same bits for any weights,
@@ -110,7 +83,7 @@ TEST(VitFusedKernelsTest, FusedPathReplacesFc1sAddmm) {
   const auto addmms = [](VitFusedKernels fused) {
     VitEncoderLayer layer = make_layer(fused);
     const at::Tensor output = layer->forward(at::randn({3, 7, kHidden}).requires_grad_());
-    return count_nodes(output.grad_fn(), "AddmmBackward");
+    return testing::count_autograd_nodes(output, "AddmmBackward");
   };
   EXPECT_EQ(addmms(VitFusedKernels::kNever), 4);
   EXPECT_EQ(addmms(VitFusedKernels::kEverywhere), 3);
@@ -130,7 +103,7 @@ std::vector<at::Tensor> train_vit(bool fused_kernels) {
   options.vit.num_heads = 2;
   options.vit.hidden_dim = 16;
   options.vit.mlp_dim = 32;
-  options.vit.fused_kernels = fused_kernels;
+  options.vit.fused_kernels = fused_kernels ? VitFusedKernels::kOnCuda : VitFusedKernels::kNever;
   torch::manual_seed(3);
   TrunkHeadModel model = build_model(options);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));

@@ -31,6 +31,21 @@
 
 namespace largo::models {
 
+// Where an encoder layer calls largo::kernels' fused ops in place of ATen's: bias_gelu for
+// gelu(fc1(x)) (fc1's matmul without its bias, then the bias and the GELU in one pass;
+// kernels/bias_gelu.h) and add_layer_norm for the attention branch's residual add and norm2
+// (kernels/add_layer_norm.h). Same function, other rounding: the bias is added after the matmul
+// is rounded, not inside it, and the fused reductions run in another order. The MLP's residual
+// add and the next layer's norm1 stay ATen's (they are in two modules, which pipelines and
+// activation checkpointing cut between). Under tensor parallelism both fuse too (fc1 is then
+// a column-parallel module: TensorParallelLinears::fc1_without_bias gives its product).
+enum class VitFusedKernels {
+  kNever,      // ATen's linear + GELU and add + LayerNorm everywhere
+  kOnCuda,     // on CUDA activations, where the kernels fuse (the default)
+  kEverywhere, // also off CUDA, where the two calls run ATen's unfused sequence: what the
+               // fused path computes, checkable where no GPU is (tests/models/vit_fused_test.cpp)
+};
+
 // Keys are MODEL.TRUNK.VISION_TRANSFORMERS.<NAME>; the defaults are ViT-B/16's (VISSL's).
 struct VitOptions {
   // IMAGE_SIZE: side of the square input; 0 = take it from the data. When set, it must
@@ -50,10 +65,9 @@ struct VitOptions {
   // USE_CLASS_TOKEN: VISSL's switch (it ignores CLASSIFIER). False is "gap": no class token,
   // the output is the mean of the tokens after the final norm (VISSL's FeatAvgPool).
   bool use_class_token = true;
-  // Each encoder layer's fc1 bias + GELU and its attention residual add + norm2 through
-  // largo::kernels' fused CUDA kernels on CUDA activations (VitFusedKernels::kOnCuda below;
-  // MODEL.FUSED_KERNELS). false: ATen's ops everywhere.
-  bool fused_kernels = true;
+  // Where each encoder layer runs its fc1 bias + GELU and its attention residual add + norm2
+  // through largo::kernels' fused ops (MODEL.FUSED_KERNELS: True kOnCuda, False kNever).
+  VitFusedKernels fused_kernels = VitFusedKernels::kOnCuda;
 };
 
 // Whether the trunk has a class token: use_class_token and the "token" classifier.
@@ -102,21 +116,6 @@ class VitPatchEmbeddingImpl : public torch::nn::Module {
   at::Tensor pos_embedding_; // [1, n(+1), d]
 };
 TORCH_MODULE(VitPatchEmbedding);
-
-// Where an encoder layer calls largo::kernels' fused ops in place of ATen's: bias_gelu for
-// gelu(fc1(x)) (fc1's matmul without its bias, then the bias and the GELU in one pass;
-// kernels/bias_gelu.h) and add_layer_norm for the attention branch's residual add and norm2
-// (kernels/add_layer_norm.h). Same function, other rounding: the bias is added after the matmul
-// is rounded, not inside it, and the fused reductions run in another order. The MLP's residual
-// add and the next layer's norm1 stay ATen's (they are in two modules, which pipelines and
-// activation checkpointing cut between). Tensor-parallel layers keep ATen's ops (their fc1 is
-// a column-parallel module that holds its own bias).
-enum class VitFusedKernels {
-  kNever,      // ATen's linear + GELU and add + LayerNorm everywhere
-  kOnCuda,     // on CUDA activations, where the kernels fuse (the default)
-  kEverywhere, // also off CUDA, where the two calls run ATen's unfused sequence: what the
-               // fused path computes, checkable where no GPU is (tests/models/vit_fused_test.cpp)
-};
 
 struct VitEncoderLayerOptions {
   int64_t hidden_dim = 768;
@@ -171,6 +170,11 @@ class VitEncoderLayerImpl : public torch::nn::Module {
     // its tokens) draws from random stream shard_index (core/shard_random_stream.h).
     int64_t shard_index = 0;
     SequenceParallelHooks sequence; // empty functions: every rank holds every token
+    // fc1's product without its bias (this rank's share of the hidden features), and that
+    // share of the bias: the fused path adds it with the GELU (kernels::bias_gelu). Empty: fc1
+    // runs whole (fc1.forward) and the GELU after it, ATen's ops.
+    std::function<at::Tensor(const at::Tensor&)> fc1_without_bias;
+    std::function<at::Tensor()> fc1_bias;
   };
   // Replaces the four Linear children by those (same names, so parameter names stay) and
   // runs attention on local_heads heads from then on.
@@ -186,6 +190,9 @@ class VitEncoderLayerImpl : public torch::nn::Module {
   dense(const torch::nn::Linear& full, torch::nn::AnyModule& parallel, const at::Tensor& x);
   // norm(x), its weight and bias summed over the shards under sequence parallelism.
   at::Tensor norm(torch::nn::LayerNorm& layer, const at::Tensor& x);
+  // A norm's weight or bias as this layer applies it: summed over the shards in backward
+  // under sequence parallelism, else itself.
+  at::Tensor norm_parameter(const at::Tensor& parameter);
   // Whether this call on x runs the fused ops (VitEncoderLayerOptions::fused_kernels).
   bool fuses(const at::Tensor& x) const;
   // x + branch (the residual stream) and norm2 of it: {sum, normed}.

@@ -207,13 +207,17 @@ at::Tensor VitEncoderLayerImpl::norm(torch::nn::LayerNorm& layer, const at::Tens
   if (!sequence_parallel()) {
     return layer->forward(x);
   }
-  const auto& sum_over_shards = tensor_parallel_.sequence.sum_gradient_over_shards;
   return at::layer_norm(
       x,
       layer->options.normalized_shape(),
-      sum_over_shards(layer->weight),
-      sum_over_shards(layer->bias),
+      norm_parameter(layer->weight),
+      norm_parameter(layer->bias),
       layer->options.eps());
+}
+
+at::Tensor VitEncoderLayerImpl::norm_parameter(const at::Tensor& parameter) {
+  return sequence_parallel() ? tensor_parallel_.sequence.sum_gradient_over_shards(parameter)
+                             : parameter;
 }
 
 at::Tensor VitEncoderLayerImpl::in_random_stream(
@@ -275,9 +279,9 @@ bool VitEncoderLayerImpl::fuses(const at::Tensor& x) const {
   case VitFusedKernels::kNever:
     return false;
   case VitFusedKernels::kOnCuda:
-    return x.is_cuda() && tensor_parallel_.qkv.is_empty();
+    return x.is_cuda();
   case VitFusedKernels::kEverywhere:
-    return tensor_parallel_.qkv.is_empty();
+    return true;
   }
   return false;
 }
@@ -290,16 +294,24 @@ VitEncoderLayerImpl::add_norm2(const at::Tensor& x, const at::Tensor& branch) {
     return {std::move(sum), std::move(normed)};
   }
   // branch + x is x + branch bit for bit (one IEEE addition; ATen promotes alike either way).
-  kernels::AddLayerNormOutput fused =
-      kernels::add_layer_norm(branch, x, norm2_->weight, norm2_->bias, norm2_->options.eps());
+  kernels::AddLayerNormOutput fused = kernels::add_layer_norm(
+      branch,
+      x,
+      norm_parameter(norm2_->weight),
+      norm_parameter(norm2_->bias),
+      norm2_->options.eps());
   return {std::move(fused.sum), std::move(fused.output)};
 }
 
 at::Tensor VitEncoderLayerImpl::fc1_gelu(const at::Tensor& x) {
-  if (!fuses(x)) {
+  const bool tensor_parallel = !tensor_parallel_.fc1.is_empty();
+  if (!fuses(x) || (tensor_parallel && !tensor_parallel_.fc1_without_bias)) {
     return at::gelu(dense(fc1_, tensor_parallel_.fc1, x));
   }
   // The matmul alone (autocast casts it as it casts the whole linear), then bias + GELU.
+  if (tensor_parallel) {
+    return kernels::bias_gelu(tensor_parallel_.fc1_without_bias(x), tensor_parallel_.fc1_bias());
+  }
   return kernels::bias_gelu(at::linear(x, fc1_->weight), fc1_->bias);
 }
 
@@ -342,8 +354,7 @@ Trunk build_vit_trunk(const VitOptions& options, int64_t in_channels, int64_t im
     layer_options.dropout = options.dropout;
     layer_options.attention_dropout = options.attention_dropout;
     layer_options.qkv_bias = options.qkv_bias;
-    layer_options.fused_kernels =
-        options.fused_kernels ? VitFusedKernels::kOnCuda : VitFusedKernels::kNever;
+    layer_options.fused_kernels = options.fused_kernels;
     // Linear in depth, like VISSL: 0 for the first layer, drop_path_rate for the last.
     layer_options.drop_path = options.num_layers == 1
                                   ? options.drop_path_rate

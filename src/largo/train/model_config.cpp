@@ -361,7 +361,8 @@ models::ModelOptions model_options_from(const Config& config) {
   const bool fused_kernels = config.get_bool("MODEL.FUSED_KERNELS");
   model.resnet.norm.fuse_relu = fused_kernels;
   model.regnet.fuse_relu = fused_kernels;
-  model.vit.fused_kernels = fused_kernels;
+  model.vit.fused_kernels =
+      fused_kernels ? models::VitFusedKernels::kOnCuda : models::VitFusedKernels::kNever;
   const auto& trunks = models::supported_trunk_names();
   require(
       std::find(trunks.begin(), trunks.end(), model.trunk_name) != trunks.end(),

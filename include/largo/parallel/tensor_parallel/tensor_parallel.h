@@ -160,6 +160,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
       std::shared_ptr<comm::ProcessGroup> tp_group,
       ColumnParallelLinearOptions options = {});
   at::Tensor forward(const at::Tensor& input);
+  // This rank's product without the bias, [..., out/T], for a caller that adds `bias` itself
+  // in a fused op (the ViT's fc1: kernels::bias_gelu). Throws Error with gather_output.
+  at::Tensor forward_without_bias(const at::Tensor& input);
   std::map<std::string, TensorParallelShardSpec> sharded_parameters() const override;
   int64_t tensor_parallel_size() const override {
     return tp_group_->world_size();
@@ -172,6 +175,9 @@ class ColumnParallelLinearImpl : public torch::nn::Module, public TensorParallel
   at::Tensor bias;   // [out/T], undefined without bias
 
  private:
+  // This rank's input @ weight^T (+ with_bias, when defined), before any gather.
+  at::Tensor local_product(const at::Tensor& input, const at::Tensor& with_bias);
+
   std::shared_ptr<comm::ProcessGroup> tp_group_;
   ColumnParallelLinearOptions options_;
 };

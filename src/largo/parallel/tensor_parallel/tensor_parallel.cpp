@@ -349,19 +349,31 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(
       *this, full, {0, options.num_output_blocks}, /*shard_bias=*/true, *tp_group_, weight, bias);
 }
 
-at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
+at::Tensor
+ColumnParallelLinearImpl::local_product(const at::Tensor& input, const at::Tensor& with_bias) {
   // The product needs every token: gathered under sequence parallelism, whose backward then
   // sums the ranks' gradients of the input (a reduce-scatter) as the copy region's
   // all-reduce does.
-  at::Tensor output;
   if (options_.sequence_length > 0 && tp_group_->world_size() > 1) {
-    output =
+    at::Tensor output =
         SequenceGatheredLinear::apply(input, weight, tp_group_.get(), options_.sequence_length);
-    output = bias.defined() ? output + bias : output;
-  } else {
-    output = at::linear(copy_to_tensor_parallel_region(input, *tp_group_), weight, bias);
+    return with_bias.defined() ? output + with_bias : output;
   }
+  return at::linear(copy_to_tensor_parallel_region(input, *tp_group_), weight, with_bias);
+}
+
+at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
+  at::Tensor output = local_product(input, bias);
   return options_.gather_output ? gather_from_tensor_parallel_region(output, *tp_group_) : output;
+}
+
+at::Tensor ColumnParallelLinearImpl::forward_without_bias(const at::Tensor& input) {
+  if (options_.gather_output) {
+    throw Error(
+        "ColumnParallelLinear::forward_without_bias: the layer gathers its output "
+        "(ColumnParallelLinearOptions::gather_output), so its bias cannot be added after it");
+  }
+  return local_product(input, at::Tensor());
 }
 
 std::map<std::string, TensorParallelShardSpec>

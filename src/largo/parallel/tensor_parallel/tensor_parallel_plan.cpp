@@ -436,6 +436,9 @@ std::vector<std::string> apply_tensor_parallel(
     linears.qkv = shard("qkv");
     linears.proj = shard("proj");
     linears.fc1 = shard("fc1");
+    auto fc1 = linears.fc1.ptr<ColumnParallelLinearImpl>();
+    linears.fc1_without_bias = [fc1](const at::Tensor& x) { return fc1->forward_without_bias(x); };
+    linears.fc1_bias = [fc1] { return fc1->bias; };
     linears.fc2 = shard("fc2");
     linears.local_heads = target.layer->options().num_heads / tp_size;
     linears.shard_index = tp_group->rank();
